@@ -1,0 +1,133 @@
+"""The lake: append-only Parquet files by table and day (`<lake>/<table>/day=YYYY-MM-DD/part-*.parquet`).
+
+Each table has one Arrow schema, declared here, so the writers (embedded run, Kafka sink) and the DuckDB views
+agree on names, types and units. Rows are buffered and written in row groups so memory stays bounded
+whatever the length of the log.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable, Optional
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+TS = pa.timestamp("s", tz="UTC")
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "events": pa.schema([
+        ("event_id", pa.string()), ("type", pa.string()), ("pool", pa.string()), ("source", pa.string()),
+        ("occurred_at", TS), ("applied_at", TS), ("lateness_s", pa.int64()),
+        ("team", pa.string()), ("job_id", pa.string()), ("chip_id", pa.string()), ("grant_id", pa.string()),
+        ("request_id", pa.string()), ("chips_milli", pa.int64()), ("priority", pa.int64()),
+        ("state", pa.string()), ("outcome", pa.string()),
+        ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()), ("raw", pa.string()),
+    ]),
+    "journal": pa.schema([
+        ("pool", pa.string()), ("hour", TS), ("account", pa.string()), ("team", pa.string()),
+        ("amount_mchip_s", pa.int64()),
+    ]),
+    "job_runs": pa.schema([
+        ("pool", pa.string()), ("job_id", pa.string()), ("team", pa.string()), ("run_index", pa.int32()),
+        ("chips_milli", pa.int64()), ("priority", pa.int64()), ("submitted_at", TS), ("started_at", TS),
+        ("ended_at", TS), ("end_reason", pa.string()), ("allocated_mchip_s", pa.int64()),
+        ("lost_mchip_s", pa.int64()), ("posted_at", TS),
+    ]),
+    "decisions": pa.schema([
+        ("decision_id", pa.string()), ("type", pa.string()), ("pool", pa.string()), ("at", TS),
+        ("rule", pa.string()), ("message", pa.string()), ("body", pa.string()),
+    ]),
+    "deadletters": pa.schema([
+        ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()), ("seen_at", TS),
+        ("error_code", pa.string()), ("detail", pa.string()), ("event_id", pa.string()),
+        ("event_type", pa.string()), ("pool", pa.string()), ("raw_b64", pa.string()),
+    ]),
+}
+
+# the column that decides a row's day partition
+DAY_COLUMN = {"events": "applied_at", "journal": "hour", "job_runs": "posted_at", "decisions": "at",
+              "deadletters": "seen_at"}
+
+TABLES = tuple(SCHEMAS)
+
+
+def day_of(epoch_s: int) -> str:
+    return datetime.fromtimestamp(epoch_s - epoch_s % 86400, tz=timezone.utc).strftime("%Y-%m-%d")
+
+
+class LakeError(RuntimeError):
+    pass
+
+
+class LakeWriter:
+    """Buffers rows (tuples in schema column order, timestamps as epoch seconds) and writes Parquet files.
+
+    Files are named `part-<run_id>-<seq>.parquet` so two runs never overwrite each other; `run_id` is chosen
+    by the caller (deterministic for the embedded run, so the same input gives the same file names)."""
+
+    def __init__(self, root: Path, run_id: str, flush_rows: int = 250_000):
+        self.root = Path(root)
+        self.run_id = run_id
+        self.flush_rows = flush_rows
+        self._rows: dict[str, list] = defaultdict(list)
+        self._seq: dict[tuple[str, str], int] = defaultdict(int)
+        self.written: dict[str, int] = defaultdict(int)
+
+    def add(self, table: str, row: tuple) -> None:
+        buf = self._rows[table]
+        buf.append(row)
+        if len(buf) >= self.flush_rows:
+            self._write(table)
+
+    def extend(self, table: str, rows: Iterable[tuple]) -> None:
+        for row in rows:
+            self.add(table, row)
+
+    def close(self) -> dict[str, int]:
+        for table in list(self._rows):
+            self._write(table)
+        return dict(self.written)
+
+    def _write(self, table: str) -> None:
+        rows = self._rows.pop(table, [])
+        if not rows:
+            return
+        schema = SCHEMAS[table]
+        day_idx = schema.get_field_index(DAY_COLUMN[table])
+        by_day: dict[str, list] = defaultdict(list)
+        for row in rows:
+            by_day[day_of(row[day_idx])].append(row)
+        for day, day_rows in sorted(by_day.items()):
+            columns = list(zip(*day_rows))
+            arrays = [pa.array(col, type=f.type) for col, f in zip(columns, schema)]
+            out = self.root / table / f"day={day}"
+            out.mkdir(parents=True, exist_ok=True)
+            self._seq[(table, day)] += 1
+            path = out / f"part-{self.run_id}-{self._seq[(table, day)]:04d}.parquet"
+            pq.write_table(pa.Table.from_arrays(arrays, schema=schema), path, compression="zstd")
+            self.written[table] += len(day_rows)
+
+
+def lake_has_data(root: Path) -> bool:
+    root = Path(root)
+    return any((root / t).exists() and any((root / t).rglob("*.parquet")) for t in TABLES)
+
+
+def clear_lake(root: Path) -> None:
+    """Remove the lake's tables (only the folders this project writes)."""
+    root = Path(root)
+    for t in TABLES:
+        if (root / t).exists():
+            shutil.rmtree(root / t)
+
+
+def table_files(root: Path, table: str) -> Optional[str]:
+    """A glob for the table's files, or None when the table has none yet."""
+    base = Path(root) / table
+    if base.exists() and next(base.rglob("*.parquet"), None) is not None:
+        return str(base / "**" / "*.parquet")
+    return None

@@ -1,0 +1,89 @@
+"""DuckDB views over the lake, with stable names and documented columns (see docs/analytics.md).
+
+`connect(lake)` opens an in-memory DuckDB database whose views read the lake's Parquet files. A table with no
+files yet is an empty view of the same columns, so queries work on a fresh lake.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from analytics.lake import SCHEMAS, table_files
+
+_DUCK_TYPES = {
+    pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.int32(): "INTEGER",
+    pa.timestamp("s", tz="UTC"): "TIMESTAMPTZ",
+}
+
+# Views derived from the raw tables. Amounts stay integer milli-chip-seconds; `*_chip_h` columns are for people.
+DERIVED_VIEWS = {
+    # the books: postings summed per (pool, hour, account, team)
+    "journal": """
+        SELECT pool, hour, account, team, sum(amount_mchip_s)::BIGINT AS amount_mchip_s,
+               sum(amount_mchip_s) / 3.6e6 AS amount_chip_h
+        FROM journal_postings GROUP BY pool, hour, account, team
+    """,
+    # one row per run of a job (postings of a run still going at a close are summed with its end)
+    "job_run_totals": """
+        SELECT pool, job_id, run_index, any_value(team) AS team, any_value(chips_milli) AS chips_milli,
+               any_value(priority) AS priority, any_value(submitted_at) AS submitted_at,
+               any_value(started_at) AS started_at, max(ended_at) AS ended_at,
+               max(end_reason) AS end_reason, sum(allocated_mchip_s)::BIGINT AS allocated_mchip_s,
+               sum(lost_mchip_s)::BIGINT AS lost_mchip_s
+        FROM job_runs GROUP BY pool, job_id, run_index
+    """,
+    # one row per job, from its events and its runs
+    "jobs": """
+        WITH sub AS (
+            SELECT pool, job_id, team, chips_milli, priority, applied_at AS submitted_at
+            FROM events WHERE type = 'job.submitted'
+        ), ev AS (
+            SELECT pool, job_id,
+                   min(applied_at) FILTER (WHERE type = 'job.started') AS first_started_at,
+                   max(applied_at) FILTER (WHERE type = 'job.finished') AS finished_at,
+                   arg_max(outcome, applied_at) FILTER (WHERE type = 'job.finished') AS outcome,
+                   count(*) FILTER (WHERE type = 'job.preempted') AS preemptions
+            FROM events WHERE job_id IS NOT NULL GROUP BY pool, job_id
+        ), runs AS (
+            SELECT pool, job_id, sum(allocated_mchip_s)::BIGINT AS allocated_mchip_s,
+                   sum(lost_mchip_s)::BIGINT AS lost_mchip_s
+            FROM job_runs GROUP BY pool, job_id
+        )
+        SELECT sub.job_id, sub.pool, sub.team, sub.chips_milli / 1000.0 AS chips, sub.chips_milli, sub.priority,
+               sub.submitted_at, ev.first_started_at, ev.finished_at, ev.outcome,
+               coalesce(ev.preemptions, 0)::BIGINT AS preemptions,
+               coalesce(runs.allocated_mchip_s, 0)::BIGINT AS allocated_mchip_s,
+               coalesce(runs.lost_mchip_s, 0)::BIGINT AS lost_mchip_s
+        FROM sub LEFT JOIN ev USING (pool, job_id) LEFT JOIN runs USING (pool, job_id)
+    """,
+}
+
+
+def _empty_view(table: str) -> str:
+    cols = ", ".join(f"NULL::{_DUCK_TYPES[f.type]} AS \"{f.name}\"" for f in SCHEMAS[table])
+    return f"SELECT {cols} WHERE false"
+
+
+def connect(lake: Path, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with every lake view defined. Times are shown in UTC."""
+    con = duckdb.connect(database)
+    con.execute("SET TimeZone = 'UTC'")
+    for table in SCHEMAS:
+        name = "journal_postings" if table == "journal" else table
+        glob = table_files(lake, table)
+        if glob is None:
+            sql = _empty_view(table)
+        else:
+            path = glob.replace("'", "''")
+            sql = f"SELECT * EXCLUDE (day) FROM read_parquet('{path}', hive_partitioning = true, union_by_name = true)"
+        con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')
+    for name, sql in DERIVED_VIEWS.items():
+        con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')
+    return con
+
+
+def view_names() -> list[str]:
+    return sorted(["journal_postings", *[t for t in SCHEMAS if t != "journal"], *DERIVED_VIEWS])

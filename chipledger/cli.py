@@ -1,0 +1,174 @@
+"""The `chipledger` command line (typer + rich). Wiring only: the rules live in the ledger core."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+from rich.table import Table
+
+from chipledger.config import Config, ConfigError, load_config
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="chipledger: an event-sourced quota and demand ledger for shared accelerator fleets.")
+schema_app = typer.Typer(no_args_is_help=True, help="The event contract as JSON Schema.")
+app.add_typer(schema_app, name="schema")
+
+console = Console()
+err = Console(stderr=True)
+
+PROGRESS_MIN_BYTES = 8 << 20  # show a progress bar for files larger than this
+
+ConfigOpt = typer.Option(None, "--config", help="chipledger.toml (default: ./chipledger.toml if present)",
+                         exists=False, dir_okay=False)
+
+
+def _config(path: Optional[Path]) -> Config:
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2)
+
+
+def _fail(message: str, code: int = 1):
+    err.print(f"[red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+@app.command()
+def run(
+    events: Path = typer.Option(..., "--events", help="JSONL file of events, one JSON object per line"),
+    lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
+    store: Optional[str] = typer.Option(None, "--store", help="store URL (default sqlite:///chipledger.db)"),
+    config: Optional[Path] = ConfigOpt,
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace the tables of a lake that has data"),
+    check: bool = typer.Option(False, "--check-invariants", help="assert conservation after every event (slow)"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+):
+    """Fold an event file in-process (no Kafka, no server) and write the lake and the store."""
+    summary = _run(events, lake, store, _config(config), overwrite, check)
+    if as_json:
+        console.file.write(json.dumps(summary.as_dict()) + "\n")
+    else:
+        print_summary(summary)
+
+
+def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, overwrite: bool, check: bool):
+    from chipledger.embedded import RunError, run_file
+    from ledger import FoldConfig
+    from ledger.store import open_store
+    from ledger.store.repo import StoreError
+
+    lake = lake or Path(cfg.lake.path)
+    url = store or cfg.store.url
+    try:
+        st = open_store(url)
+    except StoreError as e:
+        _fail(str(e))
+    fold = FoldConfig(dedup_window_s=cfg.ledger.dedup_window_s,
+                      check_invariants=check or cfg.ledger.debug_invariants)
+    size = events.stat().st_size if events.is_file() else 0
+    try:
+        if size >= PROGRESS_MIN_BYTES and err.is_terminal:
+            with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                          TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True) as bar:
+                task = bar.add_task(f"folding {events.name}", total=size)
+                summary, _ = run_file(events, lake, fold_config=fold, overwrite=overwrite, store=st,
+                                      progress=lambda n: bar.update(task, completed=n))
+        else:
+            summary, _ = run_file(events, lake, fold_config=fold, overwrite=overwrite, store=st)
+    except RunError as e:
+        _fail(str(e))
+    return summary
+
+
+def print_summary(summary) -> None:
+    t = Table(title=f"run of {summary.source}", show_header=False)
+    t.add_column("what")
+    t.add_column("count", justify="right")
+    t.add_row("lines read", f"{summary.lines:,}")
+    t.add_row("accepted", f"{summary.accepted:,}")
+    t.add_row("duplicates dropped", f"{summary.duplicates:,}")
+    t.add_row("late (applied at the pool clock)", f"{summary.late:,}")
+    t.add_row("dead letters", f"{summary.dead_letter_total:,}")
+    for code, n in sorted(summary.dead_letters.items()):
+        t.add_row(f"  {code}", f"{n:,}")
+    t.add_row("pools", f"{summary.pools:,}")
+    for table, n in sorted(summary.rows_written.items()):
+        t.add_row(f"lake rows: {table}", f"{n:,}")
+    rate = summary.lines / summary.seconds if summary.seconds else 0
+    t.add_row("seconds", f"{summary.seconds:.2f} ({rate:,.0f} lines/s)")
+    console.print(t)
+    console.print(f"lake: {summary.lake}")
+
+
+@app.command()
+def sql(
+    query: str = typer.Argument(..., help="SQL over the lake views (journal, events, jobs, job_runs, deadletters, …)"),
+    lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table | csv | json"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """Run SQL with DuckDB over the lake's views."""
+    import duckdb
+
+    from analytics.views import connect
+    from chipledger.output import FORMATS, render
+
+    if fmt not in FORMATS:
+        _fail(f"--format must be one of {', '.join(FORMATS)}", 2)
+    lake = lake or Path(_config(config).lake.path)
+    if not lake.is_dir():
+        _fail(f"lake {lake} does not exist (run `chipledger run` or `chipledger demo` first)")
+    con = connect(lake)
+    try:
+        cur = con.execute(query)
+        rows = cur.fetchall()
+        columns = [d[0] for d in cur.description] if cur.description else []
+    except duckdb.Error as e:
+        _fail(f"query failed: {e}")
+    render(columns, rows, fmt, console)
+
+
+@schema_app.command("export")
+def schema_export(out: Path = typer.Argument(..., help="folder to write one JSON Schema file per type into")):
+    """Write one JSON Schema per event, decision and dead-letter type, for producers in other languages."""
+    from schemas.export import export_json_schemas
+
+    written = export_json_schemas(out)
+    for p in written:
+        console.print(str(p))
+
+
+@app.command()
+def demo(
+    seed: int = typer.Option(7, help="random seed of the scenario"),
+    days: float = typer.Option(14, help="days of fleet history to simulate"),
+    out: Path = typer.Option(Path("demo"), "--out", help="folder for the events file, lake and store"),
+):
+    """Generate a seeded fleet scenario, run it on the embedded default and print a short summary."""
+    from chipledger.demo import run_demo
+
+    run_demo(out, seed=seed, days=days, console=console)
+
+
+@app.command()
+def version():
+    """Print the version."""
+    from chipledger import __version__
+
+    console.print(__version__)
+
+
+def main():  # pragma: no cover - console script entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,111 @@
+"""Configuration: `chipledger.toml` (every key optional) overridden by environment variables.
+
+An environment variable `CHIPLEDGER_<SECTION>_<KEY>` overrides `[section] key`, e.g.
+`CHIPLEDGER_STORE_URL=postgresql://…` or `CHIPLEDGER_KAFKA_BOOTSTRAP=127.0.0.1:9092`. Command-line options
+override both. Defaults and meanings are documented in docs/configuration.md.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    bootstrap: str = "127.0.0.1:9092"
+    partitions: int = 3
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    url: str = "sqlite:///chipledger.db"
+
+
+@dataclass(frozen=True)
+class LakeConfig:
+    path: str = "lake"
+
+
+@dataclass(frozen=True)
+class LedgerConfig:
+    dedup_window_s: int = 86_400
+    debug_invariants: bool = False  # check conservation after every event (slower)
+
+
+@dataclass(frozen=True)
+class Config:
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    lake: LakeConfig = field(default_factory=LakeConfig)
+    ledger: LedgerConfig = field(default_factory=LedgerConfig)
+
+
+_TYPES = {"int": int, "str": str, "bool": bool}
+_SECTION_CLASSES = {"kafka": KafkaConfig, "store": StoreConfig, "lake": LakeConfig, "ledger": LedgerConfig}
+
+
+def _coerce(section: str, key: str, value: Any, target: type, origin: str):
+    if target is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+    elif target is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+    elif target is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{origin}: [{section}] {key} must be a {target.__name__}, got {value!r}")
+
+
+def load_config(path: Optional[Path] = None, env: Optional[Mapping[str, str]] = None) -> Config:
+    """Read the TOML file (if given; `chipledger.toml` in the working directory if present), then apply
+    environment overrides. Unknown sections or keys are an error, so a typo never passes silently."""
+    env = os.environ if env is None else env
+    data: dict[str, dict] = {}
+    if path is None and Path("chipledger.toml").is_file():
+        path = Path("chipledger.toml")
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    cfg = Config()
+    for section, values in data.items():
+        cls = _SECTION_CLASSES.get(section)
+        if cls is None or not isinstance(values, dict):
+            raise ConfigError(f"{path}: unknown section [{section}] (known: {', '.join(_SECTION_CLASSES)})")
+        types = {f.name: f.type for f in fields(cls)}
+        updates = {}
+        for key, value in values.items():
+            if key not in types:
+                raise ConfigError(f"{path}: unknown key {key!r} in [{section}] (known: {', '.join(types)})")
+            updates[key] = _coerce(section, key, value, _TYPES[types[key]], str(path))
+        cfg = replace(cfg, **{section: replace(getattr(cfg, section), **updates)})
+    for section, cls in _SECTION_CLASSES.items():
+        types = {f.name: f.type for f in fields(cls)}
+        updates = {}
+        for key, typ in types.items():
+            name = f"CHIPLEDGER_{section.upper()}_{key.upper()}"
+            if name in env:
+                updates[key] = _coerce(section, key, env[name], _TYPES[typ], name)
+        if updates:
+            cfg = replace(cfg, **{section: replace(getattr(cfg, section), **updates)})
+    return cfg

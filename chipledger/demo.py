@@ -1,0 +1,86 @@
+"""`chipledger demo`: a seeded fleet scenario, run end to end on the embedded default, summarized.
+
+The scenario (chipledger.scenario) has several pools of different chips, ten teams with quotas, diurnal
+demand, bursts of submissions, chip failures and repairs, checkpoints and failing jobs; a few deliberately
+bad lines show the dead-letter path.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from analytics.views import connect
+from chipledger.embedded import run_file
+from chipledger.scenario import corrupt, generate
+from ledger.store import open_store
+
+ACCOUNT_ORDER = ("capacity", "unavailable", "idle", "overcommitted", "in_quota", "borrowed", "burst")
+
+POOL_SUMMARY_SQL = """
+SELECT pool,
+       {cols}
+FROM journal WHERE team IS NULL OR account <> 'entitled'
+GROUP BY pool ORDER BY pool
+"""
+
+TEAM_SUMMARY_SQL = """
+SELECT pool, team,
+       sum(amount_mchip_s) FILTER (WHERE account = 'entitled') / 3.6e6 AS quota_chip_h,
+       sum(amount_mchip_s) FILTER (WHERE account IN ('in_quota', 'borrowed', 'burst')) / 3.6e6 AS used_chip_h,
+       sum(amount_mchip_s) FILTER (WHERE account = 'borrowed') / 3.6e6 AS borrowed_chip_h
+FROM journal WHERE team IS NOT NULL
+GROUP BY pool, team ORDER BY pool, team
+"""
+
+
+def write_events(path: Path, seed: int, days: float) -> int:
+    n = 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = (json.dumps(e, separators=(",", ":")) for e in generate(seed=seed, days=days))
+    with open(path, "w") as f:
+        for line in corrupt(lines, seed=seed, every=2000):
+            f.write(line + "\n")
+            n += 1
+    return n
+
+
+def run_demo(out: Path, seed: int = 7, days: float = 14, console: Console | None = None) -> dict:
+    console = console or Console()
+    out = Path(out)
+    events = out / "events.jsonl"
+    n = write_events(events, seed, days)
+    console.print(f"scenario: seed {seed}, {days:g} days, {n:,} lines → {events}")
+    store_url = f"sqlite:///{(out / 'chipledger.db').resolve()}"
+    summary, fleet = run_file(events, out / "lake", overwrite=True, store=open_store(store_url))
+    console.print(
+        f"folded in {summary.seconds:.2f} s: {summary.accepted:,} accepted, {summary.duplicates:,} duplicates, "
+        f"{summary.dead_letter_total:,} dead letters "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(summary.dead_letters.items()))})"
+    )
+    con = connect(out / "lake")
+    cols = ",\n       ".join(
+        f"coalesce(sum(amount_mchip_s) FILTER (WHERE account = '{a}'), 0) / 3.6e6 AS {a}" for a in ACCOUNT_ORDER)
+    pools = con.execute(POOL_SUMMARY_SQL.format(cols=cols)).fetchall()
+    t = Table(title="chip-hours by account per pool")
+    t.add_column("pool")
+    for a in ACCOUNT_ORDER:
+        t.add_column(a, justify="right")
+    for row in pools:
+        t.add_row(row[0], *(f"{v:,.1f}" for v in row[1:]))
+    console.print(t)
+    teams = con.execute(TEAM_SUMMARY_SQL).fetchall()
+    t = Table(title="each team's use against its quota (chip-hours)")
+    for c in ("pool", "team", "quota", "used", "of quota", "borrowed"):
+        t.add_column(c, justify="left" if c in ("pool", "team") else "right")
+    for pool, team, quota, used, borrowed in teams:
+        quota, used, borrowed = quota or 0.0, used or 0.0, borrowed or 0.0
+        share = f"{used / quota:.0%}" if quota else "no quota"
+        t.add_row(pool, team, f"{quota:,.1f}", f"{used:,.1f}", share, f"{borrowed:,.1f}")
+    console.print(t)
+    console.print(f"lake: {out / 'lake'}   store: {store_url}")
+    console.print(f'try: chipledger sql --lake {out / "lake"} "SELECT * FROM jobs ORDER BY allocated_mchip_s DESC LIMIT 5"')
+    return {"summary": summary.as_dict(), "pools": pools, "teams": teams}

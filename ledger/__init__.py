@@ -1,0 +1,13 @@
+"""The pure ledger core: `PoolState`, `evolve`, hourly books. No I/O, no wall clock, integers only.
+
+Layers point one way: schemas <- ledger <- {ledger.store, streams, analytics, chipledger}.
+"""
+
+from ledger.books import ACCOUNTS, POOL_ACCOUNTS, TEAM_ACCOUNTS, JournalRow, hour_of
+from ledger.fold import (
+    DEFAULT_CONFIG, FoldConfig, JobRunRow, Step, check_invariants, close_books, evolve, split_use,
+)
+from ledger.fleet import Fleet
+from ledger.state import Chip, Grant, Job, PoolState, Team
+
+__all__ = [name for name in dir() if not name.startswith("_")]

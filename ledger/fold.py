@@ -1,0 +1,584 @@
+"""The fold: `evolve(state, event) -> (state, step)`, pure, deterministic, integer.
+
+No I/O, no wall clock, no logging. Time advances only with `occurred_at`, and the pool clock is monotonic: an
+event older than the clock is applied at the clock and its lateness recorded. Before an event is applied the
+clock is advanced to it, closing hours and applying grant boundaries on the way, so every interval is accrued
+at the rates that held during it.
+
+For speed the fold updates the `PoolState` it is given and returns it; `PoolState.copy()` keeps a snapshot.
+A rejected or duplicate event changes nothing but counters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from dataclasses import dataclass, field
+from typing import NamedTuple, Optional
+
+from schemas.codes import Rejection, RejectionCode as RC
+from schemas.events import MILLI, epoch_s
+
+from ledger.books import (
+    BORROWED, BURST, CAPACITY, ENTITLED, IDLE, IN_QUOTA, OVERCOMMITTED, UNAVAILABLE, Books, hour_of,
+)
+from ledger.state import AVAILABLE_STATES, Chip, Grant, Job, PoolState, Team
+
+DEFAULT_DEDUP_WINDOW_S = 86_400  # event ids are remembered for a day of event time
+
+
+class JobRunRow(NamedTuple):
+    """A posting of one run of a job (start → preemption or finish). A run still going when the books are
+    closed posts what it has allocated so far with `ended_at` None; the rest is posted when it ends."""
+
+    pool: str
+    job_id: str
+    team: str
+    run_index: int
+    chips_milli: int
+    priority: int
+    submitted_at: int
+    started_at: int
+    ended_at: Optional[int]
+    end_reason: Optional[str]  # preempted | succeeded | failed | cancelled | None (still running)
+    allocated_mchip_s: int
+    lost_mchip_s: int
+    posted_at: int
+
+
+@dataclass(slots=True)
+class Step:
+    """What one event did: either applied (with its outputs), dropped as a duplicate, or rejected."""
+
+    applied_at: Optional[int] = None
+    lateness_s: int = 0
+    duplicate: bool = False
+    rejection: Optional[Rejection] = None
+    journal: list = field(default_factory=list)
+    job_runs: list = field(default_factory=list)
+    decisions: list = field(default_factory=list)
+
+    @property
+    def applied(self) -> bool:
+        return self.rejection is None and not self.duplicate
+
+
+@dataclass(frozen=True, slots=True)
+class FoldConfig:
+    dedup_window_s: int = DEFAULT_DEDUP_WINDOW_S
+    check_invariants: bool = False  # assert conservation after every event (tests, debug mode)
+
+
+DEFAULT_CONFIG = FoldConfig()
+
+
+def fingerprint(event) -> int:
+    """A stable 64-bit digest of an event's canonical body (same on every process and every replay)."""
+    return int.from_bytes(hashlib.blake2b(event.model_dump_json().encode(), digest_size=8).digest(), "big")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# evolve
+# ---------------------------------------------------------------------------------------------------------
+
+def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFIG):
+    """Apply one validated event to its pool's state. Returns (state, Step).
+
+    `state` is None for a pool never configured; only `pool.configured` may create it.
+    """
+    step = Step()
+    etype = event.type
+    t = event.at_s
+    if state is None:
+        if etype != "pool.configured":
+            step.rejection = Rejection(RC.unknown_pool, f"pool {event.pool!r} was never configured")
+            return state, step
+        state = PoolState(pool=event.pool, flavor=event.flavor, chips_per_node=event.chips_per_node,
+                          clock=t, books=Books(event.pool, hour_of(t)))
+    fp = fingerprint(event)
+    seen = state.dedup.get(event.event_id)
+    if seen is not None and seen[0] == fp:
+        state.duplicates += 1
+        step.duplicate = True
+        return state, step
+    rejection = _check(state, event)
+    if rejection is None and seen is not None:
+        rejection = Rejection(RC.duplicate_conflict,
+                              f"event_id {event.event_id!r} was seen before with a different body")
+    if rejection is not None:
+        state.rejected += 1
+        step.rejection = rejection
+        return state, step
+
+    if t < state.clock:
+        lateness = state.clock - t
+        step.lateness_s = lateness
+        state.late_events += 1
+        if lateness > state.max_lateness_s:
+            state.max_lateness_s = lateness
+        t = state.clock
+    else:
+        _advance(state, t, step)
+    step.applied_at = t
+    _APPLY[etype](state, event, t, step)
+    state.applied += 1
+    _remember(state, event.event_id, fp, t, config.dedup_window_s)
+    if config.check_invariants:
+        check_invariants(state)
+    return state, step
+
+
+def close_books(state: PoolState, until: Optional[int] = None) -> list:
+    """Bring the books up to `until` (default: the pool clock) and post everything accrued so far: the open
+    hour's journal so far and each running job's allocation so far. Returns (journal rows, job run rows).
+
+    Closing does not change what later events will post in total; it only posts earlier what is known."""
+    step = Step()
+    if until is not None and until > state.clock:
+        _advance(state, until, step)
+    t = state.clock
+    state.books.flush(t, step.journal)
+    for job in state.jobs.values():
+        if job.status == "running":
+            _accrue_job(job, t)
+            amount = job.run_alloc_mchip_s - job.run_posted_mchip_s
+            if amount:
+                step.job_runs.append(_run_row(state, job, t, None, None, amount, 0))
+                job.run_posted_mchip_s = job.run_alloc_mchip_s
+    return step.journal, step.job_runs
+
+
+# ---------------------------------------------------------------------------------------------------------
+# checks: a Rejection, or None when the event may be applied. They never change the state.
+# ---------------------------------------------------------------------------------------------------------
+
+def _check(state: PoolState, e) -> Optional[Rejection]:
+    chk = _CHECK.get(e.type)
+    return chk(state, e) if chk else None
+
+
+def _check_chip_registered(s: PoolState, e):
+    if e.chip_id in s.chips:
+        return Rejection(RC.illegal_transition, f"chip {e.chip_id!r} is already registered")
+    return None
+
+
+def _check_chip_known(s: PoolState, e):
+    if e.chip_id not in s.chips:
+        return Rejection(RC.unknown_chip, f"chip {e.chip_id!r} is not registered in pool {s.pool!r}")
+    return None
+
+
+def _held_grant(s: PoolState, e) -> Optional[Grant]:
+    """The grant `e.grant_id` as it will be held when `e` is applied: a grant whose `effective_until` the
+    clock passes on the way to `e` has ended by then. Checks run before the clock advances (a rejected event
+    must not move it), so without this the verdict would depend on whether some other event came between."""
+    g = s.grants.get(e.grant_id)
+    t = max(e.at_s, s.clock)
+    if g is not None and g.effective_until is not None and g.effective_until <= t:
+        return None
+    return g
+
+
+def _check_quota_granted(s: PoolState, e):
+    g = _held_grant(s, e)
+    if g is not None and g.team != e.team:
+        return Rejection(RC.illegal_transition,
+                         f"grant {e.grant_id!r} belongs to team {g.team!r}, not {e.team!r}; revoke it and grant anew")
+    return None
+
+
+def _check_quota_revoked(s: PoolState, e):
+    if _held_grant(s, e) is None:
+        return Rejection(RC.unknown_grant, f"grant {e.grant_id!r} is not held in pool {s.pool!r}")
+    return None
+
+
+def _check_job_submitted(s: PoolState, e):
+    j = s.jobs.get(e.job_id)
+    if j is not None:
+        return Rejection(RC.illegal_transition, f"job {e.job_id!r} is already {j.status}")
+    return None
+
+
+def _check_job_started(s: PoolState, e):
+    if e.chip_ids is not None:
+        unknown = [c for c in e.chip_ids if c not in s.chips]
+        if unknown:
+            return Rejection(RC.unknown_chip, f"chips not registered in pool {s.pool!r}: {', '.join(unknown[:5])}")
+    j = s.jobs.get(e.job_id)
+    if j is None:
+        return Rejection(RC.unknown_job, f"job {e.job_id!r} is not pending or running in pool {s.pool!r}")
+    if j.status == "running":
+        return Rejection(RC.illegal_transition, f"job {e.job_id!r} is already running")
+    if e.chip_ids is not None and len(e.chip_ids) * MILLI < j.chips_milli:
+        return Rejection(RC.illegal_transition,
+                         f"job {e.job_id!r} needs {j.chips_milli / MILLI:g} chips but was placed on {len(e.chip_ids)}")
+    return None
+
+
+def _check_job_running(s: PoolState, e):
+    j = s.jobs.get(e.job_id)
+    if j is None:
+        return Rejection(RC.unknown_job, f"job {e.job_id!r} is not pending or running in pool {s.pool!r}")
+    if j.status != "running":
+        return Rejection(RC.illegal_transition, f"job {e.job_id!r} is {j.status}, not running ({e.type})")
+    return None
+
+
+def _check_job_active(s: PoolState, e):
+    if e.job_id not in s.jobs:
+        return Rejection(RC.unknown_job, f"job {e.job_id!r} is not pending or running in pool {s.pool!r}")
+    return None
+
+
+_CHECK = {
+    "chip.registered": _check_chip_registered,
+    "chip.state_changed": _check_chip_known,
+    "chip.retired": _check_chip_known,
+    "quota.granted": _check_quota_granted,
+    "quota.revoked": _check_quota_revoked,
+    "job.submitted": _check_job_submitted,
+    "job.started": _check_job_started,
+    "job.checkpointed": _check_job_running,
+    "job.preempted": _check_job_running,
+    "job.finished": _check_job_active,
+}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the clock
+# ---------------------------------------------------------------------------------------------------------
+
+def _advance(state: PoolState, t: int, step: Step) -> None:
+    """Move the pool clock to t, closing hours and applying grant boundaries in time order."""
+    books = state.books
+    bounds = state.boundaries
+    while True:
+        hour_end = books.open_hour + 3600
+        b = bounds[0][0] if bounds else None
+        if b is not None and b < hour_end:
+            if b > t:
+                break
+            instant, _, kind, ident, version = heapq.heappop(bounds)
+            _BOUNDARY[kind](state, ident, version, instant)
+        elif hour_end <= t:
+            books.close_hour(step.journal)
+        else:
+            break
+    state.clock = t
+
+
+def _grant_on(state: PoolState, grant_id: str, version: int, t: int) -> None:
+    g = state.grants.get(grant_id)
+    if g is None or g.version != version or g.active:
+        return
+    if g.effective_until is not None and g.effective_until <= t:
+        return
+    g.active = True
+    team = state.team(g.team)
+    team.nominal_milli += g.chips_milli
+    _retally_team(state, team, t)
+
+
+def _grant_off(state: PoolState, grant_id: str, version: int, t: int) -> None:
+    g = state.grants.get(grant_id)
+    if g is None or g.version != version:
+        return
+    _deactivate(state, g, t)
+    del state.grants[grant_id]
+
+
+_BOUNDARY = {"grant_on": _grant_on, "grant_off": _grant_off}
+
+
+def _remember(state: PoolState, event_id: str, fp: int, t: int, window_s: int) -> None:
+    order = state.dedup_order
+    dedup = state.dedup
+    horizon = t - window_s
+    while order and dedup[order[0]][1] < horizon:
+        del dedup[order.popleft()]
+    if event_id not in dedup:
+        order.append(event_id)
+    dedup[event_id] = (fp, t)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# rates: after any change, the affected team's split and the pool's buckets are re-tallied
+# ---------------------------------------------------------------------------------------------------------
+
+def split_use(use_milli: int, nominal_milli: int, burst_milli: int) -> tuple[int, int, int]:
+    """The team split of DESIGN §4: (in_quota, borrowed, burst)."""
+    in_quota = use_milli if use_milli < nominal_milli else nominal_milli
+    over = use_milli - in_quota
+    burst = over if over < burst_milli else burst_milli
+    return in_quota, over - burst, burst
+
+
+def _retally_team(state: PoolState, team: Team, t: int) -> None:
+    in_quota, borrowed, burst = split_use(team.use_milli, team.nominal_milli, team.burst_milli)
+    name = team.name
+    set_rate = state.books.set_rate
+    set_rate((IN_QUOTA, name), in_quota, t)
+    set_rate((BORROWED, name), borrowed, t)
+    set_rate((BURST, name), burst, t)
+    set_rate((ENTITLED, name), team.nominal_milli, t)
+
+
+def _retally_pool(state: PoolState, t: int) -> None:
+    set_rate = state.books.set_rate
+    available = state.capacity_milli - state.unavailable_milli
+    charged = state.charged_milli
+    set_rate((CAPACITY, None), state.capacity_milli, t)
+    set_rate((UNAVAILABLE, None), state.unavailable_milli, t)
+    set_rate((IDLE, None), available - charged if charged < available else 0, t)
+    set_rate((OVERCOMMITTED, None), charged - available if charged > available else 0, t)
+
+
+def _charge(state: PoolState, job: Job, new_charge: int, t: int) -> None:
+    """Change what a running job is charged from instant t on (team use and pool total follow)."""
+    delta = new_charge - job.charged_milli
+    if not delta:
+        return
+    _accrue_job(job, t)
+    job.charged_milli = new_charge
+    team = state.teams[job.team]
+    team.use_milli += delta
+    state.charged_milli += delta
+    _retally_team(state, team, t)
+
+
+def _accrue_job(job: Job, t: int) -> None:
+    job.run_alloc_mchip_s += job.charged_milli * (t - job.since)
+    job.since = t
+
+
+# ---------------------------------------------------------------------------------------------------------
+# apply: one function per event type; the event has passed its check
+# ---------------------------------------------------------------------------------------------------------
+
+def _apply_pool_configured(s: PoolState, e, t, step):
+    s.flavor = e.flavor
+    s.chips_per_node = e.chips_per_node
+
+
+def _apply_pool_tick(s, e, t, step):
+    pass
+
+
+def _apply_chip_registered(s: PoolState, e, t, step):
+    s.chips[e.chip_id] = Chip(e.node)
+    s.capacity_milli += MILLI
+    _retally_pool(s, t)
+
+
+def _apply_chip_state_changed(s: PoolState, e, t, step):
+    chip = s.chips[e.chip_id]
+    was, now = chip.available, e.state in AVAILABLE_STATES
+    chip.state = e.state
+    if was == now:
+        return
+    s.unavailable_milli += -MILLI if now else MILLI
+    for job_id, share in chip.jobs.items():
+        job = s.jobs[job_id]
+        _charge(s, job, job.charged_milli + (share if now else -share), t)
+    _retally_pool(s, t)
+
+
+def _apply_chip_retired(s: PoolState, e, t, step):
+    chip = s.chips.pop(e.chip_id)
+    s.capacity_milli -= MILLI
+    if not chip.available:
+        s.unavailable_milli -= MILLI
+    else:
+        for job_id, share in chip.jobs.items():  # a retired chip is charged to nobody
+            job = s.jobs[job_id]
+            _charge(s, job, job.charged_milli - share, t)
+    _retally_pool(s, t)
+
+
+def _ts(ts) -> Optional[int]:
+    return None if ts is None else epoch_s(ts)
+
+
+def _milli_or_none(chips) -> Optional[int]:
+    return None if chips is None else int(chips * MILLI)
+
+
+def _apply_quota_granted(s: PoolState, e, t, step):
+    old = s.grants.pop(e.grant_id, None)
+    if old is not None:  # a re-grant under the same id amends the grant
+        _deactivate(s, old, t)
+    # versions are unique in the pool, not per grant: a grant id revoked and granted anew must not match the
+    # boundaries still queued for its earlier incarnation
+    s.seq += 1
+    version = s.seq
+    g = Grant(e.grant_id, e.team, e.chips_milli, _milli_or_none(e.borrowing_limit),
+              _milli_or_none(e.lending_limit), _ts(e.effective_from), _ts(e.effective_until), version)
+    s.team(e.team)
+    if g.effective_until is not None and g.effective_until <= t:
+        return  # already over: nothing to hold
+    s.grants[g.grant_id] = g
+    if g.effective_from is None or g.effective_from <= t:
+        _grant_on(s, g.grant_id, version, t)
+    else:
+        s.push_boundary(g.effective_from, "grant_on", g.grant_id, version)
+    if g.effective_until is not None:
+        s.push_boundary(g.effective_until, "grant_off", g.grant_id, version)
+
+
+def _deactivate(s: PoolState, g: Grant, t: int) -> None:
+    if g.active:
+        g.active = False
+        team = s.teams[g.team]
+        team.nominal_milli -= g.chips_milli
+        _retally_team(s, team, t)
+
+
+def _apply_quota_revoked(s: PoolState, e, t, step):
+    _deactivate(s, s.grants.pop(e.grant_id), t)  # the check saw it held at t
+
+
+def _apply_burst_requested(s: PoolState, e, t, step):
+    s.team(e.team)  # admission of bursts is decided by the policy layer; the request itself is history
+
+
+def _apply_job_submitted(s: PoolState, e, t, step):
+    s.jobs[e.job_id] = Job(e.job_id, e.team, e.chips_milli, e.priority, e.preemptible, e.chips_per_node, t)
+    s.team(e.team).pending += 1
+
+
+def _apply_job_started(s: PoolState, e, t, step):
+    job = s.jobs[e.job_id]
+    team = s.teams[job.team]
+    job.status = "running"
+    job.run_index += 1
+    job.run_started_at = job.last_safe_at = job.since = t
+    if job.first_started_at is None:
+        job.first_started_at = t
+    job.run_alloc_mchip_s = job.run_posted_mchip_s = job.alloc_at_safe_mchip_s = 0
+    team.pending -= 1
+    team.running += 1
+    if e.chip_ids is None:
+        job.placement = None
+        charge = job.chips_milli
+    else:
+        n = len(e.chip_ids)
+        base, extra = divmod(job.chips_milli, n)
+        job.placement = {}
+        charge = 0
+        for i, chip_id in enumerate(e.chip_ids):
+            share = base + (1 if i < extra else 0)
+            if not share:
+                continue
+            job.placement[chip_id] = share
+            chip = s.chips[chip_id]
+            chip.jobs[job.job_id] = share
+            if chip.available:
+                charge += share
+    job.charged_milli = 0
+    _charge(s, job, charge, t)
+    _retally_pool(s, t)
+
+
+def _apply_job_checkpointed(s: PoolState, e, t, step):
+    job = s.jobs[e.job_id]
+    _accrue_job(job, t)
+    job.last_safe_at = t
+    job.alloc_at_safe_mchip_s = job.run_alloc_mchip_s
+
+
+def _end_run(s: PoolState, job: Job, t: int, reason: str, step: Step) -> None:
+    """Close a running job's run: post the rest of its allocation and the work lost, release its chips."""
+    _accrue_job(job, t)
+    lost = job.run_alloc_mchip_s - job.alloc_at_safe_mchip_s if reason in ("preempted", "failed") else 0
+    step.job_runs.append(_run_row(s, job, t, t, reason, job.run_alloc_mchip_s - job.run_posted_mchip_s, lost))
+    _charge(s, job, 0, t)
+    if job.placement:
+        for chip_id in job.placement:
+            chip = s.chips.get(chip_id)
+            if chip is not None:
+                chip.jobs.pop(job.job_id, None)
+    job.placement = None
+    team = s.teams[job.team]
+    team.running -= 1
+    _retally_pool(s, t)
+
+
+def _run_row(s: PoolState, job: Job, t: int, ended_at, reason, amount: int, lost: int) -> JobRunRow:
+    return JobRunRow(s.pool, job.job_id, job.team, job.run_index, job.chips_milli, job.priority,
+                     job.submitted_at, job.run_started_at, ended_at, reason, amount, lost, t)
+
+
+def _apply_job_preempted(s: PoolState, e, t, step):
+    job = s.jobs[e.job_id]
+    _end_run(s, job, t, "preempted", step)
+    job.status = "pending"
+    job.preemptions += 1
+    s.teams[job.team].pending += 1
+
+
+def _apply_job_finished(s: PoolState, e, t, step):
+    job = s.jobs.pop(e.job_id)
+    if job.status == "running":
+        _end_run(s, job, t, e.outcome, step)
+    else:
+        s.teams[job.team].pending -= 1
+
+
+_APPLY = {
+    "pool.configured": _apply_pool_configured,
+    "pool.tick": _apply_pool_tick,
+    "chip.registered": _apply_chip_registered,
+    "chip.state_changed": _apply_chip_state_changed,
+    "chip.retired": _apply_chip_retired,
+    "quota.granted": _apply_quota_granted,
+    "quota.revoked": _apply_quota_revoked,
+    "burst.requested": _apply_burst_requested,
+    "job.submitted": _apply_job_submitted,
+    "job.started": _apply_job_started,
+    "job.checkpointed": _apply_job_checkpointed,
+    "job.preempted": _apply_job_preempted,
+    "job.finished": _apply_job_finished,
+}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# invariants (for tests and debug mode): recomputed from scratch, compared with the incremental state
+# ---------------------------------------------------------------------------------------------------------
+
+def check_invariants(s: PoolState) -> None:
+    """Conservation and consistency of one pool; raises AssertionError on a bug."""
+    cap = MILLI * len(s.chips)
+    unav = MILLI * sum(1 for c in s.chips.values() if not c.available)
+    assert s.capacity_milli == cap, (s.capacity_milli, cap)
+    assert s.unavailable_milli == unav, (s.unavailable_milli, unav)
+    use: dict[str, int] = {}
+    for job in s.jobs.values():
+        if job.status != "running":
+            continue
+        if job.placement is None:
+            charge = job.chips_milli
+        else:
+            charge = sum(share for cid, share in job.placement.items()
+                         if cid in s.chips and job.job_id in s.chips[cid].jobs and s.chips[cid].available)
+        assert job.charged_milli == charge, (job.job_id, job.charged_milli, charge)
+        use[job.team] = use.get(job.team, 0) + charge
+    rate = s.books.rate
+    team_total = 0
+    for name, team in s.teams.items():
+        assert team.use_milli == use.get(name, 0), (name, team.use_milli, use.get(name, 0))
+        nominal = sum(g.chips_milli for g in s.grants.values() if g.team == name and g.active)
+        assert team.nominal_milli == nominal, (name, team.nominal_milli, nominal)
+        assert min(team.use_milli, team.nominal_milli, team.burst_milli, team.running, team.pending) >= 0
+        iq, bo, bu = rate(IN_QUOTA, name), rate(BORROWED, name), rate(BURST, name)
+        assert (iq, bo, bu) == split_use(team.use_milli, team.nominal_milli, team.burst_milli)
+        assert rate(ENTITLED, name) == team.nominal_milli
+        team_total += iq + bo + bu
+    assert s.charged_milli == team_total
+    lhs = rate(CAPACITY) + rate(OVERCOMMITTED)
+    rhs = rate(UNAVAILABLE) + rate(IDLE) + team_total
+    assert lhs == rhs, f"conservation broken in {s.pool}: capacity+overcommitted={lhs} != {rhs}"
+    assert min(rate(IDLE), rate(OVERCOMMITTED)) == 0
+    for acc in s.books.accounts.values():
+        assert acc[0] >= 0 and acc[2] >= 0 and acc[1] >= s.books.open_hour

@@ -1,0 +1,162 @@
+"""PoolState: everything the ledger knows about one pool, and nothing about its history.
+
+Memory grows with the pool's chips, active jobs, grants and the dedup window, never with the number of
+events folded: finished jobs are forgotten (their history lives in the event log and the lake).
+`to_dict`/`from_dict` give a JSON-ready form, for Faust tables and for carrying a fold over between runs.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+from ledger.books import Books
+
+AVAILABLE_STATES = frozenset({"healthy", "degraded"})  # down and maintenance chips are unavailable
+
+
+@dataclass(slots=True)
+class Chip:
+    node: str
+    state: str = "healthy"
+    jobs: dict[str, int] = field(default_factory=dict)  # job_id -> milli-chips of this chip it holds
+
+    @property
+    def available(self) -> bool:
+        return self.state in AVAILABLE_STATES
+
+
+@dataclass(slots=True)
+class Grant:
+    grant_id: str
+    team: str
+    chips_milli: int
+    borrowing_limit_milli: Optional[int]
+    lending_limit_milli: Optional[int]
+    effective_from: Optional[int]
+    effective_until: Optional[int]
+    version: int  # unique in the pool, new at every grant or re-grant, so stale boundaries are ignored
+    active: bool = False
+
+
+@dataclass(slots=True)
+class Team:
+    name: str
+    nominal_milli: int = 0  # sum of the team's grants in effect
+    use_milli: int = 0      # milli-chips charged now: its running jobs on available chips
+    burst_milli: int = 0    # approved burst reservations active now
+    running: int = 0
+    pending: int = 0
+
+
+@dataclass(slots=True)
+class Job:
+    job_id: str
+    team: str
+    chips_milli: int
+    priority: int
+    preemptible: bool
+    chips_per_node: Optional[int]
+    submitted_at: int
+    status: str = "pending"  # pending | running (finished jobs leave the state)
+    first_started_at: Optional[int] = None
+    run_index: int = 0        # how many times it has started
+    run_started_at: Optional[int] = None
+    last_safe_at: Optional[int] = None  # last checkpoint, or the start of this run
+    preemptions: int = 0
+    placement: Optional[dict[str, int]] = None  # chip_id -> milli-chips, when the cluster said where
+    charged_milli: int = 0    # what the team is charged now (shares on unavailable chips are not charged)
+    since: int = 0            # instant the current charge applies from
+    run_alloc_mchip_s: int = 0  # allocated in this run up to `since`
+    run_posted_mchip_s: int = 0  # of which already posted to job_runs by a close of the books
+    alloc_at_safe_mchip_s: int = 0  # run allocation at the last checkpoint (work up to there is safe)
+
+
+@dataclass(slots=True)
+class PoolState:
+    pool: str
+    flavor: str
+    chips_per_node: int
+    clock: int
+    books: Books
+    chips: dict[str, Chip] = field(default_factory=dict)
+    jobs: dict[str, Job] = field(default_factory=dict)
+    grants: dict[str, Grant] = field(default_factory=dict)
+    teams: dict[str, Team] = field(default_factory=dict)
+    boundaries: list = field(default_factory=list)  # heap of (instant, seq, kind, id, version)
+    seq: int = 0
+    capacity_milli: int = 0
+    unavailable_milli: int = 0
+    charged_milli: int = 0  # sum of team use
+    # dedup window: event_id -> (fingerprint, event time); order of arrival for expiry
+    dedup: dict[str, tuple[int, int]] = field(default_factory=dict)
+    dedup_order: deque = field(default_factory=deque)
+    # counters
+    applied: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    late_events: int = 0
+    max_lateness_s: int = 0
+    position: Optional[tuple[int, int]] = None  # last applied (partition, offset), set by the stream edge
+
+    def team(self, name: str) -> Team:
+        t = self.teams.get(name)
+        if t is None:
+            t = self.teams[name] = Team(name)
+        return t
+
+    def push_boundary(self, instant: int, kind: str, ident: str, version: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.boundaries, (instant, self.seq, kind, ident, version))
+
+    # --- serialization -------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "pool": self.pool, "flavor": self.flavor, "chips_per_node": self.chips_per_node,
+            "clock": self.clock, "books": self.books.to_dict(),
+            "chips": {k: [c.node, c.state, c.jobs] for k, c in self.chips.items()},
+            "jobs": {k: _slots_list(j) for k, j in self.jobs.items()},
+            "grants": {k: _slots_list(g) for k, g in self.grants.items()},
+            "teams": {k: _slots_list(t) for k, t in self.teams.items()},
+            "boundaries": [list(b) for b in self.boundaries], "seq": self.seq,
+            "capacity_milli": self.capacity_milli, "unavailable_milli": self.unavailable_milli,
+            "charged_milli": self.charged_milli,
+            "dedup": [[eid, *self.dedup[eid]] for eid in self.dedup_order],
+            "applied": self.applied, "duplicates": self.duplicates, "rejected": self.rejected,
+            "late_events": self.late_events, "max_lateness_s": self.max_lateness_s,
+            "position": list(self.position) if self.position else None,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PoolState":
+        s = cls(pool=d["pool"], flavor=d["flavor"], chips_per_node=d["chips_per_node"], clock=d["clock"],
+                books=Books.from_dict(d["pool"], d["books"]))
+        s.chips = {k: Chip(node, state, dict(jobs)) for k, (node, state, jobs) in d["chips"].items()}
+        s.jobs = {k: Job(*v) for k, v in d["jobs"].items()}
+        for j in s.jobs.values():
+            if j.placement is not None:
+                j.placement = dict(j.placement)
+        s.grants = {k: Grant(*v) for k, v in d["grants"].items()}
+        s.teams = {k: Team(*v) for k, v in d["teams"].items()}
+        s.boundaries = [tuple(b) for b in d["boundaries"]]
+        heapq.heapify(s.boundaries)
+        s.seq = d["seq"]
+        s.capacity_milli, s.unavailable_milli = d["capacity_milli"], d["unavailable_milli"]
+        s.charged_milli = d["charged_milli"]
+        for eid, fp, at in d["dedup"]:
+            s.dedup[eid] = (fp, at)
+            s.dedup_order.append(eid)
+        s.applied, s.duplicates, s.rejected = d["applied"], d["duplicates"], d["rejected"]
+        s.late_events, s.max_lateness_s = d["late_events"], d["max_lateness_s"]
+        s.position = tuple(d["position"]) if d["position"] else None
+        return s
+
+    def copy(self) -> "PoolState":
+        """An independent snapshot (the fold updates a state in place)."""
+        return PoolState.from_dict(self.to_dict())
+
+
+def _slots_list(obj) -> list:
+    return [getattr(obj, f.name) for f in fields(obj)]

@@ -1,0 +1,96 @@
+"""Tables of the store. Amounts are integer milli-chips (rates) and milli-chip-seconds (totals)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Optional
+
+from sqlalchemy import BigInteger, DateTime, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class PoolBalance(Base):
+    """One row per pool: its clock and the rates of its pool accounts now, with event counters."""
+
+    __tablename__ = "pool_balances"
+    pool: Mapped[str] = mapped_column(String(256), primary_key=True)
+    flavor: Mapped[str] = mapped_column(String(256))
+    chips_per_node: Mapped[int] = mapped_column(Integer)
+    clock: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    chips: Mapped[int] = mapped_column(Integer)
+    capacity_milli: Mapped[int] = mapped_column(BigInteger)
+    unavailable_milli: Mapped[int] = mapped_column(BigInteger)
+    idle_milli: Mapped[int] = mapped_column(BigInteger)
+    overcommitted_milli: Mapped[int] = mapped_column(BigInteger)
+    running_jobs: Mapped[int] = mapped_column(Integer)
+    pending_jobs: Mapped[int] = mapped_column(Integer)
+    applied: Mapped[int] = mapped_column(BigInteger)
+    duplicates: Mapped[int] = mapped_column(BigInteger)
+    rejected: Mapped[int] = mapped_column(BigInteger)
+    late_events: Mapped[int] = mapped_column(BigInteger)
+    max_lateness_s: Mapped[int] = mapped_column(BigInteger)
+
+
+class TeamBalance(Base):
+    """One row per pool and team: quota and use now (milli-chips) and totals posted so far (mchip-s)."""
+
+    __tablename__ = "team_balances"
+    pool: Mapped[str] = mapped_column(String(256), primary_key=True)
+    team: Mapped[str] = mapped_column(String(256), primary_key=True)
+    nominal_milli: Mapped[int] = mapped_column(BigInteger)
+    used_milli: Mapped[int] = mapped_column(BigInteger)
+    in_quota_milli: Mapped[int] = mapped_column(BigInteger)
+    borrowed_milli: Mapped[int] = mapped_column(BigInteger)
+    burst_milli: Mapped[int] = mapped_column(BigInteger)
+    running_jobs: Mapped[int] = mapped_column(Integer)
+    pending_jobs: Mapped[int] = mapped_column(Integer)
+    entitled_mchip_s: Mapped[int] = mapped_column(BigInteger)
+    in_quota_mchip_s: Mapped[int] = mapped_column(BigInteger)
+    borrowed_mchip_s: Mapped[int] = mapped_column(BigInteger)
+    burst_mchip_s: Mapped[int] = mapped_column(BigInteger)
+
+
+class GrantRow(Base):
+    """Grants held: in effect now (`active`) or starting later."""
+
+    __tablename__ = "grants"
+    pool: Mapped[str] = mapped_column(String(256), primary_key=True)
+    grant_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    team: Mapped[str] = mapped_column(String(256))
+    chips_milli: Mapped[int] = mapped_column(BigInteger)
+    borrowing_limit_milli: Mapped[Optional[int]] = mapped_column(BigInteger, nullable=True)
+    lending_limit_milli: Mapped[Optional[int]] = mapped_column(BigInteger, nullable=True)
+    effective_from: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True), nullable=True)
+    effective_until: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True), nullable=True)
+    active: Mapped[bool]
+
+
+class RunLog(Base):
+    """One row per embedded run or sink session: what was read and what came of it."""
+
+    __tablename__ = "runs"
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    source: Mapped[str] = mapped_column(Text)
+    lake: Mapped[str] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    lines: Mapped[int] = mapped_column(BigInteger)
+    accepted: Mapped[int] = mapped_column(BigInteger)
+    duplicates: Mapped[int] = mapped_column(BigInteger)
+    dead_letters: Mapped[int] = mapped_column(BigInteger)
+    summary_json: Mapped[str] = mapped_column(Text)
+
+
+class Tracking(Base):
+    """The last input position whose effects are in the store, per consumer (exactly-once downstream)."""
+
+    __tablename__ = "tracking"
+    consumer: Mapped[str] = mapped_column(String(256), primary_key=True)
+    topic: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    offset: Mapped[int] = mapped_column(BigInteger)

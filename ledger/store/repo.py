@@ -1,0 +1,122 @@
+"""Writing and reading the store. One transaction per save: balances, grants, run log and tracking together."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Iterable, Optional
+
+from sqlalchemy import create_engine, delete, select
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.orm import Session
+
+from ledger.books import BORROWED, BURST, ENTITLED, IDLE, IN_QUOTA, OVERCOMMITTED
+from ledger.state import PoolState
+from ledger.store.models import Base, GrantRow, PoolBalance, RunLog, TeamBalance, Tracking
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+def _utc(epoch_s: Optional[int]) -> Optional[datetime]:
+    return None if epoch_s is None else datetime.fromtimestamp(epoch_s, tz=timezone.utc)
+
+
+def open_store(url: str) -> "Store":
+    """Open (and create the tables of) the store at a SQLAlchemy URL, e.g. sqlite:///chipledger.db or
+    postgresql://user@host/db (psycopg 3)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as err:
+        raise StoreError(f"not a database URL: {url!r} ({err})") from None
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    engine = create_engine(parsed)
+    try:
+        Base.metadata.create_all(engine)
+    except Exception as err:  # an unreachable server or unwritable file: say so plainly
+        raise StoreError(f"cannot open store {url!r}: {err}") from err
+    return Store(engine)
+
+
+class Store:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def save(self, pools: Iterable[PoolState], run: Optional[dict] = None,
+             tracking: Optional[list[tuple[str, str, int, int]]] = None) -> None:
+        """Replace the current balances and grants of these pools, and record the run and the input positions,
+        in one transaction."""
+        with Session(self.engine) as session, session.begin():
+            for s in pools:
+                session.execute(delete(TeamBalance).where(TeamBalance.pool == s.pool))
+                session.execute(delete(GrantRow).where(GrantRow.pool == s.pool))
+                session.merge(_pool_row(s))
+                session.add_all(_team_rows(s))
+                session.add_all(_grant_rows(s))
+            if run is not None:
+                session.merge(RunLog(**{**run, "summary_json": json.dumps(run.get("summary_json", {}),
+                                                                             sort_keys=True)}))
+            for consumer, topic, partition, offset in tracking or ():
+                session.merge(Tracking(consumer=consumer, topic=topic, partition=partition, offset=offset))
+
+    def pool_balances(self) -> list[PoolBalance]:
+        with Session(self.engine) as session:
+            return list(session.scalars(select(PoolBalance).order_by(PoolBalance.pool)))
+
+    def team_balances(self, pool: Optional[str] = None) -> list[TeamBalance]:
+        q = select(TeamBalance).order_by(TeamBalance.pool, TeamBalance.team)
+        if pool is not None:
+            q = q.where(TeamBalance.pool == pool)
+        with Session(self.engine) as session:
+            return list(session.scalars(q))
+
+    def grants(self) -> list[GrantRow]:
+        with Session(self.engine) as session:
+            return list(session.scalars(select(GrantRow).order_by(GrantRow.pool, GrantRow.grant_id)))
+
+    def runs(self) -> list[RunLog]:
+        with Session(self.engine) as session:
+            return list(session.scalars(select(RunLog).order_by(RunLog.started_at)))
+
+    def position(self, consumer: str, topic: str, partition: int) -> Optional[int]:
+        with Session(self.engine) as session:
+            row = session.get(Tracking, (consumer, topic, partition))
+            return None if row is None else row.offset
+
+
+def _pool_row(s: PoolState) -> PoolBalance:
+    rate = s.books.rate
+    return PoolBalance(
+        pool=s.pool, flavor=s.flavor, chips_per_node=s.chips_per_node, clock=_utc(s.clock), chips=len(s.chips),
+        capacity_milli=s.capacity_milli, unavailable_milli=s.unavailable_milli, idle_milli=rate(IDLE),
+        overcommitted_milli=rate(OVERCOMMITTED),
+        running_jobs=sum(t.running for t in s.teams.values()), pending_jobs=sum(t.pending for t in s.teams.values()),
+        applied=s.applied, duplicates=s.duplicates, rejected=s.rejected, late_events=s.late_events,
+        max_lateness_s=s.max_lateness_s,
+    )
+
+
+def _team_rows(s: PoolState) -> list[TeamBalance]:
+    rate, totals = s.books.rate, s.books.totals
+    return [
+        TeamBalance(
+            pool=s.pool, team=name, nominal_milli=t.nominal_milli, used_milli=t.use_milli,
+            in_quota_milli=rate(IN_QUOTA, name), borrowed_milli=rate(BORROWED, name),
+            burst_milli=rate(BURST, name), running_jobs=t.running, pending_jobs=t.pending,
+            entitled_mchip_s=totals.get((ENTITLED, name), 0), in_quota_mchip_s=totals.get((IN_QUOTA, name), 0),
+            borrowed_mchip_s=totals.get((BORROWED, name), 0), burst_mchip_s=totals.get((BURST, name), 0),
+        )
+        for name, t in sorted(s.teams.items())
+    ]
+
+
+def _grant_rows(s: PoolState) -> list[GrantRow]:
+    return [
+        GrantRow(pool=s.pool, grant_id=g.grant_id, team=g.team, chips_milli=g.chips_milli,
+                 borrowing_limit_milli=g.borrowing_limit_milli, lending_limit_milli=g.lending_limit_milli,
+                 effective_from=_utc(g.effective_from), effective_until=_utc(g.effective_until), active=g.active)
+        for g in sorted(s.grants.values(), key=lambda g: g.grant_id)
+    ]

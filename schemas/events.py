@@ -1,0 +1,243 @@
+"""Input events: the envelope and one frozen pydantic model per event type (DESIGN §3).
+
+Units on the wire are the ones people use: chips (up to 3 decimals, for MIG and time-sliced shares) and
+RFC 3339 timestamps with a zone. The core works in integer milli-chips and integer seconds; `chips_milli`
+and `at_s` give those values, so the conversion is written once, here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+    model_validator,
+)
+
+MILLI = 1000  # milli-chips per chip: the one scale for chip amounts in the whole project
+MAX_CHIPS = 1_000_000_000  # no real amount comes near; it keeps Decimal quantize within its precision
+
+
+def _to_decimal(value, *, allow_zero: bool) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str, Decimal)):
+        raise ValueError("chips must be a number")
+    try:
+        d = Decimal(str(value)) if isinstance(value, float) else Decimal(value)
+    except InvalidOperation:
+        raise ValueError(f"chips {value!r} is not a number") from None
+    if not d.is_finite():
+        raise ValueError("chips must be finite")
+    if abs(d) > MAX_CHIPS:  # checked first: quantize below would overflow the Decimal context
+        raise ValueError(f"chips must be <= {MAX_CHIPS}, got {value}")
+    if d.as_tuple().exponent < -3 and d != d.quantize(Decimal("0.001")):
+        raise ValueError(f"chips {value} has more than 3 decimals (the unit is 1/1000 chip)")
+    if d < 0 or (d == 0 and not allow_zero):
+        raise ValueError(f"chips must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+    return d.quantize(Decimal("0.001"))
+
+
+def _serialize_chips(d: Decimal):
+    return int(d) if d == d.to_integral_value() else float(d)
+
+
+Chips = Annotated[
+    Decimal,
+    BeforeValidator(lambda v: _to_decimal(v, allow_zero=False)),
+    PlainSerializer(_serialize_chips, when_used="json"),
+    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_CHIPS, "multipleOf": 0.001,
+                    "description": "chips (1 chip = 1000 milli-chips; at most 3 decimals)"}),
+]
+ChipLimit = Annotated[
+    Decimal,
+    BeforeValidator(lambda v: _to_decimal(v, allow_zero=True)),
+    PlainSerializer(_serialize_chips, when_used="json"),
+    WithJsonSchema({"type": "number", "minimum": 0, "maximum": MAX_CHIPS, "multipleOf": 0.001,
+                    "description": "chips (at most 3 decimals)"}),
+]
+
+
+def _require_zone(value):
+    # pydantic would accept a bare number as a UTC timestamp; the contract asks for RFC 3339 text with a zone
+    # (and it would read a numeric string such as "1700000000" as Unix time too)
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(value, str):
+        try:
+            float(value)
+            numeric = True
+        except ValueError:
+            pass
+    if numeric:
+        raise ValueError("timestamps must be RFC 3339 strings with a zone, e.g. 2026-11-02T08:00:00Z")
+    return value
+
+
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_require_zone)]
+Name = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+def to_milli(chips: Decimal) -> int:
+    """Chips (a validated Decimal with at most 3 decimals) as integer milli-chips."""
+    return int(chips * MILLI)
+
+
+def from_milli(milli: int) -> float:
+    """Milli-chips as chips, for people and for the wire."""
+    return milli / MILLI
+
+
+def epoch_s(ts: datetime) -> int:
+    """A zone-aware timestamp as whole seconds since the Unix epoch (sub-second parts are floored)."""
+    return int(ts.timestamp() // 1)
+
+
+class _Event(BaseModel):
+    """The envelope shared by every event."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=False)
+
+    event_id: str = Field(min_length=1, max_length=128,
+                          description="unique id minted by the producer; re-sending it is a no-op")
+    occurred_at: Timestamp = Field(description="event time, RFC 3339 with a zone")
+    pool: Name = Field(description="capacity domain: one accelerator flavor in one cluster")
+    source: Name = Field(description="producer identity, e.g. cluster-a/kueue")
+    schema_version: Literal[1] = Field(1, description="contract version; only 1 exists")
+
+    @property
+    def at_s(self) -> int:
+        """Event time in whole epoch seconds."""
+        return epoch_s(self.occurred_at)
+
+
+class PoolConfigured(_Event):
+    type: Literal["pool.configured"]
+    flavor: Name
+    chips_per_node: int = Field(ge=1, le=4096)
+
+
+class PoolTick(_Event):
+    type: Literal["pool.tick"]
+
+
+class ChipRegistered(_Event):
+    type: Literal["chip.registered"]
+    chip_id: Name
+    node: Name
+
+
+class ChipStateChanged(_Event):
+    type: Literal["chip.state_changed"]
+    chip_id: Name
+    state: Literal["healthy", "degraded", "down", "maintenance"]
+    reason: Optional[str] = Field(None, max_length=1024)
+
+
+class ChipRetired(_Event):
+    type: Literal["chip.retired"]
+    chip_id: Name
+
+
+class QuotaGranted(_Event):
+    type: Literal["quota.granted"]
+    grant_id: Name
+    team: Name
+    chips: Chips
+    borrowing_limit: Optional[ChipLimit] = Field(None, description="chips this team may borrow; absent = unlimited")
+    lending_limit: Optional[ChipLimit] = Field(None, description="chips of this quota others may borrow; absent = all")
+    effective_from: Optional[Timestamp] = None
+    effective_until: Optional[Timestamp] = None
+
+    @model_validator(mode="after")
+    def _window(self):
+        if self.effective_from and self.effective_until and self.effective_until <= self.effective_from:
+            raise ValueError("effective_until must be after effective_from")
+        return self
+
+    @property
+    def chips_milli(self) -> int:
+        return to_milli(self.chips)
+
+
+class QuotaRevoked(_Event):
+    type: Literal["quota.revoked"]
+    grant_id: Name
+
+
+class BurstRequested(_Event):
+    type: Literal["burst.requested"]
+    request_id: Name
+    team: Name
+    chips: Chips
+    window_start: Timestamp
+    window_end: Timestamp
+    reason: Optional[str] = Field(None, max_length=1024)
+
+    @model_validator(mode="after")
+    def _window(self):
+        if self.window_end <= self.window_start:
+            raise ValueError("window_end must be after window_start")
+        return self
+
+    @property
+    def chips_milli(self) -> int:
+        return to_milli(self.chips)
+
+
+class JobSubmitted(_Event):
+    type: Literal["job.submitted"]
+    job_id: Name
+    team: Name
+    chips: Chips
+    priority: int = Field(0, ge=-(2**31), le=2**31 - 1, description="higher wins")
+    preemptible: bool = True
+    chips_per_node: Optional[int] = Field(None, ge=1, le=4096)
+
+    @property
+    def chips_milli(self) -> int:
+        return to_milli(self.chips)
+
+
+class JobStarted(_Event):
+    type: Literal["job.started"]
+    job_id: Name
+    chip_ids: Optional[list[Name]] = Field(None, min_length=1, description="placement, when known")
+
+    @model_validator(mode="after")
+    def _unique(self):
+        if self.chip_ids is not None and len(set(self.chip_ids)) != len(self.chip_ids):
+            raise ValueError("chip_ids must not repeat")
+        return self
+
+
+class JobCheckpointed(_Event):
+    type: Literal["job.checkpointed"]
+    job_id: Name
+
+
+class JobPreempted(_Event):
+    type: Literal["job.preempted"]
+    job_id: Name
+    decision_id: Optional[Name] = None
+
+
+class JobFinished(_Event):
+    type: Literal["job.finished"]
+    job_id: Name
+    outcome: Literal["succeeded", "failed", "cancelled"]
+
+
+EVENT_MODELS: dict[str, type[_Event]] = {
+    m.model_fields["type"].annotation.__args__[0]: m
+    for m in (PoolConfigured, PoolTick, ChipRegistered, ChipStateChanged, ChipRetired, QuotaGranted,
+              QuotaRevoked, BurstRequested, JobSubmitted, JobStarted, JobCheckpointed, JobPreempted,
+              JobFinished)
+}
+
+Event = Annotated[Union[tuple(EVENT_MODELS.values())], Field(discriminator="type")]
