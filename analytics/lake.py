@@ -22,10 +22,8 @@ SCHEMAS: dict[str, pa.Schema] = {
     "events": pa.schema([
         ("event_id", pa.string()), ("type", pa.string()), ("pool", pa.string()), ("source", pa.string()),
         ("occurred_at", TS), ("applied_at", TS), ("lateness_s", pa.int64()),
-        ("team", pa.string()), ("job_id", pa.string()), ("chip_id", pa.string()), ("grant_id", pa.string()),
-        ("request_id", pa.string()), ("chips_milli", pa.int64()), ("priority", pa.int64()),
-        ("state", pa.string()), ("outcome", pa.string()),
-        ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()), ("raw", pa.string()),
+        ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+        ("raw", pa.string()),  # the message value as received; the events view extracts the type's fields
     ]),
     "journal": pa.schema([
         ("pool", pa.string()), ("hour", TS), ("account", pa.string()), ("team", pa.string()),
@@ -55,8 +53,16 @@ DAY_COLUMN = {"events": "applied_at", "journal": "hour", "job_runs": "posted_at"
 TABLES = tuple(SCHEMAS)
 
 
+_DAYS: dict[int, str] = {}
+
+
 def day_of(epoch_s: int) -> str:
-    return datetime.fromtimestamp(epoch_s - epoch_s % 86400, tz=timezone.utc).strftime("%Y-%m-%d")
+    """The UTC day of an instant, as YYYY-MM-DD (memoized: rows arrive in time order)."""
+    d = epoch_s // 86400
+    s = _DAYS.get(d)
+    if s is None:
+        s = _DAYS[d] = datetime.fromtimestamp(d * 86400, tz=timezone.utc).strftime("%Y-%m-%d")
+    return s
 
 
 class LakeError(RuntimeError):

@@ -20,6 +20,16 @@ _DUCK_TYPES = {
 
 # Views derived from the raw tables. Amounts stay integer milli-chip-seconds; `*_chip_h` columns are for people.
 DERIVED_VIEWS = {
+    # every applied event, with the fields of its type taken from the message value
+    "events": """
+        SELECT event_id, type, pool, source, occurred_at, applied_at, lateness_s,
+               raw->>'$.team' AS team, raw->>'$.job_id' AS job_id, raw->>'$.chip_id' AS chip_id,
+               raw->>'$.grant_id' AS grant_id, raw->>'$.request_id' AS request_id,
+               round(TRY_CAST(raw->>'$.chips' AS DECIMAL(18, 3)) * 1000)::BIGINT AS chips_milli,
+               TRY_CAST(raw->>'$.priority' AS BIGINT) AS priority, raw->>'$.state' AS state,
+               raw->>'$.outcome' AS outcome, topic, "partition", "offset", raw
+        FROM event_log
+    """,
     # the books: postings summed per (pool, hour, account, team)
     "journal": """
         SELECT pool, hour, account, team, sum(amount_mchip_s)::BIGINT AS amount_mchip_s,
@@ -62,6 +72,9 @@ DERIVED_VIEWS = {
 }
 
 
+_RAW_VIEW_NAMES = {"journal": "journal_postings", "events": "event_log"}
+
+
 def _empty_view(table: str) -> str:
     cols = ", ".join(f"NULL::{_DUCK_TYPES[f.type]} AS \"{f.name}\"" for f in SCHEMAS[table])
     return f"SELECT {cols} WHERE false"
@@ -72,7 +85,7 @@ def connect(lake: Path, database: str = ":memory:") -> duckdb.DuckDBPyConnection
     con = duckdb.connect(database)
     con.execute("SET TimeZone = 'UTC'")
     for table in SCHEMAS:
-        name = "journal_postings" if table == "journal" else table
+        name = _RAW_VIEW_NAMES.get(table, table)
         glob = table_files(lake, table)
         if glob is None:
             sql = _empty_view(table)
@@ -86,4 +99,4 @@ def connect(lake: Path, database: str = ":memory:") -> duckdb.DuckDBPyConnection
 
 
 def view_names() -> list[str]:
-    return sorted(["journal_postings", *[t for t in SCHEMAS if t != "journal"], *DERIVED_VIEWS])
+    return sorted({*(_RAW_VIEW_NAMES.get(t, t) for t in SCHEMAS), *DERIVED_VIEWS})

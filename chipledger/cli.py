@@ -18,6 +18,9 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="chipledger: an event-sourced quota and demand ledger for shared accelerator fleets.")
 schema_app = typer.Typer(no_args_is_help=True, help="The event contract as JSON Schema.")
 app.add_typer(schema_app, name="schema")
+kafka_app = typer.Typer(no_args_is_help=True,
+                        help="A local single-node Apache Kafka (KRaft) from Maven Central jars, for development.")
+app.add_typer(kafka_app, name="kafka")
 
 console = Console()
 err = Console(stderr=True)
@@ -156,6 +159,45 @@ def demo(
     from chipledger.demo import run_demo
 
     run_demo(out, seed=seed, days=days, console=console)
+
+
+DataDirOpt = typer.Option(Path(".kafka"), "--data-dir", help="broker config, data and log folder")
+
+
+@kafka_app.command("up")
+def kafka_up(port: int = typer.Option(9092, help="client port on 127.0.0.1"), data_dir: Path = DataDirOpt,
+             timeout: float = typer.Option(120, help="seconds to wait for the broker to answer")):
+    """Download the broker jars once (Maven), format KRaft storage, start the broker and wait until it answers."""
+    from streams import broker
+
+    try:
+        info = broker.up(port=port, data_dir=data_dir, timeout_s=timeout)
+    except broker.BrokerError as e:
+        _fail(str(e))
+    console.print(f"kafka {info.get('version', '')} up at {info['bootstrap_servers']} (pid {info['pid']}, "
+                  f"log {info['log']})")
+
+
+@kafka_app.command("status")
+def kafka_status(data_dir: Path = DataDirOpt):
+    """Say whether the local broker runs; exit 1 when it does not."""
+    from streams import broker
+
+    info = broker.status(data_dir)
+    if info is None:
+        console.print(f"kafka: not running (data dir {data_dir})")
+        raise typer.Exit(1)
+    state = "ready" if info.get("ready") else "starting"
+    console.print(f"kafka: {state} at 127.0.0.1:{info['port']} (pid {info['pid']}, log {info['log']})")
+
+
+@kafka_app.command("down")
+def kafka_down(data_dir: Path = DataDirOpt, timeout: float = typer.Option(60, help="seconds before SIGKILL")):
+    """Stop the local broker cleanly."""
+    from streams import broker
+
+    was_running = broker.down(data_dir, timeout_s=timeout)
+    console.print("kafka: stopped" if was_running else "kafka: was not running")
 
 
 @app.command()

@@ -66,20 +66,20 @@ def run_demo(out: Path, seed: int = 7, days: float = 14, console: Console | None
         f"coalesce(sum(amount_mchip_s) FILTER (WHERE account = '{a}'), 0) / 3.6e6 AS {a}" for a in ACCOUNT_ORDER)
     pools = con.execute(POOL_SUMMARY_SQL.format(cols=cols)).fetchall()
     t = Table(title="chip-hours by account per pool")
-    t.add_column("pool")
-    for a in ACCOUNT_ORDER:
-        t.add_column(a, justify="right")
+    t.add_column("account")
     for row in pools:
-        t.add_row(row[0], *(f"{v:,.1f}" for v in row[1:]))
+        t.add_column(row[0].replace("/", "/\n"), justify="right")
+    for i, a in enumerate(ACCOUNT_ORDER, start=1):
+        t.add_row(a, *(f"{row[i]:,.0f}" for row in pools))
     console.print(t)
     teams = con.execute(TEAM_SUMMARY_SQL).fetchall()
     t = Table(title="each team's use against its quota (chip-hours)")
     for c in ("pool", "team", "quota", "used", "of quota", "borrowed"):
-        t.add_column(c, justify="left" if c in ("pool", "team") else "right")
+        t.add_column(c, justify="left" if c in ("pool", "team") else "right", no_wrap=c == "pool")
     for pool, team, quota, used, borrowed in teams:
         quota, used, borrowed = quota or 0.0, used or 0.0, borrowed or 0.0
         share = f"{used / quota:.0%}" if quota else "no quota"
-        t.add_row(pool, team, f"{quota:,.1f}", f"{used:,.1f}", share, f"{borrowed:,.1f}")
+        t.add_row(pool, team, f"{quota:,.0f}", f"{used:,.0f}", share, f"{borrowed:,.0f}")
     console.print(t)
     console.print(f"lake: {out / 'lake'}   store: {store_url}")
     console.print(f'try: chipledger sql --lake {out / "lake"} "SELECT * FROM jobs ORDER BY allocated_mchip_s DESC LIMIT 5"')

@@ -64,19 +64,10 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _opt(e, name):
-    return getattr(e, name, None)
-
-
-def event_row(e, applied_at: int, lateness_s: int, topic: str, partition: int, offset: int, raw: str) -> tuple:
+def event_row(e, step, topic: str, partition: int, offset: int, raw: str) -> tuple:
     """The lake row of an applied event (column order of analytics.lake.SCHEMAS['events'])."""
-    chips = getattr(e, "chips", None)
-    return (
-        e.event_id, e.type, e.pool, e.source, e.at_s, applied_at, lateness_s,
-        _opt(e, "team"), _opt(e, "job_id"), _opt(e, "chip_id"), _opt(e, "grant_id"), _opt(e, "request_id"),
-        None if chips is None else int(chips * 1000), _opt(e, "priority"), _opt(e, "state"), _opt(e, "outcome"),
-        topic, partition, offset, raw,
-    )
+    return (e.event_id, e.type, e.pool, e.source, step.occurred_s, step.applied_at, step.lateness_s,
+            topic, partition, offset, raw)
 
 
 def deadletter_row(raw: bytes, rejection: Rejection, topic: str, partition: int, offset: int, seen_at: int,
@@ -135,7 +126,7 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
                 add("deadletters", deadletter_row(raw, event, topic, 0, offset, seen_clock))
                 summary.dead_letters[event.code.value] += 1
                 continue
-            step = fleet.apply(event)
+            step = fleet.apply(event, raw)
             if step.rejection is not None:
                 add("deadletters", deadletter_row(raw, step.rejection, topic, 0, offset, seen_clock, event))
                 summary.dead_letters[step.rejection.code.value] += 1
@@ -149,7 +140,7 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
                 seen_clock = at
             if step.lateness_s:
                 summary.late += 1
-            add("events", event_row(event, at, step.lateness_s, topic, 0, offset, raw.decode("utf-8")))
+            add("events", event_row(event, step, topic, 0, offset, raw.decode("utf-8")))
             for row in step.journal:
                 add("journal", row)
             for row in step.job_runs:

@@ -14,8 +14,8 @@ class Fleet:
         self.config = config
         self.pools: dict[str, PoolState] = dict(pools or {})
 
-    def apply(self, event) -> Step:
-        state, step = evolve(self.pools.get(event.pool), event, self.config)
+    def apply(self, event, raw: Optional[bytes] = None) -> Step:
+        state, step = evolve(self.pools.get(event.pool), event, self.config, raw)
         if state is not None:
             self.pools[event.pool] = state
         return step

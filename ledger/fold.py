@@ -11,8 +11,8 @@ A rejected or duplicate event changes nothing but counters.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
+import zlib
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
@@ -50,6 +50,7 @@ class JobRunRow(NamedTuple):
 class Step:
     """What one event did: either applied (with its outputs), dropped as a duplicate, or rejected."""
 
+    occurred_s: int = 0
     applied_at: Optional[int] = None
     lateness_s: int = 0
     duplicate: bool = False
@@ -72,30 +73,34 @@ class FoldConfig:
 DEFAULT_CONFIG = FoldConfig()
 
 
-def fingerprint(event) -> int:
-    """A stable 64-bit digest of an event's canonical body (same on every process and every replay)."""
-    return int.from_bytes(hashlib.blake2b(event.model_dump_json().encode(), digest_size=8).digest(), "big")
+def fingerprint(body: bytes) -> int:
+    """A stable 64-bit digest of a message body (the same on every process and every replay).
+
+    The edges pass the message value as received, so "identical duplicate" means byte-identical, which is
+    what a producer's retry sends. Without raw bytes the event's canonical JSON is used."""
+    return zlib.crc32(body) << 32 | zlib.adler32(body)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # evolve
 # ---------------------------------------------------------------------------------------------------------
 
-def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFIG):
+def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFIG, raw: Optional[bytes] = None):
     """Apply one validated event to its pool's state. Returns (state, Step).
 
-    `state` is None for a pool never configured; only `pool.configured` may create it.
+    `state` is None for a pool never configured; only `pool.configured` may create it. `raw` is the message
+    value as received, when the caller has it (it identifies duplicates; see `fingerprint`).
     """
-    step = Step()
-    etype = event.type
     t = event.at_s
+    step = Step(occurred_s=t)
+    etype = event.type
     if state is None:
         if etype != "pool.configured":
             step.rejection = Rejection(RC.unknown_pool, f"pool {event.pool!r} was never configured")
             return state, step
         state = PoolState(pool=event.pool, flavor=event.flavor, chips_per_node=event.chips_per_node,
                           clock=t, books=Books(event.pool, hour_of(t)))
-    fp = fingerprint(event)
+    fp = fingerprint(raw if raw is not None else event.model_dump_json().encode())
     seen = state.dedup.get(event.event_id)
     if seen is not None and seen[0] == fp:
         state.duplicates += 1
@@ -336,16 +341,26 @@ def _retally_pool(state: PoolState, t: int) -> None:
 
 
 def _charge(state: PoolState, job: Job, new_charge: int, t: int) -> None:
-    """Change what a running job is charged from instant t on (team use and pool total follow)."""
+    """Change what a running job is charged from instant t on; the team's split and the pool's idle and
+    overcommitted buckets follow (capacity and unavailable do not change with a charge)."""
     delta = new_charge - job.charged_milli
     if not delta:
         return
-    _accrue_job(job, t)
+    job.run_alloc_mchip_s += job.charged_milli * (t - job.since)
+    job.since = t
     job.charged_milli = new_charge
     team = state.teams[job.team]
-    team.use_milli += delta
-    state.charged_milli += delta
-    _retally_team(state, team, t)
+    use = team.use_milli = team.use_milli + delta
+    charged = state.charged_milli = state.charged_milli + delta
+    name = team.name
+    set_rate = state.books.set_rate
+    in_quota, borrowed, burst = split_use(use, team.nominal_milli, team.burst_milli)
+    set_rate((IN_QUOTA, name), in_quota, t)
+    set_rate((BORROWED, name), borrowed, t)
+    set_rate((BURST, name), burst, t)
+    available = state.capacity_milli - state.unavailable_milli
+    set_rate((IDLE, None), available - charged if charged < available else 0, t)
+    set_rate((OVERCOMMITTED, None), charged - available if charged > available else 0, t)
 
 
 def _accrue_job(job: Job, t: int) -> None:
@@ -478,7 +493,6 @@ def _apply_job_started(s: PoolState, e, t, step):
                 charge += share
     job.charged_milli = 0
     _charge(s, job, charge, t)
-    _retally_pool(s, t)
 
 
 def _apply_job_checkpointed(s: PoolState, e, t, step):
@@ -500,9 +514,7 @@ def _end_run(s: PoolState, job: Job, t: int, reason: str, step: Step) -> None:
             if chip is not None:
                 chip.jobs.pop(job.job_id, None)
     job.placement = None
-    team = s.teams[job.team]
-    team.running -= 1
-    _retally_pool(s, t)
+    s.teams[job.team].running -= 1
 
 
 def _run_row(s: PoolState, job: Job, t: int, ended_at, reason, amount: int, lost: int) -> JobRunRow:

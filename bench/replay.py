@@ -1,0 +1,156 @@
+"""Benchmark: the embedded fold against parsing + validating the same file alone, in the same run.
+
+    .venv/bin/python bench/replay.py [--events 1000000] [--rss 1000000,5000000] [--out bench/out]
+
+1. Generates a seeded scenario file of N events (scale fixed, days chosen to reach N, so the event rate per
+   day stays the same and only the length of history grows).
+2. Times, in this process: (a) validation only: read each line and `parse_event` it (the baseline);
+   (b) the fold only: parse + `Fleet.apply`; (c) the embedded run: `run_file` (parse, fold, lake writes,
+   close of the books). Prints events/s for each and the ratios (target: embedded >= 0.5 x baseline).
+3. Peak RSS: runs the embedded run on 1M and 5M events, each in a fresh child process, and reports
+   ru_maxrss and the pool state sizes (target: memory follows active jobs and chips, not history).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from itertools import islice
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SCALE = 4.0
+SEED = 11
+
+
+def events_per_day() -> float:
+    from chipledger.scenario import generate
+
+    n = sum(1 for _ in generate(seed=SEED, days=7, scale=SCALE))
+    return n / 7
+
+
+def make_file(path: Path, n: int, per_day: float) -> int:
+    from chipledger.scenario import generate, write_jsonl
+
+    days = n / per_day * 1.05 + 1
+    return write_jsonl(islice(generate(seed=SEED, days=days, scale=SCALE), n), path)
+
+
+def time_validate(path: Path) -> tuple[float, int]:
+    from schemas import parse_event
+
+    t0 = time.perf_counter()
+    n = 0
+    with open(path, "rb") as f:
+        for line in f:
+            parse_event(line)
+            n += 1
+    return time.perf_counter() - t0, n
+
+
+def time_fold(path: Path) -> tuple[float, int]:
+    from ledger import Fleet
+    from schemas import Rejection, parse_event
+
+    fleet = Fleet()
+    t0 = time.perf_counter()
+    n = 0
+    with open(path, "rb") as f:
+        for line in f:
+            e = parse_event(line)
+            if not isinstance(e, Rejection):
+                fleet.apply(e, line)
+            n += 1
+    fleet.close()
+    return time.perf_counter() - t0, n
+
+
+def time_embedded(path: Path, lake: Path) -> tuple[float, dict, dict]:
+    from chipledger.embedded import run_file
+
+    t0 = time.perf_counter()
+    summary, fleet = run_file(path, lake, overwrite=True)
+    dt = time.perf_counter() - t0
+    state = {
+        "pools": len(fleet.pools),
+        "chips": sum(len(s.chips) for s in fleet.pools.values()),
+        "active_jobs": sum(len(s.jobs) for s in fleet.pools.values()),
+        "dedup_ids": sum(len(s.dedup) for s in fleet.pools.values()),
+        "accounts": sum(len(s.books.accounts) for s in fleet.pools.values()),
+    }
+    return dt, summary.as_dict(), state
+
+
+def child_rss(path: str, lake: str) -> None:
+    """Run in a fresh process: the embedded run, then print peak RSS and state sizes as JSON."""
+    dt, summary, state = time_embedded(Path(path), Path(lake))
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"seconds": dt, "lines": summary["lines"], "peak_rss_mib": rss_kib / 1024, **state}))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--rss", default="1000000,5000000", help="sizes for the peak-RSS runs ('' to skip)")
+    ap.add_argument("--out", type=Path, default=None, help="keep the files here (default: a temp folder)")
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child_rss(*args.child)
+        return 0
+    out = args.out or Path(tempfile.mkdtemp(prefix="chipledger-bench-"))
+    out.mkdir(parents=True, exist_ok=True)
+    per_day = events_per_day()
+    print(f"scenario: seed {SEED}, scale {SCALE}, {per_day:,.0f} events/day")
+    sizes = sorted({args.events, *(int(s) for s in args.rss.split(",") if s)})
+    files = {}
+    for n in sizes:
+        p = out / f"events-{n}.jsonl"
+        t0 = time.perf_counter()
+        files[n] = p
+        written = make_file(p, n, per_day)
+        print(f"generated {written:,} events in {time.perf_counter() - t0:.1f} s -> {p} "
+              f"({p.stat().st_size / 2**20:,.0f} MiB)")
+
+    path = files[args.events]
+    v_s, n = time_validate(path)
+    f_s, _ = time_fold(path)
+    e_s, summary, state = time_embedded(path, out / "lake")
+    v_rate, f_rate, e_rate = n / v_s, n / f_s, n / e_s
+    print(f"\n{n:,} events")
+    print(f"  validate only (baseline): {v_s:7.2f} s  {v_rate:>10,.0f} events/s")
+    print(f"  parse + fold:             {f_s:7.2f} s  {f_rate:>10,.0f} events/s  ratio {f_rate / v_rate:.2f}")
+    print(f"  embedded run (with lake): {e_s:7.2f} s  {e_rate:>10,.0f} events/s  ratio {e_rate / v_rate:.2f}"
+          f"  (target >= 0.50)")
+    print(f"  accepted {summary['accepted']:,}, dead letters {sum(summary['dead_letters'].values()):,}, "
+          f"rows {summary['rows_written']}")
+
+    results = []
+    for n_rss in (int(s) for s in args.rss.split(",") if s):
+        proc = subprocess.run([sys.executable, __file__, "--child", str(files[n_rss]), str(out / f"lake-{n_rss}")],
+                              capture_output=True, text=True, check=True)
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        results.append(r)
+    if results:
+        print("\npeak RSS of the embedded run (fresh process each)")
+        for r in results:
+            print(f"  {r['lines']:>10,} events: {r['peak_rss_mib']:7.1f} MiB peak RSS, {r['seconds']:6.1f} s; state at "
+                  f"end: {r['active_jobs']:,} active jobs, {r['chips']:,} chips, {r['dedup_ids']:,} ids in the "
+                  f"dedup window")
+        if len(results) >= 2:
+            a, b = results[0], results[-1]
+            print(f"  RSS ratio {b['lines'] / a['lines']:.0f}x events: {b['peak_rss_mib'] / a['peak_rss_mib']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
