@@ -79,43 +79,47 @@ class LakeWriter:
         self.root = Path(root)
         self.run_id = run_id
         self.flush_rows = flush_rows
-        self._rows: dict[str, list] = defaultdict(list)
-        self._seq: dict[tuple[str, str], int] = defaultdict(int)
+        self._rows: dict[tuple[str, int], list] = {}  # (table, day number since the epoch) -> rows
+        self._day_idx = {t: SCHEMAS[t].get_field_index(DAY_COLUMN[t]) for t in SCHEMAS}
+        self._seq: dict[tuple[str, int], int] = defaultdict(int)
         self.written: dict[str, int] = defaultdict(int)
 
     def add(self, table: str, row: tuple) -> None:
-        buf = self._rows[table]
+        key = (table, row[self._day_idx[table]] // 86400)
+        buf = self._rows.get(key)
+        if buf is None:
+            buf = self._rows[key] = []
+            # rows come in (nearly) time order: a new day means older days of this table are done; write
+            # them so memory holds about two days, not the whole history
+            stale = [k for k in self._rows if k[0] == table and k[1] < key[1] - 1]
+            for k in stale:
+                self._write(k)
         buf.append(row)
         if len(buf) >= self.flush_rows:
-            self._write(table)
+            self._write(key)
 
     def extend(self, table: str, rows: Iterable[tuple]) -> None:
         for row in rows:
             self.add(table, row)
 
     def close(self) -> dict[str, int]:
-        for table in list(self._rows):
-            self._write(table)
+        for key in sorted(self._rows):
+            self._write(key)
         return dict(self.written)
 
-    def _write(self, table: str) -> None:
-        rows = self._rows.pop(table, [])
+    def _write(self, key: tuple[str, int]) -> None:
+        rows = self._rows.pop(key, None)
         if not rows:
             return
+        table, day = key[0], day_of(key[1] * 86400)
         schema = SCHEMAS[table]
-        day_idx = schema.get_field_index(DAY_COLUMN[table])
-        by_day: dict[str, list] = defaultdict(list)
-        for row in rows:
-            by_day[day_of(row[day_idx])].append(row)
-        for day, day_rows in sorted(by_day.items()):
-            columns = list(zip(*day_rows))
-            arrays = [pa.array(col, type=f.type) for col, f in zip(columns, schema)]
-            out = self.root / table / f"day={day}"
-            out.mkdir(parents=True, exist_ok=True)
-            self._seq[(table, day)] += 1
-            path = out / f"part-{self.run_id}-{self._seq[(table, day)]:04d}.parquet"
-            pq.write_table(pa.Table.from_arrays(arrays, schema=schema), path, compression="zstd")
-            self.written[table] += len(day_rows)
+        arrays = [pa.array(col, type=f.type) for col, f in zip(zip(*rows), schema)]
+        out = self.root / table / f"day={day}"
+        out.mkdir(parents=True, exist_ok=True)
+        self._seq[key] += 1
+        path = out / f"part-{self.run_id}-{self._seq[key]:04d}.parquet"
+        pq.write_table(pa.Table.from_arrays(arrays, schema=schema), path, compression="zstd")
+        self.written[table] += len(rows)
 
 
 def lake_has_data(root: Path) -> bool:

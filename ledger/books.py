@@ -44,31 +44,47 @@ def hour_of(t: int) -> int:
 
 
 class Books:
-    """The accounts of one pool. `accounts[(account, team)] = [rate_milli, since_s, open_amount_mchip_s]`."""
+    """The accounts of one pool. `accounts[(account, team)] = [rate_milli, since_s, open_amount_mchip_s]`.
 
-    __slots__ = ("pool", "open_hour", "accounts", "totals")
+    Accounts are created on first use and kept (a handful per team), so the fold can hold on to an account's
+    list and update it in place: `team_accounts` and `pool_accounts` give those handles."""
+
+    __slots__ = ("pool", "open_hour", "accounts", "totals", "_handles")
 
     def __init__(self, pool: str, open_hour: int):
         self.pool = pool
         self.open_hour = open_hour
         self.accounts: dict[tuple[str, Optional[str]], list[int]] = {}
         self.totals: dict[tuple[str, Optional[str]], int] = {}  # everything posted so far, per account
+        self._handles: dict[Optional[str], tuple[list[int], ...]] = {}
 
     def rate(self, account: str, team: Optional[str] = None) -> int:
         acc = self.accounts.get((account, team))
         return acc[0] if acc else 0
 
-    def set_rate(self, key: tuple[str, Optional[str]], rate: int, t: int) -> None:
-        """From instant t on, `key` accrues `rate` milli-chips per second. t must be in the open hour."""
+    def account(self, key: tuple[str, Optional[str]]) -> list[int]:
         acc = self.accounts.get(key)
         if acc is None:
-            if rate:
-                self.accounts[key] = [rate, t, 0]
-            return
-        if acc[0] != rate:
-            acc[2] += acc[0] * (t - acc[1])
-            acc[1] = t
-            acc[0] = rate
+            acc = self.accounts[key] = [0, self.open_hour, 0]
+        return acc
+
+    def team_accounts(self, team: str) -> tuple[list[int], ...]:
+        """(in_quota, borrowed, burst, entitled) of a team."""
+        h = self._handles.get(team)
+        if h is None:
+            h = self._handles[team] = tuple(self.account((a, team)) for a in TEAM_ACCOUNTS)
+        return h
+
+    def pool_accounts(self) -> tuple[list[int], ...]:
+        """(capacity, unavailable, idle, overcommitted) of the pool."""
+        h = self._handles.get(None)
+        if h is None:
+            h = self._handles[None] = tuple(self.account((a, None)) for a in POOL_ACCOUNTS)
+        return h
+
+    def set_rate(self, key: tuple[str, Optional[str]], rate: int, t: int) -> None:
+        """From instant t on, `key` accrues `rate` milli-chips per second. t must be in the open hour."""
+        set_rate(self.account(key), rate, t)
 
     @property
     def hour_end(self) -> int:
@@ -88,7 +104,6 @@ class Books:
         hour = self.open_hour
         pool = self.pool
         totals = self.totals
-        idle_keys = []
         for key, acc in self.accounts.items():
             amount = acc[2] + acc[0] * (t - acc[1])
             acc[1] = t
@@ -96,10 +111,6 @@ class Books:
             if amount:
                 out.append(JournalRow(pool, hour, key[0], key[1], amount))
                 totals[key] = totals.get(key, 0) + amount
-            elif not acc[0]:
-                idle_keys.append(key)
-        for key in idle_keys:  # accounts with no rate and nothing open: forget them (state stays small)
-            del self.accounts[key]
 
     def to_dict(self) -> dict:
         return {
@@ -114,3 +125,11 @@ class Books:
         b.accounts = {(a, t): [r, s, amt] for a, t, r, s, amt in d["accounts"]}
         b.totals = {(a, t): v for a, t, v in d["totals"]}
         return b
+
+
+def set_rate(acc: list[int], rate: int, t: int) -> None:
+    """Bring an account up to instant t at its old rate, then switch it to `rate`."""
+    if acc[0] != rate:
+        acc[2] += acc[0] * (t - acc[1])
+        acc[1] = t
+        acc[0] = rate

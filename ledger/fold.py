@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import heapq
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 from schemas.codes import Rejection, RejectionCode as RC
 from schemas.events import MILLI, epoch_s
 
 from ledger.books import (
-    BORROWED, BURST, CAPACITY, ENTITLED, IDLE, IN_QUOTA, OVERCOMMITTED, UNAVAILABLE, Books, hour_of,
+    BORROWED, BURST, CAPACITY, ENTITLED, HOUR_S, IDLE, IN_QUOTA, OVERCOMMITTED, UNAVAILABLE, Books, hour_of,
+    set_rate,
 )
-from ledger.state import AVAILABLE_STATES, Chip, Grant, Job, PoolState, Team
+from ledger.state import Chip, Grant, Job, PoolState, Team
 
 DEFAULT_DEDUP_WINDOW_S = 86_400  # event ids are remembered for a day of event time
 
@@ -46,18 +47,30 @@ class JobRunRow(NamedTuple):
     posted_at: int
 
 
-@dataclass(slots=True)
 class Step:
-    """What one event did: either applied (with its outputs), dropped as a duplicate, or rejected."""
+    """What one event did: either applied (with its outputs), dropped as a duplicate, or rejected.
 
-    occurred_s: int = 0
-    applied_at: Optional[int] = None
-    lateness_s: int = 0
-    duplicate: bool = False
-    rejection: Optional[Rejection] = None
-    journal: list = field(default_factory=list)
-    job_runs: list = field(default_factory=list)
-    decisions: list = field(default_factory=list)
+    `occurred_s` is the event time, `applied_at` the pool clock it was applied at (later when it was late by
+    `lateness_s`); `journal`, `job_runs` and `decisions` are the outputs. (A plain slotted class: one is made
+    per event.)"""
+
+    __slots__ = ("occurred_s", "applied_at", "lateness_s", "duplicate", "rejection", "journal", "job_runs",
+                 "decisions")
+
+    def __init__(self, occurred_s: int = 0):
+        self.occurred_s = occurred_s
+        self.applied_at: Optional[int] = None
+        self.lateness_s = 0
+        self.duplicate = False
+        self.rejection: Optional[Rejection] = None
+        self.journal: list = []
+        self.job_runs: list = []
+        self.decisions: list = []
+
+    def __repr__(self) -> str:
+        return (f"Step(occurred_s={self.occurred_s}, applied_at={self.applied_at}, lateness_s={self.lateness_s}, "
+                f"duplicate={self.duplicate}, rejection={self.rejection}, journal={self.journal}, "
+                f"job_runs={self.job_runs}, decisions={self.decisions})")
 
     @property
     def applied(self) -> bool:
@@ -91,8 +104,8 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     `state` is None for a pool never configured; only `pool.configured` may create it. `raw` is the message
     value as received, when the caller has it (it identifies duplicates; see `fingerprint`).
     """
-    t = event.at_s
-    step = Step(occurred_s=t)
+    t = epoch_s(event.occurred_at)
+    step = Step(t)
     etype = event.type
     if state is None:
         if etype != "pool.configured":
@@ -101,15 +114,18 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
         state = PoolState(pool=event.pool, flavor=event.flavor, chips_per_node=event.chips_per_node,
                           clock=t, books=Books(event.pool, hour_of(t)))
     fp = fingerprint(raw if raw is not None else event.model_dump_json().encode())
-    seen = state.dedup.get(event.event_id)
+    event_id = event.event_id
+    dedup = state.dedup
+    seen = dedup.get(event_id)
     if seen is not None and seen[0] == fp:
         state.duplicates += 1
         step.duplicate = True
         return state, step
-    rejection = _check(state, event)
+    check = _CHECK.get(etype)
+    rejection = check(state, event) if check is not None else None
     if rejection is None and seen is not None:
         rejection = Rejection(RC.duplicate_conflict,
-                              f"event_id {event.event_id!r} was seen before with a different body")
+                              f"event_id {event_id!r} was seen before with a different body")
     if rejection is not None:
         state.rejected += 1
         step.rejection = rejection
@@ -122,18 +138,27 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
         if lateness > state.max_lateness_s:
             state.max_lateness_s = lateness
         t = state.clock
+    elif t < state.books.open_hour + HOUR_S and (not state.boundaries or state.boundaries[0][0] > t):
+        state.clock = t  # the common case: no hour closes and no grant boundary passes before this event
     else:
         _advance(state, t, step)
     step.applied_at = t
     _APPLY[etype](state, event, t, step)
     state.applied += 1
-    _remember(state, event.event_id, fp, t, config.dedup_window_s)
+    # remember the id for the dedup window (event time), forgetting ids that fell out of it
+    order = state.dedup_order
+    if event_id not in dedup:
+        order.append(event_id)
+    dedup[event_id] = (fp, t)
+    horizon = t - config.dedup_window_s
+    while dedup[order[0]][1] < horizon:
+        del dedup[order.popleft()]
     if config.check_invariants:
         check_invariants(state)
     return state, step
 
 
-def close_books(state: PoolState, until: Optional[int] = None) -> list:
+def close_books(state: PoolState, until: Optional[int] = None) -> tuple[list, list]:
     """Bring the books up to `until` (default: the pool clock) and post everything accrued so far: the open
     hour's journal so far and each running job's allocation so far. Returns (journal rows, job run rows).
 
@@ -156,11 +181,6 @@ def close_books(state: PoolState, until: Optional[int] = None) -> list:
 # ---------------------------------------------------------------------------------------------------------
 # checks: a Rejection, or None when the event may be applied. They never change the state.
 # ---------------------------------------------------------------------------------------------------------
-
-def _check(state: PoolState, e) -> Optional[Rejection]:
-    chk = _CHECK.get(e.type)
-    return chk(state, e) if chk else None
-
 
 def _check_chip_registered(s: PoolState, e):
     if e.chip_id in s.chips:
@@ -297,17 +317,6 @@ def _grant_off(state: PoolState, grant_id: str, version: int, t: int) -> None:
 _BOUNDARY = {"grant_on": _grant_on, "grant_off": _grant_off}
 
 
-def _remember(state: PoolState, event_id: str, fp: int, t: int, window_s: int) -> None:
-    order = state.dedup_order
-    dedup = state.dedup
-    horizon = t - window_s
-    while order and dedup[order[0]][1] < horizon:
-        del dedup[order.popleft()]
-    if event_id not in dedup:
-        order.append(event_id)
-    dedup[event_id] = (fp, t)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # rates: after any change, the affected team's split and the pool's buckets are re-tallied
 # ---------------------------------------------------------------------------------------------------------
@@ -321,28 +330,29 @@ def split_use(use_milli: int, nominal_milli: int, burst_milli: int) -> tuple[int
 
 
 def _retally_team(state: PoolState, team: Team, t: int) -> None:
+    """The team's split and entitlement after its use, quota or bursts changed."""
+    iq, bo, bu, en = state.books.team_accounts(team.name)
     in_quota, borrowed, burst = split_use(team.use_milli, team.nominal_milli, team.burst_milli)
-    name = team.name
-    set_rate = state.books.set_rate
-    set_rate((IN_QUOTA, name), in_quota, t)
-    set_rate((BORROWED, name), borrowed, t)
-    set_rate((BURST, name), burst, t)
-    set_rate((ENTITLED, name), team.nominal_milli, t)
+    set_rate(iq, in_quota, t)
+    set_rate(bo, borrowed, t)
+    set_rate(bu, burst, t)
+    set_rate(en, team.nominal_milli, t)
 
 
 def _retally_pool(state: PoolState, t: int) -> None:
-    set_rate = state.books.set_rate
+    """The pool's buckets after its chips or the charged total changed."""
+    cap, unav, idle, over = state.books.pool_accounts()
     available = state.capacity_milli - state.unavailable_milli
     charged = state.charged_milli
-    set_rate((CAPACITY, None), state.capacity_milli, t)
-    set_rate((UNAVAILABLE, None), state.unavailable_milli, t)
-    set_rate((IDLE, None), available - charged if charged < available else 0, t)
-    set_rate((OVERCOMMITTED, None), charged - available if charged > available else 0, t)
+    set_rate(cap, state.capacity_milli, t)
+    set_rate(unav, state.unavailable_milli, t)
+    set_rate(idle, available - charged if charged < available else 0, t)
+    set_rate(over, charged - available if charged > available else 0, t)
 
 
 def _charge(state: PoolState, job: Job, new_charge: int, t: int) -> None:
     """Change what a running job is charged from instant t on; the team's split and the pool's idle and
-    overcommitted buckets follow (capacity and unavailable do not change with a charge)."""
+    overcommitted buckets follow (capacity, unavailable and entitlement do not change with a charge)."""
     delta = new_charge - job.charged_milli
     if not delta:
         return
@@ -352,15 +362,16 @@ def _charge(state: PoolState, job: Job, new_charge: int, t: int) -> None:
     team = state.teams[job.team]
     use = team.use_milli = team.use_milli + delta
     charged = state.charged_milli = state.charged_milli + delta
-    name = team.name
-    set_rate = state.books.set_rate
+    books = state.books
+    iq, bo, bu, _ = books.team_accounts(team.name)
     in_quota, borrowed, burst = split_use(use, team.nominal_milli, team.burst_milli)
-    set_rate((IN_QUOTA, name), in_quota, t)
-    set_rate((BORROWED, name), borrowed, t)
-    set_rate((BURST, name), burst, t)
+    set_rate(iq, in_quota, t)
+    set_rate(bo, borrowed, t)
+    set_rate(bu, burst, t)
+    _, _, idle, over = books.pool_accounts()
     available = state.capacity_milli - state.unavailable_milli
-    set_rate((IDLE, None), available - charged if charged < available else 0, t)
-    set_rate((OVERCOMMITTED, None), charged - available if charged > available else 0, t)
+    set_rate(idle, available - charged if charged < available else 0, t)
+    set_rate(over, charged - available if charged > available else 0, t)
 
 
 def _accrue_job(job: Job, t: int) -> None:
@@ -389,8 +400,9 @@ def _apply_chip_registered(s: PoolState, e, t, step):
 
 def _apply_chip_state_changed(s: PoolState, e, t, step):
     chip = s.chips[e.chip_id]
-    was, now = chip.available, e.state in AVAILABLE_STATES
-    chip.state = e.state
+    was = chip.available
+    chip.set_state(e.state)
+    now = chip.available
     if was == now:
         return
     s.unavailable_milli += -MILLI if now else MILLI
@@ -477,20 +489,21 @@ def _apply_job_started(s: PoolState, e, t, step):
     if e.chip_ids is None:
         job.placement = None
         charge = job.chips_milli
-    else:
-        n = len(e.chip_ids)
-        base, extra = divmod(job.chips_milli, n)
-        job.placement = {}
+    else:  # spread evenly; the first `extra` chips take one milli-chip more
+        chip_ids = e.chip_ids
+        base, extra = divmod(job.chips_milli, len(chip_ids))
+        placement = job.placement = {}
+        chips = s.chips
+        job_id = job.job_id
         charge = 0
-        for i, chip_id in enumerate(e.chip_ids):
-            share = base + (1 if i < extra else 0)
-            if not share:
-                continue
-            job.placement[chip_id] = share
-            chip = s.chips[chip_id]
-            chip.jobs[job.job_id] = share
-            if chip.available:
-                charge += share
+        for i, chip_id in enumerate(chip_ids):
+            share = base + 1 if i < extra else base
+            if share:
+                placement[chip_id] = share
+                chip = chips[chip_id]
+                chip.jobs[job_id] = share
+                if chip.available:
+                    charge += share
     job.charged_milli = 0
     _charge(s, job, charge, t)
 
@@ -509,10 +522,12 @@ def _end_run(s: PoolState, job: Job, t: int, reason: str, step: Step) -> None:
     step.job_runs.append(_run_row(s, job, t, t, reason, job.run_alloc_mchip_s - job.run_posted_mchip_s, lost))
     _charge(s, job, 0, t)
     if job.placement:
+        chips = s.chips
+        job_id = job.job_id
         for chip_id in job.placement:
-            chip = s.chips.get(chip_id)
+            chip = chips.get(chip_id)
             if chip is not None:
-                chip.jobs.pop(job.job_id, None)
+                chip.jobs.pop(job_id, None)
     job.placement = None
     s.teams[job.team].running -= 1
 

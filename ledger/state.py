@@ -17,15 +17,25 @@ from ledger.books import Books
 AVAILABLE_STATES = frozenset({"healthy", "degraded"})  # down and maintenance chips are unavailable
 
 
-@dataclass(slots=True)
 class Chip:
-    node: str
-    state: str = "healthy"
-    jobs: dict[str, int] = field(default_factory=dict)  # job_id -> milli-chips of this chip it holds
+    """One chip: its node, its state and the jobs placed on it (job_id -> milli-chips of this chip)."""
 
-    @property
-    def available(self) -> bool:
-        return self.state in AVAILABLE_STATES
+    __slots__ = ("node", "state", "jobs", "available")
+
+    def __init__(self, node: str, state: str = "healthy", jobs: Optional[dict[str, int]] = None):
+        self.node = node
+        self.jobs: dict[str, int] = {} if jobs is None else jobs
+        self.set_state(state)
+
+    def set_state(self, state: str) -> None:
+        self.state = state
+        self.available = state in AVAILABLE_STATES  # kept as a field: it is read for every placed share
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Chip) and (self.node, self.state, self.jobs) == (other.node, other.state, other.jobs)
+
+    def __repr__(self) -> str:
+        return f"Chip(node={self.node!r}, state={self.state!r}, jobs={self.jobs!r})"
 
 
 @dataclass(slots=True)
@@ -63,8 +73,8 @@ class Job:
     status: str = "pending"  # pending | running (finished jobs leave the state)
     first_started_at: Optional[int] = None
     run_index: int = 0        # how many times it has started
-    run_started_at: Optional[int] = None
-    last_safe_at: Optional[int] = None  # last checkpoint, or the start of this run
+    run_started_at: int = 0   # start of the current (or last) run
+    last_safe_at: int = 0     # last checkpoint, or the start of this run
     preemptions: int = 0
     placement: Optional[dict[str, int]] = None  # chip_id -> milli-chips, when the cluster said where
     charged_milli: int = 0    # what the team is charged now (shares on unavailable chips are not charged)

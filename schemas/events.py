@@ -7,10 +7,11 @@ and `at_s` give those values, so the conversion is written once, here.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Literal, Optional, Union
 
+from pydantic_core import TzInfo
 from pydantic import (
     AwareDatetime,
     BaseModel,
@@ -93,9 +94,20 @@ def from_milli(milli: int) -> float:
     return milli / MILLI
 
 
+_UNIX_ORDINAL = 719163  # date(1970, 1, 1).toordinal()
+_OFFSET_S: dict = {}  # fixed-offset tzinfo -> its UTC offset in seconds (memoized: this runs once per event)
+
+
 def epoch_s(ts: datetime) -> int:
     """A zone-aware timestamp as whole seconds since the Unix epoch (sub-second parts are floored)."""
-    return int(ts.timestamp() // 1)
+    tz = ts.tzinfo
+    off = _OFFSET_S.get(tz)
+    if off is None:
+        delta = ts.utcoffset()
+        off = delta.days * 86400 + delta.seconds
+        if isinstance(tz, (timezone, TzInfo)):  # fixed offsets only; a zone with DST is asked every time
+            _OFFSET_S[tz] = off
+    return (ts.toordinal() - _UNIX_ORDINAL) * 86400 + ts.hour * 3600 + ts.minute * 60 + ts.second - off
 
 
 class _Event(BaseModel):

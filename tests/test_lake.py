@@ -1,0 +1,52 @@
+"""The lake writer and the views on it: day partitions, bounded buffers, empty tables."""
+
+from __future__ import annotations
+
+from analytics.lake import LakeWriter, SCHEMAS, lake_has_data
+from analytics.views import connect, view_names
+
+DAY = 86_400
+T0 = 1_793_577_600  # 2026-11-02T00:00:00Z
+
+
+def journal_row(t, amount=1000):
+    return ("p", t, "capacity", None, amount)
+
+
+def test_rows_land_in_day_partitions_and_old_days_are_written_early(tmp_path):
+    w = LakeWriter(tmp_path, "run1")
+    for day in range(5):
+        for h in range(24):
+            w.add("journal", journal_row(T0 + day * DAY + h * 3600))
+    # before close, every day older than the newest two is already on disk
+    on_disk = sorted(p.parent.name for p in (tmp_path / "journal").rglob("*.parquet"))
+    assert on_disk == ["day=2026-11-02", "day=2026-11-03", "day=2026-11-04"]
+    assert w.close() == {"journal": 120}
+    on_disk = sorted(p.parent.name for p in (tmp_path / "journal").rglob("*.parquet"))
+    assert on_disk == [f"day=2026-11-0{d}" for d in range(2, 7)]
+    con = connect(tmp_path)
+    assert con.execute("SELECT count(*), sum(amount_mchip_s) FROM journal_postings").fetchone() == (120, 120_000)
+    assert con.execute("SELECT min(hour)::VARCHAR FROM journal").fetchone()[0].startswith("2026-11-02 00:00:00")
+
+
+def test_late_rows_for_a_written_day_go_to_a_new_file(tmp_path):
+    w = LakeWriter(tmp_path, "run1")
+    w.add("journal", journal_row(T0))
+    w.add("journal", journal_row(T0 + 3 * DAY))  # writes day 0
+    w.add("journal", journal_row(T0 + 60))         # a lagging pool: day 0 again
+    w.close()
+    files = sorted(p.name for p in (tmp_path / "journal" / "day=2026-11-02").iterdir())
+    assert files == ["part-run1-0001.parquet", "part-run1-0002.parquet"]
+    assert connect(tmp_path).execute("SELECT count(*) FROM journal_postings").fetchone()[0] == 3
+
+
+def test_empty_lake_has_every_view(tmp_path):
+    assert not lake_has_data(tmp_path)
+    con = connect(tmp_path)
+    for name in view_names():
+        assert con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0] == 0, name
+    cols = [d[0] for d in con.execute("SELECT * FROM jobs").description]
+    assert cols == ["job_id", "pool", "team", "chips", "chips_milli", "priority", "submitted_at", "first_started_at",
+                    "finished_at", "outcome", "preemptions", "allocated_mchip_s", "lost_mchip_s"]
+    assert "error_code" in [d[0] for d in con.execute("SELECT * FROM deadletters").description]
+    assert set(SCHEMAS) == {"events", "journal", "job_runs", "decisions", "deadletters"}
