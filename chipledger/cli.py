@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
@@ -35,12 +36,11 @@ def _config(path: Optional[Path]) -> Config:
     try:
         return load_config(path)
     except ConfigError as e:
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2)
+        _fail(str(e), 2)
 
 
 def _fail(message: str, code: int = 1):
-    err.print(f"[red]error:[/] {message}")
+    err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -88,10 +88,6 @@ def deadletter_row(raw: bytes, rejection: Rejection, topic: str, partition: int,
             base64.b64encode(raw).decode("ascii"))
 
 
-def job_run_row(r) -> tuple:
-    return tuple(r)
-
-
 def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldConfig(), overwrite: bool = False,
              progress: Optional[ProgressFn] = None, store=None) -> tuple[RunSummary, Fleet]:
     """Fold `events_path` into a fresh lake at `lake`, then save balances to `store` (a ledger.store.Store)."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from typer.testing import CliRunner
 
 from analytics.views import connect
