@@ -163,6 +163,16 @@ class _Pool:
     )
 
 
+def _shift_whole(p, c: int, d: int) -> None:
+    """Chip c became wholly free (d=+1) or stopped being so (d=-1): move its node between free-count buckets."""
+    n = c // p.cpn
+    nf = p.node_free[n]
+    del p.buckets[nf][n]
+    p.buckets[nf + d][n] = None
+    p.node_free[n] = nf + d
+    p.free_whole += d
+
+
 class _Sim:
     def __init__(self, seed: int, days: float, start: datetime, pools: int, teams: int, scale: float):
         if pools < 1 or teams < 1:
@@ -603,12 +613,7 @@ class _Sim:
     def _take(self, p: _Pool, c: int, m: int) -> None:
         f = p.free[c]
         if f == 1000:
-            n = c // p.cpn
-            nf = p.node_free[n]
-            del p.buckets[nf][n]
-            p.buckets[nf - 1][n] = None
-            p.node_free[n] = nf - 1
-            p.free_whole -= 1
+            _shift_whole(p, c, -1)
         else:
             del p.partial[f // _FRACTION_UNIT][c]
         f -= m
@@ -624,36 +629,21 @@ class _Sim:
             if f:
                 del p.partial[f // _FRACTION_UNIT][c]
             if g == 1000:
-                n = c // p.cpn
-                nf = p.node_free[n]
-                del p.buckets[nf][n]
-                p.buckets[nf + 1][n] = None
-                p.node_free[n] = nf + 1
-                p.free_whole += 1
+                _shift_whole(p, c, +1)
             else:
                 p.partial[g // _FRACTION_UNIT][c] = None
 
     def _unusable(self, p: _Pool, c: int) -> None:
         f = p.free[c]
         if f == 1000:
-            n = c // p.cpn
-            nf = p.node_free[n]
-            del p.buckets[nf][n]
-            p.buckets[nf - 1][n] = None
-            p.node_free[n] = nf - 1
-            p.free_whole -= 1
+            _shift_whole(p, c, -1)
         elif f:
             del p.partial[f // _FRACTION_UNIT][c]
 
     def _usable(self, p: _Pool, c: int) -> None:
         f = p.free[c]
         if f == 1000:
-            n = c // p.cpn
-            nf = p.node_free[n]
-            del p.buckets[nf][n]
-            p.buckets[nf + 1][n] = None
-            p.node_free[n] = nf + 1
-            p.free_whole += 1
+            _shift_whole(p, c, +1)
         elif f:
             p.partial[f // _FRACTION_UNIT][c] = None
 

@@ -226,6 +226,10 @@ def _check_job_submitted(s: PoolState, e):
     return None
 
 
+def _unknown_job(s: PoolState, e) -> Rejection:
+    return Rejection(RC.unknown_job, f"job {e.job_id!r} is not pending or running in pool {s.pool!r}")
+
+
 def _check_job_started(s: PoolState, e):
     if e.chip_ids is not None:
         unknown = [c for c in e.chip_ids if c not in s.chips]
@@ -233,7 +237,7 @@ def _check_job_started(s: PoolState, e):
             return Rejection(RC.unknown_chip, f"chips not registered in pool {s.pool!r}: {', '.join(unknown[:5])}")
     j = s.jobs.get(e.job_id)
     if j is None:
-        return Rejection(RC.unknown_job, f"job {e.job_id!r} is not pending or running in pool {s.pool!r}")
+        return _unknown_job(s, e)
     if j.status == "running":
         return Rejection(RC.illegal_transition, f"job {e.job_id!r} is already running")
     if e.chip_ids is not None and len(e.chip_ids) * MILLI < j.chips_milli:
@@ -245,7 +249,7 @@ def _check_job_started(s: PoolState, e):
 def _check_job_running(s: PoolState, e):
     j = s.jobs.get(e.job_id)
     if j is None:
-        return Rejection(RC.unknown_job, f"job {e.job_id!r} is not pending or running in pool {s.pool!r}")
+        return _unknown_job(s, e)
     if j.status != "running":
         return Rejection(RC.illegal_transition, f"job {e.job_id!r} is {j.status}, not running ({e.type})")
     return None
@@ -253,7 +257,7 @@ def _check_job_running(s: PoolState, e):
 
 def _check_job_active(s: PoolState, e):
     if e.job_id not in s.jobs:
-        return Rejection(RC.unknown_job, f"job {e.job_id!r} is not pending or running in pool {s.pool!r}")
+        return _unknown_job(s, e)
     return None
 
 
