@@ -15,9 +15,10 @@ class Fleet:
         self.pools: dict[str, PoolState] = dict(pools or {})
 
     def apply(self, event, raw: Optional[bytes] = None) -> Step:
-        state, step = evolve(self.pools.get(event.pool), event, self.config, raw)
-        if state is not None:
-            self.pools[event.pool] = state
+        state = self.pools.get(event.pool)
+        new, step = evolve(state, event, self.config, raw)
+        if new is not state:  # a pool.configured created the pool
+            self.pools[event.pool] = new
         return step
 
     def apply_all(self, events: Iterable) -> list[Step]:
