@@ -163,14 +163,19 @@ class _Pool:
     )
 
 
-def _shift_whole(p, c: int, d: int) -> None:
-    """Chip c became wholly free (d=+1) or stopped being so (d=-1): move its node between free-count buckets."""
-    n = c // p.cpn
+def _shift_node(p, n: int, d: int) -> None:
+    """d chips of node n became wholly free (d > 0) or stopped being so (d < 0): move the node between
+    free-count buckets."""
     nf = p.node_free[n]
     del p.buckets[nf][n]
     p.buckets[nf + d][n] = None
     p.node_free[n] = nf + d
     p.free_whole += d
+
+
+def _shift_whole(p, c: int, d: int) -> None:
+    """Chip c became wholly free (d=+1) or stopped being so (d=-1)."""
+    _shift_node(p, c // p.cpn, d)
 
 
 class _Sim:
@@ -898,8 +903,8 @@ class _Sim:
         m = j.milli
         jobs_on = p.jobs_on
         if m >= 1000:
-            free, node_free, buckets, cpn, state = p.free, p.node_free, p.buckets, p.cpn, p.state
-            prev_n, k, total = -1, 0, 0
+            free, cpn, state = p.free, p.cpn, p.state
+            prev_n, k = -1, 0  # chips freed on node prev_n so far (a job's chips come node by node)
             for c in j.chips:
                 free[c] = 1000
                 jobs_on[c].remove(j)
@@ -907,20 +912,11 @@ class _Sim:
                     n = c // cpn
                     if n != prev_n:
                         if k:
-                            nf = node_free[prev_n]
-                            del buckets[nf][prev_n]
-                            buckets[nf + k][prev_n] = None
-                            node_free[prev_n] = nf + k
-                            total += k
+                            _shift_node(p, prev_n, k)
                         prev_n, k = n, 0
                     k += 1
             if k:
-                nf = node_free[prev_n]
-                del buckets[nf][prev_n]
-                buckets[nf + k][prev_n] = None
-                node_free[prev_n] = nf + k
-                total += k
-            p.free_whole += total
+                _shift_node(p, prev_n, k)
         else:
             for c in j.chips:
                 self._give(p, c, m)
