@@ -22,6 +22,8 @@ app.add_typer(schema_app, name="schema")
 kafka_app = typer.Typer(no_args_is_help=True,
                         help="A local single-node Apache Kafka (KRaft) from Maven Central jars, for development.")
 app.add_typer(kafka_app, name="kafka")
+topics_app = typer.Typer(no_args_is_help=True, help="The chipledger Kafka topics (inputs keyed by pool, outputs).")
+app.add_typer(topics_app, name="topics")
 
 console = Console()
 err = Console(stderr=True)
@@ -198,6 +200,80 @@ def kafka_down(data_dir: Path = DataDirOpt, timeout: float = typer.Option(60, he
 
     was_running = broker.down(data_dir, timeout_s=timeout)
     console.print("kafka: stopped" if was_running else "kafka: was not running")
+
+
+BootstrapOpt = typer.Option(None, "--bootstrap", metavar="HOST:PORT",
+                            help="Kafka bootstrap servers (default [kafka] bootstrap / CHIPLEDGER_KAFKA_BOOTSTRAP)")
+KafkaTimeoutOpt = typer.Option(10.0, "--timeout", min=0.1, help="seconds to wait for the broker to answer")
+
+
+@topics_app.command("create")
+def topics_create(
+    bootstrap: Optional[str] = BootstrapOpt,
+    partitions: Optional[int] = typer.Option(None, "--partitions", min=1,
+                                             help="partitions per topic (default [kafka] partitions = 3)"),
+    replication: int = typer.Option(1, "--replication", min=1, help="replication factor of new topics"),
+    config: Optional[Path] = ConfigOpt,
+    timeout: float = typer.Option(30.0, "--timeout", min=0.1, help="seconds to wait for the broker"),
+):
+    """Create the input and output topics that are missing (idempotent); print each with created/exists.
+
+    Exit 2 when no broker answers or an existing input topic has another partition count."""
+    from streams.topics import KafkaSetupError, create_topics
+
+    cfg = _config(config)
+    bootstrap = bootstrap or cfg.kafka.bootstrap
+    partitions = partitions or cfg.kafka.partitions
+    try:
+        result = create_topics(bootstrap, partitions=partitions, replication=replication, timeout_s=timeout)
+    except (KafkaSetupError, ValueError) as e:
+        _fail(str(e), 2)
+    width = max(len(name) for name in result)
+    for name, what in result.items():
+        console.print(f"{name:<{width}}  {what}", markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command()
+def emit(
+    file: Optional[Path] = typer.Argument(None, help="JSONL file of events (default or '-': stdin)",
+                                          dir_okay=False),
+    bootstrap: Optional[str] = BootstrapOpt,
+    config: Optional[Path] = ConfigOpt,
+    timeout: float = KafkaTimeoutOpt,
+):
+    """Validate and publish JSONL events to Kafka (keyed by pool); report invalid lines on stderr.
+
+    Exit 0 when every line was sent, 1 when some lines were invalid (the valid ones are still sent),
+    2 when Kafka is not usable (no broker, missing topics, delivery failed)."""
+    from streams import producer as producer_mod
+    from streams.topics import KafkaSetupError
+
+    cfg = _config(config)
+    bootstrap = bootstrap or cfg.kafka.bootstrap
+    if file is not None and str(file) != "-":
+        if not file.is_file():
+            _fail(f"events file {file} does not exist", 2)
+        source = open(file, "rb")
+    else:
+        source = getattr(sys.stdin, "buffer", sys.stdin)
+
+    def invalid(lineno: int, code: str, detail: str) -> None:
+        err.print(f"line {lineno}: {code}: {escape(detail)}", highlight=False, soft_wrap=True)
+
+    ms = int(timeout * 1000)
+    try:
+        with producer_mod.LedgerProducer(bootstrap, bootstrap_timeout_ms=ms, max_block_ms=ms) as producer:
+            report = producer_mod.emit_lines(producer, source, on_invalid=invalid)
+    except KafkaSetupError as e:
+        _fail(str(e), 2)
+    finally:
+        if source is not sys.stdin and source is not getattr(sys.stdin, "buffer", None):
+            source.close()
+    console.print(f"sent {report.sent}, invalid {len(report.invalid)}", highlight=False)
+    if report.failed:
+        _fail(f"{report.failed} event(s) could not be delivered to {bootstrap}: {report.first_failure}", 2)
+    if report.invalid:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -1,0 +1,155 @@
+"""Create chipledger's Kafka topics (idempotently) with kafka-python's admin client.
+
+The three input topics (quota, jobs, chips) are keyed by pool and must have the same partition count: a pool's
+events then land on the same partition number in every input topic (co-partitioning), so one worker owns the
+whole pool. The output topics (decisions, journal, deadletter) get the same count for symmetry.
+
+    create_topics(bootstrap, partitions=3, replication=1, timeout_s=30) -> {topic: "created" | "exists"}
+
+Errors that stop a setup (no broker at the address, an input topic with another partition count, a refused
+creation) raise `KafkaSetupError`, with a message meant for the person running the command.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from schemas import INPUT_TOPICS, OUTPUT_TOPICS
+
+__all__ = ["KafkaSetupError", "TopicMismatchError", "ALL_TOPICS", "admin_client", "create_topics",
+           "describe_partitions", "describe_error"]
+
+log = logging.getLogger(__name__)
+
+ALL_TOPICS = tuple(INPUT_TOPICS) + tuple(OUTPUT_TOPICS)
+
+_UNKNOWN_TOPIC = 3  # UNKNOWN_TOPIC_OR_PARTITION
+_TOPIC_EXISTS = 36  # TOPIC_ALREADY_EXISTS
+
+
+class KafkaSetupError(RuntimeError):
+    """Kafka is not usable as configured: no broker answers, a topic is missing or has the wrong shape, …"""
+
+
+class TopicMismatchError(KafkaSetupError):
+    """An existing input topic has a partition count other than the one asked for."""
+
+
+def describe_error(exc: BaseException) -> str:
+    """`Name: message` for an exception, once (kafka-python's errors already start with their class name)."""
+    name, text = type(exc).__name__, str(exc)
+    return text if text.startswith(name) else f"{name}: {text}" if text else name
+
+
+def _no_broker(bootstrap: str, exc: BaseException, timeout_s: float) -> KafkaSetupError:
+    return KafkaSetupError(
+        f"no Kafka broker answered at {bootstrap} within {timeout_s:g}s ({describe_error(exc)}); "
+        "start one (`chipledger kafka up`) or pass --bootstrap HOST:PORT / set CHIPLEDGER_KAFKA_BOOTSTRAP"
+    )
+
+
+def admin_client(bootstrap: str, timeout_s: float = 30):
+    """A connected `KafkaAdminClient`, or `KafkaSetupError` when no broker answers within `timeout_s`."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    ms = max(1, int(timeout_s * 1000))
+    try:
+        return KafkaAdminClient(bootstrap_servers=bootstrap, bootstrap_timeout_ms=ms, request_timeout_ms=ms,
+                                client_id="chipledger-admin")
+    except KafkaError as exc:  # KafkaTimeoutError ("Unable to bootstrap"), NoBrokersAvailable, …
+        raise _no_broker(bootstrap, exc, timeout_s) from None
+    except ValueError as exc:  # a malformed address, e.g. "host:port"
+        raise KafkaSetupError(f"bad Kafka bootstrap address {bootstrap!r}: {exc}") from None
+
+
+def _partition_counts(admin, names) -> dict[str, int]:
+    """name -> partition count for the topics of `names` that exist (missing ones are left out)."""
+    import kafka.errors as Errors
+
+    counts = {}
+    for t in admin.describe_topics(list(names)):
+        code = t.get("error_code", 0)
+        if code == _UNKNOWN_TOPIC:
+            continue
+        if code != 0:
+            raise KafkaSetupError(f"cannot describe topic {t.get('name')}: {Errors.for_code(code).__name__}")
+        counts[t["name"]] = len(t.get("partitions") or [])
+    return counts
+
+
+def describe_partitions(bootstrap: str, topics=ALL_TOPICS, timeout_s: float = 30) -> dict[str, int]:
+    """Partition count of each existing topic among `topics` (missing topics are absent from the result)."""
+    from kafka.errors import KafkaError
+
+    admin = admin_client(bootstrap, timeout_s)
+    try:
+        return _partition_counts(admin, topics)
+    except KafkaError as exc:
+        raise KafkaSetupError(f"describing topics at {bootstrap} failed: {describe_error(exc)}") from None
+    finally:
+        admin.close()
+
+
+def _check_inputs(counts: dict[str, int], partitions: int) -> None:
+    wrong = {n: counts[n] for n in INPUT_TOPICS if n in counts and counts[n] != partitions}
+    if wrong:
+        have = ", ".join(f"{n} has {c}" for n, c in wrong.items())
+        raise TopicMismatchError(
+            f"input topic partition count mismatch: {have}, asked for {partitions}. All input topics "
+            f"({', '.join(INPUT_TOPICS)}) must have the same number of partitions so that a pool's events are "
+            "co-partitioned; run again with --partitions matching the existing topics, or recreate them"
+        )
+
+
+def create_topics(bootstrap: str, partitions: int = 3, replication: int = 1, timeout_s: float = 30) -> dict[str, str]:
+    """Create the input and output topics that are missing; return {topic: "created" | "exists"}.
+
+    Idempotent: topics that already exist are reported as "exists" and left alone, except that an existing input
+    topic whose partition count differs from `partitions` is an error (`TopicMismatchError`), raised before
+    anything is created. Raises `KafkaSetupError` when no broker answers at `bootstrap` within `timeout_s`, or
+    when the broker refuses a creation (e.g. a replication factor above the number of brokers).
+    """
+    if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+        raise ValueError(f"partitions must be a positive integer, got {partitions!r}")
+    if isinstance(replication, bool) or not isinstance(replication, int) or replication < 1:
+        raise ValueError(f"replication must be a positive integer, got {replication!r}")
+    import kafka.errors as Errors
+
+    ms = max(1, int(timeout_s * 1000))
+    admin = admin_client(bootstrap, timeout_s)
+    try:
+        existing = _partition_counts(admin, ALL_TOPICS)
+        _check_inputs(existing, partitions)
+        result = {name: "exists" for name in existing}
+        missing = [name for name in ALL_TOPICS if name not in existing]
+        if missing:
+            spec = {name: {"num_partitions": partitions, "replication_factor": replication} for name in missing}
+            response = admin.create_topics(spec, timeout_ms=ms, raise_errors=False)
+            problems: dict[str, list[str]] = {}  # one line per distinct reason, naming its topics
+            created, raced = [], []
+            for t in response["topics"]:
+                code = t.get("error_code", 0)
+                if code == 0:
+                    created.append(t["name"])
+                elif code == _TOPIC_EXISTS:  # created by someone else meanwhile
+                    raced.append(t["name"])
+                else:
+                    name = Errors.for_code(code).__name__
+                    why = f"{name}: {t['error_message']}" if t.get("error_message") else name
+                    problems.setdefault(why, []).append(t["name"])
+            if problems:
+                text = "; ".join(f"{', '.join(names)}: {why}" for why, names in problems.items())
+                raise KafkaSetupError(f"Kafka at {bootstrap} refused to create topics: {text}")
+            if created:
+                admin.wait_for_topics(created, timeout_ms=ms)  # leaders elected: producers can send at once
+            if raced:
+                _check_inputs(_partition_counts(admin, raced), partitions)
+            result.update({n: "created" for n in created})
+            result.update({n: "exists" for n in raced})
+        log.info("topics at %s: %s", bootstrap, result)
+        return {name: result[name] for name in ALL_TOPICS}
+    except Errors.KafkaError as exc:
+        raise KafkaSetupError(f"creating topics at {bootstrap} failed: {describe_error(exc)}") from None
+    finally:
+        admin.close()
