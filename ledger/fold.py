@@ -144,17 +144,14 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
         state.clock = t  # the common case: no hour closes and no grant boundary passes before this event
     else:
         _advance(state, t, step)
+        _forget_ids(state, t - config.dedup_window_s)
     step.applied_at = t
     _APPLY[etype](state, event, t, step)
     state.applied += 1
-    # remember the id for the dedup window (event time), forgetting ids that fell out of it
-    order = state.dedup_order
-    if event_id not in dedup:
-        order.append(event_id)
+    # remember the id (an accepted event's id was not in the window: `seen` is None here); ids that fell out
+    # of the window are forgotten when an hour closes, so an id is remembered for at least the window
+    state.dedup_order.append(event_id)
     dedup[event_id] = (fp, t)
-    horizon = t - config.dedup_window_s
-    while dedup[order[0]][1] < horizon:
-        del dedup[order.popleft()]
     if config.check_invariants:
         check_invariants(state)
     return state, step
@@ -298,6 +295,14 @@ def _advance(state: PoolState, t: int, step: Step) -> None:
         else:
             break
     state.clock = t
+
+
+def _forget_ids(state: PoolState, horizon: int) -> None:
+    """Drop the remembered event ids applied before `horizon` (they are in arrival order, and so in clock order)."""
+    order = state.dedup_order
+    dedup = state.dedup
+    while order and dedup[order[0]][1] < horizon:
+        del dedup[order.popleft()]
 
 
 def _grant_on(state: PoolState, grant_id: str, version: int, t: int) -> None:

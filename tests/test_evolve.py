@@ -323,9 +323,13 @@ def test_a_rejected_event_does_not_advance_the_clock_or_close_hours():
 
 def test_dedup_window_expires():
     cfg = FoldConfig(check_invariants=True, dedup_window_s=100)
+    # ids are forgotten when an hour closes: an id is remembered for at least the window
     fleet, steps = fold([configured(0), tick(10, eid="t1"), tick(50), tick(200), tick(10, eid="t1")], cfg)
-    # by t=200 the id t1 (seen at 10) is outside the 100 s window: the re-send is a new (late) event
-    assert steps[-1].applied and steps[-1].lateness_s == 190
+    assert steps[-1].duplicate  # t=200 is past the window but no hour has closed yet
+    fleet, steps = fold([configured(0), tick(10, eid="t1"), tick(3700), tick(10, eid="t1")], cfg)
+    # the hour closed at t=3600; by t=3700 the id t1 (seen at 10) is outside the 100 s window:
+    # the re-send is a new (late) event
+    assert steps[-1].applied and steps[-1].lateness_s == 3690
     assert "t1" in fleet.pools[POOL].dedup
     fleet, steps = fold([configured(0), tick(10, eid="t1"), tick(100), tick(10, eid="t1")], cfg)
     assert steps[-1].duplicate  # still inside the window
