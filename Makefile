@@ -16,6 +16,7 @@ demo: $(STAMP)
 	$(VENV)/bin/chipledger demo
 
 test: $(STAMP)
+	bash scripts/postgres.sh ensure
 	$(PY) -m pytest
 
 bench: $(STAMP)

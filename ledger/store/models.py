@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Optional
 
 from sqlalchemy import BigInteger, DateTime, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+
+class UTCDateTime(TypeDecorator):
+    """An instant: zone-aware in, stored in UTC, zone-aware UTC out, on every backend. (A bare
+    DateTime(timezone=True) gives naive datetimes back on SQLite, which keeps no zone and stores an aware
+    value's wall time as is; PostgreSQL gives them back in the session's TimeZone.) Naive values are refused."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"naive datetime {value!r}: the store needs zone-aware instants")
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value, dialect):
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
 class Base(DeclarativeBase):
@@ -20,7 +43,7 @@ class PoolBalance(Base):
     pool: Mapped[str] = mapped_column(String(256), primary_key=True)
     flavor: Mapped[str] = mapped_column(String(256))
     chips_per_node: Mapped[int] = mapped_column(Integer)
-    clock: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    clock: Mapped[datetime] = mapped_column(UTCDateTime())
     chips: Mapped[int] = mapped_column(Integer)
     capacity_milli: Mapped[int] = mapped_column(BigInteger)
     unavailable_milli: Mapped[int] = mapped_column(BigInteger)
@@ -64,8 +87,8 @@ class GrantRow(Base):
     chips_milli: Mapped[int] = mapped_column(BigInteger)
     borrowing_limit_milli: Mapped[Optional[int]] = mapped_column(BigInteger, nullable=True)
     lending_limit_milli: Mapped[Optional[int]] = mapped_column(BigInteger, nullable=True)
-    effective_from: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True), nullable=True)
-    effective_until: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True), nullable=True)
+    effective_from: Mapped[Optional[datetime]] = mapped_column(UTCDateTime(), nullable=True)
+    effective_until: Mapped[Optional[datetime]] = mapped_column(UTCDateTime(), nullable=True)
     active: Mapped[bool]
 
 
@@ -77,8 +100,8 @@ class RunLog(Base):
     kind: Mapped[str] = mapped_column(String(32))
     source: Mapped[str] = mapped_column(Text)
     lake: Mapped[str] = mapped_column(Text)
-    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime] = mapped_column(UTCDateTime())
     lines: Mapped[int] = mapped_column(BigInteger)
     accepted: Mapped[int] = mapped_column(BigInteger)
     duplicates: Mapped[int] = mapped_column(BigInteger)
