@@ -156,11 +156,108 @@ def demo(
     seed: int = typer.Option(7, help="random seed of the scenario"),
     days: float = typer.Option(14, help="days of fleet history to simulate"),
     out: Path = typer.Option(Path("demo"), "--out", help="folder for the events file, lake and store"),
+    trace: Optional[str] = typer.Option(None, "--trace", help="run on a real trace instead: alibaba-openb | helios"),
+    trace_dir: Optional[Path] = typer.Option(None, "--trace-dir",
+                                             help="the trace's folder (default: ../shared/traces/… if present)"),
 ):
-    """Generate a seeded fleet scenario, run it on the embedded default and print a short summary."""
-    from chipledger.demo import run_demo
+    """Generate a seeded fleet scenario (or import a real trace), run it on the embedded default and print a
+    short summary."""
+    from chipledger.demo import run_demo, run_trace_demo
+    from chipledger.importers.base import TraceFormatError
+    from chipledger.importers.registry import SHARED_TRACE_DIRS, find_shared_trace
 
-    run_demo(out, seed=seed, days=days, console=console)
+    if trace is None:
+        run_demo(out, seed=seed, days=days, console=console)
+        return
+    if trace not in SHARED_TRACE_DIRS:
+        _fail(f"--trace must be one of {', '.join(SHARED_TRACE_DIRS)}", 2)
+    src = trace_dir or find_shared_trace(trace)
+    if src is None or not src.is_dir():
+        _fail(f"trace folder not found: pass --trace-dir (the public trace copies live in ../shared/traces/"
+              f"{SHARED_TRACE_DIRS[trace]} beside the repository)", 2)
+    try:
+        run_trace_demo(trace, src, out, console=console)
+    except (TraceFormatError, FileNotFoundError) as e:
+        _fail(str(e))
+
+
+import_app = typer.Typer(no_args_is_help=True, help="Turn real traces and scheduler logs into event JSONL.")
+app.add_typer(import_app, name="import")
+OutOpt = typer.Option(..., "-o", "--out", help="event JSONL to write")
+
+
+def _import(fmt: str, src: Path, out: Path, as_json: bool, **options) -> None:
+    from chipledger.importers.base import TraceFormatError
+    from chipledger.importers.registry import import_trace
+
+    if not src.exists():
+        _fail(f"{src} does not exist")
+    try:
+        report = import_trace(fmt, src, out, **options)
+    except (TraceFormatError, FileNotFoundError) as e:
+        _fail(str(e))
+    if as_json:
+        console.file.write(json.dumps(report.as_dict()) + "\n")
+        return
+    t = Table(title=f"import {fmt} {src}", show_header=False)
+    t.add_column("what")
+    t.add_column("count", justify="right")
+    t.add_row("rows read", f"{report.rows_read:,}")
+    t.add_row("events written", f"{report.events_written:,}")
+    for kind, n in sorted(report.events.items()):
+        t.add_row(f"  {kind}", f"{n:,}")
+    t.add_row("rows skipped", f"{sum(report.skipped.values()):,}")
+    for reason, n in sorted(report.skipped.items()):
+        t.add_row(f"  {reason}", f"{n:,}")
+    t.add_row("pools", ", ".join(report.pools))
+    t.add_row("time span", f"{report.first_at} … {report.last_at}")
+    console.print(t)
+    for note in report.notes:
+        console.print(f"note: {escape(str(note))}")
+    console.print(f"events: {out}  (fold them: chipledger run --events {out})")
+
+
+JsonOpt = typer.Option(False, "--json", help="print the report as JSON")
+
+
+@import_app.command("alibaba-openb")
+def import_alibaba(src: Path = typer.Argument(..., help="folder with openb_node_list_gpu_node.csv and "
+                                                         "openb_pod_list_default.csv"),
+                   out: Path = OutOpt,
+                   start: Optional[str] = typer.Option(None, help="UTC instant that trace second 0 maps to "
+                                                                   "(default 2023-01-01T00:00:00Z)"),
+                   as_json: bool = JsonOpt):
+    """The Alibaba GPU cluster trace v2023 (openb): GPU nodes → pools and chips, pods → jobs."""
+    options = {}
+    if start is not None:
+        from datetime import datetime
+
+        try:
+            options["start"] = datetime.fromisoformat(start.replace("Z", "+00:00"))
+        except ValueError:
+            _fail(f"--start {start!r} is not an ISO 8601 time", 2)
+    _import("alibaba-openb", src, out, as_json, **options)
+
+
+@import_app.command("helios")
+def import_helios_cmd(src: Path = typer.Argument(..., help="folder with cluster_gpu_number.csv "
+                                                            "(and cluster_log.csv when present)"),
+                      out: Path = OutOpt,
+                      cluster: Optional[str] = typer.Option(None, help="cluster name (default: the folder name)"),
+                      tz: str = typer.Option("UTC", help="time zone of the trace's times and quota days"),
+                      as_json: bool = JsonOpt):
+    """Helios (SenseTime) quota files → time-bounded grants per virtual cluster, job logs → jobs."""
+    _import("helios", src, out, as_json, tz=tz, **({"cluster": cluster} if cluster else {}))
+
+
+@import_app.command("sacct")
+def import_sacct_cmd(src: Path = typer.Argument(..., help="output of sacct --parsable2"),
+                     out: Path = OutOpt,
+                     tz: str = typer.Option("UTC", help="time zone of the sacct timestamps"),
+                     chips_per_node: int = typer.Option(8, help="GPUs per node in the partitions"),
+                     as_json: bool = JsonOpt):
+    """Slurm accounting (sacct --parsable2): Account → team, Partition → pool, GPU TRES → chips."""
+    _import("sacct", src, out, as_json, tz=tz, chips_per_node=chips_per_node)
 
 
 DataDirOpt = typer.Option(Path(".kafka"), "--data-dir", help="broker config, data and log folder")

@@ -49,17 +49,36 @@ def write_events(path: Path, seed: int, days: float) -> int:
 
 
 def run_demo(out: Path, seed: int = 7, days: float = 14, console: Console | None = None) -> dict:
+    """The seeded scenario: write it, fold it, summarize it."""
     console = console or Console()
     out = Path(out)
     events = out / "events.jsonl"
     n = write_events(events, seed, days)
     console.print(f"scenario: seed {seed}, {days:g} days, {n:,} lines → {events}")
+    return fold_and_summarize(events, out, console)
+
+
+def run_trace_demo(trace: str, trace_dir: Path, out: Path, console: Console | None = None) -> dict:
+    """A real trace: import it, fold it, summarize it."""
+    from chipledger.importers.registry import import_trace
+
+    console = console or Console()
+    out = Path(out)
+    events = out / "events.jsonl"
+    report = import_trace(trace, trace_dir, events)
+    skipped = ", ".join(f"{k} {v:,}" for k, v in sorted(report.skipped.items())) or "none"
+    console.print(f"trace {trace}: {report.rows_read:,} rows → {report.events_written:,} events → {events} "
+                  f"(skipped: {skipped}; {report.first_at} … {report.last_at})")
+    return fold_and_summarize(events, out, console)
+
+
+def fold_and_summarize(events: Path, out: Path, console: Console) -> dict:
     store_url = f"sqlite:///{(out / 'chipledger.db').resolve()}"
     summary, fleet = run_file(events, out / "lake", overwrite=True, store=open_store(store_url))
     console.print(
         f"folded in {summary.seconds:.2f} s: {summary.accepted:,} accepted, {summary.duplicates:,} duplicates, "
         f"{summary.dead_letter_total:,} dead letters "
-        f"({', '.join(f'{k} {v}' for k, v in sorted(summary.dead_letters.items()))})"
+        f"({', '.join(f'{k} {v}' for k, v in sorted(summary.dead_letters.items())) or 'none'})"
     )
     con = connect(out / "lake")
     cols = ",\n       ".join(
