@@ -7,10 +7,6 @@ CHIPLEDGER_REQUIRE_KAFKA=1 (CI) they fail instead.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import shutil
-import socket
 import sys
 import time
 import uuid
@@ -24,58 +20,19 @@ except ImportError:  # run without an installed package / rootdir on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from streams import broker
 
+from kafka_support import check_prerequisites, free_port, port_open, start_broker
+
 pytestmark = pytest.mark.kafka
-
-REQUIRE = os.environ.get("CHIPLEDGER_REQUIRE_KAFKA", "").strip() not in ("", "0", "false", "no")
-
-
-def _unavailable(reason: str) -> None:
-    msg = f"REAL KAFKA TESTS NOT RUN: {reason}"
-    if REQUIRE:
-        pytest.fail(f"{msg} (CHIPLEDGER_REQUIRE_KAFKA=1)", pytrace=False)
-    pytest.skip(msg)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
-
 
 @pytest.fixture(scope="module")
 def kafka_env(tmp_path_factory):
     """Prerequisites + a data dir and port for this module's broker; stops it at the end."""
-    java_home = os.environ.get("JAVA_HOME")
-    if not (shutil.which("java") or (java_home and (Path(java_home) / "bin" / "java").exists())):
-        _unavailable("no `java` on PATH (Kafka 4 needs Java 17+)")
-    if not (shutil.which("mvn") or os.environ.get("MVN")) and not broker._jars_complete(
-        broker.default_cache_dir(), broker._version()
-    ):
-        _unavailable(f"no `mvn` on PATH and no cached Kafka jars in {broker.default_cache_dir()}")
-    if importlib.util.find_spec("kafka") is None:
-        _unavailable("kafka-python is not installed")
-
+    check_prerequisites()
     data_dir = tmp_path_factory.mktemp("kafka")
-    env = {"data_dir": data_dir, "port": _free_port()}
-    try:
-        t0 = time.monotonic()
-        broker.ensure_jars()
-        t1 = time.monotonic()
-        info = broker.up(port=env["port"], data_dir=data_dir, timeout_s=180)
-        t2 = time.monotonic()
-    except broker.BrokerError as exc:
-        if broker.status(data_dir):
-            broker.down(data_dir)
-        pytest.fail(f"could not start Kafka: {exc}", pytrace=False)
-    print(f"\nkafka: ensure_jars {t1 - t0:.1f}s, up {t2 - t1:.1f}s -> {info['bootstrap_servers']}")
+    env = {"data_dir": data_dir, "port": free_port()}
+    t0 = time.monotonic()
+    info = start_broker(data_dir, env["port"])
+    print(f"\nkafka: jars + up {time.monotonic() - t0:.1f}s -> {info['bootstrap_servers']}")
     env["first"] = info
     yield env
     broker.down(data_dir, timeout_s=30)
@@ -155,10 +112,10 @@ def test_up_on_busy_port_raises_clear_error(kafka, tmp_path):
 
 def test_down_stops_broker_and_closes_port(kafka, kafka_env):
     pid, port, data_dir = kafka["pid"], kafka_env["port"], kafka_env["data_dir"]
-    assert _port_open(port)
+    assert port_open(port)
     assert broker.down(data_dir, timeout_s=60) is True
     assert broker.status(data_dir) is None
     assert not (data_dir / "kafka.pid").exists()
-    assert not _port_open(port)
+    assert not port_open(port)
     assert not Path(f"/proc/{pid}").exists() or not broker._alive(pid)
     assert broker.down(data_dir) is False  # idempotent

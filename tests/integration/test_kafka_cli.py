@@ -2,33 +2,21 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-
 import pytest
 from typer.testing import CliRunner
 
 from chipledger.cli import app
+from kafka_support import check_prerequisites, free_port
 from streams import broker
 
 pytestmark = pytest.mark.kafka
-REQUIRE = os.environ.get("CHIPLEDGER_REQUIRE_KAFKA", "").strip() not in ("", "0", "false", "no")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_kafka_up_status_down(tmp_path):
-    if shutil.which("java") is None:
-        msg = "REAL KAFKA TESTS NOT RUN: no `java` on PATH (install Java 17)"
-        pytest.fail(msg) if REQUIRE else pytest.skip(msg)
+    check_prerequisites()
     runner = CliRunner()
     data = tmp_path / "kafka"
-    port = _free_port()
+    port = free_port()
     res = runner.invoke(app, ["kafka", "up", "--port", str(port), "--data-dir", str(data)])
     try:
         assert res.exit_code == 0, res.output

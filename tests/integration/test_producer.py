@@ -7,10 +7,6 @@ no-broker tests need neither.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import shutil
-import socket
 import sys
 import time
 import uuid
@@ -30,48 +26,21 @@ from chipledger.cli import app
 from schemas import INPUT_TOPICS, OUTPUT_TOPICS, Rejection, key_for, parse_event, topic_for
 from streams.topics import TopicMismatchError, create_topics, describe_partitions
 
+from kafka_support import check_prerequisites, free_port, start_broker
+
 pytestmark = pytest.mark.kafka
 
-REQUIRE = os.environ.get("CHIPLEDGER_REQUIRE_KAFKA", "").strip() not in ("", "0", "false", "no")
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hand.jsonl"
 PARTITIONS = 3
 INVALID_LINES = {13: "not_json", 14: "unknown_type", 15: "schema_invalid"}
 
 
-def _unavailable(reason: str) -> None:
-    msg = f"REAL KAFKA TESTS NOT RUN: {reason}"
-    if REQUIRE:
-        pytest.fail(f"{msg} (CHIPLEDGER_REQUIRE_KAFKA=1)", pytrace=False)
-    pytest.skip(msg)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def bootstrap(tmp_path_factory):
     """A broker for this module (started on a free port in a temp dir, stopped at the end)."""
-    java_home = os.environ.get("JAVA_HOME")
-    if not (shutil.which("java") or (java_home and (Path(java_home) / "bin" / "java").exists())):
-        _unavailable("no `java` on PATH (Kafka 4 needs Java 17+)")
-    if not (shutil.which("mvn") or os.environ.get("MVN")) and not broker._jars_complete(
-        broker.default_cache_dir(), broker._version()
-    ):
-        _unavailable(f"no `mvn` on PATH and no cached Kafka jars in {broker.default_cache_dir()}")
-    if importlib.util.find_spec("kafka") is None:
-        _unavailable("kafka-python is not installed")
-
+    check_prerequisites()
     data_dir = tmp_path_factory.mktemp("kafka")
-    try:
-        broker.ensure_jars()
-        info = broker.up(port=_free_port(), data_dir=data_dir, timeout_s=180)
-    except broker.BrokerError as exc:
-        if broker.status(data_dir):
-            broker.down(data_dir)
-        pytest.fail(f"could not start Kafka: {exc}", pytrace=False)
+    info = start_broker(data_dir, free_port())
     yield info["bootstrap_servers"]
     broker.down(data_dir, timeout_s=30)
 
@@ -183,7 +152,7 @@ def test_emit_sends_each_valid_line_once_keyed_and_in_order(created, bootstrap):
 
 @pytest.mark.parametrize("command", [["emit", str(FIXTURE)], ["topics", "create"]])
 def test_no_broker_exits_2_quickly_with_a_clear_message(command):
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     t0 = time.monotonic()
     res = CliRunner().invoke(app, [*command, "--bootstrap", f"127.0.0.1:{port}", "--timeout", "3"])
     took = time.monotonic() - t0
