@@ -93,17 +93,27 @@ def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, 
     return summary
 
 
-def print_summary(summary) -> None:
-    t = Table(title=f"run of {summary.source}", show_header=False)
+def _counts_table(title: str) -> Table:
+    t = Table(title=title, show_header=False)
     t.add_column("what")
     t.add_column("count", justify="right")
+    return t
+
+
+def _add_breakdown(t: Table, label: str, counts) -> None:
+    """A total row, then one indented row per key."""
+    t.add_row(label, f"{sum(counts.values()):,}")
+    for key, n in sorted(counts.items()):
+        t.add_row(f"  {key}", f"{n:,}")
+
+
+def print_summary(summary) -> None:
+    t = _counts_table(f"run of {summary.source}")
     t.add_row("lines read", f"{summary.lines:,}")
     t.add_row("accepted", f"{summary.accepted:,}")
     t.add_row("duplicates dropped", f"{summary.duplicates:,}")
     t.add_row("late (applied at the pool clock)", f"{summary.late:,}")
-    t.add_row("dead letters", f"{summary.dead_letter_total:,}")
-    for code, n in sorted(summary.dead_letters.items()):
-        t.add_row(f"  {code}", f"{n:,}")
+    _add_breakdown(t, "dead letters", summary.dead_letters)
     t.add_row("pools", f"{summary.pools:,}")
     for table, n in sorted(summary.rows_written.items()):
         t.add_row(f"lake rows: {table}", f"{n:,}")
@@ -199,16 +209,10 @@ def _import(fmt: str, src: Path, out: Path, as_json: bool, **options) -> None:
     if as_json:
         console.file.write(json.dumps(report.as_dict()) + "\n")
         return
-    t = Table(title=f"import {fmt} {src}", show_header=False)
-    t.add_column("what")
-    t.add_column("count", justify="right")
+    t = _counts_table(f"import {fmt} {src}")
     t.add_row("rows read", f"{report.rows_read:,}")
-    t.add_row("events written", f"{report.events_written:,}")
-    for kind, n in sorted(report.events.items()):
-        t.add_row(f"  {kind}", f"{n:,}")
-    t.add_row("rows skipped", f"{sum(report.skipped.values()):,}")
-    for reason, n in sorted(report.skipped.items()):
-        t.add_row(f"  {reason}", f"{n:,}")
+    _add_breakdown(t, "events written", report.events)
+    _add_breakdown(t, "rows skipped", report.skipped)
     t.add_row("pools", ", ".join(report.pools))
     t.add_row("time span", f"{report.first_at} … {report.last_at}")
     console.print(t)
