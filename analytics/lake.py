@@ -23,7 +23,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("event_id", pa.string()), ("type", pa.string()), ("pool", pa.string()), ("source", pa.string()),
         ("occurred_at", TS), ("applied_at", TS), ("lateness_s", pa.int64()),
         ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
-        ("raw", pa.string()),  # the message value as received; the events view extracts the type's fields
+        # the event as applied: its canonical JSON (what the ledger folded, whatever the spelling of the
+        # message); the events view extracts the type's fields from it
+        ("body", pa.string()),
     ]),
     "journal": pa.schema([
         ("pool", pa.string()), ("hour", TS), ("account", pa.string()), ("team", pa.string()),

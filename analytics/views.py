@@ -23,11 +23,12 @@ DERIVED_VIEWS = {
     # every applied event, with the fields of its type taken from the message value
     "events": """
         SELECT event_id, type, pool, source, occurred_at, applied_at, lateness_s,
-               raw->>'$.team' AS team, raw->>'$.job_id' AS job_id, raw->>'$.chip_id' AS chip_id,
-               raw->>'$.grant_id' AS grant_id, raw->>'$.request_id' AS request_id,
-               round(TRY_CAST(raw->>'$.chips' AS DECIMAL(18, 3)) * 1000)::BIGINT AS chips_milli,
-               TRY_CAST(raw->>'$.priority' AS BIGINT) AS priority, raw->>'$.state' AS state,
-               raw->>'$.outcome' AS outcome, topic, "partition", "offset", raw
+               body->>'$.team' AS team, body->>'$.job_id' AS job_id, body->>'$.chip_id' AS chip_id,
+               body->>'$.grant_id' AS grant_id, body->>'$.request_id' AS request_id,
+               round(TRY_CAST(body->>'$.chips' AS DECIMAL(18, 3)) * 1000)::BIGINT AS chips_milli,
+               TRY_CAST(body->>'$.priority' AS BIGINT) AS priority,
+               TRY_CAST(body->>'$.preemptible' AS BOOLEAN) AS preemptible, body->>'$.state' AS state,
+               body->>'$.outcome' AS outcome, topic, "partition", "offset", body
         FROM event_log
     """,
     # the books: postings summed per (pool, hour, account, team)
@@ -36,38 +37,49 @@ DERIVED_VIEWS = {
                sum(amount_mchip_s) / 3.6e6 AS amount_chip_h
         FROM journal_postings GROUP BY pool, hour, account, team
     """,
-    # one row per run of a job (postings of a run still going at a close are summed with its end)
+    # one row per run of a job (postings of a run still going at a close are summed with its end); a job id
+    # reused after the job finished is another job: runs are told apart by their submission time
     "job_run_totals": """
-        SELECT pool, job_id, run_index, any_value(team) AS team, any_value(chips_milli) AS chips_milli,
-               any_value(priority) AS priority, any_value(submitted_at) AS submitted_at,
+        SELECT pool, job_id, submitted_at, run_index, any_value(team) AS team,
+               any_value(chips_milli) AS chips_milli, any_value(priority) AS priority,
                any_value(started_at) AS started_at, max(ended_at) AS ended_at,
                max(end_reason) AS end_reason, sum(allocated_mchip_s)::BIGINT AS allocated_mchip_s,
                sum(lost_mchip_s)::BIGINT AS lost_mchip_s
-        FROM job_runs GROUP BY pool, job_id, run_index
+        FROM job_runs GROUP BY pool, job_id, submitted_at, run_index
     """,
-    # one row per job, from its events and its runs
+    # one row per job (per submission: a job id reused after the job finished starts a new job), from its
+    # events and its runs
     "jobs": """
-        WITH sub AS (
-            SELECT pool, job_id, team, chips_milli, priority, applied_at AS submitted_at
-            FROM events WHERE type = 'job.submitted'
+        WITH e AS (
+            SELECT *, sum(CASE WHEN type = 'job.submitted' THEN 1 ELSE 0 END)
+                        OVER (PARTITION BY pool, job_id ORDER BY applied_at, topic, "partition", "offset"
+                              ROWS UNBOUNDED PRECEDING) AS submission
+            FROM events WHERE job_id IS NOT NULL
+        ), sub AS (
+            SELECT pool, job_id, submission, team, chips_milli, priority, preemptible,
+                   applied_at AS submitted_at
+            FROM e WHERE type = 'job.submitted'
         ), ev AS (
-            SELECT pool, job_id,
+            SELECT pool, job_id, submission,
                    min(applied_at) FILTER (WHERE type = 'job.started') AS first_started_at,
                    max(applied_at) FILTER (WHERE type = 'job.finished') AS finished_at,
                    arg_max(outcome, applied_at) FILTER (WHERE type = 'job.finished') AS outcome,
                    count(*) FILTER (WHERE type = 'job.preempted') AS preemptions
-            FROM events WHERE job_id IS NOT NULL GROUP BY pool, job_id
+            FROM e GROUP BY pool, job_id, submission
         ), runs AS (
-            SELECT pool, job_id, sum(allocated_mchip_s)::BIGINT AS allocated_mchip_s,
+            SELECT pool, job_id, submitted_at, sum(allocated_mchip_s)::BIGINT AS allocated_mchip_s,
                    sum(lost_mchip_s)::BIGINT AS lost_mchip_s
-            FROM job_runs GROUP BY pool, job_id
+            FROM job_runs GROUP BY pool, job_id, submitted_at
         )
-        SELECT sub.job_id, sub.pool, sub.team, sub.chips_milli / 1000.0 AS chips, sub.chips_milli, sub.priority,
+        SELECT sub.job_id, sub.pool, sub.team, sub.chips_milli / 1000.0 AS chips, sub.chips_milli,
+               coalesce(sub.priority, 0) AS priority, coalesce(sub.preemptible, true) AS preemptible,
                sub.submitted_at, ev.first_started_at, ev.finished_at, ev.outcome,
                coalesce(ev.preemptions, 0)::BIGINT AS preemptions,
                coalesce(runs.allocated_mchip_s, 0)::BIGINT AS allocated_mchip_s,
                coalesce(runs.lost_mchip_s, 0)::BIGINT AS lost_mchip_s
-        FROM sub LEFT JOIN ev USING (pool, job_id) LEFT JOIN runs USING (pool, job_id)
+        FROM sub LEFT JOIN ev USING (pool, job_id, submission)
+                 LEFT JOIN runs ON runs.pool = sub.pool AND runs.job_id = sub.job_id
+                               AND runs.submitted_at = sub.submitted_at
     """,
 }
 

@@ -64,10 +64,11 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def event_row(e, step, topic: str, partition: int, offset: int, raw: str) -> tuple:
-    """The lake row of an applied event (column order of analytics.lake.SCHEMAS['events'])."""
+def event_row(e, step, topic: str, partition: int, offset: int) -> tuple:
+    """The lake row of an applied event (column order of analytics.lake.SCHEMAS['events']). The body is the
+    event's canonical JSON: exactly what was folded (a message with a repeated key, say, was read one way)."""
     return (e.event_id, e.type, e.pool, e.source, step.occurred_s, step.applied_at, step.lateness_s,
-            topic, partition, offset, raw)
+            topic, partition, offset, e.model_dump_json(exclude_none=True))
 
 
 def deadletter_row(raw: bytes, rejection: Rejection, topic: str, partition: int, offset: int, seen_at: int,
@@ -105,9 +106,17 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
     writer = LakeWriter(lake, run_id)
     fleet = Fleet(fold_config)
     topic = f"file:{events_path.name}"
-    seen_clock = 0
+    seen_clock = 0  # the latest event time applied so far: when a dead letter was seen, in event time
+    early: list = []  # dead letters before any event was applied: stamped with the first applied time
     read_bytes = 0
     add = writer.add
+
+    def dead(row: tuple) -> None:
+        if seen_clock:
+            add("deadletters", row)
+        else:
+            early.append(row)
+
     with open(events_path, "rb") as f:
         for offset, line in enumerate(f, start=1):
             read_bytes += len(line)
@@ -119,12 +128,12 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
                 continue
             event = parse_event(raw)
             if isinstance(event, Rejection):
-                add("deadletters", deadletter_row(raw, event, topic, 0, offset, seen_clock))
+                dead(deadletter_row(raw, event, topic, 0, offset, seen_clock))
                 summary.dead_letters[event.code.value] += 1
                 continue
             step = fleet.apply(event, raw)
             if step.rejection is not None:
-                add("deadletters", deadletter_row(raw, step.rejection, topic, 0, offset, seen_clock, event))
+                dead(deadletter_row(raw, step.rejection, topic, 0, offset, seen_clock, event))
                 summary.dead_letters[step.rejection.code.value] += 1
                 continue
             if step.duplicate:
@@ -134,9 +143,13 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
             at = step.applied_at
             if at > seen_clock:
                 seen_clock = at
+                if early:  # the dead letters that came before any applied event
+                    for row in early:
+                        add("deadletters", row[:3] + (at,) + row[4:])
+                    early.clear()
             if step.lateness_s:
                 summary.late += 1
-            add("events", event_row(event, step, topic, 0, offset, raw.decode("utf-8")))
+            add("events", event_row(event, step, topic, 0, offset))
             for row in step.journal:
                 add("journal", row)
             for row in step.job_runs:
@@ -144,6 +157,8 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
             for d in step.decisions:
                 add("decisions", d)
     summary.lines = offset if read_bytes else 0
+    for row in early:  # no event was applied at all: the dead letters keep time 0 (1970-01-01)
+        add("deadletters", row)
     journal, runs = fleet.close()
     writer.extend("journal", journal)
     writer.extend("job_runs", runs)
@@ -160,5 +175,6 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
                  "lines": summary.lines, "accepted": summary.accepted, "duplicates": summary.duplicates,
                  "dead_letters": summary.dead_letter_total, "summary_json": summary.as_dict()},
             tracking=[("embedded", topic, 0, summary.lines)],
+            replace_all=True,  # the run folded from an empty state: pools of earlier runs are not current
         )
     return summary, fleet

@@ -126,8 +126,8 @@ class PoolState:
         return {
             "pool": self.pool, "flavor": self.flavor, "chips_per_node": self.chips_per_node,
             "clock": self.clock, "books": self.books.to_dict(),
-            "chips": {k: [c.node, c.state, c.jobs] for k, c in self.chips.items()},
-            "jobs": {k: _slots_list(j) for k, j in self.jobs.items()},
+            "chips": {k: [c.node, c.state, dict(c.jobs)] for k, c in self.chips.items()},
+            "jobs": {k: _job_list(j) for k, j in self.jobs.items()},
             "grants": {k: _slots_list(g) for k, g in self.grants.items()},
             "teams": {k: _slots_list(t) for k, t in self.teams.items()},
             "boundaries": [list(b) for b in self.boundaries], "seq": self.seq,
@@ -170,3 +170,13 @@ class PoolState:
 
 def _slots_list(obj) -> list:
     return [getattr(obj, f.name) for f in fields(obj)]
+
+
+_PLACEMENT = [f.name for f in fields(Job)].index("placement")
+
+
+def _job_list(job: Job) -> list:
+    v = _slots_list(job)
+    if v[_PLACEMENT] is not None:  # a copy: a snapshot must not change as the fold goes on
+        v[_PLACEMENT] = dict(v[_PLACEMENT])
+    return v

@@ -28,8 +28,8 @@ MAX_CHIPS = 1_000_000_000  # no real amount comes near; it keeps Decimal quantiz
 
 
 def _to_decimal(value, *, allow_zero: bool) -> Decimal:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str, Decimal)):
-        raise ValueError("chips must be a number")
+    if isinstance(value, bool) or not isinstance(value, (int, float, Decimal)):
+        raise ValueError("chips must be a JSON number")
     try:
         d = Decimal(str(value)) if isinstance(value, float) else Decimal(value)
     except InvalidOperation:
@@ -131,7 +131,7 @@ class _Event(BaseModel):
 class PoolConfigured(_Event):
     type: Literal["pool.configured"]
     flavor: Name
-    chips_per_node: int = Field(ge=1, le=4096)
+    chips_per_node: int = Field(ge=1, le=4096, strict=True)
 
 
 class PoolTick(_Event):
@@ -207,9 +207,9 @@ class JobSubmitted(_Event):
     job_id: Name
     team: Name
     chips: Chips
-    priority: int = Field(0, ge=-(2**31), le=2**31 - 1, description="higher wins")
-    preemptible: bool = True
-    chips_per_node: Optional[int] = Field(None, ge=1, le=4096)
+    priority: int = Field(0, ge=-(2**31), le=2**31 - 1, strict=True, description="higher wins")
+    preemptible: bool = Field(True, strict=True)
+    chips_per_node: Optional[int] = Field(None, ge=1, le=4096, strict=True)
 
     @property
     def chips_milli(self) -> int:

@@ -87,7 +87,7 @@ def test_jobs_teams_priorities_and_chips(folded):
     rows = con.execute("SELECT team, priority, count(*) FROM jobs GROUP BY ALL ORDER BY priority").fetchall()
     assert rows == [("qos/be", 0, 2948), ("qos/burstable", 100, 99), ("qos/ls", 200, 4011),
                     ("qos/guaranteed", 300, 6)]
-    submitted = con.execute("SELECT raw->>'$.team', (raw->>'$.preemptible')::BOOLEAN FROM events "
+    submitted = con.execute("SELECT team, preemptible FROM events "
                             "WHERE type = 'job.submitted' GROUP BY ALL").fetchall()
     assert sorted(submitted) == [("qos/be", True), ("qos/burstable", False), ("qos/guaranteed", False),
                                  ("qos/ls", False)]

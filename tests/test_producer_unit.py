@@ -204,7 +204,7 @@ def test_every_input_form_gives_byte_identical_messages():
 
 
 CANONICAL_CASES = [
-    {**ENV, "event_id": "q-1", "type": "quota.granted", "grant_id": "g", "team": "a", "chips": "0.125",
+    {**ENV, "event_id": "q-1", "type": "quota.granted", "grant_id": "g", "team": "a", "chips": 0.125,
      "borrowing_limit": 0, "lending_limit": 2.5, "effective_from": "2026-11-02T05:30:00+05:30",
      "effective_until": "2026-12-01T00:00:00.123456-08:00"},
     {**ENV, "event_id": "q-2", "type": "quota.granted", "grant_id": "g", "team": "a", "chips": 999999999.999},

@@ -137,7 +137,7 @@ def test_events_are_frozen():
 
 @pytest.mark.parametrize("chips, milli", [
     (0.5, 500), (1.001, 1001), (1, 1000), (16, 16_000), (0.001, 1), (0.1, 100), (2.675, 2675),
-    ("0.5", 500), ("1.0000", 1000), (Decimal("3.125"), 3125), (1e3, 1_000_000), (1_000_000_000, 10**12),
+    (Decimal("3.125"), 3125), (1e3, 1_000_000), (1_000_000_000, 10**12),
 ])
 def test_chips_to_milli(chips, milli):
     for etype in ("job.submitted", "quota.granted", "burst.requested"):
@@ -150,7 +150,7 @@ def test_chips_to_milli(chips, milli):
 @pytest.mark.parametrize("chips", [
     0.0001, 1.0005, "0.0001", 0, 0.0, "0", -1, -0.5, True, False, "abc", "", None, [1], {"n": 1},
     "NaN", "Infinity", float("inf"), 1e30, 10**40, "1e30", "1000000000000000000000000000000.0001",
-    1_000_000_000.001,
+    1_000_000_000.001, "0.5", "1_000",  # chips are JSON numbers, never strings
 ])
 def test_bad_chips_are_schema_invalid(chips):
     for etype in ("job.submitted", "quota.granted", "burst.requested"):
@@ -165,6 +165,15 @@ def test_chip_limits_allow_zero_but_not_negative_or_fine_grained(field):
     assert to_milli(getattr(ev, field)) == 2500
     for bad in (-1, 0.0001, True, "x"):
         assert code_of(parse_payload(wire("quota.granted", **{field: bad}))) == RC.schema_invalid
+
+
+@pytest.mark.parametrize("etype, field, value", [
+    ("job.submitted", "priority", True), ("job.submitted", "priority", 1.0), ("job.submitted", "priority", "5"),
+    ("job.submitted", "preemptible", "yes"), ("job.submitted", "preemptible", 1),
+    ("job.submitted", "chips_per_node", 8.0), ("pool.configured", "chips_per_node", True),
+])
+def test_ints_and_bools_are_strict(etype, field, value):
+    assert code_of(parse_payload(wire(etype, **{field: value}))) == RC.schema_invalid
 
 
 def test_milli_helpers():
@@ -398,7 +407,7 @@ def test_key_for_is_the_pool_utf8():
 
 ROUND_TRIP_VARIANTS = [wire(t) for t in sorted(BODIES)] + [
     wire("job.submitted", chips=1.001, priority=-(2**31)),
-    wire("job.submitted", chips="0.125", occurred_at="2026-11-02T10:30:00.123456+02:00"),
+    wire("job.submitted", chips=0.125, occurred_at="2026-11-02T10:30:00.123456+02:00"),
     wire("quota.granted", chips=1_000_000_000, borrowing_limit=0.001, lending_limit=None),
     wire("burst.requested", chips=3, reason=None),
     wire("job.started", chip_ids=None),
@@ -467,7 +476,7 @@ def test_parse_event_never_raises_on_bytes(raw):
                                               timezones=st.sampled_from([timezone.utc, timezone(timedelta(hours=5, minutes=30)),
                                                                          timezone(timedelta(hours=-8))])))
 def test_round_trip_any_chips_and_time(milli, when):
-    d = wire("job.submitted", chips=str(Decimal(milli) / MILLI), occurred_at=when.isoformat())
+    d = wire("job.submitted", chips=Decimal(milli) / MILLI, occurred_at=when.isoformat())
     ev = parse_payload(d)
     assert not isinstance(ev, Rejection), ev
     assert ev.chips_milli == milli

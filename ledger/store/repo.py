@@ -46,10 +46,15 @@ class Store:
         self.engine = engine
 
     def save(self, pools: Iterable[PoolState], run: Optional[dict] = None,
-             tracking: Optional[list[tuple[str, str, int, int]]] = None) -> None:
+             tracking: Optional[list[tuple[str, str, int, int]]] = None, replace_all: bool = False) -> None:
         """Replace the current balances and grants of these pools, and record the run and the input positions,
-        in one transaction."""
+        in one transaction. With `replace_all`, pools not among these are removed (the state is complete)."""
+        pools = list(pools)
         with Session(self.engine) as session, session.begin():
+            if replace_all:
+                names = [s.pool for s in pools]
+                for model in (TeamBalance, GrantRow, PoolBalance):
+                    session.execute(delete(model).where(model.pool.not_in(names)))
             for s in pools:
                 session.execute(delete(TeamBalance).where(TeamBalance.pool == s.pool))
                 session.execute(delete(GrantRow).where(GrantRow.pool == s.pool))
