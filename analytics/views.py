@@ -81,6 +81,38 @@ DERIVED_VIEWS = {
                  LEFT JOIN runs ON runs.pool = sub.pool AND runs.job_id = sub.job_id
                                AND runs.submitted_at = sub.submitted_at
     """,
+    # capacity SLO: of the chip-seconds registered, the share available (healthy or degraded), per UTC day
+    "slo_capacity": """
+        SELECT CAST(date_trunc('day', hour) AS DATE) AS day, pool,
+               sum(amount_mchip_s) FILTER (WHERE account = 'capacity')::BIGINT AS registered_mchip_s,
+               (coalesce(sum(amount_mchip_s) FILTER (WHERE account = 'capacity'), 0)
+                - coalesce(sum(amount_mchip_s) FILTER (WHERE account = 'unavailable'), 0))::BIGINT
+                   AS healthy_mchip_s,
+               ((coalesce(sum(amount_mchip_s) FILTER (WHERE account = 'capacity'), 0)
+                 - coalesce(sum(amount_mchip_s) FILTER (WHERE account = 'unavailable'), 0))
+                / nullif(sum(amount_mchip_s) FILTER (WHERE account = 'capacity'), 0)) AS availability
+        FROM journal WHERE team IS NULL
+        GROUP BY ALL
+    """,
+    # quota against capacity per pool and hour (quotas may be oversubscribed: ratio > 1)
+    "oversubscription": """
+        SELECT pool, hour,
+               coalesce(sum(amount_mchip_s) FILTER (WHERE account = 'entitled'), 0)::BIGINT AS entitled_mchip_s,
+               coalesce(sum(amount_mchip_s) FILTER (WHERE account = 'capacity'), 0)::BIGINT AS capacity_mchip_s,
+               coalesce(sum(amount_mchip_s) FILTER (WHERE account = 'entitled'), 0)
+                 / nullif(sum(amount_mchip_s) FILTER (WHERE account = 'capacity'), 0) AS ratio
+        FROM journal GROUP BY pool, hour
+    """,
+    # goodput = (allocated - lost) / allocated, per job, per team and per pool (`level` says which)
+    "goodput": """
+        SELECT CASE WHEN GROUPING(team) = 1 THEN 'pool' WHEN GROUPING(job_id) = 1 THEN 'team' ELSE 'job' END
+                   AS level,
+               pool, team, job_id,
+               sum(allocated_mchip_s)::BIGINT AS allocated_mchip_s, sum(lost_mchip_s)::BIGINT AS lost_mchip_s,
+               (sum(allocated_mchip_s) - sum(lost_mchip_s)) / nullif(sum(allocated_mchip_s), 0) AS goodput
+        FROM jobs
+        GROUP BY GROUPING SETS ((pool), (pool, team), (pool, team, job_id, submitted_at))
+    """,
 }
 
 
