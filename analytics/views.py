@@ -113,6 +113,17 @@ DERIVED_VIEWS = {
         FROM jobs
         GROUP BY GROUPING SETS ((pool), (pool, team), (pool, team, job_id, submitted_at))
     """,
+    # demand per pool, team and hour: chips running (charged) plus chips of jobs waiting to start
+    "demand_hourly": """
+        SELECT pool, team, hour,
+               coalesce(sum(amount_mchip_s) FILTER (WHERE account IN ('in_quota', 'borrowed', 'burst')), 0)::BIGINT
+                   AS running_mchip_s,
+               coalesce(sum(amount_mchip_s) FILTER (WHERE account = 'pending'), 0)::BIGINT AS pending_mchip_s,
+               coalesce(sum(amount_mchip_s) FILTER (WHERE account IN ('in_quota', 'borrowed', 'burst', 'pending')),
+                        0)::BIGINT AS demand_mchip_s
+        FROM journal WHERE team IS NOT NULL
+        GROUP BY pool, team, hour
+    """,
 }
 
 

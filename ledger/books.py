@@ -25,9 +25,10 @@ IN_QUOTA = "in_quota"
 BORROWED = "borrowed"
 BURST = "burst"
 ENTITLED = "entitled"
+PENDING = "pending"  # chips of the team's jobs waiting to start: demand not met (not part of conservation)
 
 POOL_ACCOUNTS = (CAPACITY, UNAVAILABLE, IDLE, OVERCOMMITTED)
-TEAM_ACCOUNTS = (IN_QUOTA, BORROWED, BURST, ENTITLED)
+TEAM_ACCOUNTS = (IN_QUOTA, BORROWED, BURST, ENTITLED, PENDING)
 ACCOUNTS = POOL_ACCOUNTS + TEAM_ACCOUNTS
 
 
@@ -69,7 +70,7 @@ class Books:
         return acc
 
     def team_accounts(self, team: str) -> tuple[list[int], ...]:
-        """(in_quota, borrowed, burst, entitled) of a team."""
+        """(in_quota, borrowed, burst, entitled, pending) of a team."""
         h = self._handles.get(team)
         if h is None:
             h = self._handles[team] = tuple(self.account((a, team)) for a in TEAM_ACCOUNTS)

@@ -21,7 +21,8 @@ from schemas.codes import Rejection, RejectionCode as RC
 from schemas.events import MILLI, epoch_s
 
 from ledger.books import (
-    BORROWED, BURST, CAPACITY, ENTITLED, HOUR_S, IDLE, IN_QUOTA, OVERCOMMITTED, UNAVAILABLE, Books, hour_of,
+    BORROWED, BURST, CAPACITY, ENTITLED, HOUR_S, IDLE, IN_QUOTA, OVERCOMMITTED, PENDING, UNAVAILABLE, Books,
+    hour_of,
     set_rate,
 )
 from ledger.state import Chip, Grant, Job, PoolState, Team
@@ -342,7 +343,7 @@ def split_use(use_milli: int, nominal_milli: int, burst_milli: int) -> tuple[int
 
 def _retally_team(state: PoolState, team: Team, t: int) -> None:
     """The team's split and entitlement after its use, quota or bursts changed."""
-    iq, bo, bu, en = state.books.team_accounts(team.name)
+    iq, bo, bu, en, _ = state.books.team_accounts(team.name)
     in_quota, borrowed, burst = split_use(team.use_milli, team.nominal_milli, team.burst_milli)
     set_rate(iq, in_quota, t)
     set_rate(bo, borrowed, t)
@@ -374,7 +375,7 @@ def _charge(state: PoolState, job: Job, new_charge: int, t: int) -> None:
     use = team.use_milli = team.use_milli + delta
     charged = state.charged_milli = state.charged_milli + delta
     books = state.books
-    iq, bo, bu, _ = books.team_accounts(team.name)
+    iq, bo, bu, _, _ = books.team_accounts(team.name)
     in_quota, borrowed, burst = split_use(use, team.nominal_milli, team.burst_milli)
     set_rate(iq, in_quota, t)
     set_rate(bo, borrowed, t)
@@ -383,6 +384,14 @@ def _charge(state: PoolState, job: Job, new_charge: int, t: int) -> None:
     available = state.capacity_milli - state.unavailable_milli
     set_rate(idle, available - charged if charged < available else 0, t)
     set_rate(over, charged - available if charged > available else 0, t)
+
+
+def _wait(state: PoolState, job: Job, t: int, sign: int) -> None:
+    """The job starts (sign=+1) or stops (sign=-1) waiting: its chips join or leave its team's pending demand."""
+    team = state.teams[job.team]
+    team.pending += sign
+    team.pending_milli += sign * job.chips_milli
+    set_rate(state.books.team_accounts(team.name)[4], team.pending_milli, t)
 
 
 def _accrue_job(job: Job, t: int) -> None:
@@ -482,8 +491,9 @@ def _apply_burst_requested(s: PoolState, e, t, step):
 
 
 def _apply_job_submitted(s: PoolState, e, t, step):
-    s.jobs[e.job_id] = Job(e.job_id, e.team, e.chips_milli, e.priority, e.preemptible, e.chips_per_node, t)
-    s.team(e.team).pending += 1
+    job = s.jobs[e.job_id] = Job(e.job_id, e.team, e.chips_milli, e.priority, e.preemptible, e.chips_per_node, t)
+    s.team(e.team)
+    _wait(s, job, t, +1)
 
 
 def _apply_job_started(s: PoolState, e, t, step):
@@ -495,7 +505,7 @@ def _apply_job_started(s: PoolState, e, t, step):
     if job.first_started_at is None:
         job.first_started_at = t
     job.run_alloc_mchip_s = job.run_posted_mchip_s = job.alloc_at_safe_mchip_s = 0
-    team.pending -= 1
+    _wait(s, job, t, -1)
     team.running += 1
     if e.chip_ids is None:
         job.placement = None
@@ -553,7 +563,7 @@ def _apply_job_preempted(s: PoolState, e, t, step):
     _end_run(s, job, t, "preempted", step)
     job.status = "pending"
     job.preemptions += 1
-    s.teams[job.team].pending += 1
+    _wait(s, job, t, +1)
 
 
 def _apply_job_finished(s: PoolState, e, t, step):
@@ -561,7 +571,7 @@ def _apply_job_finished(s: PoolState, e, t, step):
     if job.status == "running":
         _end_run(s, job, t, e.outcome, step)
     else:
-        s.teams[job.team].pending -= 1
+        _wait(s, job, t, -1)
 
 
 _APPLY = {
@@ -612,6 +622,10 @@ def check_invariants(s: PoolState) -> None:
         iq, bo, bu = rate(IN_QUOTA, name), rate(BORROWED, name), rate(BURST, name)
         assert (iq, bo, bu) == split_use(team.use_milli, team.nominal_milli, team.burst_milli)
         assert rate(ENTITLED, name) == team.nominal_milli
+        waiting = [j for j in s.jobs.values() if j.team == name and j.status == "pending"]
+        assert team.pending == len(waiting), (name, team.pending, len(waiting))
+        assert team.pending_milli == sum(j.chips_milli for j in waiting), (name, team.pending_milli)
+        assert rate(PENDING, name) == team.pending_milli
         team_total += iq + bo + bu
     assert s.charged_milli == team_total
     lhs = rate(CAPACITY) + rate(OVERCOMMITTED)

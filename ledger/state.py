@@ -59,6 +59,7 @@ class Team:
     burst_milli: int = 0    # approved burst reservations active now
     running: int = 0
     pending: int = 0
+    pending_milli: int = 0  # chips of its pending jobs (demand waiting), milli-chips
 
 
 @dataclass(slots=True)

@@ -32,6 +32,8 @@ EXPECTED_JOURNAL = {
     (H00, "in_quota", "a"): 2_400_000,
     (H00, "borrowed", "a"): 1_200_000,
     (H00, "entitled", "a"): 7_200_000,
+    # pending demand: ja1 (3 chips) waits 00:30-00:40
+    (H00, "pending", "a"): 1_800_000,
     # hour 01: b's grant starts. ja1 3 chips until 01:30, then 2 (c1 down): in quota 2 x 3600, borrowed 1 x 1800.
     # jb1 01:15-02:00 in quota 1 x 2700. c1 unavailable 1 x 1800. idle 01:00-01:15: 1 chip x 900.
     (H01, "capacity", None): 14_400_000,
@@ -42,6 +44,7 @@ EXPECTED_JOURNAL = {
     (H01, "in_quota", "b"): 2_700_000,
     (H01, "entitled", "a"): 7_200_000,
     (H01, "entitled", "b"): 3_600_000,
+    (H01, "pending", "b"): 900_000,     # jb1 (1 chip) waits 01:00-01:15
     # hour 02: ja1 02:10-03:00 3 chips (2 in quota, 1 borrowed) x 3000 s; jb1 02:00-02:40 1 chip x 2400 s;
     # c1 down 02:00-02:30; idle 02:00-02:10 2 chips x 600 s + 02:40-03:00 1 chip x 1200 s;
     # overcommitted 02:10-02:30 1 chip x 1200 s.
@@ -54,6 +57,7 @@ EXPECTED_JOURNAL = {
     (H02, "in_quota", "b"): 2_400_000,
     (H02, "entitled", "a"): 7_200_000,
     (H02, "entitled", "b"): 3_600_000,
+    (H02, "pending", "a"): 1_800_000,   # ja1 (3 chips) waits again 02:00-02:10 after its preemption
     # hour 03: books closed at the 03:30 tick: 1800 s of an idle pool.
     (H03, "capacity", None): 7_200_000,
     (H03, "idle", None): 7_200_000,
@@ -163,7 +167,7 @@ def test_sql_formats(ran):
     _, lake, _ = ran
     out = sql(lake, "SELECT account, sum(amount_mchip_s) AS total FROM journal WHERE team = 'b' "
                     "GROUP BY account ORDER BY account", fmt="csv")
-    assert out.splitlines() == ["account,total", "entitled,9000000", "in_quota,5100000"]
+    assert out.splitlines() == ["account,total", "entitled,9000000", "in_quota,5100000", "pending,900000"]
     table = sql(lake, "SELECT count(*) AS n FROM events", fmt="table")
     assert "20" in table
 

@@ -15,7 +15,7 @@ import pytest
 from ledger import (
     FoldConfig, Fleet, JournalRow, PoolState, check_invariants, close_books, evolve, hour_of, split_use,
 )
-from ledger.books import BORROWED, CAPACITY, ENTITLED, IDLE, IN_QUOTA, OVERCOMMITTED, UNAVAILABLE
+from ledger.books import BORROWED, CAPACITY, ENTITLED, IDLE, IN_QUOTA, OVERCOMMITTED, PENDING, UNAVAILABLE
 from schemas import Rejection, RejectionCode as RC, parse_payload
 
 T0 = 1_793_606_400  # 2026-11-02T08:00:00Z
@@ -379,9 +379,11 @@ def test_two_chip_pool_one_chip_quota_two_chip_job_across_an_hour():
     # H0: capacity 2 chips × 3600 s = 7_200_000. Idle 2000 × 1800 (before the start) = 3_600_000.
     #     The job uses 2000 from 1800 to 3600; nominal 1000 → in_quota 1000 × 1800, borrowed 1000 × 1800.
     #     entitled 1000 × 3600. Check: 7.2M = 3.6M + 1.8M + 1.8M.
+    #     The job waits 0..1800: pending 2000 × 1800 = 3_600_000 (demand, outside the conservation identity).
     assert hour_rows(books, H0) == {
         (CAPACITY, None): 7_200_000, (IDLE, None): 3_600_000,
         (IN_QUOTA, "ads"): 1_800_000, (BORROWED, "ads"): 1_800_000, (ENTITLED, "ads"): 3_600_000,
+        (PENDING, "ads"): 3_600_000,
     }
     # H1: the job runs 900 s more: in_quota 1000 × 900, borrowed 1000 × 900; idle 2000 × 2700 = 5_400_000.
     assert hour_rows(books, H1) == {
@@ -580,10 +582,11 @@ def test_late_event_is_applied_at_the_clock():
     assert (late_ckpt.applied_at, late_ckpt.lateness_s) == (T0 + 1500, 50)
     assert steps[4].lateness_s == 0
     assert (state.late_events, state.max_lateness_s) == (2, 600)
-    # use 1000 from 1000 (the clock) to 2000: in_quota 1_000_000; idle 1000 × 2600 = 2_600_000
+    # use 1000 from 1000 (the clock) to 2000: in_quota 1_000_000; idle 1000 × 2600 = 2_600_000;
+    # pending 1000 × 1000 (it waits until the start is applied, at the clock)
     assert hour_rows(books, H0) == {
         (CAPACITY, None): 3_600_000, (IDLE, None): 2_600_000, (IN_QUOTA, "ads"): 1_000_000,
-        (ENTITLED, "ads"): 3_600_000,
+        (ENTITLED, "ads"): 3_600_000, (PENDING, "ads"): 1_000_000,
     }
     # the run starts at the clock; failed → lost since the checkpoint at 1500: 1000 × 500
     (r,) = runs
@@ -616,9 +619,11 @@ def test_fractional_chips_share_one_chip():
     # search: 500 × 1200 (1200..2400) borrowed = 600_000.
     # idle: 500 × 1200 (0..1200, half the chip) = 600_000; unavailable: 1000 × 1200 (2400..3600) = 1_200_000.
     # Check: 1.2M + 0.6M + 1.2M + 0.6M = 3.6M = capacity.
+    # search waits 0..1200 and again from its preemption at 3000: pending 500 × (1200 + 600) = 900_000.
     assert hour_rows(books, H0) == {
         (CAPACITY, None): 3_600_000, (UNAVAILABLE, None): 1_200_000, (IDLE, None): 600_000,
         (IN_QUOTA, "ads"): 1_200_000, (ENTITLED, "ads"): 1_800_000, (BORROWED, "search"): 600_000,
+        (PENDING, "search"): 900_000,
     }
     by_job = {r.job_id: r for r in runs}
     assert (by_job["ja"].allocated_mchip_s, by_job["ja"].lost_mchip_s, by_job["ja"].chips_milli) == (1_200_000, 0, 500)
@@ -657,10 +662,11 @@ def test_checkpoint_then_preemption_then_failure():
     assert (run2.run_index, run2.started_at, run2.ended_at, run2.end_reason) == (2, T0 + 2000, T0 + 2500, "failed")
     assert (run2.allocated_mchip_s, run2.lost_mchip_s) == (2_000_000, 2_000_000)
     assert run1.submitted_at == run2.submitted_at == T0
-    # in_quota 4000 × (1500 + 500) = 8_000_000; idle 4000 × 3600 − 8M = 6_400_000
+    # in_quota 4000 × (1500 + 500) = 8_000_000; idle 4000 × 3600 − 8M = 6_400_000;
+    # pending 4000 × (100 before the start + 400 between the preemption and the restart) = 2_000_000
     assert hour_rows(books, H0) == {
         (CAPACITY, None): 14_400_000, (IDLE, None): 6_400_000, (IN_QUOTA, "ads"): 8_000_000,
-        (ENTITLED, "ads"): 14_400_000,
+        (ENTITLED, "ads"): 14_400_000, (PENDING, "ads"): 2_000_000,
     }
 
 
@@ -701,8 +707,9 @@ def test_cancelled_pending_job_has_no_run_row():
     assert runs == [] and steps[-2].job_runs == []
     assert "j" not in state.jobs
     assert (state.teams["ads"].pending, state.teams["ads"].running) == (0, 0)
+    # it waited 10..20: pending 1000 × 10
     assert hour_rows(books, H0) == {(CAPACITY, None): 3_600_000, (IDLE, None): 3_600_000,
-                                    (ENTITLED, "ads"): 3_600_000}
+                                    (ENTITLED, "ads"): 3_600_000, (PENDING, "ads"): 10_000}
 
 
 def test_cancelled_running_job_loses_nothing():

@@ -56,3 +56,20 @@ def test_goodput(lake):
         {"level": "team", "team": "b", "job_id": None, "allocated_mchip_s": 5_100_000, "lost_mchip_s": 0,
          "goodput": 1.0},
     ]
+
+
+def test_demand_hourly(lake):
+    rows = sql(lake, "SELECT team, hour, running_mchip_s, pending_mchip_s, demand_mchip_s FROM demand_hourly "
+                     "ORDER BY team, hour")
+    got = {(r["team"], r["hour"][11:13]): (r["running_mchip_s"], r["pending_mchip_s"], r["demand_mchip_s"])
+           for r in rows}
+    # a: ja1 waits 00:30-00:40 and 02:00-02:10 (3 chips), runs as in test_cli's journal; b: jb1 waits 01:00-01:15
+    assert got == {
+        ("a", "00"): (3_600_000, 1_800_000, 5_400_000),
+        ("a", "01"): (9_000_000, 0, 9_000_000),
+        ("a", "02"): (9_000_000, 1_800_000, 10_800_000),
+        ("a", "03"): (0, 0, 0),
+        ("b", "01"): (2_700_000, 900_000, 3_600_000),
+        ("b", "02"): (2_400_000, 0, 2_400_000),
+        ("b", "03"): (0, 0, 0),
+    }
