@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from ledger.fold import DEFAULT_DEDUP_WINDOW_S
+
 
 class ConfigError(ValueError):
     pass
@@ -36,7 +38,7 @@ class LakeConfig:
 
 @dataclass(frozen=True)
 class LedgerConfig:
-    dedup_window_s: int = 86_400
+    dedup_window_s: int = DEFAULT_DEDUP_WINDOW_S
     debug_invariants: bool = False  # check conservation after every event (slower)
 
 

@@ -83,14 +83,6 @@ class Books:
             h = self._handles[None] = tuple(self.account((a, None)) for a in POOL_ACCOUNTS)
         return h
 
-    def set_rate(self, key: tuple[str, Optional[str]], rate: int, t: int) -> None:
-        """From instant t on, `key` accrues `rate` milli-chips per second. t must be in the open hour."""
-        set_rate(self.account(key), rate, t)
-
-    @property
-    def hour_end(self) -> int:
-        return self.open_hour + HOUR_S
-
     def close_hour(self, out: list) -> None:
         """Post the open hour in full and open the next one."""
         end = self.open_hour + HOUR_S

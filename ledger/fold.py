@@ -12,7 +12,6 @@ A rejected or duplicate event changes nothing but counters.
 from __future__ import annotations
 
 import heapq
-import zlib
 from zlib import adler32, crc32
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
@@ -88,14 +87,6 @@ class FoldConfig:
 DEFAULT_CONFIG = FoldConfig()
 
 
-def fingerprint(body: bytes) -> int:
-    """A stable 64-bit digest of a message body (the same on every process and every replay).
-
-    The edges pass the message value as received, so "identical duplicate" means byte-identical, which is
-    what a producer's retry sends. Without raw bytes the event's canonical JSON is used."""
-    return zlib.crc32(body) << 32 | zlib.adler32(body)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # evolve
 # ---------------------------------------------------------------------------------------------------------
@@ -104,7 +95,7 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     """Apply one validated event to its pool's state. Returns (state, Step).
 
     `state` is None for a pool never configured; only `pool.configured` may create it. `raw` is the message
-    value as received, when the caller has it (it identifies duplicates; see `fingerprint`).
+    value as received, when the caller has it: it identifies duplicates.
     """
     t = epoch_s(event.occurred_at)
     step = Step(t)
@@ -115,8 +106,11 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
             return state, step
         state = PoolState(pool=event.pool, flavor=event.flavor, chips_per_node=event.chips_per_node,
                           clock=t, books=Books(event.pool, hour_of(t)))
+    # a stable 64-bit digest of the body (the same on every process and replay): "identical duplicate" means
+    # byte-identical message values, which is what a producer's retry sends; without raw bytes the event's
+    # canonical JSON stands in
     body = raw if raw is not None else event.model_dump_json().encode()
-    fp = crc32(body) << 32 | adler32(body)  # = fingerprint(body), inlined: this runs once per event
+    fp = crc32(body) << 32 | adler32(body)
     event_id = event.event_id
     dedup = state.dedup
     seen = dedup.get(event_id)
@@ -368,8 +362,7 @@ def _charge(state: PoolState, job: Job, new_charge: int, t: int) -> None:
     delta = new_charge - job.charged_milli
     if not delta:
         return
-    job.run_alloc_mchip_s += job.charged_milli * (t - job.since)
-    job.since = t
+    _accrue_job(job, t)
     job.charged_milli = new_charge
     team = state.teams[job.team]
     use = team.use_milli = team.use_milli + delta

@@ -8,12 +8,11 @@ from __future__ import annotations
 from typing import Any, Union
 
 import orjson
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from schemas.codes import Rejection, RejectionCode
-from schemas.events import EVENT_MODELS, Event
+from schemas.events import EVENT_MODELS
 
-_ADAPTER: TypeAdapter = TypeAdapter(Event)
 _MAX_DETAIL = 500
 
 
@@ -47,8 +46,3 @@ def parse_event(raw: Union[bytes, str]):
     except (orjson.JSONDecodeError, TypeError, UnicodeDecodeError) as err:
         return Rejection(RejectionCode.not_json, f"not JSON: {err}"[:_MAX_DETAIL])
     return parse_payload(obj)
-
-
-def event_adapter() -> TypeAdapter:
-    """The discriminated-union adapter over all event types (for JSON Schema export and bulk use)."""
-    return _ADAPTER

@@ -18,12 +18,17 @@ needs_shared = pytest.mark.skipif(not OPENB.is_dir() or not VENUS.is_dir(),
                                   reason="../shared/traces not found: trace tests need the shared folder beside the repo")
 
 
+def import_json(fmt: str, src: Path, out: Path) -> dict:
+    """`chipledger import FMT SRC -o OUT --json`, which must succeed; its report."""
+    res = CliRunner().invoke(app, ["import", fmt, str(src), "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
 @needs_shared
 def test_import_alibaba_cli_then_run(tmp_path):
     out = tmp_path / "openb.jsonl"
-    res = CliRunner().invoke(app, ["import", "alibaba-openb", str(OPENB), "-o", str(out), "--json"])
-    assert res.exit_code == 0, res.output
-    report = json.loads(res.stdout)
+    report = import_json("alibaba-openb", OPENB, out)
     assert report["rows_read"] == 8152
     assert report["skipped"].get("cpu_only") == 1088
     assert report["events"]["job.submitted"] == 8152 - 1088
@@ -45,10 +50,7 @@ def test_demo_on_the_real_trace(tmp_path):
 
 @needs_shared
 def test_import_helios_cli(tmp_path):
-    out = tmp_path / "venus.jsonl"
-    res = CliRunner().invoke(app, ["import", "helios", str(VENUS), "-o", str(out), "--json"])
-    assert res.exit_code == 0, res.output
-    report = json.loads(res.stdout)
+    report = import_json("helios", VENUS, tmp_path / "venus.jsonl")
     assert report["events"]["quota.granted"] > 0 and report["pools"] == ["helios-venus/gpu"]
 
 

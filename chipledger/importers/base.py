@@ -31,6 +31,7 @@ def iso(epoch_s: int) -> str:
 
 
 def epoch(dt: datetime) -> int:
+    """A datetime as epoch seconds; a naive one is taken as UTC (traces often carry no zone)."""
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return int(dt.timestamp())
