@@ -12,6 +12,7 @@ import duckdb
 import pyarrow as pa
 
 from analytics.lake import SCHEMAS, table_files
+from analytics.policy_views import POLICY_VIEWS
 
 _DUCK_TYPES = {
     pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.int32(): "INTEGER",
@@ -148,10 +149,10 @@ def connect(lake: Path, database: str = ":memory:") -> duckdb.DuckDBPyConnection
             path = glob.replace("'", "''")
             sql = f"SELECT * EXCLUDE (day) FROM read_parquet('{path}', hive_partitioning = true, union_by_name = true)"
         con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')
-    for name, sql in DERIVED_VIEWS.items():
+    for name, sql in (*DERIVED_VIEWS.items(), *POLICY_VIEWS.items()):
         con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')
     return con
 
 
 def view_names() -> list[str]:
-    return sorted({*(_RAW_VIEW_NAMES.get(t, t) for t in SCHEMAS), *DERIVED_VIEWS})
+    return sorted({*(_RAW_VIEW_NAMES.get(t, t) for t in SCHEMAS), *DERIVED_VIEWS, *POLICY_VIEWS})
