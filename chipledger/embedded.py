@@ -6,7 +6,6 @@ its file from an empty state. Bad lines become dead letters with their raw bytes
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import time
 from collections import Counter
@@ -15,11 +14,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional
 
-import orjson
-
 from analytics.lake import LakeWriter, clear_lake, lake_has_data
 from ledger import Fleet, FoldConfig
 from schemas import Rejection, parse_event
+from streams.rows import close_rows, deadletter_row, event_row, step_rows  # noqa: F401 (event_row: re-export)
 
 ProgressFn = Callable[[int], None]  # called with bytes read so far
 
@@ -62,31 +60,6 @@ def file_digest(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def event_row(e, step, topic: str, partition: int, offset: int) -> tuple:
-    """The lake row of an applied event (column order of analytics.lake.SCHEMAS['events']). The body is the
-    event's canonical JSON: exactly what was folded (a message with a repeated key, say, was read one way)."""
-    return (e.event_id, e.type, e.pool, e.source, step.occurred_s, step.applied_at, step.lateness_s,
-            topic, partition, offset, e.model_dump_json(exclude_none=True))
-
-
-def deadletter_row(raw: bytes, rejection: Rejection, topic: str, partition: int, offset: int, seen_at: int,
-                   event=None) -> tuple:
-    """The lake row of a dead letter. Identity fields come from the event when it parsed, else best effort."""
-    event_id = event_type = pool = None
-    if event is not None:
-        event_id, event_type, pool = event.event_id, event.type, event.pool
-    else:
-        try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            obj = None
-        if isinstance(obj, dict):
-            event_id, event_type, pool = (v if isinstance(v, str) else None
-                                          for v in (obj.get("event_id"), obj.get("type"), obj.get("pool")))
-    return (topic, partition, offset, seen_at, rejection.code.value, rejection.detail, event_id, event_type, pool,
-            base64.b64encode(raw).decode("ascii"))
 
 
 def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldConfig(), overwrite: bool = False,
@@ -149,19 +122,13 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
                     early.clear()
             if step.lateness_s:
                 summary.late += 1
-            add("events", event_row(event, step, topic, 0, offset))
-            for row in step.journal:
-                add("journal", row)
-            for row in step.job_runs:
-                add("job_runs", row)
-            for d in step.decisions:
-                add("decisions", d)
+            for table, row in step_rows(event, step, topic, 0, offset):
+                add(table, row)
     summary.lines = offset if read_bytes else 0
     for row in early:  # no event was applied at all: the dead letters keep time 0 (1970-01-01)
         add("deadletters", row)
-    journal, runs = fleet.close()
-    writer.extend("journal", journal)
-    writer.extend("job_runs", runs)
+    for table, row in close_rows(*fleet.close()):
+        add(table, row)
     summary.rows_written = writer.close()
     summary.pools = len(fleet.pools)
     summary.seconds = time.monotonic() - started

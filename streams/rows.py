@@ -1,0 +1,68 @@
+"""Lake rows of what the ledger did: the one place that turns a fold `Step` (with its event and input position)
+into rows per lake table. The embedded run writes them to Parquet directly; the Kafka worker sends them to the
+output topics and the sink writes them. Both paths call these functions, so an output the core adds later (a
+new list on `Step` named like a lake table) flows through both without touching either.
+
+Rows are tuples in the column order of `analytics.lake.SCHEMAS[table]`, timestamps as epoch seconds, so they
+are JSON-ready for Kafka as they are.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Optional
+
+import orjson
+
+from analytics.lake import SCHEMAS
+from ledger.fold import Step
+from schemas import Rejection
+
+#: Step attributes that are lists of lake rows: every lake table the Step carries (the events row and dead
+#: letters are made here, from the event and the position, not by the core).
+STEP_TABLES: tuple[str, ...] = tuple(t for t in SCHEMAS if t not in ("events", "deadletters")
+                                     and t in Step.__slots__)
+
+
+def event_row(e, step, topic: str, partition: int, offset: int) -> tuple:
+    """The lake row of an applied event (column order of analytics.lake.SCHEMAS['events']). The body is the
+    event's canonical JSON: exactly what was folded (a message with a repeated key, say, was read one way)."""
+    return (e.event_id, e.type, e.pool, e.source, step.occurred_s, step.applied_at, step.lateness_s,
+            topic, partition, offset, e.model_dump_json(exclude_none=True))
+
+
+def deadletter_row(raw: bytes, rejection: Rejection, topic: str, partition: int, offset: int, seen_at: int,
+                   event=None) -> tuple:
+    """The lake row of a dead letter. Identity fields come from the event when it parsed, else best effort."""
+    event_id = event_type = pool = None
+    if event is not None:
+        event_id, event_type, pool = event.event_id, event.type, event.pool
+    else:
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict):
+            event_id, event_type, pool = (v if isinstance(v, str) else None
+                                          for v in (obj.get("event_id"), obj.get("type"), obj.get("pool")))
+    return (topic, partition, offset, seen_at, rejection.code.value, rejection.detail, event_id, event_type, pool,
+            base64.b64encode(raw).decode("ascii"))
+
+
+def step_rows(event, step: Step, topic: str, partition: int, offset: int) -> list[tuple[str, tuple]]:
+    """(table, row) pairs of an applied step, in the order they are written: the event, then each output list
+    of the step in lake table order (journal, job_runs, decisions, and whatever the core adds)."""
+    out = [("events", event_row(event, step, topic, partition, offset))]
+    for table in STEP_TABLES:
+        rows = getattr(step, table)
+        if rows:
+            out.extend((table, row) for row in rows)
+    return out
+
+
+def close_rows(journal: list, job_runs: list, others: Optional[dict[str, list]] = None) -> list[tuple[str, tuple]]:
+    """(table, row) pairs of a close of the books (`close_books` / `Fleet.close`)."""
+    out = [("journal", r) for r in journal] + [("job_runs", r) for r in job_runs]
+    for table, rows in (others or {}).items():
+        out.extend((table, r) for r in rows)
+    return out
