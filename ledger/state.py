@@ -60,6 +60,11 @@ class Team:
     running: int = 0
     pending: int = 0
     pending_milli: int = 0  # chips of its pending jobs (demand waiting), milli-chips
+    # fair share (ledger.policy): decayed usage as of the last close of an hour, and the team's used total
+    # (in_quota + borrowed + burst postings) and demand total (used + pending) at that close
+    decayed_usage_mchip_s: int = 0
+    usage_mark_mchip_s: int = 0
+    demand_mark_mchip_s: int = 0
 
 
 @dataclass(slots=True)
@@ -83,6 +88,8 @@ class Job:
     run_alloc_mchip_s: int = 0  # allocated in this run up to `since`
     run_posted_mchip_s: int = 0  # of which already posted to job_runs by a close of the books
     alloc_at_safe_mchip_s: int = 0  # run allocation at the last checkpoint (work up to there is safe)
+    waiting_since: int = 0    # when it last became pending (submission or preemption)
+    preempted_at: list = field(default_factory=list)  # instants of its last preemptions (anti-thrash), oldest first
 
 
 @dataclass(slots=True)
@@ -110,7 +117,9 @@ class PoolState:
     rejected: int = 0
     late_events: int = 0
     max_lateness_s: int = 0
-    position: Optional[tuple[int, int]] = None  # last applied (partition, offset), set by the stream edge
+    # last offset handled per input topic-partition ("topic:partition" -> offset), set by the stream edge: a
+    # record at or below it was folded into this state already and is skipped after a restart
+    positions: dict[str, int] = field(default_factory=dict)
 
     def team(self, name: str) -> Team:
         t = self.teams.get(name)
@@ -137,7 +146,7 @@ class PoolState:
             "dedup": [[eid, *self.dedup[eid]] for eid in self.dedup_order],
             "applied": self.applied, "duplicates": self.duplicates, "rejected": self.rejected,
             "late_events": self.late_events, "max_lateness_s": self.max_lateness_s,
-            "position": list(self.position) if self.position else None,
+            "positions": dict(self.positions),
         }
 
     @classmethod
@@ -149,6 +158,7 @@ class PoolState:
         for j in s.jobs.values():
             if j.placement is not None:
                 j.placement = dict(j.placement)
+            j.preempted_at = list(j.preempted_at)
         s.grants = {k: Grant(*v) for k, v in d["grants"].items()}
         s.teams = {k: Team(*v) for k, v in d["teams"].items()}
         s.boundaries = [tuple(b) for b in d["boundaries"]]
@@ -161,7 +171,7 @@ class PoolState:
             s.dedup_order.append(eid)
         s.applied, s.duplicates, s.rejected = d["applied"], d["duplicates"], d["rejected"]
         s.late_events, s.max_lateness_s = d["late_events"], d["max_lateness_s"]
-        s.position = tuple(d["position"]) if d["position"] else None
+        s.positions = dict(d.get("positions") or {})
         return s
 
     def copy(self) -> "PoolState":
@@ -174,10 +184,12 @@ def _slots_list(obj) -> list:
 
 
 _PLACEMENT = [f.name for f in fields(Job)].index("placement")
+_PREEMPTED_AT = [f.name for f in fields(Job)].index("preempted_at")
 
 
 def _job_list(job: Job) -> list:
     v = _slots_list(job)
     if v[_PLACEMENT] is not None:  # a copy: a snapshot must not change as the fold goes on
         v[_PLACEMENT] = dict(v[_PLACEMENT])
+    v[_PREEMPTED_AT] = list(v[_PREEMPTED_AT])
     return v
