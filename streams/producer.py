@@ -11,7 +11,11 @@ Guarantees:
 - the value is the canonical JSON of the validated model (`model_dump_json(exclude_none=True)`): sending the
   same event twice, in any input form, gives byte-identical messages (so dedup by body works downstream);
 - acks=all with an idempotent producer (no duplicates or reordering on retries within a partition);
-- topics are never auto-created (they need equal partition counts: `chipledger topics create`).
+- topics are never auto-created (they need equal partition counts: `chipledger topics create`);
+- every record carries the headers `chipledger-producer` (an id per LedgerProducer instance) and
+  `chipledger-seq` (a counter per instance, 1, 2, … in send order), and a record timestamp that never goes
+  back within the instance: the worker merges a pool's three input topics by (timestamp, producer, seq), so
+  for one producer the fold order is its send order (see docs/streaming.md).
 
 Transport failures raise `KafkaSetupError` (no broker, topic missing) or resolve the returned future with the
 error (delivery failed after retries).
@@ -20,6 +24,8 @@ error (delivery failed after retries).
 from __future__ import annotations
 
 import threading
+import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -54,6 +60,10 @@ DEFAULTS: dict[str, Any] = {
 }
 _GUARANTEES = {"acks": ("all", -1), "enable_idempotence": (True,)}
 _FORBIDDEN = ("key_serializer", "value_serializer", "partitioner", "bootstrap_servers")
+
+#: Record headers stamped on every input record (read by streams.merge).
+HEADER_PRODUCER = "chipledger-producer"
+HEADER_SEQ = "chipledger-seq"
 
 
 class InvalidEvent(ValueError):
@@ -112,6 +122,11 @@ class LedgerProducer:
 
     def __init__(self, bootstrap: str, *, client=None, **overrides):
         self.bootstrap = bootstrap
+        self.producer_id = uuid.uuid4().hex[:16]
+        self._id_header = self.producer_id.encode("ascii")
+        self._seq = 0
+        self._last_ms = 0
+        self._order = threading.Lock()  # seq, timestamp and hand-over to Kafka in one step: send order = seq order
         if client is not None:
             self._producer = client
             return
@@ -141,8 +156,14 @@ class LedgerProducer:
             raise RuntimeError("LedgerProducer is closed")
         from kafka.errors import KafkaTimeoutError
 
+        value, key = canonical_value(event), key_for(event)
         try:
-            return self._producer.send(topic, value=canonical_value(event), key=key_for(event))
+            with self._order:
+                self._seq += 1
+                # the send time, never before the previous record's (the wall clock may step back)
+                self._last_ms = max(self._last_ms, int(time.time() * 1000))
+                headers = [(HEADER_PRODUCER, self._id_header), (HEADER_SEQ, str(self._seq).encode("ascii"))]
+                return self._producer.send(topic, value=value, key=key, headers=headers, timestamp_ms=self._last_ms)
         except KafkaTimeoutError as exc:
             raise KafkaSetupError(
                 f"cannot publish to {topic} at {self.bootstrap}: {exc} (does the topic exist? "

@@ -70,16 +70,18 @@ class FakeKafka:
 
     def __init__(self, error: Exception | None = None, send_raises: Exception | None = None):
         self.sent: list[tuple[str, bytes, bytes]] = []
+        self.headers: list[tuple[dict, int]] = []  # (headers, timestamp_ms) of every send
         self.flushes = 0
         self.closed = 0
         self.error = error
         self.send_raises = send_raises
 
-    def send(self, topic, value=None, key=None):
+    def send(self, topic, value=None, key=None, headers=None, timestamp_ms=None):
         if self.send_raises is not None:
             raise self.send_raises
         assert isinstance(value, bytes) and isinstance(key, bytes)
         self.sent.append((topic, key, value))
+        self.headers.append((dict(headers or ()), timestamp_ms))
         return FakeFuture(self.error)
 
     def flush(self, timeout=None):
@@ -367,3 +369,21 @@ def test_cli_emit_missing_file_exits_2(fake_cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(app, ["emit", "--bootstrap", "h:1", "nope.jsonl"])
     assert res.exit_code == 2 and "does not exist" in res.stderr
+
+
+def test_every_record_carries_producer_id_seq_and_a_monotonic_timestamp(monkeypatch):
+    import streams.producer as sp
+
+    clock = iter([5.000, 5.002, 4.990, 5.010])  # the wall clock steps back once
+    monkeypatch.setattr(sp.time, "time", lambda: next(clock))
+    fake = FakeKafka()
+    a, b = LedgerProducer("unused:1", client=fake), LedgerProducer("unused:1", client=FakeKafka())
+    assert a.producer_id != b.producer_id and len(a.producer_id) == 16
+    for i in range(4):
+        a.send({**ENV, "event_id": f"t{i}", "type": "pool.tick"})
+    assert [h["chipledger-seq"] for h, _ in fake.headers] == [b"1", b"2", b"3", b"4"]
+    assert {h["chipledger-producer"] for h, _ in fake.headers} == {a.producer_id.encode()}
+    assert [ts for _, ts in fake.headers] == [5000, 5002, 5002, 5010]
+    with pytest.raises(InvalidEvent):
+        a.send({**ENV, "event_id": "bad", "type": "pool.tick", "chips": 1})
+    assert len(fake.headers) == 4  # an invalid event takes no seq
