@@ -61,9 +61,7 @@ DEFAULTS: dict[str, Any] = {
 _GUARANTEES = {"acks": ("all", -1), "enable_idempotence": (True,)}
 _FORBIDDEN = ("key_serializer", "value_serializer", "partitioner", "bootstrap_servers")
 
-#: Record headers stamped on every input record (read by streams.merge).
-HEADER_PRODUCER = "chipledger-producer"
-HEADER_SEQ = "chipledger-seq"
+from streams.merge import HEADER_PRODUCER, HEADER_SEQ  # noqa: E402 - stamped on every record, read by the merge
 
 
 class InvalidEvent(ValueError):
