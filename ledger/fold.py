@@ -24,9 +24,11 @@ from ledger.books import (
     hour_of,
     set_rate,
 )
+from ledger import policy
 from ledger.state import Chip, Grant, Job, PoolState, Team
 
 DEFAULT_DEDUP_WINDOW_S = 86_400  # event ids are remembered for a day of event time
+MAX_PREEMPTIONS_KEPT = 16  # a job remembers the instants of its last 16 preemptions (anti-thrash)
 
 
 class JobRunRow(NamedTuple):
@@ -52,11 +54,12 @@ class Step:
     """What one event did: either applied (with its outputs), dropped as a duplicate, or rejected.
 
     `occurred_s` is the event time, `applied_at` the pool clock it was applied at (later when it was late by
-    `lateness_s`); `journal`, `job_runs` and `decisions` are the outputs. (A plain slotted class: one is made
-    per event.)"""
+    `lateness_s`); `journal`, `job_runs` and `decisions` (DecisionPreempt / DecisionBurst) are the outputs,
+    with `balances` and `pending` (ledger.policy BalanceRow / PendingRow) when an hour closes. (A plain slotted
+    class: one is made per event.)"""
 
     __slots__ = ("occurred_s", "applied_at", "lateness_s", "duplicate", "rejection", "journal", "job_runs",
-                 "decisions")
+                 "decisions", "balances", "pending")
 
     def __init__(self, occurred_s: int = 0):
         self.occurred_s = occurred_s
@@ -67,11 +70,14 @@ class Step:
         self.journal: list = []
         self.job_runs: list = []
         self.decisions: list = []
+        self.balances: list = []
+        self.pending: list = []
 
     def __repr__(self) -> str:
         return (f"Step(occurred_s={self.occurred_s}, applied_at={self.applied_at}, lateness_s={self.lateness_s}, "
                 f"duplicate={self.duplicate}, rejection={self.rejection}, journal={self.journal}, "
-                f"job_runs={self.job_runs}, decisions={self.decisions})")
+                f"job_runs={self.job_runs}, decisions={self.decisions}, balances={self.balances}, "
+                f"pending={self.pending})")
 
     @property
     def applied(self) -> bool:
@@ -82,6 +88,32 @@ class Step:
 class FoldConfig:
     dedup_window_s: int = DEFAULT_DEDUP_WINDOW_S
     check_invariants: bool = False  # assert conservation after every event (tests, debug mode)
+    # policy (docs/policy.md; [policy] in chipledger.toml)
+    decay_half_life_s: int = 7 * 86400   # fair-share usage half-life (Slurm's default)
+    preemption_grace_s: int = 120        # a short job waits this long for natural completions before a decision
+    min_runtime_s: int = 600             # a job that started less than this ago is never a victim
+    max_preemptions: int = 3             # a job preempted this often within the window is never a victim
+    preemption_window_s: int = 86400
+    decision_timeout_s: int = 900        # a decision nobody acted on is forgotten and may be made anew
+    candidates_per_team: int = 4         # pending jobs of a team (its queue head) looked at per evaluation
+    victim_order: str = "goodput"        # goodput (DESIGN §4) | naive (lowest priority, most recent)
+    capacity_slo_target: float = 0.99    # capacity SLO whose error budget gates bursts
+    policy_rows: bool = True             # emit balance and pending-reason rows when an hour closes
+
+    def __post_init__(self):
+        for name in ("decay_half_life_s", "candidates_per_team", "max_preemptions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_preemptions > MAX_PREEMPTIONS_KEPT:
+            raise ValueError(f"max_preemptions must be at most {MAX_PREEMPTIONS_KEPT}, got {self.max_preemptions}")
+        for name in ("preemption_grace_s", "min_runtime_s", "preemption_window_s", "decision_timeout_s",
+                     "dedup_window_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.victim_order not in ("goodput", "naive"):
+            raise ValueError(f"victim_order must be goodput or naive, got {self.victim_order!r}")
+        if not 0.0 < self.capacity_slo_target < 1.0:
+            raise ValueError(f"capacity_slo_target must be between 0 and 1, got {self.capacity_slo_target}")
 
 
 DEFAULT_CONFIG = FoldConfig()
@@ -138,11 +170,18 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     elif t < state.books.open_hour + HOUR_S and (not state.boundaries or state.boundaries[0][0] > t):
         state.clock = t  # the common case: no hour closes and no grant boundary passes before this event
     else:
-        _advance(state, t, step)
+        _advance(state, t, step, config)
         _forget_ids(state, t - config.dedup_window_s)
     step.applied_at = t
-    _APPLY[etype](state, event, t, step)
+    if etype == "burst.requested":
+        _apply_burst_requested(state, event, t, step, config)
+    else:
+        _APPLY[etype](state, event, t, step)
     state.applied += 1
+    # preemption is looked at only after a change that can leave a pending job short, or when a moment it
+    # asked for (grace end, timeout, a protection ending) has come; never without pending jobs
+    if state.pending_sizes and (etype in _POLICY_TRIGGERS or t >= state.policy_due):
+        policy.evaluate(state, event_id, t, step, config)
     # remember the id (an accepted event's id was not in the window: `seen` is None here); ids that fell out
     # of the window are forgotten when an hour closes, so an id is remembered for at least the window
     state.dedup_order.append(event_id)
@@ -152,14 +191,15 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     return state, step
 
 
-def close_books(state: PoolState, until: Optional[int] = None) -> tuple[list, list]:
+def close_books(state: PoolState, until: Optional[int] = None,
+                config: FoldConfig = DEFAULT_CONFIG) -> tuple[list, list]:
     """Bring the books up to `until` (default: the pool clock) and post everything accrued so far: the open
     hour's journal so far and each running job's allocation so far. Returns (journal rows, job run rows).
 
     Closing does not change what later events will post in total; it only posts earlier what is known."""
     step = Step()
     if until is not None and until > state.clock:
-        _advance(state, until, step)
+        _advance(state, until, step, config)
     t = state.clock
     state.books.flush(t, step.journal)
     for job in state.jobs.values():
@@ -273,8 +313,17 @@ _CHECK = {
 # the clock
 # ---------------------------------------------------------------------------------------------------------
 
-def _advance(state: PoolState, t: int, step: Step) -> None:
-    """Move the pool clock to t, closing hours and applying grant boundaries in time order."""
+def policy_rows(state: PoolState, config: FoldConfig = DEFAULT_CONFIG) -> tuple[list, list]:
+    """Balance rows of every team and the reason of every pending job at the pool clock (read-only: what a
+    close of the books adds to the hourly rows)."""
+    balances: list = []
+    pending: list = []
+    policy.snapshot(state, state.clock, balances, pending, config)
+    return balances, pending
+
+
+def _advance(state: PoolState, t: int, step: Step, config: FoldConfig = DEFAULT_CONFIG) -> None:
+    """Move the pool clock to t, closing hours and applying grant and burst boundaries in time order."""
     books = state.books
     bounds = state.boundaries
     while True:
@@ -287,6 +336,7 @@ def _advance(state: PoolState, t: int, step: Step) -> None:
             _BOUNDARY[kind](state, ident, version, instant)
         elif hour_end <= t:
             books.close_hour(step.journal)
+            policy.hour_closed(state, hour_end - HOUR_S, step, config)
         else:
             break
     state.clock = t
@@ -310,6 +360,7 @@ def _grant_on(state: PoolState, grant_id: str, version: int, t: int) -> None:
     team = state.team(g.team)
     team.nominal_milli += g.chips_milli
     _retally_team(state, team, t)
+    state.policy_due = t
 
 
 def _grant_off(state: PoolState, grant_id: str, version: int, t: int) -> None:
@@ -318,9 +369,31 @@ def _grant_off(state: PoolState, grant_id: str, version: int, t: int) -> None:
         return
     _deactivate(state, g, t)
     del state.grants[grant_id]
+    state.policy_due = t
 
 
-_BOUNDARY = {"grant_on": _grant_on, "grant_off": _grant_off}
+def _burst_on(state: PoolState, request_id: str, version: int, t: int) -> None:
+    b = state.bursts.get(request_id)
+    if b is None or b[4]:
+        return
+    b[4] = True
+    team = state.teams[b[0]]
+    team.burst_milli += b[1]
+    _retally_team(state, team, t)
+    state.policy_due = t
+
+
+def _burst_off(state: PoolState, request_id: str, version: int, t: int) -> None:
+    b = state.bursts.pop(request_id, None)
+    if b is None or not b[4]:
+        return
+    team = state.teams[b[0]]
+    team.burst_milli -= b[1]
+    _retally_team(state, team, t)
+    state.policy_due = t
+
+
+_BOUNDARY = {"grant_on": _grant_on, "grant_off": _grant_off, "burst_on": _burst_on, "burst_off": _burst_off}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -380,11 +453,32 @@ def _charge(state: PoolState, job: Job, new_charge: int, t: int) -> None:
 
 
 def _wait(state: PoolState, job: Job, t: int, sign: int) -> None:
-    """The job starts (sign=+1) or stops (sign=-1) waiting: its chips join or leave its team's pending demand."""
-    team = state.teams[job.team]
+    """The job starts (sign=+1) or stops (sign=-1) waiting: its chips join or leave its team's pending demand
+    (and the policy's queue of the team)."""
+    name = job.team
+    team = state.teams[name]
     team.pending += sign
-    team.pending_milli += sign * job.chips_milli
-    set_rate(state.books.team_accounts(team.name)[4], team.pending_milli, t)
+    milli = job.chips_milli
+    team.pending_milli += sign * milli
+    set_rate(state.books.team_accounts(name)[4], team.pending_milli, t)
+    sizes = state.pending_sizes
+    if sign > 0:
+        job.waiting_since = t
+        q = state.waiting.get(name)
+        if q is None:
+            q = state.waiting[name] = {}
+        q[job.job_id] = job
+        sizes[milli] = sizes.get(milli, 0) + 1
+    else:
+        del state.waiting[name][job.job_id]
+        n = sizes[milli] - 1
+        if n:
+            sizes[milli] = n
+        else:
+            del sizes[milli]
+        if state.short_since or state.inflight:
+            policy.job_left_queue(state, job.job_id)
+    state.heads.pop(name, None)
 
 
 def _accrue_job(job: Job, t: int) -> None:
@@ -479,8 +573,19 @@ def _apply_quota_revoked(s: PoolState, e, t, step):
     _deactivate(s, s.grants.pop(e.grant_id), t)  # the check saw it held at t
 
 
-def _apply_burst_requested(s: PoolState, e, t, step):
-    s.team(e.team)  # admission of bursts is decided by the policy layer; the request itself is history
+def _apply_burst_requested(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
+    """Decide the request now; an approved or cut burst is a reservation for its window (burst_on/off)."""
+    s.team(e.team)
+    decision, reservation = policy.decide_burst(s, e, t, config)
+    step.decisions.append(decision)
+    if reservation is not None and e.request_id not in s.bursts:  # a request id is decided once
+        s.bursts[e.request_id] = reservation
+        start, end = reservation[2], reservation[3]
+        if start <= t:
+            _burst_on(s, e.request_id, 0, t)
+        else:
+            s.push_boundary(start, "burst_on", e.request_id)
+        s.push_boundary(end, "burst_off", e.request_id)
 
 
 def _apply_job_submitted(s: PoolState, e, t, step):
@@ -500,6 +605,10 @@ def _apply_job_started(s: PoolState, e, t, step):
     job.run_alloc_mchip_s = job.run_posted_mchip_s = job.alloc_at_safe_mchip_s = 0
     _wait(s, job, t, -1)
     team.running += 1
+    r = s.running_jobs.get(job.team)
+    if r is None:
+        r = s.running_jobs[job.team] = {}
+    r[job.job_id] = job
     if e.chip_ids is None:
         job.placement = None
         charge = job.chips_milli
@@ -544,6 +653,9 @@ def _end_run(s: PoolState, job: Job, t: int, reason: str, step: Step) -> None:
                 chip.jobs.pop(job_id, None)
     job.placement = None
     s.teams[job.team].running -= 1
+    del s.running_jobs[job.team][job.job_id]
+    if s.marked:
+        policy.victim_gone(s, job.job_id)
 
 
 def _run_row(s: PoolState, job: Job, t: int, ended_at, reason, amount: int, lost: int) -> JobRunRow:
@@ -556,6 +668,9 @@ def _apply_job_preempted(s: PoolState, e, t, step):
     _end_run(s, job, t, "preempted", step)
     job.status = "pending"
     job.preemptions += 1
+    job.preempted_at.append(t)
+    if len(job.preempted_at) > MAX_PREEMPTIONS_KEPT:  # only the last max_preemptions matter
+        del job.preempted_at[0]
     _wait(s, job, t, +1)
 
 
@@ -567,6 +682,9 @@ def _apply_job_finished(s: PoolState, e, t, step):
         _wait(s, job, t, -1)
 
 
+_POLICY_TRIGGERS = frozenset({"job.submitted", "job.started", "job.preempted", "chip.state_changed",
+                              "chip.retired", "quota.granted", "quota.revoked", "burst.requested"})
+
 _APPLY = {
     "pool.configured": _apply_pool_configured,
     "pool.tick": _apply_pool_tick,
@@ -575,7 +693,6 @@ _APPLY = {
     "chip.retired": _apply_chip_retired,
     "quota.granted": _apply_quota_granted,
     "quota.revoked": _apply_quota_revoked,
-    "burst.requested": _apply_burst_requested,
     "job.submitted": _apply_job_submitted,
     "job.started": _apply_job_started,
     "job.checkpointed": _apply_job_checkpointed,
@@ -625,5 +742,17 @@ def check_invariants(s: PoolState) -> None:
     rhs = rate(UNAVAILABLE) + rate(IDLE) + team_total
     assert lhs == rhs, f"conservation broken in {s.pool}: capacity+overcommitted={lhs} != {rhs}"
     assert min(rate(IDLE), rate(OVERCOMMITTED)) == 0
+    for name, team in s.teams.items():
+        active = sum(b[1] for b in s.bursts.values() if b[0] == name and b[4])
+        assert team.burst_milli == active, (name, team.burst_milli, active)
+    waiting = {(j.team, j.job_id) for j in s.jobs.values() if j.status == "pending"}
+    assert waiting == {(t, jid) for t, q in s.waiting.items() for jid in q}, "policy queue index out of date"
+    running = {(j.team, j.job_id) for j in s.jobs.values() if j.status == "running"}
+    assert running == {(t, jid) for t, q in s.running_jobs.items() for jid in q}, "running index out of date"
+    sizes: dict[int, int] = {}
+    for j in s.jobs.values():
+        if j.status == "pending":
+            sizes[j.chips_milli] = sizes.get(j.chips_milli, 0) + 1
+    assert sizes == s.pending_sizes, (sizes, s.pending_sizes)
     for acc in s.books.accounts.values():
         assert acc[0] >= 0 and acc[2] >= 0 and acc[1] >= s.books.open_hour

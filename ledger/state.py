@@ -120,6 +120,24 @@ class PoolState:
     # last offset handled per input topic-partition ("topic:partition" -> offset), set by the stream edge: a
     # record at or below it was folded into this state already and is skipped after a restart
     positions: dict[str, int] = field(default_factory=dict)
+    # --- policy (ledger.policy) ---
+    # approved burst reservations: request_id -> [team, chips_milli, window_start, window_end, active]
+    bursts: dict = field(default_factory=dict)
+    # preemption decisions in flight, per beneficiary job: [decision_id, rule, issued_at, [victim job ids]]
+    inflight: dict = field(default_factory=dict)
+    marked: dict = field(default_factory=dict)       # victim job id -> beneficiary job id (in flight)
+    short_since: dict = field(default_factory=dict)  # pending job -> instant it was first seen short of chips
+    policy_due: int = 1 << 62  # instant at which preemption must be looked at again even without a change
+    # hour-of-week demand profile (Monday 00 UTC = 0): [sum of hourly mean demand milli-chips, hours seen]
+    profile: list = field(default_factory=lambda: [[0, 0] for _ in range(168)])
+    # capacity error budget: the last 720 closed hours as [registered mchip-s, unavailable mchip-s]
+    budget_hours: deque = field(default_factory=deque)
+    pool_marks: list = field(default_factory=lambda: [0, 0])  # capacity, unavailable totals at the last close
+    # indexes (derived, not serialized): active jobs per team by status, and pending job sizes
+    waiting: dict = field(default_factory=dict)       # team -> {job_id: Job} pending
+    running_jobs: dict = field(default_factory=dict)  # team -> {job_id: Job} running
+    pending_sizes: dict = field(default_factory=dict)  # chips_milli -> pending jobs of that size
+    heads: dict = field(default_factory=dict)         # team -> cached queue head (cleared when its queue changes)
 
     def team(self, name: str) -> Team:
         t = self.teams.get(name)
@@ -147,6 +165,11 @@ class PoolState:
             "applied": self.applied, "duplicates": self.duplicates, "rejected": self.rejected,
             "late_events": self.late_events, "max_lateness_s": self.max_lateness_s,
             "positions": dict(self.positions),
+            "bursts": {k: list(v) for k, v in self.bursts.items()},
+            "inflight": {k: [v[0], v[1], v[2], list(v[3])] for k, v in self.inflight.items()},
+            "marked": dict(self.marked), "short_since": dict(self.short_since), "policy_due": self.policy_due,
+            "profile": [list(p) for p in self.profile], "budget_hours": [list(h) for h in self.budget_hours],
+            "pool_marks": list(self.pool_marks),
         }
 
     @classmethod
@@ -172,7 +195,26 @@ class PoolState:
         s.applied, s.duplicates, s.rejected = d["applied"], d["duplicates"], d["rejected"]
         s.late_events, s.max_lateness_s = d["late_events"], d["max_lateness_s"]
         s.positions = dict(d.get("positions") or {})
+        if "bursts" in d:  # states saved before the policy layer have none of this
+            s.bursts = {k: list(v) for k, v in d["bursts"].items()}
+            s.inflight = {k: [v[0], v[1], v[2], list(v[3])] for k, v in d["inflight"].items()}
+            s.marked, s.short_since = dict(d["marked"]), dict(d["short_since"])
+            s.policy_due = d["policy_due"]
+            s.profile = [list(p) for p in d["profile"]]
+            s.budget_hours = deque(list(h) for h in d["budget_hours"])
+            s.pool_marks = list(d["pool_marks"])
+        s.reindex()
         return s
+
+    def reindex(self) -> None:
+        """Rebuild the derived job indexes from `jobs`."""
+        self.waiting, self.running_jobs, self.pending_sizes, self.heads = {}, {}, {}, {}
+        for j in self.jobs.values():
+            if j.status == "pending":
+                self.waiting.setdefault(j.team, {})[j.job_id] = j
+                self.pending_sizes[j.chips_milli] = self.pending_sizes.get(j.chips_milli, 0) + 1
+            else:
+                self.running_jobs.setdefault(j.team, {})[j.job_id] = j
 
     def copy(self) -> "PoolState":
         """An independent snapshot (the fold updates a state in place)."""

@@ -1,0 +1,654 @@
+"""The policy layer of the core: fair share, burst admission, preemption decisions and why a job waits.
+
+Pure like the fold (no I/O, no clock, no logging); it reads a `PoolState` the fold keeps up to date and
+returns decisions as values. The rules are those of DESIGN §4, written out with every tie-breaker in
+docs/policy.md.
+
+Costs on the fold's common path, by design:
+- decayed usage is not touched per event: at each close of an hour every team's usage is decayed by one hour
+  and the hour's use (in_quota + borrowed + burst postings, from the books' totals) is added; in between,
+  the current value is computed on demand (`decayed_usage`);
+- preemption is evaluated only after an event that can create a shortage (a job waiting, chips lost, quota
+  or bursts changed) while some pending job is larger than the free chips, or when an instant it asked to be
+  woken at (a grace period ending, a decision timing out, a victim's protection ending) has passed.
+"""
+
+from __future__ import annotations
+
+import heapq
+from datetime import datetime, timezone
+from typing import NamedTuple, Optional
+
+from schemas.events import MILLI, epoch_s
+from schemas.outputs import DecisionBurst, DecisionPreempt, JobRef, Victim
+
+from ledger.books import BORROWED, BURST, CAPACITY, HOUR_S, IN_QUOTA, PENDING, UNAVAILABLE, hour_of
+from ledger.state import Job, PoolState, Team
+
+NEVER = 1 << 62
+BUDGET_HOURS = 720  # the capacity error budget's rolling window: 30 days
+HOURS_OF_WEEK = 168
+FAST_BURN = 14.4    # SRE workbook page threshold: the last hour burning the 30-day budget this fast denies bursts
+
+# reasons a job is pending (docs/policy.md)
+READY = "ready"
+WOULD_BORROW = "would_borrow"
+NOT_ON_WHOLE_NODES = "not_on_whole_nodes"
+WAITING_GRACE = "waiting_grace"
+PREEMPTION_IN_FLIGHT = "preemption_in_flight"
+WAITING_FOR_CHIPS = "waiting_for_chips"
+OVER_BORROWING_LIMIT = "over_borrowing_limit"
+NOTHING_TO_LEND = "nothing_to_lend"
+REASONS = (READY, WOULD_BORROW, NOT_ON_WHOLE_NODES, WAITING_GRACE, PREEMPTION_IN_FLIGHT, WAITING_FOR_CHIPS,
+           OVER_BORROWING_LIMIT, NOTHING_TO_LEND)
+
+
+class BalanceRow(NamedTuple):
+    """A team's balance at an instant (lake table `balances`). Integers only: the view derives the factors."""
+
+    pool: str
+    team: str
+    at: int
+    nominal_milli: int
+    used_milli: int
+    borrowed_milli: int
+    burst_milli: int
+    pending_milli: int
+    decayed_usage_mchip_s: int
+    lendable_milli: int  # the pool's lendable chips at `at` (borrowed_share = borrowed / lendable)
+
+
+class PendingRow(NamedTuple):
+    """Why a job is pending at an instant (lake table `pending`)."""
+
+    pool: str
+    job_id: str
+    team: str
+    at: int
+    chips_milli: int
+    priority: int
+    waiting_since: int
+    reason: str
+    message: str
+
+
+def _chips(milli: int) -> str:
+    return f"{milli / MILLI:g}"
+
+
+def _ts(t: int) -> datetime:
+    return datetime.fromtimestamp(t, tz=timezone.utc)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# fair share
+# ---------------------------------------------------------------------------------------------------------
+
+def _used_total(state: PoolState, team: str, t: int) -> int:
+    """Everything the team has used up to t (posted plus accrued in the open hour), mchip-s."""
+    books = state.books
+    total = 0
+    for acc_name in (IN_QUOTA, BORROWED, BURST):
+        key = (acc_name, team)
+        total += books.totals.get(key, 0)
+        acc = books.accounts.get(key)
+        if acc is not None:
+            total += acc[2] + acc[0] * (t - acc[1])
+    return total
+
+
+def decayed_usage(state: PoolState, team: Team, t: int, half_life_s: int) -> int:
+    """U(t) = U(h)·2^(-(t-h)/H) + used since h, h the last close of an hour (DESIGN §4)."""
+    h = state.books.open_hour
+    u = team.decayed_usage_mchip_s
+    if u and t > h:
+        u = round(u * 2.0 ** (-(t - h) / half_life_s))
+    return u + _used_total(state, team.name, t) - team.usage_mark_mchip_s
+
+
+def fair_shares(state: PoolState, t: int, half_life_s: int) -> dict[str, tuple[int, float]]:
+    """Per team: (decayed usage mchip-s, fair-share factor F = 2^(-(U/ΣU)/S), S = nominal / Σ nominal).
+    F is 1 with no usage in the pool; a team with no quota has F 0 once it used anything."""
+    usage = {name: decayed_usage(state, tm, t, half_life_s) for name, tm in state.teams.items()}
+    total_u = sum(usage.values())
+    total_n = sum(tm.nominal_milli for tm in state.teams.values())
+    out = {}
+    for name, tm in state.teams.items():
+        u = usage[name]
+        if total_u <= 0 or u <= 0:
+            f = 1.0
+        elif tm.nominal_milli <= 0 or total_n <= 0:
+            f = 0.0
+        else:
+            f = 2.0 ** (-(u / total_u) / (tm.nominal_milli / total_n))
+        out[name] = (u, f)
+    return out
+
+
+def team_limits(state: PoolState) -> dict[str, tuple[Optional[int], Optional[int]]]:
+    """Per team with grants in effect: (borrowing limit, lending limit) in milli-chips, the sums over its
+    grants; None (unlimited / lend all) as soon as one grant in effect has no limit."""
+    out: dict[str, list] = {}
+    for g in state.grants.values():
+        if not g.active:
+            continue
+        cur = out.get(g.team)
+        if cur is None:
+            out[g.team] = [g.borrowing_limit_milli, g.lending_limit_milli]
+        else:
+            cur[0] = None if cur[0] is None or g.borrowing_limit_milli is None else cur[0] + g.borrowing_limit_milli
+            cur[1] = None if cur[1] is None or g.lending_limit_milli is None else cur[1] + g.lending_limit_milli
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def guarded_milli(team: Team, lending_limit: Optional[int]) -> int:
+    """The part of a team's unused quota it does not lend (above its lending limit)."""
+    if lending_limit is None:
+        return 0
+    unused = team.nominal_milli - team.use_milli
+    return unused - lending_limit if unused > lending_limit else 0
+
+
+def lendable_milli(state: PoolState, limits) -> int:
+    """What the pool can lend: the lendable part of every team's quota, plus capacity no quota covers."""
+    available = state.capacity_milli - state.unavailable_milli
+    total_n = 0
+    lendable = 0
+    for name, tm in state.teams.items():
+        n = tm.nominal_milli
+        total_n += n
+        llim = limits.get(name, (None, None))[1]
+        lendable += n if llim is None else min(n, llim)
+    return lendable + max(0, available - total_n)
+
+
+def free_milli(state: PoolState) -> int:
+    free = state.capacity_milli - state.unavailable_milli - state.charged_milli
+    return free if free > 0 else 0
+
+
+def borrowed_of(team: Team) -> tuple[int, int]:
+    """(ordinary borrowed, burst in use) of a team now."""
+    over = team.use_milli - team.nominal_milli
+    if over <= 0:
+        return 0, 0
+    burst = over if over < team.burst_milli else team.burst_milli
+    return over - burst, burst
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the close of an hour: decay, demand profile, error budget, balances and pending reasons
+# ---------------------------------------------------------------------------------------------------------
+
+def hour_of_week(t: int) -> int:
+    """Monday 00:00 UTC is 0 (1970-01-01 was a Thursday)."""
+    return ((t // 86400 + 3) % 7) * 24 + (t % 86400) // 3600
+
+
+def hour_closed(state: PoolState, hour_start: int, step, config) -> None:
+    """Called by the fold right after the books posted the hour [hour_start, hour_start + 1h)."""
+    end = hour_start + HOUR_S
+    decay = 2.0 ** (-HOUR_S / config.decay_half_life_s)
+    totals = state.books.totals
+    demand = 0
+    for name, tm in state.teams.items():
+        used = totals.get((IN_QUOTA, name), 0) + totals.get((BORROWED, name), 0) + totals.get((BURST, name), 0)
+        dem = used + totals.get((PENDING, name), 0)
+        tm.decayed_usage_mchip_s = round(tm.decayed_usage_mchip_s * decay) + used - tm.usage_mark_mchip_s
+        demand += dem - tm.demand_mark_mchip_s
+        tm.usage_mark_mchip_s = used
+        tm.demand_mark_mchip_s = dem
+    prof = state.profile[hour_of_week(hour_start)]
+    prof[0] += demand // HOUR_S
+    prof[1] += 1
+    cap = totals.get((CAPACITY, None), 0)
+    unav = totals.get((UNAVAILABLE, None), 0)
+    marks = state.pool_marks
+    state.budget_hours.append([cap - marks[0], unav - marks[1]])
+    marks[0], marks[1] = cap, unav
+    if len(state.budget_hours) > BUDGET_HOURS:
+        state.budget_hours.popleft()
+    if config.policy_rows:
+        snapshot(state, end, step.balances, step.pending, config)
+
+
+def snapshot(state: PoolState, t: int, balances: list, pending: list, config) -> None:
+    """Balance rows of every team and the reason of every pending job, as of t (read-only)."""
+    limits = team_limits(state)
+    lendable = lendable_milli(state, limits)
+    for name in sorted(state.teams):
+        tm = state.teams[name]
+        borrowed, burst = borrowed_of(tm)
+        balances.append(BalanceRow(state.pool, name, t, tm.nominal_milli, tm.use_milli, borrowed, burst,
+                                   tm.pending_milli, decayed_usage(state, tm, t, config.decay_half_life_s),
+                                   lendable))
+    if not state.pending_sizes:
+        return
+    ctx = _Context(state, limits)
+    for team in sorted(state.waiting):
+        for job in sorted(state.waiting[team].values(), key=lambda j: (j.waiting_since, j.job_id)):
+            reason, message = pending_reason(state, job, t, config, ctx)
+            pending.append(PendingRow(state.pool, job.job_id, team, t, job.chips_milli, job.priority,
+                                      job.waiting_since, reason, message))
+
+
+class _Context:
+    """Pool-wide numbers shared by the reasons of many jobs at one instant."""
+
+    def __init__(self, state: PoolState, limits):
+        self.limits = limits
+        self.free = free_milli(state)
+        self.guarded = {name: guarded_milli(tm, limits.get(name, (None, None))[1])
+                        for name, tm in state.teams.items()}
+        self.guarded_total = sum(self.guarded.values())
+        self._node_free: Optional[dict[str, int]] = None
+        self._state = state
+
+    def node_free(self) -> dict[str, int]:
+        """Free available chips per node (chips with no job placed on them)."""
+        if self._node_free is None:
+            nf: dict[str, int] = {}
+            for chip in self._state.chips.values():
+                if chip.available and not chip.jobs:
+                    nf[chip.node] = nf.get(chip.node, 0) + 1
+            self._node_free = nf
+        return self._node_free
+
+
+def _on_whole_nodes(job: Job, ctx: _Context) -> bool:
+    """Whether the free chips can hold the job at its chips per node (True for jobs that do not ask)."""
+    cpn = job.chips_per_node
+    if cpn is None:
+        return True
+    need_nodes = -(-job.chips_milli // (cpn * MILLI))
+    return sum(n // cpn for n in ctx.node_free().values()) >= need_nodes
+
+
+def pending_reason(state: PoolState, job: Job, t: int, config, ctx: Optional[_Context] = None) -> tuple[str, str]:
+    """The current reason a pending job waits, as (code, sentence)."""
+    if ctx is None:
+        ctx = _Context(state, team_limits(state))
+    tm = state.teams[job.team]
+    chips = job.chips_milli
+    free = ctx.free
+    fl = state.inflight.get(job.job_id)
+    if fl is not None:
+        return PREEMPTION_IN_FLIGHT, (f"decision {fl[0]} ({fl[1]}) asked the cluster at {_ts(fl[2]):%Y-%m-%d %H:%M:%S} "
+                                      f"UTC to preempt {len(fl[3])} job(s) to make room for it")
+    unused = tm.nominal_milli - tm.use_milli
+    if chips <= unused:
+        if chips <= free:
+            if not _on_whole_nodes(job, ctx):
+                return NOT_ON_WHOLE_NODES, (f"fits its quota and {_chips(free)} chips are free, but not "
+                                            f"{job.chips_per_node} per node on enough whole nodes")
+            return READY, (f"fits its team's unused quota ({_chips(unused)} chips) and {_chips(free)} chips are "
+                           f"free: waiting for the cluster to start it")
+        since = state.short_since.get(job.job_id)
+        if since is not None and t < since + config.preemption_grace_s:
+            return WAITING_GRACE, (f"fits its team's unused quota but only {_chips(free)} of {_chips(chips)} chips "
+                                   f"are free; waiting out the preemption grace until "
+                                   f"{_ts(since + config.preemption_grace_s):%Y-%m-%d %H:%M:%S} UTC")
+        return WAITING_FOR_CHIPS, (f"fits its team's unused quota but only {_chips(free)} of {_chips(chips)} chips "
+                                   f"are free and no borrowed job can be preempted now (none borrowing, or all "
+                                   f"protected)")
+    borrow = chips - max(unused, 0)
+    blim = ctx.limits.get(job.team, (None, None))[0]
+    borrowed, _ = borrowed_of(tm)
+    if blim is not None and borrowed + borrow > blim:
+        return OVER_BORROWING_LIMIT, (f"would borrow {_chips(borrow)} chips but team {job.team} already borrows "
+                                      f"{_chips(borrowed)} of its limit {_chips(blim)}")
+    avail = free - (ctx.guarded_total - ctx.guarded.get(job.team, 0))
+    if chips > avail:
+        return NOTHING_TO_LEND, (f"would borrow {_chips(borrow)} chips but only {_chips(max(avail, 0))} chips are "
+                                 f"free to lend (free {_chips(free)}, less other teams' unlent quota)")
+    if not _on_whole_nodes(job, ctx):
+        return NOT_ON_WHOLE_NODES, (f"would borrow {_chips(borrow)} chips and {_chips(free)} are free, but not "
+                                    f"{job.chips_per_node} per node on enough whole nodes")
+    return WOULD_BORROW, (f"would borrow {_chips(borrow)} chips beyond its quota; they are free: waiting for the "
+                          f"cluster to start it")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# preemption
+# ---------------------------------------------------------------------------------------------------------
+
+def lost_work_mchip_s(job: Job, t: int) -> int:
+    """Work since the job's last checkpoint (or start), what a preemption now would throw away."""
+    return job.run_alloc_mchip_s + job.charged_milli * (t - job.since) - job.alloc_at_safe_mchip_s
+
+
+def protected_until(job: Job, t: int, config) -> int:
+    """The instant a running job may be chosen as a victim: t or earlier when it may now, NEVER when it may
+    not at all (non-preemptible). Protections: min_runtime_s since it started, and at most max_preemptions
+    within preemption_window_s (it may be chosen again when the oldest counted preemption leaves the window)."""
+    if not job.preemptible:
+        return NEVER
+    until = job.run_started_at + config.min_runtime_s
+    recent = job.preempted_at
+    if len(recent) >= config.max_preemptions:
+        oldest = recent[-config.max_preemptions]
+        until = max(until, oldest + config.preemption_window_s)
+    return until
+
+
+def _victim_key(order: str, f: float, job: Job, lost: int):
+    if order == "naive":  # the common baseline: lowest priority, then most recently started
+        return (job.priority, -job.run_started_at, job.job_id)
+    return (f, job.priority, lost, -job.run_started_at, job.job_id)
+
+
+def _select(cands: list, need: int, room: dict[str, int]) -> list:
+    """Greedy in victim order while the victim's team still has room (borrowed chips left to take), then drop
+    the victims not needed (latest first), so no more than needed is freed beyond the last victim's size."""
+    chosen = []
+    freed = 0
+    left = dict(room)
+    for c in cands:
+        if freed >= need:
+            break
+        job = c[1]
+        if left.get(job.team, 0) <= 0:
+            continue
+        chosen.append(c)
+        freed += job.chips_milli
+        left[job.team] -= job.chips_milli
+    if freed < need:
+        return []
+    for i in range(len(chosen) - 2, -1, -1):  # the last one was needed; earlier ones may not be
+        if freed - chosen[i][1].chips_milli >= need:
+            freed -= chosen[i][1].chips_milli
+            del chosen[i]
+    return chosen
+
+
+def evaluate(state: PoolState, trigger_id: str, t: int, step, config) -> None:
+    """Look for pending jobs that a rule entitles to chips held by others, and emit decisions."""
+    inflight = state.inflight
+    due = NEVER
+    if inflight:
+        for ben, fl in list(inflight.items()):
+            if fl[2] + config.decision_timeout_s <= t:
+                _drop_inflight(state, ben)
+            else:
+                due = min(due, fl[2] + config.decision_timeout_s)
+    free = free_milli(state)
+    limits = team_limits(state)
+    if not state.pending_sizes or (max(state.pending_sizes) <= free
+                                   and all(v[0] is None for v in limits.values())):
+        if state.short_since:  # every pending job fits the free chips: none is short
+            state.short_since.clear()
+        state.policy_due = due
+        return
+    fs = None
+    guarded = None
+    k = config.candidates_per_team
+    short_seen = set()
+    for team_name in sorted(state.waiting):
+        queue = state.waiting[team_name]
+        if not queue:
+            continue
+        heads = state.heads.get(team_name)
+        if heads is None:
+            heads = state.heads[team_name] = heapq.nsmallest(
+                k, queue.values(), key=lambda j: (-j.priority, j.waiting_since, j.job_id))
+        tm = state.teams[team_name]
+        for job in heads:
+            if job.job_id in inflight:
+                continue
+            chips = job.chips_milli
+            unused = tm.nominal_milli - tm.use_milli
+            if chips <= unused:
+                if chips <= free:
+                    continue  # it can start as it is
+                rule = "reclaim"
+                need = chips - free
+            else:
+                blim = limits.get(team_name, (None, None))[0]
+                borrowed, _ = borrowed_of(tm)
+                borrow = chips - max(unused, 0)
+                if guarded is None:
+                    guarded = {n: guarded_milli(x, limits.get(n, (None, None))[1]) for n, x in state.teams.items()}
+                avail = free - (sum(guarded.values()) - guarded.get(team_name, 0))
+                need = max(chips - avail, 0 if blim is None else borrowed + borrow - blim)
+                if need <= 0:
+                    continue
+                rule = "priority"
+            short_seen.add(job.job_id)
+            since = state.short_since.setdefault(job.job_id, t)
+            if t < since + config.preemption_grace_s:
+                due = min(due, since + config.preemption_grace_s)
+                continue
+            if fs is None:
+                fs = fair_shares(state, t, config.decay_half_life_s)
+            if rule == "reclaim":
+                chosen, wake = _reclaim_victims(state, job, need, t, fs, config)
+            else:
+                chosen, wake = _priority_victims(state, job, need, t, fs, config)
+            due = min(due, wake)
+            if not chosen:
+                continue
+            _emit(state, trigger_id, rule, job, chosen, need, free, t, fs, limits, step, config)
+            due = min(due, t + config.decision_timeout_s)
+    for jid in [j for j in state.short_since if j not in short_seen]:
+        del state.short_since[jid]
+    state.policy_due = due
+
+
+def _candidates(state: PoolState, teams, t: int, fs, config, pred=None) -> tuple[list, int]:
+    """Running jobs of these teams that may be preempted now, in victim order, and the earliest instant a
+    protected one becomes eligible."""
+    out = []
+    wake = NEVER
+    order = config.victim_order
+    marked = state.marked
+    for name in teams:
+        f = fs[name][1]
+        for job in state.running_jobs.get(name, {}).values():
+            if job.job_id in marked or (pred is not None and not pred(job)):
+                continue
+            until = protected_until(job, t, config)
+            if until > t:
+                if until < wake:
+                    wake = until
+                continue
+            lost = lost_work_mchip_s(job, t)
+            out.append((_victim_key(order, f, job, lost), job, lost))
+    out.sort(key=lambda c: c[0])
+    return out, wake
+
+
+def _reclaim_victims(state: PoolState, ben: Job, need: int, t: int, fs, config) -> tuple[list, int]:
+    """Jobs of borrowing teams: ordinary borrowing first; burst reservations only if that is not enough."""
+    ordinary: dict[str, int] = {}
+    with_burst: dict[str, int] = {}
+    for name, tm in state.teams.items():
+        if name == ben.team:
+            continue
+        b, u = borrowed_of(tm)
+        if b > 0:
+            ordinary[name] = b
+        if b + u > 0:
+            with_burst[name] = b + u
+    if not with_burst:
+        return [], NEVER
+    cands, wake = _candidates(state, sorted(with_burst), t, fs, config)
+    chosen = _select(cands, need, ordinary) if ordinary else []
+    if not chosen:
+        chosen = _select(cands, need, with_burst)
+    return chosen, (NEVER if chosen else wake)
+
+
+def _priority_victims(state: PoolState, ben: Job, need: int, t: int, fs, config) -> tuple[list, int]:
+    """Lower-priority jobs of the beneficiary's own team."""
+    cands, wake = _candidates(state, [ben.team], t, fs, config, pred=lambda j: j.priority < ben.priority)
+    chosen = _select(cands, need, {ben.team: NEVER})
+    return chosen, (NEVER if chosen else wake)
+
+
+def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, need: int, free: int, t: int,
+          fs, limits, step, config) -> None:
+    decision_id = f"{trigger_id}:{rule}:{ben.job_id}"
+    victims = []
+    freed = 0
+    for _, job, lost in chosen:
+        freed += job.chips_milli
+        victims.append(Victim(job_id=job.job_id, team=job.team, chips=job.chips_milli / MILLI,
+                              lost_work_chip_s=lost // MILLI,
+                              preemption_count=sum(1 for p in job.preempted_at
+                                                   if p > t - config.preemption_window_s)))
+        state.marked[job.job_id] = ben.job_id
+    tm = state.teams[ben.team]
+    numbers = {
+        "need_chips": need / MILLI, "free_chips": free / MILLI, "freed_chips": freed / MILLI,
+        "beneficiary_chips": ben.chips_milli / MILLI, "beneficiary_priority": float(ben.priority),
+        "team_nominal_chips": tm.nominal_milli / MILLI, "team_used_chips": tm.use_milli / MILLI,
+        "team_fair_share_factor": round(fs[ben.team][1], 6),
+        "lost_work_chip_s": float(sum(v.lost_work_chip_s for v in victims)),
+        "waited_s": float(t - ben.waiting_since),
+    }
+    victim_teams = sorted({v.team for v in victims})
+    for name in victim_teams:
+        b, u = borrowed_of(state.teams[name])
+        numbers[f"fair_share_factor[{name}]"] = round(fs[name][1], 6)
+        numbers[f"borrowed_chips[{name}]"] = b / MILLI
+        if u:
+            numbers[f"burst_chips[{name}]"] = u / MILLI
+    lost = int(numbers["lost_work_chip_s"])
+    if rule == "reclaim":
+        message = (f"reclaim: job {ben.job_id} ({_chips(ben.chips_milli)} chips) fits team {ben.team}'s unused "
+                   f"quota but only {_chips(free)} chips are free; preempt {len(victims)} job(s) of borrowing "
+                   f"team(s) {', '.join(victim_teams)} to free {_chips(freed)} chips "
+                   f"({_chips(need)} needed, {lost} chip-s of work lost)")
+    else:
+        message = (f"priority: job {ben.job_id} (priority {ben.priority}, {_chips(ben.chips_milli)} chips) of "
+                   f"team {ben.team}, at its quota and unable to borrow, preempts {len(victims)} lower-priority "
+                   f"job(s) of its team to free {_chips(freed)} chips ({_chips(need)} needed, {lost} chip-s of "
+                   f"work lost)")
+    state.inflight[ben.job_id] = [decision_id, rule, t, [v.job_id for v in victims]]
+    step.decisions.append(DecisionPreempt(
+        decision_id=decision_id, pool=state.pool, at=_ts(t), rule=rule,
+        beneficiary=JobRef(job_id=ben.job_id, team=ben.team), victims=victims, numbers=numbers, message=message))
+
+
+def _drop_inflight(state: PoolState, ben_id: str) -> None:
+    fl = state.inflight.pop(ben_id, None)
+    if fl is not None:
+        for v in fl[3]:
+            if state.marked.get(v) == ben_id:
+                del state.marked[v]
+
+
+def job_left_queue(state: PoolState, job_id: str) -> None:
+    """The job started or finished: a decision made for it is settled; it no longer waits out a grace."""
+    state.short_since.pop(job_id, None)
+    if job_id in state.inflight:
+        _drop_inflight(state, job_id)
+
+
+def victim_gone(state: PoolState, job_id: str) -> None:
+    """A job marked as a victim was preempted or finished: it no longer holds the chips it was marked for."""
+    ben = state.marked.pop(job_id, None)
+    if ben is not None:
+        fl = state.inflight.get(ben)
+        if fl is not None and job_id in fl[3]:
+            fl[3].remove(job_id)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# bursts
+# ---------------------------------------------------------------------------------------------------------
+
+def budget_state(state: PoolState, target: float) -> tuple[float, float]:
+    """(capacity error budget left as a fraction of the budget over the last 30 days, burn rate of the last
+    closed hour). Budget = (1 - target) × registered chip-s; consumed = unavailable chip-s."""
+    allowed = 1.0 - target
+    reg = sum(h[0] for h in state.budget_hours)
+    unav = sum(h[1] for h in state.budget_hours)
+    if reg <= 0 or allowed <= 0:
+        return 1.0, 0.0
+    left = 1.0 - (unav / reg) / allowed
+    last = state.budget_hours[-1]
+    burn = (last[1] / last[0]) / allowed if last[0] else 0.0
+    return left, burn
+
+
+def forecast_demand_milli(state: PoolState, start: int, end: int) -> tuple[int, int]:
+    """The peak of the hour-of-week demand profile over [start, end) (at most a week of hours is looked at),
+    and how many of those hours had history; an hour with none uses the demand now (running + pending)."""
+    now = state.charged_milli + sum(tm.pending_milli for tm in state.teams.values())
+    peak = 0
+    known = 0
+    h = hour_of(start)
+    for _ in range(HOURS_OF_WEEK):
+        if h >= end:
+            break
+        s, n = state.profile[hour_of_week(h)]
+        if n:
+            known += 1
+            d = s // n
+        else:
+            d = now
+        peak = max(peak, d)
+        h += HOUR_S
+    return peak, known
+
+
+def decide_burst(state: PoolState, e, t: int, config) -> tuple[DecisionBurst, Optional[list]]:
+    """Approve, cut or deny a burst request. Returns the decision and, when chips are granted, the
+    reservation [team, chips_milli, window_start, window_end, active]."""
+    ws, we = e.window_start, e.window_end
+    ws_s = epoch_s(ws)
+    we_s = epoch_s(we)
+    asked = e.chips_milli
+    team = e.team
+    limits = team_limits(state)
+    available = state.capacity_milli - state.unavailable_milli
+    guarded_others = sum(guarded_milli(tm, limits.get(n, (None, None))[1])
+                         for n, tm in state.teams.items() if n != team)
+    start = max(ws_s, t)
+    peak, known = forecast_demand_milli(state, start, we_s)
+    reserved = sum(b[1] for b in state.bursts.values() if b[2] < we_s and b[3] > start)
+    idle = available - guarded_others - peak - reserved
+    fs = fair_shares(state, t, config.decay_half_life_s)
+    f = fs[team][1] if team in fs else 1.0
+    share = 1.0 if f >= 0.5 else 2.0 * f
+    allowed = int(max(idle, 0) * share) // MILLI * MILLI  # whole chips
+    left, burn = budget_state(state, config.capacity_slo_target)
+    numbers = {"requested_chips": asked / MILLI, "available_chips": available / MILLI,
+               "others_guaranteed_chips": guarded_others / MILLI, "forecast_demand_chips": peak / MILLI,
+               "forecast_hours_with_history": float(known), "other_bursts_chips": reserved / MILLI,
+               "forecast_idle_chips": idle / MILLI, "fair_share_factor": round(f, 6),
+               "fair_share_allowance": round(share, 6), "error_budget_left": round(left, 6),
+               "error_budget_burn_rate": round(burn, 6)}
+    if we_s <= t:
+        granted, why = 0, "its window is already over"
+    elif e.request_id in state.bursts:
+        granted, why = 0, "this request id already holds a reservation"
+    elif left <= 0 or burn >= FAST_BURN:
+        granted, why = 0, (f"the pool's capacity error budget is burning ({left:.0%} left, last hour at "
+                           f"{burn:.1f}x)")
+    else:
+        granted = min(asked, allowed)
+        why = (f"forecast idle {_chips(max(idle, 0))} chips in the window (available {_chips(available)}, less "
+               f"{_chips(guarded_others)} others' unlent quota, {_chips(peak)} peak forecast demand, "
+               f"{_chips(reserved)} other bursts), team F={f:.2f} allows {share:.0%} of it")
+    verdict = "approved" if granted >= asked else ("partial" if granted > 0 else "denied")
+    message = f"burst {e.request_id} of team {team}: {verdict}, {_chips(granted)} of {_chips(asked)} chips: {why}"
+    d = DecisionBurst(decision_id=f"{e.event_id}:burst:{e.request_id}", pool=state.pool, at=_ts(t),
+                      request_id=e.request_id, team=team, verdict=verdict, chips_granted=granted / MILLI,
+                      window_start=ws, window_end=we, rule="burst_forecast", numbers=numbers, message=message)
+    return d, ([team, granted, ws_s, we_s, False] if granted > 0 else None)
+
+
+def current_balances(state: PoolState, t: int, config) -> dict[str, dict]:
+    """Per team: decayed usage, F and borrowed share now (for the store)."""
+    limits = team_limits(state)
+    lendable = lendable_milli(state, limits)
+    fs = fair_shares(state, t, config.decay_half_life_s)
+    out = {}
+    for name, tm in state.teams.items():
+        b, _ = borrowed_of(tm)
+        out[name] = {"decayed_usage_mchip_s": fs[name][0], "fair_share_factor": fs[name][1],
+                     "borrowed_share": (b / lendable) if lendable > 0 else 0.0}
+    return out
+
