@@ -6,13 +6,16 @@ files yet is an empty view of the same columns, so queries work on a fresh lake.
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
+from typing import Optional
 
 import duckdb
 import pyarrow as pa
 
 from analytics.lake import SCHEMAS, table_files
 from analytics.policy_views import POLICY_VIEWS
+from analytics.slo_views import DUCKDB, SloParams, duckdb_base_views, settings_rows, slo_views
 
 _DUCK_TYPES = {
     pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.int32(): "INTEGER",
@@ -136,8 +139,14 @@ def _empty_view(table: str) -> str:
     return f"SELECT {cols} WHERE false"
 
 
-def connect(lake: Path, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with every lake view defined. Times are shown in UTC."""
+def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] = None,
+            as_of: Optional[datetime] = None, materialize: bool = False) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with every lake view defined. Times are shown in UTC.
+
+    `slo` sets the targets and thresholds the SLO views use (tables `slo_targets`, `slo_settings`; defaults
+    when None); `as_of` is the instant error budgets and burn rates are evaluated at (default: the latest event
+    applied). With `materialize`, the base tables of the SLO views are read from the Parquet files once, into
+    memory (faster when many SLO views are queried, as `chipledger report` does)."""
     con = duckdb.connect(database)
     con.execute("SET TimeZone = 'UTC'")
     for table in SCHEMAS:
@@ -149,10 +158,22 @@ def connect(lake: Path, database: str = ":memory:") -> duckdb.DuckDBPyConnection
             path = glob.replace("'", "''")
             sql = f"SELECT * EXCLUDE (day) FROM read_parquet('{path}', hive_partitioning = true, union_by_name = true)"
         con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')
-    for name, sql in (*DERIVED_VIEWS.items(), *POLICY_VIEWS.items()):
+    for name, sql in DERIVED_VIEWS.items():
+        con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')
+    targets, settings = settings_rows(slo or SloParams(), None if as_of is None else int(as_of.timestamp()))
+    con.execute("CREATE OR REPLACE TABLE slo_targets (slo VARCHAR PRIMARY KEY, target DOUBLE NOT NULL)")
+    con.executemany("INSERT INTO slo_targets VALUES (?, ?)", targets)
+    con.execute("CREATE OR REPLACE TABLE slo_settings (sched_slo_s BIGINT NOT NULL, window_days BIGINT NOT NULL, "
+                "as_of_s BIGINT)")
+    con.execute("INSERT INTO slo_settings VALUES (?, ?, ?)", settings)
+    kind = "TABLE" if materialize else "VIEW"
+    for name, sql in duckdb_base_views().items():
+        con.execute(f'CREATE OR REPLACE {kind} "{name}" AS {sql}')
+    for name, sql in (*slo_views(DUCKDB).items(), *POLICY_VIEWS.items()):
         con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')
     return con
 
 
 def view_names() -> list[str]:
-    return sorted({*(_RAW_VIEW_NAMES.get(t, t) for t in SCHEMAS), *DERIVED_VIEWS, *POLICY_VIEWS})
+    return sorted({*(_RAW_VIEW_NAMES.get(t, t) for t in SCHEMAS), *DERIVED_VIEWS, *duckdb_base_views(),
+                   *slo_views(DUCKDB), *POLICY_VIEWS})

@@ -1,0 +1,46 @@
+"""The SLO views on SQLite: the same base rows copied out of DuckDB, the same portable SQL on top.
+
+Used by bench/analytics.py as the in-run baseline (the same SQL over the same rows on another engine) and by
+the tests to check that the portable layer of analytics/slo_views.py really is portable. Times stay integer
+epoch seconds on SQLite (`Dialect.ts` is the identity there).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import duckdb
+
+from analytics.slo_views import SQLITE, duckdb_base_views, slo_views
+
+BASE_TABLES = tuple(duckdb_base_views()) + ("slo_targets", "slo_settings")
+
+# indexes SQLite needs for the joins of the portable views (DuckDB hashes them instead)
+_INDEXES = (
+    "CREATE INDEX base_events_type ON base_events (type, pool)",
+    "CREATE INDEX base_runs_job ON base_runs (pool, job_id, submitted_s)",
+    "CREATE INDEX base_placements_run ON base_placements (pool, job_id, started_s)",
+    "CREATE INDEX base_jobs_job ON base_jobs (pool, job_id, submitted_s)",
+)
+
+
+def mirror(duck: duckdb.DuckDBPyConnection, path: str = ":memory:", batch: int = 200_000) -> sqlite3.Connection:
+    """A SQLite database holding the base tables of `duck` (a connection from analytics.views.connect) and
+    the portable SLO views over them."""
+    con = sqlite3.connect(path)
+    for table in BASE_TABLES:
+        cur = duck.execute(f'SELECT * FROM "{table}"')
+        cols = [c[0] for c in cur.description]
+        con.execute(f'CREATE TABLE "{table}" ({", ".join(cols)})')
+        insert = f'INSERT INTO "{table}" VALUES ({", ".join("?" * len(cols))})'
+        while True:
+            rows = cur.fetchmany(batch)
+            if not rows:
+                break
+            con.executemany(insert, rows)
+    for sql in _INDEXES:
+        con.execute(sql)
+    for name, sql in slo_views(SQLITE).items():
+        con.execute(f'CREATE VIEW "{name}" AS {sql}')
+    con.commit()
+    return con
