@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from analytics.slo_views import SloParams as SloConfig  # the [slo] section: targets and thresholds of the SLO views
 from ledger.fold import DEFAULT_DEDUP_WINDOW_S
 
 
@@ -48,10 +49,12 @@ class Config:
     store: StoreConfig = field(default_factory=StoreConfig)
     lake: LakeConfig = field(default_factory=LakeConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
+    slo: SloConfig = field(default_factory=SloConfig)
 
 
-_TYPES = {"int": int, "str": str, "bool": bool}
-_SECTION_CLASSES = {"kafka": KafkaConfig, "store": StoreConfig, "lake": LakeConfig, "ledger": LedgerConfig}
+_TYPES = {"int": int, "str": str, "bool": bool, "float": float}
+_SECTION_CLASSES = {"kafka": KafkaConfig, "store": StoreConfig, "lake": LakeConfig, "ledger": LedgerConfig,
+                    "slo": SloConfig}
 
 
 def _coerce(section: str, key: str, value: Any, target: type, origin: str):
@@ -71,7 +74,22 @@ def _coerce(section: str, key: str, value: Any, target: type, origin: str):
     elif target is str:
         if isinstance(value, str):
             return value
+    elif target is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
     raise ConfigError(f"{origin}: [{section}] {key} must be a {target.__name__}, got {value!r}")
+
+
+def _replace_section(current, updates: dict, origin: str):
+    try:
+        return replace(current, **updates)
+    except ValueError as err:  # a value of the right type but out of range (the section's own check)
+        raise ConfigError(f"{origin}: {err}") from None
 
 
 def load_config(path: Optional[Path] = None, env: Optional[Mapping[str, str]] = None) -> Config:
@@ -100,7 +118,7 @@ def load_config(path: Optional[Path] = None, env: Optional[Mapping[str, str]] = 
             if key not in types:
                 raise ConfigError(f"{path}: unknown key {key!r} in [{section}] (known: {', '.join(types)})")
             updates[key] = _coerce(section, key, value, _TYPES[types[key]], str(path))
-        cfg = replace(cfg, **{section: replace(getattr(cfg, section), **updates)})
+        cfg = replace(cfg, **{section: _replace_section(getattr(cfg, section), updates, str(path))})
     for section, cls in _SECTION_CLASSES.items():
         types = {f.name: f.type for f in fields(cls)}
         updates = {}
@@ -109,5 +127,6 @@ def load_config(path: Optional[Path] = None, env: Optional[Mapping[str, str]] = 
             if name in env:
                 updates[key] = _coerce(section, key, env[name], _TYPES[typ], name)
         if updates:
-            cfg = replace(cfg, **{section: replace(getattr(cfg, section), **updates)})
+            origin = ", ".join(f"CHIPLEDGER_{section.upper()}_{k.upper()}" for k in updates)
+            cfg = replace(cfg, **{section: _replace_section(getattr(cfg, section), updates, origin)})
     return cfg
