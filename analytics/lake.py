@@ -41,6 +41,19 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("decision_id", pa.string()), ("type", pa.string()), ("pool", pa.string()), ("at", TS),
         ("rule", pa.string()), ("message", pa.string()), ("body", pa.string()),
     ]),
+    # policy (ledger.policy): each team's balance when an hour closes and at a close of the books
+    # (lendable_milli is the pool's; the balances view derives the fair-share factor and borrowed share)
+    "balances": pa.schema([
+        ("pool", pa.string()), ("team", pa.string()), ("at", TS), ("nominal_milli", pa.int64()),
+        ("used_milli", pa.int64()), ("borrowed_milli", pa.int64()), ("burst_milli", pa.int64()),
+        ("pending_milli", pa.int64()), ("decayed_usage_mchip_s", pa.int64()), ("lendable_milli", pa.int64()),
+    ]),
+    # why each pending job waits, at the same instants
+    "pending": pa.schema([
+        ("pool", pa.string()), ("job_id", pa.string()), ("team", pa.string()), ("at", TS),
+        ("chips_milli", pa.int64()), ("priority", pa.int64()), ("waiting_since", TS), ("reason", pa.string()),
+        ("message", pa.string()),
+    ]),
     "deadletters": pa.schema([
         ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()), ("seen_at", TS),
         ("error_code", pa.string()), ("detail", pa.string()), ("event_id", pa.string()),
@@ -50,7 +63,7 @@ SCHEMAS: dict[str, pa.Schema] = {
 
 # the column that decides a row's day partition
 DAY_COLUMN = {"events": "applied_at", "journal": "hour", "job_runs": "posted_at", "decisions": "at",
-              "deadletters": "seen_at"}
+              "balances": "at", "pending": "at", "deadletters": "seen_at"}
 
 TABLES = tuple(SCHEMAS)
 

@@ -5,7 +5,7 @@ Layers point one way: schemas <- ledger <- {ledger.store, streams, analytics, ch
 
 from ledger.books import ACCOUNTS, POOL_ACCOUNTS, TEAM_ACCOUNTS, JournalRow, hour_of
 from ledger.fold import (
-    DEFAULT_CONFIG, FoldConfig, JobRunRow, Step, check_invariants, close_books, evolve, split_use,
+    DEFAULT_CONFIG, FoldConfig, JobRunRow, Step, check_invariants, close_books, evolve, policy_rows, split_use,
 )
 from ledger.fleet import Fleet
 from ledger.state import Chip, Grant, Job, PoolState, Team

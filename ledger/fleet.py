@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from ledger.fold import DEFAULT_CONFIG, FoldConfig, Step, close_books, evolve
+from ledger.fold import DEFAULT_CONFIG, FoldConfig, Step, close_books, evolve, policy_rows
 from ledger.state import PoolState
 
 
@@ -33,6 +33,17 @@ class Fleet:
             journal.extend(j)
             runs.extend(r)
         return journal, runs
+
+    def policy_rows(self) -> dict[str, list]:
+        """The balances of every team and the reason of every pending job at each pool's clock (read-only;
+        call after `close`): {"balances": rows, "pending": rows}, pools in name order."""
+        balances: list = []
+        pending: list = []
+        for name in sorted(self.pools):
+            b, p = policy_rows(self.pools[name], self.config)
+            balances.extend(b)
+            pending.extend(p)
+        return {"balances": balances, "pending": pending}
 
     def to_dict(self) -> dict:
         return {name: state.to_dict() for name, state in sorted(self.pools.items())}

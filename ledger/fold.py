@@ -54,8 +54,9 @@ class Step:
     """What one event did: either applied (with its outputs), dropped as a duplicate, or rejected.
 
     `occurred_s` is the event time, `applied_at` the pool clock it was applied at (later when it was late by
-    `lateness_s`); `journal`, `job_runs` and `decisions` (DecisionPreempt / DecisionBurst) are the outputs,
-    with `balances` and `pending` (ledger.policy BalanceRow / PendingRow) when an hour closes. (A plain slotted
+    `lateness_s`); `journal`, `job_runs` and `decisions` (ledger.policy.DecisionRow) are the outputs, with
+    `balances` and `pending` (BalanceRow / PendingRow) when an hour closes: each list is named like its lake
+    table. (A plain slotted
     class: one is made per event.)"""
 
     __slots__ = ("occurred_s", "applied_at", "lateness_s", "duplicate", "rejection", "journal", "job_runs",
@@ -577,7 +578,7 @@ def _apply_burst_requested(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     """Decide the request now; an approved or cut burst is a reservation for its window (burst_on/off)."""
     s.team(e.team)
     decision, reservation = policy.decide_burst(s, e, t, config)
-    step.decisions.append(decision)
+    step.decisions.append(policy.decision_row(decision, t))
     if reservation is not None and e.request_id not in s.bursts:  # a request id is decided once
         s.bursts[e.request_id] = reservation
         start, end = reservation[2], reservation[3]

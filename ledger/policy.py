@@ -72,6 +72,28 @@ class PendingRow(NamedTuple):
     message: str
 
 
+class DecisionRow(NamedTuple):
+    """A decision as a lake row (table `decisions`); `body` is the decision's JSON, what the Kafka worker sends
+    to chipledger.decisions (`decision_of` turns it back into the model)."""
+
+    decision_id: str
+    type: str
+    pool: str
+    at: int
+    rule: str
+    message: str
+    body: str
+
+
+def decision_row(d, t: int) -> DecisionRow:
+    return DecisionRow(d.decision_id, d.type, d.pool, t, d.rule, d.message, d.model_dump_json())
+
+
+def decision_of(row):
+    """The DecisionPreempt / DecisionBurst of a decisions row."""
+    return (DecisionPreempt if row[1] == "decision.preempt" else DecisionBurst).model_validate_json(row[6])
+
+
 def _chips(milli: int) -> str:
     return f"{milli / MILLI:g}"
 
@@ -525,9 +547,9 @@ def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, 
                    f"job(s) of its team to free {_chips(freed)} chips ({_chips(need)} needed, {lost} chip-s of "
                    f"work lost)")
     state.inflight[ben.job_id] = [decision_id, rule, t, [v.job_id for v in victims]]
-    step.decisions.append(DecisionPreempt(
+    step.decisions.append(decision_row(DecisionPreempt(
         decision_id=decision_id, pool=state.pool, at=_ts(t), rule=rule,
-        beneficiary=JobRef(job_id=ben.job_id, team=ben.team), victims=victims, numbers=numbers, message=message))
+        beneficiary=JobRef(job_id=ben.job_id, team=ben.team), victims=victims, numbers=numbers, message=message), t))
 
 
 def _drop_inflight(state: PoolState, ben_id: str) -> None:

@@ -761,9 +761,12 @@ def test_job_without_placement_is_not_touched_by_chip_state():
     assert (rate(UNAVAILABLE), rate(BORROWED, "ads"), rate(OVERCOMMITTED)) == (1000, 1000, 1000)
 
 
-def test_burst_request_changes_no_account():
+def test_denied_burst_request_changes_no_account():
+    # the only chip is busy and there is no history: the forecast demand is the demand now (1 chip) -> no idle
     fleet, steps = fold([configured(0), chip("c1"), submit("j", "ads", 1), start("j", 0), burst("b", "ads", 1, 10)])
-    assert steps[-1].journal == [] and steps[-1].decisions == []
+    assert steps[-1].journal == []
+    [d] = steps[-1].decisions
+    assert (d.type, d.verdict, d.chips_granted, d.numbers["forecast_idle_chips"]) == ("decision.burst", "denied", 0, 0)
     assert fleet.pools[POOL].teams["ads"].burst_milli == 0
 
 

@@ -117,3 +117,36 @@ class Tracking(Base):
     topic: Mapped[str] = mapped_column(String(1024), primary_key=True)
     partition: Mapped[int] = mapped_column(Integer, primary_key=True)
     offset: Mapped[int] = mapped_column(BigInteger)
+
+
+class DecisionIndex(Base):
+    """One row per decision the ledger emitted (preemptions and burst verdicts), to find them without the lake:
+    by pool, time, rule, team or job. `body` is the decision's full JSON as written to the lake."""
+
+    __tablename__ = "decisions"
+    decision_id: Mapped[str] = mapped_column(String(512), primary_key=True)
+    type: Mapped[str] = mapped_column(String(64))
+    pool: Mapped[str] = mapped_column(String(256), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    rule: Mapped[str] = mapped_column(String(64))
+    message: Mapped[str] = mapped_column(Text)
+    team: Mapped[Optional[str]] = mapped_column(String(256), nullable=True)    # beneficiary's team or burst team
+    job_id: Mapped[Optional[str]] = mapped_column(String(256), nullable=True)  # the beneficiary job
+    verdict: Mapped[Optional[str]] = mapped_column(String(32), nullable=True)  # bursts: approved/partial/denied
+    victims: Mapped[int] = mapped_column(Integer)                              # preemptions: jobs preempted
+    body: Mapped[str] = mapped_column(Text)
+
+
+class StatementRun(Base):
+    """One row per statement issued: for whom and which period, the log positions it was computed at (so it
+    can be reproduced exactly) and the digest of what was written."""
+
+    __tablename__ = "statement_runs"
+    statement_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    team: Mapped[str] = mapped_column(String(256), index=True)
+    period_start: Mapped[datetime] = mapped_column(UTCDateTime())
+    period_end: Mapped[datetime] = mapped_column(UTCDateTime())
+    positions_json: Mapped[str] = mapped_column(Text)      # {"topic/partition": offset, ...} it was computed at
+    output_digest: Mapped[str] = mapped_column(String(128))  # e.g. "sha256:…" of the files written
+    formats: Mapped[str] = mapped_column(String(128))      # e.g. "md,html,csv,json"
+    issued_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session
 
 from ledger.books import BORROWED, BURST, ENTITLED, IDLE, IN_QUOTA, OVERCOMMITTED
 from ledger.state import PoolState
-from ledger.store.models import Base, GrantRow, PoolBalance, RunLog, TeamBalance, Tracking
+from ledger.store.models import (Base, DecisionIndex, GrantRow, PoolBalance, RunLog, StatementRun, TeamBalance,
+                                 Tracking)
 
 
 class StoreError(RuntimeError):
@@ -46,15 +47,22 @@ class Store:
         self.engine = engine
 
     def save(self, pools: Iterable[PoolState], run: Optional[dict] = None,
-             tracking: Optional[list[tuple[str, str, int, int]]] = None, replace_all: bool = False) -> None:
-        """Replace the current balances and grants of these pools, and record the run and the input positions,
-        in one transaction. With `replace_all`, pools not among these are removed (the state is complete)."""
+             tracking: Optional[list[tuple[str, str, int, int]]] = None, replace_all: bool = False,
+             decisions: Iterable[tuple] = ()) -> None:
+        """Replace the current balances and grants of these pools, index the decisions (rows of the lake's
+        `decisions` table: decision_id, type, pool, at (epoch s), rule, message, body) and record the run and the
+        input positions, in one transaction. With `replace_all`, pools not among these are removed and the
+        decisions index is replaced (the state and the decisions are complete); otherwise decisions are merged by
+        id (indexing the same decision again changes nothing)."""
         pools = list(pools)
         with Session(self.engine) as session, session.begin():
             if replace_all:
                 names = [s.pool for s in pools]
                 for model in (TeamBalance, GrantRow, PoolBalance):
                     session.execute(delete(model).where(model.pool.not_in(names)))
+                session.execute(delete(DecisionIndex))
+            for row in decisions:
+                session.merge(_decision_row(row))
             for s in pools:
                 session.execute(delete(TeamBalance).where(TeamBalance.pool == s.pool))
                 session.execute(delete(GrantRow).where(GrantRow.pool == s.pool))
@@ -85,6 +93,38 @@ class Store:
     def runs(self) -> list[RunLog]:
         with Session(self.engine) as session:
             return list(session.scalars(select(RunLog).order_by(RunLog.started_at)))
+
+    def decisions(self, pool: Optional[str] = None, since: Optional[datetime] = None,
+                  until: Optional[datetime] = None) -> list[DecisionIndex]:
+        """Indexed decisions in time order (then by id), optionally of one pool and within [since, until)."""
+        q = select(DecisionIndex).order_by(DecisionIndex.at, DecisionIndex.decision_id)
+        if pool is not None:
+            q = q.where(DecisionIndex.pool == pool)
+        if since is not None:
+            q = q.where(DecisionIndex.at >= since)
+        if until is not None:
+            q = q.where(DecisionIndex.at < until)
+        with Session(self.engine) as session:
+            return list(session.scalars(q))
+
+    def record_statement(self, *, statement_id: str, team: str, period_start: datetime, period_end: datetime,
+                         positions: dict[str, int], output_digest: str, formats: Iterable[str],
+                         issued_at: datetime) -> None:
+        """Record (or re-record, by id) an issued statement with the log positions it was computed at."""
+        if period_end <= period_start:
+            raise ValueError(f"statement {statement_id!r}: period_end {period_end} is not after {period_start}")
+        row = StatementRun(statement_id=statement_id, team=team, period_start=period_start, period_end=period_end,
+                           positions_json=json.dumps(positions, sort_keys=True), output_digest=output_digest,
+                           formats=",".join(formats), issued_at=issued_at)
+        with Session(self.engine) as session, session.begin():
+            session.merge(row)
+
+    def statement_runs(self, team: Optional[str] = None) -> list[StatementRun]:
+        q = select(StatementRun).order_by(StatementRun.issued_at, StatementRun.statement_id)
+        if team is not None:
+            q = q.where(StatementRun.team == team)
+        with Session(self.engine) as session:
+            return list(session.scalars(q))
 
     def position(self, consumer: str, topic: str, partition: int) -> Optional[int]:
         with Session(self.engine) as session:
@@ -125,3 +165,12 @@ def _grant_rows(s: PoolState) -> list[GrantRow]:
                  effective_from=_utc(g.effective_from), effective_until=_utc(g.effective_until), active=g.active)
         for g in sorted(s.grants.values(), key=lambda g: g.grant_id)
     ]
+
+
+def _decision_row(row: tuple) -> DecisionIndex:
+    decision_id, type_, pool, at, rule, message, body = row
+    d = json.loads(body)
+    beneficiary = d.get("beneficiary") or {}
+    return DecisionIndex(decision_id=decision_id, type=type_, pool=pool, at=_utc(at), rule=rule, message=message,
+                         team=beneficiary.get("team", d.get("team")), job_id=beneficiary.get("job_id"),
+                         verdict=d.get("verdict"), victims=len(d.get("victims") or ()), body=body)
