@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from analytics.lake import LakeWriter, clear_lake, lake_has_data
+from analytics.lake_rows import read_rows
 from ledger import Fleet, FoldConfig
 from schemas import Rejection, parse_event
 from streams.rows import close_rows, deadletter_row, event_row, step_rows  # noqa: F401 (event_row: re-export)
@@ -143,5 +144,6 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
                  "dead_letters": summary.dead_letter_total, "summary_json": summary.as_dict()},
             tracking=[("embedded", topic, 0, summary.lines)],
             replace_all=True,  # the run folded from an empty state: pools of earlier runs are not current
+            decisions=read_rows(lake, "decisions"),  # the run's decisions, indexed (replacing earlier runs')
         )
     return summary, fleet

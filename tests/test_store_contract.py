@@ -338,3 +338,85 @@ def test_unicode_and_slashes_in_names(store):
         (pool, "g/ü/1", team), (pool, "g/" + "ß" * 254, long_team)}
     assert store.team_balances(pool="eu-west/h100") == []  # no prefix matching on the slash
     assert store.position("sink/ü", "topic/ラボ", 0) == 3
+
+
+# --- decisions index and statement runs ---------------------------------------------------------------------
+
+BURST_EVENTS = [
+    {"event_id": "c", "type": "pool.configured", "occurred_at": at(0), "pool": "p/burst", "source": "t",
+     "flavor": "x", "chips_per_node": 2},
+    {"event_id": "r0", "type": "chip.registered", "occurred_at": at(0), "pool": "p/burst", "source": "t",
+     "chip_id": "c0", "node": "n0"},
+    {"event_id": "r1", "type": "chip.registered", "occurred_at": at(0), "pool": "p/burst", "source": "t",
+     "chip_id": "c1", "node": "n0"},
+    {"event_id": "g", "type": "quota.granted", "occurred_at": at(0), "pool": "p/burst", "source": "t",
+     "grant_id": "g", "team": "a", "chips": 1},
+    {"event_id": "b1", "type": "burst.requested", "occurred_at": at(10), "pool": "p/burst", "source": "t",
+     "request_id": "q1", "team": "a", "chips": 1, "window_start": at(60), "window_end": at(120)},
+    {"event_id": "b2", "type": "burst.requested", "occurred_at": at(20), "pool": "p/burst", "source": "t",
+     "request_id": "q2", "team": "a", "chips": 5, "window_start": at(60), "window_end": at(120)},
+    {"event_id": "t", "type": "pool.tick", "occurred_at": at(180), "pool": "p/burst", "source": "t"},
+]
+
+
+def test_an_embedded_run_indexes_its_decisions(store, tmp_path):
+    events = tmp_path / "burst.jsonl"
+    events.write_text("".join(json.dumps(e) + "\n" for e in BURST_EVENTS))
+    run_file(events, tmp_path / "lake", store=store)
+    d1, d2 = store.decisions()
+    assert (d1.decision_id, d1.type, d1.pool, d1.rule, d1.team, d1.job_id, d1.victims) == (
+        "b1:burst:q1", "decision.burst", "p/burst", "burst_forecast", "a", None, 0)
+    assert d1.verdict == "approved" and d2.decision_id == "b2:burst:q2"
+    assert_utc(d1.at, utc(2026, 11, 2, 0, 10))
+    assert_utc(d2.at, utc(2026, 11, 2, 0, 20))
+    assert json.loads(d1.body)["chips_granted"] == 1.0 and d1.message.startswith("burst q1 of team a")
+    assert [d.decision_id for d in store.decisions(since=utc(2026, 11, 2, 0, 15))] == ["b2:burst:q2"]
+    assert [d.decision_id for d in store.decisions(until=utc(2026, 11, 2, 0, 15))] == ["b1:burst:q1"]
+    assert store.decisions(pool="lab/a100") == []
+
+    # a second run of another file replaces the index: its decisions are the current ones
+    run_file(FIXTURE, tmp_path / "lake", store=store, overwrite=True)
+    assert store.decisions() == []
+
+
+def test_decisions_merge_by_id_and_roll_back_with_the_save(store):
+    body = {"decision_id": "e9:reclaim:j1", "type": "decision.preempt", "pool": "lab/h100",
+            "at": "2026-11-02T01:00:00Z", "rule": "reclaim", "beneficiary": {"job_id": "j1", "team": "b"},
+            "victims": [{"job_id": "v1", "team": "a", "chips": 1.0, "lost_work_chip_s": 60, "preemption_count": 0},
+                        {"job_id": "v2", "team": "a", "chips": 1.0, "lost_work_chip_s": 0, "preemption_count": 1}],
+            "numbers": {}, "message": "reclaim for j1"}
+    row = ("e9:reclaim:j1", "decision.preempt", "lab/h100", 1793581200, "reclaim", "reclaim for j1", json.dumps(body))
+    store.save([], decisions=[row])
+    store.save([], decisions=[row])  # the same decision again: still one row
+    [d] = store.decisions()
+    assert (d.team, d.job_id, d.victims, d.verdict) == ("b", "j1", 2, None)
+    assert_utc(d.at, utc(2026, 11, 2, 1))
+    # a save that fails indexes nothing
+    with pytest.raises(IntegrityError):
+        store.save([], decisions=[row[:0] + ("other",) + row[1:]], run={"run_id": "bad"})
+    assert [x.decision_id for x in store.decisions()] == ["e9:reclaim:j1"]
+
+
+def test_statement_runs_keep_their_positions_and_digest(store):
+    store.record_statement(statement_id="a/2026-11", team="a", period_start=utc(2026, 11, 1),
+                           period_end=utc(2026, 12, 1), positions={"chipledger.jobs/0": 1200, "chipledger.quota/0": 7},
+                           output_digest="sha256:abc", formats=["md", "json"], issued_at=utc(2026, 12, 1, 6))
+    store.record_statement(statement_id="b/2026-11", team="b", period_start=utc(2026, 11, 1),
+                           period_end=utc(2026, 12, 1), positions={}, output_digest="sha256:def", formats=["csv"],
+                           issued_at=utc(2026, 12, 1, 5))
+    assert [s.statement_id for s in store.statement_runs()] == ["b/2026-11", "a/2026-11"]  # by issue time
+    [a] = store.statement_runs(team="a")
+    assert json.loads(a.positions_json) == {"chipledger.jobs/0": 1200, "chipledger.quota/0": 7}
+    assert (a.output_digest, a.formats) == ("sha256:abc", "md,json")
+    assert_utc(a.period_start, utc(2026, 11, 1))
+    assert_utc(a.period_end, utc(2026, 12, 1))
+    # issued again (reproduced): the same row, updated
+    store.record_statement(statement_id="a/2026-11", team="a", period_start=utc(2026, 11, 1),
+                           period_end=utc(2026, 12, 1), positions={"chipledger.jobs/0": 1200},
+                           output_digest="sha256:abc", formats=["md"], issued_at=utc(2026, 12, 2))
+    assert [(s.statement_id, s.formats) for s in store.statement_runs(team="a")] == [("a/2026-11", "md")]
+    with pytest.raises(ValueError, match="is not after"):
+        store.record_statement(statement_id="x", team="a", period_start=utc(2026, 12, 1),
+                               period_end=utc(2026, 12, 1), positions={}, output_digest="", formats=[],
+                               issued_at=utc(2026, 12, 2))
+    assert len(store.statement_runs()) == 2
