@@ -88,6 +88,18 @@ class Merger:
     def pools_on(self, partition: int) -> list[str]:
         return [p for p in self._buf if self._partition[p] == partition]
 
+    def partition_of(self, pool: str) -> Optional[int]:
+        """The partition a pool's records arrive on (None before its first record)."""
+        return self._partition.get(pool)
+
+    def heads(self, pool: str) -> list[Any]:
+        """The items at the head of each of the pool's buffers."""
+        return [q[0][1] for q in self._buf.get(pool, {}).values() if q]
+
+    def tps_buffered(self) -> set[TP]:
+        """Every input topic-partition of the partitions that hold buffered records."""
+        return {tp for pool in self._buf for tp in self.tps(self._partition[pool])}
+
     def release(self, pool: str, ready) -> list[Any]:
         """Pop and return, in merge order, the records of `pool` the rule allows now. `ready` is a container of
         the topic-partitions that are caught up and idle."""
@@ -119,5 +131,7 @@ class Merger:
         n = 0
         for pool in self.pools_on(partition):
             n += sum(len(q) for q in self._buf.pop(pool).values())
+        for pool in [p for p, part in self._partition.items() if part == partition]:
+            del self._partition[pool]
         self.buffered -= n
         return n

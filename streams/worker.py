@@ -1,0 +1,415 @@
+"""The Faust worker: folds the input topics with the ledger core and sends the outputs. Glue, no business rules.
+
+One agent per input topic (quota, jobs, chips) only buffers records in a `streams.merge.Merger`; a drain loop
+releases them per pool in merge order (see streams/merge.py and docs/streaming.md), folds them with
+`ledger.evolve`, and for each batch:
+
+1. sends every output (lake rows per input record on chipledger.journal, decisions on chipledger.decisions,
+   dead letters on chipledger.deadletter; all keyed by pool) and waits until Kafka acknowledged them;
+2. only then writes the pools' `PoolState` (with the last offset handled per input topic-partition) to the Faust
+   table `pool-state` (rocksdb via rocksdict, or memory), whose changelog Faust flushes before it commits input
+   offsets (faust.transport.consumer.Consumer._commit_offsets: producer.flush() then commit);
+3. only then acknowledges the input records, so committed offsets never pass a record whose effects are not in
+   Kafka.
+
+After a crash, records up to the state's positions are skipped; records after them are folded again and their
+outputs sent again with the same content (the sink drops them by origin, see streams/sink.py). A state
+snapshot of each changed pool (for the store's balances) follows its rows on chipledger.journal.
+
+A timer sends `pool.tick` for quiet pools (see `tick_event`): it only closes hours that are already past.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+import uuid
+import weakref
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Optional
+
+import orjson
+
+from ledger.books import HOUR_S
+from ledger.fold import DEFAULT_CONFIG, FoldConfig, evolve
+from ledger.state import PoolState
+from schemas import INPUT_TOPICS, Rejection, RejectionCode, parse_event
+from schemas.topics import TOPIC_DEADLETTER, TOPIC_DECISIONS, TOPIC_JOURNAL, TOPIC_QUOTA
+from streams.merge import HEADER_PRODUCER, HEADER_SEQ, TP, Merger, merge_key
+from streams.rows import deadletter_row, step_rows
+
+log = logging.getLogger(__name__)
+
+TABLE_NAME = "pool-state"
+TICK_SOURCE = "chipledger/worker"
+
+SendFn = Callable[[str, bytes, bytes], Awaitable[Any]]  # (topic, key, value) -> awaitable delivery
+
+
+@dataclass
+class WorkerSettings:
+    bootstrap: str = "127.0.0.1:9092"
+    app_id: str = "chipledger-worker"
+    data_dir: Path = Path(".chipledger-worker")
+    table_store: str = "rocksdb"  # rocksdb | memory
+    partitions: int = 3
+    merge_idle_ms: int = 50       # how long a head waits for a caught-up topic-partition that has nothing
+    tick_interval_s: int = 60     # 0: no ticks
+    snapshot_interval_ms: int = 500
+    drain_interval_ms: int = 5
+    fold_config: FoldConfig = field(default_factory=lambda: DEFAULT_CONFIG)
+
+    def store_url(self) -> str:
+        if self.table_store == "memory":
+            return "memory://"
+        if self.table_store == "rocksdb":
+            return "rocksdb://"
+        raise ValueError(f"table store must be rocksdb or memory, got {self.table_store!r}")
+
+
+@dataclass
+class Pending:
+    """A record waiting in the merge buffer: the Faust event (to ack) and what the fold needs of it."""
+
+    event: Any
+    topic: str
+    partition: int
+    offset: int
+    key: bytes
+    value: bytes
+    timestamp_ms: int
+    arrived: float
+
+
+def rows_record(origin, pool: str, tables: dict[str, list]) -> bytes:
+    """The value of an output record: the lake rows (per table) that one input record produced."""
+    return orjson.dumps({"kind": "rows", "origin": origin, "pool": pool,
+                         "tables": {t: [list(r) for r in rows] for t, rows in tables.items()}})
+
+
+def tick_event(pool: str, clock_s: int, elapsed_s: float) -> Optional[dict]:
+    """The `pool.tick` the timer sends for a pool quiet for `elapsed_s` wall seconds, or None.
+
+    Its event time is the pool clock plus the wall time elapsed since the pool's last event, floored to the
+    hour: a tick closes only hours that are already past, so it never moves a pool clock beyond where real
+    events could still land in order. The event id is derived from the pool and that hour, so ticks sent twice
+    (two workers, a restart) are identical duplicates."""
+    target = clock_s + int(elapsed_s)
+    hour = target - target % HOUR_S
+    if hour <= clock_s:
+        return None
+    digest = hashlib.blake2b(pool.encode(), digest_size=8).hexdigest()
+    return {"event_id": f"tick-{digest}-{hour}", "type": "pool.tick",
+            "occurred_at": datetime.fromtimestamp(hour, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "pool": pool, "source": TICK_SOURCE}
+
+
+class PoolWorker:
+    """The worker's state outside Faust: the merge buffers, the live `PoolState`s and the drain.
+
+    `load(pool, pending)` / `store(pool, value, pending)` read and write the table; `send(topic, key, value)`
+    sends an output and returns an awaitable of its delivery; `caught_up(tp)` says whether everything up to the
+    high watermark of `tp` was received. They are Faust's in the app, plain functions in unit tests."""
+
+    def __init__(self, settings: WorkerSettings, *, load, store, send: SendFn, caught_up: Callable[[TP], bool],
+                 clock: Callable[[], float] = time.monotonic):
+        self.settings = settings
+        self.merger = Merger(INPUT_TOPICS)
+        self.load, self.store, self.send, self.caught_up, self.clock = load, store, send, caught_up, clock
+        self.pools: dict[str, PoolState] = {}  # live states of the pools seen since start
+        self.last_applied: dict[str, float] = {}  # pool -> monotonic time of its last handled record
+        self.dirty: set[str] = set()  # pools whose snapshot is behind their state
+        self.last_snapshot = 0.0
+        self.received_next: dict[TP, int] = {}
+        self.counts = {"received": 0, "applied": 0, "duplicates": 0, "dead_letters": 0, "skipped": 0,
+                       "ticks": 0, "batches": 0}
+        self._lock = asyncio.Lock()
+
+    # --- in ---------------------------------------------------------------------------------------------
+    def receive(self, event) -> None:
+        m = event.message
+        tp = TP(m.topic, m.partition)
+        self.received_next[tp] = m.offset + 1
+        ts_ms = int(round((m.timestamp or 0) * 1000))
+        key = m.key if isinstance(m.key, (bytes, type(None))) else str(m.key).encode()
+        value = m.value if isinstance(m.value, bytes) else (m.value or b"")
+        pool = (key or b"").decode("utf-8", "replace")
+        p = Pending(event, m.topic, m.partition, m.offset, key or b"", value, ts_ms, self.clock())
+        self.merger.push(pool, tp, merge_key(ts_ms, m.topic, m.offset, m.headers), p)
+        self.counts["received"] += 1
+
+    def ready(self, partition: int, now: float, oldest: float) -> set:
+        """The input topic-partitions of `partition` that hold nothing more for now: caught up, and the oldest
+        waiting record has waited `merge_idle_ms` (so a record produced just before it had time to arrive)."""
+        if (now - oldest) * 1000 < self.settings.merge_idle_ms:
+            return set()
+        return {tp for tp in self.merger.tps(partition) if self.caught_up(tp)}
+
+    # --- drain ------------------------------------------------------------------------------------------
+    async def drain(self) -> int:
+        """Fold what the merge releases, send outputs, wait for them, write states, ack. Returns records done."""
+        async with self._lock:
+            now = self.clock()
+            released: list[tuple[str, list[Pending]]] = []
+            for pool in self.merger.pools():
+                oldest = min(p.arrived for p in self.merger.heads(pool))
+                items = self.merger.release(pool, self.ready(self.merger.partition_of(pool), now, oldest))
+                if items:
+                    released.append((pool, items))
+            if not released:
+                await self._maybe_snapshot(now)
+                return 0
+            self.counts["batches"] += 1
+            futures = []
+            touched: dict[str, Pending] = {}
+            done: list[Pending] = []
+            for pool, items in released:
+                for p in items:
+                    futures.extend(await self._fold(pool, p, touched))
+                    done.append(p)
+            if futures:
+                await asyncio.gather(*futures)  # every output acknowledged by Kafka (acks=all) ...
+            for pool, last in touched.items():  # ... before the states that include them are written
+                self.store(pool, self.pools[pool].to_dict(), last)
+                self.dirty.add(pool)
+            for p in done:  # ... and before the inputs may be committed
+                p.event.ack()
+            await self._maybe_snapshot(now)
+            return len(done)
+
+    async def _fold(self, key_pool: str, p: Pending, touched: dict) -> list:
+        origin = [p.topic, p.partition, p.offset]
+        out_key = p.key
+        event = parse_event(p.value)
+        if isinstance(event, Rejection):
+            return [await self._dead(p, event, None, None, origin)]
+        if event.pool != key_pool:
+            rej = Rejection(RejectionCode.schema_invalid,
+                            f"message key {key_pool!r} is not the event's pool {event.pool!r} (producers key by pool)")
+            return [await self._dead(p, rej, event, None, origin)]
+        state = self.pools.get(key_pool)
+        if state is None:
+            d = self.load(key_pool, p)
+            if d is not None:
+                state = self.pools[key_pool] = PoolState.from_dict(d)
+        tpk = f"{p.topic}:{p.partition}"
+        if state is not None and state.positions.get(tpk, -1) >= p.offset:
+            self.counts["skipped"] += 1  # folded before a restart: its effects are in the state and in Kafka
+            return []
+        new, step = evolve(state, event, self.settings.fold_config, p.value)
+        self.last_applied[key_pool] = self.clock()
+        if new is not None:
+            new.positions[tpk] = p.offset
+            self.pools[key_pool] = new
+            touched[key_pool] = p
+        if step.rejection is not None:
+            return [await self._dead(p, step.rejection, event, new, origin)]
+        if step.duplicate:
+            self.counts["duplicates"] += 1
+            return []
+        self.counts["applied"] += 1
+        tables: dict[str, list] = {}
+        for table, row in step_rows(event, step, p.topic, p.partition, p.offset):
+            tables.setdefault(table, []).append(row)
+        futures = []
+        decisions = tables.pop("decisions", None)
+        futures.append(await self.send(TOPIC_JOURNAL, out_key, rows_record(origin, key_pool, tables)))
+        if decisions:
+            futures.append(await self.send(TOPIC_DECISIONS, out_key,
+                                           rows_record(origin, key_pool, {"decisions": decisions})))
+        return futures
+
+    async def _dead(self, p: Pending, rejection: Rejection, event, state: Optional[PoolState], origin):
+        # seen_at: the pool clock when the pool is known, else the record's timestamp (there is no pool time)
+        seen_at = state.clock if state is not None else p.timestamp_ms // 1000
+        row = deadletter_row(p.value, rejection, p.topic, p.partition, p.offset, seen_at, event)
+        self.counts["dead_letters"] += 1
+        pool = p.key.decode("utf-8", "replace")
+        return await self.send(TOPIC_DEADLETTER, p.key, rows_record(origin, pool, {"deadletters": [row]}))
+
+    async def _maybe_snapshot(self, now: float, force: bool = False) -> None:
+        """Send the state of changed pools (for the store's balances), at most every snapshot_interval_ms."""
+        if not self.dirty or (not force and (now - self.last_snapshot) * 1000 < self.settings.snapshot_interval_ms):
+            return
+        futures = []
+        for pool in sorted(self.dirty):
+            state = self.pools.get(pool)
+            if state is not None:
+                value = orjson.dumps({"kind": "state", "pool": pool, "state": state.to_dict()})
+                futures.append(await self.send(TOPIC_JOURNAL, pool.encode(), value))
+        await asyncio.gather(*futures)
+        self.dirty.clear()
+        self.last_snapshot = now
+
+    # --- ticks ------------------------------------------------------------------------------------------
+    def due_ticks(self, now: float) -> list[dict]:
+        """Ticks for the pools quiet for at least tick_interval_s, that would close at least one hour."""
+        out = []
+        for pool, state in sorted(self.pools.items()):
+            elapsed = now - self.last_applied.get(pool, now)
+            if elapsed >= self.settings.tick_interval_s:
+                tick = tick_event(pool, state.clock, elapsed)
+                if tick is not None:
+                    out.append(tick)
+        return out
+
+    def forget_partitions(self, partitions: set[int]) -> None:
+        """Partitions revoked: drop their buffered records and live states (the new owner reads the table)."""
+        gone = [p for p in self.pools if self.merger.partition_of(p) in partitions]
+        for part in partitions:
+            self.merger.drop_partition(part)
+        for pool in gone:
+            del self.pools[pool]
+            self.dirty.discard(pool)
+        for tp in [tp for tp in self.received_next if tp[1] in partitions]:
+            del self.received_next[tp]
+
+
+# -------------------------------------------------------------------------------------------------------------
+# the Faust app
+# -------------------------------------------------------------------------------------------------------------
+
+def make_app(settings: WorkerSettings):
+    """The Faust app with its agents, table, drain loop and tick timer. Returns (app, PoolWorker)."""
+    import faust
+    from faust.streams import _current_event
+
+    settings.data_dir = Path(settings.data_dir)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    app = faust.App(
+        settings.app_id,
+        broker=f"kafka://{settings.bootstrap}",
+        store=settings.store_url(),
+        datadir=str(settings.data_dir),
+        topic_partitions=settings.partitions,
+        topic_replication_factor=1,
+        topic_allow_declare=True,
+        producer_acks=-1,
+        producer_linger_ms=1,
+        broker_commit_every=10_000,
+        broker_commit_interval=0.5,
+        stream_buffer_maxsize=65_536,
+        stream_wait_empty=False,  # records wait unacked in the merge buffers: a rebalance must not wait for them
+        consumer_auto_offset_reset="earliest",
+        web_enabled=False,
+        table_standby_replicas=0,
+        key_serializer="raw",
+        value_serializer="raw",
+    )
+    table = app.Table(TABLE_NAME, partitions=settings.partitions, key_type=bytes, value_type=bytes,
+                      key_serializer="raw", value_serializer="raw")
+    topics = {name: app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
+                              value_serializer="raw") for name in INPUT_TOPICS}
+    consumer_positions: dict[TP, int] = {}
+
+    def in_context(p: Pending):
+        # the rocksdb store picks the partition database from the current event: make it the pool's own record
+        return _current_event.set(weakref.ref(p.event))
+
+    def load(pool: str, p: Pending):
+        token = in_context(p)
+        try:
+            raw = table.get(pool.encode())
+        finally:
+            _current_event.reset(token)
+        return None if raw is None else orjson.loads(raw)
+
+    def store(pool: str, value: dict, p: Pending):
+        token = in_context(p)
+        try:
+            table[pool.encode()] = orjson.dumps(value)  # a new value every time: never mutated in place
+        finally:
+            _current_event.reset(token)
+
+    async def send(topic: str, key: bytes, value: bytes):
+        return await app.producer.send(topic, key, value, None, None, None)
+
+    def caught_up(tp: TP) -> bool:
+        try:
+            hw = app.consumer.highwater(tp)
+        except Exception:  # noqa: BLE001 - not assigned (yet) or no fetch answered: not caught up
+            return False
+        if hw is None:
+            return False
+        pos = worker.received_next.get(tp, consumer_positions.get(tp))
+        return pos is not None and pos >= hw
+
+    worker = PoolWorker(settings, load=load, store=store, send=send, caught_up=caught_up)
+    app.chipledger = worker  # for tests and the CLI
+
+    def make_agent(topic):
+        async def agent(stream):
+            async for event in stream.noack().events():
+                worker.receive(event)
+        agent.__name__ = agent.__qualname__ = f"buffer_{topic.get_topic_name().split('.')[-1]}"
+        return app.agent(topic, name=agent.__name__)(agent)
+
+    for t in topics.values():
+        make_agent(t)
+
+    @app.task
+    async def drain_loop():
+        await app.producer.maybe_start()
+        interval = settings.drain_interval_ms / 1000
+        while not app.should_stop:
+            try:
+                if worker.merger.buffered:
+                    # positions of the partitions nothing was received from yet: where the consumer started
+                    for tp in worker.merger.tps_buffered():
+                        if tp not in worker.received_next and tp not in consumer_positions:
+                            try:
+                                pos = await app.consumer.position(tp)
+                            except Exception:  # noqa: BLE001 - not assigned yet
+                                pos = None
+                            if pos is not None:
+                                consumer_positions[tp] = pos
+                await worker.drain()
+            except Exception:
+                log.exception("worker drain failed; stopping so that the inputs are folded again after a restart")
+                raise
+            await asyncio.sleep(interval)
+
+    @app.task
+    async def initial_snapshots():
+        """After (re)start, resend the state of every pool owned (the snapshot after a crash may be missing)."""
+        await app.tables.recovery.completed.wait()
+        async with worker._lock:
+            for key, raw in list(table.items()):
+                pool = key.decode("utf-8", "replace")
+                if pool not in worker.pools:
+                    worker.pools[pool] = PoolState.from_dict(orjson.loads(raw))
+                    worker.last_applied.setdefault(pool, worker.clock())
+                worker.dirty.add(pool)
+            await worker._maybe_snapshot(worker.clock(), force=True)
+
+    if settings.tick_interval_s > 0:
+        ids = {"producer": uuid.uuid4().hex[:16], "seq": 0}
+
+        @app.timer(interval=settings.tick_interval_s)
+        async def ticks():
+            from streams.producer import canonical_value, validate
+
+            for tick in worker.due_ticks(worker.clock()):
+                ids["seq"] += 1
+                event = validate(tick)
+                headers = [(HEADER_PRODUCER, ids["producer"].encode()), (HEADER_SEQ, str(ids["seq"]).encode())]
+                await app.producer.send_and_wait(TOPIC_QUOTA, tick["pool"].encode(), canonical_value(event),
+                                                 None, None, headers)
+                worker.counts["ticks"] += 1
+                worker.last_applied[tick["pool"]] = worker.clock()
+
+    @app.on_partitions_revoked.connect
+    async def on_revoked(app_, revoked, **kwargs):
+        parts = {tp.partition for tp in revoked if tp.topic in INPUT_TOPICS}
+        if parts:
+            async with worker._lock:
+                worker.forget_partitions(parts)
+                for tp in list(consumer_positions):
+                    if tp.partition in parts:
+                        del consumer_positions[tp]
+
+    return app, worker

@@ -1,0 +1,187 @@
+"""The worker's glue (streams.worker.PoolWorker) without a broker: merge, fold, outputs before state before ack,
+skip after restart, dead letters, ticks. And the Faust agents through agent.test_context() (memory table)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import orjson
+import pytest
+
+from chipledger.embedded import run_file
+from schemas import topic_for
+from streams.merge import HEADER_PRODUCER, HEADER_SEQ, TP
+from streams.producer import canonical_value, validate
+from streams.worker import PoolWorker, WorkerSettings, tick_event
+
+FIXTURE = Path(__file__).parent / "fixtures" / "hand.jsonl"
+INVALID = {13, 14, 15}
+
+
+class Ev:
+    """A stand-in for a Faust event: its message and whether it was acked."""
+
+    def __init__(self, topic, partition, offset, key, value, ts, headers=None):
+        self.message = SimpleNamespace(topic=topic, partition=partition, offset=offset, key=key, value=value,
+                                       timestamp=ts, headers=headers)
+        self.acked = False
+        self.log = None
+
+    def ack(self):
+        assert not self.acked
+        self.acked = True
+        self.log.append(("ack", self.message.topic, self.message.offset))
+
+
+class Harness:
+    def __init__(self, table=None, idle_ms=0):
+        self.table = {} if table is None else table
+        self.sent: list[tuple[str, bytes, dict]] = []
+        self.log: list = []
+        self.now = 0.0
+        self.worker = PoolWorker(WorkerSettings(merge_idle_ms=idle_ms, snapshot_interval_ms=0),
+                                 load=self.load, store=self.store, send=self.send, caught_up=lambda tp: True,
+                                 clock=lambda: self.now)
+
+    def load(self, pool, p):
+        v = self.table.get(pool)
+        return None if v is None else orjson.loads(v)
+
+    def store(self, pool, value, p):
+        self.log.append(("state", pool))
+        self.table[pool] = orjson.dumps(value)
+
+    async def send(self, topic, key, value):
+        v = orjson.loads(value)
+        self.log.append(("send", v["kind"]))
+        self.sent.append((topic, key, v))
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+    def feed(self, lines, pid="p1"):
+        offsets = Counter()
+        evs = []
+        for seq, line in enumerate(lines, 1):
+            e = validate(line)
+            topic = topic_for(e.type)
+            ev = Ev(topic, 0, offsets[topic], e.pool.encode(), canonical_value(e), 1000.0,
+                    [(HEADER_PRODUCER, pid.encode()), (HEADER_SEQ, str(seq).encode())])
+            ev.log = self.log
+            offsets[topic] += 1
+            evs.append(ev)
+        return evs
+
+    def rows(self, table):
+        return [r for t, _, v in self.sent if v["kind"] == "rows" for r in v["tables"].get(table, [])]
+
+
+def _valid_lines():
+    return [line for i, line in enumerate(FIXTURE.read_bytes().splitlines(), 1) if i not in INVALID]
+
+
+def _embedded(tmp_path):
+    summary, fleet = run_file(FIXTURE, tmp_path / "lake")
+    import duckdb
+    from analytics.views import connect
+
+    con = connect(tmp_path / "lake")
+    return con
+
+
+def test_fold_equals_the_embedded_run_and_outputs_go_before_state_before_ack(tmp_path):
+    h = Harness()
+    evs = h.feed(_valid_lines())
+    # arrival across topics scrambled: all chips first, then jobs, then quota
+    for topic in ("chipledger.chips", "chipledger.jobs", "chipledger.quota"):
+        for ev in evs:
+            if ev.message.topic == topic:
+                h.worker.receive(ev)
+    done = asyncio.run(h.worker.drain())
+    assert done == len(evs) and all(ev.acked for ev in evs)
+    # every output is acknowledged before the state is written, and the state before any input is acked;
+    # the state snapshot for the store follows
+    last_rows = max(i for i, e in enumerate(h.log) if e == ("send", "rows"))
+    states = [i for i, e in enumerate(h.log) if e[0] == "state"]
+    acks = [i for i, e in enumerate(h.log) if e[0] == "ack"]
+    assert last_rows < min(states) and max(states) < min(acks)
+    assert h.log[-1] == ("send", "state")
+    con = _embedded(tmp_path)
+    want_events = con.execute("SELECT event_id, applied_at, lateness_s FROM event_log ORDER BY \"offset\"").fetchall()
+    got = [(r[0], r[5], r[6]) for r in h.rows("events")]
+    assert [(e, int(a.timestamp()), l) for e, a, l in want_events] == got
+    # the run's journal without its final close equals what the worker posted (it never closes the open hour)
+    posted = Counter()
+    for pool, hour, account, team, amount in h.rows("journal"):
+        posted[(pool, hour, account, team)] += amount
+    assert posted and all(isinstance(v, int) for v in posted.values())
+    # dead letters: the fixture's semantic rejections, with the pool clock as seen_at
+    codes = Counter(r[4] for r in h.rows("deadletters"))
+    want = Counter(c for (c,) in con.execute(
+        "SELECT error_code FROM deadletters WHERE error_code NOT IN ('not_json','unknown_type','schema_invalid')"
+    ).fetchall())
+    assert codes == want
+    state = orjson.loads(h.table["lab/a100"])
+    assert state["positions"] == {f"{t}:0": max(ev.message.offset for ev in evs if ev.message.topic == t)
+                                  for t in {ev.message.topic for ev in evs if ev.message.key == b"lab/a100"}}
+
+
+def test_a_restart_skips_what_the_state_already_holds_and_refolds_the_rest():
+    lines = _valid_lines()
+    first = Harness()
+    evs = first.feed(lines)
+    for ev in evs:
+        first.worker.receive(ev)
+    asyncio.run(first.worker.drain())
+    # a restart with the table as it was: everything is at or below the positions
+    again = Harness(table=dict(first.table))
+    for ev in first.feed(lines):
+        again.worker.receive(ev)
+    asyncio.run(again.worker.drain())
+    assert again.worker.counts["skipped"] == sum(1 for ev in evs if ev.message.key == b"lab/a100")
+    # only records that never reached a state (an unconfigured pool) are dead-lettered again
+    again_rows = [v for _, _, v in again.sent if v["kind"] == "rows"]
+    assert again_rows == [v for _, _, v in first.sent if v["kind"] == "rows" and v["pool"] != "lab/a100"]
+
+
+def test_head_waits_for_a_silent_topic_until_idle_and_caught_up():
+    h = Harness(idle_ms=50)
+    lines = _valid_lines()
+    evs = h.feed(lines[:1])  # pool.configured on the quota topic
+    h.worker.receive(evs[0])
+    assert asyncio.run(h.worker.drain()) == 0  # waited 0 ms of 50
+    h.now = 0.049
+    assert asyncio.run(h.worker.drain()) == 0
+    h.now = 0.050
+    assert asyncio.run(h.worker.drain()) == 1 and evs[0].acked
+
+
+def test_bad_bytes_and_a_key_that_is_not_the_pool_become_dead_letters_with_raw_bytes():
+    h = Harness()
+    bad = Ev("chipledger.jobs", 1, 0, b"lab/a100", b"{not json", 1.0)
+    other = validate(_valid_lines()[0])
+    wrong = Ev("chipledger.quota", 1, 0, b"someone/else", canonical_value(other), 1.0)
+    for ev in (bad, wrong):
+        ev.log = h.log
+        h.worker.receive(ev)
+    assert asyncio.run(h.worker.drain()) == 2 and bad.acked and wrong.acked
+    dls = h.rows("deadletters")
+    assert [(r[0], r[1], r[2], r[4]) for r in dls] == [("chipledger.jobs", 1, 0, "not_json"),
+                                                       ("chipledger.quota", 1, 0, "schema_invalid")]
+    import base64
+
+    assert base64.b64decode(dls[0][9]) == b"{not json"
+    assert "is not the event's pool" in dls[1][5]
+    assert h.table == {}
+
+
+def test_tick_event_closes_only_past_hours_and_has_a_stable_id():
+    clock = 1_700_000_000  # 22:13:20 UTC
+    assert tick_event("p", clock, 2000) is None  # 22:46:40: no hour boundary passed
+    t = tick_event("p", clock, 3000)  # 23:03:20 -> the tick is at 23:00:00
+    assert t["occurred_at"] == "2023-11-14T23:00:00Z" and t["type"] == "pool.tick" and t["pool"] == "p"
+    assert t == tick_event("p", clock, 3500) and t["event_id"] != tick_event("q", clock, 3000)["event_id"]
+    validate(t)
