@@ -14,7 +14,7 @@ import duckdb
 import pyarrow as pa
 
 from analytics.lake import SCHEMAS, table_files
-from analytics.policy_views import POLICY_VIEWS
+from analytics.policy_views import POLICY_RAW_VIEW_NAMES, POLICY_VIEWS
 from analytics.slo_views import DUCKDB, SloParams, duckdb_base_views, settings_rows, slo_views
 
 _DUCK_TYPES = {
@@ -131,7 +131,7 @@ DERIVED_VIEWS = {
 }
 
 
-_RAW_VIEW_NAMES = {"journal": "journal_postings", "events": "event_log"}
+_RAW_VIEW_NAMES = {"journal": "journal_postings", "events": "event_log", **POLICY_RAW_VIEW_NAMES}
 
 
 def _empty_view(table: str) -> str:

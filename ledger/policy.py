@@ -296,7 +296,7 @@ def pending_reason(state: PoolState, job: Job, t: int, config, ctx: Optional[_Co
     fl = state.inflight.get(job.job_id)
     if fl is not None:
         return PREEMPTION_IN_FLIGHT, (f"decision {fl[0]} ({fl[1]}) asked the cluster at {_ts(fl[2]):%Y-%m-%d %H:%M:%S} "
-                                      f"UTC to preempt {len(fl[3])} job(s) to make room for it")
+                                      f"UTC to make room for it; {len(fl[3])} of its victims not preempted yet")
     unused = tm.nominal_milli - tm.use_milli
     if chips <= unused:
         if chips <= free:
