@@ -44,17 +44,35 @@ class LedgerConfig:
 
 
 @dataclass(frozen=True)
+class StatementsConfig:
+    out: str = "statements"              # folder the statements are written into (one subfolder per period)
+    formats: str = "md,html,csv,json"    # comma-separated: md, html, csv, json
+    every: str = "month"                 # the period `chipledger statements --every` issues by default
+
+    def __post_init__(self):
+        from chipledger.statements import StatementError, parse_formats
+
+        try:
+            parse_formats(self.formats)
+        except StatementError as err:
+            raise ValueError(f"[statements] formats: {err}") from None
+        if self.every not in ("week", "month"):
+            raise ValueError(f"[statements] every must be week or month, got {self.every!r}")
+
+
+@dataclass(frozen=True)
 class Config:
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     lake: LakeConfig = field(default_factory=LakeConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
     slo: SloConfig = field(default_factory=SloConfig)
+    statements: StatementsConfig = field(default_factory=StatementsConfig)
 
 
 _TYPES = {"int": int, "str": str, "bool": bool, "float": float}
 _SECTION_CLASSES = {"kafka": KafkaConfig, "store": StoreConfig, "lake": LakeConfig, "ledger": LedgerConfig,
-                    "slo": SloConfig}
+                    "slo": SloConfig, "statements": StatementsConfig}
 
 
 def _coerce(section: str, key: str, value: Any, target: type, origin: str):
