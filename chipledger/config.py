@@ -61,6 +61,16 @@ class StatementsConfig:
 
 
 @dataclass(frozen=True)
+class WorkerConfig:
+    """The Kafka worker and sink (docs/streaming.md)."""
+
+    data_dir: str = ".chipledger-worker"  # the worker's table state (rocksdb files)
+    table_store: str = "rocksdb"  # rocksdb | memory
+    merge_idle_ms: int = 50  # how long a record waits for a caught-up input topic that has nothing of its pool
+    tick_interval_s: int = 60  # a pool quiet this long gets a pool.tick closing past hours; 0: no ticks
+
+
+@dataclass(frozen=True)
 class Config:
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -68,11 +78,13 @@ class Config:
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
     slo: SloConfig = field(default_factory=SloConfig)
     statements: StatementsConfig = field(default_factory=StatementsConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
 
 
 _TYPES = {"int": int, "str": str, "bool": bool, "float": float}
 _SECTION_CLASSES = {"kafka": KafkaConfig, "store": StoreConfig, "lake": LakeConfig, "ledger": LedgerConfig,
-                    "slo": SloConfig, "statements": StatementsConfig}
+                    "slo": SloConfig, "statements": StatementsConfig,
+                    "worker": WorkerConfig}
 
 
 def _coerce(section: str, key: str, value: Any, target: type, origin: str):
