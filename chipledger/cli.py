@@ -65,8 +65,8 @@ def run(
 
 
 def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, overwrite: bool, check: bool):
+    from chipledger.config import fold_config
     from chipledger.embedded import RunError, run_file
-    from ledger import FoldConfig
     from ledger.store import open_store
     from ledger.store.repo import StoreError
 
@@ -76,8 +76,7 @@ def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, 
         st = open_store(url)
     except StoreError as e:
         _fail(str(e))
-    fold = FoldConfig(dedup_window_s=cfg.ledger.dedup_window_s,
-                      check_invariants=check or cfg.ledger.debug_invariants)
+    fold = fold_config(cfg, check)
     size = events.stat().st_size if events.is_file() else 0
     try:
         if size >= PROGRESS_MIN_BYTES and err.is_terminal:
@@ -169,15 +168,18 @@ def demo(
     trace: Optional[str] = typer.Option(None, "--trace", help="run on a real trace instead: alibaba-openb | helios"),
     trace_dir: Optional[Path] = typer.Option(None, "--trace-dir",
                                              help="the trace's folder (default: ../shared/traces/… if present)"),
+    config: Optional[Path] = ConfigOpt,
 ):
     """Generate a seeded fleet scenario (or import a real trace), run it on the embedded default and print a
     short summary."""
     from chipledger.demo import run_demo, run_trace_demo
     from chipledger.importers.base import TraceFormatError
     from chipledger.importers.registry import SHARED_TRACE_DIRS, find_shared_trace
+    from chipledger.config import fold_config
 
+    fold = fold_config(_config(config))
     if trace is None:
-        run_demo(out, seed=seed, days=days, console=console)
+        run_demo(out, seed=seed, days=days, console=console, fold_config=fold)
         return
     if trace not in SHARED_TRACE_DIRS:
         _fail(f"--trace must be one of {', '.join(SHARED_TRACE_DIRS)}", 2)
@@ -186,7 +188,7 @@ def demo(
         _fail(f"trace folder not found: pass --trace-dir (the public trace copies live in ../shared/traces/"
               f"{SHARED_TRACE_DIRS[trace]} beside the repository)", 2)
     try:
-        run_trace_demo(trace, src, out, console=console)
+        run_trace_demo(trace, src, out, console=console, fold_config=fold)
     except (TraceFormatError, FileNotFoundError) as e:
         _fail(str(e))
 
@@ -375,6 +377,31 @@ def emit(
         _fail(f"{report.failed} event(s) could not be delivered to {bootstrap}: {report.first_failure}", 2)
     if report.invalid:
         raise typer.Exit(1)
+@app.command()
+def why(
+    job_id: str = typer.Argument(..., help="the job's id"),
+    lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
+    config: Optional[Path] = ConfigOpt,
+    as_json: bool = typer.Option(False, "--json", help="print the explanation as JSON"),
+):
+    """Why is this job pending? Its current reason (recorded at the latest close of the books), earlier
+    reasons and the preemption decisions naming it. Exit 1 when the lake does not know the job."""
+    from analytics.views import connect
+    from chipledger.why import explain
+
+    lake = lake or Path(_config(config).lake.path)
+    if not lake.is_dir():
+        _fail(f"lake {lake} does not exist (run `chipledger run` or `chipledger demo` first)")
+    ex = explain(connect(lake), job_id)
+    if as_json:
+        console.file.write(json.dumps(ex.as_dict()) + "\n")
+    else:
+        for line in ex.lines():
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if not ex.found:
+        raise typer.Exit(1)
+
+
 
 
 @app.command()

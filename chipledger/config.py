@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from analytics.slo_views import SloParams as SloConfig  # the [slo] section: targets and thresholds of the SLO views
-from ledger.fold import DEFAULT_DEDUP_WINDOW_S
+from ledger.fold import DEFAULT_DEDUP_WINDOW_S, FoldConfig
 
 
 class ConfigError(ValueError):
@@ -41,6 +41,40 @@ class LakeConfig:
 class LedgerConfig:
     dedup_window_s: int = DEFAULT_DEDUP_WINDOW_S
     debug_invariants: bool = False  # check conservation after every event (slower)
+
+
+_FOLD_DEFAULTS = FoldConfig()
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """[policy]: fair share, preemption and bursts (docs/policy.md). Defaults are FoldConfig's."""
+
+    decay_half_life_s: int = _FOLD_DEFAULTS.decay_half_life_s
+    preemption_grace_s: int = _FOLD_DEFAULTS.preemption_grace_s
+    min_runtime_s: int = _FOLD_DEFAULTS.min_runtime_s
+    max_preemptions: int = _FOLD_DEFAULTS.max_preemptions
+    preemption_window_s: int = _FOLD_DEFAULTS.preemption_window_s
+    decision_timeout_s: int = _FOLD_DEFAULTS.decision_timeout_s
+    candidates_per_team: int = _FOLD_DEFAULTS.candidates_per_team
+    victim_order: str = _FOLD_DEFAULTS.victim_order
+    capacity_slo_target: float = _FOLD_DEFAULTS.capacity_slo_target
+
+    def __post_init__(self):
+        try:
+            FoldConfig(**self.fold_kwargs())
+        except ValueError as err:
+            raise ValueError(f"[policy] {err}") from None
+
+    def fold_kwargs(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def fold_config(cfg: "Config", check_invariants: bool = False) -> FoldConfig:
+    """The FoldConfig of a configuration: [ledger] and [policy] (what every command that folds uses)."""
+    return FoldConfig(dedup_window_s=cfg.ledger.dedup_window_s,
+                      check_invariants=check_invariants or cfg.ledger.debug_invariants,
+                      **cfg.policy.fold_kwargs())
 
 
 @dataclass(frozen=True)
@@ -77,13 +111,14 @@ class Config:
     lake: LakeConfig = field(default_factory=LakeConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
     slo: SloConfig = field(default_factory=SloConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
     statements: StatementsConfig = field(default_factory=StatementsConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
 
 
 _TYPES = {"int": int, "str": str, "bool": bool, "float": float}
 _SECTION_CLASSES = {"kafka": KafkaConfig, "store": StoreConfig, "lake": LakeConfig, "ledger": LedgerConfig,
-                    "slo": SloConfig, "statements": StatementsConfig,
+                    "slo": SloConfig, "policy": PolicyConfig, "statements": StatementsConfig,
                     "worker": WorkerConfig}
 
 

@@ -16,6 +16,7 @@ from rich.table import Table
 from analytics.views import connect
 from chipledger.embedded import run_file
 from chipledger.scenario import corrupt, generate
+from ledger import FoldConfig
 from ledger.store import open_store
 
 ACCOUNT_ORDER = ("capacity", "unavailable", "idle", "overcommitted", "in_quota", "borrowed", "burst")
@@ -48,17 +49,19 @@ def write_events(path: Path, seed: int, days: float) -> int:
     return n
 
 
-def run_demo(out: Path, seed: int = 7, days: float = 14, console: Console | None = None) -> dict:
+def run_demo(out: Path, seed: int = 7, days: float = 14, console: Console | None = None,
+             fold_config: FoldConfig = FoldConfig()) -> dict:
     """The seeded scenario: write it, fold it, summarize it."""
     console = console or Console()
     out = Path(out)
     events = out / "events.jsonl"
     n = write_events(events, seed, days)
     console.print(f"scenario: seed {seed}, {days:g} days, {n:,} lines → {events}")
-    return fold_and_summarize(events, out, console)
+    return fold_and_summarize(events, out, console, fold_config)
 
 
-def run_trace_demo(trace: str, trace_dir: Path, out: Path, console: Console | None = None) -> dict:
+def run_trace_demo(trace: str, trace_dir: Path, out: Path, console: Console | None = None,
+                   fold_config: FoldConfig = FoldConfig()) -> dict:
     """A real trace: import it, fold it, summarize it."""
     from chipledger.importers.registry import import_trace
 
@@ -69,12 +72,13 @@ def run_trace_demo(trace: str, trace_dir: Path, out: Path, console: Console | No
     skipped = ", ".join(f"{k} {v:,}" for k, v in sorted(report.skipped.items())) or "none"
     console.print(f"trace {trace}: {report.rows_read:,} rows → {report.events_written:,} events → {events} "
                   f"(skipped: {skipped}; {report.first_at} … {report.last_at})")
-    return fold_and_summarize(events, out, console)
+    return fold_and_summarize(events, out, console, fold_config)
 
 
-def fold_and_summarize(events: Path, out: Path, console: Console) -> dict:
+def fold_and_summarize(events: Path, out: Path, console: Console, fold_config: FoldConfig = FoldConfig()) -> dict:
     store_url = f"sqlite:///{(out / 'chipledger.db').resolve()}"
-    summary, fleet = run_file(events, out / "lake", overwrite=True, store=open_store(store_url))
+    summary, fleet = run_file(events, out / "lake", overwrite=True, store=open_store(store_url),
+                              fold_config=fold_config)
     console.print(
         f"folded in {summary.seconds:.2f} s: {summary.accepted:,} accepted, {summary.duplicates:,} duplicates, "
         f"{summary.dead_letter_total:,} dead letters "
