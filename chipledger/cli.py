@@ -405,6 +405,104 @@ def why(
 
 
 @app.command()
+def worker(
+    bootstrap: Optional[str] = BootstrapOpt,
+    config: Optional[Path] = ConfigOpt,
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir",
+                                            help="the worker's table state (default [worker] data_dir)"),
+    table_store: Optional[str] = typer.Option(None, "--table-store", help="rocksdb | memory (default [worker] "
+                                                                          "table_store = rocksdb)"),
+    merge_idle_ms: Optional[int] = typer.Option(None, "--merge-idle-ms", min=0,
+                                                help="how long a record waits for a caught-up input topic "
+                                                     "(default [worker] merge_idle_ms = 50)"),
+    tick_interval: Optional[int] = typer.Option(None, "--tick-interval", min=0,
+                                                help="seconds of quiet before a pool gets a pool.tick; 0: none "
+                                                     "(default [worker] tick_interval_s = 60)"),
+    app_id: str = typer.Option("chipledger-worker", "--app-id", help="Faust app id (consumer group, table topics)"),
+    loglevel: str = typer.Option("warning", "--loglevel", help="debug | info | warning | error"),
+    timeout: float = KafkaTimeoutOpt,
+):
+    """Run the Faust worker: fold the input topics with the ledger core and send decisions, lake rows and dead
+    letters to the output topics (run `chipledger sink` to write them to the lake and the store)."""
+    from schemas import INPUT_TOPICS, OUTPUT_TOPICS
+    from streams.topics import KafkaSetupError, describe_partitions
+    from streams.worker import WorkerSettings, run_worker
+
+    cfg = _config(config)
+    bootstrap = bootstrap or cfg.kafka.bootstrap
+    try:
+        counts = describe_partitions(bootstrap, tuple(INPUT_TOPICS) + tuple(OUTPUT_TOPICS), timeout_s=timeout)
+    except KafkaSetupError as e:
+        _fail(str(e), 2)
+    missing = [t for t in tuple(INPUT_TOPICS) + tuple(OUTPUT_TOPICS) if t not in counts]
+    if missing:
+        _fail(f"topics missing at {bootstrap}: {', '.join(missing)}; create them with `chipledger topics create`", 2)
+    store_kind = table_store or cfg.worker.table_store
+    if store_kind not in ("rocksdb", "memory"):
+        _fail(f"--table-store must be rocksdb or memory, got {store_kind!r}", 2)
+    try:  # [ledger] and [policy] (the policy settings arrive with #4)
+        from chipledger.config import fold_config
+
+        fold = fold_config(cfg)
+    except ImportError:
+        from ledger import FoldConfig
+
+        fold = FoldConfig(dedup_window_s=cfg.ledger.dedup_window_s, check_invariants=cfg.ledger.debug_invariants)
+
+    settings = WorkerSettings(
+        bootstrap=bootstrap, app_id=app_id, data_dir=data_dir or Path(cfg.worker.data_dir), table_store=store_kind,
+        partitions=counts[INPUT_TOPICS[0]],
+        merge_idle_ms=cfg.worker.merge_idle_ms if merge_idle_ms is None else merge_idle_ms,
+        tick_interval_s=cfg.worker.tick_interval_s if tick_interval is None else tick_interval,
+        fold_config=fold,
+    )
+    err.print(f"worker {app_id}: {bootstrap}, {settings.partitions} partitions, table {store_kind} in "
+              f"{settings.data_dir}", highlight=False)
+    run_worker(settings, loglevel)
+
+
+@app.command()
+def sink(
+    bootstrap: Optional[str] = BootstrapOpt,
+    lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
+    store: Optional[str] = typer.Option(None, "--store", help="store URL (default sqlite:///chipledger.db)"),
+    config: Optional[Path] = ConfigOpt,
+    name: str = typer.Option("sink", "--name", help="the sink's name in the store's tracking table"),
+    until_idle: Optional[float] = typer.Option(None, "--until-idle", min=0.1,
+                                               help="exit after this many seconds without records (default: run "
+                                                    "until interrupted)"),
+    as_json: bool = typer.Option(False, "--json", help="print what was written as JSON"),
+):
+    """Write the worker's outputs (lake rows, decisions, dead letters, balances) to the lake and the store,
+    exactly once: positions and effects in one store transaction."""
+    from ledger.store import open_store
+    from ledger.store.repo import StoreError
+    from streams.sink import Sink
+    from streams.topics import KafkaSetupError
+
+    cfg = _config(config)
+    try:
+        st = open_store(store or cfg.store.url)
+    except StoreError as e:
+        _fail(str(e))
+    try:
+        s = Sink(lake or Path(cfg.lake.path), st, bootstrap=bootstrap or cfg.kafka.bootstrap, name=name)
+    except KafkaSetupError as e:
+        _fail(str(e), 2)
+    try:
+        stats = s.run(idle_exit_s=until_idle)
+    except KeyboardInterrupt:
+        stats = s.stats
+    finally:
+        s.close()
+    if as_json:
+        console.file.write(json.dumps(stats.as_dict()) + "\n")
+    else:
+        console.print(f"sink {name}: {stats.records:,} records, {stats.resent_dropped:,} re-sent dropped, "
+                      f"rows {dict(sorted(stats.rows.items()))}", highlight=False)
+
+
+@app.command()
 def version():
     """Print the version."""
     from chipledger import __version__

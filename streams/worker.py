@@ -413,3 +413,11 @@ def make_app(settings: WorkerSettings):
                         del consumer_positions[tp]
 
     return app, worker
+
+
+def run_worker(settings: WorkerSettings, loglevel: str = "warning") -> None:
+    """Run the worker until SIGTERM / SIGINT (blocking). Faust's Worker owns the event loop and the signals."""
+    import faust
+
+    app, _ = make_app(settings)
+    faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()

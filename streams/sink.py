@@ -1,0 +1,210 @@
+"""The sink (`chipledger sink`): consumes the worker's output topics and writes the lake and the store, exactly once.
+
+Each poll is one batch:
+
+1. every output record (journal/job_runs/events/balances/… rows, decisions, dead letters of one input record)
+   is checked against the *mark* of its origin: the worker stamps each output record with the input record it
+   came from (input topic, partition, offset), and a pool's input records of one topic-partition are folded in
+   offset order, so the sink keeps, per (output topic, pool, input topic-partition), the last input offset it
+   wrote. A record at or below it is a re-send after a worker crash (same content, new output offset): dropped;
+2. the batch's rows are written as Parquet into a staging folder `<lake>/_staging/<sink>/<batch>`;
+3. one store transaction: the pools' balances (from the latest state snapshot of each pool in the batch), the
+   decisions index, the output positions read `(sink, topic, partition, offset)`, the marks (as tracking rows
+   `(sink@topic/pool, input topic, input partition, input offset)`) and the batch number;
+4. the staged files are moved into the lake.
+
+After a crash: batches whose number the store has are moved into place (step 4 was cut short), later ones are
+deleted (their records are read again from the stored positions). So a replayed message changes nothing, and a
+re-sent one neither.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import orjson
+
+from analytics.lake import LakeWriter
+from ledger.state import PoolState
+from schemas import OUTPUT_TOPICS
+from schemas.topics import TOPIC_DEADLETTER, TOPIC_DECISIONS, TOPIC_JOURNAL
+
+log = logging.getLogger(__name__)
+
+_SHORT = {TOPIC_JOURNAL: "journal", TOPIC_DECISIONS: "decisions", TOPIC_DEADLETTER: "deadletter"}
+
+
+def mark_consumer(sink: str, out_topic: str, pool: str) -> str:
+    """The tracking `consumer` of a mark (kept under the store's 256 characters: long pools are hashed)."""
+    name = f"{sink}@{_SHORT.get(out_topic, out_topic)}/{pool}"
+    if len(name) > 200:
+        name = f"{sink}@{_SHORT.get(out_topic, out_topic)}/#" + hashlib.blake2b(pool.encode(), digest_size=16).hexdigest()
+    return name
+
+
+@dataclass
+class SinkStats:
+    records: int = 0
+    resent_dropped: int = 0
+    rows: Counter = field(default_factory=Counter)
+    snapshots: int = 0
+    batches: int = 0
+
+    def as_dict(self) -> dict:
+        return {"records": self.records, "resent_dropped": self.resent_dropped, "rows": dict(sorted(self.rows.items())),
+                "snapshots": self.snapshots, "batches": self.batches}
+
+
+class Sink:
+    """Output topics -> lake + store. `consumer` is a kafka-python KafkaConsumer (made from `bootstrap` if None)."""
+
+    def __init__(self, lake: Path, store, *, bootstrap: Optional[str] = None, name: str = "sink",
+                 max_records: int = 20_000, consumer=None):
+        self.lake = Path(lake)
+        self.store = store
+        self.name = name
+        self.bootstrap = bootstrap
+        self.max_records = max_records
+        self.staging = self.lake / "_staging" / name
+        self.stats = SinkStats()
+        self._marks: dict[tuple[str, str, str, int], int] = {}
+        self._batch = self.store.position(self._batch_consumer, "lake", 0) or 0
+        self.recover()
+        self.consumer = consumer if consumer is not None else self._connect()
+
+    @property
+    def _batch_consumer(self) -> str:
+        return f"{self.name}:batch"
+
+    # --- start ------------------------------------------------------------------------------------------
+    def recover(self) -> None:
+        """Finish the last committed batch's move into the lake; delete staged batches the store never got."""
+        if not self.staging.exists():
+            return
+        for d in sorted(self.staging.iterdir()):
+            if d.is_dir() and d.name.isdigit() and int(d.name) <= self._batch:
+                self._publish(d)
+            else:
+                shutil.rmtree(d, ignore_errors=True)
+
+    def _connect(self):
+        from kafka import KafkaConsumer, TopicPartition
+        from kafka.errors import KafkaError
+
+        from streams.topics import KafkaSetupError, describe_error
+
+        try:
+            consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
+                                     client_id=f"chipledger-{self.name}", max_poll_records=self.max_records,
+                                     fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20)
+        except KafkaError as exc:
+            raise KafkaSetupError(f"no Kafka broker answered at {self.bootstrap} ({describe_error(exc)}); start one "
+                                  "(`chipledger kafka up`) or pass --bootstrap HOST:PORT") from None
+        tps = []
+        for topic in OUTPUT_TOPICS:
+            parts = consumer.partitions_for_topic(topic)
+            if not parts:
+                consumer.close()
+                raise KafkaSetupError(f"topic {topic} does not exist at {self.bootstrap}: create the topics with "
+                                      "`chipledger topics create`")
+            tps.extend(TopicPartition(topic, p) for p in sorted(parts))
+        consumer.assign(tps)
+        for tp in tps:
+            done = self.store.position(self.name, tp.topic, tp.partition)
+            if done is None:
+                consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, done + 1)
+        return consumer
+
+    # --- batches ----------------------------------------------------------------------------------------
+    def _mark(self, key: tuple[str, str, str, int]) -> int:
+        m = self._marks.get(key)
+        if m is None:
+            out_topic, pool, in_topic, in_part = key
+            stored = self.store.position(mark_consumer(self.name, out_topic, pool), in_topic, in_part)
+            m = self._marks[key] = -1 if stored is None else stored
+        return m
+
+    def handle(self, records: list) -> int:
+        """Write one batch of output records (kafka-python ConsumerRecords, in offset order per partition)."""
+        if not records:
+            return 0
+        self._batch += 1
+        stage = self.staging / str(self._batch)
+        writer = LakeWriter(stage, f"{self.name}-{self._batch:08d}")
+        positions: dict[tuple[str, int], int] = {}
+        marks: dict[tuple[str, str, str, int], int] = {}
+        snapshots: dict[str, dict] = {}
+        decisions: list[tuple] = []
+        for rec in records:
+            positions[(rec.topic, rec.partition)] = rec.offset
+            self.stats.records += 1
+            try:
+                value = orjson.loads(rec.value)
+                kind = value["kind"]
+            except (orjson.JSONDecodeError, TypeError, KeyError):
+                log.warning("sink: %s[%d]@%d is not a chipledger output record; skipped", rec.topic, rec.partition,
+                            rec.offset)
+                continue
+            if kind == "state":
+                snapshots[value["pool"]] = value["state"]
+                continue
+            in_topic, in_part, in_offset = value["origin"]
+            key = (rec.topic, value["pool"], in_topic, in_part)
+            if in_offset <= self._mark(key):
+                self.stats.resent_dropped += 1
+                continue
+            self._marks[key] = marks[key] = in_offset
+            for table, rows in value["tables"].items():
+                for row in rows:
+                    writer.add(table, tuple(row))
+                self.stats.rows[table] += len(rows)
+                if table == "decisions":
+                    decisions.extend(tuple(r) for r in rows)
+        writer.close()
+        tracking = [(self.name, t, p, o) for (t, p), o in sorted(positions.items())]
+        tracking += [(mark_consumer(self.name, ot, pool), it, ip, o) for (ot, pool, it, ip), o in sorted(marks.items())]
+        tracking.append((self._batch_consumer, "lake", 0, self._batch))
+        pools = [PoolState.from_dict(s) for _, s in sorted(snapshots.items())]
+        self.store.save(pools, tracking=tracking, decisions=decisions)
+        self.stats.snapshots += len(pools)
+        self.stats.batches += 1
+        self._publish(stage)
+        return len(records)
+
+    def _publish(self, stage: Path) -> None:
+        """Move a committed batch's files from staging into the lake (idempotent: a file moved already is gone)."""
+        if stage.exists():
+            for f in sorted(stage.rglob("*.parquet")):
+                dest = self.lake / f.relative_to(stage)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                f.replace(dest)
+            shutil.rmtree(stage, ignore_errors=True)
+
+    def poll_once(self, timeout_ms: int = 200) -> int:
+        got = self.consumer.poll(timeout_ms=timeout_ms, max_records=self.max_records)
+        records = [r for tp in sorted(got, key=lambda tp: (tp.topic, tp.partition)) for r in got[tp]]
+        return self.handle(records)
+
+    def run(self, *, idle_exit_s: Optional[float] = None, stop: Optional[Callable[[], bool]] = None) -> SinkStats:
+        """Consume until `stop()` is true, or until nothing came for `idle_exit_s` seconds (when given)."""
+        last = time.monotonic()
+        while stop is None or not stop():
+            if self.poll_once():
+                last = time.monotonic()
+            elif idle_exit_s is not None and time.monotonic() - last >= idle_exit_s:
+                break
+        return self.stats
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            self.consumer.close()
+            self.consumer = None
