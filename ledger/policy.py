@@ -662,8 +662,30 @@ def decide_burst(state: PoolState, e, t: int, config) -> tuple[DecisionBurst, Op
     return d, ([team, granted, ws_s, we_s, False] if granted > 0 else None)
 
 
+def store_balances(state: PoolState) -> dict[str, dict]:
+    """Per team, for the store: decayed usage and F as of the last close of an hour (the store is written
+    without the fold's configuration, and those need no half-life), and the borrowed share now."""
+    limits = team_limits(state)
+    lendable = lendable_milli(state, limits)
+    total_u = sum(tm.decayed_usage_mchip_s for tm in state.teams.values())
+    total_n = sum(tm.nominal_milli for tm in state.teams.values())
+    out = {}
+    for name, tm in state.teams.items():
+        u = tm.decayed_usage_mchip_s
+        if total_u <= 0 or u <= 0:
+            f = 1.0
+        elif tm.nominal_milli <= 0 or total_n <= 0:
+            f = 0.0
+        else:
+            f = 2.0 ** (-(u / total_u) / (tm.nominal_milli / total_n))
+        b, _ = borrowed_of(tm)
+        out[name] = {"decayed_usage_mchip_s": u, "fair_share_factor": f,
+                     "borrowed_share": (b / lendable) if lendable > 0 else 0.0}
+    return out
+
+
 def current_balances(state: PoolState, t: int, config) -> dict[str, dict]:
-    """Per team: decayed usage, F and borrowed share now (for the store)."""
+    """Per team: decayed usage, F and borrowed share at t (t at or after the last close of an hour)."""
     limits = team_limits(state)
     lendable = lendable_milli(state, limits)
     fs = fair_shares(state, t, config.decay_half_life_s)

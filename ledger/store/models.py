@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Optional
 
-from sqlalchemy import BigInteger, DateTime, Integer, String, Text
+from sqlalchemy import BigInteger, DateTime, Float, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -75,6 +75,10 @@ class TeamBalance(Base):
     in_quota_mchip_s: Mapped[int] = mapped_column(BigInteger)
     borrowed_mchip_s: Mapped[int] = mapped_column(BigInteger)
     burst_mchip_s: Mapped[int] = mapped_column(BigInteger)
+    # fair share (ledger.policy): decayed usage and factor as of the last close of an hour, borrowed share now
+    decayed_usage_mchip_s: Mapped[int] = mapped_column(BigInteger, default=0)
+    fair_share_factor: Mapped[float] = mapped_column(Float, default=1.0)
+    borrowed_share: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class GrantRow(Base):

@@ -12,6 +12,7 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session
 
 from ledger.books import BORROWED, BURST, ENTITLED, IDLE, IN_QUOTA, OVERCOMMITTED
+from ledger.policy import store_balances
 from ledger.state import PoolState
 from ledger.store.models import (Base, DecisionIndex, GrantRow, PoolBalance, RunLog, StatementRun, TeamBalance,
                                  Tracking)
@@ -146,6 +147,7 @@ def _pool_row(s: PoolState) -> PoolBalance:
 
 def _team_rows(s: PoolState) -> list[TeamBalance]:
     rate, totals = s.books.rate, s.books.totals
+    shares = store_balances(s)
     return [
         TeamBalance(
             pool=s.pool, team=name, nominal_milli=t.nominal_milli, used_milli=t.use_milli,
@@ -153,6 +155,7 @@ def _team_rows(s: PoolState) -> list[TeamBalance]:
             burst_milli=rate(BURST, name), running_jobs=t.running, pending_jobs=t.pending,
             entitled_mchip_s=totals.get((ENTITLED, name), 0), in_quota_mchip_s=totals.get((IN_QUOTA, name), 0),
             borrowed_mchip_s=totals.get((BORROWED, name), 0), burst_mchip_s=totals.get((BURST, name), 0),
+            **shares[name],
         )
         for name, t in sorted(s.teams.items())
     ]
