@@ -377,6 +377,62 @@ def emit(
         _fail(f"{report.failed} event(s) could not be delivered to {bootstrap}: {report.first_failure}", 2)
     if report.invalid:
         raise typer.Exit(1)
+
+
+@app.command()
+def statements(
+    period: Optional[str] = typer.Option(None, "--period", "-p",
+                                         help="2026-11 (month), 2026-W45 (ISO week) or 2026-11-01..2026-11-15 (days, "
+                                              "both included), UTC"),
+    every: Optional[str] = typer.Option(None, "--every",
+                                        help="week | month: issue each newly closed period once (recorded in the "
+                                             "store); for cron"),
+    lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
+    team: Optional[list[str]] = typer.Option(None, "--team", "-t", help="only this team (repeatable)"),
+    fmt: Optional[str] = typer.Option(None, "--format", "-f",
+                                      help="comma-separated md,html,csv,json (default [statements] formats)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="output folder (default [statements] out = ./statements)"),
+    store: Optional[str] = typer.Option(None, "--store", help="store URL that records issued statements "
+                                                               "(default [store] url)"),
+    workers: int = typer.Option(1, "--workers", help="processes rendering charts and files"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """Issue quota statements per team and period: entitlement, use in quota, borrowed, burst, preemptions,
+    goodput, scheduling, error budgets, fair share, top jobs (Markdown, HTML, CSV, JSON)."""
+    from chipledger.statements import StatementError, issue, issue_due, parse_formats, parse_period
+    from ledger.store import open_store
+    from ledger.store.repo import StoreError
+
+    cfg = _config(config)
+    if (period is None) == (every is None):
+        _fail("give exactly one of --period and --every", 2)
+    lake = lake or Path(cfg.lake.path)
+    if not lake.is_dir():
+        _fail(f"lake {lake} does not exist (run `chipledger run` or `chipledger demo` first)")
+    out = out or Path(cfg.statements.out)
+    try:
+        formats = parse_formats(fmt or cfg.statements.formats)
+        st = open_store(store or cfg.store.url)
+        if every is not None:
+            if every not in ("week", "month"):
+                _fail("--every must be week or month", 2)
+            done = issue_due(lake, every, out, st, teams=team or None, formats=formats, slo=cfg.slo,
+                             workers=workers)
+        else:
+            done = issue(lake, parse_period(period), out, teams=team or None, formats=formats, slo=cfg.slo,
+                         store=st, workers=workers)
+    except (StatementError, StoreError) as e:
+        _fail(str(e), 2)
+    t = Table(title=f"statements in {out}")
+    for col in ("period", "team", "state", "files"):
+        t.add_column(col)
+    for s in done:
+        t.add_row(s.period.label, s.team, "partial" if s.partial else "closed", str(len(s.files)))
+    console.print(t)
+    if not done:
+        console.print("no statement due" if every else "no team in the lake")
+
+
 @app.command()
 def why(
     job_id: str = typer.Argument(..., help="the job's id"),
@@ -400,8 +456,6 @@ def why(
             console.print(line, markup=False, highlight=False, soft_wrap=True)
     if not ex.found:
         raise typer.Exit(1)
-
-
 
 
 @app.command()

@@ -1,0 +1,635 @@
+"""Periodic quota statements for teams (DESIGN §8): what a team was entitled to, what it used in quota,
+borrowed and burst, what preemptions cost it and caused, whether the fleet kept its promises to it.
+
+The figures come from the lake's views in a few set-based queries (every team at once), so a thousand teams
+cost about what one does; rendering is per team. A statement is a pure function of the lake and the period:
+it carries no wall-clock time, so issuing it again from the same lake (the same log positions, recorded in it)
+writes byte-identical files. Every total is a sum of journal rows, so it reconciles with the journal to the
+milli-chip-second; each pool the team used also gets the pool's own balance for the period
+(Σ teams' use + idle + unavailable = capacity + overcommitted), checked before anything is written.
+
+Formats: JSON (integer milli-chip-seconds, the reference), CSV (one row per pool and a total), Markdown and
+HTML (summary table, then a chart of use against quota, then details; rendered with jinja2 templates, the
+chart with matplotlib as SVG).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+from urllib.parse import quote
+
+import orjson
+
+from analytics.slo_views import SloParams
+
+FORMATS = ("md", "html", "csv", "json")
+STATEMENT_SCHEMA = "chipledger.statement/1"
+TOP_JOBS = 10
+MCHIP_S_PER_CHIP_H = 3_600_000
+TEAM_ACCOUNTS = ("entitled", "in_quota", "borrowed", "burst", "pending")
+UTC = timezone.utc
+
+
+class StatementError(ValueError):
+    """A statement cannot be issued as asked (bad period, unknown team, empty lake); the message says why."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# periods
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Period:
+    """A statement period: [start, end) in UTC. `label` names it in file names and the store."""
+
+    label: str
+    kind: str  # month | week | custom
+    start: datetime
+    end: datetime
+
+    def as_dict(self) -> dict:
+        return {"label": self.label, "kind": self.kind, "start": _iso(self.start), "end": _iso(self.end)}
+
+
+_MONTH = re.compile(r"^(\d{4})-(\d{2})$")
+_WEEK = re.compile(r"^(\d{4})-W(\d{2})$")
+
+
+def _day(text: str, what: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise StatementError(f"{what} {text!r} is not a date (YYYY-MM-DD)") from None
+
+
+def parse_period(text: str) -> Period:
+    """`2026-11` (a calendar month), `2026-W45` (an ISO week, Monday to Monday), or `FROM..TO` (dates, both
+    days included), all in UTC."""
+    text = text.strip()
+    m = _MONTH.match(text)
+    if m:
+        year, month = int(m.group(1)), int(m.group(2))
+        if not 1 <= month <= 12:
+            raise StatementError(f"period {text!r}: month must be 01-12")
+        start = datetime(year, month, 1, tzinfo=UTC)
+        end = datetime(year + (month == 12), month % 12 + 1, 1, tzinfo=UTC)
+        return Period(text, "month", start, end)
+    m = _WEEK.match(text)
+    if m:
+        try:
+            monday = date.fromisocalendar(int(m.group(1)), int(m.group(2)), 1)
+        except ValueError:
+            raise StatementError(f"period {text!r}: no such ISO week") from None
+        start = datetime(monday.year, monday.month, monday.day, tzinfo=UTC)
+        return Period(text, "week", start, start + timedelta(days=7))
+    if ".." in text:
+        a, b = text.split("..", 1)
+        first, last = _day(a, "period start"), _day(b, "period end")
+        if last < first:
+            raise StatementError(f"period {text!r}: the end {last} is before the start {first}")
+        start = datetime(first.year, first.month, first.day, tzinfo=UTC)
+        end = datetime(last.year, last.month, last.day, tzinfo=UTC) + timedelta(days=1)
+        return Period(f"{first}..{last}", "custom", start, end)
+    raise StatementError(f"period {text!r} is not YYYY-MM, YYYY-Www or YYYY-MM-DD..YYYY-MM-DD")
+
+
+def period_containing(kind: str, instant: datetime) -> Period:
+    """The month or ISO week that contains `instant`."""
+    if kind == "month":
+        return parse_period(f"{instant.year:04d}-{instant.month:02d}")
+    if kind == "week":
+        year, week, _ = instant.date().isocalendar()
+        return parse_period(f"{year:04d}-W{week:02d}")
+    raise StatementError(f"--every must be week or month, not {kind!r}")
+
+
+def closed_periods(kind: str, first: datetime, closed_through: datetime) -> list[Period]:
+    """Every period of `kind` from the one containing `first` whose books are closed (end <= closed_through)."""
+    out = []
+    p = period_containing(kind, first)
+    while p.end <= closed_through:
+        out.append(p)
+        p = period_containing(kind, p.end)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# computing
+# ---------------------------------------------------------------------------------------------------------
+
+def _iso(t: Optional[datetime]) -> Optional[str]:
+    if t is None:
+        return None
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _ratio(num: int, den: int) -> Optional[float]:
+    return round(num / den, 6) if den else None
+
+
+def _chip_h(mchip_s: int) -> float:
+    return round(mchip_s / MCHIP_S_PER_CHIP_H, 3)
+
+
+def _rows(con, sql: str, params: Sequence = ()) -> list[tuple]:
+    return con.execute(sql, list(params)).fetchall()
+
+
+def lake_positions(con) -> dict[str, int]:
+    """The log positions the lake holds: the highest offset per input topic-partition, applied or dead-lettered."""
+    rows = _rows(con, """
+        SELECT topic, "partition", max("offset") FROM (
+            SELECT topic, "partition", "offset" FROM event_log
+            UNION ALL SELECT topic, "partition", "offset" FROM deadletters)
+        GROUP BY ALL ORDER BY ALL""")
+    return {f"{topic}/{partition}": int(offset) for topic, partition, offset in rows}
+
+
+def books_closed_through(con) -> dict[str, datetime]:
+    """Per pool, the instant its books are closed through: the pool clock when the books were closed at it
+    (the embedded run's end), else the end of the last hour posted (the worker posts whole hours)."""
+    rows = _rows(con, """
+        WITH c AS (SELECT pool, max(applied_at) AS clock FROM event_log GROUP BY pool),
+             h AS (SELECT pool, max(hour) + INTERVAL 1 HOUR AS hour_end FROM journal_postings GROUP BY pool)
+        SELECT c.pool, least(c.clock, coalesce(h.hour_end, c.clock)) FROM c LEFT JOIN h USING (pool)
+        ORDER BY 1""")
+    return {pool: t.astimezone(UTC) for pool, t in rows}
+
+
+def known_teams(con) -> list[str]:
+    rows = _rows(con, """
+        SELECT team FROM journal_postings WHERE team IS NOT NULL
+        UNION SELECT team FROM events WHERE team IS NOT NULL ORDER BY 1""")
+    return [r[0] for r in rows]
+
+
+def _percentile(sorted_values: list[int], p: float) -> Optional[int]:
+    """Nearest rank: the smallest value with at least p of the values at or below it (as slo_sched_latency)."""
+    n = len(sorted_values)
+    if not n:
+        return None
+    for i, v in enumerate(sorted_values, start=1):
+        if i >= p * n:
+            return v
+    return sorted_values[-1]
+
+
+def _empty_accounts() -> dict[str, int]:
+    return {a: 0 for a in TEAM_ACCOUNTS}
+
+
+def _account_block(acc: dict[str, int]) -> dict:
+    used = acc["in_quota"] + acc["borrowed"] + acc["burst"]
+    block = {
+        "entitled_mchip_s": acc["entitled"], "in_quota_mchip_s": acc["in_quota"],
+        "borrowed_mchip_s": acc["borrowed"], "burst_mchip_s": acc["burst"], "used_mchip_s": used,
+        # in_quota = min(use, nominal) at every instant, so this is never negative
+        "unused_entitlement_mchip_s": acc["entitled"] - acc["in_quota"],
+        "pending_mchip_s": acc["pending"],
+    }
+    for k in list(block):
+        block[k.replace("_mchip_s", "_chip_h")] = _chip_h(block[k])
+    return block
+
+
+def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = None,
+                       slo: Optional[SloParams] = None) -> list[dict]:
+    """One statement (a JSON-ready dict) per team for `period`, from a connection made by
+    `analytics.views.connect` (whose SLO settings should be `slo`). Raises StatementError when the lake has
+    no books or an asked-for team is unknown, and AssertionError if a pool's books do not balance (a bug)."""
+    slo = slo or SloParams()
+    closed = books_closed_through(con)
+    if not closed:
+        raise StatementError("the lake has no applied events: run `chipledger run` (or the worker and sink) first")
+    all_teams = known_teams(con)
+    if teams is None:
+        chosen = all_teams
+    else:
+        chosen = sorted(set(teams))
+        unknown = [t for t in chosen if t not in set(all_teams)]
+        if unknown:
+            raise StatementError(f"unknown team(s) {', '.join(map(repr, unknown))}; the lake knows: "
+                                 f"{', '.join(all_teams) or 'none'}")
+    want = set(chosen)
+    p = (period.start, period.end)
+    positions = lake_positions(con)
+
+    # the books: per team and pool, per account; per pool, per account (reconciliation); per team and day
+    accounts: dict[str, dict[str, dict[str, int]]] = {}
+    for team, pool, account, amount in _rows(con, """
+            SELECT team, pool, account, sum(amount_mchip_s)::BIGINT FROM journal_postings
+            WHERE team IS NOT NULL AND hour >= ? AND hour < ? GROUP BY ALL ORDER BY ALL""", p):
+        if team in want and account in TEAM_ACCOUNTS:
+            accounts.setdefault(team, {}).setdefault(pool, _empty_accounts())[account] = int(amount)
+    pool_books: dict[str, dict[str, int]] = {}
+    for pool, account, amount in _rows(con, """
+            SELECT pool, CASE WHEN team IS NULL THEN account ELSE 'team:' || account END, sum(amount_mchip_s)::BIGINT
+            FROM journal_postings WHERE hour >= ? AND hour < ? GROUP BY ALL ORDER BY ALL""", p):
+        pool_books.setdefault(pool, {})[account] = int(amount)
+    daily: dict[str, dict[str, dict[str, int]]] = {}
+    for team, day, account, amount in _rows(con, """
+            SELECT team, CAST(date_trunc('day', hour) AS DATE), account, sum(amount_mchip_s)::BIGINT
+            FROM journal_postings WHERE team IS NOT NULL AND hour >= ? AND hour < ?
+              AND account IN ('entitled', 'in_quota', 'borrowed', 'burst') GROUP BY ALL ORDER BY ALL""", p):
+        if team in want:
+            daily.setdefault(team, {}).setdefault(day.isoformat(), {})[account] = int(amount)
+
+    # preemptions suffered: runs of the team's jobs that ended preempted in the period, with the decision that
+    # asked for it (when the cluster named one) and that decision's beneficiary
+    suffered: dict[str, list[dict]] = {}
+    for team, pool, job_id, ended_at, chips_milli, alloc, lost, decision_id, ben_team, ben_job in _rows(con, """
+            WITH pe AS (
+                SELECT pool, job_id, applied_at, any_value(body->>'$.decision_id') AS decision_id
+                FROM events WHERE type = 'job.preempted' GROUP BY ALL)
+            SELECT r.team, r.pool, r.job_id, r.ended_at, r.chips_milli, r.allocated_mchip_s, r.lost_mchip_s,
+                   pe.decision_id, d.body->>'$.beneficiary.team', d.body->>'$.beneficiary.job_id'
+            FROM job_run_totals r
+            LEFT JOIN pe ON pe.pool = r.pool AND pe.job_id = r.job_id AND pe.applied_at = r.ended_at
+            LEFT JOIN decisions d ON d.decision_id = pe.decision_id
+            WHERE r.end_reason = 'preempted' AND r.ended_at >= ? AND r.ended_at < ?
+            ORDER BY r.team, r.ended_at, r.pool, r.job_id""", p):
+        if team in want:
+            suffered.setdefault(team, []).append({
+                "job_id": job_id, "pool": pool, "at": _iso(ended_at), "chips": chips_milli / 1000,
+                "allocated_mchip_s": int(alloc), "lost_work_mchip_s": int(lost), "decision_id": decision_id,
+                "beneficiary_team": ben_team, "beneficiary_job_id": ben_job})
+    # preemptions caused: decisions the ledger issued for the team's jobs, with the work they cost others
+    caused: dict[str, list[dict]] = {}
+    for team, decision_id, pool, at, rule, job_id, victims, lost_chip_s in _rows(con, """
+            WITH v AS (SELECT decision_id, count(*) AS n, sum(lost_work_chip_s) AS lost FROM decision_victims
+                       GROUP BY decision_id)
+            SELECT d.team, d.decision_id, d.pool, d."at", d.rule, d.beneficiary_job_id, coalesce(v.n, 0),
+                   coalesce(v.lost, 0)
+            FROM decisions d LEFT JOIN v USING (decision_id)
+            WHERE d.type = 'decision.preempt' AND d."at" >= ? AND d."at" < ?
+            ORDER BY d.team, d."at", d.decision_id""", p):
+        if team in want:
+            caused.setdefault(team, []).append({
+                "decision_id": decision_id, "pool": pool, "at": _iso(at), "rule": rule, "job_id": job_id,
+                "victims": int(victims), "lost_work_mchip_s": int(lost_chip_s) * 1000})
+    # goodput over the run postings of the period
+    goodput = {team: (int(a), int(lost)) for team, a, lost in _rows(con, """
+            SELECT team, sum(allocated_mchip_s)::BIGINT, sum(lost_mchip_s)::BIGINT FROM job_runs
+            WHERE posted_at >= ? AND posted_at < ? GROUP BY team""", p)}
+    # scheduling waits that began in the period (first starts and restarts), with their SLO result
+    waits: dict[str, list[tuple]] = {}
+    for team, kind, quota_class, wait_s, started, result in _rows(con, """
+            SELECT team, kind, quota_class, wait_s, started_at IS NOT NULL, slo_result FROM sched_waits
+            WHERE waiting_since >= ? AND waiting_since < ? ORDER BY team, wait_s""", p):
+        if team in want:
+            waits.setdefault(team, []).append((kind, quota_class, wait_s, started, result))
+    # error budgets of the pools, evaluated at the connection's as_of (the period's end, or the books' end)
+    budgets: dict[str, list[dict]] = {}
+    for slo_name, pool, sli, target, consumed, remaining in _rows(con, """
+            SELECT slo, pool, sli, target, consumed, remaining FROM error_budget WHERE pool IS NOT NULL
+            ORDER BY pool, slo"""):
+        budgets.setdefault(pool, []).append({
+            "slo": slo_name, "sli": _round(sli), "target": target, "consumed": _round(consumed),
+            "remaining": _round(remaining),
+            "status": "no data" if remaining is None else ("exhausted" if remaining <= 0 else "ok")})
+    # fair-share factor trend: per pool, the day's last value
+    trend: dict[str, dict[str, list]] = {}
+    for team, pool, day, factor, share in _rows(con, """
+            SELECT team, pool, CAST(date_trunc('day', "at" - INTERVAL 1 SECOND) AS DATE) AS day,
+                   arg_max(fair_share_factor, "at"), arg_max(borrowed_share, "at")
+            FROM balances WHERE "at" > ? AND "at" <= ? GROUP BY ALL ORDER BY ALL""", p):
+        if team in want:
+            trend.setdefault(team, {}).setdefault(pool, []).append(
+                {"day": day.isoformat(), "fair_share_factor": _round(factor), "borrowed_share": _round(share)})
+    # top jobs by chip-seconds allocated in the period
+    top: dict[str, list[dict]] = {}
+    for team, pool, job_id, submitted_at, chips_milli, runs, alloc, lost, preempted in _rows(con, """
+            WITH j AS (
+                SELECT team, pool, job_id, submitted_at, any_value(chips_milli) AS chips_milli,
+                       count(DISTINCT run_index) AS runs, sum(allocated_mchip_s)::BIGINT AS alloc,
+                       sum(lost_mchip_s)::BIGINT AS lost,
+                       count(DISTINCT run_index) FILTER (WHERE end_reason = 'preempted') AS preempted
+                FROM job_runs WHERE posted_at >= ? AND posted_at < ? GROUP BY ALL)
+            SELECT * FROM j QUALIFY row_number() OVER (PARTITION BY team ORDER BY alloc DESC, pool, job_id,
+                                                       submitted_at) <= ?
+            ORDER BY team, alloc DESC, pool, job_id, submitted_at""", (*p, TOP_JOBS)):
+        if team in want:
+            top.setdefault(team, []).append({
+                "job_id": job_id, "pool": pool, "submitted_at": _iso(submitted_at), "chips": chips_milli / 1000,
+                "runs": int(runs), "preemptions": int(preempted), "allocated_mchip_s": int(alloc),
+                "allocated_chip_h": _chip_h(int(alloc)), "lost_work_mchip_s": int(lost)})
+
+    reconciliation = {pool: _reconcile(pool, books) for pool, books in pool_books.items()}
+    fleet_closed = min(closed.values())
+    out = []
+    for team in chosen:
+        team_pools = sorted(set(accounts.get(team, {})) | {s["pool"] for s in suffered.get(team, [])})
+        pool_closed = [closed[pl] for pl in team_pools if pl in closed] or [fleet_closed]
+        closed_through = min(pool_closed)
+        per_pool = accounts.get(team, {})
+        total = _empty_accounts()
+        for acc in per_pool.values():
+            for k in TEAM_ACCOUNTS:
+                total[k] += acc[k]
+        alloc, lost = goodput.get(team, (0, 0))
+        out.append({
+            "schema": STATEMENT_SCHEMA,
+            "team": team,
+            "period": period.as_dict(),
+            "partial": closed_through < period.end,
+            "books_closed_through": _iso(min(closed_through, period.end)),
+            "computed_at_positions": positions,
+            "totals": _account_block(total),
+            "pools": [{"pool": pl, **_account_block(per_pool.get(pl, _empty_accounts()))} for pl in team_pools],
+            "daily": [{"day": d, **{f"{a}_mchip_s": v.get(a, 0) for a in ("entitled", "in_quota", "borrowed", "burst")}}
+                      for d, v in sorted(daily.get(team, {}).items())],
+            "preemptions": {
+                "suffered": _preemption_block(suffered.get(team, []), "jobs"),
+                "caused": _preemption_block(caused.get(team, []), "decisions"),
+            },
+            "goodput": {"allocated_mchip_s": alloc, "lost_mchip_s": lost, "goodput": _ratio(alloc - lost, alloc),
+                        "target": slo.goodput, "met": None if not alloc else (alloc - lost) / alloc >= slo.goodput},
+            "scheduling": _scheduling_block(waits.get(team, []), slo),
+            "quota_honoured": _quota_block(waits.get(team, []), slo),
+            "error_budgets": [{"pool": pl, **b} for pl in team_pools for b in budgets.get(pl, [])],
+            "fair_share": [{"pool": pl, "days": days} for pl, days in sorted(trend.get(team, {}).items())],
+            "top_jobs": top.get(team, []),
+            "reconciliation": [reconciliation[pl] for pl in team_pools if pl in reconciliation],
+        })
+    return out
+
+
+def _round(x) -> Optional[float]:
+    return None if x is None else round(float(x), 6)
+
+
+def _preemption_block(items: list[dict], what: str) -> dict:
+    return {"count": len(items), "lost_work_mchip_s": sum(i["lost_work_mchip_s"] for i in items),
+            "lost_work_chip_h": _chip_h(sum(i["lost_work_mchip_s"] for i in items)), what: items}
+
+
+def _scheduling_block(waits: list[tuple], slo: SloParams) -> dict:
+    started = sorted(w[2] for w in waits if w[3])
+    decided = [w for w in waits if w[4] != "open"]
+    within = sum(1 for w in decided if w[4] == "within")
+    return {
+        "waits": len(waits), "started": len(started),
+        "first_starts": sum(1 for w in waits if w[0] == "first_start"),
+        "restarts": sum(1 for w in waits if w[0] == "restart"),
+        "p50_s": _percentile(started, 0.5), "p90_s": _percentile(started, 0.9),
+        "p99_s": _percentile(started, 0.99), "sched_slo_s": slo.sched_slo_s,
+        "within_slo": _ratio(within, len(decided)), "target": slo.sched_latency,
+        "met": None if not decided else within / len(decided) >= slo.sched_latency,
+    }
+
+
+def _quota_block(waits: list[tuple], slo: SloParams) -> dict:
+    mine = [w for w in waits if w[0] == "first_start" and w[1] == "in_quota"]
+    honoured = sum(1 for w in mine if w[4] == "within")
+    late = sum(1 for w in mine if w[4] == "late")
+    return {"in_quota_submissions": len(mine), "honoured": honoured, "late": late,
+            "open": len(mine) - honoured - late, "attainment": _ratio(honoured, honoured + late),
+            "target": slo.quota_honoured,
+            "met": None if not honoured + late else honoured / (honoured + late) >= slo.quota_honoured}
+
+
+def _reconcile(pool: str, books: dict[str, int]) -> dict:
+    """DESIGN §4: teams' use + idle + unavailable = capacity + overcommitted, over the period."""
+    used = sum(books.get(f"team:{a}", 0) for a in ("in_quota", "borrowed", "burst"))
+    row = {"pool": pool, "capacity_mchip_s": books.get("capacity", 0),
+           "overcommitted_mchip_s": books.get("overcommitted", 0), "unavailable_mchip_s": books.get("unavailable", 0),
+           "idle_mchip_s": books.get("idle", 0), "teams_used_mchip_s": used}
+    left = used + row["idle_mchip_s"] + row["unavailable_mchip_s"]
+    right = row["capacity_mchip_s"] + row["overcommitted_mchip_s"]
+    if left != right:
+        raise AssertionError(f"pool {pool}: the books do not balance over the period: use + idle + unavailable = "
+                             f"{left} but capacity + overcommitted = {right} (milli-chip-seconds)")
+    row["balanced"] = True
+    return row
+
+
+# ---------------------------------------------------------------------------------------------------------
+# rendering: pure functions of a statement dict, so the same statement gives the same bytes
+# ---------------------------------------------------------------------------------------------------------
+
+def file_stem(team: str) -> str:
+    """A file name for a team (team names may be paths such as org/team): percent-encoded, reversible."""
+    return quote(team, safe="-_.@+=") or "%00"
+
+
+def render_json(st: dict) -> bytes:
+    return orjson.dumps(st, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+
+
+CSV_COLUMNS = ("period", "team", "pool", "partial", "books_closed_through", "entitled_mchip_s", "in_quota_mchip_s",
+               "borrowed_mchip_s", "burst_mchip_s", "used_mchip_s", "unused_entitlement_mchip_s", "pending_mchip_s",
+               "entitled_chip_h", "in_quota_chip_h", "borrowed_chip_h", "burst_chip_h", "used_chip_h",
+               "unused_entitlement_chip_h")
+
+
+def render_csv(st: dict) -> bytes:
+    import csv
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    head = {"period": st["period"]["label"], "team": st["team"], "partial": str(st["partial"]).lower(),
+            "books_closed_through": st["books_closed_through"]}
+    for row in [*st["pools"], {"pool": "(total)", **st["totals"]}]:
+        merged = {**head, **row}
+        w.writerow([merged.get(c, "") for c in CSV_COLUMNS])
+    return buf.getvalue().encode()
+
+
+def chart_svg(st: dict) -> bytes:
+    """Use against quota over the period: per day, average chips in quota, borrowed and burst (stacked bars)
+    against the average chips the team was entitled to (a line). Deterministic SVG (no date, fixed ids)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    days = st["daily"]
+    labels = [d["day"][5:] for d in days]
+    per_day = 86_400_000  # milli-chip-seconds in one chip-day
+    xs = list(range(len(days)))
+    with plt.rc_context({"svg.hashsalt": "chipledger", "svg.fonttype": "path", "font.size": 8}):
+        fig, ax = plt.subplots(figsize=(7.5, 2.8), dpi=100)
+        bottom = [0.0] * len(days)
+        for key, label, color in (("in_quota", "in quota", "#4c78a8"), ("borrowed", "borrowed", "#f58518"),
+                                  ("burst", "burst", "#54a24b")):
+            vals = [d[f"{key}_mchip_s"] / per_day for d in days]
+            ax.bar(xs, vals, bottom=bottom, label=label, color=color, width=0.8)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.step(xs, [d["entitled_mchip_s"] / per_day for d in days], where="mid", color="black", linewidth=1.2,
+                label="quota (entitled)")
+        top = max([*bottom, *(d["entitled_mchip_s"] / per_day for d in days), 1.0])
+        ax.set_ylim(0, top * 1.3)  # room for the legend above the bars
+        ax.set_ylabel("chips (daily average)")
+        ax.set_title(f"{st['team']}: use against quota, {st['period']['label']}")
+        step = max(1, len(days) // 16)
+        ax.set_xticks(xs[::step], labels[::step])
+        ax.legend(loc="upper left", fontsize=7, ncols=4, frameon=False)
+        if not days:
+            ax.text(0.5, 0.5, "no use and no quota in this period", ha="center", va="center", transform=ax.transAxes)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="svg", metadata={"Date": None})
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def _jinja_env():
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("chipledger", "templates"),
+                             autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+    env.filters["chip_h"] = lambda v: "" if v is None else f"{v / MCHIP_S_PER_CHIP_H:,.1f}"
+    env.filters["pct"] = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"
+    env.filters["secs"] = lambda v: "n/a" if v is None else f"{v:,} s"
+    env.filters["yesno"] = lambda v: "n/a" if v is None else ("met" if v else "missed")
+    env.filters["mdcell"] = lambda v: str(v).replace("|", "\\|")
+    return env
+
+
+_ENV = None
+
+
+def _env():
+    global _ENV
+    if _ENV is None:
+        _ENV = _jinja_env()
+    return _ENV
+
+
+def render_markdown(st: dict, chart_file: str) -> bytes:
+    return _env().get_template("statement.md.j2").render(st=st, chart_file=chart_file).encode()
+
+
+def render_html(st: dict, chart: bytes) -> bytes:
+    svg = chart.decode()
+    svg = svg[svg.index("<svg"):]  # inline: drop the XML prolog and doctype
+    return _env().get_template("statement.html.j2").render(st=st, chart_svg=svg).encode()
+
+
+def render_files(st: dict, formats: Sequence[str]) -> dict[str, bytes]:
+    """The files of one statement, by name (relative to the period's folder)."""
+    stem = file_stem(st["team"])
+    files: dict[str, bytes] = {}
+    chart = chart_svg(st) if ("md" in formats or "html" in formats) else None
+    if "json" in formats:
+        files[f"{stem}.json"] = render_json(st)
+    if "csv" in formats:
+        files[f"{stem}.csv"] = render_csv(st)
+    if "md" in formats:
+        files[f"{stem}.md"] = render_markdown(st, f"{stem}.svg")
+        files[f"{stem}.svg"] = chart
+    if "html" in formats:
+        files[f"{stem}.html"] = render_html(st, chart)
+    return files
+
+
+def digest(files: dict[str, bytes]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
+    return "sha256:" + h.hexdigest()
+
+
+def parse_formats(text: str) -> tuple[str, ...]:
+    chosen = tuple(dict.fromkeys(f.strip() for f in text.split(",") if f.strip()))
+    bad = [f for f in chosen if f not in FORMATS]
+    if bad or not chosen:
+        raise StatementError(f"--format takes a comma-separated list of {', '.join(FORMATS)}; got {text!r}")
+    return chosen
+
+
+# ---------------------------------------------------------------------------------------------------------
+# issuing
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Issued:
+    period: Period
+    team: str
+    partial: bool
+    files: list[Path]
+    digest: str
+
+
+def _render_one(args) -> tuple[str, dict[str, bytes]]:
+    st, formats = args
+    return st["team"], render_files(st, formats)
+
+
+def issue(lake: Path, period: Period, out: Path, *, teams: Optional[Iterable[str]] = None,
+          formats: Sequence[str] = FORMATS, slo: Optional[SloParams] = None, store=None,
+          workers: int = 1, now: Optional[datetime] = None) -> list[Issued]:
+    """Compute and write the statements of `period` into `out/<period label>/`, and record each in `store`
+    (when given) with the log positions it was computed at."""
+    from analytics.views import connect
+
+    con = connect(Path(lake), slo=slo, as_of=None)
+    closed = books_closed_through(con)
+    if closed:
+        # error budgets as at the period's end (or where the books end, for a period still open)
+        as_of = min(period.end - timedelta(seconds=1), min(closed.values()))
+        con.close()
+        con = connect(Path(lake), slo=slo, as_of=as_of, materialize=True)
+    try:
+        statements = compute_statements(con, period, teams=teams, slo=slo)
+    finally:
+        con.close()
+    folder = Path(out) / period.label
+    folder.mkdir(parents=True, exist_ok=True)
+    jobs = [(st, tuple(formats)) for st in statements]
+    if workers > 1 and len(jobs) > 8:
+        import multiprocessing
+
+        with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            rendered = pool.map(_render_one, jobs, chunksize=max(1, len(jobs) // (workers * 8)))
+    else:
+        rendered = [_render_one(j) for j in jobs]
+    issued = []
+    issued_at = now or datetime.now(UTC)
+    for st, (team, files) in zip(statements, rendered):
+        paths = []
+        for name, data in files.items():
+            path = folder / name
+            path.write_bytes(data)
+            paths.append(path)
+        d = digest(files)
+        issued.append(Issued(period, team, st["partial"], paths, d))
+        if store is not None and not st["partial"]:
+            store.record_statement(statement_id=f"{team}@{period.label}", team=team, period_start=period.start,
+                                   period_end=period.end, positions=st["computed_at_positions"], output_digest=d,
+                                   formats=formats, issued_at=issued_at)
+    return issued
+
+
+def issue_due(lake: Path, every: str, out: Path, store, *, teams: Optional[Iterable[str]] = None,
+              formats: Sequence[str] = FORMATS, slo: Optional[SloParams] = None, workers: int = 1,
+              now: Optional[datetime] = None) -> list[Issued]:
+    """Issue, exactly once each, the statements of every closed `every` period (week or month) not yet
+    recorded in the store: a period is closed when every pool's books are closed through its end."""
+    from analytics.views import connect
+
+    con = connect(Path(lake))
+    try:
+        closed = books_closed_through(con)
+        first = con.execute("SELECT min(hour) FROM journal_postings").fetchone()[0]
+        team_list = sorted(set(teams)) if teams is not None else known_teams(con)
+    finally:
+        con.close()
+    if not closed or first is None:
+        return []
+    done = {r.statement_id for r in store.statement_runs()}
+    issued = []
+    for period in closed_periods(every, first.astimezone(UTC), min(closed.values())):
+        due = [t for t in team_list if f"{t}@{period.label}" not in done]
+        if due:
+            issued += issue(lake, period, out, teams=due, formats=formats, slo=slo, store=store, workers=workers,
+                            now=now)
+    return issued
