@@ -483,10 +483,19 @@ def _reclaim_victims(state: PoolState, ben: Job, need: int, t: int, fs, config) 
     """Jobs of borrowing teams: ordinary borrowing first; burst reservations only if that is not enough."""
     ordinary: dict[str, int] = {}
     with_burst: dict[str, int] = {}
+    promised: dict[str, int] = {}  # chips of a team already named as victims in decisions in flight
+    for vid in state.marked:
+        v = state.jobs.get(vid)
+        if v is not None:
+            promised[v.team] = promised.get(v.team, 0) + v.chips_milli
     for name, tm in state.teams.items():
         if name == ben.team:
             continue
         b, u = borrowed_of(tm)
+        b -= promised.get(name, 0)
+        if b < 0:
+            u += b
+            b = 0
         if b > 0:
             ordinary[name] = b
         if b + u > 0:
