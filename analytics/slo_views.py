@@ -127,16 +127,7 @@ def slo_views(d: Dialect) -> dict[str, str]:
     ts = d.ts
     budget_window = "(SELECT window_days FROM slo_settings) * 86400"
     windows = {"budget": budget_window, **{k: str(v) for k, v in WINDOWS_S.items()}}
-    wide_points = ",\n".join(
-        f"CAST(sum(CASE WHEN at_s > as_of_s - {w} THEN good ELSE 0 END) AS BIGINT) AS good_{k}, "
-        f"CAST(sum(CASE WHEN at_s > as_of_s - {w} THEN total ELSE 0 END) AS BIGINT) AS total_{k}"
-        for k, w in windows.items())
-    wide_chips = ",\n".join(
-        f"CAST(sum(usable * 1000 * ({_overlap(d, w)})) AS BIGINT) AS good_{k}, "
-        f"CAST(sum(registered * 1000 * ({_overlap(d, w)})) AS BIGINT) AS total_{k}"
-        for k, w in windows.items())
-    unpivot = "\nUNION ALL\n".join(
-        f"SELECT slo, pool, '{k}' AS win, good_{k} AS good, total_{k} AS total FROM calc_slo_wide" for k in windows)
+    window_rows = "\nUNION ALL\n".join(f"SELECT '{k}' AS win, {w} AS len_s" for k, w in windows.items())
     rules = "\nUNION ALL\n".join(
         f"SELECT '{a}' AS alert, '{sev}' AS severity, '{lw}' AS long_win, '{sw}' AS short_win, CAST({f} AS DOUBLE) AS burn_rate"
         for a, sev, lw, sw, f in BURN_RULES)
@@ -288,7 +279,7 @@ def slo_views(d: Dialect) -> dict[str, str]:
             FROM calc_grants
         """,
         # what each SLO counts as good out of total, at the instant it became known (not availability, which is
-        # continuous: see calc_slo_wide)
+        # continuous: see calc_slo_window)
         "calc_sli_points": """
             SELECT 'quota_honoured' AS slo, pool, resolved_s AS at_s, good, 1 AS total
             FROM calc_waits WHERE kind = 'first_start' AND in_quota = 1 AND good IS NOT NULL
@@ -298,23 +289,37 @@ def slo_views(d: Dialect) -> dict[str, str]:
             SELECT 'goodput', pool, ended_s, allocated_mchip_s - lost_mchip_s, allocated_mchip_s
             FROM base_runs WHERE ended_s IS NOT NULL
         """,
-        # good and total in each window ending at as_of_s, one column pair per window
-        "calc_slo_wide": f"""
-            SELECT 'availability' AS slo, pool, {wide_chips}
-            FROM calc_chip_segments CROSS JOIN calc_now WHERE from_s <= as_of_s
-            GROUP BY pool
-            UNION ALL
-            SELECT slo, pool, {wide_points}
-            FROM calc_sli_points CROSS JOIN calc_now WHERE at_s <= as_of_s
-            GROUP BY slo, pool
+        # every SLO and pool with something measured, in any window or none
+        "calc_slo_keys": """
+            SELECT DISTINCT 'availability' AS slo, pool FROM calc_chip_segments
+            UNION
+            SELECT DISTINCT slo, pool FROM calc_sli_points
         """,
-        "calc_slo_window": unpivot,
+        # the windows: the error budget's (window_days) and the burn-rate alerts'
+        "calc_windows": window_rows,
+        # good and total in each window (as_of_s - len_s, as_of_s], per SLO and pool, in one pass over the data
+        "calc_slo_window": f"""
+            SELECT 'availability' AS slo, pool, win,
+                   CAST(sum(usable * 1000 * ({_overlap(d, 'len_s')})) AS BIGINT) AS good,
+                   CAST(sum(registered * 1000 * ({_overlap(d, 'len_s')})) AS BIGINT) AS total
+            FROM calc_chip_segments CROSS JOIN calc_now CROSS JOIN calc_windows
+            WHERE from_s <= as_of_s AND until_s > as_of_s - len_s
+            GROUP BY pool, win
+            UNION ALL
+            SELECT slo, pool, win, CAST(sum(good) AS BIGINT), CAST(sum(total) AS BIGINT)
+            FROM calc_sli_points CROSS JOIN calc_now CROSS JOIN calc_windows
+            WHERE at_s <= as_of_s AND at_s > as_of_s - len_s
+            GROUP BY slo, pool, win
+        """,
         "error_budget": f"""
-            WITH w AS (
-                SELECT slo, pool, good, total FROM calc_slo_window WHERE win = 'budget'
+            WITH p AS (
+                SELECT k.slo, k.pool, coalesce(w.good, 0) AS good, coalesce(w.total, 0) AS total
+                FROM calc_slo_keys k LEFT JOIN calc_slo_window w ON w.slo = k.slo AND w.pool = k.pool
+                                                               AND w.win = 'budget'
+            ), w AS (
+                SELECT slo, pool, good, total FROM p
                 UNION ALL
-                SELECT slo, NULL, CAST(sum(good) AS BIGINT), CAST(sum(total) AS BIGINT) FROM calc_slo_window
-                WHERE win = 'budget' GROUP BY slo
+                SELECT slo, NULL, CAST(sum(good) AS BIGINT), CAST(sum(total) AS BIGINT) FROM p GROUP BY slo
             )
             SELECT w.slo, w.pool, {ts(f'as_of_s - {budget_window}')} AS window_start, {ts('as_of_s')} AS window_end,
                    t.target, CASE WHEN w.slo IN ('availability', 'goodput') THEN 'mchip_s' ELSE 'waits' END AS unit,
@@ -327,14 +332,19 @@ def slo_views(d: Dialect) -> dict[str, str]:
         # burn rate = (bad / total in the window) / (1 - target); an alert fires when both windows burn at least
         # its rate
         "burn_alerts": f"""
-            WITH rules AS ({rules}), b AS (
-                SELECT r.alert, r.severity, l.slo, l.pool, r.burn_rate, r.long_win, r.short_win, t.target,
-                       (l.total - l.good) * 1.0 / nullif(l.total, 0) / (1 - t.target) AS long_burn,
-                       (s.total - s.good) * 1.0 / nullif(s.total, 0) / (1 - t.target) AS short_burn
-                FROM rules r
-                JOIN calc_slo_window l ON l.win = r.long_win
-                JOIN calc_slo_window s ON s.win = r.short_win AND s.slo = l.slo AND s.pool = l.pool
-                JOIN slo_targets t ON t.slo = l.slo
+            WITH rules AS ({rules}), burn AS (
+                SELECT w.slo, w.pool, w.win, t.target,
+                       (w.total - w.good) * 1.0 / nullif(w.total, 0) / (1 - t.target) AS burn
+                FROM calc_slo_window w JOIN slo_targets t ON t.slo = w.slo WHERE w.win <> 'budget'
+            ), keys AS (
+                SELECT k.slo, k.pool, t.target FROM calc_slo_keys k JOIN slo_targets t ON t.slo = k.slo
+            ), b AS (
+                SELECT r.alert, r.severity, k.slo, k.pool, r.burn_rate, r.long_win, r.short_win, k.target,
+                       (SELECT burn FROM burn x WHERE x.slo = k.slo AND x.pool = k.pool AND x.win = r.long_win)
+                           AS long_burn,
+                       (SELECT burn FROM burn x WHERE x.slo = k.slo AND x.pool = k.pool AND x.win = r.short_win)
+                           AS short_burn
+                FROM rules r CROSS JOIN keys k
             )
             SELECT b.*, coalesce(long_burn >= burn_rate AND short_burn >= burn_rate, false) AS firing,
                    {ts('as_of_s')} AS evaluated_at

@@ -73,3 +73,270 @@ def test_demand_hourly(lake):
         ("b", "02"): (2_400_000, 0, 2_400_000),
         ("b", "03"): (0, 0, 0),
     }
+
+
+# --- the SLO views on a second hand-computed fixture -----------------------------------------------------------
+# Pool p: 3 nodes of 2 chips (n0: c0 c1, n1: c2 c3, n2: c4 c5), Monday 2026-11-02, then nothing on Tuesday (a
+# day without events) until a tick at Wednesday 00:00. Team a holds 2 chips (g1, amended to 4 at 01:20: quota
+# changed mid-day), team b 1 chip.
+#   A1 (a, 2 chips, prio 5)  submitted 00:00, started 00:05 on c0 c1, finished 03:00
+#   B1 (b, 2 chips, prio 1)  submitted 00:10, started 00:30 on c2 c3, checkpoint 01:30, preempted 02:00,
+#                            restarted 02:05, preempted 02:30 (twice), restarted 02:50, finished 03:00
+#   A2 (a, 1 chip, prio 5)   submitted 01:00, cancelled 01:08 before starting
+#   A3 (a, 1 chip, prio 5)   submitted 01:25 (fits a's new quota), started 01:45 on c4, finished 02:15
+#   c5 in maintenance 02:20-02:40 (a chip down for part of an hour)
+
+from datetime import datetime, timezone  # noqa: E402
+
+from analytics.sqlite_mirror import mirror  # noqa: E402
+from analytics.views import connect  # noqa: E402
+from chipledger.embedded import run_file  # noqa: E402
+
+P = "p/h100"
+
+
+def _ev(n, etype, hhmm, day=2, **fields):
+    return {"event_id": f"s-{n}", "type": etype, "occurred_at": f"2026-11-0{day}T{hhmm}:00Z", "pool": P,
+            "source": "test", **fields}
+
+
+def slo_events():
+    e = [_ev(0, "pool.configured", "00:00", flavor="h100", chips_per_node=2)]
+    e += [_ev(f"r{i}", "chip.registered", "00:00", chip_id=f"c{i}", node=f"n{i // 2}") for i in range(6)]
+    e += [_ev("g1", "quota.granted", "00:00", grant_id="g1", team="a", chips=2),
+          _ev("gb", "quota.granted", "00:00", grant_id="gb", team="b", chips=1),
+          _ev(1, "job.submitted", "00:00", job_id="A1", team="a", chips=2, priority=5),
+          _ev(2, "job.started", "00:05", job_id="A1", chip_ids=["c0", "c1"]),
+          _ev(3, "job.submitted", "00:10", job_id="B1", team="b", chips=2, priority=1),
+          _ev(4, "job.started", "00:30", job_id="B1", chip_ids=["c2", "c3"]),
+          _ev(5, "job.submitted", "01:00", job_id="A2", team="a", chips=1, priority=5),
+          _ev(6, "job.finished", "01:08", job_id="A2", outcome="cancelled"),
+          _ev(7, "quota.granted", "01:20", grant_id="g1", team="a", chips=4),
+          _ev(8, "job.submitted", "01:25", job_id="A3", team="a", chips=1, priority=5),
+          _ev(9, "job.checkpointed", "01:30", job_id="B1"),
+          _ev(10, "job.started", "01:45", job_id="A3", chip_ids=["c4"]),
+          _ev(11, "job.preempted", "02:00", job_id="B1"),
+          _ev(12, "job.started", "02:05", job_id="B1", chip_ids=["c2", "c3"]),
+          _ev(13, "job.finished", "02:15", job_id="A3", outcome="succeeded"),
+          _ev(14, "chip.state_changed", "02:20", chip_id="c5", state="maintenance"),
+          _ev(15, "job.preempted", "02:30", job_id="B1"),
+          _ev(16, "chip.state_changed", "02:40", chip_id="c5", state="healthy"),
+          _ev(17, "job.started", "02:50", job_id="B1", chip_ids=["c2", "c3"]),
+          _ev(18, "job.finished", "03:00", job_id="A1", outcome="succeeded"),
+          _ev(19, "job.finished", "03:00", job_id="B1", outcome="succeeded"),
+          _ev(20, "pool.tick", "00:00", day=4)]
+    return e
+
+
+@pytest.fixture(scope="module")
+def slo_lake(tmp_path_factory):
+    d = tmp_path_factory.mktemp("slo2")
+    f = d / "events.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in slo_events()))
+    summary, _ = run_file(f, d / "lake")
+    assert summary.dead_letters == {} and summary.accepted == len(slo_events())
+    return d / "lake"
+
+
+def q(con, query):
+    cur = con.execute(query)
+    cols = [c[0] for c in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def hm(ts):
+    return None if ts is None else ts.strftime("%H:%M")
+
+
+def test_grant_intervals_follow_the_amendment(slo_lake):
+    rows = q(connect(slo_lake), "SELECT grant_id, team, chips_milli, effective_from, effective_until "
+                                "FROM grant_intervals ORDER BY grant_id, effective_from")
+    assert [(r["grant_id"], r["chips_milli"], hm(r["effective_from"]), hm(r["effective_until"])) for r in rows] == [
+        ("g1", 2000, "00:00", "01:20"), ("g1", 4000, "01:20", None), ("gb", 1000, "00:00", None)]
+
+
+def test_sched_waits_classify_each_wait(slo_lake):
+    rows = q(connect(slo_lake), "SELECT job_id, kind, after_run, quota_class, nominal_milli, running_milli, "
+                                "waiting_since, started_at, wait_s, slo_result FROM sched_waits "
+                                "ORDER BY waiting_since, job_id")
+    got = [(r["job_id"], r["kind"], r["after_run"], r["quota_class"], r["nominal_milli"], r["running_milli"],
+            hm(r["waiting_since"]), hm(r["started_at"]), r["wait_s"], r["slo_result"]) for r in rows]
+    assert got == [
+        # A1 fits a's 2 chips; B1 wants 2 of b's 1: borrowing
+        ("A1", "first_start", 0, "in_quota", 2000, 0, "00:00", "00:05", 300, "within"),
+        ("B1", "first_start", 0, "borrowing", 1000, 0, "00:10", "00:30", 1200, "late"),
+        # A2: a's 2 chips are all running (A1); cancelled after 8 minutes, before the 10-minute threshold
+        ("A2", "first_start", 0, "borrowing", 2000, 2000, "01:00", None, None, "open"),
+        # A3: after the amendment a has 4, 2 running: 1 more fits
+        ("A3", "first_start", 0, "in_quota", 4000, 2000, "01:25", "01:45", 1200, "late"),
+        # B1's own run ended at the preemption instant: not counted as running
+        ("B1", "restart", 1, "borrowing", 1000, 0, "02:00", "02:05", 300, "within"),
+        ("B1", "restart", 2, "borrowing", 1000, 0, "02:30", "02:50", 1200, "late"),
+    ]
+
+
+def test_slo_quota_honoured(slo_lake):
+    rows = q(connect(slo_lake), "SELECT * FROM slo_quota_honoured")
+    assert rows == [{"pool": P, "team": "a", "day": datetime(2026, 11, 2).date(), "in_quota_submissions": 2,
+                     "honoured": 1, "late": 1, "open": 0, "attainment": 0.5, "target": 0.95, "sched_slo_s": 600}]
+
+
+def test_slo_sched_latency_nearest_rank_percentiles(slo_lake):
+    rows = q(connect(slo_lake), "SELECT * FROM slo_sched_latency ORDER BY priority")
+    assert rows == [
+        # B1: waits 300, 1200, 1200 -> p50 is the 2nd of 3
+        {"pool": P, "priority": 1, "quota_class": "borrowing", "waits": 3, "first_starts": 1, "restarts": 2,
+         "p50_s": 1200, "p90_s": 1200, "p99_s": 1200, "max_s": 1200, "within_slo": pytest.approx(1 / 3)},
+        # A1 300, A3 1200 (A2 never started: not a latency)
+        {"pool": P, "priority": 5, "quota_class": "in_quota", "waits": 2, "first_starts": 2, "restarts": 0,
+         "p50_s": 300, "p90_s": 1200, "p99_s": 1200, "max_s": 1200, "within_slo": 0.5},
+    ]
+
+
+def test_error_budget_over_the_whole_history(slo_lake):
+    rows = {(r["slo"], r["pool"]): r for r in q(connect(slo_lake), "SELECT * FROM error_budget")}
+    assert set(rows) == {(s, p) for s in ("availability", "quota_honoured", "sched_latency", "goodput")
+                         for p in (P, None)}
+    av = rows[("availability", P)]
+    # 6 chips x 48 h registered; c5 in maintenance 20 minutes
+    assert (av["good"], av["total"], av["bad"], av["unit"]) == (1_035_600_000, 1_036_800_000, 1_200_000, "mchip_s")
+    assert av["consumed"] == pytest.approx((1.2 / 1036.8) / 0.01)
+    assert av["remaining"] == pytest.approx(1 - (1.2 / 1036.8) / 0.01)
+    assert (hm(av["window_end"]), av["window_end"].day, av["window_start"].day, av["window_start"].month) == (
+        "00:00", 4, 5, 10)  # 30 days back from the last event (2026-11-04 00:00)
+    gp = rows[("goodput", P)]
+    # allocated: A1 2x10,500 s, B1 2x5,400 + 2x1,500 + 2x600, A3 1,800; lost: B1 2x1,800 (since the checkpoint)
+    # and 2x1,500 (the whole second run)
+    assert (gp["good"], gp["total"]) == (31_200_000, 37_800_000)
+    assert gp["consumed"] == pytest.approx((6.6 / 37.8) / 0.1)
+    assert (rows[("sched_latency", P)]["good"], rows[("sched_latency", P)]["total"]) == (2, 5)
+    qh = rows[("quota_honoured", P)]
+    assert (qh["good"], qh["total"], qh["sli"], qh["budget"]) == (1, 2, 0.5, pytest.approx(0.05))
+    assert qh["consumed"] == pytest.approx(10.0) and qh["remaining"] == pytest.approx(-9.0)
+    assert {k: rows[("goodput", None)][k] for k in ("good", "total")} == {"good": 31_200_000, "total": 37_800_000}
+
+
+def test_burn_alerts_at_the_end_of_the_log_are_quiet(slo_lake):
+    # nothing happened in the last 6 hours before Wednesday 00:00: no short window burns
+    assert q(connect(slo_lake), "SELECT alert, slo FROM burn_alerts WHERE firing") == []
+
+
+def test_burn_alerts_evaluated_at_03_00(slo_lake):
+    con = connect(slo_lake, as_of=datetime(2026, 11, 2, 3, tzinfo=timezone.utc))
+    rows = {(r["alert"], r["slo"]): r for r in q(con, "SELECT * FROM burn_alerts")}
+    firing = sorted(k for k, r in rows.items() if r["firing"])
+    assert firing == [("page_6h", "sched_latency"), ("ticket_3d", "availability"), ("ticket_3d", "goodput"),
+                      ("ticket_3d", "quota_honoured"), ("ticket_3d", "sched_latency")]
+    sl = rows[("page_6h", "sched_latency")]
+    # 6 h: 3 of 5 waits late = 0.6 / 0.1 budget; 30 min: B1's second restart, late at 02:40 = 1.0 / 0.1
+    assert (sl["long_burn"], sl["short_burn"], sl["burn_rate"]) == (pytest.approx(6.0), pytest.approx(10.0), 6.0)
+    av = rows[("page_1h", "availability")]
+    # last hour: 1,200 of 21,600 chip-s down; last 5 minutes: none
+    assert (av["long_burn"], av["short_burn"], av["firing"]) == (pytest.approx(1200 / 21600 / 0.01), 0.0, False)
+    av6 = rows[("page_6h", "availability")]
+    # 6 h window: the pool exists from 00:00 (64,800 chip-s); 30 min window: c5 down 02:30-02:40
+    assert (av6["long_burn"], av6["short_burn"]) == (pytest.approx(1200 / 64800 / 0.01),
+                                                     pytest.approx(600 / 10800 / 0.01))
+    gp = rows[("page_1h", "goodput")]
+    # runs ending in (02:00, 03:00]: B1's 2nd (3.0M, all lost), A3, B1's 3rd, A1: 3.0 lost of 27.0
+    assert gp["long_burn"] == pytest.approx(3.0 / 27.0 / 0.1)
+    assert rows[("page_1h", "quota_honoured")]["long_burn"] is None  # nothing resolved in that hour
+    assert all(r["evaluated_at"] == datetime(2026, 11, 2, 3, tzinfo=timezone.utc) for r in rows.values())
+
+
+def test_targets_come_from_the_slo_settings(slo_lake):
+    from analytics.slo_views import SloParams
+
+    con = connect(slo_lake, slo=SloParams(sched_latency=0.5, sched_slo_s=1200, window_days=1))
+    [r] = q(con, "SELECT * FROM error_budget WHERE slo = 'sched_latency' AND pool IS NOT NULL")
+    # with a 20-minute threshold every wait is within; the window is 1 day back from Wednesday 00:00: empty
+    assert (r["target"], r["good"], r["total"], r["sli"], r["consumed"], r["window_start"].day) == (
+        0.5, 0, 0, None, None, 3)
+    [r] = q(con, "SELECT honoured, late FROM slo_quota_honoured")
+    assert (r["honoured"], r["late"]) == (2, 0)
+
+
+def test_fragmentation_over_time(slo_lake):
+    rows = q(connect(slo_lake), "SELECT * FROM fragmentation ORDER BY valid_from")
+    got = [(hm(r["valid_from"]), r["free_chips"], r["whole_node_free_chips"], r["largest_job_chips"],
+            None if r["fragmentation"] is None else round(r["fragmentation"], 4)) for r in rows]
+    assert got == [
+        ("00:00", 6, 6, 6, 0.0),
+        ("00:05", 4, 4, 4, 0.0),      # A1 on n0
+        ("00:30", 2, 2, 2, 0.0),      # B1 on n1
+        ("01:45", 1, 0, 0, 1.0),      # A3 on c4: only c5 free, on a half-used node
+        ("02:00", 3, 2, 2, 0.3333),   # B1 preempted: n1 whole again, c5 alone
+        ("02:05", 1, 0, 0, 1.0),
+        ("02:15", 2, 2, 2, 0.0),      # A3 done: n2 whole
+        ("02:20", 1, 0, 0, 1.0),      # c5 in maintenance
+        ("02:30", 3, 2, 2, 0.3333),
+        ("02:40", 4, 4, 4, 0.0),      # c5 back
+        ("02:50", 2, 2, 2, 0.0),
+        ("03:00", 6, 6, 6, 0.0),
+    ]
+    assert all(r["placement_known"] for r in rows)
+    assert rows[-1]["valid_until"] == datetime(2026, 11, 4, tzinfo=timezone.utc)
+    assert sum(r["duration_s"] for r in rows) == 48 * 3600
+
+
+def test_demand_shaping_hour_of_week(slo_lake):
+    con = connect(slo_lake)
+    pool = {r["hour_of_week"]: r for r in q(con, "SELECT * FROM demand_shaping WHERE team IS NULL")}
+    assert sorted(pool) == list(range(48))  # Monday and Tuesday, one hour each (Tuesday had no events)
+    # Monday 00:00-01:00: running A1 6,600 + B1 3,600 chip-s, pending A1 600 + B1 2,400
+    h0 = pool[0]
+    assert (h0["day_of_week"], h0["hour_of_day"], h0["hours_observed"]) == (0, 0, 1)
+    assert h0["demand_chips"] == pytest.approx(13200 / 3600)
+    assert h0["pending_share"] == pytest.approx(3000 / 13200)
+    assert h0["idle_chips"] == pytest.approx((21600 - 10200) / 3600)
+    assert pool[1]["demand_chips"] == pytest.approx(16980 / 3600)
+    assert pool[2]["demand_chips"] == pytest.approx(15300 / 3600)
+    assert pool[30]["demand_chips"] == 0 and pool[30]["idle_chips"] == 6.0
+    # the peak (Monday 01:00) against the mean over the 48 observed hours
+    assert h0["peak_to_average"] == pytest.approx(16980 * 48 / 45480)
+    assert [h for h, r in sorted(pool.items()) if r["pool_peak"]] == [1, 2]  # 4.25 >= 0.9 x 4.7167
+    assert [h for h, r in sorted(pool.items()) if r["offpeak_idle"]] == list(range(3, 48))
+    team_a = {r["hour_of_week"]: r for r in q(con, "SELECT * FROM demand_shaping WHERE team = 'a'")}
+    assert team_a[1]["demand_chips"] == pytest.approx(9780 / 3600)
+    assert team_a[1]["share_of_pool"] == pytest.approx(9780 / 16980)
+    peaks = q(con, "SELECT team, peak_demand_chip_h, share_of_peak, rank FROM demand_peak_teams ORDER BY rank")
+    assert peaks == [
+        {"team": "a", "peak_demand_chip_h": pytest.approx(17880 / 3600), "share_of_peak": pytest.approx(17880 / 32280),
+         "rank": 1},
+        {"team": "b", "peak_demand_chip_h": pytest.approx(4.0), "share_of_peak": pytest.approx(14400 / 32280),
+         "rank": 2},
+    ]
+
+
+def test_chip_states_agree_with_the_journal(slo_lake):
+    con = connect(slo_lake)
+    [(registered, available)] = con.execute(
+        "SELECT sum(duration_s) FILTER (WHERE registered), sum(duration_s) FILTER (WHERE available) "
+        "FROM chip_states").fetchall()
+    [(cap, healthy)] = con.execute("SELECT sum(registered_mchip_s), sum(healthy_mchip_s) FROM slo_capacity").fetchall()
+    assert (registered * 1000, available * 1000) == (cap, healthy) == (1_036_800_000, 1_035_600_000)
+
+
+SLO_USER_VIEWS = ("sched_waits", "slo_quota_honoured", "slo_sched_latency", "error_budget", "burn_alerts",
+                  "fragmentation", "demand_shaping", "demand_peak_teams", "chip_states", "grant_intervals")
+
+
+def _norm(v):
+    if isinstance(v, datetime):
+        return int(v.timestamp())
+    if hasattr(v, "isoformat"):  # a date
+        return v.isoformat()
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, float):
+        return round(v, 9)
+    return v
+
+
+@pytest.mark.parametrize("view", SLO_USER_VIEWS)
+def test_the_same_sql_on_sqlite_gives_the_same_rows(slo_lake, view):
+    duck = connect(slo_lake, as_of=datetime(2026, 11, 2, 3, tzinfo=timezone.utc))
+    lite = mirror(duck)
+    a = sorted((tuple(_norm(v) for v in r) for r in duck.execute(f"SELECT * FROM {view}").fetchall()), key=repr)
+    b = sorted((tuple(_norm(v) for v in r) for r in lite.execute(f"SELECT * FROM {view}").fetchall()), key=repr)
+    assert a and a == b
