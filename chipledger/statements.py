@@ -442,41 +442,62 @@ def render_csv(st: dict) -> bytes:
     return buf.getvalue().encode()
 
 
+_SERIES = (("in_quota", "in quota", "#4c78a8"), ("borrowed", "borrowed", "#f58518"), ("burst", "burst", "#54a24b"))
+_CHART = None  # one figure per process whose artists are updated for each chart: building a figure costs more
+               # than drawing it, and a thousand statements draw a thousand charts
+
+
+def _chart():
+    global _CHART
+    if _CHART is None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib.figure import Figure
+
+        with matplotlib.rc_context({"font.size": 8}):
+            fig = Figure(figsize=(7.5, 2.8), dpi=100)
+            fig.subplots_adjust(left=0.08, right=0.99, top=0.9, bottom=0.12)
+            ax = fig.add_subplot()
+            patches = [ax.stairs([0.0], [0.0, 1.0], baseline=[0.0], fill=True, label=label, color=color)
+                       for _, label, color in _SERIES]
+            quota = ax.stairs([0.0], [0.0, 1.0], color="black", linewidth=1.2, label="quota (entitled)")
+            ax.legend(loc="upper left", fontsize=7, ncols=4, frameon=False)
+            ax.set_ylabel("chips (daily average)")
+            title = ax.set_title("")
+            empty = ax.text(0.5, 0.5, "no use and no quota in this period", ha="center", va="center",
+                            transform=ax.transAxes)
+        _CHART = (fig, ax, patches, quota, title, empty)
+    return _CHART
+
+
 def chart_svg(st: dict) -> bytes:
-    """Use against quota over the period: per day, average chips in quota, borrowed and burst (stacked bars)
-    against the average chips the team was entitled to (a line). Deterministic SVG (no date, fixed ids)."""
+    """Use against quota over the period: per day, average chips in quota, borrowed and burst (stacked steps)
+    against the average chips the team was entitled to (a step line). Deterministic SVG (no date, fixed ids)."""
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     days = st["daily"]
-    labels = [d["day"][5:] for d in days]
     per_day = 86_400_000  # milli-chip-seconds in one chip-day
-    xs = list(range(len(days)))
-    with plt.rc_context({"svg.hashsalt": "chipledger", "svg.fonttype": "path", "font.size": 8}):
-        fig, ax = plt.subplots(figsize=(7.5, 2.8), dpi=100)
-        bottom = [0.0] * len(days)
-        for key, label, color in (("in_quota", "in quota", "#4c78a8"), ("borrowed", "borrowed", "#f58518"),
-                                  ("burst", "burst", "#54a24b")):
-            vals = [d[f"{key}_mchip_s"] / per_day for d in days]
-            ax.bar(xs, vals, bottom=bottom, label=label, color=color, width=0.8)
-            bottom = [b + v for b, v in zip(bottom, vals)]
-        ax.step(xs, [d["entitled_mchip_s"] / per_day for d in days], where="mid", color="black", linewidth=1.2,
-                label="quota (entitled)")
-        top = max([*bottom, *(d["entitled_mchip_s"] / per_day for d in days), 1.0])
-        ax.set_ylim(0, top * 1.3)  # room for the legend above the bars
-        ax.set_ylabel("chips (daily average)")
-        ax.set_title(f"{st['team']}: use against quota, {st['period']['label']}")
-        step = max(1, len(days) // 16)
-        ax.set_xticks(xs[::step], labels[::step])
-        ax.legend(loc="upper left", fontsize=7, ncols=4, frameon=False)
-        if not days:
-            ax.text(0.5, 0.5, "no use and no quota in this period", ha="center", va="center", transform=ax.transAxes)
-        fig.tight_layout()
+    n = len(days)
+    xs = list(range(n))
+    edges = [x - 0.5 for x in xs] + [n - 0.5]
+    fig, ax, patches, quota, title, empty = _chart()
+    with matplotlib.rc_context({"svg.hashsalt": "chipledger", "svg.fonttype": "none", "font.size": 8}):
+        bottom = [0.0] * n
+        for (key, _, _), patch in zip(_SERIES, patches):
+            upper = [b + d[f"{key}_mchip_s"] / per_day for b, d in zip(bottom, days)]
+            patch.set_data(upper or [0.0], edges if n else [0.0, 1.0], baseline=bottom or [0.0])
+            bottom = upper
+        entitled = [d["entitled_mchip_s"] / per_day for d in days]
+        quota.set_data(entitled or [0.0], edges if n else [0.0, 1.0], baseline=None)
+        ax.set_xlim(-0.5, max(n, 1) - 0.5)
+        ax.set_ylim(0, max([*bottom, *entitled, 1.0]) * 1.3)  # room for the legend above the steps
+        step = max(1, -(-n // 10))  # at most ten day labels
+        ax.set_xticks(xs[::step], [d["day"][5:] for d in days][::step])
+        title.set_text(f"{st['team']}: use against quota, {st['period']['label']}")
+        empty.set_visible(not n)
         buf = io.BytesIO()
         fig.savefig(buf, format="svg", metadata={"Date": None})
-        plt.close(fig)
     return buf.getvalue()
 
 
@@ -571,14 +592,14 @@ def issue(lake: Path, period: Period, out: Path, *, teams: Optional[Iterable[str
     (when given) with the log positions it was computed at."""
     from analytics.views import connect
 
-    con = connect(Path(lake), slo=slo, as_of=None)
-    closed = books_closed_through(con)
-    if closed:
-        # error budgets as at the period's end (or where the books end, for a period still open)
-        as_of = min(period.end - timedelta(seconds=1), min(closed.values()))
-        con.close()
-        con = connect(Path(lake), slo=slo, as_of=as_of, materialize=True)
+    con = connect(Path(lake), slo=slo, materialize=True)
     try:
+        closed = books_closed_through(con)
+        if closed:
+            # error budgets as at the period's end (or where the books end, for a period still open): the SLO
+            # views read the instant from the slo_settings table
+            as_of = min(period.end - timedelta(seconds=1), min(closed.values()))
+            con.execute("UPDATE slo_settings SET as_of_s = ?", [int(as_of.timestamp())])
         statements = compute_statements(con, period, teams=teams, slo=slo)
     finally:
         con.close()
