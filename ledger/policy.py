@@ -294,6 +294,10 @@ def pending_reason(state: PoolState, job: Job, t: int, config, ctx: Optional[_Co
     chips = job.chips_milli
     free = ctx.free
     fl = state.inflight.get(job.job_id)
+    if fl is not None and fl[2] + config.decision_timeout_s <= t:
+        return PREEMPTION_IN_FLIGHT, (f"decision {fl[0]} ({fl[1]}) was not acted on and timed out at "
+                                      f"{_ts(fl[2] + config.decision_timeout_s):%Y-%m-%d %H:%M:%S} UTC; the "
+                                      f"decision is made anew at the pool's next event")
     if fl is not None:
         return PREEMPTION_IN_FLIGHT, (f"decision {fl[0]} ({fl[1]}) asked the cluster at {_ts(fl[2]):%Y-%m-%d %H:%M:%S} "
                                       f"UTC to make room for it; {len(fl[3])} of its victims not preempted yet")
