@@ -236,24 +236,7 @@ def slo_views(d: Dialect) -> dict[str, str]:
             GROUP BY pool, team, submitted_s - submitted_s % 86400
         """,
         # nearest-rank percentiles: the smallest wait with at least p of the waits at or below it
-        "slo_sched_latency": """
-            WITH r AS (
-                SELECT pool, priority, CASE WHEN in_quota = 1 THEN 'in_quota' ELSE 'borrowing' END AS quota_class,
-                       kind, wait_s, sched_slo_s,
-                       row_number() OVER (PARTITION BY pool, priority, in_quota ORDER BY wait_s) AS rn,
-                       count(*) OVER (PARTITION BY pool, priority, in_quota) AS n
-                FROM calc_waits WHERE started_s IS NOT NULL
-            )
-            SELECT pool, priority, quota_class, count(*) AS waits,
-                   CAST(sum(CASE WHEN kind = 'first_start' THEN 1 ELSE 0 END) AS BIGINT) AS first_starts,
-                   CAST(sum(CASE WHEN kind = 'restart' THEN 1 ELSE 0 END) AS BIGINT) AS restarts,
-                   min(CASE WHEN rn >= 0.5 * n THEN wait_s END) AS p50_s,
-                   min(CASE WHEN rn >= 0.9 * n THEN wait_s END) AS p90_s,
-                   min(CASE WHEN rn >= 0.99 * n THEN wait_s END) AS p99_s,
-                   max(wait_s) AS max_s,
-                   sum(CASE WHEN wait_s <= sched_slo_s THEN 1 ELSE 0 END) * 1.0 / count(*) AS within_slo
-            FROM r GROUP BY pool, priority, quota_class
-        """,
+        "slo_sched_latency": sched_latency_sql(),
         # each chip's registration and state as intervals [from_s, until_s); the last one ends at the pool's end
         "calc_chip_segments": f"""
             WITH h AS (
@@ -492,6 +475,30 @@ def slo_views(d: Dialect) -> dict[str, str]:
             FROM t
         """,
     }
+
+
+def sched_latency_sql(where: str = "true") -> str:
+    """Scheduling-latency percentiles over the started waits of calc_waits that satisfy `where` (the view uses
+    them all; `chipledger report` restricts them to a pool and a period). Nearest-rank percentiles: the smallest
+    wait with at least p of the waits at or below it."""
+    return f"""
+        WITH r AS (
+            SELECT pool, priority, CASE WHEN in_quota = 1 THEN 'in_quota' ELSE 'borrowing' END AS quota_class,
+                   kind, wait_s, sched_slo_s,
+                   row_number() OVER (PARTITION BY pool, priority, in_quota ORDER BY wait_s) AS rn,
+                   count(*) OVER (PARTITION BY pool, priority, in_quota) AS n
+            FROM calc_waits WHERE started_s IS NOT NULL AND ({where})
+        )
+        SELECT pool, priority, quota_class, count(*) AS waits,
+               CAST(sum(CASE WHEN kind = 'first_start' THEN 1 ELSE 0 END) AS BIGINT) AS first_starts,
+               CAST(sum(CASE WHEN kind = 'restart' THEN 1 ELSE 0 END) AS BIGINT) AS restarts,
+               min(CASE WHEN rn >= 0.5 * n THEN wait_s END) AS p50_s,
+               min(CASE WHEN rn >= 0.9 * n THEN wait_s END) AS p90_s,
+               min(CASE WHEN rn >= 0.99 * n THEN wait_s END) AS p99_s,
+               max(wait_s) AS max_s,
+               sum(CASE WHEN wait_s <= sched_slo_s THEN 1 ELSE 0 END) * 1.0 / count(*) AS within_slo
+        FROM r GROUP BY pool, priority, quota_class
+    """
 
 
 def settings_rows(params: SloParams, as_of_s: Optional[int] = None) -> tuple[list, tuple]:

@@ -124,23 +124,30 @@ def print_summary(summary) -> None:
 
 @app.command()
 def sql(
-    query: str = typer.Argument(..., help="SQL over the lake views (journal, events, jobs, job_runs, deadletters, …)"),
+    query: Optional[str] = typer.Argument(None, help="SQL over the lake views (journal, events, jobs, job_runs, "
+                                                     "error_budget, …); none: read SQL from standard input"),
     lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
     fmt: str = typer.Option("table", "--format", "-f", help="table | csv | json"),
     config: Optional[Path] = ConfigOpt,
 ):
-    """Run SQL with DuckDB over the lake's views."""
+    """Run SQL with DuckDB over the lake's views; without a query, an interactive shell (until .quit or end of
+    input; statements end with ';')."""
     import duckdb
 
-    from analytics.views import connect
+    from analytics.views import connect, view_names
     from chipledger.output import FORMATS, render
 
     if fmt not in FORMATS:
         _fail(f"--format must be one of {', '.join(FORMATS)}", 2)
-    lake = lake or Path(_config(config).lake.path)
-    if not lake.is_dir():
-        _fail(f"lake {lake} does not exist (run `chipledger run` or `chipledger demo` first)")
-    con = connect(lake)
+    cfg = _config(config)
+    con = connect(_lake_dir(lake, cfg), slo=cfg.slo)
+    if query is None:
+        from chipledger.sqlshell import run_shell
+
+        failures = run_shell(con, sys.stdin, console, err, fmt, view_names())
+        if failures and not sys.stdin.isatty():
+            raise typer.Exit(1)
+        return
     try:
         cur = con.execute(query)
         rows = cur.fetchall()
@@ -148,6 +155,81 @@ def sql(
     except duckdb.Error as e:
         _fail(f"query failed: {e}")
     render(columns, rows, fmt, console)
+
+
+def _lake_dir(lake: Optional[Path], cfg: Config) -> Path:
+    lake = lake or Path(cfg.lake.path)
+    if not lake.is_dir():
+        _fail(f"lake {lake} does not exist (run `chipledger run` or `chipledger demo` first)")
+    return lake
+
+
+def _instant(text: Optional[str], option: str):
+    if text is None:
+        return None
+    from chipledger.report import parse_instant
+
+    try:
+        return parse_instant(text)
+    except ValueError:
+        _fail(f"{option} {text!r} is not an ISO 8601 date or time (e.g. 2026-11-02 or 2026-11-02T03:00:00Z)", 2)
+
+
+PoolOpt = typer.Option(None, "--pool", help="only this pool (default: all pools)")
+
+
+@app.command()
+def report(
+    lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
+    pool: Optional[str] = PoolOpt,
+    since: Optional[str] = typer.Option(None, "--since", help="start of the period (ISO 8601, UTC if no zone)"),
+    until: Optional[str] = typer.Option(None, "--until",
+                                        help="end of the period, and the instant error budgets end at "
+                                             "(default: the latest event)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="folder for the charts (PNG) and report.html"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """The SLO summary: error budgets, burn-rate alerts, availability, quota honoured, scheduling latency,
+    goodput, fragmentation and demand peaks; with --out, charts as PNG and one HTML page."""
+    from analytics.views import connect
+    from chipledger.report import build_report, print_report, write_report
+
+    cfg = _config(config)
+    t0, t1 = _instant(since, "--since"), _instant(until, "--until")
+    if t0 is not None and t1 is not None and t1 <= t0:
+        _fail("--until must be after --since", 2)
+    con = connect(_lake_dir(lake, cfg), slo=cfg.slo, as_of=t1, materialize=True)
+    rep = build_report(con, pool=pool, since=t0, until=t1)
+    print_report(rep, console)
+    if out is not None:
+        for path in write_report(rep, out):
+            console.print(f"wrote {path}", highlight=False)
+
+
+@app.command()
+def alerts(
+    lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
+    pool: Optional[str] = PoolOpt,
+    at: Optional[str] = typer.Option(None, "--at", help="evaluate at this instant (default: the latest event)"),
+    as_json: bool = typer.Option(False, "--json", help="print the firing alerts as JSON"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """Print the burn-rate alerts firing (SRE workbook windows: 1h & 5m at 14.4x and 6h & 30m at 6x page,
+    3d & 6h at 1x ticket). Exit 0: none; 1: tickets only; 2: a page-level alert fires."""
+    from analytics.views import connect
+    from chipledger.alerts import exit_status, firing
+
+    cfg = _config(config)
+    con = connect(_lake_dir(lake, cfg), slo=cfg.slo, as_of=_instant(at, "--at"))
+    found = firing(con, pool)
+    if as_json:
+        console.file.write(json.dumps([a.as_dict() for a in found]) + "\n")
+    elif found:
+        for a in found:
+            console.print(a.line(), highlight=False, markup=False, soft_wrap=True)
+    else:
+        console.print("no burn-rate alert firing", highlight=False)
+    raise typer.Exit(exit_status(found))
 
 
 @schema_app.command("export")

@@ -1,0 +1,145 @@
+"""`chipledger report`, `chipledger sql` interactive and the [slo] configuration, as a user meets them: through
+the CLI on the hand-computed lake of tests/test_slo_views.py (its numbers are derived there)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from chipledger.cli import app
+from chipledger.config import ConfigError, load_config
+from test_slo_views import slo_events
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory):
+    d = tmp_path_factory.mktemp("report")
+    f = d / "events.jsonl"
+    f.write_text("".join(json.dumps(e) + "\n" for e in slo_events()))
+    res = CliRunner().invoke(app, ["run", "--events", str(f), "--lake", str(d / "lake"),
+                                   "--store", f"sqlite:///{d / 's.db'}"])
+    assert res.exit_code == 0, res.output
+    return d / "lake"
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    """Tables as on a 200-column terminal (the CLI's rich console is made at import, 80 columns under pytest)."""
+    from chipledger import cli
+
+    monkeypatch.setattr(cli.console, "width", 200)
+
+
+def invoke(*args, input=None, env=None):
+    return CliRunner().invoke(app, list(args), input=input, env=env)
+
+
+def cells(output: str) -> list[list[str]]:
+    """The rows of every rich table in the output, as lists of stripped cells."""
+    return [[c.strip() for c in line.strip().strip("│").split("│")] for line in output.splitlines()
+            if line.lstrip().startswith("│")]
+
+
+def test_report_prints_the_slo_summary(lake):
+    res = invoke("report", "--lake", str(lake))
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "error budgets: 30 days to 2026-11-04 00:00 UTC" in out
+    # error budgets: quota honoured 1 of 2 against 95%: 10x the budget
+    rows = cells(out)
+    assert ["quota_honoured", "95.00%", "50.000%", "1 / 2 waits", "1000.0%", "-900.0%"] in rows
+    assert ["availability", "99.00%", "99.884%", "1,035,600,000 / 1,036,800,000 mchip_s", "11.6%", "88.4%"] in rows
+    assert ["2026-11-02", "p/h100", "144.0", "143.7", "99.769%"] in rows
+    assert ["2026-11-03", "p/h100", "144.0", "144.0", "100.000%"] in rows
+    assert "Burn-rate alerts firing: none" in out
+    assert ["p/h100", "a", "2", "1", "1", "0", "50.00%", "95.00%"] in rows  # quota honoured
+    # latency: B1's waits 300, 1200, 1200; A1 300 and A3 1200
+    assert ["p/h100", "1", "borrowing", "3", "1", "2", "1,200", "1,200", "1,200", "1,200", "33.33%"] in rows
+    assert ["p/h100", "5", "in_quota", "2", "2", "0", "300", "1,200", "1,200", "1,200", "50.00%"] in rows
+    assert ["p/h100", "b", "4.2", "1.8", "56.00%", "90.00%"] in rows  # goodput: 15.0M allocated, 6.6M lost
+    assert ["p/h100", "17.92", "Mon 01:00, Mon 02:00", "a 55%, b 45%", "45", "6.0"] in rows
+
+
+def test_report_for_a_period_and_its_charts(lake, tmp_path):
+    out = tmp_path / "charts"
+    res = invoke("report", "--lake", str(lake), "--pool", "p/h100", "--since", "2026-11-02T00:00:00Z",
+                 "--until", "2026-11-02T03:00:00Z", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    # at 03:00 the 6-hour page on scheduling latency fires (see test_slo_views)
+    assert ["page", "page_6h", "sched_latency", "p/h100", "6×", "6h: 6.0×", "30m: 10.0×"] in cells(res.output)
+    assert "2026-11-03" not in res.output.split("Availability by day")[1].split("Quota honoured")[0]
+    for name in ("capacity", "latency", "demand_heatmap"):
+        data = (out / f"{name}.png").read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5000, name
+    page = (out / "report.html").read_text()
+    assert page.count("<svg") == 3 and "Scheduling latency percentiles" in page
+    assert "<td>sched_latency</td>" in page and "<td>page_6h</td>" in page
+
+
+def test_report_refuses_bad_periods(lake):
+    res = invoke("report", "--lake", str(lake), "--since", "yesterday")
+    assert res.exit_code == 2 and "not an ISO 8601 date" in res.output
+    res = invoke("report", "--lake", str(lake), "--since", "2026-11-03", "--until", "2026-11-02")
+    assert res.exit_code == 2 and "--until must be after --since" in res.output
+    res = invoke("report", "--lake", str(lake / "nope"))
+    assert res.exit_code == 1 and "does not exist" in res.output
+
+
+def test_slo_targets_from_the_config_file_reach_the_views(lake, tmp_path):
+    cfg = tmp_path / "chipledger.toml"
+    cfg.write_text("[slo]\nquota_honoured = 0.5\nsched_slo_s = 1200\nwindow_days = 7\n")
+    res = invoke("sql", "--lake", str(lake), "--config", str(cfg), "--format", "json",
+                 "SELECT slo, target, good, total, consumed FROM error_budget WHERE pool IS NULL ORDER BY slo")
+    assert res.exit_code == 0, res.output
+    rows = {r["slo"]: r for r in json.loads(res.stdout)}
+    # with 20 minutes every wait is within; availability keeps its default target
+    assert (rows["quota_honoured"]["target"], rows["quota_honoured"]["good"], rows["quota_honoured"]["total"]) == (
+        0.5, 2, 2)
+    assert rows["availability"]["target"] == 0.99 and rows["sched_latency"]["consumed"] == 0.0
+    # the environment overrides the file
+    res = invoke("sql", "--lake", str(lake), "--config", str(cfg), "--format", "json",
+                 "SELECT target FROM slo_targets WHERE slo = 'quota_honoured'",
+                 env={"CHIPLEDGER_SLO_QUOTA_HONOURED": "0.75"})
+    assert json.loads(res.stdout) == [{"target": 0.75}]
+
+
+def test_slo_config_defaults_and_errors(tmp_path):
+    cfg = load_config(None, env={})
+    assert (cfg.slo.availability, cfg.slo.quota_honoured, cfg.slo.sched_latency, cfg.slo.goodput,
+            cfg.slo.sched_slo_s, cfg.slo.window_days) == (0.99, 0.95, 0.9, 0.9, 600, 30)
+    f = tmp_path / "c.toml"
+    f.write_text("[slo]\navailability = 1.5\n")
+    with pytest.raises(ConfigError, match=r"c.toml: \[slo\] availability must be a target between 0 and 1"):
+        load_config(f, env={})
+    f.write_text("[slo]\ngoodput = 'high'\n")
+    with pytest.raises(ConfigError, match=r"\[slo\] goodput must be a float"):
+        load_config(f, env={})
+    with pytest.raises(ConfigError, match="CHIPLEDGER_SLO_SCHED_SLO_S: .*sched_slo_s must be a positive"):
+        load_config(None, env={"CHIPLEDGER_SLO_SCHED_SLO_S": "0"})
+    res = invoke("report", "--config", str(f))
+    assert res.exit_code == 2 and "goodput must be a float" in res.output
+
+
+def test_sql_shell_reads_statements_until_quit(lake):
+    script = ("SELECT count(*) AS n\n  FROM sched_waits;\n"
+              ".format csv\n"
+              "SELECT job_id, wait_s FROM sched_waits WHERE slo_result = 'late' ORDER BY waiting_since;\n"
+              ".quit\n"
+              "SELECT 'never run';\n")
+    res = invoke("sql", "--lake", str(lake), input=script)
+    assert res.exit_code == 0, res.output
+    assert "│ 6 │" in res.output
+    assert "job_id,wait_s\nB1,1200\nA3,1200\nB1,1200\n" in res.output
+    assert "never run" not in res.output
+
+
+def test_sql_shell_goes_on_after_an_error_and_runs_what_is_left_at_eof(lake):
+    res = invoke("sql", "--lake", str(lake), "--format", "json",
+                 input="SELECT nope FROM nowhere;\n.tables\nSELECT 40 + 2 AS answer")
+    assert res.exit_code == 1  # a statement failed: a script sees it
+    assert "nowhere" in res.output and "error_budget" in res.output and "fragmentation" in res.output
+    assert '[{"answer": 42}]' in res.output
