@@ -300,8 +300,8 @@ def make_app(settings: WorkerSettings):
         key_serializer="raw",
         value_serializer="raw",
     )
-    table = app.Table(TABLE_NAME, partitions=settings.partitions, key_type=bytes, value_type=bytes,
-                      key_serializer="raw", value_serializer="raw")
+    raw = faust.Schema(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+    table = app.Table(TABLE_NAME, partitions=settings.partitions, schema=raw)
     topics = {name: app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
                               value_serializer="raw") for name in INPUT_TOPICS}
     consumer_positions: dict[TP, int] = {}

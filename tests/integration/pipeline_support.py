@@ -1,0 +1,87 @@
+"""What the pipeline tests share: a worker subprocess, pumping the sink, comparing a lake with the embedded run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class WorkerProcess:
+    """`chipledger worker` in a subprocess (its own process group, so kill -9 takes Faust's threads with it)."""
+
+    def __init__(self, bootstrap: str, data_dir: Path, log: Path, *args: str, app_id: str = "it-worker"):
+        self.cmd = [sys.executable, "-m", "chipledger.cli", "worker", "--bootstrap", bootstrap, "--data-dir",
+                    str(data_dir), "--app-id", app_id, "--loglevel", "warning", *args]
+        self.log = log
+        self.proc = None
+
+    def start(self) -> "WorkerProcess":
+        out = open(self.log, "ab")
+        self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        out.close()
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def pump(sink, done: Callable[[], bool], timeout_s: float, worker: WorkerProcess | None = None) -> None:
+    """Run the sink until `done()` (checked after every poll), failing after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"sink did not reach the expected state in {timeout_s}s: {sink.stats.as_dict()}"
+                                 + (f"\nworker log:\n{worker.tail()}" if worker else ""))
+        if worker is not None and worker.proc is not None and not worker.alive():
+            raise AssertionError(f"worker exited with {worker.proc.returncode}:\n{worker.tail()}")
+        sink.poll_once(timeout_ms=200)
+
+
+def lake_tables(lake: Path) -> dict[str, list]:
+    """The rows of the lake's tables that both paths write, without the columns that name the input position
+    (a file line vs a topic offset) or say when a dead letter was seen."""
+    from analytics.views import connect
+
+    con = connect(lake)
+    q = {
+        "events": "SELECT event_id, type, pool, source, occurred_at, applied_at, lateness_s, body FROM event_log",
+        "journal": "SELECT pool, hour, account, team, amount_mchip_s FROM journal WHERE amount_mchip_s <> 0",
+        "job_runs": "SELECT * FROM job_runs",
+        "decisions": "SELECT decision_id, type, pool, \"at\", rule, message, body FROM decision_log",
+        "deadletters": "SELECT error_code, detail, event_id, event_type, pool FROM deadletters",
+    }
+    out = {}
+    for name, sql in q.items():
+        try:
+            out[name] = Counter(con.execute(sql).fetchall())
+        except Exception as exc:  # noqa: BLE001 - name the query that failed
+            raise AssertionError(f"{name}: {exc}") from exc
+    return out

@@ -1,0 +1,119 @@
+"""emit + worker + sink on a real Kafka broker gives the books `chipledger run` gives for the same file.
+
+A seeded fleet scenario (3 pools, 2 days, bad lines mixed in) ends with each pool's `pool.tick` at an hour
+boundary, so `run`'s final close of the books adds nothing to the journal; the open runs it posts at that close
+(the worker never closes early) are the only rows of `run` the stream does not have, and the test names them.
+"""
+
+from __future__ import annotations
+
+import base64
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from chipledger.cli import app  # noqa: E402
+from chipledger.scenario import corrupt, generate, iter_jsonl  # noqa: E402
+from kafka_support import check_prerequisites, free_port, start_broker  # noqa: E402
+from ledger.store import open_store  # noqa: E402
+from pipeline_support import WorkerProcess, lake_tables, pump  # noqa: E402
+from streams import broker  # noqa: E402
+from streams.sink import Sink  # noqa: E402
+from streams.topics import create_topics  # noqa: E402
+
+pytestmark = pytest.mark.kafka
+
+PARSE_CODES = {"not_json", "unknown_type", "schema_invalid"}  # refused by emit: never reach Kafka
+
+
+@pytest.fixture(scope="module")
+def bootstrap(tmp_path_factory):
+    check_prerequisites()
+    data_dir = tmp_path_factory.mktemp("kafka")
+    info = start_broker(data_dir, free_port())
+    create_topics(info["bootstrap_servers"], partitions=3, timeout_s=60)
+    yield info["bootstrap_servers"]
+    broker.down(data_dir, timeout_s=30)
+
+
+def test_emit_worker_sink_equals_run(bootstrap, tmp_path):
+    events = tmp_path / "fleet.jsonl"
+    labels: list = []
+    lines = list(corrupt(iter_jsonl(generate(seed=11, days=2, pools=3, teams=5)), seed=11, every=150, labels=labels))
+    events.write_text("\n".join(lines) + "\n")
+    assert len(lines) > 4000 and {k for _, k in labels} >= {"not_json", "unknown_pool", "duplicate",
+                                                             "duplicate_conflict", "illegal_transition"}
+    runner = CliRunner()
+    run = runner.invoke(app, ["run", "--events", str(events), "--lake", str(tmp_path / "run-lake"),
+                              "--store", f"sqlite:///{tmp_path / 'run.db'}", "--json"])
+    assert run.exit_code == 0, run.output
+    import json
+
+    summary = json.loads(run.stdout)
+
+    emitted = runner.invoke(app, ["emit", str(events), "--bootstrap", bootstrap, "--timeout", "30"])
+    assert emitted.exit_code == 1  # some lines were invalid
+    invalid_lines = sorted(int(line.split(":")[0].split()[1]) for line in emitted.stderr.strip().splitlines())
+    # a foreign producer's garbage on an input topic, keyed by a pool: dead-lettered with its bytes
+    from kafka import KafkaProducer
+
+    garbage = b"\xff\xfe not json at all"
+    p = KafkaProducer(bootstrap_servers=bootstrap)
+    p.send("chipledger.jobs", key=b"us-east1-a/h100-80gb", value=garbage).get(30)
+    p.close()
+
+    worker = WorkerProcess(bootstrap, tmp_path / "worker", tmp_path / "worker.log", "--tick-interval", "0",
+                           app_id=f"eq-{uuid.uuid4().hex[:6]}").start()
+    store = open_store(f"sqlite:///{tmp_path / 'sink.db'}")
+    sink = Sink(tmp_path / "lake", store, bootstrap=bootstrap, name="sink")
+    semantic = sum(n for code, n in summary["dead_letters"].items() if code not in PARSE_CODES)
+    want_applied = {b.pool: b.applied for b in open_store(f"sqlite:///{tmp_path / 'run.db'}").pool_balances()}
+    try:
+        pump(sink, lambda: sink.stats.rows["events"] == summary["accepted"]
+             and sink.stats.rows["deadletters"] == semantic + 1
+             and {b.pool: b.applied for b in store.pool_balances()} == want_applied, 180, worker)
+    finally:
+        worker.stop()
+        sink.close()
+
+    # the lines emit refused are the run's parse-level dead letters
+    run_tables = lake_tables(tmp_path / "run-lake")
+    got = lake_tables(tmp_path / "lake")
+    from analytics.views import connect
+
+    parse_dl = sorted(o for (o,) in connect(tmp_path / "run-lake").execute(
+        "SELECT \"offset\" FROM deadletters WHERE error_code IN ('not_json', 'unknown_type', 'schema_invalid')"
+    ).fetchall())
+    assert invalid_lines == parse_dl and len(parse_dl) > 0
+
+    assert got["events"] == run_tables["events"] and sum(got["events"].values()) == summary["accepted"]
+    assert got["journal"] == run_tables["journal"] and len(got["journal"]) > 1000
+    assert got["decisions"] == run_tables["decisions"] and len(got["decisions"]) > 0
+    # job runs: the run's final close posts the runs still open (ended_at NULL) at the last tick; the rest equal
+    open_at_close = Counter({r: n for r, n in run_tables["job_runs"].items() if r[8] is None})
+    assert got["job_runs"] == run_tables["job_runs"] - open_at_close
+    assert all(r[8] is not None for r in got["job_runs"])
+    # dead letters: the run's semantic ones, plus the garbage (raw bytes kept)
+    want_dl = Counter({r: n for r, n in run_tables["deadletters"].items() if r[0] not in PARSE_CODES})
+    got_dl = got["deadletters"]
+    garbage_rows = [r for r in got_dl if r[0] == "not_json"]
+    assert len(garbage_rows) == 1
+    assert got_dl - Counter(garbage_rows) == want_dl
+    (raw_b64,) = connect(tmp_path / "lake").execute(
+        "SELECT raw_b64 FROM deadletters WHERE error_code = 'not_json'").fetchone()
+    assert base64.b64decode(raw_b64) == garbage
+
+    # the store's balances are those of the run
+    def balances(st):
+        return [(b.pool, b.team, b.nominal_milli, b.used_milli, b.entitled_mchip_s, b.in_quota_mchip_s,
+                 b.borrowed_mchip_s, b.burst_mchip_s) for b in st.team_balances()]
+
+    assert balances(store) == balances(open_store(f"sqlite:///{tmp_path / 'run.db'}"))
+    assert store.position("sink", "chipledger.journal", 0) is not None
