@@ -2,11 +2,11 @@
 
 Each poll is one batch:
 
-1. every output record (journal/job_runs/events/balances/… rows, decisions, dead letters of one input record)
-   is checked against the *mark* of its origin: the worker stamps each output record with the input record it
-   came from (input topic, partition, offset), and a pool's input records of one topic-partition are folded in
-   offset order, so the sink keeps, per (output topic, pool, input topic-partition), the last input offset it
-   wrote. A record at or below it is a re-send after a worker crash (same content, new output offset): dropped;
+1. an output record carries, for some input records of one pool, each one's lake rows (events, journal,
+   job_runs, balances, …; decisions; dead letters) with its *origin* (input topic, partition, offset). A pool's
+   input records of one topic-partition are folded in offset order, so the sink keeps, per (output topic, pool,
+   input topic-partition), the last input offset it wrote: an item at or below this mark is a re-send after a
+   worker crash (same content, new output offset), and is dropped;
 2. the batch's rows are written as Parquet into a staging folder `<lake>/_staging/<sink>/<batch>`;
 3. one store transaction: the pools' balances (from the latest state snapshot of each pool in the batch), the
    decisions index, the output positions read `(sink, topic, partition, offset)`, the marks (as tracking rows
@@ -157,18 +157,20 @@ class Sink:
             if kind == "state":
                 snapshots[value["pool"]] = value["state"]
                 continue
-            in_topic, in_part, in_offset = value["origin"]
-            key = (rec.topic, value["pool"], in_topic, in_part)
-            if in_offset <= self._mark(key):
-                self.stats.resent_dropped += 1
-                continue
-            self._marks[key] = marks[key] = in_offset
-            for table, rows in value["tables"].items():
-                for row in rows:
-                    writer.add(table, tuple(row))
-                self.stats.rows[table] += len(rows)
-                if table == "decisions":
-                    decisions.extend(tuple(r) for r in rows)
+            pool = value["pool"]
+            for item in value["items"]:
+                in_topic, in_part, in_offset = item["origin"]
+                key = (rec.topic, pool, in_topic, in_part)
+                if in_offset <= self._mark(key):
+                    self.stats.resent_dropped += 1
+                    continue
+                self._marks[key] = marks[key] = in_offset
+                for table, rows in item["tables"].items():
+                    for row in rows:
+                        writer.add(table, tuple(row))
+                    self.stats.rows[table] += len(rows)
+                    if table == "decisions":
+                        decisions.extend(tuple(r) for r in rows)
         writer.close()
         tracking = [(self.name, t, p, o) for (t, p), o in sorted(positions.items())]
         tracking += [(mark_consumer(self.name, ot, pool), it, ip, o) for (ot, pool, it, ip), o in sorted(marks.items())]

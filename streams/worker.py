@@ -4,11 +4,15 @@ One agent per input topic (quota, jobs, chips) only buffers records in a `stream
 releases them per pool in merge order (see streams/merge.py and docs/streaming.md), folds them with
 `ledger.evolve`, and for each batch:
 
-1. sends every output (lake rows per input record on chipledger.journal, decisions on chipledger.decisions,
-   dead letters on chipledger.deadletter; all keyed by pool) and waits until Kafka acknowledged them;
-2. only then writes the pools' `PoolState` (with the last offset handled per input topic-partition) to the Faust
-   table `pool-state` (rocksdb via rocksdict, or memory), whose changelog Faust flushes before it commits input
-   offsets (faust.transport.consumer.Consumer._commit_offsets: producer.flush() then commit);
+sends every output at once (lake rows per input record on chipledger.journal, decisions on
+chipledger.decisions, dead letters on chipledger.deadletter; all keyed by pool). Every `checkpoint_interval_ms`
+it makes the records folded since the last checkpoint durable:
+
+1. it waits until Kafka acknowledged every output sent (acks=all);
+2. only then writes the changed pools' `PoolState` (with the last offset handled per input topic-partition) to
+   the Faust table `pool-state` (rocksdb via rocksdict, or memory), whose changelog Faust flushes before it
+   commits input offsets (faust.transport.consumer.Consumer._commit_offsets: producer.flush(), then commit),
+   and sends the same state as a snapshot for the store;
 3. only then acknowledges the input records, so committed offsets never pass a record whose effects are not in
    Kafka.
 
@@ -59,8 +63,8 @@ class WorkerSettings:
     partitions: int = 3
     merge_idle_ms: int = 50       # how long a head waits for a caught-up topic-partition that has nothing
     tick_interval_s: int = 60     # 0: no ticks
-    snapshot_interval_ms: int = 500
-    drain_interval_ms: int = 5
+    checkpoint_interval_ms: int = 200  # how often folded records are made durable (state written, inputs acked)
+    drain_interval_ms: int = 10
     fold_config: FoldConfig = field(default_factory=lambda: DEFAULT_CONFIG)
 
     def store_url(self) -> str:
@@ -85,10 +89,19 @@ class Pending:
     arrived: float
 
 
-def rows_record(origin, pool: str, tables: dict[str, list]) -> bytes:
-    """The value of an output record: the lake rows (per table) that one input record produced."""
-    return orjson.dumps({"kind": "rows", "origin": origin, "pool": pool,
-                         "tables": {t: [list(r) for r in rows] for t, rows in tables.items()}})
+OUTPUT_ITEMS_MAX = 500  # input records' outputs per output record
+CHECKPOINT_RECORDS_MAX = 50_000  # checkpoint early when this many folded records wait for it
+
+
+def state_record(pool: str, state_json: bytes) -> bytes:
+    """The value of a state snapshot record (for the store's balances), around the table value's JSON."""
+    return b'{"kind":"state","pool":' + orjson.dumps(pool) + b',"state":' + state_json + b"}"
+
+
+def rows_record(pool: str, items: list[dict]) -> bytes:
+    """The value of an output record: for each of some input records of `pool`, in fold order, its origin
+    (input topic, partition, offset) and the lake rows it produced per table."""
+    return orjson.dumps({"kind": "rows", "pool": pool, "items": items})
 
 
 def tick_event(pool: str, clock_s: int, elapsed_s: float) -> Optional[dict]:
@@ -111,7 +124,7 @@ def tick_event(pool: str, clock_s: int, elapsed_s: float) -> Optional[dict]:
 class PoolWorker:
     """The worker's state outside Faust: the merge buffers, the live `PoolState`s and the drain.
 
-    `load(pool, pending)` / `store(pool, value, pending)` read and write the table; `send(topic, key, value)`
+    `load(pool, pending)` / `store(pool, json_bytes, pending)` read and write the table; `send(topic, key, value)`
     sends an output and returns an awaitable of its delivery; `caught_up(tp)` says whether everything up to the
     high watermark of `tp` was received. They are Faust's in the app, plain functions in unit tests."""
 
@@ -122,11 +135,13 @@ class PoolWorker:
         self.load, self.store, self.send, self.caught_up, self.clock = load, store, send, caught_up, clock
         self.pools: dict[str, PoolState] = {}  # live states of the pools seen since start
         self.last_applied: dict[str, float] = {}  # pool -> monotonic time of its last handled record
-        self.dirty: set[str] = set()  # pools whose snapshot is behind their state
-        self.last_snapshot = 0.0
+        self._touched: dict[str, Pending] = {}  # pools changed since the last checkpoint -> their last record
+        self._unacked: list[Pending] = []  # folded since the last checkpoint
+        self._inflight: list = []  # deliveries of the outputs sent since the last checkpoint
+        self._last_checkpoint = 0.0
         self.received_next: dict[TP, int] = {}
         self.counts = {"received": 0, "applied": 0, "duplicates": 0, "dead_letters": 0, "skipped": 0,
-                       "ticks": 0, "batches": 0}
+                       "ticks": 0, "batches": 0, "checkpoints": 0}
         self._lock = asyncio.Lock()
 
     # --- in ---------------------------------------------------------------------------------------------
@@ -151,7 +166,8 @@ class PoolWorker:
 
     # --- drain ------------------------------------------------------------------------------------------
     async def drain(self) -> int:
-        """Fold what the merge releases, send outputs, wait for them, write states, ack. Returns records done."""
+        """Fold what the merge releases and send its outputs (not waiting for them); checkpoint when due.
+        Returns the number of records folded."""
         async with self._lock:
             now = self.clock()
             released: list[tuple[str, list[Pending]]] = []
@@ -160,37 +176,55 @@ class PoolWorker:
                 items = self.merger.release(pool, self.ready(self.merger.partition_of(pool), now, oldest))
                 if items:
                     released.append((pool, items))
-            if not released:
-                await self._maybe_snapshot(now)
-                return 0
-            self.counts["batches"] += 1
-            futures = []
-            touched: dict[str, Pending] = {}
-            done: list[Pending] = []
+            out: dict[tuple[str, str], list] = {}  # (output topic, pool) -> items, in fold order
+            n = 0
             for pool, items in released:
                 for p in items:
-                    futures.extend(await self._fold(pool, p, touched))
-                    done.append(p)
-            if futures:
-                await asyncio.gather(*futures)  # every output acknowledged by Kafka (acks=all) ...
-            for pool, last in touched.items():  # ... before the states that include them are written
-                self.store(pool, self.pools[pool].to_dict(), last)
-                self.dirty.add(pool)
-            for p in done:  # ... and before the inputs may be committed
-                p.event.ack()
-            await self._maybe_snapshot(now)
-            return len(done)
+                    for topic, item in self._fold(pool, p, self._touched):
+                        out.setdefault((topic, pool), []).append(item)
+                    self._unacked.append(p)
+                    n += 1
+            for (topic, pool), items in out.items():
+                for i in range(0, len(items), OUTPUT_ITEMS_MAX):
+                    self._inflight.append(await self.send(topic, pool.encode(),
+                                                          rows_record(pool, items[i:i + OUTPUT_ITEMS_MAX])))
+            if n:
+                self.counts["batches"] += 1
+            if self._unacked and ((now - self._last_checkpoint) * 1000 >= self.settings.checkpoint_interval_ms
+                                  or len(self._unacked) >= CHECKPOINT_RECORDS_MAX):
+                await self._checkpoint(now)
+            return n
 
-    async def _fold(self, key_pool: str, p: Pending, touched: dict) -> list:
+    async def _checkpoint(self, now: float) -> None:
+        """Wait until Kafka acknowledged every output sent (acks=all); then write the states that include them to
+        the table and send them as snapshots for the store; then acknowledge the input records folded."""
+        inflight, self._inflight = self._inflight, []
+        if inflight:
+            await asyncio.gather(*inflight)
+        touched, self._touched = self._touched, {}
+        snapshots = []
+        for pool, last in touched.items():
+            value = orjson.dumps(self.pools[pool].to_dict())
+            self.store(pool, value, last)  # a new value: the table's value is never mutated in place
+            snapshots.append(await self.send(TOPIC_JOURNAL, pool.encode(), state_record(pool, value)))
+        unacked, self._unacked = self._unacked, []
+        for p in unacked:
+            p.event.ack()
+        self._last_checkpoint = now
+        self.counts["checkpoints"] += 1
+        if snapshots:
+            await asyncio.gather(*snapshots)
+
+    def _fold(self, key_pool: str, p: Pending, touched: dict) -> list[tuple[str, dict]]:
+        """Fold one record; returns its outputs as (output topic, item), item = {"origin", "tables"}."""
         origin = [p.topic, p.partition, p.offset]
-        out_key = p.key
         event = parse_event(p.value)
         if isinstance(event, Rejection):
-            return [await self._dead(p, event, None, None, origin)]
+            return [self._dead(p, event, None, None, origin)]
         if event.pool != key_pool:
             rej = Rejection(RejectionCode.schema_invalid,
                             f"message key {key_pool!r} is not the event's pool {event.pool!r} (producers key by pool)")
-            return [await self._dead(p, rej, event, None, origin)]
+            return [self._dead(p, rej, event, None, origin)]
         state = self.pools.get(key_pool)
         if state is None:
             d = self.load(key_pool, p)
@@ -207,43 +241,26 @@ class PoolWorker:
             self.pools[key_pool] = new
             touched[key_pool] = p
         if step.rejection is not None:
-            return [await self._dead(p, step.rejection, event, new, origin)]
+            return [self._dead(p, step.rejection, event, new, origin)]
         if step.duplicate:
             self.counts["duplicates"] += 1
             return []
         self.counts["applied"] += 1
         tables: dict[str, list] = {}
         for table, row in step_rows(event, step, p.topic, p.partition, p.offset):
-            tables.setdefault(table, []).append(row)
-        futures = []
+            tables.setdefault(table, []).append(list(row))
         decisions = tables.pop("decisions", None)
-        futures.append(await self.send(TOPIC_JOURNAL, out_key, rows_record(origin, key_pool, tables)))
+        out = [(TOPIC_JOURNAL, {"origin": origin, "tables": tables})]
         if decisions:
-            futures.append(await self.send(TOPIC_DECISIONS, out_key,
-                                           rows_record(origin, key_pool, {"decisions": decisions})))
-        return futures
+            out.append((TOPIC_DECISIONS, {"origin": origin, "tables": {"decisions": decisions}}))
+        return out
 
-    async def _dead(self, p: Pending, rejection: Rejection, event, state: Optional[PoolState], origin):
+    def _dead(self, p: Pending, rejection: Rejection, event, state: Optional[PoolState], origin):
         # seen_at: the pool clock when the pool is known, else the record's timestamp (there is no pool time)
         seen_at = state.clock if state is not None else p.timestamp_ms // 1000
         row = deadletter_row(p.value, rejection, p.topic, p.partition, p.offset, seen_at, event)
         self.counts["dead_letters"] += 1
-        pool = p.key.decode("utf-8", "replace")
-        return await self.send(TOPIC_DEADLETTER, p.key, rows_record(origin, pool, {"deadletters": [row]}))
-
-    async def _maybe_snapshot(self, now: float, force: bool = False) -> None:
-        """Send the state of changed pools (for the store's balances), at most every snapshot_interval_ms."""
-        if not self.dirty or (not force and (now - self.last_snapshot) * 1000 < self.settings.snapshot_interval_ms):
-            return
-        futures = []
-        for pool in sorted(self.dirty):
-            state = self.pools.get(pool)
-            if state is not None:
-                value = orjson.dumps({"kind": "state", "pool": pool, "state": state.to_dict()})
-                futures.append(await self.send(TOPIC_JOURNAL, pool.encode(), value))
-        await asyncio.gather(*futures)
-        self.dirty.clear()
-        self.last_snapshot = now
+        return (TOPIC_DEADLETTER, {"origin": origin, "tables": {"deadletters": [list(row)]}})
 
     # --- ticks ------------------------------------------------------------------------------------------
     def due_ticks(self, now: float) -> list[dict]:
@@ -264,7 +281,9 @@ class PoolWorker:
             self.merger.drop_partition(part)
         for pool in gone:
             del self.pools[pool]
-            self.dirty.discard(pool)
+            self._touched.pop(pool, None)
+        # folded but not checkpointed: the new owner folds them again (the sink drops the re-sent outputs)
+        self._unacked = [p for p in self._unacked if p.partition not in partitions]
         for tp in [tp for tp in self.received_next if tp[1] in partitions]:
             del self.received_next[tp]
 
@@ -318,10 +337,10 @@ def make_app(settings: WorkerSettings):
             _current_event.reset(token)
         return None if raw is None else orjson.loads(raw)
 
-    def store(pool: str, value: dict, p: Pending):
+    def store(pool: str, value: bytes, p: Pending):
         token = in_context(p)
         try:
-            table[pool.encode()] = orjson.dumps(value)  # a new value every time: never mutated in place
+            table[pool.encode()] = value
         finally:
             _current_event.reset(token)
 
@@ -378,13 +397,14 @@ def make_app(settings: WorkerSettings):
         """After (re)start, resend the state of every pool owned (the snapshot after a crash may be missing)."""
         await app.tables.recovery.completed.wait()
         async with worker._lock:
+            sent = []
             for key, raw in list(table.items()):
                 pool = key.decode("utf-8", "replace")
                 if pool not in worker.pools:
                     worker.pools[pool] = PoolState.from_dict(orjson.loads(raw))
                     worker.last_applied.setdefault(pool, worker.clock())
-                worker.dirty.add(pool)
-            await worker._maybe_snapshot(worker.clock(), force=True)
+                sent.append(await send(TOPIC_JOURNAL, key, state_record(pool, raw)))
+            await asyncio.gather(*sent)
 
     if settings.tick_interval_s > 0:
         ids = {"producer": uuid.uuid4().hex[:16], "seq": 0}
