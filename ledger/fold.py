@@ -181,8 +181,11 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     state.applied += 1
     # preemption is looked at only after a change that can leave a pending job short, or when a moment it
     # asked for (grace end, timeout, a protection ending) has come; never without pending jobs
-    if state.pending_sizes and (etype in _POLICY_TRIGGERS or t >= state.policy_due):
-        policy.evaluate(state, event_id, t, step, config)
+    if state.pending_sizes:
+        if t >= state.policy_due or etype in _POLICY_TRIGGERS_ALL:
+            policy.evaluate(state, event_id, t, step, config)
+        elif etype in _POLICY_TRIGGERS_TEAM:  # new demand of one team: only its queue can have changed
+            policy.evaluate(state, event_id, t, step, config, state.jobs[event.job_id])
     # remember the id (an accepted event's id was not in the window: `seen` is None here); ids that fell out
     # of the window are forgotten when an hour closes, so an id is remembered for at least the window
     state.dedup_order.append(event_id)
@@ -362,6 +365,7 @@ def _grant_on(state: PoolState, grant_id: str, version: int, t: int) -> None:
     team.nominal_milli += g.chips_milli
     _retally_team(state, team, t)
     state.policy_due = t
+    state.other_epoch += 1
 
 
 def _grant_off(state: PoolState, grant_id: str, version: int, t: int) -> None:
@@ -371,6 +375,7 @@ def _grant_off(state: PoolState, grant_id: str, version: int, t: int) -> None:
     _deactivate(state, g, t)
     del state.grants[grant_id]
     state.policy_due = t
+    state.other_epoch += 1
 
 
 def _burst_on(state: PoolState, request_id: str, version: int, t: int) -> None:
@@ -382,6 +387,7 @@ def _burst_on(state: PoolState, request_id: str, version: int, t: int) -> None:
     team.burst_milli += b[1]
     _retally_team(state, team, t)
     state.policy_due = t
+    state.other_epoch += 1
 
 
 def _burst_off(state: PoolState, request_id: str, version: int, t: int) -> None:
@@ -392,6 +398,7 @@ def _burst_off(state: PoolState, request_id: str, version: int, t: int) -> None:
     team.burst_milli -= b[1]
     _retally_team(state, team, t)
     state.policy_due = t
+    state.other_epoch += 1
 
 
 _BOUNDARY = {"grant_on": _grant_on, "grant_off": _grant_off, "burst_on": _burst_on, "burst_off": _burst_off}
@@ -477,9 +484,21 @@ def _wait(state: PoolState, job: Job, t: int, sign: int) -> None:
             sizes[milli] = n
         else:
             del sizes[milli]
-        if state.short_since or state.inflight:
+        if state.short_since or state.inflight or state.blocked:
             policy.job_left_queue(state, job.job_id)
-    state.heads.pop(name, None)
+    heads = state.heads.get(name)
+    if heads is not None:  # keep the cached queue head (top candidates_per_team jobs) without a full sort
+        if sign > 0:
+            key = (-job.priority, job.waiting_since, job.job_id)
+            last = heads[-1] if heads else None
+            if len(heads) < state.heads_k:
+                heads.append(job)
+                heads.sort(key=policy.queue_key)
+            elif last is not None and key < policy.queue_key(last):
+                heads[-1] = job
+                heads.sort(key=policy.queue_key)
+        elif job in heads:
+            del state.heads[name]
 
 
 def _accrue_job(job: Job, t: int) -> None:
@@ -514,6 +533,8 @@ def _apply_chip_state_changed(s: PoolState, e, t, step):
     if was == now:
         return
     s.unavailable_milli += -MILLI if now else MILLI
+    s.run_epoch += 1
+    s.other_epoch += 1
     for job_id, share in chip.jobs.items():
         job = s.jobs[job_id]
         _charge(s, job, job.charged_milli + (share if now else -share), t)
@@ -523,6 +544,8 @@ def _apply_chip_state_changed(s: PoolState, e, t, step):
 def _apply_chip_retired(s: PoolState, e, t, step):
     chip = s.chips.pop(e.chip_id)
     s.capacity_milli -= MILLI
+    s.run_epoch += 1
+    s.other_epoch += 1
     if not chip.available:
         s.unavailable_milli -= MILLI
     else:
@@ -568,6 +591,7 @@ def _deactivate(s: PoolState, g: Grant, t: int) -> None:
         team = s.teams[g.team]
         team.nominal_milli -= g.chips_milli
         _retally_team(s, team, t)
+        s.other_epoch += 1
 
 
 def _apply_quota_revoked(s: PoolState, e, t, step):
@@ -606,6 +630,13 @@ def _apply_job_started(s: PoolState, e, t, step):
     job.run_alloc_mchip_s = job.run_posted_mchip_s = job.alloc_at_safe_mchip_s = 0
     _wait(s, job, t, -1)
     team.running += 1
+    s.run_epoch += 1
+    s.team_epoch[job.team] = s.team_epoch.get(job.team, 0) + 1
+    if job.preemptible:
+        pc = s.prio_chips.get(job.team)
+        if pc is None:
+            pc = s.prio_chips[job.team] = {}
+        pc[job.priority] = pc.get(job.priority, 0) + job.chips_milli
     r = s.running_jobs.get(job.team)
     if r is None:
         r = s.running_jobs[job.team] = {}
@@ -655,6 +686,15 @@ def _end_run(s: PoolState, job: Job, t: int, reason: str, step: Step) -> None:
     job.placement = None
     s.teams[job.team].running -= 1
     del s.running_jobs[job.team][job.job_id]
+    s.run_epoch += 1
+    s.team_epoch[job.team] = s.team_epoch.get(job.team, 0) + 1
+    if job.preemptible:
+        pc = s.prio_chips[job.team]
+        left = pc[job.priority] - job.chips_milli
+        if left:
+            pc[job.priority] = left
+        else:
+            del pc[job.priority]
     if s.marked:
         policy.victim_gone(s, job.job_id)
 
@@ -683,8 +723,13 @@ def _apply_job_finished(s: PoolState, e, t, step):
         _wait(s, job, t, -1)
 
 
-_POLICY_TRIGGERS = frozenset({"job.submitted", "job.started", "job.preempted", "chip.state_changed",
-                              "chip.retired", "quota.granted", "quota.revoked", "burst.requested"})
+# events after which preemption is looked at (when jobs are pending): new demand (a job submitted or sent back
+# to the queue), capacity lost, quota changed, and the pool's timer. A job.started or job.finished only takes
+# or frees chips the cluster itself placed; a shortage it leaves is seen at the next of these (pool.tick comes
+# every minute from the worker's timer) or when an instant the policy asked for comes.
+_POLICY_TRIGGERS_TEAM = frozenset({"job.submitted", "job.preempted"})
+_POLICY_TRIGGERS_ALL = frozenset({"chip.state_changed", "chip.retired", "quota.granted", "quota.revoked",
+                                  "burst.requested", "pool.tick"})
 
 _APPLY = {
     "pool.configured": _apply_pool_configured,
@@ -746,6 +791,12 @@ def check_invariants(s: PoolState) -> None:
     for name, team in s.teams.items():
         active = sum(b[1] for b in s.bursts.values() if b[0] == name and b[4])
         assert team.burst_milli == active, (name, team.burst_milli, active)
+    pc: dict = {}
+    for j in s.jobs.values():
+        if j.status == "running" and j.preemptible:
+            pc.setdefault(j.team, {})
+            pc[j.team][j.priority] = pc[j.team].get(j.priority, 0) + j.chips_milli
+    assert pc == {k: v for k, v in s.prio_chips.items() if v}, (pc, s.prio_chips)
     waiting = {(j.team, j.job_id) for j in s.jobs.values() if j.status == "pending"}
     assert waiting == {(t, jid) for t, q in s.waiting.items() for jid in q}, "policy queue index out of date"
     running = {(j.team, j.job_id) for j in s.jobs.values() if j.status == "running"}

@@ -363,21 +363,27 @@ def _victim_key(order: str, f: float, job: Job, lost: int):
     return (f, job.priority, lost, -job.run_started_at, job.job_id)
 
 
-def _select(cands: list, need: int, room: dict[str, int]) -> list:
+def _select(groups, need: int, room: dict[str, int]) -> list:
     """Greedy in victim order while the victim's team still has room (borrowed chips left to take), then drop
-    the victims not needed (latest first), so no more than needed is freed beyond the last victim's size."""
+    the victims not needed (latest first), so no more than needed is freed beyond the last victim's size.
+
+    `groups` yields lists of candidates (key, job, lost), each list sorted, the lists in victim order; later
+    groups are not even built once enough is chosen (with the goodput order a group is the teams of one F)."""
     chosen = []
     freed = 0
     left = dict(room)
-    for c in cands:
+    for group in groups:
+        for c in group:
+            job = c[1]
+            if left.get(job.team, 0) <= 0:
+                continue
+            chosen.append(c)
+            freed += job.chips_milli
+            left[job.team] -= job.chips_milli
+            if freed >= need:
+                break
         if freed >= need:
             break
-        job = c[1]
-        if left.get(job.team, 0) <= 0:
-            continue
-        chosen.append(c)
-        freed += job.chips_milli
-        left[job.team] -= job.chips_milli
     if freed < need:
         return []
     for i in range(len(chosen) - 2, -1, -1):  # the last one was needed; earlier ones may not be
@@ -387,39 +393,57 @@ def _select(cands: list, need: int, room: dict[str, int]) -> list:
     return chosen
 
 
-def evaluate(state: PoolState, trigger_id: str, t: int, step, config) -> None:
-    """Look for pending jobs that a rule entitles to chips held by others, and emit decisions."""
+def queue_key(job: Job):
+    """Order of a team's queue: highest priority, then longest waiting, then job id."""
+    return (-job.priority, job.waiting_since, job.job_id)
+
+
+def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only_job: Optional[Job] = None) -> None:
+    """Look for pending jobs that a rule entitles to chips held by others, and emit decisions. With
+    `only_job` (a job that just joined its team's queue: the only new demand), only that job is looked at,
+    and only if it is at the head of its team's queue; the other jobs' waiting state is kept."""
+    only_team = None if only_job is None else only_job.team
     inflight = state.inflight
-    due = NEVER
-    if inflight:
+    due = NEVER if only_team is None else state.policy_due
+    if inflight and only_team is None:
         for ben, fl in list(inflight.items()):
             if fl[2] + config.decision_timeout_s <= t:
                 _drop_inflight(state, ben)
             else:
                 due = min(due, fl[2] + config.decision_timeout_s)
     free = free_milli(state)
-    limits = team_limits(state)
+    cached = state.limits_cache
+    if cached is not None and cached[0] == state.other_epoch:
+        limits = cached[1]
+    else:
+        limits = team_limits(state)
+        state.limits_cache = (state.other_epoch, limits)
     if not state.pending_sizes or (max(state.pending_sizes) <= free
                                    and all(v[0] is None for v in limits.values())):
-        if state.short_since:  # every pending job fits the free chips: none is short
-            state.short_since.clear()
-        state.policy_due = due
+        if only_team is None:
+            if state.short_since:  # every pending job fits the free chips: none is short
+                state.short_since.clear()
+            state.policy_due = due
         return
     fs = None
     guarded = None
-    k = config.candidates_per_team
+    k = state.heads_k = config.candidates_per_team
     short_seen = set()
-    for team_name in sorted(state.waiting):
-        queue = state.waiting[team_name]
+    for team_name in (sorted(state.waiting) if only_team is None else (only_team,)):
+        queue = state.waiting.get(team_name)
         if not queue:
             continue
         heads = state.heads.get(team_name)
         if heads is None:
-            heads = state.heads[team_name] = heapq.nsmallest(
-                k, queue.values(), key=lambda j: (-j.priority, j.waiting_since, j.job_id))
+            heads = state.heads[team_name] = heapq.nsmallest(k, queue.values(), key=queue_key)
+        if only_job is not None:
+            if only_job not in heads:
+                break
+            heads = (only_job,)
         tm = state.teams[team_name]
         for job in heads:
             if job.job_id in inflight:
+                short_seen.add(job.job_id)  # still short: a re-issue after a timeout needs no new grace
                 continue
             chips = job.chips_milli
             unused = tm.nominal_milli - tm.use_milli
@@ -444,6 +468,18 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config) -> None:
             if t < since + config.preemption_grace_s:
                 due = min(due, since + config.preemption_grace_s)
                 continue
+            if rule == "priority" and sum(c for p, c in state.prio_chips.get(team_name, {}).items()
+                                          if p < job.priority) < need:
+                continue  # even every lower-priority preemptible job of the team would not be enough
+            # a job found without victims is looked at again only when what could give it some changed:
+            # jobs started or stopped (its team's, or any team's for a reclaim), quota, bursts, chips,
+            # decisions in flight, or a victim's protection ended (wake)
+            sig = (rule, need, state.other_epoch,
+                   state.run_epoch if rule == "reclaim" else state.team_epoch.get(team_name, 0))
+            memo = state.blocked.get(job.job_id)
+            if memo is not None and memo[0] == sig and t < memo[1]:
+                due = min(due, memo[1])
+                continue
             if fs is None:
                 fs = fair_shares(state, t, config.decay_half_life_s)
             if rule == "reclaim":
@@ -452,35 +488,52 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config) -> None:
                 chosen, wake = _priority_victims(state, job, need, t, fs, config)
             due = min(due, wake)
             if not chosen:
+                state.blocked[job.job_id] = (sig, wake)
                 continue
+            state.blocked.pop(job.job_id, None)
             _emit(state, trigger_id, rule, job, chosen, need, free, t, fs, limits, step, config)
             due = min(due, t + config.decision_timeout_s)
-    for jid in [j for j in state.short_since if j not in short_seen]:
-        del state.short_since[jid]
+    if only_team is None:
+        for jid in [j for j in state.short_since if j not in short_seen]:
+            del state.short_since[jid]
     state.policy_due = due
 
 
-def _candidates(state: PoolState, teams, t: int, fs, config, pred=None) -> tuple[list, int]:
-    """Running jobs of these teams that may be preempted now, in victim order, and the earliest instant a
-    protected one becomes eligible."""
-    out = []
-    wake = NEVER
-    order = config.victim_order
-    marked = state.marked
-    for name in teams:
-        f = fs[name][1]
-        for job in state.running_jobs.get(name, {}).values():
-            if job.job_id in marked or (pred is not None and not pred(job)):
-                continue
-            until = protected_until(job, t, config)
-            if until > t:
-                if until < wake:
-                    wake = until
-                continue
-            lost = lost_work_mchip_s(job, t)
-            out.append((_victim_key(order, f, job, lost), job, lost))
-    out.sort(key=lambda c: c[0])
-    return out, wake
+class _Candidates:
+    """Running jobs of some teams that may be preempted now, as groups in victim order (built lazily), and the
+    earliest instant a protected one becomes eligible (`wake`, complete once every group was built)."""
+
+    def __init__(self, state: PoolState, teams, t: int, fs, config, pred=None):
+        self.state, self.t, self.fs, self.config, self.pred = state, t, fs, config, pred
+        self.wake = NEVER
+        if config.victim_order == "naive":
+            self.plan = [list(teams)]
+        else:  # teams of equal F form one group; groups by lowest F first
+            by_f: dict[float, list] = {}
+            for name in teams:
+                by_f.setdefault(fs[name][1], []).append(name)
+            self.plan = [by_f[f] for f in sorted(by_f)]
+
+    def __iter__(self):
+        state, t, config, pred = self.state, self.t, self.config, self.pred
+        order = config.victim_order
+        marked = state.marked
+        for names in self.plan:
+            out = []
+            for name in names:
+                f = self.fs[name][1]
+                for job in state.running_jobs.get(name, {}).values():
+                    if job.job_id in marked or (pred is not None and not pred(job)):
+                        continue
+                    until = protected_until(job, t, config)
+                    if until > t:
+                        if until < self.wake:
+                            self.wake = until
+                        continue
+                    lost = lost_work_mchip_s(job, t)
+                    out.append((_victim_key(order, f, job, lost), job, lost))
+            out.sort(key=lambda c: c[0])
+            yield out
 
 
 def _reclaim_victims(state: PoolState, ben: Job, need: int, t: int, fs, config) -> tuple[list, int]:
@@ -506,18 +559,21 @@ def _reclaim_victims(state: PoolState, ben: Job, need: int, t: int, fs, config) 
             with_burst[name] = b + u
     if not with_burst:
         return [], NEVER
-    cands, wake = _candidates(state, sorted(with_burst), t, fs, config)
-    chosen = _select(cands, need, ordinary) if ordinary else []
-    if not chosen:
-        chosen = _select(cands, need, with_burst)
-    return chosen, (NEVER if chosen else wake)
+    chosen = []
+    if ordinary:
+        chosen = _select(_Candidates(state, sorted(ordinary), t, fs, config), need, ordinary)
+    if chosen:
+        return chosen, NEVER
+    cands = _Candidates(state, sorted(with_burst), t, fs, config)
+    chosen = _select(cands, need, with_burst)
+    return chosen, (NEVER if chosen else cands.wake)
 
 
 def _priority_victims(state: PoolState, ben: Job, need: int, t: int, fs, config) -> tuple[list, int]:
     """Lower-priority jobs of the beneficiary's own team."""
-    cands, wake = _candidates(state, [ben.team], t, fs, config, pred=lambda j: j.priority < ben.priority)
+    cands = _Candidates(state, [ben.team], t, fs, config, pred=lambda j: j.priority < ben.priority)
     chosen = _select(cands, need, {ben.team: NEVER})
-    return chosen, (NEVER if chosen else wake)
+    return chosen, (NEVER if chosen else cands.wake)
 
 
 def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, need: int, free: int, t: int,
@@ -560,6 +616,7 @@ def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, 
                    f"job(s) of its team to free {_chips(freed)} chips ({_chips(need)} needed, {lost} chip-s of "
                    f"work lost)")
     state.inflight[ben.job_id] = [decision_id, rule, t, [v.job_id for v in victims]]
+    state.other_epoch += 1
     step.decisions.append(decision_row(DecisionPreempt(
         decision_id=decision_id, pool=state.pool, at=_ts(t), rule=rule,
         beneficiary=JobRef(job_id=ben.job_id, team=ben.team), victims=victims, numbers=numbers, message=message), t))
@@ -568,6 +625,7 @@ def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, 
 def _drop_inflight(state: PoolState, ben_id: str) -> None:
     fl = state.inflight.pop(ben_id, None)
     if fl is not None:
+        state.other_epoch += 1
         for v in fl[3]:
             if state.marked.get(v) == ben_id:
                 del state.marked[v]
@@ -576,6 +634,7 @@ def _drop_inflight(state: PoolState, ben_id: str) -> None:
 def job_left_queue(state: PoolState, job_id: str) -> None:
     """The job started or finished: a decision made for it is settled; it no longer waits out a grace."""
     state.short_since.pop(job_id, None)
+    state.blocked.pop(job_id, None)
     if job_id in state.inflight:
         _drop_inflight(state, job_id)
 
@@ -584,6 +643,7 @@ def victim_gone(state: PoolState, job_id: str) -> None:
     """A job marked as a victim was preempted or finished: it no longer holds the chips it was marked for."""
     ben = state.marked.pop(job_id, None)
     if ben is not None:
+        state.other_epoch += 1
         fl = state.inflight.get(ben)
         if fl is not None and job_id in fl[3]:
             fl[3].remove(job_id)

@@ -138,6 +138,15 @@ class PoolState:
     running_jobs: dict = field(default_factory=dict)  # team -> {job_id: Job} running
     pending_sizes: dict = field(default_factory=dict)  # chips_milli -> pending jobs of that size
     heads: dict = field(default_factory=dict)         # team -> cached queue head (cleared when its queue changes)
+    # change counters and the memo of pending jobs found without victims (ledger.policy.evaluate); derived:
+    # after a restore they start afresh, which only means one more look
+    run_epoch: int = 0     # any job started or stopped, any chip's availability changed
+    team_epoch: dict = field(default_factory=dict)  # team -> its jobs started or stopped
+    other_epoch: int = 0   # quota, bursts or decisions in flight changed
+    blocked: dict = field(default_factory=dict)     # job id -> (signature, wake)
+    prio_chips: dict = field(default_factory=dict)  # team -> {priority: chips of its preemptible running jobs}
+    heads_k: int = 0  # how many jobs the cached queue heads hold (FoldConfig.candidates_per_team)
+    limits_cache: Optional[tuple] = None  # (other_epoch, ledger.policy.team_limits) of the last evaluation
 
     def team(self, name: str) -> Team:
         t = self.teams.get(name)
@@ -209,12 +218,16 @@ class PoolState:
     def reindex(self) -> None:
         """Rebuild the derived job indexes from `jobs`."""
         self.waiting, self.running_jobs, self.pending_sizes, self.heads = {}, {}, {}, {}
+        self.prio_chips = {}
         for j in self.jobs.values():
             if j.status == "pending":
                 self.waiting.setdefault(j.team, {})[j.job_id] = j
                 self.pending_sizes[j.chips_milli] = self.pending_sizes.get(j.chips_milli, 0) + 1
             else:
                 self.running_jobs.setdefault(j.team, {})[j.job_id] = j
+                if j.preemptible:
+                    pc = self.prio_chips.setdefault(j.team, {})
+                    pc[j.priority] = pc.get(j.priority, 0) + j.chips_milli
 
     def copy(self) -> "PoolState":
         """An independent snapshot (the fold updates a state in place)."""
