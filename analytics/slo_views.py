@@ -85,29 +85,55 @@ SQLITE = Dialect("sqlite")
 def duckdb_base_views() -> dict[str, str]:
     """The base layer over the lake views (DuckDB)."""
     return {
-        "base_events": """
-            SELECT pool, type, epoch(applied_at)::BIGINT AS at_s,
-                   row_number() OVER (PARTITION BY pool ORDER BY applied_at, topic, "partition", "offset") AS seq,
-                   job_id, team, chip_id, body->>'$.node' AS node, state, grant_id, chips_milli,
-                   epoch(TRY_CAST(body->>'$.effective_from' AS TIMESTAMPTZ))::BIGINT AS effective_from_s,
-                   epoch(TRY_CAST(body->>'$.effective_until' AS TIMESTAMPTZ))::BIGINT AS effective_until_s
-            FROM events
-        """,
-        "base_jobs": """
-            SELECT pool, job_id, team, chips_milli, priority, epoch(submitted_at)::BIGINT AS submitted_s,
-                   epoch(first_started_at)::BIGINT AS first_started_s, epoch(finished_at)::BIGINT AS finished_s
-            FROM jobs
-        """,
         "base_runs": """
             SELECT pool, job_id, team, run_index, chips_milli, priority, epoch(submitted_at)::BIGINT AS submitted_s,
                    epoch(started_at)::BIGINT AS started_s, epoch(ended_at)::BIGINT AS ended_s, end_reason,
                    allocated_mchip_s, lost_mchip_s
             FROM job_run_totals
         """,
+        # every event with the fields the SLO views need, from one parse of its JSON body (the bodies are most
+        # of the lake's bytes: read them once)
+        "base_event_rows": """
+            SELECT pool, type, epoch(applied_at)::BIGINT AS at_s, topic, "partition", "offset",
+                   f[1] AS job_id, f[2] AS team, f[3] AS chip_id, f[4] AS node, f[5] AS state, f[6] AS grant_id,
+                   round(TRY_CAST(f[7] AS DECIMAL(18, 3)) * 1000)::BIGINT AS chips_milli,
+                   TRY_CAST(f[8] AS BIGINT) AS priority,
+                   epoch(TRY_CAST(f[9] AS TIMESTAMPTZ))::BIGINT AS effective_from_s,
+                   epoch(TRY_CAST(f[10] AS TIMESTAMPTZ))::BIGINT AS effective_until_s,
+                   CASE WHEN type = 'job.started' THEN from_json(f[11], '["VARCHAR"]') END AS chip_ids
+            FROM (SELECT *, json_extract_string(body, ['$.job_id', '$.team', '$.chip_id', '$.node', '$.state',
+                      '$.grant_id', '$.chips', '$.priority', '$.effective_from', '$.effective_until', '$.chip_ids'])
+                      AS f
+                  FROM event_log WHERE type <> 'job.checkpointed' AND type <> 'job.preempted')
+            UNION ALL  -- (fields of checkpoints and preemptions are not needed: their bodies are not parsed)
+            SELECT pool, type, epoch(applied_at)::BIGINT, topic, "partition", "offset", NULL, NULL, NULL, NULL, NULL,
+                   NULL, NULL, NULL, NULL, NULL, NULL
+            FROM event_log WHERE type = 'job.checkpointed' OR type = 'job.preempted'
+        """,
+        "base_events": """
+            SELECT pool, type, at_s,
+                   row_number() OVER (PARTITION BY pool ORDER BY at_s, topic, "partition", "offset") AS seq,
+                   chip_id, node, state, grant_id, team, chips_milli, effective_from_s, effective_until_s
+            FROM base_event_rows
+        """,
+        # one row per submission: a job id submitted again after its job finished is another job; the event
+        # after a submission of the same id is its finish (if any)
+        "base_jobs": """
+            WITH s AS (
+                SELECT *, lead(type) OVER w AS next_type, lead(at_s) OVER w AS next_s
+                FROM base_event_rows WHERE type IN ('job.submitted', 'job.finished')
+                WINDOW w AS (PARTITION BY pool, job_id ORDER BY at_s, topic, "partition", "offset")
+            )
+            SELECT s.pool, s.job_id, s.team, s.chips_milli, coalesce(s.priority, 0) AS priority,
+                   s.at_s AS submitted_s, r.started_s AS first_started_s,
+                   CASE WHEN s.next_type = 'job.finished' THEN s.next_s END AS finished_s
+            FROM s LEFT JOIN base_runs r ON r.run_index = 1 AND r.pool = s.pool AND r.job_id = s.job_id
+                                        AND r.submitted_s = s.at_s
+            WHERE s.type = 'job.submitted'
+        """,
         "base_placements": """
-            SELECT pool, job_id, at_s AS started_s, unnest(from_json(body->'$.chip_ids', '["VARCHAR"]')) AS chip_id
-            FROM (SELECT pool, job_id, epoch(applied_at)::BIGINT AS at_s, body FROM events
-                  WHERE type = 'job.started' AND json_type(body->'$.chip_ids') = 'ARRAY')
+            SELECT pool, job_id, at_s AS started_s, unnest(chip_ids) AS chip_id
+            FROM base_event_rows WHERE type = 'job.started' AND chip_ids IS NOT NULL
         """,
         "base_journal": """
             SELECT pool, epoch(hour)::BIGINT AS hour_s, account, team, amount_mchip_s FROM journal

@@ -13,7 +13,8 @@ import duckdb
 
 from analytics.slo_views import SQLITE, duckdb_base_views, slo_views
 
-BASE_TABLES = tuple(duckdb_base_views()) + ("slo_targets", "slo_settings")
+# base_event_rows holds lists (placements), which SQLite cannot: base_events and base_placements carry its rows
+BASE_TABLES = tuple(v for v in duckdb_base_views() if v != "base_event_rows") + ("slo_targets", "slo_settings")
 
 # indexes SQLite needs for the joins of the portable views (DuckDB hashes them instead)
 _INDEXES = (

@@ -27,13 +27,14 @@ DERIVED_VIEWS = {
     # every applied event, with the fields of its type taken from the message value
     "events": """
         SELECT event_id, type, pool, source, occurred_at, applied_at, lateness_s,
-               body->>'$.team' AS team, body->>'$.job_id' AS job_id, body->>'$.chip_id' AS chip_id,
-               body->>'$.grant_id' AS grant_id, body->>'$.request_id' AS request_id,
-               round(TRY_CAST(body->>'$.chips' AS DECIMAL(18, 3)) * 1000)::BIGINT AS chips_milli,
-               TRY_CAST(body->>'$.priority' AS BIGINT) AS priority,
-               TRY_CAST(body->>'$.preemptible' AS BOOLEAN) AS preemptible, body->>'$.state' AS state,
-               body->>'$.outcome' AS outcome, topic, "partition", "offset", body
-        FROM event_log
+               f[1] AS team, f[2] AS job_id, f[3] AS chip_id, f[4] AS grant_id, f[5] AS request_id,
+               round(TRY_CAST(f[6] AS DECIMAL(18, 3)) * 1000)::BIGINT AS chips_milli,
+               TRY_CAST(f[7] AS BIGINT) AS priority, TRY_CAST(f[8] AS BOOLEAN) AS preemptible, f[9] AS state,
+               f[10] AS outcome, topic, "partition", "offset", body
+        FROM (SELECT *, json_extract_string(body, ['$.team', '$.job_id', '$.chip_id', '$.grant_id', '$.request_id',
+                                                   '$.chips', '$.priority', '$.preemptible', '$.state', '$.outcome'])
+                        AS f  -- one parse of the body for all fields
+              FROM event_log)
     """,
     # the books: postings summed per (pool, hour, account, team)
     "journal": """
