@@ -1,0 +1,268 @@
+"""Streaming benchmark: events/s through the Faust worker and the sink against a raw aiokafka consumer reading the
+same input topics in the same run, and decision latency (produce -> decision on the output topic) at a steady
+input rate.
+
+    .venv/bin/python bench/stream.py [--events 60000] [--rate 2000] [--seconds 20] [--bootstrap HOST:PORT]
+
+Without --bootstrap it starts its own broker (`chipledger kafka up` machinery) in a temporary folder, on a free
+port, and stops it at the end. Prints the figures; nothing is asserted (docs/benchmarks.md records them).
+
+1. throughput: a seeded fleet (3 pools) of --events events is emitted first (LedgerProducer). Then, in turn:
+   - raw: an aiokafka consumer reads the three input topics from the beginning to their end (decoding nothing);
+   - pipeline: `chipledger worker` (subprocess, rocksdb table, no ticks) and the sink (in this process) run until
+     the sink has written an `events` row for every event; the rate counts from the worker's first output record
+     to the sink's last write (the worker's start-up, ~3 s of Faust and table recovery, is reported apart).
+2. latency: a second worker follows new input while a producer sends another scenario's events at --rate
+   events/s for --seconds; a consumer of the output topics takes, for every folded input record, the time from
+   its send (record timestamp) to the arrival of its output record; decisions separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import orjson  # noqa: E402
+
+from chipledger.scenario import generate, iter_jsonl  # noqa: E402
+from schemas import INPUT_TOPICS  # noqa: E402
+from schemas.topics import TOPIC_DECISIONS, TOPIC_JOURNAL  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scenario_lines(seed: int, n: int, start=None) -> list[bytes]:
+    days = 1
+    while True:
+        kw = {} if start is None else {"start": start}
+        lines = [line.encode() for line in iter_jsonl(generate(seed=seed, days=days, pools=3, teams=6, **kw))]
+        if len(lines) >= n or days > 400:
+            return lines
+        days = max(days + 1, int(days * n / max(1, len(lines))) + 1)
+
+
+def emit(bootstrap: str, lines: list[bytes]) -> float:
+    from streams.producer import LedgerProducer, emit_lines
+
+    t0 = time.monotonic()
+    with LedgerProducer(bootstrap) as p:
+        report = emit_lines(p, lines, flush_timeout=120)
+    assert report.sent == len(lines) and not report.invalid, report
+    return time.monotonic() - t0
+
+
+async def raw_read(bootstrap: str, total: int) -> float:
+    """Seconds for a raw aiokafka consumer to read `total` records of the input topics from the beginning."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                         auto_offset_reset="earliest", max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20)
+    await c.start()
+    try:
+        from streams.topics import describe_partitions
+
+        counts = describe_partitions(bootstrap, INPUT_TOPICS)
+        tps = [TopicPartition(t, p) for t in INPUT_TOPICS for p in range(counts[t])]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        n = 0
+        t0 = time.monotonic()
+        while n < total:
+            got = await c.getmany(timeout_ms=500, max_records=10_000)
+            n += sum(len(v) for v in got.values())
+        return time.monotonic() - t0
+    finally:
+        await c.stop()
+
+
+def worker_proc(bootstrap: str, data_dir: Path, app_id: str, log: Path) -> subprocess.Popen:
+    out = open(log, "ab")
+    return subprocess.Popen([sys.executable, "-m", "chipledger.cli", "worker", "--bootstrap", bootstrap, "--data-dir",
+                             str(data_dir), "--app-id", app_id, "--tick-interval", "0", "--loglevel", "warning"],
+                            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def pipeline(bootstrap: str, work: Path, total_events: int) -> dict:
+    from ledger.store import open_store
+    from streams.sink import Sink
+
+    sink = Sink(work / "lake", open_store(f"sqlite:///{work / 'sink.db'}"), bootstrap=bootstrap, name="bench")
+    t_start = time.monotonic()
+    proc = worker_proc(bootstrap, work / "worker", f"bench-{uuid.uuid4().hex[:6]}", work / "worker.log")
+    first = None
+    try:
+        deadline = time.monotonic() + 900
+        while sink.stats.rows["events"] < total_events:
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker exited: {(work / 'worker.log').read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pipeline too slow: {sink.stats.as_dict()}")
+            if sink.poll_once(timeout_ms=100) and first is None:
+                first = time.monotonic()
+        last = time.monotonic()
+    finally:
+        stop(proc)
+        sink.close()
+    return {"startup_s": first - t_start, "seconds": last - first, "total_s": last - t_start,
+            "sink": sink.stats.as_dict()}
+
+
+def latency(bootstrap: str, work: Path, rate: int, seconds: float, seed: int) -> dict:
+    """Produce at `rate` events/s for `seconds` while a fresh worker follows; latency of every output."""
+    from datetime import datetime, timezone
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    from streams.producer import LedgerProducer
+
+    lines = scenario_lines(seed, int(rate * seconds), start=datetime(2027, 3, 1, tzinfo=timezone.utc))
+    lines = lines[: int(rate * seconds)]
+    cons = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    tps = [TopicPartition(t, p) for t in (TOPIC_JOURNAL, TOPIC_DECISIONS) for p in sorted(cons.partitions_for_topic(t))]
+    cons.assign(tps)
+    cons.seek_to_end(*tps)
+    for tp in tps:
+        cons.position(tp)
+    proc = worker_proc(bootstrap, work / "worker-lat", f"lat-{uuid.uuid4().hex[:6]}", work / "worker-lat.log")
+    sent_at: dict[tuple, float] = {}  # (topic, partition, offset) -> send wall time (s)
+    lat_all: list[float] = []
+    lat_dec: list[float] = []
+    pending: list = []
+    done = threading.Event()
+
+    def consume():
+        while not done.is_set():
+            for recs in cons.poll(timeout_ms=100).values():
+                now = time.time()
+                for r in recs:
+                    v = orjson.loads(r.value)
+                    if v.get("kind") != "rows":
+                        continue
+                    for item in v["items"]:
+                        pending.append((r.topic, tuple(item["origin"]), now))
+
+    try:
+        time.sleep(8)  # the worker's start-up: join the group, recover the (empty) table, reach the end
+        th = threading.Thread(target=consume, daemon=True)
+        th.start()
+        p = LedgerProducer(bootstrap, linger_ms=0)
+        interval = 1.0 / rate
+        t0 = time.monotonic()
+        futures = []
+        for i, line in enumerate(lines):
+            target = t0 + i * interval
+            delay = target - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            futures.append((time.time(), p.send(line)))
+        p.flush(60)
+        send_s = time.monotonic() - t0
+        for at, f in futures:
+            md = f.get(30)
+            sent_at[(md.topic, md.partition, md.offset)] = at
+        p.close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            got = {o for _, o, _ in pending}
+            if len(got) >= len(sent_at):
+                break
+        done.set()
+        th.join(5)
+    finally:
+        stop(proc)
+        cons.close()
+    for topic, origin, now in pending:
+        at = sent_at.get(origin)
+        if at is None:
+            continue
+        (lat_dec if topic == TOPIC_DECISIONS else lat_all).append((now - at) * 1000)
+
+    def pct(xs, q):
+        if not xs:
+            return float("nan")
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+    return {"events": len(lines), "send_s": send_s, "outputs": len(lat_all), "decisions": len(lat_dec),
+            "p50_ms": pct(lat_all, 0.5), "p99_ms": pct(lat_all, 0.99), "max_ms": max(lat_all, default=float("nan")),
+            "dec_p50_ms": pct(lat_dec, 0.5), "dec_p99_ms": pct(lat_dec, 0.99),
+            "mean_ms": statistics.fmean(lat_all) if lat_all else float("nan")}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=60_000)
+    ap.add_argument("--rate", type=int, default=2000)
+    ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--bootstrap")
+    ap.add_argument("--seed", type=int, default=5)
+    args = ap.parse_args(argv)
+
+    from streams import broker
+    from streams.topics import create_topics
+
+    tmp = Path(tempfile.mkdtemp(prefix="chipledger-bench-"))
+    data_dir = None
+    try:
+        if args.bootstrap:
+            bootstrap = args.bootstrap
+        else:
+            data_dir = tmp / "kafka"
+            bootstrap = broker.up(port=free_port(), data_dir=data_dir, timeout_s=180)["bootstrap_servers"]
+        create_topics(bootstrap, partitions=3, timeout_s=60)
+        lines = scenario_lines(args.seed, args.events)
+        print(f"scenario: {len(lines):,} events, 3 pools; broker {bootstrap}", flush=True)
+        emit_s = emit(bootstrap, lines)
+        print(f"emit (LedgerProducer, kafka-python): {emit_s:.1f} s = {len(lines) / emit_s:,.0f} events/s", flush=True)
+        raw_s = asyncio.run(raw_read(bootstrap, len(lines)))
+        raw_rate = len(lines) / raw_s
+        print(f"raw aiokafka consumer: {raw_s:.2f} s = {raw_rate:,.0f} events/s", flush=True)
+        res = pipeline(bootstrap, tmp, len(lines))
+        rate = len(lines) / res["seconds"]
+        print(f"worker + sink: {res['seconds']:.1f} s = {rate:,.0f} events/s (start-up {res['startup_s']:.1f} s, "
+              f"total {res['total_s']:.1f} s); ratio to raw: {rate / raw_rate:.3f}x (target >= 0.5x)", flush=True)
+        print(f"  sink: {res['sink']}", flush=True)
+        lat = latency(bootstrap, tmp, args.rate, args.seconds, args.seed + 1)
+        print(f"latency at {args.rate:,} events/s for {args.seconds:g} s ({lat['events']:,} events sent in "
+              f"{lat['send_s']:.1f} s): outputs {lat['outputs']:,}: p50 {lat['p50_ms']:.0f} ms, p99 "
+              f"{lat['p99_ms']:.0f} ms, max {lat['max_ms']:.0f} ms; decisions {lat['decisions']:,}: p50 "
+              f"{lat['dec_p50_ms']:.0f} ms, p99 {lat['dec_p99_ms']:.0f} ms (target p99 < 250 ms)", flush=True)
+    finally:
+        if data_dir is not None:
+            broker.down(data_dir, timeout_s=30)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
