@@ -367,28 +367,39 @@ def slo_views(d: Dialect) -> dict[str, str]:
             FROM base_runs r JOIN base_placements p
               ON p.pool = r.pool AND p.job_id = r.job_id AND p.started_s = r.started_s
         """,
-        "calc_fragmentation": """
+        # a placed run's chips per node (runs rarely span nodes: far fewer rows than chips)
+        "calc_run_nodes": """
+            SELECT r.pool, n.node, r.job_id, r.started_s, r.ended_s, count(*) AS chips
+            FROM calc_runs_placed r JOIN calc_chip_node n ON n.pool = r.pool AND n.chip_id = r.chip_id
+            GROUP BY r.pool, n.node, r.job_id, r.started_s, r.ended_s
+        """,
+        # free chips of a node = usable − allocated + allocated-while-unusable (a chip counts once as not free),
+        # each term a running sum of deltas: per chip only for health, per run and node for allocations
+        "calc_fragmentation": f"""
             WITH seg AS (
                 SELECT pool, chip_id, from_s AS t,
                        registered - lag(registered, 1, 0) OVER c AS d_reg,
                        registered * usable - lag(registered * usable, 1, 0) OVER c AS d_use
                 FROM calc_chip_segments WINDOW c AS (PARTITION BY pool, chip_id ORDER BY from_s)
-            ), pts AS (
-                SELECT pool, chip_id, t, sum(d_reg) AS d_reg, sum(d_use) AS d_use, sum(d_alloc) AS d_alloc FROM (
-                    SELECT pool, chip_id, t, d_reg, d_use, 0 AS d_alloc FROM seg
-                    UNION ALL SELECT pool, chip_id, started_s, 0, 0, 1 FROM calc_runs_placed
-                    UNION ALL SELECT pool, chip_id, ended_s, 0, 0, -1 FROM calc_runs_placed WHERE ended_s IS NOT NULL
-                ) x GROUP BY pool, chip_id, t
-            ), chip AS (
-                SELECT pool, chip_id, t, d_reg,
-                       CASE WHEN sum(d_use) OVER c = 1 AND sum(d_alloc) OVER c = 0 THEN 1 ELSE 0 END AS free
-                FROM pts WINDOW c AS (PARTITION BY pool, chip_id ORDER BY t ROWS UNBOUNDED PRECEDING)
-            ), chip_d AS (
-                SELECT c.pool, n.node, c.t, c.d_reg, c.free - lag(c.free, 1, 0) OVER (
-                           PARTITION BY c.pool, c.chip_id ORDER BY c.t) AS d_free
-                FROM chip c JOIN calc_chip_node n ON n.pool = c.pool AND n.chip_id = c.chip_id
+            ), alloc_unusable AS (
+                SELECT p.pool, p.chip_id, {d.greatest('p.started_s', 'u.from_s')} AS a,
+                       {d.least('coalesce(p.ended_s, u.until_s)', 'u.until_s')} AS b
+                FROM calc_runs_placed p
+                JOIN calc_chip_segments u ON u.pool = p.pool AND u.chip_id = p.chip_id AND u.registered * u.usable = 0
+                WHERE p.started_s < u.until_s AND (p.ended_s IS NULL OR p.ended_s > u.from_s)
             ), node_pts AS (
-                SELECT pool, node, t, sum(d_reg) AS d_reg, sum(d_free) AS d_free FROM chip_d GROUP BY pool, node, t
+                SELECT pool, node, t, sum(d_reg) AS d_reg, sum(d_free) AS d_free FROM (
+                    SELECT s.pool, n.node, s.t, s.d_reg, s.d_use AS d_free
+                    FROM seg s JOIN calc_chip_node n ON n.pool = s.pool AND n.chip_id = s.chip_id
+                    UNION ALL SELECT pool, node, started_s, 0, -chips FROM calc_run_nodes
+                    UNION ALL SELECT pool, node, ended_s, 0, chips FROM calc_run_nodes WHERE ended_s IS NOT NULL
+                    UNION ALL SELECT x.pool, n.node, x.a, 0, 1
+                              FROM alloc_unusable x JOIN calc_chip_node n ON n.pool = x.pool AND n.chip_id = x.chip_id
+                              WHERE x.b > x.a
+                    UNION ALL SELECT x.pool, n.node, x.b, 0, -1
+                              FROM alloc_unusable x JOIN calc_chip_node n ON n.pool = x.pool AND n.chip_id = x.chip_id
+                              WHERE x.b > x.a
+                ) y GROUP BY pool, node, t
             ), node AS (
                 SELECT pool, node, t, d_free, sum(d_reg) OVER n AS n_reg, sum(d_free) OVER n AS n_free
                 FROM node_pts WINDOW n AS (PARTITION BY pool, node ORDER BY t ROWS UNBOUNDED PRECEDING)
@@ -396,14 +407,13 @@ def slo_views(d: Dialect) -> dict[str, str]:
                 SELECT pool, t, d_free,
                        whole - lag(whole, 1, 0) OVER (PARTITION BY pool, node ORDER BY t) AS d_whole
                 FROM (SELECT *, CASE WHEN n_reg > 0 AND n_free = n_reg THEN n_reg ELSE 0 END AS whole FROM node) x
+            ), unplaced_runs AS (
+                SELECT r.pool, r.started_s, r.ended_s FROM base_runs r
+                WHERE NOT EXISTS (SELECT 1 FROM calc_run_nodes p WHERE p.pool = r.pool AND p.job_id = r.job_id
+                                  AND p.started_s = r.started_s)
             ), unplaced AS (
-                SELECT r.pool, r.started_s AS t, 1 AS d FROM base_runs r
-                WHERE NOT EXISTS (SELECT 1 FROM base_placements p WHERE p.pool = r.pool AND p.job_id = r.job_id
-                                  AND p.started_s = r.started_s)
-                UNION ALL
-                SELECT r.pool, r.ended_s, -1 FROM base_runs r WHERE r.ended_s IS NOT NULL
-                  AND NOT EXISTS (SELECT 1 FROM base_placements p WHERE p.pool = r.pool AND p.job_id = r.job_id
-                                  AND p.started_s = r.started_s)
+                SELECT pool, started_s AS t, 1 AS d FROM unplaced_runs
+                UNION ALL SELECT pool, ended_s, -1 FROM unplaced_runs WHERE ended_s IS NOT NULL
             ), pool_pts AS (
                 SELECT pool, t, sum(d_free) AS d_free, sum(d_whole) AS d_whole, sum(d_unplaced) AS d_unplaced FROM (
                     SELECT pool, t, d_free, d_whole, 0 AS d_unplaced FROM node_d

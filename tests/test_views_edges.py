@@ -98,3 +98,21 @@ def test_a_snapshot_does_not_change_as_the_fold_goes_on():
     frozen = json.dumps(snapshot, sort_keys=True)
     fleet.apply(parse_payload(ev("f", "job.finished", "02:00", job_id="j", outcome="succeeded")))
     assert json.dumps(snapshot, sort_keys=True) == frozen
+
+
+def test_a_chip_down_under_a_running_job_is_not_free_twice(tmp_path):
+    # nodes n0 (c0 c1) and n1 (c2 c3); a job on n0 01:00-02:00; c0 down 01:30-02:30 (while allocated, then not)
+    items = [ev("c", "pool.configured", "00:00", flavor="a100", chips_per_node=2)]
+    items += [ev(f"r{i}", "chip.registered", "00:00", chip_id=f"c{i}", node=f"n{i // 2}") for i in range(4)]
+    items += [ev("s", "job.submitted", "01:00", job_id="J", team="a", chips=2),
+              ev("b", "job.started", "01:00", job_id="J", chip_ids=["c0", "c1"]),
+              ev("d", "chip.state_changed", "01:30", chip_id="c0", state="down"),
+              ev("f", "job.finished", "02:00", job_id="J", outcome="succeeded"),
+              ev("u", "chip.state_changed", "02:30", chip_id="c0", state="healthy"),
+              ev("t", "pool.tick", "03:00")]
+    _, con = fold(tmp_path, items)
+    rows = con.execute("SELECT strftime(valid_from, '%H:%M'), free_chips, whole_node_free_chips, fragmentation "
+                       "FROM fragmentation ORDER BY valid_from").fetchall()
+    assert rows == [("00:00", 4, 4, 0.0), ("01:00", 2, 2, 0.0), ("01:30", 2, 2, 0.0),
+                    ("02:00", 3, 2, 1 / 3),  # c1 free, c0 down: n0 not whole
+                    ("02:30", 4, 4, 0.0)]
