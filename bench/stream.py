@@ -12,9 +12,9 @@ port, and stops it at the end. Prints the figures; nothing is asserted (docs/ben
    - pipeline: `chipledger worker` (subprocess, rocksdb table, no ticks) and the sink (in this process) run until
      the sink has written an `events` row for every event; the rate counts from the worker's first output record
      to the sink's last write (the worker's start-up, ~3 s of Faust and table recovery, is reported apart).
-2. latency: a second worker follows new input while a producer sends another scenario's events at --rate
-   events/s for --seconds; a consumer of the output topics takes, for every folded input record, the time from
-   its send (record timestamp) to the arrival of its output record; decisions separately.
+2. latency: the same worker (restarted: it resumes at the end of the log) follows new input while a producer
+   sends the scenario's next --rate x --seconds events at --rate events/s; a consumer of the output topics takes, for
+   every folded input record, the time from its send to the arrival of its output record; decisions apart.
 """
 
 from __future__ import annotations
@@ -50,11 +50,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def scenario_lines(seed: int, n: int, start=None) -> list[bytes]:
+def scenario_lines(seed: int, n: int) -> list[bytes]:
     days = 1
     while True:
-        kw = {} if start is None else {"start": start}
-        lines = [line.encode() for line in iter_jsonl(generate(seed=seed, days=days, pools=3, teams=6, **kw))]
+        lines = [line.encode() for line in iter_jsonl(generate(seed=seed, days=days, pools=3, teams=6))]
         if len(lines) >= n or days > 400:
             return lines
         days = max(days + 1, int(days * n / max(1, len(lines))) + 1)
@@ -117,7 +116,8 @@ def pipeline(bootstrap: str, work: Path, total_events: int) -> dict:
 
     sink = Sink(work / "lake", open_store(f"sqlite:///{work / 'sink.db'}"), bootstrap=bootstrap, name="bench")
     t_start = time.monotonic()
-    proc = worker_proc(bootstrap, work / "worker", f"bench-{uuid.uuid4().hex[:6]}", work / "worker.log")
+    app_id = f"bench-{uuid.uuid4().hex[:6]}"
+    proc = worker_proc(bootstrap, work / "worker", app_id, work / "worker.log")
     first = None
     try:
         deadline = time.monotonic() + 900
@@ -133,26 +133,23 @@ def pipeline(bootstrap: str, work: Path, total_events: int) -> dict:
         stop(proc)
         sink.close()
     return {"startup_s": first - t_start, "seconds": last - first, "total_s": last - t_start,
-            "sink": sink.stats.as_dict()}
+            "sink": sink.stats.as_dict(), "app_id": app_id}
 
 
-def latency(bootstrap: str, work: Path, rate: int, seconds: float, seed: int) -> dict:
-    """Produce at `rate` events/s for `seconds` while a fresh worker follows; latency of every output."""
-    from datetime import datetime, timezone
-
+def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: str) -> dict:
+    """Produce at `rate` events/s for `seconds` while the worker of the throughput run (same app id and table
+    state: it resumes at the end of the log) follows; latency of every output."""
     from kafka import KafkaConsumer, TopicPartition
 
     from streams.producer import LedgerProducer
 
-    lines = scenario_lines(seed, int(rate * seconds), start=datetime(2027, 3, 1, tzinfo=timezone.utc))
-    lines = lines[: int(rate * seconds)]
     cons = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
     tps = [TopicPartition(t, p) for t in (TOPIC_JOURNAL, TOPIC_DECISIONS) for p in sorted(cons.partitions_for_topic(t))]
     cons.assign(tps)
     cons.seek_to_end(*tps)
     for tp in tps:
         cons.position(tp)
-    proc = worker_proc(bootstrap, work / "worker-lat", f"lat-{uuid.uuid4().hex[:6]}", work / "worker-lat.log")
+    proc = worker_proc(bootstrap, work / "worker", app_id, work / "worker-lat.log")
     sent_at: dict[tuple, float] = {}  # (topic, partition, offset) -> send wall time (s)
     lat_all: list[float] = []
     lat_dec: list[float] = []
@@ -171,7 +168,7 @@ def latency(bootstrap: str, work: Path, rate: int, seconds: float, seed: int) ->
                         pending.append((r.topic, tuple(item["origin"]), now))
 
     try:
-        time.sleep(8)  # the worker's start-up: join the group, recover the (empty) table, reach the end
+        time.sleep(10)  # the worker's start-up: join the group, open its table, reach the end of the log
         th = threading.Thread(target=consume, daemon=True)
         th.start()
         p = LedgerProducer(bootstrap, linger_ms=0)
@@ -240,8 +237,11 @@ def main(argv=None) -> int:
             data_dir = tmp / "kafka"
             bootstrap = broker.up(port=free_port(), data_dir=data_dir, timeout_s=180)["bootstrap_servers"]
         create_topics(bootstrap, partitions=3, timeout_s=60)
-        lines = scenario_lines(args.seed, args.events)
-        print(f"scenario: {len(lines):,} events, 3 pools; broker {bootstrap}", flush=True)
+        more = int(args.rate * args.seconds)
+        everything = scenario_lines(args.seed, args.events + more)
+        lines, later = everything[: args.events], everything[args.events: args.events + more]
+        print(f"scenario: {len(lines):,} events, then {len(later):,} more for the latency run, 3 pools; "
+              f"broker {bootstrap}", flush=True)
         emit_s = emit(bootstrap, lines)
         print(f"emit (LedgerProducer, kafka-python): {emit_s:.1f} s = {len(lines) / emit_s:,.0f} events/s", flush=True)
         raw_s = asyncio.run(raw_read(bootstrap, len(lines)))
@@ -252,7 +252,7 @@ def main(argv=None) -> int:
         print(f"worker + sink: {res['seconds']:.1f} s = {rate:,.0f} events/s (start-up {res['startup_s']:.1f} s, "
               f"total {res['total_s']:.1f} s); ratio to raw: {rate / raw_rate:.3f}x (target >= 0.5x)", flush=True)
         print(f"  sink: {res['sink']}", flush=True)
-        lat = latency(bootstrap, tmp, args.rate, args.seconds, args.seed + 1)
+        lat = latency(bootstrap, tmp, args.rate, later, res["app_id"])
         print(f"latency at {args.rate:,} events/s for {args.seconds:g} s ({lat['events']:,} events sent in "
               f"{lat['send_s']:.1f} s): outputs {lat['outputs']:,}: p50 {lat['p50_ms']:.0f} ms, p99 "
               f"{lat['p99_ms']:.0f} ms, max {lat['max_ms']:.0f} ms; decisions {lat['decisions']:,}: p50 "

@@ -9,10 +9,10 @@ chipledger.decisions, dead letters on chipledger.deadletter; all keyed by pool).
 it makes the records folded since the last checkpoint durable:
 
 1. it waits until Kafka acknowledged every output sent (acks=all);
-2. only then writes the changed pools' `PoolState` (with the last offset handled per input topic-partition) to
-   the Faust table `pool-state` (rocksdb via rocksdict, or memory), whose changelog Faust flushes before it
-   commits input offsets (faust.transport.consumer.Consumer._commit_offsets: producer.flush(), then commit),
-   and sends the same state as a snapshot for the store;
+2. only then sends the changed pools' state as snapshots for the store, waits for them, and writes each
+   `PoolState` (with the last offset handled per input topic-partition) to the Faust table `pool-state`
+   (rocksdb via rocksdict, or memory), whose changelog Faust flushes before it commits input offsets
+   (faust.transport.consumer.Consumer._commit_offsets: producer.flush(), then commit);
 3. only then acknowledges the input records, so committed offsets never pass a record whose effects are not in
    Kafka.
 
@@ -63,7 +63,7 @@ class WorkerSettings:
     partitions: int = 3
     merge_idle_ms: int = 50       # how long a head waits for a caught-up topic-partition that has nothing
     tick_interval_s: int = 60     # 0: no ticks
-    checkpoint_interval_ms: int = 200  # how often folded records are made durable (state written, inputs acked)
+    checkpoint_interval_ms: int = 500  # how often folded records are made durable (state written, inputs acked)
     drain_interval_ms: int = 10
     fold_config: FoldConfig = field(default_factory=lambda: DEFAULT_CONFIG)
 
@@ -202,18 +202,20 @@ class PoolWorker:
         if inflight:
             await asyncio.gather(*inflight)
         touched, self._touched = self._touched, {}
-        snapshots = []
+        values = {pool: orjson.dumps(self.pools[pool].to_dict()) for pool in touched}
+        # the snapshot for the store first: a crash between it and the table write folds the records again and
+        # sends the same state again, while the other order could leave the store behind the table for good
+        snapshots = [await self.send(TOPIC_JOURNAL, pool.encode(), state_record(pool, value))
+                     for pool, value in values.items()]
+        if snapshots:
+            await asyncio.gather(*snapshots)
         for pool, last in touched.items():
-            value = orjson.dumps(self.pools[pool].to_dict())
-            self.store(pool, value, last)  # a new value: the table's value is never mutated in place
-            snapshots.append(await self.send(TOPIC_JOURNAL, pool.encode(), state_record(pool, value)))
+            self.store(pool, values[pool], last)  # a new value: the table's value is never mutated in place
         unacked, self._unacked = self._unacked, []
         for p in unacked:
             p.event.ack()
         self._last_checkpoint = now
         self.counts["checkpoints"] += 1
-        if snapshots:
-            await asyncio.gather(*snapshots)
 
     def _fold(self, key_pool: str, p: Pending, touched: dict) -> list[tuple[str, dict]]:
         """Fold one record; returns its outputs as (output topic, item), item = {"origin", "tables"}."""
@@ -391,20 +393,6 @@ def make_app(settings: WorkerSettings):
                 log.exception("worker drain failed; stopping so that the inputs are folded again after a restart")
                 raise
             await asyncio.sleep(interval)
-
-    @app.task
-    async def initial_snapshots():
-        """After (re)start, resend the state of every pool owned (the snapshot after a crash may be missing)."""
-        await app.tables.recovery.completed.wait()
-        async with worker._lock:
-            sent = []
-            for key, raw in list(table.items()):
-                pool = key.decode("utf-8", "replace")
-                if pool not in worker.pools:
-                    worker.pools[pool] = PoolState.from_dict(orjson.loads(raw))
-                    worker.last_applied.setdefault(pool, worker.clock())
-                sent.append(await send(TOPIC_JOURNAL, key, state_record(pool, raw)))
-            await asyncio.gather(*sent)
 
     if settings.tick_interval_s > 0:
         ids = {"producer": uuid.uuid4().hex[:16], "seq": 0}
