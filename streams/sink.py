@@ -191,9 +191,20 @@ class Sink:
                 f.replace(dest)
             shutil.rmtree(stage, ignore_errors=True)
 
-    def poll_once(self, timeout_ms: int = 200) -> int:
-        got = self.consumer.poll(timeout_ms=timeout_ms, max_records=self.max_records)
-        records = [r for tp in sorted(got, key=lambda tp: (tp.topic, tp.partition)) for r in got[tp]]
+    def poll_once(self, timeout_ms: int = 200, batch_ms: int = 500) -> int:
+        """Read for up to `batch_ms` (or `max_records` records) and write what came as one batch: fewer, larger
+        Parquet files and store transactions than one batch per poll."""
+        by_tp: dict = {}
+        n = 0
+        deadline = time.monotonic() + batch_ms / 1000
+        while n < self.max_records:
+            got = self.consumer.poll(timeout_ms=timeout_ms if not n else 50, max_records=self.max_records - n)
+            for tp, recs in got.items():
+                by_tp.setdefault(tp, []).extend(recs)
+                n += len(recs)
+            if not got or time.monotonic() >= deadline:
+                break
+        records = [r for tp in sorted(by_tp, key=lambda tp: (tp.topic, tp.partition)) for r in by_tp[tp]]
         return self.handle(records)
 
     def run(self, *, idle_exit_s: Optional[float] = None, stop: Optional[Callable[[], bool]] = None) -> SinkStats:

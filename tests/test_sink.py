@@ -1,0 +1,106 @@
+"""The sink without a broker: output records in, lake + store out; re-sent items dropped by origin, replays
+change nothing, and a crash between the store commit and the move into the lake is finished at the next start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import orjson
+
+from analytics.views import connect
+from ledger.store import open_store
+from streams.sink import Sink, mark_consumer
+from streams.worker import rows_record, state_record
+
+J, D, DL = "chipledger.journal", "chipledger.decisions", "chipledger.deadletter"
+POOL = "lab/a100"
+H = 1_793_577_600  # 2026-11-02T00:00:00Z
+
+
+def rec(topic, offset, value, partition=0):
+    return SimpleNamespace(topic=topic, partition=partition, offset=offset, value=value)
+
+
+def journal_item(in_offset, hour, amount, topic="chipledger.jobs"):
+    return {"origin": [topic, 0, in_offset],
+            "tables": {"journal": [[POOL, hour, "idle", None, amount]],
+                       "events": [[f"e{in_offset}", "pool.tick", POOL, "src", hour, hour, 0, topic, 0, in_offset, "{}"]]}}
+
+
+def make(tmp_path: Path, name="sink") -> Sink:
+    return Sink(tmp_path / "lake", open_store(f"sqlite:///{tmp_path / 'store.db'}"), name=name, consumer=object())
+
+
+def journal(tmp_path):
+    return connect(tmp_path / "lake").execute(
+        "SELECT hour, account, amount_mchip_s FROM journal ORDER BY hour").fetchall()
+
+
+def test_resent_items_are_dropped_by_origin_and_marks_survive_a_restart(tmp_path):
+    sink = make(tmp_path)
+    first = rows_record(POOL, [journal_item(0, H, 1000), journal_item(1, H + 3600, 2000)])
+    assert sink.handle([rec(J, 0, first)]) == 1
+    # the worker crashed after sending item 1 and folds it again (same content, new output offset), then goes on
+    again = rows_record(POOL, [journal_item(1, H + 3600, 2000), journal_item(2, H + 7200, 3000)])
+    sink.handle([rec(J, 1, again)])
+    assert sink.stats.resent_dropped == 1 and sink.stats.rows["journal"] == 3
+    rows = journal(tmp_path)
+    assert [(r[0].timestamp(), r[2]) for r in rows] == [(H, 1000), (H + 3600, 2000), (H + 7200, 3000)]
+    store = sink.store
+    assert store.position("sink", J, 0) == 1
+    assert store.position(mark_consumer("sink", J, POOL), "chipledger.jobs", 0) == 2
+    # a new sink (restart) knows the marks from the store: a late re-send of item 0 is dropped too
+    later = make(tmp_path)
+    later.handle([rec(J, 2, rows_record(POOL, [journal_item(0, H, 1000)]))])
+    assert later.stats.resent_dropped == 1 and len(journal(tmp_path)) == 3
+    # marks are per input topic-partition: offset 0 of another input topic is new
+    later.handle([rec(J, 3, rows_record(POOL, [journal_item(0, H + 10800, 7, topic="chipledger.quota")]))])
+    assert len(journal(tmp_path)) == 4
+
+
+def test_state_snapshots_become_balances_and_decisions_are_indexed(tmp_path):
+    from ledger import Fleet
+    from schemas import parse_event
+
+    fixture = Path(__file__).parent / "fixtures" / "hand.jsonl"
+    fleet = Fleet()
+    for line in fixture.read_bytes().splitlines():
+        e = parse_event(line)
+        if not hasattr(e, "code"):
+            fleet.apply(e, line)
+    state = fleet.pools[POOL]
+    sink = make(tmp_path)
+    decision = ["d-1", "decision.burst", POOL, H, "burst", "approved 2 chips", orjson.dumps({"x": 1}).decode()]
+    sink.handle([rec(D, 0, rows_record(POOL, [{"origin": ["chipledger.quota", 0, 5],
+                                               "tables": {"decisions": [decision]}}])),
+                 rec(J, 0, state_record(POOL, orjson.dumps(state.to_dict())))])
+    teams = {t.team: t.nominal_milli for t in sink.store.team_balances()}
+    assert teams == {name: t.nominal_milli for name, t in state.teams.items()} and teams
+    assert [b.applied for b in sink.store.pool_balances()] == [state.applied]
+    assert [d.decision_id for d in sink.store.decisions()] == ["d-1"]
+    assert connect(tmp_path / "lake").execute("SELECT decision_id, rule FROM decision_log").fetchall() == [("d-1", "burst")]
+
+
+def test_a_batch_staged_but_not_committed_is_discarded_and_a_committed_one_is_published(tmp_path):
+    sink = make(tmp_path)
+    sink.handle([rec(J, 0, rows_record(POOL, [journal_item(0, H, 1000)]))])
+    staging = tmp_path / "lake" / "_staging" / "sink"
+    # a crash after the store commit of batch 1 but before its files moved: simulate by staging them again
+    committed = staging / "1" / "journal" / "day=2026-11-02"
+    committed.mkdir(parents=True)
+    moved = next((tmp_path / "lake" / "journal").rglob("*.parquet"))
+    moved.replace(committed / moved.name)
+    # and a batch 2 that was written but never committed
+    (staging / "2" / "journal").mkdir(parents=True)
+    (staging / "2" / "journal" / "junk.parquet").write_bytes(b"not committed")
+    make(tmp_path)  # start-up recovery
+    assert not staging.exists() or not any(staging.iterdir())
+    assert [r[2] for r in journal(tmp_path)] == [1000]
+
+
+def test_a_record_that_is_not_an_output_is_skipped_and_its_position_kept(tmp_path):
+    sink = make(tmp_path)
+    sink.handle([rec(DL, 0, b"garbage"), rec(DL, 1, rows_record(POOL, [{"origin": ["chipledger.jobs", 0, 9],
+                 "tables": {"deadletters": [["chipledger.jobs", 0, 9, H, "not_json", "x", None, None, POOL, "AA=="]]}}]))])
+    assert sink.stats.rows["deadletters"] == 1 and sink.store.position("sink", DL, 0) == 1
