@@ -182,10 +182,25 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     # preemption is looked at only after a change that can leave a pending job short, or when a moment it
     # asked for (grace end, timeout, a protection ending) has come; never without pending jobs
     if state.pending_sizes:
-        if t >= state.policy_due or etype in _POLICY_TRIGGERS_ALL:
+        if etype in _POLICY_TRIGGERS_ALL or state.policy_full:
+            state.policy_full = False
             policy.evaluate(state, event_id, t, step, config)
-        elif etype in _POLICY_TRIGGERS_TEAM:  # new demand of one team: only its queue can have changed
-            policy.evaluate(state, event_id, t, step, config, state.jobs[event.job_id])
+        else:
+            # just the jobs whose moment came, and a job that just joined a queue (the only new demand) if it
+            # heads its team's queue
+            due = [jid for jid, w in state.wakes.items() if w <= t] if t >= state.policy_due else []
+            if etype in _POLICY_TRIGGERS_JOB:
+                job = state.jobs[event.job_id]
+                team = state.teams[job.team]
+                chips = job.chips_milli
+                # the common case needs no look: the job fits its team's unused quota and the free chips
+                if not (chips <= team.nominal_milli - team.use_milli
+                        and chips <= state.capacity_milli - state.unavailable_milli - state.charged_milli):
+                    heads = state.heads.get(job.team)
+                    if heads is None or any(h is job for h in heads):
+                        due.append(job.job_id)
+            if due:
+                policy.evaluate(state, event_id, t, step, config, due)
     # remember the id (an accepted event's id was not in the window: `seen` is None here); ids that fell out
     # of the window are forgotten when an hour closes, so an id is remembered for at least the window
     state.dedup_order.append(event_id)
@@ -364,8 +379,9 @@ def _grant_on(state: PoolState, grant_id: str, version: int, t: int) -> None:
     team = state.team(g.team)
     team.nominal_milli += g.chips_milli
     _retally_team(state, team, t)
-    state.policy_due = t
+    state.policy_full = True
     state.other_epoch += 1
+    state.quota_epoch += 1
 
 
 def _grant_off(state: PoolState, grant_id: str, version: int, t: int) -> None:
@@ -374,8 +390,9 @@ def _grant_off(state: PoolState, grant_id: str, version: int, t: int) -> None:
         return
     _deactivate(state, g, t)
     del state.grants[grant_id]
-    state.policy_due = t
+    state.policy_full = True
     state.other_epoch += 1
+    state.quota_epoch += 1
 
 
 def _burst_on(state: PoolState, request_id: str, version: int, t: int) -> None:
@@ -386,8 +403,9 @@ def _burst_on(state: PoolState, request_id: str, version: int, t: int) -> None:
     team = state.teams[b[0]]
     team.burst_milli += b[1]
     _retally_team(state, team, t)
-    state.policy_due = t
+    state.policy_full = True
     state.other_epoch += 1
+    state.quota_epoch += 1
 
 
 def _burst_off(state: PoolState, request_id: str, version: int, t: int) -> None:
@@ -397,8 +415,9 @@ def _burst_off(state: PoolState, request_id: str, version: int, t: int) -> None:
     team = state.teams[b[0]]
     team.burst_milli -= b[1]
     _retally_team(state, team, t)
-    state.policy_due = t
+    state.policy_full = True
     state.other_epoch += 1
+    state.quota_epoch += 1
 
 
 _BOUNDARY = {"grant_on": _grant_on, "grant_off": _grant_off, "burst_on": _burst_on, "burst_off": _burst_off}
@@ -497,8 +516,11 @@ def _wait(state: PoolState, job: Job, t: int, sign: int) -> None:
             elif last is not None and key < policy.queue_key(last):
                 heads[-1] = job
                 heads.sort(key=policy.queue_key)
-        elif job in heads:
-            del state.heads[name]
+        else:
+            for h in heads:
+                if h is job:  # identity: Job's dataclass __eq__ compares every field
+                    del state.heads[name]
+                    break
 
 
 def _accrue_job(job: Job, t: int) -> None:
@@ -592,6 +614,7 @@ def _deactivate(s: PoolState, g: Grant, t: int) -> None:
         team.nominal_milli -= g.chips_milli
         _retally_team(s, team, t)
         s.other_epoch += 1
+        s.quota_epoch += 1
 
 
 def _apply_quota_revoked(s: PoolState, e, t, step):
@@ -727,7 +750,7 @@ def _apply_job_finished(s: PoolState, e, t, step):
 # to the queue), capacity lost, quota changed, and the pool's timer. A job.started or job.finished only takes
 # or frees chips the cluster itself placed; a shortage it leaves is seen at the next of these (pool.tick comes
 # every minute from the worker's timer) or when an instant the policy asked for comes.
-_POLICY_TRIGGERS_TEAM = frozenset({"job.submitted", "job.preempted"})
+_POLICY_TRIGGERS_JOB = frozenset({"job.submitted", "job.preempted"})
 _POLICY_TRIGGERS_ALL = frozenset({"chip.state_changed", "chip.retired", "quota.granted", "quota.revoked",
                                   "burst.requested", "pool.tick"})
 

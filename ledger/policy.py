@@ -398,105 +398,126 @@ def queue_key(job: Job):
     return (-job.priority, job.waiting_since, job.job_id)
 
 
-def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only_job: Optional[Job] = None) -> None:
-    """Look for pending jobs that a rule entitles to chips held by others, and emit decisions. With
-    `only_job` (a job that just joined its team's queue: the only new demand), only that job is looked at,
-    and only if it is at the head of its team's queue; the other jobs' waiting state is kept."""
-    only_team = None if only_job is None else only_job.team
+def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None) -> None:
+    """Look for pending jobs that a rule entitles to chips held by others, and emit decisions.
+
+    Without `only`, the head of every team's queue is looked at (after a change of capacity, quota or bursts,
+    and at each tick). With `only` (job ids), just those jobs, if they head their team's queue: a job that just
+    joined a queue (the only new demand), or jobs whose wake-up instant (grace end, a decision timing out, a
+    victim's protection ending) has come. Each job looked at leaves a wake-up instant in `state.wakes` when
+    time alone can change its case; `state.policy_due` is the earliest."""
     inflight = state.inflight
-    due = NEVER if only_team is None else state.policy_due
-    if inflight and only_team is None:
-        for ben, fl in list(inflight.items()):
-            if fl[2] + config.decision_timeout_s <= t:
-                _drop_inflight(state, ben)
-            else:
-                due = min(due, fl[2] + config.decision_timeout_s)
+    wakes = state.wakes
+    if inflight and t >= state.inflight_next:
+        for ben in [b for b, fl in inflight.items() if fl[2] + config.decision_timeout_s <= t]:
+            _drop_inflight(state, ben)
+        state.inflight_next = min((fl[2] for fl in inflight.values()), default=NEVER) + config.decision_timeout_s
     free = free_milli(state)
     cached = state.limits_cache
-    if cached is not None and cached[0] == state.other_epoch:
+    if cached is not None and cached[0] == state.quota_epoch:
         limits = cached[1]
     else:
         limits = team_limits(state)
-        state.limits_cache = (state.other_epoch, limits)
-    if not state.pending_sizes or (max(state.pending_sizes) <= free
-                                   and all(v[0] is None for v in limits.values())):
-        if only_team is None:
-            if state.short_since:  # every pending job fits the free chips: none is short
-                state.short_since.clear()
-            state.policy_due = due
-        return
+        state.limits_cache = (state.quota_epoch, limits)
+    k = state.heads_k = config.candidates_per_team
+    if only is None:
+        work = []
+        for team_name in sorted(state.waiting):
+            queue = state.waiting[team_name]
+            if queue:
+                heads = state.heads.get(team_name)
+                if heads is None:
+                    heads = state.heads[team_name] = heapq.nsmallest(k, queue.values(), key=queue_key)
+                work.extend(heads)
+    else:
+        work = []
+        for jid in sorted(only):
+            job = state.jobs.get(jid)
+            if job is None or job.status != "pending":
+                wakes.pop(jid, None)
+                continue
+            heads = state.heads.get(job.team)
+            if heads is None:
+                heads = state.heads[job.team] = heapq.nsmallest(k, state.waiting[job.team].values(), key=queue_key)
+            if any(h is job for h in heads):  # identity: Job's dataclass __eq__ compares every field
+                work.append(job)
+            else:
+                wakes.pop(jid, None)  # no longer a head: looked at again when it is one
+                state.short_since.pop(jid, None)
     fs = None
     guarded = None
-    k = state.heads_k = config.candidates_per_team
-    short_seen = set()
-    for team_name in (sorted(state.waiting) if only_team is None else (only_team,)):
-        queue = state.waiting.get(team_name)
-        if not queue:
+    seen = set()
+    for job in work:
+        jid = job.job_id
+        seen.add(jid)
+        wakes.pop(jid, None)
+        fl = inflight.get(jid)
+        if fl is not None:  # still short: a re-issue after a timeout needs no new grace
+            wakes[jid] = fl[2] + config.decision_timeout_s
             continue
-        heads = state.heads.get(team_name)
-        if heads is None:
-            heads = state.heads[team_name] = heapq.nsmallest(k, queue.values(), key=queue_key)
-        if only_job is not None:
-            if only_job not in heads:
-                break
-            heads = (only_job,)
+        team_name = job.team
         tm = state.teams[team_name]
-        for job in heads:
-            if job.job_id in inflight:
-                short_seen.add(job.job_id)  # still short: a re-issue after a timeout needs no new grace
+        chips = job.chips_milli
+        unused = tm.nominal_milli - tm.use_milli
+        if chips <= unused:
+            if chips <= free:
+                state.short_since.pop(jid, None)
+                continue  # it can start as it is
+            rule = "reclaim"
+            need = chips - free
+        else:
+            blim = limits.get(team_name, (None, None))[0]
+            borrowed, _ = borrowed_of(tm)
+            borrow = chips - max(unused, 0)
+            if guarded is None:
+                guarded = {n: guarded_milli(x, limits.get(n, (None, None))[1]) for n, x in state.teams.items()}
+                guarded_total = sum(guarded.values())
+            avail = free - (guarded_total - guarded.get(team_name, 0))
+            need = max(chips - avail, 0 if blim is None else borrowed + borrow - blim)
+            if need <= 0:
+                state.short_since.pop(jid, None)
                 continue
-            chips = job.chips_milli
-            unused = tm.nominal_milli - tm.use_milli
-            if chips <= unused:
-                if chips <= free:
-                    continue  # it can start as it is
-                rule = "reclaim"
-                need = chips - free
-            else:
-                blim = limits.get(team_name, (None, None))[0]
-                borrowed, _ = borrowed_of(tm)
-                borrow = chips - max(unused, 0)
-                if guarded is None:
-                    guarded = {n: guarded_milli(x, limits.get(n, (None, None))[1]) for n, x in state.teams.items()}
-                avail = free - (sum(guarded.values()) - guarded.get(team_name, 0))
-                need = max(chips - avail, 0 if blim is None else borrowed + borrow - blim)
-                if need <= 0:
-                    continue
-                rule = "priority"
-            short_seen.add(job.job_id)
-            since = state.short_since.setdefault(job.job_id, t)
-            if t < since + config.preemption_grace_s:
-                due = min(due, since + config.preemption_grace_s)
-                continue
-            if rule == "priority" and sum(c for p, c in state.prio_chips.get(team_name, {}).items()
-                                          if p < job.priority) < need:
-                continue  # even every lower-priority preemptible job of the team would not be enough
-            # a job found without victims is looked at again only when what could give it some changed:
-            # jobs started or stopped (its team's, or any team's for a reclaim), quota, bursts, chips,
-            # decisions in flight, or a victim's protection ended (wake)
-            sig = (rule, need, state.other_epoch,
-                   state.run_epoch if rule == "reclaim" else state.team_epoch.get(team_name, 0))
-            memo = state.blocked.get(job.job_id)
-            if memo is not None and memo[0] == sig and t < memo[1]:
-                due = min(due, memo[1])
-                continue
-            if fs is None:
-                fs = fair_shares(state, t, config.decay_half_life_s)
-            if rule == "reclaim":
-                chosen, wake = _reclaim_victims(state, job, need, t, fs, config)
-            else:
-                chosen, wake = _priority_victims(state, job, need, t, fs, config)
-            due = min(due, wake)
-            if not chosen:
-                state.blocked[job.job_id] = (sig, wake)
-                continue
-            state.blocked.pop(job.job_id, None)
-            _emit(state, trigger_id, rule, job, chosen, need, free, t, fs, limits, step, config)
-            due = min(due, t + config.decision_timeout_s)
-    if only_team is None:
-        for jid in [j for j in state.short_since if j not in short_seen]:
+            rule = "priority"
+        since = state.short_since.setdefault(jid, t)
+        if t < since + config.preemption_grace_s:
+            wakes[jid] = since + config.preemption_grace_s
+            continue
+        if rule == "priority" and sum(c for p, c in state.prio_chips.get(team_name, {}).items()
+                                      if p < job.priority) < need:
+            continue  # even every lower-priority preemptible job of the team would not be enough
+        # a job found without victims is looked at again only when what could give it some changed:
+        # jobs started or stopped (its team's, or any team's for a reclaim), quota, bursts, chips,
+        # decisions in flight, or a victim's protection ended (its wake)
+        sig = (rule, need, state.other_epoch,
+               state.run_epoch if rule == "reclaim" else state.team_epoch.get(team_name, 0))
+        memo = state.blocked.get(jid)
+        if memo is not None and memo[0] == sig and t < memo[1]:
+            if memo[1] < NEVER:
+                wakes[jid] = memo[1]
+            continue
+        if fs is None:
+            fs = fair_shares(state, t, config.decay_half_life_s)
+        if rule == "reclaim":
+            chosen, wake = _reclaim_victims(state, job, need, t, fs, config)
+        else:
+            chosen, wake = _priority_victims(state, job, need, t, fs, config)
+        if not chosen:
+            state.blocked[jid] = (sig, wake)
+            if wake < NEVER:
+                wakes[jid] = wake
+            continue
+        state.blocked.pop(jid, None)
+        _emit(state, trigger_id, rule, job, chosen, need, free, t, fs, limits, step, config)
+        wakes[jid] = t + config.decision_timeout_s
+    if only is None:  # jobs no longer at a queue's head are not waited for
+        for jid in [j for j in state.short_since if j not in seen]:
             del state.short_since[jid]
-    state.policy_due = due
+        for jid in [j for j in wakes if j not in seen]:
+            del wakes[jid]
+    if only is None or state.policy_due <= t or len(wakes) < 64:
+        state.policy_due = min(wakes.values()) if wakes else NEVER
+    else:  # the wakes looked at were all due (<= t) or new; the others' minimum is still policy_due
+        state.policy_due = min(state.policy_due, *(wakes[j] for j in seen if j in wakes))
 
 
 class _Candidates:
@@ -583,10 +604,10 @@ def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, 
     freed = 0
     for _, job, lost in chosen:
         freed += job.chips_milli
-        victims.append(Victim(job_id=job.job_id, team=job.team, chips=job.chips_milli / MILLI,
-                              lost_work_chip_s=lost // MILLI,
-                              preemption_count=sum(1 for p in job.preempted_at
-                                                   if p > t - config.preemption_window_s)))
+        # our own values, of the right types: built without validation (this runs for every decision)
+        victims.append(Victim.model_construct(
+            job_id=job.job_id, team=job.team, chips=job.chips_milli / MILLI, lost_work_chip_s=lost // MILLI,
+            preemption_count=sum(1 for p in job.preempted_at if p > t - config.preemption_window_s)))
         state.marked[job.job_id] = ben.job_id
     tm = state.teams[ben.team]
     numbers = {
@@ -616,10 +637,12 @@ def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, 
                    f"job(s) of its team to free {_chips(freed)} chips ({_chips(need)} needed, {lost} chip-s of "
                    f"work lost)")
     state.inflight[ben.job_id] = [decision_id, rule, t, [v.job_id for v in victims]]
+    state.inflight_next = min(state.inflight_next, t + config.decision_timeout_s)
     state.other_epoch += 1
-    step.decisions.append(decision_row(DecisionPreempt(
-        decision_id=decision_id, pool=state.pool, at=_ts(t), rule=rule,
-        beneficiary=JobRef(job_id=ben.job_id, team=ben.team), victims=victims, numbers=numbers, message=message), t))
+    step.decisions.append(decision_row(DecisionPreempt.model_construct(
+        decision_id=decision_id, type="decision.preempt", pool=state.pool, at=_ts(t), rule=rule,
+        beneficiary=JobRef.model_construct(job_id=ben.job_id, team=ben.team), victims=victims, numbers=numbers,
+        message=message), t))
 
 
 def _drop_inflight(state: PoolState, ben_id: str) -> None:
@@ -635,6 +658,8 @@ def job_left_queue(state: PoolState, job_id: str) -> None:
     """The job started or finished: a decision made for it is settled; it no longer waits out a grace."""
     state.short_since.pop(job_id, None)
     state.blocked.pop(job_id, None)
+    if state.wakes.pop(job_id, None) is not None:
+        state.policy_due = min(state.wakes.values()) if state.wakes else NEVER
     if job_id in state.inflight:
         _drop_inflight(state, job_id)
 

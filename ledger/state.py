@@ -127,7 +127,9 @@ class PoolState:
     inflight: dict = field(default_factory=dict)
     marked: dict = field(default_factory=dict)       # victim job id -> beneficiary job id (in flight)
     short_since: dict = field(default_factory=dict)  # pending job -> instant it was first seen short of chips
-    policy_due: int = 1 << 62  # instant at which preemption must be looked at again even without a change
+    wakes: dict = field(default_factory=dict)  # pending job -> instant to look at it again (grace end, timeout…)
+    policy_due: int = 1 << 62  # the earliest of `wakes`
+    policy_full: bool = False  # a grant or burst boundary passed: look at every queue at the next event
     # hour-of-week demand profile (Monday 00 UTC = 0): [sum of hourly mean demand milli-chips, hours seen]
     profile: list = field(default_factory=lambda: [[0, 0] for _ in range(168)])
     # capacity error budget: the last 720 closed hours as [registered mchip-s, unavailable mchip-s]
@@ -143,9 +145,11 @@ class PoolState:
     run_epoch: int = 0     # any job started or stopped, any chip's availability changed
     team_epoch: dict = field(default_factory=dict)  # team -> its jobs started or stopped
     other_epoch: int = 0   # quota, bursts or decisions in flight changed
+    quota_epoch: int = 0   # grants or bursts changed (the cached team limits are stale)
     blocked: dict = field(default_factory=dict)     # job id -> (signature, wake)
     prio_chips: dict = field(default_factory=dict)  # team -> {priority: chips of its preemptible running jobs}
     heads_k: int = 0  # how many jobs the cached queue heads hold (FoldConfig.candidates_per_team)
+    inflight_next: int = 0  # earliest timeout of a decision in flight (0: not known, look)
     limits_cache: Optional[tuple] = None  # (other_epoch, ledger.policy.team_limits) of the last evaluation
 
     def team(self, name: str) -> Team:
@@ -177,6 +181,7 @@ class PoolState:
             "bursts": {k: list(v) for k, v in self.bursts.items()},
             "inflight": {k: [v[0], v[1], v[2], list(v[3])] for k, v in self.inflight.items()},
             "marked": dict(self.marked), "short_since": dict(self.short_since), "policy_due": self.policy_due,
+            "wakes": dict(self.wakes), "policy_full": self.policy_full,
             "profile": [list(p) for p in self.profile], "budget_hours": [list(h) for h in self.budget_hours],
             "pool_marks": list(self.pool_marks),
         }
@@ -209,6 +214,8 @@ class PoolState:
             s.inflight = {k: [v[0], v[1], v[2], list(v[3])] for k, v in d["inflight"].items()}
             s.marked, s.short_since = dict(d["marked"]), dict(d["short_since"])
             s.policy_due = d["policy_due"]
+            s.wakes = dict(d.get("wakes") or {})
+            s.policy_full = d.get("policy_full", False)
             s.profile = [list(p) for p in d["profile"]]
             s.budget_hours = deque(list(h) for h in d["budget_hours"])
             s.pool_marks = list(d["pool_marks"])

@@ -15,6 +15,7 @@ import pytest
 from ledger import (
     FoldConfig, Fleet, JournalRow, PoolState, check_invariants, close_books, evolve, hour_of, split_use,
 )
+from ledger.policy import decision_of
 from ledger.books import BORROWED, CAPACITY, ENTITLED, IDLE, IN_QUOTA, OVERCOMMITTED, PENDING, UNAVAILABLE
 from schemas import Rejection, RejectionCode as RC, parse_payload
 
@@ -765,7 +766,8 @@ def test_denied_burst_request_changes_no_account():
     # the only chip is busy and there is no history: the forecast demand is the demand now (1 chip) -> no idle
     fleet, steps = fold([configured(0), chip("c1"), submit("j", "ads", 1), start("j", 0), burst("b", "ads", 1, 10)])
     assert steps[-1].journal == []
-    [d] = steps[-1].decisions
+    [row] = steps[-1].decisions
+    d = decision_of(row)
     assert (d.type, d.verdict, d.chips_granted, d.numbers["forecast_idle_chips"]) == ("decision.burst", "denied", 0, 0)
     assert fleet.pools[POOL].teams["ads"].burst_milli == 0
 
