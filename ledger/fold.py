@@ -746,10 +746,10 @@ def _apply_job_finished(s: PoolState, e, t, step):
         _wait(s, job, t, -1)
 
 
-# events after which preemption is looked at (when jobs are pending): new demand (a job submitted or sent back
-# to the queue), capacity lost, quota changed, and the pool's timer. A job.started or job.finished only takes
-# or frees chips the cluster itself placed; a shortage it leaves is seen at the next of these (pool.tick comes
-# every minute from the worker's timer) or when an instant the policy asked for comes.
+# events after which preemption is looked at (when jobs are pending; docs/policy.md): new demand (a job
+# submitted or sent back to the queue: just that job), capacity or quota changes and ticks (every queue's
+# head). A job.started or job.finished only takes or frees chips the cluster itself placed; a shortage it
+# leaves is seen at the next of these, or when an instant the policy asked for comes.
 _POLICY_TRIGGERS_JOB = frozenset({"job.submitted", "job.preempted"})
 _POLICY_TRIGGERS_ALL = frozenset({"chip.state_changed", "chip.retired", "quota.granted", "quota.revoked",
                                   "burst.requested", "pool.tick"})
