@@ -365,7 +365,8 @@ def _victim_key(order: str, f: float, job: Job, lost: int):
 
 def _select(groups, need: int, room: dict[str, int]) -> list:
     """Greedy in victim order while the victim's team still has room (borrowed chips left to take), then drop
-    the victims not needed (latest first), so no more than needed is freed beyond the last victim's size.
+    the victims no longer needed (the one losing the most work first), so that no victim could be spared:
+    what is freed exceeds the need by less than the smallest victim.
 
     `groups` yields lists of candidates (key, job, lost), each list sorted, the lists in victim order; later
     groups are not even built once enough is chosen (with the goodput order a group is the teams of one F)."""
@@ -386,11 +387,15 @@ def _select(groups, need: int, room: dict[str, int]) -> list:
             break
     if freed < need:
         return []
-    for i in range(len(chosen) - 2, -1, -1):  # the last one was needed; earlier ones may not be
-        if freed - chosen[i][1].chips_milli >= need:
-            freed -= chosen[i][1].chips_milli
-            del chosen[i]
-    return chosen
+    while True:  # drop the victims no longer needed, the one losing the most work first (ties: latest chosen)
+        drop = None
+        for i, c in enumerate(chosen):
+            if freed - c[1].chips_milli >= need and (drop is None or c[2] >= chosen[drop][2]):
+                drop = i
+        if drop is None:
+            return chosen
+        freed -= chosen[drop][1].chips_milli
+        del chosen[drop]
 
 
 def queue_key(job: Job):

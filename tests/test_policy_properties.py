@@ -96,7 +96,7 @@ def check_decision(state: PoolState, d, t: int) -> None:
     freed = round(d.numbers["freed_chips"] * 1000)
     sizes = [round(v.chips * 1000) for v in d.victims]
     assert sizes and freed == sum(sizes) >= need, d
-    assert freed - need < max(sizes), ("freed more than needed beyond one job", d)
+    assert freed - need < min(sizes), ("freed more than needed beyond one job", d)
     assert len({v.job_id for v in d.victims}) == len(d.victims)
     ben = state.jobs[d.beneficiary.job_id]
     assert ben.status == "pending"
