@@ -321,8 +321,8 @@ def make_app(settings: WorkerSettings):
         key_serializer="raw",
         value_serializer="raw",
     )
-    raw = faust.Schema(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
-    table = app.Table(TABLE_NAME, partitions=settings.partitions, schema=raw)
+    # bytes in, bytes out (faust picks the raw codec for bytes types): the value is PoolState.to_dict() as JSON
+    table = app.Table(TABLE_NAME, partitions=settings.partitions, key_type=bytes, value_type=bytes)
     topics = {name: app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
                               value_serializer="raw") for name in INPUT_TOPICS}
     consumer_positions: dict[TP, int] = {}
@@ -337,7 +337,11 @@ def make_app(settings: WorkerSettings):
             raw = table.get(pool.encode())
         finally:
             _current_event.reset(token)
-        return None if raw is None else orjson.loads(raw)
+        if raw is None:
+            return None
+        if not isinstance(raw, (bytes, bytearray, memoryview, str)):
+            raise TypeError(f"table {TABLE_NAME} holds a {type(raw).__name__} for {pool!r}, not JSON bytes")
+        return orjson.loads(raw)
 
     def store(pool: str, value: bytes, p: Pending):
         token = in_context(p)
