@@ -407,10 +407,13 @@ def slo_views(d: Dialect) -> dict[str, str]:
                 SELECT pool, t, d_free,
                        whole - lag(whole, 1, 0) OVER (PARTITION BY pool, node ORDER BY t) AS d_whole
                 FROM (SELECT *, CASE WHEN n_reg > 0 AND n_free = n_reg THEN n_reg ELSE 0 END AS whole FROM node) x
+            ), placed AS (
+                SELECT pool, job_id, started_s FROM calc_run_nodes GROUP BY pool, job_id, started_s
             ), unplaced_runs AS (
-                SELECT r.pool, r.started_s, r.ended_s FROM base_runs r
-                WHERE NOT EXISTS (SELECT 1 FROM calc_run_nodes p WHERE p.pool = r.pool AND p.job_id = r.job_id
-                                  AND p.started_s = r.started_s)
+                SELECT r.pool, r.started_s, r.ended_s
+                FROM base_runs r LEFT JOIN placed p ON p.pool = r.pool AND p.job_id = r.job_id
+                                                   AND p.started_s = r.started_s
+                WHERE p.job_id IS NULL
             ), unplaced AS (
                 SELECT pool, started_s AS t, 1 AS d FROM unplaced_runs
                 UNION ALL SELECT pool, ended_s, -1 FROM unplaced_runs WHERE ended_s IS NOT NULL

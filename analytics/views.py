@@ -108,14 +108,15 @@ DERIVED_VIEWS = {
                  / nullif(sum(amount_mchip_s) FILTER (WHERE account = 'capacity'), 0) AS ratio
         FROM journal GROUP BY pool, hour
     """,
-    # goodput = (allocated - lost) / allocated, per job, per team and per pool (`level` says which)
+    # goodput = (allocated - lost) / allocated, per job, per team and per pool (`level` says which), from the
+    # runs (a job that never ran has nothing allocated: no goodput)
     "goodput": """
         SELECT CASE WHEN GROUPING(team) = 1 THEN 'pool' WHEN GROUPING(job_id) = 1 THEN 'team' ELSE 'job' END
                    AS level,
                pool, team, job_id,
                sum(allocated_mchip_s)::BIGINT AS allocated_mchip_s, sum(lost_mchip_s)::BIGINT AS lost_mchip_s,
                (sum(allocated_mchip_s) - sum(lost_mchip_s)) / nullif(sum(allocated_mchip_s), 0) AS goodput
-        FROM jobs
+        FROM job_runs
         GROUP BY GROUPING SETS ((pool), (pool, team), (pool, team, job_id, submitted_at))
     """,
     # demand per pool, team and hour: chips running (charged) plus chips of jobs waiting to start
