@@ -16,11 +16,13 @@ Costs on the fold's common path, by design:
 from __future__ import annotations
 
 import heapq
+
+import orjson
 from datetime import datetime, timezone
 from typing import NamedTuple, Optional
 
 from schemas.events import MILLI, epoch_s
-from schemas.outputs import DecisionBurst, DecisionPreempt, JobRef, Victim
+from schemas.outputs import DecisionBurst, DecisionPreempt
 
 from ledger.books import BORROWED, BURST, CAPACITY, HOUR_S, IN_QUOTA, PENDING, UNAVAILABLE, hour_of
 from ledger.state import Job, PoolState, Team
@@ -100,6 +102,11 @@ def _chips(milli: int) -> str:
 
 def _ts(t: int) -> datetime:
     return datetime.fromtimestamp(t, tz=timezone.utc)
+
+
+def _iso(t: int) -> str:
+    """RFC 3339 UTC, as pydantic writes an aware datetime: 2026-11-02T08:34:20Z."""
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -294,9 +301,9 @@ def pending_reason(state: PoolState, job: Job, t: int, config, ctx: Optional[_Co
     chips = job.chips_milli
     free = ctx.free
     fl = state.inflight.get(job.job_id)
-    if fl is not None and fl[2] + config.decision_timeout_s <= t:
+    if fl is not None and fl[4] <= t:
         return PREEMPTION_IN_FLIGHT, (f"decision {fl[0]} ({fl[1]}) was not acted on and timed out at "
-                                      f"{_ts(fl[2] + config.decision_timeout_s):%Y-%m-%d %H:%M:%S} UTC; the "
+                                      f"{_ts(fl[4]):%Y-%m-%d %H:%M:%S} UTC; the "
                                       f"decision is made anew at the pool's next event")
     if fl is not None:
         return PREEMPTION_IN_FLIGHT, (f"decision {fl[0]} ({fl[1]}) asked the cluster at {_ts(fl[2]):%Y-%m-%d %H:%M:%S} "
@@ -414,9 +421,14 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
     inflight = state.inflight
     wakes = state.wakes
     if inflight and t >= state.inflight_next:
-        for ben in [b for b, fl in inflight.items() if fl[2] + config.decision_timeout_s <= t]:
+        for ben in [b for b, fl in inflight.items() if fl[4] <= t]:
+            fl = inflight[ben]
+            if fl[5]:
+                state.ignored.pop(ben, None)
+            else:  # nothing was done for it: the next decision for this job waits twice as long (up to 16x)
+                state.ignored[ben] = state.ignored.get(ben, 0) + 1
             _drop_inflight(state, ben)
-        state.inflight_next = min((fl[2] for fl in inflight.values()), default=NEVER) + config.decision_timeout_s
+        state.inflight_next = min((fl[4] for fl in inflight.values()), default=NEVER)
     free = free_milli(state)
     cached = state.limits_cache
     if cached is not None and cached[0] == state.quota_epoch:
@@ -458,7 +470,7 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
         wakes.pop(jid, None)
         fl = inflight.get(jid)
         if fl is not None:  # still short: a re-issue after a timeout needs no new grace
-            wakes[jid] = fl[2] + config.decision_timeout_s
+            wakes[jid] = fl[4]
             continue
         team_name = job.team
         tm = state.teams[team_name]
@@ -474,8 +486,9 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
             blim = limits.get(team_name, (None, None))[0]
             borrowed, _ = borrowed_of(tm)
             borrow = chips - max(unused, 0)
-            if guarded is None:
-                guarded = {n: guarded_milli(x, limits.get(n, (None, None))[1]) for n, x in state.teams.items()}
+            if guarded is None:  # only teams with a lending limit keep unused quota from others
+                teams = state.teams
+                guarded = {n: guarded_milli(teams[n], v[1]) for n, v in limits.items() if v[1] is not None}
                 guarded_total = sum(guarded.values())
             avail = free - (guarded_total - guarded.get(team_name, 0))
             need = max(chips - avail, 0 if blim is None else borrowed + borrow - blim)
@@ -512,8 +525,7 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
                 wakes[jid] = wake
             continue
         state.blocked.pop(jid, None)
-        _emit(state, trigger_id, rule, job, chosen, need, free, t, fs, limits, step, config)
-        wakes[jid] = t + config.decision_timeout_s
+        wakes[jid] = _emit(state, trigger_id, rule, job, chosen, need, free, t, fs, limits, step, config)
     if only is None:  # jobs no longer at a queue's head are not waited for
         for jid in [j for j in state.short_since if j not in seen]:
             del state.short_since[jid]
@@ -609,10 +621,11 @@ def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, 
     freed = 0
     for _, job, lost in chosen:
         freed += job.chips_milli
-        # our own values, of the right types: built without validation (this runs for every decision)
-        victims.append(Victim.model_construct(
-            job_id=job.job_id, team=job.team, chips=job.chips_milli / MILLI, lost_work_chip_s=lost // MILLI,
-            preemption_count=sum(1 for p in job.preempted_at if p > t - config.preemption_window_s)))
+        # the decision's JSON is built directly (schemas.outputs.DecisionPreempt is its contract; the tests
+        # read every decision back through it): this runs for every decision
+        victims.append({"job_id": job.job_id, "team": job.team, "chips": job.chips_milli / MILLI,
+                        "lost_work_chip_s": lost // MILLI,
+                        "preemption_count": sum(1 for p in job.preempted_at if p > t - config.preemption_window_s)})
         state.marked[job.job_id] = ben.job_id
     tm = state.teams[ben.team]
     numbers = {
@@ -620,10 +633,10 @@ def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, 
         "beneficiary_chips": ben.chips_milli / MILLI, "beneficiary_priority": float(ben.priority),
         "team_nominal_chips": tm.nominal_milli / MILLI, "team_used_chips": tm.use_milli / MILLI,
         "team_fair_share_factor": round(fs[ben.team][1], 6),
-        "lost_work_chip_s": float(sum(v.lost_work_chip_s for v in victims)),
+        "lost_work_chip_s": float(sum(v["lost_work_chip_s"] for v in victims)),
         "waited_s": float(t - ben.waiting_since),
     }
-    victim_teams = sorted({v.team for v in victims})
+    victim_teams = sorted({v["team"] for v in victims})
     for name in victim_teams:
         b, u = borrowed_of(state.teams[name])
         numbers[f"fair_share_factor[{name}]"] = round(fs[name][1], 6)
@@ -641,13 +654,16 @@ def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, 
                    f"team {ben.team}, at its quota and unable to borrow, preempts {len(victims)} lower-priority "
                    f"job(s) of its team to free {_chips(freed)} chips ({_chips(need)} needed, {lost} chip-s of "
                    f"work lost)")
-    state.inflight[ben.job_id] = [decision_id, rule, t, [v.job_id for v in victims]]
-    state.inflight_next = min(state.inflight_next, t + config.decision_timeout_s)
+    expires = t + config.decision_timeout_s * 2 ** min(state.ignored.get(ben.job_id, 0), 4)
+    state.inflight[ben.job_id] = [decision_id, rule, t, [v["job_id"] for v in victims], expires, False]
+    state.inflight_next = min(state.inflight_next, expires)
     state.other_epoch += 1
-    step.decisions.append(decision_row(DecisionPreempt.model_construct(
-        decision_id=decision_id, type="decision.preempt", pool=state.pool, at=_ts(t), rule=rule,
-        beneficiary=JobRef.model_construct(job_id=ben.job_id, team=ben.team), victims=victims, numbers=numbers,
-        message=message), t))
+    body = {"decision_id": decision_id, "type": "decision.preempt", "pool": state.pool, "at": _iso(t),
+            "rule": rule, "beneficiary": {"job_id": ben.job_id, "team": ben.team}, "victims": victims,
+            "numbers": numbers, "message": message}
+    step.decisions.append(DecisionRow(decision_id, "decision.preempt", state.pool, t, rule, message,
+                                      orjson.dumps(body).decode()))
+    return expires
 
 
 def _drop_inflight(state: PoolState, ben_id: str) -> None:
@@ -663,6 +679,7 @@ def job_left_queue(state: PoolState, job_id: str) -> None:
     """The job started or finished: a decision made for it is settled; it no longer waits out a grace."""
     state.short_since.pop(job_id, None)
     state.blocked.pop(job_id, None)
+    state.ignored.pop(job_id, None)
     if state.wakes.pop(job_id, None) is not None:
         state.policy_due = min(state.wakes.values()) if state.wakes else NEVER
     if job_id in state.inflight:
@@ -677,6 +694,7 @@ def victim_gone(state: PoolState, job_id: str) -> None:
         fl = state.inflight.get(ben)
         if fl is not None and job_id in fl[3]:
             fl[3].remove(job_id)
+            fl[5] = True  # something happened
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -123,8 +123,10 @@ class PoolState:
     # --- policy (ledger.policy) ---
     # approved burst reservations: request_id -> [team, chips_milli, window_start, window_end, active]
     bursts: dict = field(default_factory=dict)
-    # preemption decisions in flight, per beneficiary job: [decision_id, rule, issued_at, [victim job ids]]
+    # preemption decisions in flight, per beneficiary job:
+    # [decision_id, rule, issued_at, [victim job ids not yet gone], expires_at, acted on]
     inflight: dict = field(default_factory=dict)
+    ignored: dict = field(default_factory=dict)  # beneficiary -> its decisions in a row that timed out unacted
     marked: dict = field(default_factory=dict)       # victim job id -> beneficiary job id (in flight)
     short_since: dict = field(default_factory=dict)  # pending job -> instant it was first seen short of chips
     wakes: dict = field(default_factory=dict)  # pending job -> instant to look at it again (grace end, timeout…)
@@ -179,7 +181,8 @@ class PoolState:
             "late_events": self.late_events, "max_lateness_s": self.max_lateness_s,
             "positions": dict(self.positions),
             "bursts": {k: list(v) for k, v in self.bursts.items()},
-            "inflight": {k: [v[0], v[1], v[2], list(v[3])] for k, v in self.inflight.items()},
+            "inflight": {k: [v[0], v[1], v[2], list(v[3]), v[4], v[5]] for k, v in self.inflight.items()},
+            "ignored": dict(self.ignored),
             "marked": dict(self.marked), "short_since": dict(self.short_since), "policy_due": self.policy_due,
             "wakes": dict(self.wakes), "policy_full": self.policy_full,
             "profile": [list(p) for p in self.profile], "budget_hours": [list(h) for h in self.budget_hours],
@@ -211,7 +214,8 @@ class PoolState:
         s.positions = dict(d.get("positions") or {})
         if "bursts" in d:  # states saved before the policy layer have none of this
             s.bursts = {k: list(v) for k, v in d["bursts"].items()}
-            s.inflight = {k: [v[0], v[1], v[2], list(v[3])] for k, v in d["inflight"].items()}
+            s.inflight = {k: [v[0], v[1], v[2], list(v[3]), v[4], v[5]] for k, v in d["inflight"].items()}
+            s.ignored = dict(d.get("ignored") or {})
             s.marked, s.short_since = dict(d["marked"]), dict(d["short_since"])
             s.policy_due = d["policy_due"]
             s.wakes = dict(d.get("wakes") or {})

@@ -149,6 +149,19 @@ def test_a_decision_nobody_acted_on_is_made_anew_after_the_timeout():
     assert victims(d2) == [("s1", "search", 2.0, 2 * (2660 - 1500), 0)]
 
 
+def test_a_decision_ignored_again_waits_twice_as_long_before_the_next():
+    r = Run(_reclaim_base() + [submit("a1", "ads", 2, 2000)])
+    assert [d.decision_id for d in r.apply([tick(2060, eid="t1"), tick(2660, eid="t2")])] == [
+        "t1:reclaim:a1", "t2:reclaim:a1"]
+    assert r.state.ignored == {"a1": 1}
+    assert r.apply(tick(3859)) == []                       # 2660 + 2 × 600
+    [d3] = r.apply(tick(3860, eid="t3"))
+    assert d3.decision_id == "t3:reclaim:a1" and r.state.inflight["a1"][4] == T0 + 3860 + 4 * 600
+    # the cluster acts on this one: s1 goes; a1 starting settles it and forgets the count
+    r.apply([preempted("s1", 3870, d3.decision_id), start("a1", 3880)])
+    assert r.state.ignored == {} and r.state.inflight == {}
+
+
 def test_natural_completion_in_the_grace_period_means_no_decision():
     r = Run(_reclaim_base() + [submit("a1", "ads", 2, 2000)])
     r.apply(ev("job.finished", 2030, job_id="v2", outcome="succeeded"))
