@@ -66,12 +66,13 @@ class Sink:
     """Output topics -> lake + store. `consumer` is a kafka-python KafkaConsumer (made from `bootstrap` if None)."""
 
     def __init__(self, lake: Path, store, *, bootstrap: Optional[str] = None, name: str = "sink",
-                 max_records: int = 20_000, consumer=None):
+                 max_records: int = 50_000, batch_ms: int = 2000, consumer=None):
         self.lake = Path(lake)
         self.store = store
         self.name = name
         self.bootstrap = bootstrap
         self.max_records = max_records
+        self.batch_ms = batch_ms
         self.staging = self.lake / "_staging" / name
         self.stats = SinkStats()
         self._marks: dict[tuple[str, str, str, int], int] = {}
@@ -191,9 +192,10 @@ class Sink:
                 f.replace(dest)
             shutil.rmtree(stage, ignore_errors=True)
 
-    def poll_once(self, timeout_ms: int = 200, batch_ms: int = 500) -> int:
-        """Read for up to `batch_ms` (or `max_records` records) and write what came as one batch: fewer, larger
-        Parquet files and store transactions than one batch per poll."""
+    def poll_once(self, timeout_ms: int = 200, batch_ms: Optional[int] = None) -> int:
+        """Read for up to `batch_ms` (default: the sink's) or `max_records` records and write what came as one
+        batch: each batch writes one Parquet file per table and day, so longer batches mean fewer files."""
+        batch_ms = self.batch_ms if batch_ms is None else batch_ms
         by_tp: dict = {}
         n = 0
         deadline = time.monotonic() + batch_ms / 1000
