@@ -302,7 +302,8 @@ def decision_time(chips: int, running: int, events: int, seed: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--days", type=float, default=7)
-    ap.add_argument("--seeds", default="5,6,7", help="closed-loop runs, one per seed; totals are summed")
+    ap.add_argument("--seeds", default="5,6,7,8,9,10,11,12,13,14,15,16",
+                    help="closed-loop runs, one per seed; totals are summed")
     ap.add_argument("--seed", type=int, default=5, help="seed of the decision-time pool")
     ap.add_argument("--chips", type=int, default=10_000)
     ap.add_argument("--jobs", type=int, default=5_000)
