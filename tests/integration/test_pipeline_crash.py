@@ -80,19 +80,25 @@ def test_kill9_worker_and_restart_broker_mid_stream_lose_and_double_nothing(kafk
     rng = random.Random(SEED)
     # fractions of the events written by the sink, one in each third of the stream
     kill_at = [rng.uniform(0.05, 0.3), rng.uniform(0.35, 0.6), rng.uniform(0.65, 0.9)]
-    broker_restart_at = rng.uniform(0.2, 0.6)  # fraction of the events emitted
-    print(f"kill -9 at {[round(k, 3) for k in kill_at]} of the stream, broker restart at {broker_restart_at:.3f}")
+    restart_after = rng.uniform(0.1, 0.4)  # fraction of the second half emitted when the broker is restarted
+    print(f"kill -9 at {[round(k, 3) for k in kill_at]} of the stream, broker restart after "
+          f"{restart_after:.3f} of the second half")
 
-    # the producer streams the file while the worker folds
+    # the first half is in the log when the worker starts (a backlog); the second half flows while it folds,
+    # and the broker is stopped and started while the producer is sending it
     lines = events.read_bytes().splitlines()
+    head = n // 2
+    with LedgerProducer(bootstrap) as p:
+        first = emit_lines(p, lines[:head], flush_timeout=300)
+    assert first.sent == head and not first.failed
+    cut = head + int((n - head) * restart_after)
     report = {}
 
     def produce():
         with LedgerProducer(bootstrap, delivery_timeout_ms=300_000) as p:
-            cut = int(len(lines) * broker_restart_at)
-            report["first"] = emit_lines(p, lines[:cut], flush_timeout=300)
+            report["a"] = emit_lines(p, lines[head:cut], flush_timeout=300)
             report["cut_done"] = time.monotonic()
-            report["second"] = emit_lines(p, lines[cut:], flush_timeout=300)
+            report["b"] = emit_lines(p, lines[cut:], flush_timeout=300)
 
     app_id = f"crash-{uuid.uuid4().hex[:6]}"
     worker = WorkerProcess(bootstrap, tmp_path / "worker", tmp_path / "worker.log", "--tick-interval", "0",
@@ -102,30 +108,26 @@ def test_kill9_worker_and_restart_broker_mid_stream_lose_and_double_nothing(kafk
     producer = threading.Thread(target=produce, daemon=True)
     producer.start()
     t0 = time.monotonic()
-    print(f"{n:,} events; embedded run done")
+    print(f"{n:,} events; embedded run done; {head:,} emitted before the worker starts")
     kills = 0
     restarted_broker = False
     try:
-        for frac in kill_at:
-            target = int(n * frac)
-            pump(sink, lambda: sink.stats.rows["events"] >= target, 300, worker)
+        while kills < len(kill_at) or not restarted_broker:
+            target = int(n * kill_at[kills]) if kills < len(kill_at) else None
+            pump(sink, lambda: (target is not None and sink.stats.rows["events"] >= target)
+                 or (not restarted_broker and "cut_done" in report), 300, worker)
             if not restarted_broker and "cut_done" in report:
-                # everything before the cut is acknowledged: stop and start the broker while the rest flows
+                # the producer is sending the rest: stop the broker under it, start it again
                 broker.down(kafka["data_dir"], timeout_s=60)
                 time.sleep(2)
                 broker.up(port=kafka["port"], data_dir=kafka["data_dir"], timeout_s=180)
                 restarted_broker = True
                 print(f"{time.monotonic() - t0:6.1f}s broker stopped and started")
+                continue
             worker.kill9()
             kills += 1
             print(f"{time.monotonic() - t0:6.1f}s kill -9 #{kills} at {sink.stats.rows['events']:,} events in the lake")
             worker.start()
-        if not restarted_broker:
-            pump(sink, lambda: "cut_done" in report, 300, worker)
-            broker.down(kafka["data_dir"], timeout_s=60)
-            time.sleep(2)
-            broker.up(port=kafka["port"], data_dir=kafka["data_dir"], timeout_s=180)
-            restarted_broker = True
         want_applied = {b.pool: b.applied for b in want_store.pool_balances()}
         pump(sink, lambda: sink.stats.rows["events"] >= n
              and {b.pool: b.applied for b in store.pool_balances()} == want_applied, 420, worker)
@@ -134,8 +136,8 @@ def test_kill9_worker_and_restart_broker_mid_stream_lose_and_double_nothing(kafk
         worker.stop()
         sink.close()
     assert kills == 3 and restarted_broker
-    assert report["first"].sent + report["second"].sent == n and not report["first"].failed
-    assert not report["second"].failed
+    assert head + report["a"].sent + report["b"].sent == n
+    assert not report["a"].failed and not report["b"].failed  # the producer retried through the broker restart
     print(f"{time.monotonic() - t0:6.1f}s caught up; sink: {sink.stats.as_dict()}")
     # nothing lost, nothing doubled: every event once, the books and balances of the embedded fold
     ids = _scan(tmp_path / "lake", "SELECT count(*), count(DISTINCT event_id) FROM {events}")
