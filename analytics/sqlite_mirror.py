@@ -21,6 +21,8 @@ _INDEXES = (
     "CREATE INDEX base_events_type ON base_events (type, pool)",
     "CREATE INDEX base_runs_job ON base_runs (pool, job_id, submitted_s)",
     "CREATE INDEX base_placements_run ON base_placements (pool, job_id, started_s)",
+    "CREATE INDEX base_placements_chip ON base_placements (pool, chip_id)",
+    "CREATE INDEX base_runs_start ON base_runs (pool, job_id, started_s)",
     "CREATE INDEX base_jobs_job ON base_jobs (pool, job_id, submitted_s)",
 )
 
