@@ -114,3 +114,15 @@ def test_policy_views_exist_on_an_empty_lake(tmp_path):
     con = connect(tmp_path)
     for name in ("decisions", "decision_victims", "balances", "balances_org", "pending", "pending_history"):
         assert con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0] == 0, name
+
+
+def test_policy_settings_from_the_environment_override_the_file(tmp_path):
+    from chipledger.config import fold_config, load_config
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[policy]\npreemption_grace_s = 30\nmin_runtime_s = 60\n")
+    fold = fold_config(load_config(cfg, env={"CHIPLEDGER_POLICY_MIN_RUNTIME_S": "90",
+                                             "CHIPLEDGER_POLICY_VICTIM_ORDER": "naive"}), check_invariants=True)
+    assert (fold.preemption_grace_s, fold.min_runtime_s, fold.victim_order, fold.check_invariants) == (
+        30, 90, "naive", True)
+    assert fold_config(load_config(None, env={})).decay_half_life_s == 7 * 86400
