@@ -117,7 +117,7 @@ def test_policy_views_exist_on_an_empty_lake(tmp_path):
 
 
 def test_policy_settings_from_the_environment_override_the_file(tmp_path):
-    from chipledger.config import fold_config, load_config
+    from chipledger.config import Config, fold_config, load_config
 
     cfg = tmp_path / "c.toml"
     cfg.write_text("[policy]\npreemption_grace_s = 30\nmin_runtime_s = 60\n")
@@ -125,4 +125,4 @@ def test_policy_settings_from_the_environment_override_the_file(tmp_path):
                                              "CHIPLEDGER_POLICY_VICTIM_ORDER": "naive"}), check_invariants=True)
     assert (fold.preemption_grace_s, fold.min_runtime_s, fold.victim_order, fold.check_invariants) == (
         30, 90, "naive", True)
-    assert fold_config(load_config(None, env={})).decay_half_life_s == 7 * 86400
+    assert fold_config(Config()).decay_half_life_s == 7 * 86400
