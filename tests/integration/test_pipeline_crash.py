@@ -49,7 +49,7 @@ def _scan(lake: Path, sql: str):
     import duckdb
 
     con = duckdb.connect()
-    files = {name: f"read_parquet('{lake}/{name}/**/*.parquet')" for name in ("journal", "events")}
+    files = {name: f"read_parquet('{lake}/{name}/**/*.parquet')" for name in ("journal", "events", "decisions")}
     return con.execute(sql.format(**files)).fetchall()
 
 
@@ -143,4 +143,6 @@ def test_kill9_worker_and_restart_broker_mid_stream_lose_and_double_nothing(kafk
     ids = _scan(tmp_path / "lake", "SELECT count(*), count(DISTINCT event_id) FROM {events}")
     assert ids == [(n, n)]
     assert _journal(tmp_path / "lake") == _journal(tmp_path / "run-lake")
+    decisions = "SELECT decision_id, type, pool, \"at\", rule, message, body FROM {decisions}"
+    assert Counter(_scan(tmp_path / "lake", decisions)) == Counter(_scan(tmp_path / "run-lake", decisions))
     assert _balances(store) == _balances(want_store)
