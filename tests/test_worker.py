@@ -187,3 +187,21 @@ def test_tick_event_closes_only_past_hours_and_has_a_stable_id():
     assert t["occurred_at"] == "2023-11-14T23:00:00Z" and t["type"] == "pool.tick" and t["pool"] == "p"
     assert t == tick_event("p", clock, 3500) and t["event_id"] != tick_event("q", clock, 3000)["event_id"]
     validate(t)
+
+
+def test_due_ticks_only_for_pools_quiet_for_the_interval():
+    h = Harness()
+    h.worker.settings.tick_interval_s = 60
+    evs = h.feed(_valid_lines())
+    for ev in evs:
+        h.worker.receive(ev)
+    asyncio.run(h.worker.drain())
+    clock = h.worker.pools["lab/a100"].clock
+    assert h.worker.due_ticks(59.0) == []  # quiet for 59 s of wall time: not yet
+    # quiet for 2 h of wall time: a tick at the start of the hour the pool clock + 2 h falls in
+    (tick,) = h.worker.due_ticks(7200.0)
+    hour = (clock + 7200) - (clock + 7200) % 3600
+    assert tick == tick_event("lab/a100", clock, 7200.0) and tick["occurred_at"].endswith(":00:00Z")
+    from schemas.events import epoch_s
+
+    assert epoch_s(validate(tick).occurred_at) == hour
