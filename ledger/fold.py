@@ -27,6 +27,8 @@ from ledger.books import (
 from ledger import policy
 from ledger.state import Chip, Grant, Job, PoolState, Team
 
+_new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__ (one per run ended)
+
 DEFAULT_DEDUP_WINDOW_S = 86_400  # event ids are remembered for a day of event time
 MAX_PREEMPTIONS_KEPT = 16  # a job remembers the instants of its last 16 preemptions (anti-thrash)
 
@@ -462,65 +464,139 @@ def _charge(state: PoolState, job: Job, new_charge: int, t: int) -> None:
     delta = new_charge - job.charged_milli
     if not delta:
         return
-    _accrue_job(job, t)
+    job.run_alloc_mchip_s += job.charged_milli * (t - job.since)
+    job.since = t
     job.charged_milli = new_charge
-    team = state.teams[job.team]
+    _use(state, state.teams[job.team], delta, t)
+
+
+def _use(state: PoolState, team: Team, delta: int, t: int) -> None:
+    """The team's use changes by `delta` milli-chips at t: its in-quota / borrowed / burst split and the pool's
+    idle and overcommitted buckets follow. (`split_use` and `set_rate` written out: this runs at every start
+    and end of a run.)"""
     use = team.use_milli = team.use_milli + delta
     charged = state.charged_milli = state.charged_milli + delta
     books = state.books
-    iq, bo, bu, _, _ = books.team_accounts(team.name)
-    in_quota, borrowed, burst = split_use(use, team.nominal_milli, team.burst_milli)
-    set_rate(iq, in_quota, t)
-    set_rate(bo, borrowed, t)
-    set_rate(bu, burst, t)
-    _, _, idle, over = books.pool_accounts()
-    available = state.capacity_milli - state.unavailable_milli
-    set_rate(idle, available - charged if charged < available else 0, t)
-    set_rate(over, charged - available if charged > available else 0, t)
+    h = books._handles.get(team.name)
+    if h is None:
+        h = books.team_accounts(team.name)
+    nominal = team.nominal_milli
+    if use < nominal:
+        rate = use
+        over = 0
+    else:
+        rate = nominal
+        over = use - nominal
+    acc = h[0]
+    if acc[0] != rate:
+        acc[2] += acc[0] * (t - acc[1])
+        acc[1] = t
+        acc[0] = rate
+    burst = team.burst_milli
+    if over < burst:
+        burst = over
+    rate = over - burst
+    acc = h[1]
+    if acc[0] != rate:
+        acc[2] += acc[0] * (t - acc[1])
+        acc[1] = t
+        acc[0] = rate
+    acc = h[2]
+    if acc[0] != burst:
+        acc[2] += acc[0] * (t - acc[1])
+        acc[1] = t
+        acc[0] = burst
+    h = books._handles.get(None)
+    if h is None:
+        h = books.pool_accounts()
+    free = state.capacity_milli - state.unavailable_milli - charged
+    rate = free if free > 0 else 0
+    acc = h[2]  # idle
+    if acc[0] != rate:
+        acc[2] += acc[0] * (t - acc[1])
+        acc[1] = t
+        acc[0] = rate
+    rate = -free if free < 0 else 0
+    acc = h[3]  # overcommitted
+    if acc[0] != rate:
+        acc[2] += acc[0] * (t - acc[1])
+        acc[1] = t
+        acc[0] = rate
+
+
+def _enqueue(state: PoolState, job: Job, t: int) -> None:
+    """The job starts waiting: its chips join its team's pending demand and the policy's queue of the team."""
+    name = job.team
+    team = state.teams[name]
+    team.pending += 1
+    milli = job.chips_milli
+    rate = team.pending_milli = team.pending_milli + milli
+    books = state.books
+    h = books._handles.get(name)
+    if h is None:
+        h = books.team_accounts(name)
+    acc = h[4]
+    if acc[0] != rate:
+        acc[2] += acc[0] * (t - acc[1])
+        acc[1] = t
+        acc[0] = rate
+    job.waiting_since = t
+    q = state.waiting.get(name)
+    if q is None:
+        q = state.waiting[name] = {}
+    q[job.job_id] = job
+    sizes = state.pending_sizes
+    sizes[milli] = sizes.get(milli, 0) + 1
+    heads = state.heads.get(name)
+    if heads is not None:  # keep the cached queue head (top candidates_per_team jobs) without a full sort
+        key = (-job.priority, t, job.job_id)
+        if len(heads) < state.heads_k:
+            heads.append(job)
+            heads.sort(key=policy.queue_key)
+        elif heads and key < policy.queue_key(heads[-1]):
+            heads[-1] = job
+            heads.sort(key=policy.queue_key)
+
+
+def _dequeue(state: PoolState, job: Job, t: int) -> None:
+    """The job stops waiting (it started or finished): its chips leave its team's pending demand and queue."""
+    name = job.team
+    team = state.teams[name]
+    team.pending -= 1
+    milli = job.chips_milli
+    rate = team.pending_milli = team.pending_milli - milli
+    books = state.books
+    h = books._handles.get(name)
+    if h is None:
+        h = books.team_accounts(name)
+    acc = h[4]
+    if acc[0] != rate:
+        acc[2] += acc[0] * (t - acc[1])
+        acc[1] = t
+        acc[0] = rate
+    del state.waiting[name][job.job_id]
+    sizes = state.pending_sizes
+    n = sizes[milli] - 1
+    if n:
+        sizes[milli] = n
+    else:
+        del sizes[milli]
+    if state.short_since or state.inflight or state.blocked:
+        policy.job_left_queue(state, job.job_id)
+    heads = state.heads.get(name)
+    if heads is not None:
+        for h in heads:
+            if h is job:  # identity: Job's dataclass __eq__ compares every field
+                del state.heads[name]
+                break
 
 
 def _wait(state: PoolState, job: Job, t: int, sign: int) -> None:
-    """The job starts (sign=+1) or stops (sign=-1) waiting: its chips join or leave its team's pending demand
-    (and the policy's queue of the team)."""
-    name = job.team
-    team = state.teams[name]
-    team.pending += sign
-    milli = job.chips_milli
-    team.pending_milli += sign * milli
-    set_rate(state.books.team_accounts(name)[4], team.pending_milli, t)
-    sizes = state.pending_sizes
+    """The job starts (sign=+1) or stops (sign=-1) waiting."""
     if sign > 0:
-        job.waiting_since = t
-        q = state.waiting.get(name)
-        if q is None:
-            q = state.waiting[name] = {}
-        q[job.job_id] = job
-        sizes[milli] = sizes.get(milli, 0) + 1
+        _enqueue(state, job, t)
     else:
-        del state.waiting[name][job.job_id]
-        n = sizes[milli] - 1
-        if n:
-            sizes[milli] = n
-        else:
-            del sizes[milli]
-        if state.short_since or state.inflight or state.blocked:
-            policy.job_left_queue(state, job.job_id)
-    heads = state.heads.get(name)
-    if heads is not None:  # keep the cached queue head (top candidates_per_team jobs) without a full sort
-        if sign > 0:
-            key = (-job.priority, job.waiting_since, job.job_id)
-            last = heads[-1] if heads else None
-            if len(heads) < state.heads_k:
-                heads.append(job)
-                heads.sort(key=policy.queue_key)
-            elif last is not None and key < policy.queue_key(last):
-                heads[-1] = job
-                heads.sort(key=policy.queue_key)
-        else:
-            for h in heads:
-                if h is job:  # identity: Job's dataclass __eq__ compares every field
-                    del state.heads[name]
-                    break
+        _dequeue(state, job, t)
 
 
 def _accrue_job(job: Job, t: int) -> None:
@@ -639,92 +715,113 @@ def _apply_burst_requested(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
 def _apply_job_submitted(s: PoolState, e, t, step):
     job = s.jobs[e.job_id] = Job(e.job_id, e.team, e.chips_milli, e.priority, e.preemptible, e.chips_per_node, t)
     s.team(e.team)
-    _wait(s, job, t, +1)
+    _enqueue(s, job, t)
 
 
 def _apply_job_started(s: PoolState, e, t, step):
     job = s.jobs[e.job_id]
-    team = s.teams[job.team]
+    name = job.team
+    team = s.teams[name]
     job.status = "running"
     job.run_index += 1
     job.run_started_at = job.last_safe_at = job.since = t
     if job.first_started_at is None:
         job.first_started_at = t
     job.run_alloc_mchip_s = job.run_posted_mchip_s = job.alloc_at_safe_mchip_s = 0
-    _wait(s, job, t, -1)
+    _dequeue(s, job, t)
     team.running += 1
     s.run_epoch += 1
-    s.team_epoch[job.team] = s.team_epoch.get(job.team, 0) + 1
+    te = s.team_epoch
+    te[name] = te.get(name, 0) + 1
+    chips_milli = job.chips_milli
     if job.preemptible:
-        pc = s.prio_chips.get(job.team)
+        pc = s.prio_chips.get(name)
         if pc is None:
-            pc = s.prio_chips[job.team] = {}
-        pc[job.priority] = pc.get(job.priority, 0) + job.chips_milli
-    r = s.running_jobs.get(job.team)
+            pc = s.prio_chips[name] = {}
+        pc[job.priority] = pc.get(job.priority, 0) + chips_milli
+    r = s.running_jobs.get(name)
     if r is None:
-        r = s.running_jobs[job.team] = {}
-    r[job.job_id] = job
-    if e.chip_ids is None:
+        r = s.running_jobs[name] = {}
+    job_id = job.job_id
+    r[job_id] = job
+    chip_ids = e.chip_ids
+    if chip_ids is None:
         job.placement = None
-        charge = job.chips_milli
+        charge = chips_milli
     else:  # spread evenly; the first `extra` chips take one milli-chip more
-        chip_ids = e.chip_ids
-        base, extra = divmod(job.chips_milli, len(chip_ids))
-        placement = job.placement = {}
+        base, extra = divmod(chips_milli, len(chip_ids))
         chips = s.chips
-        job_id = job.job_id
         charge = 0
-        for i, chip_id in enumerate(chip_ids):
-            share = base + 1 if i < extra else base
-            if share:
-                placement[chip_id] = share
+        if base and not extra:  # the common case: whole chips
+            placement = job.placement = dict.fromkeys(chip_ids, base)
+            for chip_id in chip_ids:
                 chip = chips[chip_id]
-                chip.jobs[job_id] = share
+                chip.jobs[job_id] = base
                 if chip.available:
-                    charge += share
-    job.charged_milli = 0
-    _charge(s, job, charge, t)
+                    charge += base
+        else:
+            placement = job.placement = {}
+            for i, chip_id in enumerate(chip_ids):
+                share = base + 1 if i < extra else base
+                if share:
+                    placement[chip_id] = share
+                    chip = chips[chip_id]
+                    chip.jobs[job_id] = share
+                    if chip.available:
+                        charge += share
+    job.charged_milli = charge
+    if charge:  # job.since is t: nothing to accrue before the charge
+        _use(s, team, charge, t)
 
 
 def _apply_job_checkpointed(s: PoolState, e, t, step):
     job = s.jobs[e.job_id]
-    _accrue_job(job, t)
-    job.last_safe_at = t
-    job.alloc_at_safe_mchip_s = job.run_alloc_mchip_s
+    job.alloc_at_safe_mchip_s = job.run_alloc_mchip_s = job.run_alloc_mchip_s + job.charged_milli * (t - job.since)
+    job.since = job.last_safe_at = t
 
 
 def _end_run(s: PoolState, job: Job, t: int, reason: str, step: Step) -> None:
     """Close a running job's run: post the rest of its allocation and the work lost, release its chips."""
-    _accrue_job(job, t)
-    lost = job.run_alloc_mchip_s - job.alloc_at_safe_mchip_s if reason in ("preempted", "failed") else 0
-    step.job_runs.append(_run_row(s, job, t, t, reason, job.run_alloc_mchip_s - job.run_posted_mchip_s, lost))
-    _charge(s, job, 0, t)
-    if job.placement:
+    charged = job.charged_milli
+    alloc = job.run_alloc_mchip_s = job.run_alloc_mchip_s + charged * (t - job.since)
+    job.since = t
+    lost = alloc - job.alloc_at_safe_mchip_s if reason == "preempted" or reason == "failed" else 0
+    name = job.team
+    job_id = job.job_id
+    step.job_runs.append(_new_tuple(JobRunRow, (
+        s.pool, job_id, name, job.run_index, job.chips_milli, job.priority, job.submitted_at,
+        job.run_started_at, t, reason, alloc - job.run_posted_mchip_s, lost, t)))
+    team = s.teams[name]
+    if charged:
+        job.charged_milli = 0
+        _use(s, team, -charged, t)
+    placement = job.placement
+    if placement:
         chips = s.chips
-        job_id = job.job_id
-        for chip_id in job.placement:
+        for chip_id in placement:
             chip = chips.get(chip_id)
             if chip is not None:
                 chip.jobs.pop(job_id, None)
     job.placement = None
-    s.teams[job.team].running -= 1
-    del s.running_jobs[job.team][job.job_id]
+    team.running -= 1
+    del s.running_jobs[name][job_id]
     s.run_epoch += 1
-    s.team_epoch[job.team] = s.team_epoch.get(job.team, 0) + 1
+    te = s.team_epoch
+    te[name] = te.get(name, 0) + 1
     if job.preemptible:
-        pc = s.prio_chips[job.team]
+        pc = s.prio_chips[name]
         left = pc[job.priority] - job.chips_milli
         if left:
             pc[job.priority] = left
         else:
             del pc[job.priority]
     if s.marked:
-        policy.victim_gone(s, job.job_id)
+        policy.victim_gone(s, job_id)
 
 
 def _run_row(s: PoolState, job: Job, t: int, ended_at, reason, amount: int, lost: int) -> JobRunRow:
-    return JobRunRow(s.pool, job.job_id, job.team, job.run_index, job.chips_milli, job.priority,
-                     job.submitted_at, job.run_started_at, ended_at, reason, amount, lost, t)
+    return _new_tuple(JobRunRow, (s.pool, job.job_id, job.team, job.run_index, job.chips_milli, job.priority,
+                     job.submitted_at, job.run_started_at, ended_at, reason, amount, lost, t))
 
 
 def _apply_job_preempted(s: PoolState, e, t, step):
@@ -735,7 +832,7 @@ def _apply_job_preempted(s: PoolState, e, t, step):
     job.preempted_at.append(t)
     if len(job.preempted_at) > MAX_PREEMPTIONS_KEPT:  # only the last max_preemptions matter
         del job.preempted_at[0]
-    _wait(s, job, t, +1)
+    _enqueue(s, job, t)
 
 
 def _apply_job_finished(s: PoolState, e, t, step):
@@ -743,7 +840,7 @@ def _apply_job_finished(s: PoolState, e, t, step):
     if job.status == "running":
         _end_run(s, job, t, e.outcome, step)
     else:
-        _wait(s, job, t, -1)
+        _dequeue(s, job, t)
 
 
 # events after which preemption is looked at (when jobs are pending; docs/policy.md): new demand (a job

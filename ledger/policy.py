@@ -137,12 +137,43 @@ def decayed_usage(state: PoolState, team: Team, t: int, half_life_s: int) -> int
 
 def fair_shares(state: PoolState, t: int, half_life_s: int) -> dict[str, tuple[int, float]]:
     """Per team: (decayed usage mchip-s, fair-share factor F = 2^(-(U/ΣU)/S), S = nominal / Σ nominal).
-    F is 1 with no usage in the pool; a team with no quota has F 0 once it used anything."""
-    usage = {name: decayed_usage(state, tm, t, half_life_s) for name, tm in state.teams.items()}
-    total_u = sum(usage.values())
-    total_n = sum(tm.nominal_milli for tm in state.teams.values())
+    F is 1 with no usage in the pool; a team with no quota has F 0 once it used anything.
+
+    (`decayed_usage` of every team written out: the decay factor is the same for all of them.)"""
+    books = state.books
+    h = books.open_hour
+    decay = 2.0 ** (-(t - h) / half_life_s) if t > h else None
+    totals = books.totals
+    accounts = books.accounts
+    handles = books._handles
+    teams = state.teams
+    usage = {}
+    total_u = 0
+    total_n = 0
+    for name, tm in teams.items():
+        u = tm.decayed_usage_mchip_s
+        if u and decay is not None:
+            u = round(u * decay)
+        u += (totals.get((IN_QUOTA, name), 0) + totals.get((BORROWED, name), 0) + totals.get((BURST, name), 0)
+              - tm.usage_mark_mchip_s)
+        hd = handles.get(name)
+        if hd is not None:
+            a = hd[0]
+            u += a[2] + a[0] * (t - a[1])
+            a = hd[1]
+            u += a[2] + a[0] * (t - a[1])
+            a = hd[2]
+            u += a[2] + a[0] * (t - a[1])
+        else:
+            for acc_name in (IN_QUOTA, BORROWED, BURST):
+                a = accounts.get((acc_name, name))
+                if a is not None:
+                    u += a[2] + a[0] * (t - a[1])
+        usage[name] = u
+        total_u += u
+        total_n += tm.nominal_milli
     out = {}
-    for name, tm in state.teams.items():
+    for name, tm in teams.items():
         u = usage[name]
         if total_u <= 0 or u <= 0:
             f = 1.0
@@ -410,6 +441,12 @@ def queue_key(job: Job):
     return (-job.priority, job.waiting_since, job.job_id)
 
 
+def _queue_head(queue: dict, k: int) -> list:
+    """The first k jobs of a team's queue in queue order (`heapq.nsmallest(k, ...)`; a sort is faster on
+    queues of tens of jobs, and keys are unique, so both give the same list)."""
+    return sorted(queue.values(), key=queue_key)[:k]
+
+
 def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None) -> None:
     """Look for pending jobs that a rule entitles to chips held by others, and emit decisions.
 
@@ -433,9 +470,11 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
     cached = state.limits_cache
     if cached is not None and cached[0] == state.quota_epoch:
         limits = cached[1]
+        lenders = cached[2]
     else:
         limits = team_limits(state)
-        state.limits_cache = (state.quota_epoch, limits)
+        lenders = [(n, v[1]) for n, v in limits.items() if v[1] is not None]
+        state.limits_cache = (state.quota_epoch, limits, lenders)
     k = state.heads_k = config.candidates_per_team
     if only is None:
         work = []
@@ -444,7 +483,7 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
             if queue:
                 heads = state.heads.get(team_name)
                 if heads is None:
-                    heads = state.heads[team_name] = heapq.nsmallest(k, queue.values(), key=queue_key)
+                    heads = state.heads[team_name] = _queue_head(queue, k)
                 work.extend(heads)
     else:
         work = []
@@ -455,9 +494,11 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
                 continue
             heads = state.heads.get(job.team)
             if heads is None:
-                heads = state.heads[job.team] = heapq.nsmallest(k, state.waiting[job.team].values(), key=queue_key)
-            if any(h is job for h in heads):  # identity: Job's dataclass __eq__ compares every field
-                work.append(job)
+                heads = state.heads[job.team] = _queue_head(state.waiting[job.team], k)
+            for h in heads:
+                if h is job:  # identity: Job's dataclass __eq__ compares every field
+                    work.append(job)
+                    break
             else:
                 wakes.pop(jid, None)  # no longer a head: looked at again when it is one
                 state.short_since.pop(jid, None)
@@ -488,7 +529,7 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
             borrow = chips - max(unused, 0)
             if guarded is None:  # only teams with a lending limit keep unused quota from others
                 teams = state.teams
-                guarded = {n: guarded_milli(teams[n], v[1]) for n, v in limits.items() if v[1] is not None}
+                guarded = {n: guarded_milli(teams[n], llim) for n, llim in lenders} if lenders else {}
                 guarded_total = sum(guarded.values())
             avail = free - (guarded_total - guarded.get(team_name, 0))
             need = max(chips - avail, 0 if blim is None else borrowed + borrow - blim)

@@ -152,7 +152,7 @@ class PoolState:
     prio_chips: dict = field(default_factory=dict)  # team -> {priority: chips of its preemptible running jobs}
     heads_k: int = 0  # how many jobs the cached queue heads hold (FoldConfig.candidates_per_team)
     inflight_next: int = 0  # earliest timeout of a decision in flight (0: not known, look)
-    limits_cache: Optional[tuple] = None  # (other_epoch, ledger.policy.team_limits) of the last evaluation
+    limits_cache: Optional[tuple] = None  # (quota_epoch, team_limits, teams with a lending limit) of the last evaluation
 
     def team(self, name: str) -> Team:
         t = self.teams.get(name)
