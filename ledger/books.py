@@ -40,6 +40,9 @@ class JournalRow(NamedTuple):
     amount_mchip_s: int
 
 
+_new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__
+
+
 def hour_of(t: int) -> int:
     return t - t % HOUR_S
 
@@ -97,12 +100,13 @@ class Books:
         hour = self.open_hour
         pool = self.pool
         totals = self.totals
+        append = out.append
         for key, acc in self.accounts.items():
             amount = acc[2] + acc[0] * (t - acc[1])
             acc[1] = t
             acc[2] = 0
             if amount:
-                out.append(JournalRow(pool, hour, key[0], key[1], amount))
+                append(_new_tuple(JournalRow, (pool, hour, key[0], key[1], amount)))
                 totals[key] = totals.get(key, 0) + amount
 
     def to_dict(self) -> dict:

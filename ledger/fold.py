@@ -367,8 +367,13 @@ def _forget_ids(state: PoolState, horizon: int) -> None:
     """Drop the remembered event ids applied before `horizon` (they are in arrival order, and so in clock order)."""
     order = state.dedup_order
     dedup = state.dedup
-    while order and dedup[order[0]][1] < horizon:
-        del dedup[order.popleft()]
+    popleft = order.popleft
+    while order:
+        eid = order[0]
+        if dedup[eid][1] >= horizon:
+            break
+        popleft()
+        del dedup[eid]
 
 
 def _grant_on(state: PoolState, grant_id: str, version: int, t: int) -> None:

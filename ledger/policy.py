@@ -104,9 +104,41 @@ def _ts(t: int) -> datetime:
     return datetime.fromtimestamp(t, tz=timezone.utc)
 
 
+def _civil(t: int) -> Optional[tuple[int, int, int, int, int, int]]:
+    """(year, month, day, hour, minute, second) of epoch second t in UTC, by integer arithmetic (H. Hinnant's
+    days-from-civil inverse): what `datetime.strftime` gives, without building a datetime for every row.
+    None outside the years 1000-9999, where strftime's %Y would not print four digits."""
+    days, sec = divmod(t, 86400)
+    z = days + 719468
+    era = z // 146097
+    doe = z - era * 146097
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    d = doy - (153 * mp + 2) // 5 + 1
+    m = mp + 3 if mp < 10 else mp - 9
+    y = yoe + era * 400 + (1 if m <= 2 else 0)
+    if not 1000 <= y <= 9999:
+        return None
+    hh, rem = divmod(sec, 3600)
+    mm, ss = divmod(rem, 60)
+    return y, m, d, hh, mm, ss
+
+
 def _iso(t: int) -> str:
     """RFC 3339 UTC, as pydantic writes an aware datetime: 2026-11-02T08:34:20Z."""
-    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    c = _civil(t)
+    if c is None:
+        return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return "%04d-%02d-%02dT%02d:%02d:%02dZ" % c
+
+
+def _utc(t: int) -> str:
+    """`f"{_ts(t):%Y-%m-%d %H:%M:%S}"`: the instants in reasons and messages."""
+    c = _civil(t)
+    if c is None:
+        return f"{_ts(t):%Y-%m-%d %H:%M:%S}"
+    return "%04d-%02d-%02d %02d:%02d:%02d" % c
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -135,22 +167,16 @@ def decayed_usage(state: PoolState, team: Team, t: int, half_life_s: int) -> int
     return u + _used_total(state, team.name, t) - team.usage_mark_mchip_s
 
 
-def fair_shares(state: PoolState, t: int, half_life_s: int) -> dict[str, tuple[int, float]]:
-    """Per team: (decayed usage mchip-s, fair-share factor F = 2^(-(U/ΣU)/S), S = nominal / Σ nominal).
-    F is 1 with no usage in the pool; a team with no quota has F 0 once it used anything.
-
-    (`decayed_usage` of every team written out: the decay factor is the same for all of them.)"""
+def decayed_usages(state: PoolState, t: int, half_life_s: int) -> dict[str, int]:
+    """`decayed_usage` of every team at t (written out: the decay factor is the same for all of them)."""
     books = state.books
     h = books.open_hour
     decay = 2.0 ** (-(t - h) / half_life_s) if t > h else None
     totals = books.totals
     accounts = books.accounts
     handles = books._handles
-    teams = state.teams
     usage = {}
-    total_u = 0
-    total_n = 0
-    for name, tm in teams.items():
+    for name, tm in state.teams.items():
         u = tm.decayed_usage_mchip_s
         if u and decay is not None:
             u = round(u * decay)
@@ -170,8 +196,16 @@ def fair_shares(state: PoolState, t: int, half_life_s: int) -> dict[str, tuple[i
                 if a is not None:
                     u += a[2] + a[0] * (t - a[1])
         usage[name] = u
-        total_u += u
-        total_n += tm.nominal_milli
+    return usage
+
+
+def fair_shares(state: PoolState, t: int, half_life_s: int) -> dict[str, tuple[int, float]]:
+    """Per team: (decayed usage mchip-s, fair-share factor F = 2^(-(U/ΣU)/S), S = nominal / Σ nominal).
+    F is 1 with no usage in the pool; a team with no quota has F 0 once it used anything."""
+    usage = decayed_usages(state, t, half_life_s)
+    teams = state.teams
+    total_u = sum(usage.values())
+    total_n = sum(tm.nominal_milli for tm in teams.values())
     out = {}
     for name, tm in teams.items():
         u = usage[name]
@@ -276,20 +310,40 @@ def snapshot(state: PoolState, t: int, balances: list, pending: list, config) ->
     """Balance rows of every team and the reason of every pending job, as of t (read-only)."""
     limits = team_limits(state)
     lendable = lendable_milli(state, limits)
+    usage = decayed_usages(state, t, config.decay_half_life_s)
+    pool = state.pool
     for name in sorted(state.teams):
         tm = state.teams[name]
         borrowed, burst = borrowed_of(tm)
-        balances.append(BalanceRow(state.pool, name, t, tm.nominal_milli, tm.use_milli, borrowed, burst,
-                                   tm.pending_milli, decayed_usage(state, tm, t, config.decay_half_life_s),
-                                   lendable))
+        balances.append(_new_tuple(BalanceRow, (pool, name, t, tm.nominal_milli, tm.use_milli, borrowed, burst,
+                                                tm.pending_milli, usage[name], lendable)))
     if not state.pending_sizes:
         return
     ctx = _Context(state, limits)
+    inflight = state.inflight
+    short_since = state.short_since
     for team in sorted(state.waiting):
-        for job in sorted(state.waiting[team].values(), key=lambda j: (j.waiting_since, j.job_id)):
-            reason, message = pending_reason(state, job, t, config, ctx)
-            pending.append(PendingRow(state.pool, job.job_id, team, t, job.chips_milli, job.priority,
-                                      job.waiting_since, reason, message))
+        # a job with no decision in flight and no grace running has a reason that depends only on its team,
+        # chips and chips per node: computed once per kind of job
+        memo: dict = {}
+        for job in sorted(state.waiting[team].values(), key=_waiting_key):
+            jid = job.job_id
+            if jid in inflight or jid in short_since:
+                why = pending_reason(state, job, t, config, ctx)
+            else:
+                kind = (job.chips_milli, job.chips_per_node)
+                why = memo.get(kind)
+                if why is None:
+                    why = memo[kind] = pending_reason(state, job, t, config, ctx)
+            pending.append(_new_tuple(PendingRow, (pool, jid, team, t, job.chips_milli, job.priority,
+                                                   job.waiting_since, why[0], why[1])))
+
+
+def _waiting_key(job: Job):
+    return (job.waiting_since, job.job_id)
+
+
+_new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__
 
 
 class _Context:
@@ -334,10 +388,10 @@ def pending_reason(state: PoolState, job: Job, t: int, config, ctx: Optional[_Co
     fl = state.inflight.get(job.job_id)
     if fl is not None and fl[4] <= t:
         return PREEMPTION_IN_FLIGHT, (f"decision {fl[0]} ({fl[1]}) was not acted on and timed out at "
-                                      f"{_ts(fl[4]):%Y-%m-%d %H:%M:%S} UTC; the "
+                                      f"{_utc(fl[4])} UTC; the "
                                       f"decision is made anew at the pool's next event")
     if fl is not None:
-        return PREEMPTION_IN_FLIGHT, (f"decision {fl[0]} ({fl[1]}) asked the cluster at {_ts(fl[2]):%Y-%m-%d %H:%M:%S} "
+        return PREEMPTION_IN_FLIGHT, (f"decision {fl[0]} ({fl[1]}) asked the cluster at {_utc(fl[2])} "
                                       f"UTC to make room for it; {len(fl[3])} of its victims not preempted yet")
     unused = tm.nominal_milli - tm.use_milli
     if chips <= unused:
@@ -351,7 +405,7 @@ def pending_reason(state: PoolState, job: Job, t: int, config, ctx: Optional[_Co
         if since is not None and t < since + config.preemption_grace_s:
             return WAITING_GRACE, (f"fits its team's unused quota but only {_chips(free)} of {_chips(chips)} chips "
                                    f"are free; waiting out the preemption grace until "
-                                   f"{_ts(since + config.preemption_grace_s):%Y-%m-%d %H:%M:%S} UTC")
+                                   f"{_utc(since + config.preemption_grace_s)} UTC")
         return WAITING_FOR_CHIPS, (f"fits its team's unused quota but only {_chips(free)} of {_chips(chips)} chips "
                                    f"are free and no borrowed job can be preempted now (none borrowing, or all "
                                    f"protected)")
@@ -594,25 +648,47 @@ class _Candidates:
             self.plan = [by_f[f] for f in sorted(by_f)]
 
     def __iter__(self):
+        # protected_until, lost_work_mchip_s and _victim_key written out: this loop runs over every running job
+        # of the candidate teams for each decision
         state, t, config, pred = self.state, self.t, self.config, self.pred
-        order = config.victim_order
+        naive = config.victim_order == "naive"
+        min_runtime = config.min_runtime_s
+        max_pre = config.max_preemptions
+        window = config.preemption_window_s
         marked = state.marked
+        running = state.running_jobs
+        fs = self.fs
         for names in self.plan:
             out = []
             for name in names:
-                f = self.fs[name][1]
-                for job in state.running_jobs.get(name, {}).values():
-                    if job.job_id in marked or (pred is not None and not pred(job)):
-                        continue
-                    until = protected_until(job, t, config)
+                f = fs[name][1]
+                for job in running.get(name, _NONE).values():
+                    if not job.preemptible or job.job_id in marked or (pred is not None and not pred(job)):
+                        continue  # a non-preemptible job is protected for ever: no wake for it
+                    until = job.run_started_at + min_runtime
+                    recent = job.preempted_at
+                    if len(recent) >= max_pre:
+                        w = recent[-max_pre] + window
+                        if w > until:
+                            until = w
                     if until > t:
                         if until < self.wake:
                             self.wake = until
                         continue
-                    lost = lost_work_mchip_s(job, t)
-                    out.append((_victim_key(order, f, job, lost), job, lost))
-            out.sort(key=lambda c: c[0])
+                    lost = job.run_alloc_mchip_s + job.charged_milli * (t - job.since) - job.alloc_at_safe_mchip_s
+                    if naive:
+                        out.append(((job.priority, -job.run_started_at, job.job_id), job, lost))
+                    else:
+                        out.append(((f, job.priority, lost, -job.run_started_at, job.job_id), job, lost))
+            out.sort(key=_first)
             yield out
+
+
+_NONE: dict = {}
+
+
+def _first(c):
+    return c[0]
 
 
 def _reclaim_victims(state: PoolState, ben: Job, need: int, t: int, fs, config) -> tuple[list, int]:
