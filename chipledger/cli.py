@@ -608,6 +608,7 @@ def sink(
                                                help="exit after this many seconds without records (default: run "
                                                     "until interrupted)"),
     as_json: bool = typer.Option(False, "--json", help="print what was written as JSON"),
+    timeout: float = KafkaTimeoutOpt,
 ):
     """Write the worker's outputs (lake rows, decisions, dead letters, balances) to the lake and the store,
     exactly once: positions and effects in one store transaction."""
@@ -622,7 +623,8 @@ def sink(
     except StoreError as e:
         _fail(str(e))
     try:
-        s = Sink(lake or Path(cfg.lake.path), st, bootstrap=bootstrap or cfg.kafka.bootstrap, name=name)
+        s = Sink(lake or Path(cfg.lake.path), st, bootstrap=bootstrap or cfg.kafka.bootstrap, name=name,
+                 timeout_s=timeout)
     except KafkaSetupError as e:
         _fail(str(e), 2)
     try:

@@ -66,13 +66,14 @@ class Sink:
     """Output topics -> lake + store. `consumer` is a kafka-python KafkaConsumer (made from `bootstrap` if None)."""
 
     def __init__(self, lake: Path, store, *, bootstrap: Optional[str] = None, name: str = "sink",
-                 max_records: int = 50_000, batch_ms: int = 2000, consumer=None):
+                 max_records: int = 50_000, batch_ms: int = 2000, timeout_s: float = 10, consumer=None):
         self.lake = Path(lake)
         self.store = store
         self.name = name
         self.bootstrap = bootstrap
         self.max_records = max_records
         self.batch_ms = batch_ms
+        self.timeout_s = timeout_s
         self.staging = self.lake / "_staging" / name
         self.stats = SinkStats()
         self._marks: dict[tuple[str, str, str, int], int] = {}
@@ -103,10 +104,12 @@ class Sink:
 
         try:
             consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
+                                     bootstrap_timeout_ms=max(1, int(self.timeout_s * 1000)),
                                      client_id=f"chipledger-{self.name}", max_poll_records=self.max_records,
                                      fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20)
         except KafkaError as exc:
-            raise KafkaSetupError(f"no Kafka broker answered at {self.bootstrap} ({describe_error(exc)}); start one "
+            raise KafkaSetupError(f"no Kafka broker answered at {self.bootstrap} within {self.timeout_s:g}s "
+                                  f"({describe_error(exc)}); start one "
                                   "(`chipledger kafka up`) or pass --bootstrap HOST:PORT") from None
         tps = []
         for topic in OUTPUT_TOPICS:

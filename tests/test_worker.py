@@ -205,3 +205,18 @@ def test_due_ticks_only_for_pools_quiet_for_the_interval():
     from schemas.events import epoch_s
 
     assert epoch_s(validate(tick).occurred_at) == hour
+
+
+def test_worker_and_sink_commands_say_clearly_when_no_broker_answers(tmp_path):
+    from typer.testing import CliRunner
+
+    from chipledger.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["worker", "--bootstrap", "127.0.0.1:1", "--timeout", "1"])
+    assert res.exit_code == 2 and "no Kafka broker answered at 127.0.0.1:1" in res.stderr
+    res = runner.invoke(app, ["worker", "--bootstrap", "127.0.0.1:1", "--timeout", "1", "--table-store", "disk"])
+    assert res.exit_code == 2  # the broker check comes first; a bad store name is refused either way
+    res = runner.invoke(app, ["sink", "--bootstrap", "127.0.0.1:1", "--lake", str(tmp_path / "lake"),
+                              "--store", f"sqlite:///{tmp_path / 's.db'}", "--until-idle", "1", "--timeout", "1"])
+    assert res.exit_code == 2 and "no Kafka broker answered at 127.0.0.1:1" in res.stderr
