@@ -153,16 +153,19 @@ def slo_views(d: Dialect) -> dict[str, str]:
     ts = d.ts
     budget_window = "(SELECT window_days FROM slo_settings) * 86400"
     windows = {"budget": budget_window, **{k: str(v) for k, v in WINDOWS_S.items()}}
-    window_rows = "\nUNION ALL\n".join(f"SELECT '{k}' AS win, {w} AS len_s" for k, w in windows.items())
+    window_rows = "\nUNION ALL\n".join(f"SELECT '{k}' AS win, {w} AS len_s FROM calc_now"
+                                       for k, w in windows.items())
     rules = "\nUNION ALL\n".join(
         f"SELECT '{a}' AS alert, '{sev}' AS severity, '{lw}' AS long_win, '{sw}' AS short_win, CAST({f} AS DOUBLE) AS burn_rate"
         for a, sev, lw, sw, f in BURN_RULES)
     hour_of_week = "CAST(((hour_s + 259200) % 604800) / 3600 AS INTEGER)"  # 1970-01-01 was a Thursday: +3 days
     return {
         # the instant the windows end at: [slo] as_of, else the latest event applied
+        # (no row on a lake without events: nothing to evaluate)
         "calc_now": """
-            SELECT coalesce((SELECT as_of_s FROM slo_settings), (SELECT max(at_s) FROM base_events)) AS as_of_s,
+            SELECT coalesce((SELECT as_of_s FROM slo_settings), last_s) AS as_of_s,
                    (SELECT sched_slo_s FROM slo_settings) AS sched_slo_s
+            FROM (SELECT max(at_s) AS last_s FROM base_events) x WHERE last_s IS NOT NULL
         """,
         "calc_pool_end": "SELECT pool, max(at_s) AS end_s FROM base_events GROUP BY pool",
         # one row per incarnation of a grant (a quota.granted event): in effect from max(granted, effective_from)

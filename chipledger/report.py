@@ -76,8 +76,9 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
     """Query the views of `con` (analytics.views.connect, with `as_of=until` so the error budgets end there)."""
     p = {"pool": pool, "since": _epoch(since), "until": _epoch(until)}
     in_pool = "($pool IS NULL OR pool = $pool)"
-    [(as_of_s, sched_slo_s, window_days)] = con.execute(
-        "SELECT as_of_s, sched_slo_s, (SELECT window_days FROM slo_settings) FROM calc_now").fetchall()
+    as_of_s = con.execute("SELECT as_of_s FROM calc_now").fetchone()  # none: a lake without events
+    as_of_s = as_of_s[0] if as_of_s else None
+    sched_slo_s, window_days = con.execute("SELECT sched_slo_s, window_days FROM slo_settings").fetchone()
     as_of = "–" if as_of_s is None else datetime.fromtimestamp(as_of_s, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     period = f"{since:%Y-%m-%d %H:%M} … " if since else "start of the log … "
     period += f"{until:%Y-%m-%d %H:%M} UTC" if until else "end of the log"

@@ -143,3 +143,12 @@ def test_sql_shell_goes_on_after_an_error_and_runs_what_is_left_at_eof(lake):
     assert res.exit_code == 1  # a statement failed: a script sees it
     assert "nowhere" in res.output and "error_budget" in res.output and "fragmentation" in res.output
     assert '[{"answer": 42}]' in res.output
+
+
+def test_report_and_alerts_on_a_lake_without_events(tmp_path):
+    (tmp_path / "lake").mkdir()
+    res = invoke("report", "--lake", str(tmp_path / "lake"))
+    assert res.exit_code == 0, res.output
+    assert "error budgets: 30 days to –" in res.output and "no chips registered in the period" in res.output
+    res = invoke("alerts", "--lake", str(tmp_path / "lake"))
+    assert (res.exit_code, res.output) == (0, "no burn-rate alert firing\n")
