@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
+from typing import Collection, Optional, Union
 
 import duckdb
 import pyarrow as pa
@@ -146,14 +146,16 @@ def _empty_view(table: str) -> str:
 
 
 def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] = None,
-            as_of: Optional[datetime] = None, materialize: bool = False) -> duckdb.DuckDBPyConnection:
+            as_of: Optional[datetime] = None,
+            materialize: Union[bool, Collection[str]] = False) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with every lake view defined. Times are shown in UTC.
 
     `slo` sets the targets and thresholds the SLO views use (tables `slo_targets`, `slo_settings`; defaults
     when None); `as_of` is the instant error budgets and burn rates are evaluated at (default: the latest event
     applied). With `materialize`, the base tables of the SLO views are read from the Parquet files once, into
     memory, and the intermediate results several SLO views share are computed once (`MATERIALIZED_CALC`): the
-    connection costs more up front and each SLO view less (`chipledger report` queries them all)."""
+    connection costs more up front and each SLO view less (`chipledger report` queries them all). A collection of
+    names materializes just those base tables and intermediates (what a caller reading a few views needs)."""
     con = duckdb.connect(database)
     con.execute("SET TimeZone = 'UTC'")
     for table in SCHEMAS:
@@ -173,11 +175,13 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     con.execute("CREATE OR REPLACE TABLE slo_settings (sched_slo_s BIGINT NOT NULL, window_days BIGINT NOT NULL, "
                 "as_of_s BIGINT)")
     con.execute("INSERT INTO slo_settings VALUES (?, ?, ?)", settings)
-    kind = "TABLE" if materialize else "VIEW"
-    for name, sql in duckdb_base_views().items():
-        con.execute(f'CREATE OR REPLACE {kind} "{name}" AS {sql}')
-    for name, sql in slo_views(DUCKDB).items():
-        kind = "TABLE" if materialize and name in MATERIALIZED_CALC else "VIEW"
+    base = duckdb_base_views()
+    if materialize is True:
+        tables = set(base) | MATERIALIZED_CALC
+    else:
+        tables = set(materialize or ())
+    for name, sql in (*base.items(), *slo_views(DUCKDB).items()):
+        kind = "TABLE" if name in tables else "VIEW"
         con.execute(f'CREATE OR REPLACE {kind} "{name}" AS {sql}')
     for name, sql in POLICY_VIEWS.items():
         con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')

@@ -34,6 +34,9 @@ TOP_JOBS = 10
 MCHIP_S_PER_CHIP_H = 3_600_000
 TEAM_ACCOUNTS = ("entitled", "in_quota", "borrowed", "burst", "pending")
 UTC = timezone.utc
+# the SLO base tables and intermediates the statements read (sched_waits, error_budget), computed once per issue
+STATEMENT_TABLES = ("base_runs", "base_event_rows", "base_events", "base_jobs", "calc_waits", "calc_chip_segments",
+                    "calc_sli_points", "calc_slo_window")
 
 
 class StatementError(ValueError):
@@ -597,14 +600,17 @@ def issue(lake: Path, period: Period, out: Path, *, teams: Optional[Iterable[str
     (when given) with the log positions it was computed at."""
     from analytics.views import connect
 
-    con = connect(Path(lake), slo=slo, materialize=True)
+    # where the books end decides the instant the error budgets are evaluated at (the period's end, or the
+    # books' end for a period still open): read it first, then connect with it (the SLO intermediates are
+    # computed for that instant when the connection is made)
+    con = connect(Path(lake))
     try:
         closed = books_closed_through(con)
-        if closed:
-            # error budgets as at the period's end (or where the books end, for a period still open): the SLO
-            # views read the instant from the slo_settings table
-            as_of = min(period.end - timedelta(seconds=1), min(closed.values()))
-            con.execute("UPDATE slo_settings SET as_of_s = ?", [int(as_of.timestamp())])
+    finally:
+        con.close()
+    as_of = min(period.end - timedelta(seconds=1), min(closed.values())) if closed else None
+    con = connect(Path(lake), slo=slo, as_of=as_of, materialize=STATEMENT_TABLES)
+    try:
         statements = compute_statements(con, period, teams=teams, slo=slo)
     finally:
         con.close()
