@@ -469,6 +469,7 @@ def statements(
     every: Optional[str] = typer.Option(None, "--every",
                                         help="week | month: issue each newly closed period once (recorded in the "
                                              "store); for cron"),
+    due: bool = typer.Option(False, "--due", help="as --every with [statements] every (default month)"),
     lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
     team: Optional[list[str]] = typer.Option(None, "--team", "-t", help="only this team (repeatable)"),
     fmt: Optional[str] = typer.Option(None, "--format", "-f",
@@ -486,8 +487,10 @@ def statements(
     from ledger.store.repo import StoreError
 
     cfg = _config(config)
+    if due and every is None:
+        every = cfg.statements.every
     if (period is None) == (every is None):
-        _fail("give exactly one of --period and --every", 2)
+        _fail("give exactly one of --period, --every and --due", 2)
     lake = lake or Path(cfg.lake.path)
     if not lake.is_dir():
         _fail(f"lake {lake} does not exist (run `chipledger run` or `chipledger demo` first)")

@@ -249,6 +249,10 @@ def test_every_issues_each_closed_period_once(tmp_path):
     r = statements(lake, store, out, "--every", "week")
     assert r.exit_code == 0 and "no statement due" in r.output
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+    # --due takes the kind from [statements] every (here from the environment): months, none closed yet
+    r = runner.invoke(app, ["statements", "--due", "--lake", str(lake), "--store", store, "--out", str(out)],
+                      env={"CHIPLEDGER_STATEMENTS_EVERY": "month"})
+    assert r.exit_code == 0 and "no statement due" in r.output
 
 
 def test_bad_requests_get_clear_errors(books):
@@ -260,7 +264,7 @@ def test_bad_requests_get_clear_errors(books):
     r = statements(lake, store, out, "--period", "2026-11", "--format", "pdf")
     assert r.exit_code == 2 and "--format" in r.output
     r = statements(lake, store, out)
-    assert r.exit_code == 2 and "exactly one of --period and --every" in r.output
+    assert r.exit_code == 2 and "exactly one of --period, --every and --due" in r.output
 
 
 @pytest.mark.parametrize("text,kind,start,end", [
