@@ -190,7 +190,7 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
         else:
             # just the jobs whose moment came, and a job that just joined a queue (the only new demand) if it
             # heads its team's queue
-            due = [jid for jid, w in state.wakes.items() if w <= t] if t >= state.policy_due else []
+            due = [jid for jid, w in state.wakes.items() if w <= t] if t >= state.policy_due else None
             if etype in _POLICY_TRIGGERS_JOB:
                 job = state.jobs[event.job_id]
                 team = state.teams[job.team]
@@ -199,8 +199,17 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
                 if not (chips <= team.nominal_milli - team.use_milli
                         and chips <= state.capacity_milli - state.unavailable_milli - state.charged_milli):
                     heads = state.heads.get(job.team)
-                    if heads is None or any(h is job for h in heads):
-                        due.append(job.job_id)
+                    if heads is not None:
+                        for h in heads:
+                            if h is job:  # identity: Job's dataclass __eq__ compares every field
+                                break
+                        else:
+                            job = None
+                    if job is not None:
+                        if due is None:
+                            due = [job.job_id]
+                        else:
+                            due.append(job.job_id)
             if due:
                 policy.evaluate(state, event_id, t, step, config, due)
     # remember the id (an accepted event's id was not in the window: `seen` is None here); ids that fell out
@@ -286,10 +295,13 @@ def _unknown_job(s: PoolState, e) -> Rejection:
 
 
 def _check_job_started(s: PoolState, e):
-    if e.chip_ids is not None:
-        unknown = [c for c in e.chip_ids if c not in s.chips]
-        if unknown:
-            return Rejection(RC.unknown_chip, f"chips not registered in pool {s.pool!r}: {', '.join(unknown[:5])}")
+    chip_ids = e.chip_ids
+    if chip_ids is not None:
+        chips = s.chips
+        for c in chip_ids:
+            if c not in chips:
+                unknown = [c for c in chip_ids if c not in chips]
+                return Rejection(RC.unknown_chip, f"chips not registered in pool {s.pool!r}: {', '.join(unknown[:5])}")
     j = s.jobs.get(e.job_id)
     if j is None:
         return _unknown_job(s, e)
@@ -586,8 +598,16 @@ def _dequeue(state: PoolState, job: Job, t: int) -> None:
         sizes[milli] = n
     else:
         del sizes[milli]
-    if state.short_since or state.inflight or state.blocked:
-        policy.job_left_queue(state, job.job_id)
+    if state.short_since or state.inflight or state.blocked:  # policy.job_left_queue, written out
+        job_id = job.job_id
+        state.short_since.pop(job_id, None)
+        state.blocked.pop(job_id, None)
+        state.ignored.pop(job_id, None)
+        wakes = state.wakes
+        if wakes.pop(job_id, None) is not None:
+            state.policy_due = min(wakes.values()) if wakes else policy.NEVER
+        if job_id in state.inflight:
+            policy._drop_inflight(state, job_id)
     heads = state.heads.get(name)
     if heads is not None:
         for h in heads:

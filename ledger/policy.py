@@ -520,7 +520,9 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
                 state.ignored[ben] = state.ignored.get(ben, 0) + 1
             _drop_inflight(state, ben)
         state.inflight_next = min((fl[4] for fl in inflight.values()), default=NEVER)
-    free = free_milli(state)
+    free = state.capacity_milli - state.unavailable_milli - state.charged_milli
+    if free < 0:
+        free = 0
     cached = state.limits_cache
     if cached is not None and cached[0] == state.quota_epoch:
         limits = cached[1]
@@ -578,15 +580,28 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
             rule = "reclaim"
             need = chips - free
         else:
-            blim = limits.get(team_name, (None, None))[0]
-            borrowed, _ = borrowed_of(tm)
-            borrow = chips - max(unused, 0)
+            lim = limits.get(team_name)
+            blim = None if lim is None else lim[0]
+            borrow = chips - unused if unused > 0 else chips
             if guarded is None:  # only teams with a lending limit keep unused quota from others
+                guarded = {}
+                guarded_total = 0
                 teams = state.teams
-                guarded = {n: guarded_milli(teams[n], llim) for n, llim in lenders} if lenders else {}
-                guarded_total = sum(guarded.values())
+                for n, llim in lenders:  # guarded_milli, written out
+                    g = teams[n]
+                    g = g.nominal_milli - g.use_milli - llim
+                    g = g if g > 0 else 0
+                    guarded[n] = g
+                    guarded_total += g
             avail = free - (guarded_total - guarded.get(team_name, 0))
-            need = max(chips - avail, 0 if blim is None else borrowed + borrow - blim)
+            if blim is None:
+                need = chips - avail
+                if need < 0:
+                    need = 0
+            else:  # borrowed_of, written out: the team's ordinary borrowing now
+                over = tm.use_milli - tm.nominal_milli
+                borrowed = (over - (over if over < tm.burst_milli else tm.burst_milli)) if over > 0 else 0
+                need = max(chips - avail, borrowed + borrow - blim)
             if need <= 0:
                 state.short_since.pop(jid, None)
                 continue
