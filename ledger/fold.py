@@ -824,9 +824,10 @@ def _end_run(s: PoolState, job: Job, t: int, reason: str, step: Step) -> None:
     if placement:
         chips = s.chips
         for chip_id in placement:
-            chip = chips.get(chip_id)
-            if chip is not None:
-                chip.jobs.pop(job_id, None)
+            try:
+                del chips[chip_id].jobs[job_id]
+            except KeyError:  # the chip was retired (or retired and registered anew)
+                pass
     job.placement = None
     team.running -= 1
     del s.running_jobs[name][job_id]
