@@ -158,6 +158,7 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     names materializes just those base tables and intermediates (what a caller reading a few views needs)."""
     con = duckdb.connect(database)
     con.execute("SET TimeZone = 'UTC'")
+    con.execute("SET parquet_metadata_cache = true")  # views over views bind the same files many times
     for table in SCHEMAS:
         name = _RAW_VIEW_NAMES.get(table, table)
         glob = table_files(lake, table)
@@ -165,7 +166,7 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
             sql = _empty_view(table)
         else:
             path = glob.replace("'", "''")
-            sql = f"SELECT * EXCLUDE (day) FROM read_parquet('{path}', hive_partitioning = true, union_by_name = true)"
+            sql = f"SELECT * EXCLUDE (day) FROM read_parquet('{path}', hive_partitioning = true, union_by_name = false)"
         con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')
     for name, sql in DERIVED_VIEWS.items():
         con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')
