@@ -1,6 +1,6 @@
 """Benchmark: the embedded fold against parsing + validating the same file alone, in the same run.
 
-    .venv/bin/python bench/replay.py [--events 1000000] [--rss 1000000,5000000] [--out bench/out]
+    .venv/bin/python bench/replay.py [--events 1000000] [--rss 1000000,5000000] [--out bench/out] [--opcodes N]
 
 1. Generates a seeded scenario file of N events (scale fixed, days chosen to reach N, so the event rate per
    day stays the same and only the length of history grows).
@@ -10,7 +10,9 @@
    cost is derived as (b) - (a); (c) the embedded run: `run_file` (parse, fold, lake writes, close of the
    books). Prints events/s for each and its ratio to the
    baseline (target: the fold >= 0.5 x the validation-only rate).
-3. Peak RSS: runs the embedded run on 1M and 5M events, each in a fresh child process, and reports
+3. With `--opcodes N`: the Python opcodes the fold executes per event over N events (after the first 20,000),
+   by event type: a count the machine's load does not change, to compare two versions of the fold.
+4. Peak RSS: runs the embedded run on 1M and 5M events, each in a fresh child process, and reports
    ru_maxrss and the pool state sizes (target: memory follows active jobs and chips, not history).
 """
 
@@ -96,6 +98,49 @@ def time_embedded(path: Path, lake: Path) -> tuple[float, dict, dict]:
     return dt, summary.as_dict(), state
 
 
+def count_opcodes(path: Path, skip: int, n: int) -> tuple[float, dict]:
+    """Python opcodes the fold executes per event (Fleet.apply and everything it calls), over the events
+    skip..skip+n of the file after folding the first `skip` untraced: a figure the machine's load does not move,
+    for comparing two versions of the fold. Returns (opcodes per event, {event type: opcodes per event})."""
+    from ledger import Fleet
+    from schemas import Rejection, parse_event
+
+    fleet = Fleet()
+    events = []
+    with open(path, "rb") as f:
+        for i, line in enumerate(f):
+            if i >= skip + n:
+                break
+            e = parse_event(line)
+            if isinstance(e, Rejection):
+                continue
+            if i < skip:
+                fleet.apply(e, line)
+            else:
+                events.append((e, line))
+    count = [0]
+
+    def tracer(frame, event, arg):
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            count[0] += 1
+        return tracer
+
+    by_type: dict = {}
+    sys.settrace(tracer)
+    try:
+        for e, line in events:
+            c0 = count[0]
+            fleet.apply(e, line)
+            t = by_type.setdefault(e.type, [0, 0])
+            t[0] += count[0] - c0
+            t[1] += 1
+    finally:
+        sys.settrace(None)
+    total = sum(t[0] for t in by_type.values())
+    return total / max(len(events), 1), {k: v[0] / v[1] for k, v in by_type.items()}
+
+
 def child_rss(path: str, lake: str) -> None:
     """Run in a fresh process: the embedded run, then print peak RSS and state sizes as JSON."""
     dt, summary, state = time_embedded(Path(path), Path(lake))
@@ -110,6 +155,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="keep the files here (default: a temp folder)")
     ap.add_argument("--repeat", type=int, default=3, help="timed runs of each kind; the best is kept")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--opcodes", type=int, default=0, metavar="N",
+                    help="also count the fold's Python opcodes per event over N events after the first 20,000")
     args = ap.parse_args()
     if args.child:
         child_rss(*args.child)
@@ -152,6 +199,11 @@ def main() -> int:
     print(f"  embedded run (with lake): {e_s:7.2f} s  {e_rate:>10,.0f} events/s  ratio {e_rate / v_rate:.2f}")
     print(f"  accepted {summary['accepted']:,}, dead letters {sum(summary['dead_letters'].values()):,}, "
           f"rows {summary['rows_written']}")
+
+    if args.opcodes:
+        per_event, by_type = count_opcodes(path, 20_000, args.opcodes)
+        print(f"\nfold: {per_event:,.0f} Python opcodes per event (events 20,000 to {20_000 + args.opcodes:,}); by type: "
+              + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(by_type.items(), key=lambda kv: -kv[1])))
 
     results = []
     for n_rss in (int(s) for s in args.rss.split(",") if s):
