@@ -616,14 +616,6 @@ def _dequeue(state: PoolState, job: Job, t: int) -> None:
                 break
 
 
-def _wait(state: PoolState, job: Job, t: int, sign: int) -> None:
-    """The job starts (sign=+1) or stops (sign=-1) waiting."""
-    if sign > 0:
-        _enqueue(state, job, t)
-    else:
-        _dequeue(state, job, t)
-
-
 def _accrue_job(job: Job, t: int) -> None:
     job.run_alloc_mchip_s += job.charged_milli * (t - job.since)
     job.since = t

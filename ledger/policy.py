@@ -15,8 +15,6 @@ Costs on the fold's common path, by design:
 
 from __future__ import annotations
 
-import heapq
-
 import orjson
 from datetime import datetime, timezone
 from typing import NamedTuple, Optional
