@@ -72,10 +72,10 @@ def main() -> None:
         counts = gen.generate(args.out, args.events)
         print(f"generated lake: {counts} in {time.perf_counter() - t:.1f} s -> {lake}")
     # the last month whose books are closed: the statements a monthly run issues
-    from chipledger.statements import _closed_from_files, closed_periods
+    from chipledger.statements import books_closed_through_files, closed_periods
 
     first_hour = datetime.fromtimestamp(_analytics_bench().T0, timezone.utc)
-    period = closed_periods("month", first_hour, min(_closed_from_files(lake).values()))[-1]
+    period = closed_periods("month", first_hour, min(books_closed_through_files(lake).values()))[-1]
 
     for d in ("baseline", "statements"):
         shutil.rmtree(args.out / d, ignore_errors=True)

@@ -106,4 +106,20 @@ def fold_and_summarize(events: Path, out: Path, console: Console, fold_config: F
     console.print(t)
     console.print(f"lake: {out / 'lake'}   store: {store_url}")
     console.print(f'try: chipledger sql --lake {out / "lake"} "SELECT * FROM jobs ORDER BY allocated_mchip_s DESC LIMIT 5"')
-    return {"summary": summary.as_dict(), "pools": pools, "teams": teams}
+    statements = _first_week_statements(out, con, console)
+    return {"summary": summary.as_dict(), "pools": pools, "teams": teams, "statements": statements}
+
+
+def _first_week_statements(out: Path, con, console: Console) -> list:
+    """The teams' quota statements for the first ISO week whose books are closed, if any."""
+    from chipledger.statements import books_closed_through_files, closed_periods, issue
+
+    first = con.execute("SELECT min(hour) FROM journal_postings").fetchone()[0]
+    closed = books_closed_through_files(out / "lake")
+    weeks = closed_periods("week", first, min(closed.values())) if first is not None and closed else []
+    if not weeks:
+        return []
+    issued = issue(out / "lake", weeks[0], out / "statements", formats=("md", "html", "json"))
+    console.print(f"quota statements for {weeks[0].label}: {len(issued)} teams → {out / 'statements' / weeks[0].label}"
+                  f" (chipledger statements --lake {out / 'lake'} --period …)")
+    return issued

@@ -165,7 +165,7 @@ def books_closed_through(con) -> dict[str, datetime]:
     return {pool: t.astimezone(UTC) for pool, t in rows}
 
 
-def _closed_from_files(lake: Path) -> dict[str, datetime]:
+def books_closed_through_files(lake: Path) -> dict[str, datetime]:
     import duckdb
 
     from analytics.lake import table_files
@@ -626,7 +626,7 @@ def issue(lake: Path, period: Period, out: Path, *, teams: Optional[Iterable[str
     # where the books end decides the instant the error budgets are evaluated at (the period's end, or the
     # books' end for a period still open): read it first, straight from the Parquet files (cheaper than the
     # views), then connect with it (the SLO intermediates are computed for that instant when connecting)
-    closed = _closed_from_files(Path(lake))
+    closed = books_closed_through_files(Path(lake))
     as_of = min(period.end - timedelta(seconds=1), min(closed.values())) if closed else None
     con = connect(Path(lake), slo=slo, as_of=as_of, materialize=STATEMENT_TABLES)
     try:

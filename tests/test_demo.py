@@ -44,3 +44,15 @@ def test_demo_is_reproducible(tmp_path):
     a = connect(tmp_path / "a" / "lake").execute(q).fetchall()
     b = connect(tmp_path / "b" / "lake").execute(q).fetchall()
     assert a == b and len(a) > 0
+
+
+def test_demo_issues_the_first_closed_week_statements(tmp_path):
+    out = tmp_path / "demo"
+    res = CliRunner().invoke(app, ["demo", "--days", "8", "--seed", "3", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "quota statements for 2026-W45" in res.output
+    con = connect(out / "lake")
+    teams = {r[0] for r in con.execute("SELECT DISTINCT team FROM journal WHERE team IS NOT NULL").fetchall()}
+    written = {p.stem for p in (out / "statements" / "2026-W45").glob("*.json")}
+    assert written and written == {t.replace("/", "%2F") for t in teams}
+    assert all((out / "statements" / "2026-W45" / f"{t}.html").is_file() for t in written)
