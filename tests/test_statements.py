@@ -294,3 +294,52 @@ def test_closed_periods():
     months = closed_periods("month", datetime(2026, 10, 31, 23, tzinfo=utc), datetime(2026, 12, 1, tzinfo=utc))
     assert [p.label for p in months] == ["2026-10", "2026-11"]
     assert period_containing("week", datetime(2027, 1, 1, tzinfo=utc)).label == "2026-W53"
+
+
+def test_preemption_caused_and_suffered_through_a_decision(tmp_path):
+    """alpha (1 chip of quota) borrows 3 of the pool's 4 chips; beta (3 chips of quota) submits a 2-chip job at
+    01:00. After the grace period the ledger decides a reclaim (seen at the 01:05 tick); the cluster acts on it
+    at 01:06 naming the decision. alpha's statement shows the preemption suffered with the decision and its
+    beneficiary; beta's shows the preemption caused with the work its victim lost."""
+    d = "2026-11-02T"
+    base = [ev(1, "pool.configured", d + "00:00:00Z", flavor="a100", chips_per_node=2)]
+    base += [ev(2 + n, "chip.registered", d + "00:00:00Z", chip_id=c, node=f"n{n // 2 + 1}")
+             for n, c in enumerate(("c1", "c2", "c3", "c4"))]
+    base += [
+        ev(10, "quota.granted", d + "00:00:00Z", grant_id="g-a", team="alpha", chips=1),
+        ev(11, "quota.granted", d + "00:00:00Z", grant_id="g-b", team="beta", chips=3),
+        ev(12, "job.submitted", d + "00:00:00Z", job_id="ja", team="alpha", chips=4, priority=1),
+        ev(13, "job.started", d + "00:00:00Z", job_id="ja"),
+        ev(14, "job.submitted", d + "01:00:00Z", job_id="jb", team="beta", chips=2, priority=1),
+        ev(15, "pool.tick", d + "01:05:00Z"),
+    ]
+    first = tmp_path / "first"
+    first.mkdir()
+    lake, _ = run_fixture(first, base)
+    from analytics.views import connect
+
+    rows = connect(lake).execute(
+        "SELECT decision_id, rule, team FROM decisions WHERE type = 'decision.preempt'").fetchall()
+    assert len(rows) == 1 and rows[0][1:] == ("reclaim", "beta")
+    decision_id = rows[0][0]
+    events = base + [
+        ev(16, "job.preempted", d + "01:06:00Z", job_id="ja", decision_id=decision_id),
+        ev(17, "job.started", d + "01:06:00Z", job_id="jb"),
+        ev(18, "pool.tick", "2026-11-03T00:00:00Z"),
+    ]
+    lake, store = run_fixture(tmp_path, events)
+    out = tmp_path / "out"
+    assert statements(lake, store, out, "--period", "2026-11-02..2026-11-02", "--format", "json,md").exit_code == 0
+    alpha = load(out, "2026-11-02..2026-11-02", "alpha")["preemptions"]
+    assert alpha["suffered"]["count"] == 1
+    job = alpha["suffered"]["jobs"][0]
+    assert (job["job_id"], job["decision_id"], job["beneficiary_team"], job["beneficiary_job_id"]) == \
+        ("ja", decision_id, "beta", "jb")
+    assert job["lost_work_mchip_s"] == 4 * 3960 * 1000  # 4 chips from 00:00 to 01:06, never checkpointed
+    beta = load(out, "2026-11-02..2026-11-02", "beta")["preemptions"]
+    assert beta["caused"]["count"] == 1 and beta["suffered"]["count"] == 0
+    caused = beta["caused"]["decisions"][0]
+    assert (caused["decision_id"], caused["rule"], caused["job_id"], caused["victims"]) == \
+        (decision_id, "reclaim", "jb", 1)
+    assert caused["lost_work_mchip_s"] == 4 * 3900 * 1000  # the victim's work at the decision (01:05)
+    assert "| reclaim | jb | 1 |" in (out / "2026-11-02..2026-11-02" / "beta.md").read_text()
