@@ -197,6 +197,16 @@ def decayed_usages(state: PoolState, t: int, half_life_s: int) -> dict[str, int]
     return usage
 
 
+def fair_share_factor(usage: int, total_usage: int, nominal_milli: int, total_nominal_milli: int) -> float:
+    """F = 2^(-(U/ΣU)/S) with S = nominal / Σ nominal: 1 for a team with no usage (or none in the pool), 0 for a
+    team with usage and no quota."""
+    if total_usage <= 0 or usage <= 0:
+        return 1.0
+    if nominal_milli <= 0 or total_nominal_milli <= 0:
+        return 0.0
+    return 2.0 ** (-(usage / total_usage) / (nominal_milli / total_nominal_milli))
+
+
 def fair_shares(state: PoolState, t: int, half_life_s: int) -> dict[str, tuple[int, float]]:
     """Per team: (decayed usage mchip-s, fair-share factor F = 2^(-(U/ΣU)/S), S = nominal / Σ nominal).
     F is 1 with no usage in the pool; a team with no quota has F 0 once it used anything."""
@@ -207,12 +217,7 @@ def fair_shares(state: PoolState, t: int, half_life_s: int) -> dict[str, tuple[i
     out = {}
     for name, tm in teams.items():
         u = usage[name]
-        if total_u <= 0 or u <= 0:
-            f = 1.0
-        elif tm.nominal_milli <= 0 or total_n <= 0:
-            f = 0.0
-        else:
-            f = 2.0 ** (-(u / total_u) / (tm.nominal_milli / total_n))
+        f = fair_share_factor(u, total_u, tm.nominal_milli, total_n)
         out[name] = (u, f)
     return out
 
@@ -923,12 +928,7 @@ def store_balances(state: PoolState) -> dict[str, dict]:
     out = {}
     for name, tm in state.teams.items():
         u = tm.decayed_usage_mchip_s
-        if total_u <= 0 or u <= 0:
-            f = 1.0
-        elif tm.nominal_milli <= 0 or total_n <= 0:
-            f = 0.0
-        else:
-            f = 2.0 ** (-(u / total_u) / (tm.nominal_milli / total_n))
+        f = fair_share_factor(u, total_u, tm.nominal_milli, total_n)
         b, _ = borrowed_of(tm)
         out[name] = {"decayed_usage_mchip_s": u, "fair_share_factor": f,
                      "borrowed_share": (b / lendable) if lendable > 0 else 0.0}
