@@ -541,22 +541,23 @@ def _use(state: PoolState, team: Team, delta: int, t: int) -> None:
         acc[0] = rate
 
 
-def _enqueue(state: PoolState, job: Job, t: int) -> None:
-    """The job starts waiting: its chips join its team's pending demand and the policy's queue of the team."""
-    name = job.team
+def _pending_demand(state: PoolState, name: str, jobs: int, milli: int, t: int) -> None:
+    """Change a team's pending jobs and chips, and the rate of its `pending` account, at t."""
     team = state.teams[name]
-    team.pending += 1
-    milli = job.chips_milli
+    team.pending += jobs
     rate = team.pending_milli = team.pending_milli + milli
     books = state.books
     h = books._handles.get(name)
     if h is None:
         h = books.team_accounts(name)
-    acc = h[4]
-    if acc[0] != rate:
-        acc[2] += acc[0] * (t - acc[1])
-        acc[1] = t
-        acc[0] = rate
+    set_rate(h[4], rate, t)
+
+
+def _enqueue(state: PoolState, job: Job, t: int) -> None:
+    """The job starts waiting: its chips join its team's pending demand and the policy's queue of the team."""
+    name = job.team
+    milli = job.chips_milli
+    _pending_demand(state, name, 1, milli, t)
     job.waiting_since = t
     q = state.waiting.get(name)
     if q is None:
@@ -578,19 +579,8 @@ def _enqueue(state: PoolState, job: Job, t: int) -> None:
 def _dequeue(state: PoolState, job: Job, t: int) -> None:
     """The job stops waiting (it started or finished): its chips leave its team's pending demand and queue."""
     name = job.team
-    team = state.teams[name]
-    team.pending -= 1
     milli = job.chips_milli
-    rate = team.pending_milli = team.pending_milli - milli
-    books = state.books
-    h = books._handles.get(name)
-    if h is None:
-        h = books.team_accounts(name)
-    acc = h[4]
-    if acc[0] != rate:
-        acc[2] += acc[0] * (t - acc[1])
-        acc[1] = t
-        acc[0] = rate
+    _pending_demand(state, name, -1, -milli, t)
     del state.waiting[name][job.job_id]
     sizes = state.pending_sizes
     n = sizes[milli] - 1
@@ -598,16 +588,8 @@ def _dequeue(state: PoolState, job: Job, t: int) -> None:
         sizes[milli] = n
     else:
         del sizes[milli]
-    if state.short_since or state.inflight or state.blocked:  # policy.job_left_queue, written out
-        job_id = job.job_id
-        state.short_since.pop(job_id, None)
-        state.blocked.pop(job_id, None)
-        state.ignored.pop(job_id, None)
-        wakes = state.wakes
-        if wakes.pop(job_id, None) is not None:
-            state.policy_due = min(wakes.values()) if wakes else policy.NEVER
-        if job_id in state.inflight:
-            policy._drop_inflight(state, job_id)
+    if state.short_since or state.inflight or state.blocked:  # no policy state to settle: skip the call
+        policy.job_left_queue(state, job.job_id)
     heads = state.heads.get(name)
     if heads is not None:
         for h in heads:
