@@ -10,20 +10,14 @@ from typer.testing import CliRunner
 
 from chipledger.cli import app
 from chipledger.config import ConfigError, load_config
-from test_slo_views import slo_events
+from test_slo_views import run_slo_lake
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory):
-    d = tmp_path_factory.mktemp("report")
-    f = d / "events.jsonl"
-    f.write_text("".join(json.dumps(e) + "\n" for e in slo_events()))
-    res = CliRunner().invoke(app, ["run", "--events", str(f), "--lake", str(d / "lake"),
-                                   "--store", f"sqlite:///{d / 's.db'}"])
-    assert res.exit_code == 0, res.output
-    return d / "lake"
+    return run_slo_lake(tmp_path_factory.mktemp("report"))
 
 
 @pytest.fixture(autouse=True)

@@ -128,14 +128,18 @@ def slo_events():
     return e
 
 
-@pytest.fixture(scope="module")
-def slo_lake(tmp_path_factory):
-    d = tmp_path_factory.mktemp("slo2")
+def run_slo_lake(d):
+    """Fold slo_events() into a lake under folder d (shared by the report and alerts tests); returns the lake."""
     f = d / "events.jsonl"
     f.write_text("".join(json.dumps(x) + "\n" for x in slo_events()))
     summary, _ = run_file(f, d / "lake")
     assert summary.dead_letters == {} and summary.accepted == len(slo_events())
     return d / "lake"
+
+
+@pytest.fixture(scope="module")
+def slo_lake(tmp_path_factory):
+    return run_slo_lake(tmp_path_factory.mktemp("slo2"))
 
 
 def q(con, query):
