@@ -42,11 +42,12 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("rule", pa.string()), ("message", pa.string()), ("body", pa.string()),
     ]),
     # policy (ledger.policy): each team's balance when an hour closes and at a close of the books
-    # (lendable_milli is the pool's; the balances view derives the fair-share factor and borrowed share)
+    # (lendable_milli is the pool's; the fair-share factor is the core's; the view derives the borrowed share)
     "balances": pa.schema([
         ("pool", pa.string()), ("team", pa.string()), ("at", TS), ("nominal_milli", pa.int64()),
         ("used_milli", pa.int64()), ("borrowed_milli", pa.int64()), ("burst_milli", pa.int64()),
         ("pending_milli", pa.int64()), ("decayed_usage_mchip_s", pa.int64()), ("lendable_milli", pa.int64()),
+        ("fair_share_factor", pa.float64()),
     ]),
     # why each pending job waits, at the same instants
     "pending": pa.schema([

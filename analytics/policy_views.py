@@ -4,7 +4,7 @@ views and the SLO views evolve independently; `analytics.views.connect` defines 
 they may use them.
 
 The raw tables of the policy layer are exposed under other names (`POLICY_RAW_VIEW_NAMES`) so the views with
-the users' names can add columns: the lake keeps integers and the decision JSON, the views derive the factors,
+the users' names can add columns: the lake keeps integers, the core's fair-share factor and the decision JSON, the views derive ratios,
 chips and the fields of the JSON. Definitions in docs/policy.md and docs/analytics.md.
 """
 
@@ -48,24 +48,14 @@ POLICY_VIEWS: dict[str, str] = {
                                AND acted.decision_id = vs.decision_id
     """,
     # each team's balance at each close of an hour (and at the end of the run): chips now, decayed usage, and
-    # the fair-share factor F = 2^(-(U/ΣU)/S) with S = nominal / Σ nominal over the pool at that instant
+    # the fair-share factor F = 2^(-(U/ΣU)/S) the core computed at that instant (ledger.policy.fair_share_factor)
     "balances": """
-        WITH b AS (
-            SELECT DISTINCT * FROM balance_log
-        ), s AS (
-            SELECT *, sum(decayed_usage_mchip_s) OVER w AS total_usage, sum(nominal_milli) OVER w AS total_nominal
-            FROM b WINDOW w AS (PARTITION BY pool, "at")
-        )
-        SELECT pool, team, "at", nominal_milli / 1000.0 AS nominal_chips, used_milli / 1000.0 AS used_chips,
+        SELECT DISTINCT pool, team, "at", nominal_milli / 1000.0 AS nominal_chips, used_milli / 1000.0 AS used_chips,
                borrowed_milli / 1000.0 AS borrowed_chips, burst_milli / 1000.0 AS burst_chips,
-               pending_milli / 1000.0 AS pending_chips, decayed_usage_mchip_s,
-               CASE WHEN total_usage <= 0 OR decayed_usage_mchip_s <= 0 THEN 1.0
-                    WHEN nominal_milli <= 0 THEN 0.0
-                    ELSE pow(2.0, -(decayed_usage_mchip_s / total_usage) / (nominal_milli / total_nominal))
-               END AS fair_share_factor,
+               pending_milli / 1000.0 AS pending_chips, decayed_usage_mchip_s, fair_share_factor,
                CASE WHEN lendable_milli > 0 THEN borrowed_milli / lendable_milli ELSE 0.0 END AS borrowed_share,
                lendable_milli / 1000.0 AS lendable_chips
-        FROM s
+        FROM balance_log
     """,
     # org totals: team names that are paths (`org/team`) summed by their first part, per pool and across pools
     # (pool NULL)

@@ -19,7 +19,7 @@ from analytics.slo_views import DUCKDB, SloParams, duckdb_base_views, settings_r
 
 _DUCK_TYPES = {
     pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.int32(): "INTEGER",
-    pa.timestamp("s", tz="UTC"): "TIMESTAMPTZ",
+    pa.timestamp("s", tz="UTC"): "TIMESTAMPTZ", pa.float64(): "DOUBLE",
 }
 
 # Views derived from the raw tables. Amounts stay integer milli-chip-seconds; `*_chip_h` columns are for people.

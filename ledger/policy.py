@@ -44,7 +44,8 @@ REASONS = (READY, WOULD_BORROW, NOT_ON_WHOLE_NODES, WAITING_GRACE, PREEMPTION_IN
 
 
 class BalanceRow(NamedTuple):
-    """A team's balance at an instant (lake table `balances`). Integers only: the view derives the factors."""
+    """A team's balance at an instant (lake table `balances`): integers, and the fair-share factor the core
+    computes from them (the view derives only chips and the borrowed share)."""
 
     pool: str
     team: str
@@ -56,6 +57,7 @@ class BalanceRow(NamedTuple):
     pending_milli: int
     decayed_usage_mchip_s: int
     lendable_milli: int  # the pool's lendable chips at `at` (borrowed_share = borrowed / lendable)
+    fair_share_factor: float  # F at `at` (fair_share_factor over the pool's teams)
 
 
 class PendingRow(NamedTuple):
@@ -314,12 +316,16 @@ def snapshot(state: PoolState, t: int, balances: list, pending: list, config) ->
     limits = team_limits(state)
     lendable = lendable_milli(state, limits)
     usage = decayed_usages(state, t, config.decay_half_life_s)
+    total_u = sum(usage.values())
+    total_n = sum(tm.nominal_milli for tm in state.teams.values())
     pool = state.pool
     for name in sorted(state.teams):
         tm = state.teams[name]
         borrowed, burst = borrowed_of(tm)
+        u = usage[name]
         balances.append(_new_tuple(BalanceRow, (pool, name, t, tm.nominal_milli, tm.use_milli, borrowed, burst,
-                                                tm.pending_milli, usage[name], lendable)))
+                                                tm.pending_milli, u, lendable,
+                                                fair_share_factor(u, total_u, tm.nominal_milli, total_n))))
     if not state.pending_sizes:
         return
     ctx = _Context(state, limits)
