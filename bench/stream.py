@@ -9,6 +9,9 @@ port, and stops it at the end. Prints the figures; nothing is asserted (docs/ben
 
 1. throughput: a seeded fleet (3 pools) of --events events is emitted first (LedgerProducer). Then, in turn:
    - raw: an aiokafka consumer reads the three input topics from the beginning to their end (decoding nothing);
+   - Faust floor: a Faust app with the worker's own settings (streams.worker.faust_settings) whose agents do
+     nothing but acknowledge each record (subprocess, new consumer group) reads the same records: what any Faust
+     worker costs before it does any work, counted from its first record to its last;
    - pipeline: `chipledger worker` (subprocess, rocksdb table, no ticks) and the sink (in this process) run until
      the sink has written an `events` row for every event; the rate counts from the worker's first output record
      to the sink's last write (the worker's start-up, ~3 s of Faust and table recovery, is reported apart).
@@ -91,6 +94,51 @@ async def raw_read(bootstrap: str, total: int) -> float:
         return time.monotonic() - t0
     finally:
         await c.stop()
+
+
+def faust_floor(bootstrap: str, total: int, work: Path) -> dict:
+    """Run the no-op Faust app (this file with --faust-floor) until it has read `total` records; its rate."""
+    app_id = f"bench-floor-{uuid.uuid4().hex[:6]}"
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, __file__, "--faust-floor", str(total), "--app-id", app_id,
+                          "--bootstrap", bootstrap, "--work", str(work / app_id)],
+                         capture_output=True, text=True, timeout=900, cwd=REPO)
+    found = [line for line in (out.stdout + out.stderr).splitlines() if "FLOOR " in line]
+    if not found:
+        raise RuntimeError(f"the Faust floor run failed: {(out.stdout + out.stderr)[-2000:]}")
+    n, seconds = found[-1].split("FLOOR ", 1)[1].split()[:2]
+    return {"records": int(n), "seconds": float(seconds), "total_s": time.monotonic() - t0}
+
+
+def faust_floor_child(bootstrap: str, total: int, app_id: str, work: Path) -> None:
+    """The no-op app: the worker's Faust settings, one agent per input topic that only acknowledges records."""
+    import faust
+
+    from streams.worker import WorkerSettings, faust_settings
+
+    settings = WorkerSettings(bootstrap=bootstrap, app_id=app_id, data_dir=work, table_store="memory")
+    work.mkdir(parents=True, exist_ok=True)
+    app = faust.App(app_id, **faust_settings(settings))
+    seen = {"n": 0, "t0": 0.0}
+
+    def make_agent(name: str):
+        async def agent(stream):
+            async for event in stream.noack().events():
+                if not seen["n"]:
+                    seen["t0"] = time.monotonic()
+                seen["n"] += 1
+                event.ack()
+                if seen["n"] >= total:
+                    print(f"FLOOR {seen['n']} {time.monotonic() - seen['t0']:.3f}", flush=True)
+                    os._exit(0)
+        agent.__name__ = agent.__qualname__ = f"noop_{name.split('.')[-1]}"
+        app.agent(app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"),
+                  name=agent.__name__)(agent)
+
+    for name in INPUT_TOPICS:
+        make_agent(name)
+    sys.argv = [sys.argv[0], "worker", "-l", "warn"]
+    app.main()
 
 
 def worker_proc(bootstrap: str, data_dir: Path, app_id: str, log: Path) -> subprocess.Popen:
@@ -223,7 +271,13 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--bootstrap")
     ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--faust-floor", type=int, help=argparse.SUPPRESS)  # child: the no-op Faust app
+    ap.add_argument("--app-id", help=argparse.SUPPRESS)
+    ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.faust_floor:
+        faust_floor_child(args.bootstrap, args.faust_floor, args.app_id, args.work)
+        return 0
 
     from streams import broker
     from streams.topics import create_topics
@@ -247,10 +301,14 @@ def main(argv=None) -> int:
         raw_s = asyncio.run(raw_read(bootstrap, len(lines)))
         raw_rate = len(lines) / raw_s
         print(f"raw aiokafka consumer: {raw_s:.2f} s = {raw_rate:,.0f} events/s", flush=True)
+        fl = faust_floor(bootstrap, len(lines), tmp)
+        fl_rate = fl["records"] / fl["seconds"]
+        print(f"Faust floor (no-op agents, the worker's Faust settings): {fl['seconds']:.2f} s = {fl_rate:,.0f} "
+              f"events/s; ratio to raw: {fl_rate / raw_rate:.3f}x", flush=True)
         res = pipeline(bootstrap, tmp, len(lines))
         rate = len(lines) / res["seconds"]
         print(f"worker + sink: {res['seconds']:.1f} s = {rate:,.0f} events/s (start-up {res['startup_s']:.1f} s, "
-              f"total {res['total_s']:.1f} s); ratio to raw: {rate / raw_rate:.3f}x (target >= 0.5x)", flush=True)
+              f"total {res['total_s']:.1f} s); ratio to raw: {rate / raw_rate:.3f}x (target >= 0.5x); to the Faust floor: {rate / fl_rate:.2f}x", flush=True)
         print(f"  sink: {res['sink']}", flush=True)
         lat = latency(bootstrap, tmp, args.rate, later, res["app_id"])
         print(f"latency at {args.rate:,} events/s for {args.seconds:g} s ({lat['events']:,} events sent in "
