@@ -420,3 +420,43 @@ def test_statement_runs_keep_their_positions_and_digest(store):
                                period_end=utc(2026, 12, 1), positions={}, output_digest="", formats=[],
                                issued_at=utc(2026, 12, 2))
     assert len(store.statement_runs()) == 2
+
+
+def test_a_store_from_an_earlier_version_gains_the_new_columns(store, tmp_path):
+    # team_balances as chipledger wrote it before the fair-share columns (decayed usage, F, borrowed share)
+    from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, inspect, insert
+
+    old = MetaData()
+    Table("team_balances", old, Column("pool", String(256), primary_key=True),
+          Column("team", String(256), primary_key=True),
+          *[Column(c, BigInteger) for c in ("nominal_milli", "used_milli", "in_quota_milli", "borrowed_milli",
+                                            "burst_milli")],
+          Column("running_jobs", Integer), Column("pending_jobs", Integer),
+          *[Column(c, BigInteger) for c in ("entitled_mchip_s", "in_quota_mchip_s", "borrowed_mchip_s",
+                                            "burst_mchip_s")])
+    Base.metadata.tables["team_balances"].drop(store.engine)
+    old.create_all(store.engine)
+    with store.engine.begin() as conn:
+        conn.execute(insert(old.tables["team_balances"]).values(
+            pool="lab/a100", team="a", nominal_milli=1, used_milli=0, in_quota_milli=0, borrowed_milli=0,
+            burst_milli=0, running_jobs=0, pending_jobs=0, entitled_mchip_s=0, in_quota_mchip_s=0,
+            borrowed_mchip_s=0, burst_mchip_s=0))
+    assert "fair_share_factor" not in {c["name"] for c in inspect(store.engine).get_columns("team_balances")}
+
+    reopened = open_store(store.engine.url.render_as_string(hide_password=False))
+    try:
+        cols = {c["name"] for c in inspect(reopened.engine).get_columns("team_balances")}
+        assert {"decayed_usage_mchip_s", "fair_share_factor", "borrowed_share"} <= cols
+        # the old row reads with the model defaults; opening again adds nothing
+        [t] = reopened.team_balances()
+        assert (t.team, t.nominal_milli, t.decayed_usage_mchip_s, t.fair_share_factor, t.borrowed_share) == (
+            "a", 1, 0, 1.0, 0.0)
+        from ledger.store.repo import upgrade_tables
+        assert upgrade_tables(reopened.engine) == []
+        # and a run saves its balances, fair-share columns included
+        run_file(FIXTURE, tmp_path / "lake", store=reopened)
+        teams = {t.team: t for t in reopened.team_balances()}
+        assert sorted(teams) == ["a", "b"]
+        assert all(0 < t.fair_share_factor <= 1 and t.decayed_usage_mchip_s > 0 for t in teams.values())
+    finally:
+        reopened.engine.dispose()

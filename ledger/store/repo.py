@@ -6,7 +6,7 @@ import json
 from datetime import datetime, timezone
 from typing import Iterable, Optional
 
-from sqlalchemy import create_engine, delete, select
+from sqlalchemy import create_engine, delete, inspect, select, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session
@@ -38,9 +38,35 @@ def open_store(url: str) -> "Store":
     engine = create_engine(parsed)
     try:
         Base.metadata.create_all(engine)
+        upgrade_tables(engine)
     except Exception as err:  # an unreachable server or unwritable file: say so plainly
         raise StoreError(f"cannot open store {url!r}: {err}") from err
     return Store(engine)
+
+
+def upgrade_tables(engine: Engine) -> list[str]:
+    """Add the columns a store written by an earlier chipledger lacks (`create_all` makes missing tables, not
+    missing columns). A column is added nullable, with its model default as the server default when it has a
+    plain one; the tables that gain columns hold current state that the next save rewrites. Returns the columns
+    added, as `table.column`."""
+    added = []
+    existing = inspect(engine)
+    for table in Base.metadata.sorted_tables:
+        if not existing.has_table(table.name):
+            continue
+        have = {c["name"] for c in existing.get_columns(table.name)}
+        for col in table.columns:
+            if col.name in have:
+                continue
+            ddl = f"ALTER TABLE {engine.dialect.identifier_preparer.format_table(table)} ADD COLUMN " \
+                  f"{engine.dialect.identifier_preparer.format_column(col)} {col.type.compile(dialect=engine.dialect)}"
+            default = col.default.arg if col.default is not None and col.default.is_scalar else None
+            if isinstance(default, (int, float)) and not isinstance(default, bool):
+                ddl += f" DEFAULT {default!r}"
+            with engine.begin() as conn:
+                conn.execute(text(ddl))
+            added.append(f"{table.name}.{col.name}")
+    return added
 
 
 class Store:
