@@ -220,3 +220,26 @@ def test_worker_and_sink_commands_say_clearly_when_no_broker_answers(tmp_path):
     res = runner.invoke(app, ["sink", "--bootstrap", "127.0.0.1:1", "--lake", str(tmp_path / "lake"),
                               "--store", f"sqlite:///{tmp_path / 's.db'}", "--until-idle", "1", "--timeout", "1"])
     assert res.exit_code == 2 and "no Kafka broker answered at 127.0.0.1:1" in res.stderr
+
+
+def test_a_worker_process_freezes_what_lives_after_its_first_checkpoint_and_only_then():
+    import gc
+
+    for freeze in (False, True):
+        h = Harness()
+        h.worker.settings.freeze_gc = freeze
+        evs = h.feed(_valid_lines())
+        try:
+            for ev in evs[:5]:
+                h.worker.receive(ev)
+            assert gc.get_freeze_count() == 0
+            asyncio.run(h.worker.drain())
+            assert h.worker.counts["checkpoints"] == 1
+            assert (gc.get_freeze_count() > 0) is freeze
+            frozen = gc.get_freeze_count()
+            for ev in evs[5:]:
+                h.worker.receive(ev)
+            asyncio.run(h.worker.drain())  # the second checkpoint freezes nothing more (frozen objects may die)
+            assert h.worker.counts["checkpoints"] == 2 and gc.get_freeze_count() <= frozen
+        finally:
+            gc.unfreeze()
