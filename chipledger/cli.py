@@ -579,14 +579,9 @@ def worker(
     store_kind = table_store or cfg.worker.table_store
     if store_kind not in ("rocksdb", "memory"):
         _fail(f"--table-store must be rocksdb or memory, got {store_kind!r}", 2)
-    try:  # [ledger] and [policy] (the policy settings arrive with #4)
-        from chipledger.config import fold_config
+    from chipledger.config import fold_config
 
-        fold = fold_config(cfg)
-    except ImportError:
-        from ledger import FoldConfig
-
-        fold = FoldConfig(dedup_window_s=cfg.ledger.dedup_window_s, check_invariants=cfg.ledger.debug_invariants)
+    fold = fold_config(cfg)  # [ledger] and [policy]
 
     settings = WorkerSettings(
         bootstrap=bootstrap, app_id=app_id, data_dir=data_dir or Path(cfg.worker.data_dir), table_store=store_kind,
