@@ -191,7 +191,8 @@ def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: s
 
     from streams.producer import LedgerProducer
 
-    cons = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    # fetch_max_wait_ms: kafka-python holds a fetch up to 500 ms by default, which would be measured as latency
+    cons = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=10)
     tps = [TopicPartition(t, p) for t in (TOPIC_JOURNAL, TOPIC_DECISIONS) for p in sorted(cons.partitions_for_topic(t))]
     cons.assign(tps)
     cons.seek_to_end(*tps)

@@ -557,6 +557,9 @@ def worker(
     tick_interval: Optional[int] = typer.Option(None, "--tick-interval", min=0,
                                                 help="seconds of quiet before a pool gets a pool.tick; 0: none "
                                                      "(default [worker] tick_interval_s = 60)"),
+    fetch_max_wait_ms: Optional[int] = typer.Option(None, "--fetch-max-wait-ms", min=0,
+                                                    help="how long the broker may hold a fetch of the input topics "
+                                                         "(default [worker] fetch_max_wait_ms = 20)"),
     app_id: str = typer.Option("chipledger-worker", "--app-id", help="Faust app id (consumer group, table topics)"),
     loglevel: str = typer.Option("warning", "--loglevel", help="debug | info | warning | error"),
     timeout: float = KafkaTimeoutOpt,
@@ -588,6 +591,7 @@ def worker(
         partitions=counts[INPUT_TOPICS[0]],
         merge_idle_ms=cfg.worker.merge_idle_ms if merge_idle_ms is None else merge_idle_ms,
         tick_interval_s=cfg.worker.tick_interval_s if tick_interval is None else tick_interval,
+        fetch_max_wait_ms=cfg.worker.fetch_max_wait_ms if fetch_max_wait_ms is None else fetch_max_wait_ms,
         fold_config=fold,
     )
     err.print(f"worker {app_id}: {bootstrap}, {settings.partitions} partitions, table {store_kind} in "

@@ -102,6 +102,7 @@ class WorkerConfig:
     table_store: str = "rocksdb"  # rocksdb | memory
     merge_idle_ms: int = 50  # how long a record waits for a caught-up input topic that has nothing of its pool
     tick_interval_s: int = 60  # a pool quiet this long gets a pool.tick closing past hours; 0: no ticks
+    fetch_max_wait_ms: int = 20  # how long the broker may hold a fetch of the input topics (Faust fixes 1,500)
 
 
 @dataclass(frozen=True)

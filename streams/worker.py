@@ -66,6 +66,7 @@ class WorkerSettings:
     tick_interval_s: int = 60     # 0: no ticks
     checkpoint_interval_ms: int = 500  # how often folded records are made durable (state written, inputs acked)
     drain_interval_ms: int = 10
+    fetch_max_wait_ms: int = 20  # how long the broker may hold a fetch of the input topics (Faust fixes 1,500)
     freeze_gc: bool = False  # run_worker (its own process): gc.freeze() after the first checkpoint
     fold_config: FoldConfig = field(default_factory=lambda: DEFAULT_CONFIG)
 
@@ -328,6 +329,21 @@ def faust_settings(settings: WorkerSettings) -> dict:
     )
 
 
+def set_fetch_max_wait(app, ms: int) -> Optional[bool]:
+    """Make the input consumer's fetches wait at most `ms` at the broker. Faust creates aiokafka's consumer with
+    fetch_max_wait_ms=1500 and no setting for it; aiokafka has one fetch in flight per broker, so a fetch held for
+    partitions with nothing new delays what arrives meanwhile on the others by up to that much. Returns True when
+    it changed the value, False when it was set already, None while the consumer is not started (or Faust's
+    internals differ from faust-streaming 0.15's)."""
+    fetcher = getattr(getattr(getattr(app.consumer, "_thread", None), "_consumer", None), "_fetcher", None)
+    if fetcher is None or not hasattr(fetcher, "_fetch_max_wait_ms"):
+        return None
+    if fetcher._fetch_max_wait_ms == ms:
+        return False
+    fetcher._fetch_max_wait_ms = ms
+    return True
+
+
 def make_app(settings: WorkerSettings):
     """The Faust app with its agents, table, drain loop and tick timer. Returns (app, PoolWorker)."""
     import faust
@@ -395,7 +411,16 @@ def make_app(settings: WorkerSettings):
     async def drain_loop():
         await app.producer.maybe_start()
         interval = settings.drain_interval_ms / 1000
+        started = time.monotonic()
+        fetch_wait_said = False
         while not app.should_stop:
+            changed = set_fetch_max_wait(app, settings.fetch_max_wait_ms)  # again after a consumer restart
+            if changed:
+                log.info("worker: input fetches wait at most %d ms at the broker", settings.fetch_max_wait_ms)
+            elif changed is None and not fetch_wait_said and time.monotonic() - started > 60:
+                fetch_wait_said = True
+                log.warning("worker: cannot set the input consumer's fetch wait (Faust's consumer is not started, "
+                            "or its internals changed); fetches may wait up to 1.5 s")
             try:
                 if worker.merger.buffered:
                     # positions of the partitions nothing was received from yet: where the consumer started

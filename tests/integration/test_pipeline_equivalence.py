@@ -70,6 +70,7 @@ def test_emit_worker_sink_equals_run(bootstrap, tmp_path):
     p.close()
 
     worker = WorkerProcess(bootstrap, tmp_path / "worker", tmp_path / "worker.log", "--tick-interval", "0",
+                           "--fetch-max-wait-ms", "25", "--loglevel", "info",
                            app_id=f"eq-{uuid.uuid4().hex[:6]}").start()
     store = open_store(f"sqlite:///{tmp_path / 'sink.db'}")
     sink = Sink(tmp_path / "lake", store, bootstrap=bootstrap, name="sink")
@@ -82,6 +83,8 @@ def test_emit_worker_sink_equals_run(bootstrap, tmp_path):
     finally:
         worker.stop()
         sink.close()
+    # the worker bounded its input fetches' wait at the broker (Faust itself would let them wait 1.5 s)
+    assert "input fetches wait at most 25 ms at the broker" in (tmp_path / "worker.log").read_text()
 
     # the lines emit refused are the run's parse-level dead letters
     run_tables = lake_tables(tmp_path / "run-lake")
