@@ -6,7 +6,8 @@ releases them per pool in merge order (see streams/merge.py and docs/streaming.m
 
 sends every output at once (lake rows per input record on chipledger.journal, decisions on
 chipledger.decisions, dead letters on chipledger.deadletter; all keyed by pool). Every `checkpoint_interval_ms`
-it makes the records folded since the last checkpoint durable:
+it makes the records folded since the last checkpoint durable, in a task beside the drain (which folds on
+meanwhile; one checkpoint at a time), from what it captured at once between two folds:
 
 1. it waits until Kafka acknowledged every output sent (acks=all);
 2. only then sends the changed pools' state as snapshots for the store, waits for them, and writes each
@@ -146,6 +147,7 @@ class PoolWorker:
         self.counts = {"received": 0, "applied": 0, "duplicates": 0, "dead_letters": 0, "skipped": 0,
                        "ticks": 0, "batches": 0, "checkpoints": 0}
         self._lock = asyncio.Lock()
+        self._ckpt: Optional[asyncio.Future] = None  # the checkpoint in progress
 
     # --- in ---------------------------------------------------------------------------------------------
     def receive(self, event) -> None:
@@ -169,8 +171,8 @@ class PoolWorker:
 
     # --- drain ------------------------------------------------------------------------------------------
     async def drain(self) -> int:
-        """Fold what the merge releases and send its outputs (not waiting for them); checkpoint when due.
-        Returns the number of records folded."""
+        """Fold what the merge releases and send its outputs (not waiting for them); start a checkpoint when one
+        is due and none is in progress (`settle` waits for it). Returns the number of records folded."""
         async with self._lock:
             now = self.clock()
             released: list[tuple[str, list[Pending]]] = []
@@ -193,19 +195,40 @@ class PoolWorker:
                                                           rows_record(pool, items[i:i + OUTPUT_ITEMS_MAX])))
             if n:
                 self.counts["batches"] += 1
-            if self._unacked and ((now - self._last_checkpoint) * 1000 >= self.settings.checkpoint_interval_ms
-                                  or len(self._unacked) >= CHECKPOINT_RECORDS_MAX):
-                await self._checkpoint(now)
+            ckpt = self._ckpt
+            if ckpt is not None and ckpt.done():
+                self._ckpt = None
+                ckpt.result()  # a checkpoint that failed stops the worker (its records are folded again)
+            if self._ckpt is None and self._unacked and (
+                    (now - self._last_checkpoint) * 1000 >= self.settings.checkpoint_interval_ms
+                    or len(self._unacked) >= CHECKPOINT_RECORDS_MAX):
+                self._ckpt = asyncio.ensure_future(self._checkpoint(*self._capture()))
+                self._last_checkpoint = now
             return n
 
-    async def _checkpoint(self, now: float) -> None:
-        """Wait until Kafka acknowledged every output sent (acks=all); then write the states that include them to
-        the table and send them as snapshots for the store; then acknowledge the input records folded."""
+    async def settle(self) -> None:
+        """Wait for the checkpoint in progress, if any (and raise what it raised)."""
+        ckpt, self._ckpt = self._ckpt, None
+        if ckpt is not None:
+            await ckpt
+
+    def _capture(self) -> tuple[list, dict, dict, list]:
+        """What a checkpoint makes durable, taken at once between two folds: the deliveries of the outputs sent so
+        far, the states of the pools they changed (as table values), and the input records folded."""
         inflight, self._inflight = self._inflight, []
-        if inflight:
-            await asyncio.gather(*inflight)
         touched, self._touched = self._touched, {}
         values = {pool: orjson.dumps(self.pools[pool].to_dict()) for pool in touched}
+        unacked, self._unacked = self._unacked, []
+        return inflight, touched, values, unacked
+
+    async def _checkpoint(self, inflight: list, touched: dict, values: dict, unacked: list) -> None:
+        """Wait until Kafka acknowledged the outputs (acks=all); then send the states that include them as
+        snapshots for the store and write them to the table; then acknowledge the input records.
+
+        It runs beside the drain, which keeps folding and sending (one checkpoint at a time, in order): what it
+        makes durable was captured at once by `_capture`, so records folded meanwhile wait for the next one."""
+        if inflight:
+            await asyncio.gather(*inflight)
         # the snapshot for the store first: a crash between it and the table write folds the records again and
         # sends the same state again, while the other order could leave the store behind the table for good
         snapshots = [await self.send(TOPIC_JOURNAL, pool.encode(), state_record(pool, value))
@@ -214,10 +237,8 @@ class PoolWorker:
             await asyncio.gather(*snapshots)
         for pool, last in touched.items():
             self.store(pool, values[pool], last)  # a new value: the table's value is never mutated in place
-        unacked, self._unacked = self._unacked, []
         for p in unacked:
             p.event.ack()
-        self._last_checkpoint = now
         self.counts["checkpoints"] += 1
         if self.counts["checkpoints"] == 1 and self.settings.freeze_gc:
             # start-up is over (Faust, the table, the pools' states): collect once, then keep what lives now out of
@@ -459,6 +480,7 @@ def make_app(settings: WorkerSettings):
         parts = {tp.partition for tp in revoked if tp.topic in INPUT_TOPICS}
         if parts:
             async with worker._lock:
+                await worker.settle()  # the checkpoint in progress acknowledges its records while they are ours
                 worker.forget_partitions(parts)
                 for tp in list(consumer_positions):
                     if tp.partition in parts:

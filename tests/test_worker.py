@@ -75,6 +75,14 @@ class Harness:
             evs.append(ev)
         return evs
 
+    def drain(self) -> int:
+        """One drain, then wait for the checkpoint it started (if any)."""
+        async def go():
+            n = await self.worker.drain()
+            await self.worker.settle()
+            return n
+        return asyncio.run(go())
+
     def rows(self, table):
         return [r for t, _, v in self.sent if v["kind"] == "rows" for it in v["items"]
                 for r in it["tables"].get(table, [])]
@@ -101,7 +109,7 @@ def test_fold_equals_the_embedded_run_and_outputs_go_before_state_before_ack(tmp
         for ev in evs:
             if ev.message.topic == topic:
                 h.worker.receive(ev)
-    done = asyncio.run(h.worker.drain())
+    done = h.drain()
     assert done == len(evs) and all(ev.acked for ev in evs)
     # every output is sent before the state snapshots, the snapshots before the table writes, and the table
     # writes before any input is acked
@@ -137,12 +145,12 @@ def test_a_restart_skips_what_the_state_already_holds_and_refolds_the_rest():
     evs = first.feed(lines)
     for ev in evs:
         first.worker.receive(ev)
-    asyncio.run(first.worker.drain())
+    first.drain()
     # a restart with the table as it was: everything is at or below the positions
     again = Harness(table=dict(first.table))
     for ev in first.feed(lines):
         again.worker.receive(ev)
-    asyncio.run(again.worker.drain())
+    again.drain()
     assert again.worker.counts["skipped"] == sum(1 for ev in evs if ev.message.key == b"lab/a100")
     # only records that never reached a state (an unconfigured pool) are dead-lettered again
     again_rows = [v for _, _, v in again.sent if v["kind"] == "rows"]
@@ -154,11 +162,11 @@ def test_head_waits_for_a_silent_topic_until_idle_and_caught_up():
     lines = _valid_lines()
     evs = h.feed(lines[:1])  # pool.configured on the quota topic
     h.worker.receive(evs[0])
-    assert asyncio.run(h.worker.drain()) == 0  # waited 0 ms of 50
+    assert h.drain() == 0  # waited 0 ms of 50
     h.now = 0.049
-    assert asyncio.run(h.worker.drain()) == 0
+    assert h.drain() == 0
     h.now = 0.050
-    assert asyncio.run(h.worker.drain()) == 1 and evs[0].acked
+    assert h.drain() == 1 and evs[0].acked
 
 
 def test_bad_bytes_and_a_key_that_is_not_the_pool_become_dead_letters_with_raw_bytes():
@@ -169,7 +177,7 @@ def test_bad_bytes_and_a_key_that_is_not_the_pool_become_dead_letters_with_raw_b
     for ev in (bad, wrong):
         ev.log = h.log
         h.worker.receive(ev)
-    assert asyncio.run(h.worker.drain()) == 2 and bad.acked and wrong.acked
+    assert h.drain() == 2 and bad.acked and wrong.acked
     dls = h.rows("deadletters")
     assert [(r[0], r[1], r[2], r[4]) for r in dls] == [("chipledger.jobs", 1, 0, "not_json"),
                                                        ("chipledger.quota", 1, 0, "schema_invalid")]
@@ -195,7 +203,7 @@ def test_due_ticks_only_for_pools_quiet_for_the_interval():
     evs = h.feed(_valid_lines())
     for ev in evs:
         h.worker.receive(ev)
-    asyncio.run(h.worker.drain())
+    h.drain()
     clock = h.worker.pools["lab/a100"].clock
     assert h.worker.due_ticks(59.0) == []  # quiet for 59 s of wall time: not yet
     # quiet for 2 h of wall time: a tick at the start of the hour the pool clock + 2 h falls in
@@ -233,13 +241,65 @@ def test_a_worker_process_freezes_what_lives_after_its_first_checkpoint_and_only
             for ev in evs[:5]:
                 h.worker.receive(ev)
             assert gc.get_freeze_count() == 0
-            asyncio.run(h.worker.drain())
+            h.drain()
             assert h.worker.counts["checkpoints"] == 1
             assert (gc.get_freeze_count() > 0) is freeze
             frozen = gc.get_freeze_count()
             for ev in evs[5:]:
                 h.worker.receive(ev)
-            asyncio.run(h.worker.drain())  # the second checkpoint freezes nothing more (frozen objects may die)
+            h.drain()  # the second checkpoint freezes nothing more (frozen objects may die)
             assert h.worker.counts["checkpoints"] == 2 and gc.get_freeze_count() <= frozen
         finally:
             gc.unfreeze()
+
+
+def test_the_drain_folds_on_while_a_checkpoint_waits_and_the_checkpoint_keeps_what_it_captured():
+    lines = _valid_lines()
+    h = Harness()
+    gate: list = []  # deliveries of the outputs, completed when the test says so
+
+    async def send(topic, key, value):
+        v = orjson.loads(value)
+        h.log.append(("send", v["kind"]))
+        h.sent.append((topic, key, v))
+        fut = asyncio.get_running_loop().create_future()
+        gate.append(fut)
+        return fut
+
+    async def kafka_acks_until_settled():
+        while h.worker._ckpt is not None and not h.worker._ckpt.done():
+            for fut in gate:
+                if not fut.done():
+                    fut.set_result(None)
+            await asyncio.sleep(0)
+        await h.worker.settle()
+
+    h.worker.send = send
+    evs = h.feed(lines)
+    first, second = evs[:8], evs[8:]
+
+    async def go():
+        for ev in first:
+            h.worker.receive(ev)
+        assert await h.worker.drain() == len(first)  # folds, sends, starts a checkpoint that waits for Kafka
+        state_after_first = orjson.loads(orjson.dumps(h.worker.pools["lab/a100"].to_dict()))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        for ev in second:
+            h.worker.receive(ev)
+        # the checkpoint still waits for its deliveries: the drain folds and sends the rest meanwhile
+        assert await h.worker.drain() == len(second)
+        assert not any(ev.acked for ev in evs) and "lab/a100" not in h.table
+        await kafka_acks_until_settled()
+        # the first checkpoint made durable the first records only, with the state as it was after them
+        assert all(ev.acked for ev in first) and not any(ev.acked for ev in second)
+        assert orjson.loads(h.table["lab/a100"]) == state_after_first
+        assert state_after_first["applied"] < h.worker.pools["lab/a100"].applied
+        # the next drain starts the next checkpoint, for the rest
+        assert await h.worker.drain() == 0
+        await kafka_acks_until_settled()
+        assert all(ev.acked for ev in evs)
+        assert orjson.loads(h.table["lab/a100"])["applied"] == h.worker.pools["lab/a100"].applied
+
+    asyncio.run(go())
+    assert h.worker.counts["checkpoints"] == 2

@@ -55,6 +55,7 @@ def test_agents_buffer_and_the_drain_folds_into_the_faust_table(tmp_path):
                 ev.ack = lambda ev=ev: acked.append(ev.message.offset)
             assert worker.merger.buffered == len(_events())
             done = await worker.drain()
+            await worker.settle()
             return done, acked
 
     done, acked = asyncio.run(run())
