@@ -23,7 +23,7 @@ from schemas.events import MILLI, epoch_s
 from schemas.outputs import DecisionBurst, DecisionPreempt
 
 from ledger.books import BORROWED, BURST, CAPACITY, HOUR_S, IN_QUOTA, PENDING, UNAVAILABLE, hour_of
-from ledger.state import Job, PoolState, Team
+from ledger.state import NO_ROWS, Job, PoolState, Team
 
 NEVER = 1 << 62
 BUDGET_HOURS = 720  # the capacity error budget's rolling window: 30 days
@@ -308,6 +308,10 @@ def hour_closed(state: PoolState, hour_start: int, step, config) -> None:
     if len(state.budget_hours) > BUDGET_HOURS:
         state.budget_hours.popleft()
     if config.policy_rows:
+        if step.balances is NO_ROWS:
+            step.balances = []
+        if step.pending is NO_ROWS:
+            step.pending = []
         snapshot(state, end, step.balances, step.pending, config)
 
 
@@ -802,6 +806,8 @@ def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, 
     body = {"decision_id": decision_id, "type": "decision.preempt", "pool": state.pool, "at": _iso(t),
             "rule": rule, "beneficiary": {"job_id": ben.job_id, "team": ben.team}, "victims": victims,
             "numbers": numbers, "message": message}
+    if step.decisions is NO_ROWS:
+        step.decisions = []
     step.decisions.append(DecisionRow(decision_id, "decision.preempt", state.pool, t, rule, message,
                                       orjson.dumps(body).decode()))
     return expires
