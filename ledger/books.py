@@ -47,11 +47,22 @@ def hour_of(t: int) -> int:
     return t - t % HOUR_S
 
 
+_IDLE_KEY = (IDLE, None)
+# idle = capacity - unavailable + overcommitted - the teams' in_quota, borrowed and burst, at every instant
+# (conservation); the books derive the idle account from the others rather than re-rating it at every charge
+_IDLE_SIGN = {CAPACITY: 1, UNAVAILABLE: -1, OVERCOMMITTED: 1, IN_QUOTA: -1, BORROWED: -1, BURST: -1}
+
+
 class Books:
     """The accounts of one pool. `accounts[(account, team)] = [rate_milli, since_s, open_amount_mchip_s]`.
 
     Accounts are created on first use and kept (a handful per team), so the fold can hold on to an account's
-    list and update it in place: `team_accounts` and `pool_accounts` give those handles."""
+    list and update it in place: `team_accounts` and `pool_accounts` give those handles.
+
+    The pool's `idle` account is not rated by the fold: whenever it is read (`rate`, a post, `settle_idle`) it
+    is derived from the others, idle = capacity - unavailable + overcommitted - the teams' in_quota, borrowed
+    and burst (conservation holds at every instant, so the integrals over an hour agree exactly). Its stored
+    list is brought up to date only then."""
 
     __slots__ = ("pool", "open_hour", "accounts", "totals", "_handles")
 
@@ -64,7 +75,27 @@ class Books:
 
     def rate(self, account: str, team: Optional[str] = None) -> int:
         acc = self.accounts.get((account, team))
+        if acc and account == IDLE and team is None:
+            return self._idle(0)[0]
         return acc[0] if acc else 0
+
+    def _idle(self, t: int) -> tuple[int, int]:
+        """(rate now, amount accrued since the last post up to t) of the idle account, derived."""
+        sign = _IDLE_SIGN
+        rate = amount = 0
+        for key, acc in self.accounts.items():
+            s = sign.get(key[0])
+            if s is not None:
+                rate += s * acc[0]
+                amount += s * (acc[2] + acc[0] * (t - acc[1]))
+        return rate, amount
+
+    def settle_idle(self, t: int) -> None:
+        """Bring the stored idle account up to instant t (before the accounts are read as they are)."""
+        acc = self.accounts.get(_IDLE_KEY)
+        if acc is not None:
+            acc[0], acc[2] = self._idle(t)
+            acc[1] = t
 
     def account(self, key: tuple[str, Optional[str]]) -> list[int]:
         acc = self.accounts.get(key)
@@ -97,6 +128,7 @@ class Books:
         self._post(t, out)
 
     def _post(self, t: int, out: list) -> None:
+        self.settle_idle(t)
         hour = self.open_hour
         pool = self.pool
         totals = self.totals

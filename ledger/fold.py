@@ -489,19 +489,18 @@ def _retally_team(state: PoolState, team: Team, t: int) -> None:
 
 
 def _retally_pool(state: PoolState, t: int) -> None:
-    """The pool's buckets after its chips or the charged total changed."""
-    cap, unav, idle, over = state.books.pool_accounts()
+    """The pool's buckets after its chips or the charged total changed (idle is derived by the books)."""
+    cap, unav, _, over = state.books.pool_accounts()
     available = state.capacity_milli - state.unavailable_milli
     charged = state.charged_milli
     set_rate(cap, state.capacity_milli, t)
     set_rate(unav, state.unavailable_milli, t)
-    set_rate(idle, available - charged if charged < available else 0, t)
     set_rate(over, charged - available if charged > available else 0, t)
 
 
 def _charge(state: PoolState, job: Job, new_charge: int, t: int) -> None:
-    """Change what a running job is charged from instant t on; the team's split and the pool's idle and
-    overcommitted buckets follow (capacity, unavailable and entitlement do not change with a charge)."""
+    """Change what a running job is charged from instant t on; the team's split and the pool's overcommitted
+    bucket follow (capacity, unavailable and entitlement do not change with a charge)."""
     delta = new_charge - job.charged_milli
     if not delta:
         return
@@ -513,8 +512,8 @@ def _charge(state: PoolState, job: Job, new_charge: int, t: int) -> None:
 
 def _use(state: PoolState, team: Team, delta: int, t: int) -> None:
     """The team's use changes by `delta` milli-chips at t: its in-quota / borrowed / burst split and the pool's
-    idle and overcommitted buckets follow. (`split_use` and `set_rate` written out: this runs at every start
-    and end of a run.)"""
+    overcommitted bucket follow; the pool's idle bucket is derived from the others when the books post
+    (`Books._post`). (`split_use` and `set_rate` written out: this runs at every start and end of a run.)"""
     use = team.use_milli = team.use_milli + delta
     charged = state.charged_milli = state.charged_milli + delta
     books = state.books
@@ -522,47 +521,56 @@ def _use(state: PoolState, team: Team, delta: int, t: int) -> None:
     if h is None:
         h = books.team_accounts(team.name)
     nominal = team.nominal_milli
-    if use < nominal:
-        rate = use
-        over = 0
-    else:
-        rate = nominal
-        over = use - nominal
     acc = h[0]
-    if acc[0] != rate:
-        acc[2] += acc[0] * (t - acc[1])
-        acc[1] = t
-        acc[0] = rate
-    burst = team.burst_milli
-    if over < burst:
-        burst = over
-    rate = over - burst
-    acc = h[1]
-    if acc[0] != rate:
-        acc[2] += acc[0] * (t - acc[1])
-        acc[1] = t
-        acc[0] = rate
-    acc = h[2]
-    if acc[0] != burst:
-        acc[2] += acc[0] * (t - acc[1])
-        acc[1] = t
-        acc[0] = burst
+    if use <= nominal:  # the common case: all in quota, nothing borrowed, no burst in use
+        if acc[0] != use:
+            acc[2] += acc[0] * (t - acc[1])
+            acc[1] = t
+            acc[0] = use
+        acc = h[1]
+        if acc[0]:
+            acc[2] += acc[0] * (t - acc[1])
+            acc[1] = t
+            acc[0] = 0
+        acc = h[2]
+        if acc[0]:
+            acc[2] += acc[0] * (t - acc[1])
+            acc[1] = t
+            acc[0] = 0
+    else:
+        if acc[0] != nominal:
+            acc[2] += acc[0] * (t - acc[1])
+            acc[1] = t
+            acc[0] = nominal
+        over = use - nominal
+        burst = team.burst_milli
+        if over < burst:
+            burst = over
+        rate = over - burst
+        acc = h[1]
+        if acc[0] != rate:
+            acc[2] += acc[0] * (t - acc[1])
+            acc[1] = t
+            acc[0] = rate
+        acc = h[2]
+        if acc[0] != burst:
+            acc[2] += acc[0] * (t - acc[1])
+            acc[1] = t
+            acc[0] = burst
     h = books._handles.get(None)
     if h is None:
         h = books.pool_accounts()
+    acc = h[3]  # overcommitted: what is charged beyond the available chips (rare)
     free = state.capacity_milli - state.unavailable_milli - charged
-    rate = free if free > 0 else 0
-    acc = h[2]  # idle
-    if acc[0] != rate:
+    if free < 0:
+        if acc[0] != -free:
+            acc[2] += acc[0] * (t - acc[1])
+            acc[1] = t
+            acc[0] = -free
+    elif acc[0]:
         acc[2] += acc[0] * (t - acc[1])
         acc[1] = t
-        acc[0] = rate
-    rate = -free if free < 0 else 0
-    acc = h[3]  # overcommitted
-    if acc[0] != rate:
-        acc[2] += acc[0] * (t - acc[1])
-        acc[1] = t
-        acc[0] = rate
+        acc[0] = 0
 
 
 def _pending_demand(state: PoolState, name: str, jobs: int, milli: int, t: int) -> None:

@@ -201,6 +201,7 @@ class PoolState:
 
     # --- serialization -------------------------------------------------------------------------------
     def to_dict(self) -> dict:
+        self.books.settle_idle(self.clock)
         return {
             "pool": self.pool, "flavor": self.flavor, "chips_per_node": self.chips_per_node,
             "clock": self.clock, "books": self.books.to_dict(),
