@@ -50,7 +50,8 @@ def hour_of(t: int) -> int:
 _IDLE_KEY = (IDLE, None)
 # idle = capacity - unavailable + overcommitted - the teams' in_quota, borrowed and burst, at every instant
 # (conservation); the books derive the idle account from the others rather than re-rating it at every charge
-_IDLE_SIGN = {CAPACITY: 1, UNAVAILABLE: -1, OVERCOMMITTED: 1, IN_QUOTA: -1, BORROWED: -1, BURST: -1}
+_USED = frozenset({IN_QUOTA, BORROWED, BURST})
+_POOL_SIGNS = (((CAPACITY, None), 1), ((UNAVAILABLE, None), -1), ((OVERCOMMITTED, None), 1))
 
 
 class Books:
@@ -64,7 +65,7 @@ class Books:
     and burst (conservation holds at every instant, so the integrals over an hour agree exactly). Its stored
     list is brought up to date only then."""
 
-    __slots__ = ("pool", "open_hour", "accounts", "totals", "_handles")
+    __slots__ = ("pool", "open_hour", "accounts", "totals", "_handles", "_used")
 
     def __init__(self, pool: str, open_hour: int):
         self.pool = pool
@@ -72,6 +73,7 @@ class Books:
         self.accounts: dict[tuple[str, Optional[str]], list[int]] = {}
         self.totals: dict[tuple[str, Optional[str]], int] = {}  # everything posted so far, per account
         self._handles: dict[Optional[str], tuple[list[int], ...]] = {}
+        self._used: list[list[int]] = []  # the teams' in_quota, borrowed and burst accounts (idle is derived)
 
     def rate(self, account: str, team: Optional[str] = None) -> int:
         acc = self.accounts.get((account, team))
@@ -81,13 +83,17 @@ class Books:
 
     def _idle(self, t: int) -> tuple[int, int]:
         """(rate now, amount accrued since the last post up to t) of the idle account, derived."""
-        sign = _IDLE_SIGN
         rate = amount = 0
-        for key, acc in self.accounts.items():
-            s = sign.get(key[0])
-            if s is not None:
-                rate += s * acc[0]
-                amount += s * (acc[2] + acc[0] * (t - acc[1]))
+        for acc in self._used:
+            r = acc[0]
+            rate -= r
+            amount -= acc[2] + r * (t - acc[1])
+        accounts = self.accounts
+        for key, sign in _POOL_SIGNS:
+            acc = accounts.get(key)
+            if acc is not None:
+                rate += sign * acc[0]
+                amount += sign * (acc[2] + acc[0] * (t - acc[1]))
         return rate, amount
 
     def settle_idle(self, t: int) -> None:
@@ -101,6 +107,8 @@ class Books:
         acc = self.accounts.get(key)
         if acc is None:
             acc = self.accounts[key] = [0, self.open_hour, 0]
+            if key[0] in _USED and key[1] is not None:
+                self._used.append(acc)
         return acc
 
     def team_accounts(self, team: str) -> tuple[list[int], ...]:
@@ -152,6 +160,7 @@ class Books:
     def from_dict(cls, pool: str, d: dict) -> "Books":
         b = cls(pool, d["open_hour"])
         b.accounts = {(a, t): [r, s, amt] for a, t, r, s, amt in d["accounts"]}
+        b._used = [acc for k, acc in b.accounts.items() if k[0] in _USED and k[1] is not None]
         b.totals = {(a, t): v for a, t, v in d["totals"]}
         return b
 

@@ -12,14 +12,11 @@ A rejected or duplicate event changes nothing but counters.
 from __future__ import annotations
 
 import heapq
-from collections import deque
-from itertools import repeat
-from operator import attrgetter, setitem
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 from schemas.codes import Rejection, RejectionCode as RC
-from schemas.events import _OFFSET_S, _UNIX_ORDINAL, MILLI, epoch_s
+from schemas.events import _OFFSET_S, _UNIX_ORDINAL, MILLI, epoch_s, to_milli
 
 from ledger.books import (
     BORROWED, BURST, CAPACITY, ENTITLED, HOUR_S, IDLE, IN_QUOTA, OVERCOMMITTED, PENDING, UNAVAILABLE, Books,
@@ -30,10 +27,9 @@ from ledger import policy
 from ledger.state import NO_ROWS, Chip, Grant, Job, PoolState, Team, fingerprint
 
 _new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__ (one per run ended)
-_consume = deque(maxlen=0).extend  # runs an iterator to its end (loops over a job's chips, at C speed)
-_JOBS = attrgetter("jobs")
-_setitem = setitem
-_repeat = repeat
+
+
+_MILLI_OF: dict = {}  # a job's chips (a Decimal) -> milli-chips; jobs come in few sizes (bounded memo)
 
 DEFAULT_DEDUP_WINDOW_S = 86_400  # event ids are remembered for a day of event time
 MAX_PREEMPTIONS_KEPT = 16  # a job remembers the instants of its last 16 preemptions (anti-thrash)
@@ -320,9 +316,10 @@ def _check_job_started(s: PoolState, e):
     chip_ids = e.chip_ids
     if chip_ids is not None:
         chips = s.chips
-        if not all(map(chips.__contains__, chip_ids)):
-            unknown = [c for c in chip_ids if c not in chips]
-            return Rejection(RC.unknown_chip, f"chips not registered in pool {s.pool!r}: {', '.join(unknown[:5])}")
+        for c in chip_ids:
+            if c not in chips:
+                unknown = [c for c in chip_ids if c not in chips]
+                return Rejection(RC.unknown_chip, f"chips not registered in pool {s.pool!r}: {', '.join(unknown[:5])}")
     j = s.jobs.get(e.job_id)
     if j is None:
         return _unknown_job(s, e)
@@ -770,8 +767,17 @@ def _apply_burst_requested(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
 
 
 def _apply_job_submitted(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
-    job = s.jobs[e.job_id] = Job(e.job_id, e.team, e.chips_milli, e.priority, e.preemptible, e.chips_per_node, t)
-    s.team(e.team)
+    chips = e.chips
+    milli = _MILLI_OF.get(chips)  # e.chips_milli, memoized: Decimal arithmetic costs more than the rest here
+    if milli is None:
+        if len(_MILLI_OF) >= 4096:
+            _MILLI_OF.clear()
+        milli = _MILLI_OF[chips] = to_milli(chips)
+    job_id = e.job_id
+    team = e.team
+    job = s.jobs[job_id] = Job(job_id, team, milli, e.priority, e.preemptible, e.chips_per_node, t)
+    if team not in s.teams:
+        s.teams[team] = Team(team)
     _enqueue(s, job, t)
 
 
@@ -811,8 +817,8 @@ def _apply_job_started(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
         chips = s.chips
         if base and not extra:  # the common case: whole chips
             job.placement = dict.fromkeys(chip_ids, base)
-            # chips[c].jobs[job_id] = base for every chip c, in one pass at C speed (chip ids never repeat)
-            _consume(map(_setitem, map(_JOBS, map(chips.__getitem__, chip_ids)), _repeat(job_id), _repeat(base)))
+            for chip_id in chip_ids:
+                chips[chip_id].jobs[job_id] = base
             charge = base * n
             down = s.down
             if down:  # shares on unavailable chips are not charged
@@ -859,10 +865,13 @@ def _end_run(s: PoolState, job: Job, t: int, reason: str, step: Step) -> None:
         job.charged_milli = 0
         _use(s, team, -charged, t)
     placement = job.placement
-    if placement:  # chips[c].jobs.pop(job_id, None) for every chip still registered, in one pass at C speed
-        # (a chip retired meanwhile is gone, one retired and registered anew does not hold the job)
-        _consume(map(dict.pop, map(_JOBS, filter(None, map(s.chips.get, placement))), _repeat(job_id),
-                     _repeat(None)))
+    if placement:
+        chips = s.chips
+        for chip_id in placement:
+            try:
+                del chips[chip_id].jobs[job_id]
+            except KeyError:  # the chip was retired (or retired and registered anew)
+                pass
     job.placement = None
     team.running -= 1
     del s.running_jobs[name][job_id]
