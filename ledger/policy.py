@@ -623,9 +623,14 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
         if t < since + config.preemption_grace_s:
             wakes[jid] = since + config.preemption_grace_s
             continue
-        if rule == "priority" and sum(c for p, c in state.prio_chips.get(team_name, {}).items()
-                                      if p < job.priority) < need:
-            continue  # even every lower-priority preemptible job of the team would not be enough
+        if rule == "priority":
+            below = 0
+            prio = job.priority
+            for p, c in state.prio_chips.get(team_name, _NONE).items():
+                if p < prio:
+                    below += c
+            if below < need:
+                continue  # even every lower-priority preemptible job of the team would not be enough
         # a job found without victims is looked at again only when what could give it some changed:
         # jobs started or stopped (its team's, or any team's for a reclaim), quota, bursts, chips,
         # decisions in flight, or a victim's protection ended (its wake)
