@@ -60,8 +60,8 @@ class Step:
     `occurred_s` is the event time, `applied_at` the pool clock it was applied at (later when it was late by
     `lateness_s`); `journal`, `job_runs` and `decisions` (ledger.policy.DecisionRow) are the outputs, with
     `balances` and `pending` (BalanceRow / PendingRow) when an hour closes: each list is named like its lake
-    table. (A plain slotted
-    class: one is made per event, its output lists are one shared empty list until it has rows.)"""
+    table. One is made per event: its output lists are one shared, read-only empty list (`NO_ROWS`) until
+    the fold gives it rows, and its other fields are class defaults until they differ."""
 
     # the two fields every event sets are slots; the others are class defaults, set on the instance only when
     # they differ (a step is made per event: its construction is two stores)
