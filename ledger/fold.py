@@ -147,7 +147,6 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
             return state, step
         state = PoolState(pool=event.pool, flavor=event.flavor, chips_per_node=event.chips_per_node,
                           clock=t, books=Books(event.pool, hour_of(t)))
-        state.reset_until()
     # duplicates: "identical" means byte-identical message values, which is what a producer's retry sends, told
     # apart by a stable 64-bit digest of the body (ledger.state.fingerprint; without raw bytes the event's
     # canonical JSON stands in). The window keeps an accepted event's raw bytes and digests them only when its

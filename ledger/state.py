@@ -182,6 +182,9 @@ class PoolState:
     until: int = 0
     limits_cache: Optional[tuple] = None  # (quota_epoch, team_limits, teams with a lending limit) of the last evaluation
 
+    def __post_init__(self):
+        self.reset_until()
+
     def team(self, name: str) -> Team:
         t = self.teams.get(name)
         if t is None:
