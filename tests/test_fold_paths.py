@@ -13,7 +13,7 @@ from ledger.books import CAPACITY, IDLE, IN_QUOTA, OVERCOMMITTED, UNAVAILABLE
 from ledger.state import NO_ROWS, fingerprint
 from schemas import RejectionCode as RC
 
-from tests.test_evolve import CFG, H, POOL, chip, chip_state, configured, finish, grant, start, submit, tick
+from tests.test_evolve import CFG, H, POOL, T0, chip, chip_state, configured, finish, grant, start, submit, tick
 
 _BODY = b'{"any": "bytes"}'
 
@@ -116,7 +116,7 @@ def test_events_at_the_clocks_next_stop_close_the_hour_and_apply_boundaries():
     for e in [configured(), chip("c1"), grant("g", "a", 1, at=10, effective_from=600)]:
         fleet.apply(e)
     s = fleet.pools[POOL]
-    assert s.until == s.books.open_hour + 600 - (s.books.open_hour - hour_start(s))
+    assert s.books.open_hour == T0 and s.until == T0 + 600
     fleet.apply(tick(599))
     assert s.teams["a"].nominal_milli == 0
     fleet.apply(tick(600))
@@ -124,10 +124,6 @@ def test_events_at_the_clocks_next_stop_close_the_hour_and_apply_boundaries():
     assert s.until == s.books.open_hour + H
     restored = PoolState.from_dict(s.to_dict())
     assert restored.until == s.until
-
-
-def hour_start(s: PoolState) -> int:
-    return s.books.open_hour
 
 
 def test_job_sizes_with_the_same_value_share_milli_chips():
