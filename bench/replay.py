@@ -12,7 +12,11 @@
    baseline (target: the fold >= 0.5 x the validation-only rate).
 3. With `--opcodes N`: the Python opcodes the fold executes per event over N events (after the first 20,000),
    by event type: a count the machine's load does not change, to compare two versions of the fold.
-4. Peak RSS: runs the embedded run on 1M and 5M events, each in a fresh child process, and reports
+4. With `--digest N`: folds the first N events of the bench file (no timing) and prints a sha256 over every
+   step's outputs in order (journal rows, job runs, decisions, balances, pending rows, dead letters, and when
+   and how late each event was applied), then the closed books and the final state: two versions of the fold
+   that print the same digest gave identical outputs.
+5. Peak RSS: runs the embedded run on 1M and 5M events, each in a fresh child process, and reports
    ru_maxrss and the pool state sizes (target: memory follows active jobs and chips, not history).
 """
 
@@ -141,6 +145,42 @@ def count_opcodes(path: Path, skip: int, n: int) -> tuple[float, dict]:
     return total / max(len(events), 1), {k: v[0] / v[1] for k, v in by_type.items()}
 
 
+def fold_digest(path: Path, n: int) -> tuple[str, int]:
+    """sha256 over everything the fold put out for the first n lines of `path`, in order, then the closed books,
+    the policy rows at the end and the final state of every pool. Returns (hex digest, lines folded)."""
+    import hashlib
+
+    from ledger import Fleet
+    from schemas import Rejection, parse_event
+
+    h = hashlib.sha256()
+    upd = h.update
+    fleet = Fleet()
+    lines = 0
+    with open(path, "rb") as f:
+        for line in islice(f, n):
+            lines += 1
+            raw = line.rstrip(b"\r\n")
+            e = parse_event(raw)
+            if isinstance(e, Rejection):
+                upd(repr(("dead", e.code.value, e.detail)).encode())
+                continue
+            step = fleet.apply(e, raw)
+            if step.rejection is not None:
+                upd(repr(("dead", step.rejection.code.value, step.rejection.detail)).encode())
+                continue
+            upd(repr(("step", step.occurred_s, step.applied_at, step.lateness_s, step.duplicate)).encode())
+            for table in ("journal", "job_runs", "decisions", "balances", "pending"):
+                for row in getattr(step, table):
+                    upd(repr((table, tuple(row))).encode())
+    journal, runs = fleet.close()
+    for table, rows in (("journal", journal), ("job_runs", runs), *fleet.policy_rows().items()):
+        for row in rows:
+            upd(repr(("close", table, tuple(row))).encode())
+    upd(json.dumps(fleet.to_dict(), sort_keys=True).encode())
+    return h.hexdigest(), lines
+
+
 def child_rss(path: str, lake: str) -> None:
     """Run in a fresh process: the embedded run, then print peak RSS and state sizes as JSON."""
     dt, summary, state = time_embedded(Path(path), Path(lake))
@@ -154,6 +194,8 @@ def main() -> int:
     ap.add_argument("--rss", default="1000000,5000000", help="sizes for the peak-RSS runs ('' to skip)")
     ap.add_argument("--out", type=Path, default=None, help="keep the files here (default: a temp folder)")
     ap.add_argument("--repeat", type=int, default=3, help="timed runs of each kind; the best is kept")
+    ap.add_argument("--digest", type=int, default=0, metavar="N",
+                    help="only fold the first N events of the bench file and print a digest of all outputs")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--opcodes", type=int, default=0, metavar="N",
                     help="also count the fold's Python opcodes per event over N events after the first 20,000")
@@ -164,6 +206,15 @@ def main() -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="chipledger-bench-"))
     out.mkdir(parents=True, exist_ok=True)
     per_day = events_per_day()
+    if args.digest:
+        p = out / f"events-{args.events}.jsonl"
+        if not p.exists():  # kept with --out: the same seeded file either way
+            make_file(p, args.events, per_day)
+        t0 = time.process_time()
+        digest, lines = fold_digest(p, args.digest)
+        print(f"digest of the fold's outputs and final state, first {lines:,} lines of {p}: {digest} "
+              f"({time.process_time() - t0:.1f} s CPU)")
+        return 0
     print(f"scenario: seed {SEED}, scale {SCALE}, {per_day:,.0f} events/day")
     sizes = sorted({args.events, *(int(s) for s in args.rss.split(",") if s)})
     files = {}

@@ -47,13 +47,25 @@ def hour_of(t: int) -> int:
     return t - t % HOUR_S
 
 
+_IDLE_KEY = (IDLE, None)
+# idle = capacity - unavailable + overcommitted - the teams' in_quota, borrowed and burst, at every instant
+# (conservation); the books derive the idle account from the others rather than re-rating it at every charge
+_USED = frozenset({IN_QUOTA, BORROWED, BURST})
+_POOL_SIGNS = (((CAPACITY, None), 1), ((UNAVAILABLE, None), -1), ((OVERCOMMITTED, None), 1))
+
+
 class Books:
     """The accounts of one pool. `accounts[(account, team)] = [rate_milli, since_s, open_amount_mchip_s]`.
 
     Accounts are created on first use and kept (a handful per team), so the fold can hold on to an account's
-    list and update it in place: `team_accounts` and `pool_accounts` give those handles."""
+    list and update it in place: `team_accounts` and `pool_accounts` give those handles.
 
-    __slots__ = ("pool", "open_hour", "accounts", "totals", "_handles")
+    The pool's `idle` account is not rated by the fold: whenever it is read (`rate`, a post, `settle_idle`) it
+    is derived from the others, idle = capacity - unavailable + overcommitted - the teams' in_quota, borrowed
+    and burst (conservation holds at every instant, so the integrals over an hour agree exactly). Its stored
+    list is brought up to date only then."""
+
+    __slots__ = ("pool", "open_hour", "accounts", "totals", "_handles", "_used")
 
     def __init__(self, pool: str, open_hour: int):
         self.pool = pool
@@ -61,15 +73,42 @@ class Books:
         self.accounts: dict[tuple[str, Optional[str]], list[int]] = {}
         self.totals: dict[tuple[str, Optional[str]], int] = {}  # everything posted so far, per account
         self._handles: dict[Optional[str], tuple[list[int], ...]] = {}
+        self._used: list[list[int]] = []  # the teams' in_quota, borrowed and burst accounts (idle is derived)
 
     def rate(self, account: str, team: Optional[str] = None) -> int:
         acc = self.accounts.get((account, team))
+        if acc and account == IDLE and team is None:
+            return self._idle(0)[0]
         return acc[0] if acc else 0
+
+    def _idle(self, t: int) -> tuple[int, int]:
+        """(rate now, amount accrued since the last post up to t) of the idle account, derived."""
+        rate = amount = 0
+        for acc in self._used:
+            r = acc[0]
+            rate -= r
+            amount -= acc[2] + r * (t - acc[1])
+        accounts = self.accounts
+        for key, sign in _POOL_SIGNS:
+            acc = accounts.get(key)
+            if acc is not None:
+                rate += sign * acc[0]
+                amount += sign * (acc[2] + acc[0] * (t - acc[1]))
+        return rate, amount
+
+    def settle_idle(self, t: int) -> None:
+        """Bring the stored idle account up to instant t (before the accounts are read as they are)."""
+        acc = self.accounts.get(_IDLE_KEY)
+        if acc is not None:
+            acc[0], acc[2] = self._idle(t)
+            acc[1] = t
 
     def account(self, key: tuple[str, Optional[str]]) -> list[int]:
         acc = self.accounts.get(key)
         if acc is None:
             acc = self.accounts[key] = [0, self.open_hour, 0]
+            if key[0] in _USED and key[1] is not None:
+                self._used.append(acc)
         return acc
 
     def team_accounts(self, team: str) -> tuple[list[int], ...]:
@@ -97,6 +136,7 @@ class Books:
         self._post(t, out)
 
     def _post(self, t: int, out: list) -> None:
+        self.settle_idle(t)
         hour = self.open_hour
         pool = self.pool
         totals = self.totals
@@ -120,6 +160,7 @@ class Books:
     def from_dict(cls, pool: str, d: dict) -> "Books":
         b = cls(pool, d["open_hour"])
         b.accounts = {(a, t): [r, s, amt] for a, t, r, s, amt in d["accounts"]}
+        b._used = [acc for k, acc in b.accounts.items() if k[0] in _USED and k[1] is not None]
         b.totals = {(a, t): v for a, t, v in d["totals"]}
         return b
 

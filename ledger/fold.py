@@ -12,12 +12,11 @@ A rejected or duplicate event changes nothing but counters.
 from __future__ import annotations
 
 import heapq
-from zlib import adler32, crc32
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 from schemas.codes import Rejection, RejectionCode as RC
-from schemas.events import MILLI, epoch_s
+from schemas.events import _OFFSET_S, _UNIX_ORDINAL, MILLI, epoch_s, to_milli
 
 from ledger.books import (
     BORROWED, BURST, CAPACITY, ENTITLED, HOUR_S, IDLE, IN_QUOTA, OVERCOMMITTED, PENDING, UNAVAILABLE, Books,
@@ -25,9 +24,12 @@ from ledger.books import (
     set_rate,
 )
 from ledger import policy
-from ledger.state import Chip, Grant, Job, PoolState, Team
+from ledger.state import NO_ROWS, Chip, Grant, Job, PoolState, Team, fingerprint
 
 _new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__ (one per run ended)
+
+
+_MILLI_OF: dict = {}  # a job's chips (a Decimal) -> milli-chips; jobs come in few sizes (bounded memo)
 
 DEFAULT_DEDUP_WINDOW_S = 86_400  # event ids are remembered for a day of event time
 MAX_PREEMPTIONS_KEPT = 16  # a job remembers the instants of its last 16 preemptions (anti-thrash)
@@ -58,23 +60,22 @@ class Step:
     `occurred_s` is the event time, `applied_at` the pool clock it was applied at (later when it was late by
     `lateness_s`); `journal`, `job_runs` and `decisions` (ledger.policy.DecisionRow) are the outputs, with
     `balances` and `pending` (BalanceRow / PendingRow) when an hour closes: each list is named like its lake
-    table. (A plain slotted
-    class: one is made per event.)"""
+    table. One is made per event: its output lists are one shared, read-only empty list (`NO_ROWS`) until
+    the fold gives it rows, and its other fields are class defaults until they differ."""
 
-    __slots__ = ("occurred_s", "applied_at", "lateness_s", "duplicate", "rejection", "journal", "job_runs",
-                 "decisions", "balances", "pending")
+    # the two fields every event sets are slots; the others are class defaults, set on the instance only when
+    # they differ (a step is made per event: its construction is two stores)
+    __slots__ = ("occurred_s", "applied_at", "__dict__")
+    TABLES = ("journal", "job_runs", "decisions", "balances", "pending")  # the output lists, lake table names
 
-    def __init__(self, occurred_s: int = 0):
+    lateness_s = 0
+    duplicate = False
+    rejection: Optional[Rejection] = None
+    journal = job_runs = decisions = balances = pending = NO_ROWS
+
+    def __init__(self, occurred_s: int = 0, applied_at: Optional[int] = None):
         self.occurred_s = occurred_s
-        self.applied_at: Optional[int] = None
-        self.lateness_s = 0
-        self.duplicate = False
-        self.rejection: Optional[Rejection] = None
-        self.journal: list = []
-        self.job_runs: list = []
-        self.decisions: list = []
-        self.balances: list = []
-        self.pending: list = []
+        self.applied_at = applied_at
 
     def __repr__(self) -> str:
         return (f"Step(occurred_s={self.occurred_s}, applied_at={self.applied_at}, lateness_s={self.lateness_s}, "
@@ -132,7 +133,12 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     `state` is None for a pool never configured; only `pool.configured` may create it. `raw` is the message
     value as received, when the caller has it: it identifies duplicates.
     """
-    t = epoch_s(event.occurred_at)
+    ts = event.occurred_at
+    off = _OFFSET_S.get(ts.tzinfo)  # epoch_s, written out: this runs for every event
+    if off is None:
+        t = epoch_s(ts)
+    else:
+        t = (ts.toordinal() - _UNIX_ORDINAL) * 86400 + ts.hour * 3600 + ts.minute * 60 + ts.second - off
     step = Step(t)
     etype = event.type
     if state is None:
@@ -141,57 +147,66 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
             return state, step
         state = PoolState(pool=event.pool, flavor=event.flavor, chips_per_node=event.chips_per_node,
                           clock=t, books=Books(event.pool, hour_of(t)))
-    # a stable 64-bit digest of the body (the same on every process and replay): "identical duplicate" means
-    # byte-identical message values, which is what a producer's retry sends; without raw bytes the event's
-    # canonical JSON stands in
-    body = raw if raw is not None else event.model_dump_json().encode()
-    fp = crc32(body) << 32 | adler32(body)
+    # duplicates: "identical" means byte-identical message values, which is what a producer's retry sends, told
+    # apart by a stable 64-bit digest of the body (ledger.state.fingerprint; without raw bytes the event's
+    # canonical JSON stands in). The window keeps an accepted event's raw bytes and digests them only when its
+    # id comes again (or the state is saved): most ids never do.
+    if raw is None or raw.__class__ is not bytes:
+        body = fingerprint(raw if raw is not None else event.model_dump_json().encode())
+    else:
+        body = raw
     event_id = event.event_id
     dedup = state.dedup
     seen = dedup.get(event_id)
-    if seen is not None and seen[0] == fp:
-        state.duplicates += 1
-        step.duplicate = True
-        return state, step
+    if seen is not None:
+        old = seen[0]
+        if old.__class__ is bytes:
+            old = fingerprint(old)
+        if old == (body if body.__class__ is int else fingerprint(body)):
+            state.duplicates += 1
+            step.duplicate = True
+            return state, step
     check = _CHECK.get(etype)
-    rejection = check(state, event) if check is not None else None
-    if rejection is None and seen is not None:
-        rejection = Rejection(RC.duplicate_conflict,
-                              f"event_id {event_id!r} was seen before with a different body")
-    if rejection is not None:
+    if check is not None:
+        rejection = check(state, event)
+        if rejection is not None or seen is not None:
+            state.rejected += 1
+            step.rejection = rejection or Rejection(RC.duplicate_conflict,
+                                                    f"event_id {event_id!r} was seen before with a different body")
+            return state, step
+    elif seen is not None:
         state.rejected += 1
-        step.rejection = rejection
+        step.rejection = Rejection(RC.duplicate_conflict, f"event_id {event_id!r} was seen before with a different body")
         return state, step
 
-    if t < state.clock:
-        lateness = state.clock - t
+    clock = state.clock
+    if t < clock:
+        lateness = clock - t
         step.lateness_s = lateness
         state.late_events += 1
         if lateness > state.max_lateness_s:
             state.max_lateness_s = lateness
-        t = state.clock
-    elif t < state.books.open_hour + HOUR_S and (not state.boundaries or state.boundaries[0][0] > t):
+        t = clock
+    elif t < state.until:
         state.clock = t  # the common case: no hour closes and no grant boundary passes before this event
     else:
         _advance(state, t, step, config)
         _forget_ids(state, t - config.dedup_window_s)
     step.applied_at = t
-    if etype == "burst.requested":
-        _apply_burst_requested(state, event, t, step, config)
-    else:
-        _APPLY[etype](state, event, t, step)
+    _APPLY[etype](state, event, t, step, config)
     state.applied += 1
     # preemption is looked at only after a change that can leave a pending job short, or when a moment it
     # asked for (grace end, timeout, a protection ending) has come; never without pending jobs
     if state.pending_sizes:
-        if etype in _POLICY_TRIGGERS_ALL or state.policy_full:
+        trigger = _TRIGGER.get(etype)
+        if trigger is _ALL or state.policy_full:
             state.policy_full = False
             policy.evaluate(state, event_id, t, step, config)
         else:
             # just the jobs whose moment came, and a job that just joined a queue (the only new demand) if it
             # heads its team's queue
             due = [jid for jid, w in state.wakes.items() if w <= t] if t >= state.policy_due else None
-            if etype in _POLICY_TRIGGERS_JOB:
+            if trigger is not None:
                 job = state.jobs[event.job_id]
                 team = state.teams[job.team]
                 chips = job.chips_milli
@@ -215,7 +230,7 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     # remember the id (an accepted event's id was not in the window: `seen` is None here); ids that fell out
     # of the window are forgotten when an hour closes, so an id is remembered for at least the window
     state.dedup_order.append(event_id)
-    dedup[event_id] = (fp, t)
+    dedup[event_id] = (body, t)
     if config.check_invariants:
         check_invariants(state)
     return state, step
@@ -231,15 +246,17 @@ def close_books(state: PoolState, until: Optional[int] = None,
     if until is not None and until > state.clock:
         _advance(state, until, step, config)
     t = state.clock
-    state.books.flush(t, step.journal)
+    journal = [] if step.journal is NO_ROWS else step.journal
+    runs = []
+    state.books.flush(t, journal)
     for job in state.jobs.values():
         if job.status == "running":
             _accrue_job(job, t)
             amount = job.run_alloc_mchip_s - job.run_posted_mchip_s
             if amount:
-                step.job_runs.append(_run_row(state, job, t, None, None, amount, 0))
+                runs.append(_run_row(state, job, t, None, None, amount, 0))
                 job.run_posted_mchip_s = job.run_alloc_mchip_s
-    return step.journal, step.job_runs
+    return journal, runs
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -368,11 +385,14 @@ def _advance(state: PoolState, t: int, step: Step, config: FoldConfig = DEFAULT_
             instant, _, kind, ident, version = heapq.heappop(bounds)
             _BOUNDARY[kind](state, ident, version, instant)
         elif hour_end <= t:
+            if step.journal is NO_ROWS:
+                step.journal = []
             books.close_hour(step.journal)
             policy.hour_closed(state, hour_end - HOUR_S, step, config)
         else:
             break
     state.clock = t
+    state.until = hour_end if not bounds or bounds[0][0] >= hour_end else bounds[0][0]
 
 
 def _forget_ids(state: PoolState, horizon: int) -> None:
@@ -465,19 +485,18 @@ def _retally_team(state: PoolState, team: Team, t: int) -> None:
 
 
 def _retally_pool(state: PoolState, t: int) -> None:
-    """The pool's buckets after its chips or the charged total changed."""
-    cap, unav, idle, over = state.books.pool_accounts()
+    """The pool's buckets after its chips or the charged total changed (idle is derived by the books)."""
+    cap, unav, _, over = state.books.pool_accounts()
     available = state.capacity_milli - state.unavailable_milli
     charged = state.charged_milli
     set_rate(cap, state.capacity_milli, t)
     set_rate(unav, state.unavailable_milli, t)
-    set_rate(idle, available - charged if charged < available else 0, t)
     set_rate(over, charged - available if charged > available else 0, t)
 
 
 def _charge(state: PoolState, job: Job, new_charge: int, t: int) -> None:
-    """Change what a running job is charged from instant t on; the team's split and the pool's idle and
-    overcommitted buckets follow (capacity, unavailable and entitlement do not change with a charge)."""
+    """Change what a running job is charged from instant t on; the team's split and the pool's overcommitted
+    bucket follow (capacity, unavailable and entitlement do not change with a charge)."""
     delta = new_charge - job.charged_milli
     if not delta:
         return
@@ -489,8 +508,8 @@ def _charge(state: PoolState, job: Job, new_charge: int, t: int) -> None:
 
 def _use(state: PoolState, team: Team, delta: int, t: int) -> None:
     """The team's use changes by `delta` milli-chips at t: its in-quota / borrowed / burst split and the pool's
-    idle and overcommitted buckets follow. (`split_use` and `set_rate` written out: this runs at every start
-    and end of a run.)"""
+    overcommitted bucket follow; the pool's idle bucket is derived from the others when the books post
+    (`Books._post`). (`split_use` and `set_rate` written out: this runs at every start and end of a run.)"""
     use = team.use_milli = team.use_milli + delta
     charged = state.charged_milli = state.charged_milli + delta
     books = state.books
@@ -498,47 +517,56 @@ def _use(state: PoolState, team: Team, delta: int, t: int) -> None:
     if h is None:
         h = books.team_accounts(team.name)
     nominal = team.nominal_milli
-    if use < nominal:
-        rate = use
-        over = 0
-    else:
-        rate = nominal
-        over = use - nominal
     acc = h[0]
-    if acc[0] != rate:
-        acc[2] += acc[0] * (t - acc[1])
-        acc[1] = t
-        acc[0] = rate
-    burst = team.burst_milli
-    if over < burst:
-        burst = over
-    rate = over - burst
-    acc = h[1]
-    if acc[0] != rate:
-        acc[2] += acc[0] * (t - acc[1])
-        acc[1] = t
-        acc[0] = rate
-    acc = h[2]
-    if acc[0] != burst:
-        acc[2] += acc[0] * (t - acc[1])
-        acc[1] = t
-        acc[0] = burst
+    if use <= nominal:  # the common case: all in quota, nothing borrowed, no burst in use
+        if acc[0] != use:
+            acc[2] += acc[0] * (t - acc[1])
+            acc[1] = t
+            acc[0] = use
+        acc = h[1]
+        if acc[0]:
+            acc[2] += acc[0] * (t - acc[1])
+            acc[1] = t
+            acc[0] = 0
+        acc = h[2]
+        if acc[0]:
+            acc[2] += acc[0] * (t - acc[1])
+            acc[1] = t
+            acc[0] = 0
+    else:
+        if acc[0] != nominal:
+            acc[2] += acc[0] * (t - acc[1])
+            acc[1] = t
+            acc[0] = nominal
+        over = use - nominal
+        burst = team.burst_milli
+        if over < burst:
+            burst = over
+        rate = over - burst
+        acc = h[1]
+        if acc[0] != rate:
+            acc[2] += acc[0] * (t - acc[1])
+            acc[1] = t
+            acc[0] = rate
+        acc = h[2]
+        if acc[0] != burst:
+            acc[2] += acc[0] * (t - acc[1])
+            acc[1] = t
+            acc[0] = burst
     h = books._handles.get(None)
     if h is None:
         h = books.pool_accounts()
+    acc = h[3]  # overcommitted: what is charged beyond the available chips (rare)
     free = state.capacity_milli - state.unavailable_milli - charged
-    rate = free if free > 0 else 0
-    acc = h[2]  # idle
-    if acc[0] != rate:
+    if free < 0:
+        if acc[0] != -free:
+            acc[2] += acc[0] * (t - acc[1])
+            acc[1] = t
+            acc[0] = -free
+    elif acc[0]:
         acc[2] += acc[0] * (t - acc[1])
         acc[1] = t
-        acc[0] = rate
-    rate = -free if free < 0 else 0
-    acc = h[3]  # overcommitted
-    if acc[0] != rate:
-        acc[2] += acc[0] * (t - acc[1])
-        acc[1] = t
-        acc[0] = rate
+        acc[0] = 0
 
 
 def _pending_demand(state: PoolState, name: str, jobs: int, milli: int, t: int) -> None:
@@ -546,18 +574,26 @@ def _pending_demand(state: PoolState, name: str, jobs: int, milli: int, t: int) 
     team = state.teams[name]
     team.pending += jobs
     rate = team.pending_milli = team.pending_milli + milli
-    books = state.books
-    h = books._handles.get(name)
+    h = state.books._handles.get(name)
     if h is None:
-        h = books.team_accounts(name)
+        h = state.books.team_accounts(name)
     set_rate(h[4], rate, t)
 
 
 def _enqueue(state: PoolState, job: Job, t: int) -> None:
-    """The job starts waiting: its chips join its team's pending demand and the policy's queue of the team."""
+    """The job starts waiting: its chips join its team's pending demand and the policy's queue of the team.
+    (`_pending_demand` and `set_rate` written out: this runs at every submission.)"""
     name = job.team
     milli = job.chips_milli
-    _pending_demand(state, name, 1, milli, t)
+    team = state.teams[name]
+    team.pending += 1
+    rate = team.pending_milli = team.pending_milli + milli
+    h = state.books._handles.get(name)
+    acc = (h if h is not None else state.books.team_accounts(name))[4]
+    if acc[0] != rate:
+        acc[2] += acc[0] * (t - acc[1])
+        acc[1] = t
+        acc[0] = rate
     job.waiting_since = t
     q = state.waiting.get(name)
     if q is None:
@@ -577,11 +613,21 @@ def _enqueue(state: PoolState, job: Job, t: int) -> None:
 
 
 def _dequeue(state: PoolState, job: Job, t: int) -> None:
-    """The job stops waiting (it started or finished): its chips leave its team's pending demand and queue."""
+    """The job stops waiting (it started or finished): its chips leave its team's pending demand and queue.
+    (`_pending_demand` and `set_rate` written out: this runs at every start.)"""
     name = job.team
     milli = job.chips_milli
-    _pending_demand(state, name, -1, -milli, t)
-    del state.waiting[name][job.job_id]
+    team = state.teams[name]
+    team.pending -= 1
+    rate = team.pending_milli = team.pending_milli - milli
+    h = state.books._handles.get(name)
+    acc = (h if h is not None else state.books.team_accounts(name))[4]
+    if acc[0] != rate:
+        acc[2] += acc[0] * (t - acc[1])
+        acc[1] = t
+        acc[0] = rate
+    job_id = job.job_id
+    del state.waiting[name][job_id]
     sizes = state.pending_sizes
     n = sizes[milli] - 1
     if n:
@@ -589,7 +635,7 @@ def _dequeue(state: PoolState, job: Job, t: int) -> None:
     else:
         del sizes[milli]
     if state.short_since or state.inflight or state.blocked:  # no policy state to settle: skip the call
-        policy.job_left_queue(state, job.job_id)
+        policy.job_left_queue(state, job_id)
     heads = state.heads.get(name)
     if heads is not None:
         for h in heads:
@@ -607,29 +653,34 @@ def _accrue_job(job: Job, t: int) -> None:
 # apply: one function per event type; the event has passed its check
 # ---------------------------------------------------------------------------------------------------------
 
-def _apply_pool_configured(s: PoolState, e, t, step):
+def _apply_pool_configured(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     s.flavor = e.flavor
     s.chips_per_node = e.chips_per_node
 
 
-def _apply_pool_tick(s, e, t, step):
+def _apply_pool_tick(s, e, t, step, config=DEFAULT_CONFIG):
     pass
 
 
-def _apply_chip_registered(s: PoolState, e, t, step):
+def _apply_chip_registered(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     s.chips[e.chip_id] = Chip(e.node)
     s.capacity_milli += MILLI
     _retally_pool(s, t)
 
 
-def _apply_chip_state_changed(s: PoolState, e, t, step):
+def _apply_chip_state_changed(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     chip = s.chips[e.chip_id]
     was = chip.available
     chip.set_state(e.state)
     now = chip.available
     if was == now:
         return
-    s.unavailable_milli += -MILLI if now else MILLI
+    if now:
+        s.down.discard(e.chip_id)
+        s.unavailable_milli -= MILLI
+    else:
+        s.down.add(e.chip_id)
+        s.unavailable_milli += MILLI
     s.run_epoch += 1
     s.other_epoch += 1
     for job_id, share in chip.jobs.items():
@@ -638,12 +689,13 @@ def _apply_chip_state_changed(s: PoolState, e, t, step):
     _retally_pool(s, t)
 
 
-def _apply_chip_retired(s: PoolState, e, t, step):
+def _apply_chip_retired(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     chip = s.chips.pop(e.chip_id)
     s.capacity_milli -= MILLI
     s.run_epoch += 1
     s.other_epoch += 1
     if not chip.available:
+        s.down.discard(e.chip_id)
         s.unavailable_milli -= MILLI
     else:
         for job_id, share in chip.jobs.items():  # a retired chip is charged to nobody
@@ -660,7 +712,7 @@ def _milli_or_none(chips) -> Optional[int]:
     return None if chips is None else int(chips * MILLI)
 
 
-def _apply_quota_granted(s: PoolState, e, t, step):
+def _apply_quota_granted(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     old = s.grants.pop(e.grant_id, None)
     if old is not None:  # a re-grant under the same id amends the grant
         _deactivate(s, old, t)
@@ -692,7 +744,7 @@ def _deactivate(s: PoolState, g: Grant, t: int) -> None:
         s.quota_epoch += 1
 
 
-def _apply_quota_revoked(s: PoolState, e, t, step):
+def _apply_quota_revoked(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     _deactivate(s, s.grants.pop(e.grant_id), t)  # the check saw it held at t
 
 
@@ -700,6 +752,8 @@ def _apply_burst_requested(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     """Decide the request now; an approved or cut burst is a reservation for its window (burst_on/off)."""
     s.team(e.team)
     decision, reservation = policy.decide_burst(s, e, t, config)
+    if step.decisions is NO_ROWS:
+        step.decisions = []
     step.decisions.append(policy.decision_row(decision, t))
     if reservation is not None and e.request_id not in s.bursts:  # a request id is decided once
         s.bursts[e.request_id] = reservation
@@ -711,13 +765,22 @@ def _apply_burst_requested(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
         s.push_boundary(end, "burst_off", e.request_id)
 
 
-def _apply_job_submitted(s: PoolState, e, t, step):
-    job = s.jobs[e.job_id] = Job(e.job_id, e.team, e.chips_milli, e.priority, e.preemptible, e.chips_per_node, t)
-    s.team(e.team)
+def _apply_job_submitted(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
+    chips = e.chips
+    milli = _MILLI_OF.get(chips)  # e.chips_milli, memoized: Decimal arithmetic costs more than the rest here
+    if milli is None:
+        if len(_MILLI_OF) >= 4096:
+            _MILLI_OF.clear()
+        milli = _MILLI_OF[chips] = to_milli(chips)
+    job_id = e.job_id
+    team = e.team
+    job = s.jobs[job_id] = Job(job_id, team, milli, e.priority, e.preemptible, e.chips_per_node, t)
+    if team not in s.teams:
+        s.teams[team] = Team(team)
     _enqueue(s, job, t)
 
 
-def _apply_job_started(s: PoolState, e, t, step):
+def _apply_job_started(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     job = s.jobs[e.job_id]
     name = job.team
     team = s.teams[name]
@@ -748,17 +811,19 @@ def _apply_job_started(s: PoolState, e, t, step):
         job.placement = None
         charge = chips_milli
     else:  # spread evenly; the first `extra` chips take one milli-chip more
-        base, extra = divmod(chips_milli, len(chip_ids))
+        n = len(chip_ids)
+        base, extra = divmod(chips_milli, n)
         chips = s.chips
-        charge = 0
         if base and not extra:  # the common case: whole chips
-            placement = job.placement = dict.fromkeys(chip_ids, base)
+            job.placement = dict.fromkeys(chip_ids, base)
             for chip_id in chip_ids:
-                chip = chips[chip_id]
-                chip.jobs[job_id] = base
-                if chip.available:
-                    charge += base
+                chips[chip_id].jobs[job_id] = base
+            charge = base * n
+            down = s.down
+            if down:  # shares on unavailable chips are not charged
+                charge -= base * len(down.intersection(chip_ids))
         else:
+            charge = 0
             placement = job.placement = {}
             for i, chip_id in enumerate(chip_ids):
                 share = base + 1 if i < extra else base
@@ -773,7 +838,7 @@ def _apply_job_started(s: PoolState, e, t, step):
         _use(s, team, charge, t)
 
 
-def _apply_job_checkpointed(s: PoolState, e, t, step):
+def _apply_job_checkpointed(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     job = s.jobs[e.job_id]
     job.alloc_at_safe_mchip_s = job.run_alloc_mchip_s = job.run_alloc_mchip_s + job.charged_milli * (t - job.since)
     job.since = job.last_safe_at = t
@@ -787,9 +852,13 @@ def _end_run(s: PoolState, job: Job, t: int, reason: str, step: Step) -> None:
     lost = alloc - job.alloc_at_safe_mchip_s if reason == "preempted" or reason == "failed" else 0
     name = job.team
     job_id = job.job_id
-    step.job_runs.append(_new_tuple(JobRunRow, (
-        s.pool, job_id, name, job.run_index, job.chips_milli, job.priority, job.submitted_at,
-        job.run_started_at, t, reason, alloc - job.run_posted_mchip_s, lost, t)))
+    row = _new_tuple(JobRunRow, (s.pool, job_id, name, job.run_index, job.chips_milli, job.priority,
+                                 job.submitted_at, job.run_started_at, t, reason, alloc - job.run_posted_mchip_s,
+                                 lost, t))
+    if step.job_runs is NO_ROWS:
+        step.job_runs = [row]
+    else:
+        step.job_runs.append(row)
     team = s.teams[name]
     if charged:
         job.charged_milli = 0
@@ -824,7 +893,7 @@ def _run_row(s: PoolState, job: Job, t: int, ended_at, reason, amount: int, lost
                      job.submitted_at, job.run_started_at, ended_at, reason, amount, lost, t))
 
 
-def _apply_job_preempted(s: PoolState, e, t, step):
+def _apply_job_preempted(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     job = s.jobs[e.job_id]
     _end_run(s, job, t, "preempted", step)
     job.status = "pending"
@@ -835,7 +904,7 @@ def _apply_job_preempted(s: PoolState, e, t, step):
     _enqueue(s, job, t)
 
 
-def _apply_job_finished(s: PoolState, e, t, step):
+def _apply_job_finished(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     job = s.jobs.pop(e.job_id)
     if job.status == "running":
         _end_run(s, job, t, e.outcome, step)
@@ -847,9 +916,10 @@ def _apply_job_finished(s: PoolState, e, t, step):
 # submitted or sent back to the queue: just that job), capacity or quota changes and ticks (every queue's
 # head). A job.started or job.finished only takes or frees chips the cluster itself placed; a shortage it
 # leaves is seen at the next of these, or when an instant the policy asked for comes.
-_POLICY_TRIGGERS_JOB = frozenset({"job.submitted", "job.preempted"})
-_POLICY_TRIGGERS_ALL = frozenset({"chip.state_changed", "chip.retired", "quota.granted", "quota.revoked",
-                                  "burst.requested", "pool.tick"})
+_ALL = "all"  # every queue's head
+_JOB = "job"  # the job of the event
+_TRIGGER = {"job.submitted": _JOB, "job.preempted": _JOB, "chip.state_changed": _ALL, "chip.retired": _ALL,
+            "quota.granted": _ALL, "quota.revoked": _ALL, "burst.requested": _ALL, "pool.tick": _ALL}
 
 _APPLY = {
     "pool.configured": _apply_pool_configured,
@@ -864,6 +934,7 @@ _APPLY = {
     "job.checkpointed": _apply_job_checkpointed,
     "job.preempted": _apply_job_preempted,
     "job.finished": _apply_job_finished,
+    "burst.requested": _apply_burst_requested,
 }
 
 

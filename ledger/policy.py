@@ -23,7 +23,7 @@ from schemas.events import MILLI, epoch_s
 from schemas.outputs import DecisionBurst, DecisionPreempt
 
 from ledger.books import BORROWED, BURST, CAPACITY, HOUR_S, IN_QUOTA, PENDING, UNAVAILABLE, hour_of
-from ledger.state import Job, PoolState, Team
+from ledger.state import NO_ROWS, Job, PoolState, Team
 
 NEVER = 1 << 62
 BUDGET_HOURS = 720  # the capacity error budget's rolling window: 30 days
@@ -308,6 +308,10 @@ def hour_closed(state: PoolState, hour_start: int, step, config) -> None:
     if len(state.budget_hours) > BUDGET_HOURS:
         state.budget_hours.popleft()
     if config.policy_rows:
+        if step.balances is NO_ROWS:
+            step.balances = []
+        if step.pending is NO_ROWS:
+            step.pending = []
         snapshot(state, end, step.balances, step.pending, config)
 
 
@@ -619,9 +623,14 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
         if t < since + config.preemption_grace_s:
             wakes[jid] = since + config.preemption_grace_s
             continue
-        if rule == "priority" and sum(c for p, c in state.prio_chips.get(team_name, {}).items()
-                                      if p < job.priority) < need:
-            continue  # even every lower-priority preemptible job of the team would not be enough
+        if rule == "priority":
+            below = 0
+            prio = job.priority
+            for p, c in state.prio_chips.get(team_name, _NONE).items():
+                if p < prio:
+                    below += c
+            if below < need:
+                continue  # even every lower-priority preemptible job of the team would not be enough
         # a job found without victims is looked at again only when what could give it some changed:
         # jobs started or stopped (its team's, or any team's for a reclaim), quota, bursts, chips,
         # decisions in flight, or a victim's protection ended (its wake)
@@ -802,6 +811,8 @@ def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, 
     body = {"decision_id": decision_id, "type": "decision.preempt", "pool": state.pool, "at": _iso(t),
             "rule": rule, "beneficiary": {"job_id": ben.job_id, "team": ben.team}, "victims": victims,
             "numbers": numbers, "message": message}
+    if step.decisions is NO_ROWS:
+        step.decisions = []
     step.decisions.append(DecisionRow(decision_id, "decision.preempt", state.pool, t, rule, message,
                                       orjson.dumps(body).decode()))
     return expires

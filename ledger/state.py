@@ -12,9 +12,33 @@ from collections import deque
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
-from ledger.books import Books
+from zlib import adler32, crc32
+
+from ledger.books import HOUR_S, Books
 
 AVAILABLE_STATES = frozenset({"healthy", "degraded"})  # down and maintenance chips are unavailable
+
+
+class _NoRows(list):
+    """The output list of a `Step` that put out nothing: one shared, empty, read-only list (equal to []), so that
+    a step costs no list until it has a row. The fold gives a step its own list before adding rows."""
+
+    __slots__ = ()
+
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("a Step's empty output list is shared and read-only")
+
+    append = extend = insert = pop = remove = clear = sort = reverse = _read_only
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _read_only
+
+
+NO_ROWS = _NoRows()
+
+
+def fingerprint(body: bytes) -> int:
+    """A stable 64-bit digest of a message body (the same on every process and replay): duplicates with the
+    same event id are identical when their digests are."""
+    return crc32(body) << 32 | adler32(body)
 
 
 class Chip:
@@ -152,7 +176,14 @@ class PoolState:
     prio_chips: dict = field(default_factory=dict)  # team -> {priority: chips of its preemptible running jobs}
     heads_k: int = 0  # how many jobs the cached queue heads hold (FoldConfig.candidates_per_team)
     inflight_next: int = 0  # earliest timeout of a decision in flight (0: not known, look)
+    down: set = field(default_factory=set)  # ids of the chips not available (derived from `chips`)
+    # the pool clock's next stop, min(end of the open hour, first grant or burst boundary): an event before it
+    # needs no advance of the clock (derived, kept by the fold and push_boundary)
+    until: int = 0
     limits_cache: Optional[tuple] = None  # (quota_epoch, team_limits, teams with a lending limit) of the last evaluation
+
+    def __post_init__(self):
+        self.reset_until()
 
     def team(self, name: str) -> Team:
         t = self.teams.get(name)
@@ -163,9 +194,17 @@ class PoolState:
     def push_boundary(self, instant: int, kind: str, ident: str, version: int = 0) -> None:
         self.seq += 1
         heapq.heappush(self.boundaries, (instant, self.seq, kind, ident, version))
+        if instant < self.until:
+            self.until = instant
+
+    def reset_until(self) -> None:
+        hour_end = self.books.open_hour + HOUR_S
+        b = self.boundaries
+        self.until = hour_end if not b or b[0][0] >= hour_end else b[0][0]
 
     # --- serialization -------------------------------------------------------------------------------
     def to_dict(self) -> dict:
+        self.books.settle_idle(self.clock)
         return {
             "pool": self.pool, "flavor": self.flavor, "chips_per_node": self.chips_per_node,
             "clock": self.clock, "books": self.books.to_dict(),
@@ -176,7 +215,7 @@ class PoolState:
             "boundaries": [list(b) for b in self.boundaries], "seq": self.seq,
             "capacity_milli": self.capacity_milli, "unavailable_milli": self.unavailable_milli,
             "charged_milli": self.charged_milli,
-            "dedup": [[eid, *self.dedup[eid]] for eid in self.dedup_order],
+            "dedup": self._dedup_list(),
             "applied": self.applied, "duplicates": self.duplicates, "rejected": self.rejected,
             "late_events": self.late_events, "max_lateness_s": self.max_lateness_s,
             "positions": dict(self.positions),
@@ -188,6 +227,19 @@ class PoolState:
             "profile": [list(p) for p in self.profile], "budget_hours": [list(h) for h in self.budget_hours],
             "pool_marks": list(self.pool_marks),
         }
+
+    def _dedup_list(self) -> list:
+        """[[event id, digest, event time]] in arrival order. The fold keeps an accepted event's raw bytes in the
+        window and digests them lazily; saving digests them (and keeps the digest instead)."""
+        dedup = self.dedup
+        out = []
+        for eid in self.dedup_order:
+            body, at = dedup[eid]
+            if body.__class__ is bytes:
+                body = fingerprint(body)
+                dedup[eid] = (body, at)
+            out.append([eid, body, at])
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> "PoolState":
@@ -224,12 +276,14 @@ class PoolState:
             s.budget_hours = deque(list(h) for h in d["budget_hours"])
             s.pool_marks = list(d["pool_marks"])
         s.reindex()
+        s.reset_until()
         return s
 
     def reindex(self) -> None:
         """Rebuild the derived job indexes from `jobs`."""
         self.waiting, self.running_jobs, self.pending_sizes, self.heads = {}, {}, {}, {}
         self.prio_chips = {}
+        self.down = {k for k, c in self.chips.items() if not c.available}
         for j in self.jobs.values():
             if j.status == "pending":
                 self.waiting.setdefault(j.team, {})[j.job_id] = j

@@ -21,7 +21,7 @@ from schemas import Rejection
 #: Step attributes that are lists of lake rows: every lake table the Step carries (the events row and dead
 #: letters are made here, from the event and the position, not by the core).
 STEP_TABLES: tuple[str, ...] = tuple(t for t in SCHEMAS if t not in ("events", "deadletters")
-                                     and t in Step.__slots__)
+                                     and t in Step.TABLES)
 
 
 def event_row(e, step, topic: str, partition: int, offset: int) -> tuple:
