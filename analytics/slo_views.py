@@ -91,31 +91,24 @@ def duckdb_base_views() -> dict[str, str]:
                    allocated_mchip_s, lost_mchip_s
             FROM job_run_totals
         """,
-        # every event with the fields the SLO views need, from one parse of its JSON body (the bodies are most
-        # of the lake's bytes: read them once)
+        # every event with the fields the SLO views need, from the typed columns of the lake's events
         "base_event_rows": """
-            SELECT pool, type, epoch(applied_at)::BIGINT AS at_s, topic, "partition", "offset",
-                   f[1] AS job_id, f[2] AS team, f[3] AS chip_id, f[4] AS node, f[5] AS state, f[6] AS grant_id,
-                   round(TRY_CAST(f[7] AS DECIMAL(18, 3)) * 1000)::BIGINT AS chips_milli,
-                   TRY_CAST(f[8] AS BIGINT) AS priority,
-                   epoch(TRY_CAST(f[9] AS TIMESTAMPTZ))::BIGINT AS effective_from_s,
-                   epoch(TRY_CAST(f[10] AS TIMESTAMPTZ))::BIGINT AS effective_until_s,
-                   CASE WHEN type = 'job.started' THEN from_json(f[11], '["VARCHAR"]') END AS chip_ids
-            FROM (SELECT *, json_extract_string(body, ['$.job_id', '$.team', '$.chip_id', '$.node', '$.state',
-                      '$.grant_id', '$.chips', '$.priority', '$.effective_from', '$.effective_until', '$.chip_ids'])
-                      AS f
-                  FROM event_log WHERE type <> 'job.checkpointed' AND type <> 'job.preempted')
-            UNION ALL  -- (fields of checkpoints and preemptions are not needed: their bodies are not parsed)
-            SELECT pool, type, epoch(applied_at)::BIGINT, topic, "partition", "offset", NULL, NULL, NULL, NULL, NULL,
-                   NULL, NULL, NULL, NULL, NULL, NULL
-            FROM event_log WHERE type = 'job.checkpointed' OR type = 'job.preempted'
+            SELECT pool, type, epoch(applied_at)::BIGINT AS at_s, topic, "partition", "offset", job_id, team,
+                   chip_id, node, state, grant_id, chips_milli, priority,
+                   epoch(effective_from)::BIGINT AS effective_from_s, epoch(effective_until)::BIGINT AS effective_until_s,
+                   chip_ids
+            FROM base_event_log
         """,
+        # the pools' own events (chips, quotas; not jobs', which the SLO views read from base_jobs, base_runs and
+        # base_placements) in the order they were applied
         "base_events": """
             SELECT pool, type, at_s,
                    row_number() OVER (PARTITION BY pool ORDER BY at_s, topic, "partition", "offset") AS seq,
                    chip_id, node, state, grant_id, team, chips_milli, effective_from_s, effective_until_s
-            FROM base_event_rows
+            FROM base_event_rows WHERE type NOT LIKE 'job.%'
         """,
+        # each pool's clock: its last event applied
+        "base_pool_end": "SELECT pool, max(at_s) AS end_s FROM base_event_rows GROUP BY pool",
         # one row per submission: a job id submitted again after its job finished is another job; the event
         # after a submission of the same id is its finish (if any)
         "base_jobs": """
@@ -165,9 +158,9 @@ def slo_views(d: Dialect) -> dict[str, str]:
         "calc_now": """
             SELECT coalesce((SELECT as_of_s FROM slo_settings), last_s) AS as_of_s,
                    (SELECT sched_slo_s FROM slo_settings) AS sched_slo_s
-            FROM (SELECT max(at_s) AS last_s FROM base_events) x WHERE last_s IS NOT NULL
+            FROM (SELECT max(end_s) AS last_s FROM base_pool_end) x WHERE last_s IS NOT NULL
         """,
-        "calc_pool_end": "SELECT pool, max(at_s) AS end_s FROM base_events GROUP BY pool",
+        "calc_pool_end": "SELECT pool, end_s FROM base_pool_end",
         # one row per incarnation of a grant (a quota.granted event): in effect from max(granted, effective_from)
         # until the next grant or revocation of the same id, or effective_until, whichever comes first
         "calc_grants": f"""

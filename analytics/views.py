@@ -13,28 +13,23 @@ from typing import Collection, Optional, Union
 import duckdb
 import pyarrow as pa
 
-from analytics.lake import SCHEMAS, table_files
+from analytics.lake import EVENT_FIELDS, SCHEMAS, check_events_files, table_files
 from analytics.policy_views import POLICY_RAW_VIEW_NAMES, POLICY_VIEWS
 from analytics.slo_views import DUCKDB, SloParams, duckdb_base_views, settings_rows, slo_views
 
 _DUCK_TYPES = {
     pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.int32(): "INTEGER",
-    pa.timestamp("s", tz="UTC"): "TIMESTAMPTZ", pa.float64(): "DOUBLE",
+    pa.timestamp("s", tz="UTC"): "TIMESTAMPTZ", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN",
+    pa.list_(pa.string()): "VARCHAR[]",
 }
 
 # Views derived from the raw tables. Amounts stay integer milli-chip-seconds; `*_chip_h` columns are for people.
 DERIVED_VIEWS = {
-    # every applied event, with the fields of its type taken from the message value
+    # every applied event, with the typed fields of its type (written by the lake writer from the parsed event)
     "events": """
-        SELECT event_id, type, pool, source, occurred_at, applied_at, lateness_s,
-               f[1] AS team, f[2] AS job_id, f[3] AS chip_id, f[4] AS grant_id, f[5] AS request_id,
-               round(TRY_CAST(f[6] AS DECIMAL(18, 3)) * 1000)::BIGINT AS chips_milli,
-               TRY_CAST(f[7] AS BIGINT) AS priority, TRY_CAST(f[8] AS BOOLEAN) AS preemptible, f[9] AS state,
-               f[10] AS outcome, topic, "partition", "offset", body
-        FROM (SELECT *, json_extract_string(body, ['$.team', '$.job_id', '$.chip_id', '$.grant_id', '$.request_id',
-                                                   '$.chips', '$.priority', '$.preemptible', '$.state', '$.outcome'])
-                        AS f  -- one parse of the body for all fields
-              FROM event_log)
+        SELECT event_id, type, pool, source, occurred_at, applied_at, lateness_s, team, job_id, chip_id, grant_id,
+               request_id, chips_milli, priority, preemptible, state, outcome, topic, "partition", "offset", body
+        FROM base_event_log
     """,
     # the books: postings summed per (pool, hour, account, team)
     "journal": """
@@ -165,8 +160,14 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
         if glob is None:
             sql = _empty_view(table)
         else:
+            if table == "events":
+                check_events_files(lake)
             path = glob.replace("'", "''")
             sql = f"SELECT * EXCLUDE (day) FROM read_parquet('{path}', hive_partitioning = true, union_by_name = false)"
+        if table == "events":
+            # the table as stored (typed fields included) for the views; event_log without the typed fields
+            con.execute(f'CREATE OR REPLACE VIEW "base_event_log" AS {sql}')
+            sql = f'SELECT * EXCLUDE ({", ".join(EVENT_FIELDS)}) FROM base_event_log'
         con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')
     for name, sql in DERIVED_VIEWS.items():
         con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')
@@ -190,5 +191,5 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
 
 
 def view_names() -> list[str]:
-    return sorted({*(_RAW_VIEW_NAMES.get(t, t) for t in SCHEMAS), *DERIVED_VIEWS, *duckdb_base_views(),
+    return sorted({*(_RAW_VIEW_NAMES.get(t, t) for t in SCHEMAS), "base_event_log", *DERIVED_VIEWS, *duckdb_base_views(),
                    *slo_views(DUCKDB), *POLICY_VIEWS})
