@@ -132,6 +132,10 @@ DERIVED_VIEWS = {
 MATERIALIZED_CALC = frozenset({"calc_waits", "calc_chip_segments", "calc_sli_points", "calc_slo_window",
                                "calc_run_nodes", "calc_fragmentation"})
 
+# base tables left as views even with `materialize=True`: every event's row is cheaper to read again from Parquet
+# (a few columns, filtered by type) by the few base tables that need it than to copy into memory
+LAZY_BASE = frozenset({"base_event_rows"})
+
 _RAW_VIEW_NAMES = {"journal": "journal_postings", "events": "event_log", **POLICY_RAW_VIEW_NAMES}
 
 
@@ -179,7 +183,7 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     con.execute("INSERT INTO slo_settings VALUES (?, ?, ?)", settings)
     base = duckdb_base_views()
     if materialize is True:
-        tables = set(base) | MATERIALIZED_CALC
+        tables = (set(base) - LAZY_BASE) | MATERIALIZED_CALC
     else:
         tables = set(materialize or ())
     for name, sql in (*base.items(), *slo_views(DUCKDB).items()):
