@@ -394,7 +394,7 @@ def slo_views(d: Dialect) -> dict[str, str]:
                 JOIN base_runs r ON r.pool = p.pool AND r.job_id = p.job_id AND r.started_s = p.started_s
                 WHERE u.registered * u.usable = 0 AND (r.ended_s IS NULL OR r.ended_s > u.from_s)
             ), node_pts AS (
-                SELECT pool, node, t, sum(d_reg) AS d_reg, sum(d_free) AS d_free FROM (
+                SELECT pool, node, t, CAST(sum(d_reg) AS BIGINT) AS d_reg, CAST(sum(d_free) AS BIGINT) AS d_free FROM (
                     SELECT s.pool, n.node, s.t, s.d_reg, s.d_use AS d_free
                     FROM seg s JOIN calc_chip_node n ON n.pool = s.pool AND n.chip_id = s.chip_id
                     UNION ALL SELECT pool, node, started_s, 0, -chips FROM calc_run_nodes
@@ -431,7 +431,8 @@ def slo_views(d: Dialect) -> dict[str, str]:
                 SELECT pool, started_s AS t, 1 AS d FROM unplaced_runs
                 UNION ALL SELECT pool, ended_s, -1 FROM unplaced_runs WHERE ended_s IS NOT NULL
             ), pool_pts AS (
-                SELECT pool, t, sum(d_free) AS d_free, sum(d_whole) AS d_whole, sum(d_unplaced) AS d_unplaced FROM (
+                SELECT pool, t, CAST(sum(d_free) AS BIGINT) AS d_free, CAST(sum(d_whole) AS BIGINT) AS d_whole,
+                       CAST(sum(d_unplaced) AS BIGINT) AS d_unplaced FROM (
                     SELECT pool, t, d_free, d_whole, 0 AS d_unplaced FROM node_d
                     UNION ALL SELECT pool, t, 0, 0, d FROM unplaced
                 ) x GROUP BY pool, t
