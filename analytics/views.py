@@ -158,6 +158,7 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     con = duckdb.connect(database)
     con.execute("SET TimeZone = 'UTC'")
     con.execute("SET parquet_metadata_cache = true")  # views over views bind the same files many times
+    con.execute("SET preserve_insertion_order = false")
     for table in SCHEMAS:
         name = _RAW_VIEW_NAMES.get(table, table)
         glob = table_files(lake, table)
