@@ -180,10 +180,11 @@ def slo_views(d: Dialect) -> dict[str, str]:
         """,
         # every wait to be scheduled: a submission until the first start, a preemption until the restart
         "calc_wait_spans": """
-            WITH nxt AS (
-                SELECT pool, job_id, submitted_s, run_index, ended_s, end_reason,
-                       lead(started_s) OVER (PARTITION BY pool, job_id, submitted_s ORDER BY run_index) AS next_start_s
-                FROM base_runs
+            WITH nxt AS (  -- a preempted run and the start of the run after it (a join: few runs are preempted)
+                SELECT p.pool, p.job_id, p.submitted_s, p.run_index, p.ended_s, p.end_reason, n.started_s AS next_start_s
+                FROM base_runs p LEFT JOIN base_runs n ON n.pool = p.pool AND n.job_id = p.job_id
+                                                     AND n.submitted_s = p.submitted_s AND n.run_index = p.run_index + 1
+                WHERE p.end_reason = 'preempted'
             )
             SELECT j.pool, j.job_id, j.team, j.chips_milli, j.priority, j.submitted_s, 'first_start' AS kind,
                    0 AS after_run, j.submitted_s AS since_s, j.first_started_s AS started_s,
@@ -200,30 +201,32 @@ def slo_views(d: Dialect) -> dict[str, str]:
         # pool and team. At one instant: grant changes and run ends (0) come before the wait (1), run starts
         # after it (2): a grant starting at the instant counts, a job that ended or starts at it does not.
         "calc_waits": f"""
-            WITH stream AS (  -- the waits carry their columns through the running sums (no join back)
+            WITH stream AS (  -- the waits carry their columns through the running sums (no join back; the kind
+                -- follows from after_run)
                 SELECT pool, team, from_s AS t, 0 AS ord, chips_milli AS d_nom, 0 AS d_run,
-                       NULL AS job_id, NULL AS chips_milli, NULL AS priority, NULL AS submitted_s, NULL AS kind,
+                       NULL AS job_id, NULL AS chips_milli, NULL AS priority, NULL AS submitted_s,
                        NULL AS after_run, NULL AS started_s, NULL AS abandoned_s FROM calc_grants
                 UNION ALL
-                SELECT pool, team, until_s, 0, -chips_milli, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+                SELECT pool, team, until_s, 0, -chips_milli, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL
                 FROM calc_grants WHERE until_s IS NOT NULL
                 UNION ALL
-                SELECT pool, team, started_s, 2, 0, chips_milli, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+                SELECT pool, team, started_s, 2, 0, chips_milli, NULL, NULL, NULL, NULL, NULL, NULL, NULL
                 FROM base_runs
                 UNION ALL
-                SELECT pool, team, ended_s, 0, 0, -chips_milli, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+                SELECT pool, team, ended_s, 0, 0, -chips_milli, NULL, NULL, NULL, NULL, NULL, NULL, NULL
                 FROM base_runs WHERE ended_s IS NOT NULL
                 UNION ALL
-                SELECT pool, team, since_s, 1, 0, 0, job_id, chips_milli, priority, submitted_s, kind, after_run,
+                SELECT pool, team, since_s, 1, 0, 0, job_id, chips_milli, priority, submitted_s, after_run,
                        started_s, abandoned_s
                 FROM calc_wait_spans
             ), levels AS (
-                SELECT pool, team, t, ord, job_id, chips_milli, priority, submitted_s, kind, after_run, started_s,
+                SELECT pool, team, t, ord, job_id, chips_milli, priority, submitted_s, after_run, started_s,
                        abandoned_s, sum(d_nom) OVER w AS nominal_milli, sum(d_run) OVER w AS running_milli
                 FROM stream
                 WINDOW w AS (PARTITION BY pool, team ORDER BY t, ord ROWS UNBOUNDED PRECEDING)
             ), w AS (
-                SELECT l.pool, l.job_id, l.team, l.chips_milli, l.priority, l.submitted_s, l.kind, l.after_run,
+                SELECT l.pool, l.job_id, l.team, l.chips_milli, l.priority, l.submitted_s,
+                       CASE WHEN l.after_run = 0 THEN 'first_start' ELSE 'restart' END AS kind, l.after_run,
                        l.t AS since_s, l.started_s, l.abandoned_s,
                        CAST(l.nominal_milli AS BIGINT) AS nominal_milli,
                        CAST(l.running_milli AS BIGINT) AS running_milli,
