@@ -95,8 +95,8 @@ def duckdb_base_views() -> dict[str, str]:
         "base_event_rows": """
             SELECT pool, type, epoch(applied_at)::BIGINT AS at_s, topic, "partition", "offset", job_id, team,
                    chip_id, node, state, grant_id, chips_milli, priority,
-                   epoch(effective_from)::BIGINT AS effective_from_s, epoch(effective_until)::BIGINT AS effective_until_s,
-                   chip_ids
+                   epoch(effective_from)::BIGINT AS effective_from_s,
+                   epoch(effective_until)::BIGINT AS effective_until_s, chip_ids
             FROM base_event_log
         """,
         # the pools' own events (chips, quotas; not jobs', which the SLO views read from base_jobs, base_runs and
@@ -181,7 +181,8 @@ def slo_views(d: Dialect) -> dict[str, str]:
         # every wait to be scheduled: a submission until the first start, a preemption until the restart
         "calc_wait_spans": """
             WITH nxt AS (  -- a preempted run and the start of the run after it (a join: few runs are preempted)
-                SELECT p.pool, p.job_id, p.submitted_s, p.run_index, p.ended_s, p.end_reason, n.started_s AS next_start_s
+                SELECT p.pool, p.job_id, p.submitted_s, p.run_index, p.ended_s, p.end_reason,
+                       n.started_s AS next_start_s
                 FROM base_runs p LEFT JOIN base_runs n ON n.pool = p.pool AND n.job_id = p.job_id
                                                      AND n.submitted_s = p.submitted_s AND n.run_index = p.run_index + 1
                 WHERE p.end_reason = 'preempted'

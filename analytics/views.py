@@ -196,5 +196,5 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
 
 
 def view_names() -> list[str]:
-    return sorted({*(_RAW_VIEW_NAMES.get(t, t) for t in SCHEMAS), "base_event_log", *DERIVED_VIEWS, *duckdb_base_views(),
-                   *slo_views(DUCKDB), *POLICY_VIEWS})
+    return sorted({*(_RAW_VIEW_NAMES.get(t, t) for t in SCHEMAS), "base_event_log", *DERIVED_VIEWS,
+                   *duckdb_base_views(), *slo_views(DUCKDB), *POLICY_VIEWS})

@@ -4,14 +4,17 @@
 
 A fold of 10M events takes minutes, so the lake is generated directly, and consistently: per node, jobs run
 one after another on known chips (whole or part of the node), some preempted once or twice and restarted
-after a wait, some checkpointed; the `events` (with each event's canonical JSON body, placements included),
-`job_runs` and hourly `journal` tables are derived from the same job timelines (the journal's split of a
-team's use into in_quota / borrowed is by the hour's mean use against its nominal quota; the fold splits at
-every event, which the views do not depend on). A spare node per pool has chips going down and back up.
+after a wait, some checkpointed; the `events` (each event's canonical JSON body, placements included, and the
+typed fields the lake writer takes from the parsed event, analytics.lake.EVENT_FIELDS: tests/test_lake_typed.py
+checks them against the writers' code), `job_runs` and hourly `journal` tables are derived from the same job
+timelines (the journal's split of a team's use into in_quota / borrowed is by the hour's mean use against its
+nominal quota; the fold splits at every event, which the views do not depend on). A spare node per pool has
+chips going down and back up.
 
 Timed, in one process:
-- DuckDB: `connect(lake, materialize=True)` (reads the Parquet base tables once), then each report view
-  computed in full (`CREATE TABLE … AS SELECT * FROM view`), then `chipledger report`'s queries
+- DuckDB: `connect(lake, materialize=True)` (reads the base tables it keeps in memory out of Parquet once and
+  computes the shared intermediates), then each report view computed in full (`CREATE TABLE … AS SELECT * FROM
+  view`), then `chipledger report`'s queries
   (`build_report`) as a whole. Target: ≤ 5 s in total for the views.
 - SQLite (the in-run baseline): the same base rows copied in (not timed as part of the ratio), the same
   portable SQL views (analytics/slo_views.py), each computed the same way. Ratio = SQLite / DuckDB on the
@@ -303,7 +306,8 @@ def run_engines(lake: Path, sqlite: bool) -> dict:
           f"(target <= 5 s: {'met' if total <= 5 else 'NOT met'}); chipledger report's queries after connect "
           f"{report_s:.2f} s")
     print(f"  duckdb CPU time (all threads) for connect + views: {cpu_views:.2f} s")
-    out = {"events": n, "cpu_s": cpu_views, "duck_connect_s": connect_s, "duck_views_s": views_total, "report_s": report_s}
+    out = {"events": n, "cpu_s": cpu_views, "duck_connect_s": connect_s, "duck_views_s": views_total,
+           "report_s": report_s}
     if lite_times:
         # SQLite has no shared intermediates computed up front: its views compute everything themselves, so the
         # fair comparison is DuckDB's connect + views against SQLite's views (the copy of the rows excluded)

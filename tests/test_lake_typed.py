@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 T = "2026-11-02T00:00:00Z"
 T_S = 1_793_577_600
 ENV = {"occurred_at": T, "pool": "lab/a100", "source": "lab/kueue"}
-COLS = ", ".join(f'"{f}"' for f in EVENT_FIELDS)
+# the typed fields, timestamps as epoch seconds
+COLS = ", ".join(f'epoch("{f}")::BIGINT' if f.startswith("effective_") else f'"{f}"' for f in EVENT_FIELDS)
 NONE14 = (None,) * 14
 
 
@@ -76,8 +77,7 @@ def test_an_embedded_run_writes_the_typed_fields(tmp_path):
                                    str(tmp_path / "lake"), "--store", f"sqlite:///{tmp_path / 'l.db'}", "--json"])
     assert res.exit_code == 0, res.output
     con = connect(tmp_path / "lake")
-    rows = con.execute(f'SELECT event_id, {COLS.replace(chr(34) + "effective_from" + chr(34), "epoch(effective_from)::BIGINT")} '
-                       'FROM base_event_log ORDER BY "offset"').fetchall()
+    rows = con.execute(f'SELECT event_id, {COLS} FROM base_event_log ORDER BY "offset"').fetchall()
     n = None
     want = [
         ("h-001",) + NONE14,
@@ -156,8 +156,7 @@ def test_the_benchmark_generator_writes_the_typed_fields_as_the_writers_do(tmp_p
     body parses to (analytics.lake.event_fields, which the embedded run and the Kafka path both use)."""
     counts = _bench().generate(tmp_path, 20_000)
     con = connect(tmp_path / "lake")
-    rows = con.execute(f"SELECT body, {COLS.replace(chr(34) + 'effective_from' + chr(34), 'epoch(effective_from)::BIGINT').replace(chr(34) + 'effective_until' + chr(34), 'epoch(effective_until)::BIGINT')} "
-                       "FROM base_event_log").fetchall()
+    rows = con.execute(f"SELECT body, {COLS} FROM base_event_log").fetchall()
     assert len(rows) == counts["events"] > 10_000
     types = set()
     for body, *fields in rows:
