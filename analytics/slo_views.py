@@ -366,11 +366,6 @@ def slo_views(d: Dialect) -> dict[str, str]:
         # --- fragmentation: free usable chips, by node, as a step function of time ---
         "calc_chip_node": "SELECT pool, chip_id, max(node) AS node FROM base_events "
                           "WHERE type = 'chip.registered' GROUP BY pool, chip_id",
-        "calc_runs_placed": """
-            SELECT r.pool, r.job_id, r.started_s, r.ended_s, p.chip_id
-            FROM base_runs r JOIN base_placements p
-              ON p.pool = r.pool AND p.job_id = r.job_id AND p.started_s = r.started_s
-        """,
         # a placed run's chips per node (runs rarely span nodes: far fewer rows than chips); the placements are
         # counted per node before they meet the runs
         "calc_run_nodes": """
