@@ -13,8 +13,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Optional
 
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from schemas.events import epoch_s, to_milli
+from schemas.codes import Rejection
+from schemas.parse import parse_payload
 
 TS = pa.timestamp("s", tz="UTC")
 
@@ -24,8 +29,15 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("occurred_at", TS), ("applied_at", TS), ("lateness_s", pa.int64()),
         ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
         # the event as applied: its canonical JSON (what the ledger folded, whatever the spelling of the
-        # message); the events view extracts the type's fields from it
+        # message)
         ("body", pa.string()),
+        # the fields of the event's type the views read, typed (written from the parsed event, null where the
+        # type has no such field), so no query parses the JSON bodies: see EVENT_FIELDS
+        ("job_id", pa.string()), ("team", pa.string()), ("chip_id", pa.string()), ("node", pa.string()),
+        ("state", pa.string()), ("grant_id", pa.string()), ("request_id", pa.string()),
+        ("chips_milli", pa.int64()), ("priority", pa.int64()), ("preemptible", pa.bool_()),
+        ("outcome", pa.string()), ("effective_from", TS), ("effective_until", TS),
+        ("chip_ids", pa.list_(pa.string())),
     ]),
     "journal": pa.schema([
         ("pool", pa.string()), ("hour", TS), ("account", pa.string()), ("team", pa.string()),
@@ -67,6 +79,41 @@ DAY_COLUMN = {"events": "applied_at", "journal": "hour", "job_runs": "posted_at"
               "balances": "at", "pending": "at", "deadletters": "seen_at"}
 
 TABLES = tuple(SCHEMAS)
+
+#: the typed event fields of the `events` table, after `body`, in column order
+EVENT_FIELDS: tuple[str, ...] = tuple(SCHEMAS["events"].names[SCHEMAS["events"].get_field_index("body") + 1:])
+
+
+#: an events row as written before the typed fields existed (up to `body`)
+LEGACY_EVENT_COLUMNS = len(SCHEMAS["events"]) - len(EVENT_FIELDS)
+
+
+def event_fields(e) -> tuple:
+    """The typed fields of a parsed event, in the order of EVENT_FIELDS (null where its type has no such
+    field): chips as integer milli-chips, timestamps as epoch seconds, the placement as a list."""
+    g = e.__dict__.get
+    chips = g("chips")
+    eff_from, eff_until = g("effective_from"), g("effective_until")
+    chip_ids = g("chip_ids")
+    return (g("job_id"), g("team"), g("chip_id"), g("node"), g("state"), g("grant_id"), g("request_id"),
+            None if chips is None else to_milli(chips), g("priority"), g("preemptible"), g("outcome"),
+            None if eff_from is None else epoch_s(eff_from), None if eff_until is None else epoch_s(eff_until),
+            None if chip_ids is None else list(chip_ids))
+
+
+def complete_event_row(row: tuple) -> tuple:
+    """An events row without the typed fields (sent by a worker of an earlier version) with them taken from its
+    body, the event's canonical JSON; a body that is not a valid event leaves them null."""
+    if len(row) != LEGACY_EVENT_COLUMNS:
+        raise LakeError(f"an events row has {len(row)} columns; expected {len(SCHEMAS['events'])} "
+                        f"(or {LEGACY_EVENT_COLUMNS} without the typed fields)")
+    try:
+        event = parse_payload(orjson.loads(row[-1]))
+    except (orjson.JSONDecodeError, TypeError):
+        event = None
+    fields = event_fields(event) if event is not None and not isinstance(event, Rejection) \
+        else (None,) * len(EVENT_FIELDS)
+    return (*row, *fields)
 
 
 _DAYS: dict[int, str] = {}
@@ -157,3 +204,16 @@ def table_files(root: Path, table: str) -> Optional[str]:
     if base.exists() and next(base.rglob("*.parquet"), None) is not None:
         return str(base / "**" / "*.parquet")
     return None
+
+
+def check_events_files(root: Path) -> None:
+    """Raise a LakeError naming the first `events` file written without the typed fields (by an earlier
+    version of chipledger): the views read them, and the file's rows are still there to be written again."""
+    want = len(SCHEMAS["events"])
+    for path in sorted((Path(root) / "events").rglob("*.parquet")):
+        n = pq.read_metadata(path).num_columns
+        if n != want:
+            raise LakeError(f"{path}: an events file with {n} columns, expected {want} (written by an earlier "
+                            "version, without the typed event fields); write the lake again from the event log "
+                            "with `chipledger run --overwrite`")
+

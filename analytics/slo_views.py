@@ -91,31 +91,24 @@ def duckdb_base_views() -> dict[str, str]:
                    allocated_mchip_s, lost_mchip_s
             FROM job_run_totals
         """,
-        # every event with the fields the SLO views need, from one parse of its JSON body (the bodies are most
-        # of the lake's bytes: read them once)
+        # every event with the fields the SLO views need, from the typed columns of the lake's events
         "base_event_rows": """
-            SELECT pool, type, epoch(applied_at)::BIGINT AS at_s, topic, "partition", "offset",
-                   f[1] AS job_id, f[2] AS team, f[3] AS chip_id, f[4] AS node, f[5] AS state, f[6] AS grant_id,
-                   round(TRY_CAST(f[7] AS DECIMAL(18, 3)) * 1000)::BIGINT AS chips_milli,
-                   TRY_CAST(f[8] AS BIGINT) AS priority,
-                   epoch(TRY_CAST(f[9] AS TIMESTAMPTZ))::BIGINT AS effective_from_s,
-                   epoch(TRY_CAST(f[10] AS TIMESTAMPTZ))::BIGINT AS effective_until_s,
-                   CASE WHEN type = 'job.started' THEN from_json(f[11], '["VARCHAR"]') END AS chip_ids
-            FROM (SELECT *, json_extract_string(body, ['$.job_id', '$.team', '$.chip_id', '$.node', '$.state',
-                      '$.grant_id', '$.chips', '$.priority', '$.effective_from', '$.effective_until', '$.chip_ids'])
-                      AS f
-                  FROM event_log WHERE type <> 'job.checkpointed' AND type <> 'job.preempted')
-            UNION ALL  -- (fields of checkpoints and preemptions are not needed: their bodies are not parsed)
-            SELECT pool, type, epoch(applied_at)::BIGINT, topic, "partition", "offset", NULL, NULL, NULL, NULL, NULL,
-                   NULL, NULL, NULL, NULL, NULL, NULL
-            FROM event_log WHERE type = 'job.checkpointed' OR type = 'job.preempted'
+            SELECT pool, type, epoch(applied_at)::BIGINT AS at_s, topic, "partition", "offset", job_id, team,
+                   chip_id, node, state, grant_id, chips_milli, priority,
+                   epoch(effective_from)::BIGINT AS effective_from_s,
+                   epoch(effective_until)::BIGINT AS effective_until_s, chip_ids
+            FROM base_event_log
         """,
+        # the pools' own events (chips, quotas; not jobs', which the SLO views read from base_jobs, base_runs and
+        # base_placements) in the order they were applied
         "base_events": """
             SELECT pool, type, at_s,
                    row_number() OVER (PARTITION BY pool ORDER BY at_s, topic, "partition", "offset") AS seq,
                    chip_id, node, state, grant_id, team, chips_milli, effective_from_s, effective_until_s
-            FROM base_event_rows
+            FROM base_event_rows WHERE type NOT LIKE 'job.%'
         """,
+        # each pool's clock: its last event applied
+        "base_pool_end": "SELECT pool, max(at_s) AS end_s FROM base_event_rows GROUP BY pool",
         # one row per submission: a job id submitted again after its job finished is another job; the event
         # after a submission of the same id is its finish (if any)
         "base_jobs": """
@@ -165,9 +158,9 @@ def slo_views(d: Dialect) -> dict[str, str]:
         "calc_now": """
             SELECT coalesce((SELECT as_of_s FROM slo_settings), last_s) AS as_of_s,
                    (SELECT sched_slo_s FROM slo_settings) AS sched_slo_s
-            FROM (SELECT max(at_s) AS last_s FROM base_events) x WHERE last_s IS NOT NULL
+            FROM (SELECT max(end_s) AS last_s FROM base_pool_end) x WHERE last_s IS NOT NULL
         """,
-        "calc_pool_end": "SELECT pool, max(at_s) AS end_s FROM base_events GROUP BY pool",
+        "calc_pool_end": "SELECT pool, end_s FROM base_pool_end",
         # one row per incarnation of a grant (a quota.granted event): in effect from max(granted, effective_from)
         # until the next grant or revocation of the same id, or effective_until, whichever comes first
         "calc_grants": f"""
@@ -187,10 +180,12 @@ def slo_views(d: Dialect) -> dict[str, str]:
         """,
         # every wait to be scheduled: a submission until the first start, a preemption until the restart
         "calc_wait_spans": """
-            WITH nxt AS (
-                SELECT pool, job_id, submitted_s, run_index, ended_s, end_reason,
-                       lead(started_s) OVER (PARTITION BY pool, job_id, submitted_s ORDER BY run_index) AS next_start_s
-                FROM base_runs
+            WITH nxt AS (  -- a preempted run and the start of the run after it (a join: few runs are preempted)
+                SELECT p.pool, p.job_id, p.submitted_s, p.run_index, p.ended_s, p.end_reason,
+                       n.started_s AS next_start_s
+                FROM base_runs p LEFT JOIN base_runs n ON n.pool = p.pool AND n.job_id = p.job_id
+                                                     AND n.submitted_s = p.submitted_s AND n.run_index = p.run_index + 1
+                WHERE p.end_reason = 'preempted'
             )
             SELECT j.pool, j.job_id, j.team, j.chips_milli, j.priority, j.submitted_s, 'first_start' AS kind,
                    0 AS after_run, j.submitted_s AS since_s, j.first_started_s AS started_s,
@@ -207,33 +202,39 @@ def slo_views(d: Dialect) -> dict[str, str]:
         # pool and team. At one instant: grant changes and run ends (0) come before the wait (1), run starts
         # after it (2): a grant starting at the instant counts, a job that ended or starts at it does not.
         "calc_waits": f"""
-            WITH stream AS (
+            WITH stream AS (  -- the waits carry their columns through the running sums (no join back; the kind
+                -- follows from after_run)
                 SELECT pool, team, from_s AS t, 0 AS ord, chips_milli AS d_nom, 0 AS d_run,
-                       NULL AS job_id, NULL AS submitted_s, NULL AS after_run FROM calc_grants
+                       NULL AS job_id, NULL AS chips_milli, NULL AS priority, NULL AS submitted_s,
+                       NULL AS after_run, NULL AS started_s, NULL AS abandoned_s FROM calc_grants
                 UNION ALL
-                SELECT pool, team, until_s, 0, -chips_milli, 0, NULL, NULL, NULL FROM calc_grants
-                WHERE until_s IS NOT NULL
+                SELECT pool, team, until_s, 0, -chips_milli, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+                FROM calc_grants WHERE until_s IS NOT NULL
                 UNION ALL
-                SELECT pool, team, started_s, 2, 0, chips_milli, NULL, NULL, NULL FROM base_runs
+                SELECT pool, team, started_s, 2, 0, chips_milli, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+                FROM base_runs
                 UNION ALL
-                SELECT pool, team, ended_s, 0, 0, -chips_milli, NULL, NULL, NULL FROM base_runs
-                WHERE ended_s IS NOT NULL
+                SELECT pool, team, ended_s, 0, 0, -chips_milli, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+                FROM base_runs WHERE ended_s IS NOT NULL
                 UNION ALL
-                SELECT pool, team, since_s, 1, 0, 0, job_id, submitted_s, after_run FROM calc_wait_spans
+                SELECT pool, team, since_s, 1, 0, 0, job_id, chips_milli, priority, submitted_s, after_run,
+                       started_s, abandoned_s
+                FROM calc_wait_spans
             ), levels AS (
-                SELECT pool, team, t, ord, job_id, submitted_s, after_run,
-                       sum(d_nom) OVER w AS nominal_milli, sum(d_run) OVER w AS running_milli
+                SELECT pool, team, t, ord, job_id, chips_milli, priority, submitted_s, after_run, started_s,
+                       abandoned_s, sum(d_nom) OVER w AS nominal_milli, sum(d_run) OVER w AS running_milli
                 FROM stream
                 WINDOW w AS (PARTITION BY pool, team ORDER BY t, ord ROWS UNBOUNDED PRECEDING)
             ), w AS (
-                SELECT s.*, CAST(l.nominal_milli AS BIGINT) AS nominal_milli,
+                SELECT l.pool, l.job_id, l.team, l.chips_milli, l.priority, l.submitted_s,
+                       CASE WHEN l.after_run = 0 THEN 'first_start' ELSE 'restart' END AS kind, l.after_run,
+                       l.t AS since_s, l.started_s, l.abandoned_s,
+                       CAST(l.nominal_milli AS BIGINT) AS nominal_milli,
                        CAST(l.running_milli AS BIGINT) AS running_milli,
-                       CASE WHEN s.chips_milli <= l.nominal_milli - l.running_milli THEN 1 ELSE 0 END AS in_quota,
-                       s.started_s - s.since_s AS wait_s, n.as_of_s, n.sched_slo_s
-                FROM calc_wait_spans s
-                JOIN levels l ON l.ord = 1 AND l.pool = s.pool AND l.job_id = s.job_id
-                             AND l.submitted_s = s.submitted_s AND l.after_run = s.after_run
-                CROSS JOIN calc_now n
+                       CASE WHEN l.chips_milli <= l.nominal_milli - l.running_milli THEN 1 ELSE 0 END AS in_quota,
+                       l.started_s - l.t AS wait_s, n.as_of_s, n.sched_slo_s
+                FROM levels l CROSS JOIN calc_now n
+                WHERE l.ord = 1
             )
             SELECT *,
                    CASE WHEN started_s IS NOT NULL AND wait_s <= sched_slo_s THEN 1
@@ -365,16 +366,16 @@ def slo_views(d: Dialect) -> dict[str, str]:
         # --- fragmentation: free usable chips, by node, as a step function of time ---
         "calc_chip_node": "SELECT pool, chip_id, max(node) AS node FROM base_events "
                           "WHERE type = 'chip.registered' GROUP BY pool, chip_id",
-        "calc_runs_placed": """
-            SELECT r.pool, r.job_id, r.started_s, r.ended_s, p.chip_id
-            FROM base_runs r JOIN base_placements p
-              ON p.pool = r.pool AND p.job_id = r.job_id AND p.started_s = r.started_s
-        """,
-        # a placed run's chips per node (runs rarely span nodes: far fewer rows than chips)
+        # a placed run's chips per node (runs rarely span nodes: far fewer rows than chips); the placements are
+        # counted per node before they meet the runs
         "calc_run_nodes": """
-            SELECT r.pool, n.node, r.job_id, r.started_s, r.ended_s, count(*) AS chips
-            FROM calc_runs_placed r JOIN calc_chip_node n ON n.pool = r.pool AND n.chip_id = r.chip_id
-            GROUP BY r.pool, n.node, r.job_id, r.started_s, r.ended_s
+            WITH pn AS (
+                SELECT p.pool, n.node, p.job_id, p.started_s, count(*) AS chips
+                FROM base_placements p JOIN calc_chip_node n ON n.pool = p.pool AND n.chip_id = p.chip_id
+                GROUP BY p.pool, n.node, p.job_id, p.started_s
+            )
+            SELECT pn.pool, pn.node, pn.job_id, pn.started_s, r.ended_s, pn.chips
+            FROM pn JOIN base_runs r ON r.pool = pn.pool AND r.job_id = pn.job_id AND r.started_s = pn.started_s
         """,
         # free chips of a node = usable − allocated + allocated-while-unusable (a chip counts once as not free),
         # each term a running sum of deltas: per chip only for health, per run and node for allocations
@@ -384,14 +385,15 @@ def slo_views(d: Dialect) -> dict[str, str]:
                        registered - lag(registered, 1, 0) OVER c AS d_reg,
                        registered * usable - lag(registered * usable, 1, 0) OVER c AS d_use
                 FROM calc_chip_segments WINDOW c AS (PARTITION BY pool, chip_id ORDER BY from_s)
-            ), alloc_unusable AS (
+            ), alloc_unusable AS (  -- from the (few) unusable segments to the placements on their chips
                 SELECT p.pool, p.chip_id, {d.greatest('p.started_s', 'u.from_s')} AS a,
-                       {d.least('coalesce(p.ended_s, u.until_s)', 'u.until_s')} AS b
-                FROM calc_runs_placed p
-                JOIN calc_chip_segments u ON u.pool = p.pool AND u.chip_id = p.chip_id AND u.registered * u.usable = 0
-                WHERE p.started_s < u.until_s AND (p.ended_s IS NULL OR p.ended_s > u.from_s)
+                       {d.least('coalesce(r.ended_s, u.until_s)', 'u.until_s')} AS b
+                FROM calc_chip_segments u
+                JOIN base_placements p ON p.pool = u.pool AND p.chip_id = u.chip_id AND p.started_s < u.until_s
+                JOIN base_runs r ON r.pool = p.pool AND r.job_id = p.job_id AND r.started_s = p.started_s
+                WHERE u.registered * u.usable = 0 AND (r.ended_s IS NULL OR r.ended_s > u.from_s)
             ), node_pts AS (
-                SELECT pool, node, t, sum(d_reg) AS d_reg, sum(d_free) AS d_free FROM (
+                SELECT pool, node, t, CAST(sum(d_reg) AS BIGINT) AS d_reg, CAST(sum(d_free) AS BIGINT) AS d_free FROM (
                     SELECT s.pool, n.node, s.t, s.d_reg, s.d_use AS d_free
                     FROM seg s JOIN calc_chip_node n ON n.pool = s.pool AND n.chip_id = s.chip_id
                     UNION ALL SELECT pool, node, started_s, 0, -chips FROM calc_run_nodes
@@ -403,25 +405,33 @@ def slo_views(d: Dialect) -> dict[str, str]:
                               FROM alloc_unusable x JOIN calc_chip_node n ON n.pool = x.pool AND n.chip_id = x.chip_id
                               WHERE x.b > x.a
                 ) y GROUP BY pool, node, t
-            ), node AS (
-                SELECT pool, node, t, d_free, sum(d_reg) OVER n AS n_reg, sum(d_free) OVER n AS n_free
-                FROM node_pts WINDOW n AS (PARTITION BY pool, node ORDER BY t ROWS UNBOUNDED PRECEDING)
-            ), node_d AS (
+            ), node_off AS (  -- each node's offset in its pool's sums: the totals of the nodes before it
+                SELECT pool, node, sum(r) OVER o - r AS r0, sum(f) OVER o - f AS f0
+                FROM (SELECT pool, node, sum(d_reg) AS r, sum(d_free) AS f FROM node_pts GROUP BY pool, node) x
+                WINDOW o AS (PARTITION BY pool ORDER BY node ROWS UNBOUNDED PRECEDING)
+            ), node AS (  -- a node's running sums: its pool's, ordered by node then time, less the node's offset
+                -- (one window per pool: DuckDB runs it several times faster than one per pool and node)
+                SELECT p.pool, p.node, p.t, p.d_reg, p.d_free, sum(p.d_reg) OVER n - o.r0 AS n_reg,
+                       sum(p.d_free) OVER n - o.f0 AS n_free
+                FROM node_pts p JOIN node_off o ON o.pool = p.pool AND o.node = p.node
+                WINDOW n AS (PARTITION BY p.pool ORDER BY p.node, p.t ROWS UNBOUNDED PRECEDING)
+            ), node_d AS (  -- a node's whole-free chips now minus just before t (its sums less this instant's deltas)
                 SELECT pool, t, d_free,
-                       whole - lag(whole, 1, 0) OVER (PARTITION BY pool, node ORDER BY t) AS d_whole
-                FROM (SELECT *, CASE WHEN n_reg > 0 AND n_free = n_reg THEN n_reg ELSE 0 END AS whole FROM node) x
-            ), placed AS (
-                SELECT pool, job_id, started_s FROM calc_run_nodes GROUP BY pool, job_id, started_s
+                       CASE WHEN n_reg > 0 AND n_free = n_reg THEN n_reg ELSE 0 END
+                       - CASE WHEN n_reg - d_reg > 0 AND n_free - d_free = n_reg - d_reg THEN n_reg - d_reg ELSE 0 END
+                           AS d_whole
+                FROM node
             ), unplaced_runs AS (
                 SELECT r.pool, r.started_s, r.ended_s
-                FROM base_runs r LEFT JOIN placed p ON p.pool = r.pool AND p.job_id = r.job_id
-                                                   AND p.started_s = r.started_s
-                WHERE p.job_id IS NULL
+                FROM base_runs r
+                WHERE NOT EXISTS (SELECT 1 FROM calc_run_nodes p WHERE p.pool = r.pool AND p.job_id = r.job_id
+                                                                  AND p.started_s = r.started_s)
             ), unplaced AS (
                 SELECT pool, started_s AS t, 1 AS d FROM unplaced_runs
                 UNION ALL SELECT pool, ended_s, -1 FROM unplaced_runs WHERE ended_s IS NOT NULL
             ), pool_pts AS (
-                SELECT pool, t, sum(d_free) AS d_free, sum(d_whole) AS d_whole, sum(d_unplaced) AS d_unplaced FROM (
+                SELECT pool, t, CAST(sum(d_free) AS BIGINT) AS d_free, CAST(sum(d_whole) AS BIGINT) AS d_whole,
+                       CAST(sum(d_unplaced) AS BIGINT) AS d_unplaced FROM (
                     SELECT pool, t, d_free, d_whole, 0 AS d_unplaced FROM node_d
                     UNION ALL SELECT pool, t, 0, 0, d FROM unplaced
                 ) x GROUP BY pool, t

@@ -13,28 +13,23 @@ from typing import Collection, Optional, Union
 import duckdb
 import pyarrow as pa
 
-from analytics.lake import SCHEMAS, table_files
+from analytics.lake import EVENT_FIELDS, SCHEMAS, check_events_files, table_files
 from analytics.policy_views import POLICY_RAW_VIEW_NAMES, POLICY_VIEWS
 from analytics.slo_views import DUCKDB, SloParams, duckdb_base_views, settings_rows, slo_views
 
 _DUCK_TYPES = {
     pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.int32(): "INTEGER",
-    pa.timestamp("s", tz="UTC"): "TIMESTAMPTZ", pa.float64(): "DOUBLE",
+    pa.timestamp("s", tz="UTC"): "TIMESTAMPTZ", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN",
+    pa.list_(pa.string()): "VARCHAR[]",
 }
 
 # Views derived from the raw tables. Amounts stay integer milli-chip-seconds; `*_chip_h` columns are for people.
 DERIVED_VIEWS = {
-    # every applied event, with the fields of its type taken from the message value
+    # every applied event, with the typed fields of its type (written by the lake writer from the parsed event)
     "events": """
-        SELECT event_id, type, pool, source, occurred_at, applied_at, lateness_s,
-               f[1] AS team, f[2] AS job_id, f[3] AS chip_id, f[4] AS grant_id, f[5] AS request_id,
-               round(TRY_CAST(f[6] AS DECIMAL(18, 3)) * 1000)::BIGINT AS chips_milli,
-               TRY_CAST(f[7] AS BIGINT) AS priority, TRY_CAST(f[8] AS BOOLEAN) AS preemptible, f[9] AS state,
-               f[10] AS outcome, topic, "partition", "offset", body
-        FROM (SELECT *, json_extract_string(body, ['$.team', '$.job_id', '$.chip_id', '$.grant_id', '$.request_id',
-                                                   '$.chips', '$.priority', '$.preemptible', '$.state', '$.outcome'])
-                        AS f  -- one parse of the body for all fields
-              FROM event_log)
+        SELECT event_id, type, pool, source, occurred_at, applied_at, lateness_s, team, job_id, chip_id, grant_id,
+               request_id, chips_milli, priority, preemptible, state, outcome, topic, "partition", "offset", body
+        FROM base_event_log
     """,
     # the books: postings summed per (pool, hour, account, team)
     "journal": """
@@ -137,6 +132,10 @@ DERIVED_VIEWS = {
 MATERIALIZED_CALC = frozenset({"calc_waits", "calc_chip_segments", "calc_sli_points", "calc_slo_window",
                                "calc_run_nodes", "calc_fragmentation"})
 
+# base tables left as views even with `materialize=True`: every event's row is cheaper to read again from Parquet
+# (a few columns, filtered by type) by the few base tables that need it than to copy into memory
+LAZY_BASE = frozenset({"base_event_rows"})
+
 _RAW_VIEW_NAMES = {"journal": "journal_postings", "events": "event_log", **POLICY_RAW_VIEW_NAMES}
 
 
@@ -159,14 +158,21 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     con = duckdb.connect(database)
     con.execute("SET TimeZone = 'UTC'")
     con.execute("SET parquet_metadata_cache = true")  # views over views bind the same files many times
+    con.execute("SET preserve_insertion_order = false")
     for table in SCHEMAS:
         name = _RAW_VIEW_NAMES.get(table, table)
         glob = table_files(lake, table)
         if glob is None:
             sql = _empty_view(table)
         else:
+            if table == "events":
+                check_events_files(lake)
             path = glob.replace("'", "''")
             sql = f"SELECT * EXCLUDE (day) FROM read_parquet('{path}', hive_partitioning = true, union_by_name = false)"
+        if table == "events":
+            # the table as stored (typed fields included) for the views; event_log without the typed fields
+            con.execute(f'CREATE OR REPLACE VIEW "base_event_log" AS {sql}')
+            sql = f'SELECT * EXCLUDE ({", ".join(EVENT_FIELDS)}) FROM base_event_log'
         con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')
     for name, sql in DERIVED_VIEWS.items():
         con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')
@@ -178,7 +184,7 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     con.execute("INSERT INTO slo_settings VALUES (?, ?, ?)", settings)
     base = duckdb_base_views()
     if materialize is True:
-        tables = set(base) | MATERIALIZED_CALC
+        tables = (set(base) - LAZY_BASE) | MATERIALIZED_CALC
     else:
         tables = set(materialize or ())
     for name, sql in (*base.items(), *slo_views(DUCKDB).items()):
@@ -190,5 +196,5 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
 
 
 def view_names() -> list[str]:
-    return sorted({*(_RAW_VIEW_NAMES.get(t, t) for t in SCHEMAS), *DERIVED_VIEWS, *duckdb_base_views(),
-                   *slo_views(DUCKDB), *POLICY_VIEWS})
+    return sorted({*(_RAW_VIEW_NAMES.get(t, t) for t in SCHEMAS), "base_event_log", *DERIVED_VIEWS,
+                   *duckdb_base_views(), *slo_views(DUCKDB), *POLICY_VIEWS})

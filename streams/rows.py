@@ -14,7 +14,7 @@ from typing import Optional
 
 import orjson
 
-from analytics.lake import SCHEMAS
+from analytics.lake import SCHEMAS, event_fields
 from ledger.fold import Step
 from schemas import Rejection
 
@@ -26,9 +26,10 @@ STEP_TABLES: tuple[str, ...] = tuple(t for t in SCHEMAS if t not in ("events", "
 
 def event_row(e, step, topic: str, partition: int, offset: int) -> tuple:
     """The lake row of an applied event (column order of analytics.lake.SCHEMAS['events']). The body is the
-    event's canonical JSON: exactly what was folded (a message with a repeated key, say, was read one way)."""
+    event's canonical JSON: exactly what was folded (a message with a repeated key, say, was read one way);
+    the typed fields after it are taken from the same parsed event."""
     return (e.event_id, e.type, e.pool, e.source, step.occurred_s, step.applied_at, step.lateness_s,
-            topic, partition, offset, e.model_dump_json(exclude_none=True))
+            topic, partition, offset, e.model_dump_json(exclude_none=True), *event_fields(e))
 
 
 def deadletter_row(raw: bytes, rejection: Rejection, topic: str, partition: int, offset: int, seen_at: int,

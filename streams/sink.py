@@ -31,7 +31,7 @@ from typing import Callable, Optional
 
 import orjson
 
-from analytics.lake import LakeWriter
+from analytics.lake import LEGACY_EVENT_COLUMNS, LakeWriter, complete_event_row
 from ledger.state import PoolState
 from schemas import OUTPUT_TOPICS
 from schemas.topics import TOPIC_DEADLETTER, TOPIC_DECISIONS, TOPIC_JOURNAL
@@ -171,6 +171,8 @@ class Sink:
                 self._marks[key] = marks[key] = in_offset
                 for table, rows in item["tables"].items():
                     for row in rows:
+                        if table == "events" and len(row) == LEGACY_EVENT_COLUMNS:
+                            row = complete_event_row(row)  # from a worker of an earlier version
                         writer.add(table, tuple(row))
                     self.stats.rows[table] += len(rows)
                     if table == "decisions":

@@ -68,11 +68,13 @@ def pump(sink, done: Callable[[], bool], timeout_s: float, worker: WorkerProcess
 def lake_tables(lake: Path) -> dict[str, list]:
     """The rows of the lake's tables that both paths write, without the columns that name the input position
     (a file line vs a topic offset) or say when a dead letter was seen."""
+    from analytics.lake import EVENT_FIELDS
     from analytics.views import connect
 
     con = connect(lake)
     q = {
-        "events": "SELECT event_id, type, pool, source, occurred_at, applied_at, lateness_s, body FROM event_log",
+        "events": "SELECT event_id, type, pool, source, occurred_at, applied_at, lateness_s, body, "
+                  + ", ".join(f'"{f}"' for f in EVENT_FIELDS) + " FROM base_event_log",
         "journal": "SELECT pool, hour, account, team, amount_mchip_s FROM journal WHERE amount_mchip_s <> 0",
         "job_runs": "SELECT * FROM job_runs",
         "decisions": "SELECT decision_id, type, pool, \"at\", rule, message, body FROM decision_log",
@@ -81,7 +83,8 @@ def lake_tables(lake: Path) -> dict[str, list]:
     out = {}
     for name, sql in q.items():
         try:
-            out[name] = Counter(con.execute(sql).fetchall())
+            out[name] = Counter(tuple(tuple(v) if isinstance(v, list) else v for v in r)  # placements: lists
+                                for r in con.execute(sql).fetchall())
         except Exception as exc:  # noqa: BLE001 - name the query that failed
             raise AssertionError(f"{name}: {exc}") from exc
     return out

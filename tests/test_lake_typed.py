@@ -1,0 +1,168 @@
+"""The typed event fields of the lake's `events` table: written from the parsed event by the shared lake-row code
+(embedded run and Kafka sink alike), completed from the body for rows of an earlier worker, refused with a clear
+error in files of an earlier version, and written the same way by the benchmark's generator."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from analytics.lake import (EVENT_FIELDS, LEGACY_EVENT_COLUMNS, SCHEMAS, LakeError, check_events_files,
+                            complete_event_row, event_fields)
+from analytics.views import connect
+from chipledger.cli import app
+from ledger.store import open_store
+from schemas import parse_payload
+from streams.sink import Sink
+from streams.worker import rows_record
+
+ROOT = Path(__file__).resolve().parents[1]
+T = "2026-11-02T00:00:00Z"
+T_S = 1_793_577_600
+ENV = {"occurred_at": T, "pool": "lab/a100", "source": "lab/kueue"}
+# the typed fields, timestamps as epoch seconds
+COLS = ", ".join(f'epoch("{f}")::BIGINT' if f.startswith("effective_") else f'"{f}"' for f in EVENT_FIELDS)
+NONE14 = (None,) * 14
+
+
+def ev(**kw):
+    e = parse_payload({"event_id": "e1", **ENV, **kw})
+    assert not hasattr(e, "code"), e
+    return e
+
+
+def test_the_typed_fields_follow_the_body():
+    assert EVENT_FIELDS == ("job_id", "team", "chip_id", "node", "state", "grant_id", "request_id", "chips_milli",
+                            "priority", "preemptible", "outcome", "effective_from", "effective_until", "chip_ids")
+    assert SCHEMAS["events"].names[:LEGACY_EVENT_COLUMNS][-1] == "body"
+
+
+@pytest.mark.parametrize("payload, want", [
+    ({"type": "pool.tick"}, NONE14),
+    ({"type": "chip.registered", "chip_id": "c0", "node": "n0"},
+     (None, None, "c0", "n0", None, None, None, None, None, None, None, None, None, None)),
+    ({"type": "chip.state_changed", "chip_id": "c1", "state": "down", "reason": "XID 79"},
+     (None, None, "c1", None, "down", None, None, None, None, None, None, None, None, None)),
+    # chips 2.5 = 2500 milli-chips; the window in epoch seconds
+    ({"type": "quota.granted", "grant_id": "g", "team": "a", "chips": 2.5, "effective_from": "2026-11-02T01:00:00Z",
+      "effective_until": "2026-11-03T00:00:00+01:00"},
+     (None, "a", None, None, None, "g", None, 2500, None, None, None, T_S + 3600, T_S + 23 * 3600, None)),
+    ({"type": "burst.requested", "request_id": "r1", "team": "b", "chips": 4, "window_start": T,
+      "window_end": "2026-11-02T02:00:00Z"},
+     (None, "b", None, None, None, None, "r1", 4000, None, None, None, None, None, None)),
+    # defaults of a submission are its values (priority 0, preemptible)
+    ({"type": "job.submitted", "job_id": "j", "team": "a", "chips": 0.125},
+     ("j", "a", None, None, None, None, None, 125, 0, True, None, None, None, None)),
+    ({"type": "job.started", "job_id": "j", "chip_ids": ["c2", "c0"]},
+     ("j", None, None, None, None, None, None, None, None, None, None, None, None, ["c2", "c0"])),
+    ({"type": "job.started", "job_id": "j"}, ("j",) + (None,) * 13),
+    ({"type": "job.finished", "job_id": "j", "outcome": "failed"},
+     ("j", None, None, None, None, None, None, None, None, None, "failed", None, None, None)),
+])
+def test_event_fields(payload, want):
+    assert event_fields(ev(**payload)) == want
+
+
+def test_an_embedded_run_writes_the_typed_fields(tmp_path):
+    """tests/fixtures/hand.jsonl (see test_cli.py): every applied event's fields, by hand."""
+    res = CliRunner().invoke(app, ["run", "--events", str(ROOT / "tests/fixtures/hand.jsonl"), "--lake",
+                                   str(tmp_path / "lake"), "--store", f"sqlite:///{tmp_path / 'l.db'}", "--json"])
+    assert res.exit_code == 0, res.output
+    con = connect(tmp_path / "lake")
+    rows = con.execute(f'SELECT event_id, {COLS} FROM base_event_log ORDER BY "offset"').fetchall()
+    n = None
+    want = [
+        ("h-001",) + NONE14,
+        *[(f"h-00{i + 2}", n, n, f"c{i}", "n0", n, n, n, n, n, n, n, n, n, n) for i in range(4)],
+        ("h-006", n, "a", n, n, n, "g-a", n, 2000, n, n, n, n, n, n),
+        ("h-007", n, "b", n, n, n, "g-b", n, 1000, n, n, n, T_S + 3600, n, n),  # effective_from 01:00
+        ("h-008", "ja1", "a", n, n, n, n, n, 3000, 10, True, n, n, n, n),
+        ("h-009", "ja1", n, n, n, n, n, n, n, n, n, n, n, n, ["c0", "c1", "c2"]),
+        ("h-010", "jb1", "b", n, n, n, n, n, 1000, 5, False, n, n, n, n),
+        ("h-015", "jb1", n, n, n, n, n, n, n, n, n, n, n, n, n),  # started without a placement
+        ("h-016", n, n, "c1", n, "down", n, n, n, n, n, n, n, n, n),
+        ("h-017", "ja1") + (n,) * 13,
+        ("h-018", "ja1") + (n,) * 13,
+        ("h-019", "ja1", n, n, n, n, n, n, n, n, n, n, n, n, ["c0", "c2", "c3"]),
+        ("h-020", n, n, "c1", n, "healthy", n, n, n, n, n, n, n, n, n),
+        ("h-021", "ja1") + (n,) * 13,
+        ("h-022", "jb1", n, n, n, n, n, n, n, n, n, "succeeded", n, n, n),
+        ("h-023", "ja1", n, n, n, n, n, n, n, n, n, "failed", n, n, n),
+        ("h-024",) + NONE14,
+    ]
+    assert rows == want
+    # the events view shows them under the same names; event_log is the table without them
+    assert con.execute("SELECT team, chips_milli, priority, preemptible FROM events WHERE event_id = 'h-010'"
+                       ).fetchone() == ("b", 1000, 5, False)
+    assert not set(EVENT_FIELDS) & {d[0] for d in con.execute("SELECT * FROM event_log").description}
+
+
+def test_a_row_of_an_earlier_worker_is_completed_from_its_body():
+    body = json.dumps({"event_id": "e1", "type": "job.submitted", **ENV, "job_id": "j", "team": "a", "chips": 2})
+    row = ("e1", "job.submitted", "lab/a100", "lab/kueue", T_S, T_S, 0, "t", 0, 7, body)
+    assert complete_event_row(row) == row + ("j", "a", None, None, None, None, None, 2000, 0, True, None, None,
+                                             None, None)
+    # a body that is not an event (not JSON, or no type) leaves the fields null; a row of another shape is refused
+    assert complete_event_row(row[:-1] + ("{}",))[LEGACY_EVENT_COLUMNS:] == NONE14
+    assert complete_event_row(row[:-1] + ("not json",))[LEGACY_EVENT_COLUMNS:] == NONE14
+    with pytest.raises(LakeError, match="expected 25"):
+        complete_event_row(row[:5])
+
+
+def test_the_sink_completes_rows_of_an_earlier_worker(tmp_path):
+    body = json.dumps({"event_id": "e1", "type": "job.finished", **ENV, "job_id": "j", "outcome": "cancelled"})
+    item = {"origin": ["chipledger.jobs", 0, 0],
+            "tables": {"events": [["e1", "job.finished", "lab/a100", "src", T_S, T_S, 0, "chipledger.jobs", 0, 0,
+                                   body]]}}
+    sink = Sink(tmp_path / "lake", open_store(f"sqlite:///{tmp_path / 'store.db'}"), name="sink",
+                consumer=object())
+    sink.handle([SimpleNamespace(topic="chipledger.journal", partition=0, offset=0,
+                                 value=rows_record("lab/a100", [item]))])
+    assert connect(tmp_path / "lake").execute("SELECT job_id, outcome, team FROM events").fetchall() == [
+        ("j", "cancelled", None)]
+
+
+def test_events_files_of_an_earlier_version_are_refused_clearly(tmp_path):
+    legacy = pa.schema(list(SCHEMAS["events"])[:LEGACY_EVENT_COLUMNS])
+    out = tmp_path / "events" / "day=2026-11-02"
+    out.mkdir(parents=True)
+    row = ["e1", "pool.tick", "p", "s", T_S, T_S, 0, "t", 0, 0, "{}"]
+    pq.write_table(pa.Table.from_arrays([pa.array([v], type=f.type) for v, f in zip(row, legacy)], schema=legacy),
+                   out / "part-old-0001.parquet")
+    with pytest.raises(LakeError, match=r"part-old-0001.parquet: an events file with 11 columns, expected 25 .*"
+                                        r"chipledger run --overwrite"):
+        check_events_files(tmp_path)
+    with pytest.raises(LakeError, match="earlier version"):
+        connect(tmp_path)
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_analytics", ROOT / "bench" / "analytics.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_benchmark_generator_writes_the_typed_fields_as_the_writers_do(tmp_path):
+    """Every event the generator writes: its typed fields equal what the lake writer takes from the event its
+    body parses to (analytics.lake.event_fields, which the embedded run and the Kafka path both use)."""
+    counts = _bench().generate(tmp_path, 20_000)
+    con = connect(tmp_path / "lake")
+    rows = con.execute(f"SELECT body, {COLS} FROM base_event_log").fetchall()
+    assert len(rows) == counts["events"] > 10_000
+    types = set()
+    for body, *fields in rows:
+        e = parse_payload(orjson.loads(body))
+        assert not hasattr(e, "code"), (body, e)
+        assert tuple(fields) == event_fields(e), body
+        types.add(e.type)
+    assert types >= {"pool.configured", "chip.registered", "chip.state_changed", "quota.granted", "job.submitted",
+                     "job.started", "job.checkpointed", "job.preempted", "job.finished", "pool.tick"}
