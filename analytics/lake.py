@@ -7,6 +7,7 @@ whatever the length of the log.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections import defaultdict
 from datetime import datetime, timezone
@@ -107,13 +108,18 @@ def complete_event_row(row: tuple) -> tuple:
     if len(row) != LEGACY_EVENT_COLUMNS:
         raise LakeError(f"an events row has {len(row)} columns; expected {len(SCHEMAS['events'])} "
                         f"(or {LEGACY_EVENT_COLUMNS} without the typed fields)")
+    return (*row, *body_fields(row[-1]))
+
+
+def body_fields(body) -> tuple:
+    """The typed fields of an event given as its canonical JSON; all null when it is not a valid event."""
     try:
-        event = parse_payload(orjson.loads(row[-1]))
+        event = parse_payload(orjson.loads(body))
     except (orjson.JSONDecodeError, TypeError):
         event = None
-    fields = event_fields(event) if event is not None and not isinstance(event, Rejection) \
-        else (None,) * len(EVENT_FIELDS)
-    return (*row, *fields)
+    if event is None or isinstance(event, Rejection):
+        return (None,) * len(EVENT_FIELDS)
+    return event_fields(event)
 
 
 _DAYS: dict[int, str] = {}
@@ -214,6 +220,31 @@ def check_events_files(root: Path) -> None:
         n = pq.read_metadata(path).num_columns
         if n != want:
             raise LakeError(f"{path}: an events file with {n} columns, expected {want} (written by an earlier "
-                            "version, without the typed event fields); write the lake again from the event log "
-                            "with `chipledger run --overwrite`")
+                            f"version, without the typed event fields); add them with `chipledger lake upgrade "
+                            f"--lake {root}` (or write the lake again with `chipledger run --overwrite`)")
+
+
+def upgrade_events_files(root: Path) -> list[Path]:
+    """Give the `events` files written by an earlier version (without the typed fields) their typed fields, taken
+    from each row's body, and return them. Each file is written anew beside itself and renamed over itself, so a
+    reader sees the old file or the new one, never both, and an interrupted upgrade can simply be run again."""
+    schema = SCHEMAS["events"]
+    legacy_names = schema.names[:LEGACY_EVENT_COLUMNS]
+    done = []
+    for path in sorted((Path(root) / "events").rglob("*.parquet")):
+        if pq.read_metadata(path).num_columns == len(schema):
+            continue
+        old = pq.read_table(path, partitioning=None)
+        if old.schema.names != legacy_names:
+            raise LakeError(f"{path}: not an events file of chipledger (columns {old.schema.names})")
+        fields = [body_fields(b) for b in old.column("body").to_pylist()]
+        columns = list(zip(*fields)) if fields else [()] * len(EVENT_FIELDS)
+        typed = [pa.array(list(col), type=schema.field(name).type) for col, name in zip(columns, EVENT_FIELDS)]
+        new = pa.Table.from_arrays([*old.cast(pa.schema(list(schema)[:LEGACY_EVENT_COLUMNS])).columns, *typed],
+                                   schema=schema)
+        tmp = path.with_name(f".{path.name}.upgrading")  # not *.parquet: no reader globs it
+        pq.write_table(new, tmp, compression="zstd")
+        os.replace(tmp, path)
+        done.append(path)
+    return done
 

@@ -24,6 +24,8 @@ kafka_app = typer.Typer(no_args_is_help=True,
 app.add_typer(kafka_app, name="kafka")
 topics_app = typer.Typer(no_args_is_help=True, help="The chipledger Kafka topics (inputs keyed by pool, outputs).")
 app.add_typer(topics_app, name="topics")
+lake_app = typer.Typer(no_args_is_help=True, help="Maintenance of the lake's Parquet files.")
+app.add_typer(lake_app, name="lake")
 
 console = Console()
 err = Console(stderr=True)
@@ -230,6 +232,28 @@ def alerts(
     else:
         console.print("no burn-rate alert firing", highlight=False)
     raise typer.Exit(exit_status(found))
+
+
+@lake_app.command("upgrade")
+def lake_upgrade(
+    lake: Optional[Path] = typer.Option(None, "--lake", help="the lake's folder (default [lake] path)"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """Bring a lake written by an earlier chipledger up to this version's tables, in place: `events` files gain
+    the typed event fields, taken from each row's JSON body. Safe to run again, and while readers are open."""
+    from analytics.lake import LakeError, upgrade_events_files
+
+    root = lake or Path(_config(config).lake.path)
+    if not root.is_dir():
+        _fail(f"no lake at {root}", 2)
+    try:
+        done = upgrade_events_files(root)
+    except LakeError as e:
+        _fail(str(e), 1)
+    for p in done:
+        typer.echo(str(p))
+    typer.echo(f"{len(done)} events file(s) upgraded in {root}" if done else f"{root}: nothing to upgrade",
+               err=True)
 
 
 @schema_app.command("export")

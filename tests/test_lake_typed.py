@@ -138,10 +138,42 @@ def test_events_files_of_an_earlier_version_are_refused_clearly(tmp_path):
     pq.write_table(pa.Table.from_arrays([pa.array([v], type=f.type) for v, f in zip(row, legacy)], schema=legacy),
                    out / "part-old-0001.parquet")
     with pytest.raises(LakeError, match=r"part-old-0001.parquet: an events file with 11 columns, expected 25 .*"
-                                        r"chipledger run --overwrite"):
+                                        r"chipledger lake upgrade --lake .*chipledger run --overwrite"):
         check_events_files(tmp_path)
     with pytest.raises(LakeError, match="earlier version"):
         connect(tmp_path)
+
+
+def test_lake_upgrade_gives_files_of_an_earlier_version_their_typed_fields_in_place(tmp_path):
+    runner = CliRunner()
+    lake = tmp_path / "lake"
+    fixture = ROOT / "tests" / "fixtures" / "hand.jsonl"
+    assert runner.invoke(app, ["run", "--events", str(fixture), "--lake", str(lake),
+                               "--store", f"sqlite:///{tmp_path / 's.db'}"]).exit_code == 0
+    query = "SELECT * FROM events ORDER BY \"offset\""
+    want = connect(lake).execute(query).fetchall()
+    typed_want = connect(lake).execute(f"SELECT {COLS} FROM base_event_log ORDER BY \"offset\"").fetchall()
+    files = sorted((lake / "events").rglob("*.parquet"))
+    assert files and any(v != NONE14 for v in typed_want)
+    for f in files:  # as an earlier version wrote them: no typed fields
+        t = pq.read_table(f, partitioning=None)
+        pq.write_table(t.select(t.schema.names[:LEGACY_EVENT_COLUMNS]), f)
+    with pytest.raises(LakeError, match="chipledger lake upgrade"):
+        connect(lake)
+
+    up = runner.invoke(app, ["lake", "upgrade", "--lake", str(lake)])
+    assert up.exit_code == 0, up.output
+    assert sorted(up.stdout.split()) == sorted(str(f) for f in files)
+    assert f"{len(files)} events file(s) upgraded" in up.stderr
+    assert sorted((lake / "events").rglob("*")) == sorted(
+        {*files, *(f.parent for f in files)})  # rewritten in place, nothing left beside them
+    assert connect(lake).execute(query).fetchall() == want
+    assert connect(lake).execute(f"SELECT {COLS} FROM base_event_log ORDER BY \"offset\"").fetchall() == typed_want
+
+    again = runner.invoke(app, ["lake", "upgrade", "--lake", str(lake)])
+    assert again.exit_code == 0 and again.stdout == "" and "nothing to upgrade" in again.stderr
+    missing = runner.invoke(app, ["lake", "upgrade", "--lake", str(tmp_path / "nowhere")])
+    assert missing.exit_code == 2 and "no lake at" in missing.stderr
 
 
 def _bench():
