@@ -32,7 +32,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -184,12 +183,10 @@ def pipeline(bootstrap: str, work: Path, total_events: int) -> dict:
             "sink": sink.stats.as_dict(), "app_id": app_id}
 
 
-def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: str) -> dict:
-    """Produce at `rate` events/s for `seconds` while the worker of the throughput run (same app id and table
-    state: it resumes at the end of the log) follows; latency of every output."""
+def output_consumer(bootstrap: str, ready, halt, count, out_path: str) -> None:
+    """In its own process (so that it and the producer do not share a GIL): read the output topics from their end,
+    note the arrival time of every input record's output, and write them to `out_path` when told to stop."""
     from kafka import KafkaConsumer, TopicPartition
-
-    from streams.producer import LedgerProducer
 
     # fetch_max_wait_ms: kafka-python holds a fetch up to 500 ms by default, which would be measured as latency
     cons = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=10)
@@ -198,28 +195,44 @@ def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: s
     cons.seek_to_end(*tps)
     for tp in tps:
         cons.position(tp)
+    ready.set()
+    got = []
+    while not halt.is_set():
+        for recs in cons.poll(timeout_ms=100).values():
+            now = time.time()
+            for r in recs:
+                v = orjson.loads(r.value)
+                if v.get("kind") != "rows":
+                    continue
+                for item in v["items"]:
+                    got.append((r.topic, item["origin"], now))
+                    if r.topic == TOPIC_JOURNAL:
+                        count.value += 1
+    cons.close()
+    Path(out_path).write_bytes(orjson.dumps(got))
+
+
+def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: str) -> dict:
+    """Produce at `rate` events/s for `seconds` while the worker of the throughput run (same app id and table
+    state: it resumes at the end of the log) follows; latency of every output, taken by a consumer of the output
+    topics in another process."""
+    import multiprocessing
+
+    from streams.producer import LedgerProducer
+
+    ctx = multiprocessing.get_context("spawn")
+    ready, halt, count = ctx.Event(), ctx.Event(), ctx.Value("q", 0)
+    out_path = work / "latency-outputs.json"
+    reader = ctx.Process(target=output_consumer, args=(bootstrap, ready, halt, count, str(out_path)), daemon=True)
+    reader.start()
+    if not ready.wait(60):
+        raise RuntimeError("the output consumer did not start")
     proc = worker_proc(bootstrap, work / "worker", app_id, work / "worker-lat.log")
     sent_at: dict[tuple, float] = {}  # (topic, partition, offset) -> send wall time (s)
     lat_all: list[float] = []
     lat_dec: list[float] = []
-    pending: list = []
-    done = threading.Event()
-
-    def consume():
-        while not done.is_set():
-            for recs in cons.poll(timeout_ms=100).values():
-                now = time.time()
-                for r in recs:
-                    v = orjson.loads(r.value)
-                    if v.get("kind") != "rows":
-                        continue
-                    for item in v["items"]:
-                        pending.append((r.topic, tuple(item["origin"]), now))
-
     try:
         time.sleep(10)  # the worker's start-up: join the group, open its table, reach the end of the log
-        th = threading.Thread(target=consume, daemon=True)
-        th.start()
         p = LedgerProducer(bootstrap, linger_ms=0)
         interval = 1.0 / rate
         t0 = time.monotonic()
@@ -237,17 +250,15 @@ def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: s
             sent_at[(md.topic, md.partition, md.offset)] = at
         p.close()
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and count.value < len(sent_at):
             time.sleep(0.5)
-            got = {o for _, o, _ in pending}
-            if len(got) >= len(sent_at):
-                break
-        done.set()
-        th.join(5)
     finally:
+        halt.set()
+        reader.join(60)
         stop(proc)
-        cons.close()
+    pending = orjson.loads(out_path.read_bytes()) if out_path.exists() else []
     for topic, origin, now in pending:
+        origin = tuple(origin)
         at = sent_at.get(origin)
         if at is None:
             continue

@@ -68,7 +68,8 @@ class WorkerSettings:
     checkpoint_interval_ms: int = 500  # how often folded records are made durable (state written, inputs acked)
     drain_interval_ms: int = 10
     fetch_max_wait_ms: int = 20  # how long the broker may hold a fetch of the input topics (Faust fixes 1,500)
-    freeze_gc: bool = False  # run_worker (its own process): gc.freeze() after the first checkpoint
+    freeze_gc: bool = False  # run_worker (its own process): gc.freeze() at each checkpoint, see PoolWorker._gc
+    full_gc_interval_s: float = 600  # with freeze_gc: how often everything is collected (one longer pause)
     fold_config: FoldConfig = field(default_factory=lambda: DEFAULT_CONFIG)
 
     def store_url(self) -> str:
@@ -145,9 +146,10 @@ class PoolWorker:
         self._last_checkpoint = 0.0
         self.received_next: dict[TP, int] = {}
         self.counts = {"received": 0, "applied": 0, "duplicates": 0, "dead_letters": 0, "skipped": 0,
-                       "ticks": 0, "batches": 0, "checkpoints": 0}
+                       "ticks": 0, "batches": 0, "checkpoints": 0, "full_collections": 0}
         self._lock = asyncio.Lock()
         self._ckpt: Optional[asyncio.Future] = None  # the checkpoint in progress
+        self._last_full_gc = float("-inf")
 
     # --- in ---------------------------------------------------------------------------------------------
     def receive(self, event) -> None:
@@ -204,7 +206,22 @@ class PoolWorker:
                     or len(self._unacked) >= CHECKPOINT_RECORDS_MAX):
                 self._ckpt = asyncio.ensure_future(self._checkpoint(*self._capture()))
                 self._last_checkpoint = now
+                if self.settings.freeze_gc:
+                    self._gc(now)
             return n
+
+    def _gc(self, now: float) -> None:
+        """Keep Python's full collections out of the drain's way: the states, Faust and the buffers are many
+        long-lived objects, and a full collection scans them all (60-200 ms pauses, every few seconds at 2,000
+        events/s). So what lives at a checkpoint is frozen (left out of collections; what dies is still freed by
+        its reference count), and only every `full_gc_interval_s` is everything unfrozen and collected (one
+        pause), which also frees cyclic garbage that was frozen meanwhile."""
+        if now - self._last_full_gc >= self.settings.full_gc_interval_s:
+            gc.unfreeze()
+            gc.collect()
+            self._last_full_gc = now
+            self.counts["full_collections"] += 1
+        gc.freeze()
 
     async def settle(self) -> None:
         """Wait for the checkpoint in progress, if any (and raise what it raised)."""
@@ -240,11 +257,6 @@ class PoolWorker:
         for p in unacked:
             p.event.ack()
         self.counts["checkpoints"] += 1
-        if self.counts["checkpoints"] == 1 and self.settings.freeze_gc:
-            # start-up is over (Faust, the table, the pools' states): collect once, then keep what lives now out of
-            # the collector's later full passes, which otherwise pause the drain for tens of milliseconds each
-            gc.collect()
-            gc.freeze()
 
     def _fold(self, key_pool: str, p: Pending, touched: dict) -> list[tuple[str, dict]]:
         """Fold one record; returns its outputs as (output topic, item), item = {"origin", "tables"}."""

@@ -230,25 +230,27 @@ def test_worker_and_sink_commands_say_clearly_when_no_broker_answers(tmp_path):
     assert res.exit_code == 2 and "no Kafka broker answered at 127.0.0.1:1" in res.stderr
 
 
-def test_a_worker_process_freezes_what_lives_after_its_first_checkpoint_and_only_then():
+def test_a_worker_process_freezes_what_lives_at_each_checkpoint_and_collects_everything_now_and_then():
     import gc
 
     for freeze in (False, True):
         h = Harness()
         h.worker.settings.freeze_gc = freeze
+        h.worker.settings.full_gc_interval_s = 600
         evs = h.feed(_valid_lines())
         try:
-            for ev in evs[:5]:
+            for i, ev in enumerate(evs[:9]):  # three checkpoints: at 0 s, 10 s and 700 s
+                h.now = {0: 0.0, 3: 10.0, 6: 700.0}.get(i, h.now)
                 h.worker.receive(ev)
-            assert gc.get_freeze_count() == 0
-            h.drain()
-            assert h.worker.counts["checkpoints"] == 1
-            assert (gc.get_freeze_count() > 0) is freeze
-            frozen = gc.get_freeze_count()
-            for ev in evs[5:]:
-                h.worker.receive(ev)
-            h.drain()  # the second checkpoint freezes nothing more (frozen objects may die)
-            assert h.worker.counts["checkpoints"] == 2 and gc.get_freeze_count() <= frozen
+                if i % 3 == 2:
+                    h.drain()
+                    if freeze:
+                        assert gc.get_freeze_count() > 0  # what lived at the checkpoint is frozen
+                    else:
+                        assert gc.get_freeze_count() == 0
+            assert h.worker.counts["checkpoints"] == 3
+            # everything collected at the first checkpoint and again 700 s later, not at 10 s
+            assert h.worker.counts["full_collections"] == (2 if freeze else 0)
         finally:
             gc.unfreeze()
 
