@@ -140,10 +140,14 @@ def faust_floor_child(bootstrap: str, total: int, app_id: str, work: Path) -> No
     app.main()
 
 
+WORKER_ARGS: list[str] = []  # more `chipledger worker` options (--worker-arg)
+
+
 def worker_proc(bootstrap: str, data_dir: Path, app_id: str, log: Path) -> subprocess.Popen:
     out = open(log, "ab")
     return subprocess.Popen([sys.executable, "-m", "chipledger.cli", "worker", "--bootstrap", bootstrap, "--data-dir",
-                             str(data_dir), "--app-id", app_id, "--tick-interval", "0", "--loglevel", "warning"],
+                             str(data_dir), "--app-id", app_id, "--tick-interval", "0", "--loglevel", "warning",
+                             *WORKER_ARGS],
                             stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
 
 
@@ -283,10 +287,13 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--bootstrap")
     ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
+                    help="pass an option to `chipledger worker`, e.g. --worker-arg=--merge-idle-ms=20")
     ap.add_argument("--faust-floor", type=int, help=argparse.SUPPRESS)  # child: the no-op Faust app
     ap.add_argument("--app-id", help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    WORKER_ARGS[:] = args.worker_arg
     if args.faust_floor:
         faust_floor_child(args.bootstrap, args.faust_floor, args.app_id, args.work)
         return 0
