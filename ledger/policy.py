@@ -586,6 +586,12 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
         tm = state.teams[team_name]
         chips = job.chips_milli
         unused = tm.nominal_milli - tm.use_milli
+        if inflight:  # the team's quota promised to its jobs that decisions in flight make room for
+            jobs = state.jobs
+            for b in inflight:
+                bj = jobs.get(b)
+                if bj is not None and bj.team == team_name:
+                    unused -= bj.chips_milli
         if chips <= unused:
             if chips <= free:
                 state.short_since.pop(jid, None)
