@@ -581,19 +581,10 @@ def _pending_demand(state: PoolState, name: str, jobs: int, milli: int, t: int) 
 
 
 def _enqueue(state: PoolState, job: Job, t: int) -> None:
-    """The job starts waiting: its chips join its team's pending demand and the policy's queue of the team.
-    (`_pending_demand` and `set_rate` written out: this runs at every submission.)"""
+    """The job starts waiting: its chips join its team's pending demand and the policy's queue of the team."""
     name = job.team
     milli = job.chips_milli
-    team = state.teams[name]
-    team.pending += 1
-    rate = team.pending_milli = team.pending_milli + milli
-    h = state.books._handles.get(name)
-    acc = (h if h is not None else state.books.team_accounts(name))[4]
-    if acc[0] != rate:
-        acc[2] += acc[0] * (t - acc[1])
-        acc[1] = t
-        acc[0] = rate
+    _pending_demand(state, name, 1, milli, t)
     job.waiting_since = t
     q = state.waiting.get(name)
     if q is None:
@@ -613,19 +604,10 @@ def _enqueue(state: PoolState, job: Job, t: int) -> None:
 
 
 def _dequeue(state: PoolState, job: Job, t: int) -> None:
-    """The job stops waiting (it started or finished): its chips leave its team's pending demand and queue.
-    (`_pending_demand` and `set_rate` written out: this runs at every start.)"""
+    """The job stops waiting (it started or finished): its chips leave its team's pending demand and queue."""
     name = job.team
     milli = job.chips_milli
-    team = state.teams[name]
-    team.pending -= 1
-    rate = team.pending_milli = team.pending_milli - milli
-    h = state.books._handles.get(name)
-    acc = (h if h is not None else state.books.team_accounts(name))[4]
-    if acc[0] != rate:
-        acc[2] += acc[0] * (t - acc[1])
-        acc[1] = t
-        acc[0] = rate
+    _pending_demand(state, name, -1, -milli, t)
     job_id = job.job_id
     del state.waiting[name][job_id]
     sizes = state.pending_sizes
