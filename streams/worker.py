@@ -505,7 +505,7 @@ def run_worker(settings: WorkerSettings, loglevel: str = "warning") -> None:
     """Run the worker until SIGTERM / SIGINT (blocking). Faust's Worker owns the event loop and the signals."""
     import faust
 
-    settings.freeze_gc = True  # the process is the worker's alone: see PoolWorker._checkpoint
+    settings.freeze_gc = True  # the process is the worker's alone: see PoolWorker._gc
     app, _ = make_app(settings)
     try:
         faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
