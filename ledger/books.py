@@ -90,10 +90,10 @@ class Books:
             amount -= acc[2] + r * (t - acc[1])
         accounts = self.accounts
         for key, sign in _POOL_SIGNS:
-            acc = accounts.get(key)
-            if acc is not None:
-                rate += sign * acc[0]
-                amount += sign * (acc[2] + acc[0] * (t - acc[1]))
+            acc2 = accounts.get(key)
+            if acc2 is not None:
+                rate += sign * acc2[0]
+                amount += sign * (acc2[2] + acc2[0] * (t - acc2[1]))
         return rate, amount
 
     def settle_idle(self, t: int) -> None:

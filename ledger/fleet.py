@@ -3,7 +3,7 @@ tests, backtests). Each event goes to its own pool's state; pools never see each
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from ledger.fold import DEFAULT_CONFIG, FoldConfig, Step, close_books, evolve, policy_rows
 from ledger.state import PoolState
@@ -14,7 +14,7 @@ class Fleet:
         self.config = config
         self.pools: dict[str, PoolState] = dict(pools or {})
 
-    def apply(self, event, raw: Optional[bytes] = None) -> Step:
+    def apply(self, event, raw: Any = None) -> Step:
         state = self.pools.get(event.pool)
         new, step = evolve(state, event, self.config, raw)
         if new is not state:  # a pool.configured created the pool

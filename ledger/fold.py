@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
+from mypy_extensions import mypyc_attr
 from schemas.codes import Rejection, RejectionCode as RC
 from schemas.events import _OFFSET_S, _UNIX_ORDINAL, MILLI, epoch_s, to_milli
 
@@ -54,6 +55,7 @@ class JobRunRow(NamedTuple):
     posted_at: int
 
 
+@mypyc_attr(native_class=False)
 class Step:
     """What one event did: either applied (with its outputs), dropped as a duplicate, or rejected.
 
@@ -71,7 +73,11 @@ class Step:
     lateness_s = 0
     duplicate = False
     rejection: Optional[Rejection] = None
-    journal = job_runs = decisions = balances = pending = NO_ROWS
+    journal: list = NO_ROWS
+    job_runs: list = NO_ROWS
+    decisions: list = NO_ROWS
+    balances: list = NO_ROWS
+    pending: list = NO_ROWS
 
     def __init__(self, occurred_s: int = 0, applied_at: Optional[int] = None):
         self.occurred_s = occurred_s
@@ -127,7 +133,7 @@ DEFAULT_CONFIG = FoldConfig()
 # evolve
 # ---------------------------------------------------------------------------------------------------------
 
-def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFIG, raw: Optional[bytes] = None):
+def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFIG, raw: Any = None):
     """Apply one validated event to its pool's state. Returns (state, Step).
 
     `state` is None for a pool never configured; only `pool.configured` may create it. `raw` is the message
@@ -151,6 +157,7 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     # apart by a stable 64-bit digest of the body (ledger.state.fingerprint; without raw bytes the event's
     # canonical JSON stands in). The window keeps an accepted event's raw bytes and digests them only when its
     # id comes again (or the state is saved): most ids never do.
+    body: Any
     if raw is None or raw.__class__ is not bytes:
         body = fingerprint(raw if raw is not None else event.model_dump_json().encode())
     else:
@@ -207,7 +214,7 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
             # heads its team's queue
             due = [jid for jid, w in state.wakes.items() if w <= t] if t >= state.policy_due else None
             if trigger is not None:
-                job = state.jobs[event.job_id]
+                job: Any = state.jobs[event.job_id]
                 team = state.teams[job.team]
                 chips = job.chips_milli
                 # the common case needs no look: the job fits its team's unused quota and the free chips
@@ -970,8 +977,8 @@ def check_invariants(s: PoolState) -> None:
             pc.setdefault(j.team, {})
             pc[j.team][j.priority] = pc[j.team].get(j.priority, 0) + j.chips_milli
     assert pc == {k: v for k, v in s.prio_chips.items() if v}, (pc, s.prio_chips)
-    waiting = {(j.team, j.job_id) for j in s.jobs.values() if j.status == "pending"}
-    assert waiting == {(t, jid) for t, q in s.waiting.items() for jid in q}, "policy queue index out of date"
+    waiting2 = {(j.team, j.job_id) for j in s.jobs.values() if j.status == "pending"}
+    assert waiting2 == {(t, jid) for t, q in s.waiting.items() for jid in q}, "policy queue index out of date"
     running = {(j.team, j.job_id) for j in s.jobs.values() if j.status == "running"}
     assert running == {(t, jid) for t, q in s.running_jobs.items() for jid in q}, "running index out of date"
     sizes: dict[int, int] = {}

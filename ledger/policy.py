@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import orjson
 from datetime import datetime, timezone
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 from schemas.events import MILLI, epoch_s
 from schemas.outputs import DecisionBurst, DecisionPreempt
@@ -192,9 +192,9 @@ def decayed_usages(state: PoolState, t: int, half_life_s: int) -> dict[str, int]
             u += a[2] + a[0] * (t - a[1])
         else:
             for acc_name in (IN_QUOTA, BORROWED, BURST):
-                a = accounts.get((acc_name, name))
-                if a is not None:
-                    u += a[2] + a[0] * (t - a[1])
+                a2 = accounts.get((acc_name, name))
+                if a2 is not None:
+                    u += a2[2] + a2[0] * (t - a2[1])
         usage[name] = u
     return usage
 
@@ -341,13 +341,14 @@ def snapshot(state: PoolState, t: int, balances: list, pending: list, config) ->
         memo: dict = {}
         for job in sorted(state.waiting[team].values(), key=_waiting_key):
             jid = job.job_id
+            why: Any
             if jid in inflight or jid in short_since:
                 why = pending_reason(state, job, t, config, ctx)
             else:
-                kind = (job.chips_milli, job.chips_per_node)
-                why = memo.get(kind)
+                kind2 = (job.chips_milli, job.chips_per_node)
+                why = memo.get(kind2)
                 if why is None:
-                    why = memo[kind] = pending_reason(state, job, t, config, ctx)
+                    why = memo[kind2] = pending_reason(state, job, t, config, ctx)
             pending.append(_new_tuple(PendingRow, (pool, jid, team, t, job.chips_milli, job.priority,
                                                    job.waiting_since, why[0], why[1])))
 
@@ -546,7 +547,7 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
         state.limits_cache = (state.quota_epoch, limits, lenders)
     k = state.heads_k = config.candidates_per_team
     if only is None:
-        work = []
+        work: list = []
         for team_name in sorted(state.waiting):
             queue = state.waiting[team_name]
             if queue:
@@ -607,8 +608,8 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
                 guarded_total = 0
                 teams = state.teams
                 for n, llim in lenders:  # guarded_milli, written out
-                    g = teams[n]
-                    g = g.nominal_milli - g.use_milli - llim
+                    gt = teams[n]
+                    g = gt.nominal_milli - gt.use_milli - llim
                     g = g if g > 0 else 0
                     guarded[n] = g
                     guarded_total += g
@@ -771,7 +772,7 @@ def _priority_victims(state: PoolState, ben: Job, need: int, t: int, fs, config)
 
 
 def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, need: int, free: int, t: int,
-          fs, limits, step, config) -> None:
+          fs, limits, step, config) -> int:
     decision_id = f"{trigger_id}:{rule}:{ben.job_id}"
     victims = []
     freed = 0

@@ -10,32 +10,48 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field, fields
-from typing import Optional
+from typing import Any, Optional
 
 from zlib import adler32, crc32
+
+from mypy_extensions import mypyc_attr
 
 from ledger.books import HOUR_S, Books
 
 AVAILABLE_STATES = frozenset({"healthy", "degraded"})  # down and maintenance chips are unavailable
 
 
+def _read_only(*args, **kwargs):
+    raise TypeError("a Step's empty output list is shared and read-only")
+
+
+@mypyc_attr(native_class=False)
 class _NoRows(list):
     """The output list of a `Step` that put out nothing: one shared, empty, read-only list (equal to []), so that
     a step costs no list until it has a row. The fold gives a step its own list before adding rows."""
 
     __slots__ = ()
 
-    def _read_only(self, *args, **kwargs):
-        raise TypeError("a Step's empty output list is shared and read-only")
-
-    append = extend = insert = pop = remove = clear = sort = reverse = _read_only
-    __setitem__ = __delitem__ = __iadd__ = __imul__ = _read_only
+    # a module-level function, one assignment a line: the compiled core (mypyc) takes neither a method's name
+    # nor a chained assignment in a class body
+    append = _read_only
+    extend = _read_only
+    insert = _read_only
+    pop = _read_only
+    remove = _read_only
+    clear = _read_only
+    sort = _read_only
+    reverse = _read_only
+    __setitem__ = _read_only
+    __delitem__ = _read_only
+    __iadd__ = _read_only
+    __imul__ = _read_only
 
 
 NO_ROWS = _NoRows()
 
 
-def fingerprint(body: bytes) -> int:
+def fingerprint(body: Any) -> int:  # any bytes-like value (bytes, bytearray, memoryview)
     """A stable 64-bit digest of a message body (the same on every process and replay): duplicates with the
     same event id are identical when their digests are."""
     return crc32(body) << 32 | adler32(body)
@@ -133,7 +149,7 @@ class PoolState:
     unavailable_milli: int = 0
     charged_milli: int = 0  # sum of team use
     # dedup window: event_id -> (fingerprint, event time); order of arrival for expiry
-    dedup: dict[str, tuple[int, int]] = field(default_factory=dict)
+    dedup: dict[str, tuple[Any, int]] = field(default_factory=dict)
     dedup_order: deque = field(default_factory=deque)
     # counters
     applied: int = 0
