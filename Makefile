@@ -4,22 +4,32 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+# the ledger core compiled with mypyc (scripts/build_core.py; ledger/_compiled.py loads it only when it was
+# built from the sources on disk): rebuilt when they change. Without a C compiler the core runs as plain Python;
+# CHIPLEDGER_REQUIRE_COMPILED=1 (CI) makes that an error.
+CORE   := $(VENV)/chipledger-core/manifest.json
+CORE_SOURCES := ledger/books.py ledger/state.py ledger/fold.py ledger/policy.py ledger/fleet.py ledger/_compiled.py
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench core clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[test,core]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+$(CORE): $(STAMP) $(CORE_SOURCES) scripts/build_core.py
+	$(PY) scripts/build_core.py $(if $(CHIPLEDGER_REQUIRE_COMPILED),--require)
+
+core: $(CORE)
+
+demo: $(CORE)
 	$(VENV)/bin/chipledger demo
 
-test: $(STAMP)
+test: $(CORE)
 	bash scripts/postgres.sh ensure
 	$(PY) -m pytest
 
-bench: $(STAMP)
+bench: $(CORE)
 	$(PY) bench/replay.py
 
 clean:

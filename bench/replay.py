@@ -11,7 +11,11 @@
    books). Prints events/s for each and its ratio to the
    baseline (target: the fold >= 0.5 x the validation-only rate).
 3. With `--opcodes N`: the Python opcodes the fold executes per event over N events (after the first 20,000),
-   by event type: a count the machine's load does not change, to compare two versions of the fold.
+   by event type: a count the machine's load does not change, to compare two versions of the fold. Only the
+   plain Python core runs opcodes: run it with CHIPLEDGER_PURE_PYTHON=1.
+
+The fold runs compiled (mypyc) when `make` built it, else as plain Python (ledger/_compiled.py); the bench
+prints which. CHIPLEDGER_PURE_PYTHON=1 measures the plain Python core.
 4. With `--digest N`: folds the first N events of the bench file (no timing) and prints a sha256 over every
    step's outputs in order (journal rows, job runs, decisions, balances, pending rows, dead letters, and when
    and how late each event was applied), then the closed books and the final state: two versions of the fold
@@ -203,6 +207,10 @@ def main() -> int:
     if args.child:
         child_rss(*args.child)
         return 0
+    import ledger
+
+    if args.opcodes and ledger.CORE == "compiled":
+        ap.error("--opcodes: the compiled core runs no Python opcodes; run with CHIPLEDGER_PURE_PYTHON=1")
     out = args.out or Path(tempfile.mkdtemp(prefix="chipledger-bench-"))
     out.mkdir(parents=True, exist_ok=True)
     per_day = events_per_day()
@@ -215,7 +223,7 @@ def main() -> int:
         print(f"digest of the fold's outputs and final state, first {lines:,} lines of {p}: {digest} "
               f"({time.process_time() - t0:.1f} s CPU)")
         return 0
-    print(f"scenario: seed {SEED}, scale {SCALE}, {per_day:,.0f} events/day")
+    print(f"scenario: seed {SEED}, scale {SCALE}, {per_day:,.0f} events/day; ledger core: {ledger.CORE}")
     sizes = sorted({args.events, *(int(s) for s in args.rss.split(",") if s)})
     files = {}
     for n in sizes:

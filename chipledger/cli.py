@@ -120,6 +120,7 @@ def print_summary(summary) -> None:
         t.add_row(f"lake rows: {table}", f"{n:,}")
     rate = summary.lines / summary.seconds if summary.seconds else 0
     t.add_row("seconds", f"{summary.seconds:.2f} ({rate:,.0f} lines/s)")
+    t.add_row("ledger core", summary.core)
     console.print(t)
     console.print(f"lake: {summary.lake}")
 

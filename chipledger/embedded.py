@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 from analytics.lake import LakeWriter, clear_lake, lake_has_data
 from analytics.lake_rows import read_rows
+import ledger
 from ledger import Fleet, FoldConfig
 from schemas import Rejection, parse_event
 from streams.rows import close_rows, deadletter_row, event_row, step_rows  # noqa: F401 (event_row: re-export)
@@ -41,6 +42,7 @@ class RunSummary:
     rows_written: dict = field(default_factory=dict)
     pools: int = 0
     seconds: float = 0.0
+    core: str = field(default_factory=lambda: ledger.CORE)  # the fold compiled or as plain Python (ledger/_compiled.py)
 
     @property
     def dead_letter_total(self) -> int:
@@ -51,7 +53,7 @@ class RunSummary:
             "source": self.source, "lake": self.lake, "run_id": self.run_id, "lines": self.lines,
             "blank": self.blank, "accepted": self.accepted, "duplicates": self.duplicates, "late": self.late,
             "dead_letters": dict(sorted(self.dead_letters.items())), "rows_written": dict(self.rows_written),
-            "pools": self.pools, "seconds": round(self.seconds, 3),
+            "pools": self.pools, "seconds": round(self.seconds, 3), "core": self.core,
         }
 
 

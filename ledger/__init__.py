@@ -1,7 +1,13 @@
 """The pure ledger core: `PoolState`, `evolve`, hourly books. No I/O, no wall clock, integers only.
 
 Layers point one way: schemas <- ledger <- {ledger.store, streams, analytics, chipledger}.
+
+`CORE` says whether the fold runs compiled (mypyc, built by `make`) or as plain Python (ledger/_compiled.py).
 """
+
+from ledger._compiled import activate as _activate
+
+CORE = _activate(__path__)  # before the core's modules are imported: the compiled ones, when they match
 
 from ledger.books import ACCOUNTS, POOL_ACCOUNTS, TEAM_ACCOUNTS, JournalRow, hour_of
 from ledger.fold import (
