@@ -6,7 +6,8 @@
    day stays the same and only the length of history grows).
 2. Times, in this process, alternating and keeping the best of `--repeat` runs of each (wall time, and CPU time
    of the process for (a) and (b)): (a) validation only:
-   read each line and `parse_event` it (the baseline); (b) parse + `Fleet.apply`, from which the fold's own
+   read each line and `parse_event` it (the baseline); (b) parse + `Fleet.apply` (with the embedded run's
+   periodic `gc.freeze`), from which the fold's own
    cost is derived as (b) - (a); (c) the embedded run: `run_file` (parse, fold, lake writes, close of the
    books). Prints events/s for each and its ratio to the
    baseline (target: the fold >= 0.5 x the validation-only rate).
@@ -73,6 +74,9 @@ def time_validate(path: Path) -> tuple[float, int, float]:
 
 def time_fold(path: Path) -> tuple[float, int, float]:
     """(wall seconds, lines, CPU seconds of this process)."""
+    import gc
+
+    from chipledger.embedded import GC_FREEZE_MASK
     from ledger import Fleet
     from schemas import Rejection, parse_event
 
@@ -82,12 +86,16 @@ def time_fold(path: Path) -> tuple[float, int, float]:
     n = 0
     with open(path, "rb") as f:
         for line in f:
+            n += 1
+            if not n & GC_FREEZE_MASK:  # as the embedded run does
+                gc.freeze()
             e = parse_event(line)
             if not isinstance(e, Rejection):
                 fleet.apply(e, line)
-            n += 1
     fleet.close()
-    return time.perf_counter() - t0, n, time.process_time() - c0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    gc.unfreeze()
+    return dt, n, cpu
 
 
 def time_embedded(path: Path, lake: Path) -> tuple[float, dict, dict]:

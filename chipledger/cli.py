@@ -619,8 +619,11 @@ def worker(
         fetch_max_wait_ms=cfg.worker.fetch_max_wait_ms if fetch_max_wait_ms is None else fetch_max_wait_ms,
         fold_config=fold,
     )
+    import ledger
+
     err.print(f"worker {app_id}: {bootstrap}, {settings.partitions} partitions, table {store_kind} in "
               f"{settings.data_dir}", highlight=False)
+    err.print(f"worker {app_id}: ledger core {ledger.CORE}", highlight=False, soft_wrap=True)
     run_worker(settings, loglevel)
 
 

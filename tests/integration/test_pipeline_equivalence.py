@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from chipledger.cli import app  # noqa: E402
 from chipledger.scenario import corrupt, generate, iter_jsonl  # noqa: E402
 from kafka_support import check_prerequisites, free_port, start_broker  # noqa: E402
+import ledger  # noqa: E402
 from ledger.store import open_store  # noqa: E402
 from pipeline_support import WorkerProcess, lake_tables, pump  # noqa: E402
 from streams import broker  # noqa: E402
@@ -84,7 +85,10 @@ def test_emit_worker_sink_equals_run(bootstrap, tmp_path):
         worker.stop()
         sink.close()
     # the worker bounded its input fetches' wait at the broker (Faust itself would let them wait 1.5 s)
-    assert "input fetches wait at most 25 ms at the broker" in (tmp_path / "worker.log").read_text()
+    log = (tmp_path / "worker.log").read_text()
+    assert "input fetches wait at most 25 ms at the broker" in log
+    # and it says which ledger core folds: the same one `chipledger run` used here
+    assert f"ledger core {ledger.CORE}" in log
 
     # the lines emit refused are the run's parse-level dead letters
     run_tables = lake_tables(tmp_path / "run-lake")
