@@ -5,7 +5,7 @@
 1. Closed loop on an oversubscribed demo fleet (one pool of 512 chips on 8-chip nodes, six teams whose quotas
    add up to the capacity, demand about 1.4× the capacity, jobs of 1-64 chips running 4 h on average that
    checkpoint every 10 to 60 min). A small cluster simulator acts on the ledger's decisions: it preempts the named victims (job.preempted
-   with the decision_id) 10 s after a decision, starts pending jobs when chips are free (jobs a decision made
+   with the decision_id) 10 s after a decision unless the beneficiary started meanwhile, starts pending jobs when chips are free (jobs a decision made
    room for first, then jobs inside their team's quota, then borrowers; each in priority and arrival order),
    checkpoints running jobs, and finishes them when their work is done (a preempted job redoes the work since
    its last checkpoint). The same demand (same seed, same arrivals) runs twice in this process: victims in the
@@ -212,6 +212,8 @@ def simulate(order: str, seed: int, days: float) -> dict:
             schedule(t)
         elif kind == "act":
             d = payload
+            if d.beneficiary.job_id not in pending:
+                continue  # it started (or left) meanwhile: the decision is settled, nobody is preempted for it
             acted = False
             for v in d.victims:
                 job = jobs.get(v.job_id)

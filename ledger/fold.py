@@ -217,9 +217,11 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
                 job: Any = state.jobs[event.job_id]
                 team = state.teams[job.team]
                 chips = job.chips_milli
-                # the common case needs no look: the job fits its team's unused quota and the free chips
-                if not (chips <= team.nominal_milli - team.use_milli
-                        and chips <= state.capacity_milli - state.unavailable_milli - state.charged_milli):
+                # the common case needs no look: the job fits its team's unused quota and the free chips, and no
+                # decision in flight holds some of them for its beneficiary
+                if state.inflight or not (chips <= team.nominal_milli - team.use_milli
+                                          and chips <= state.capacity_milli - state.unavailable_milli
+                                          - state.charged_milli):
                     heads = state.heads.get(job.team)
                     if heads is not None:
                         for h in heads:

@@ -504,6 +504,26 @@ def _select(groups, need: int, room: dict[str, int]) -> list:
         del chosen[drop]
 
 
+def _promised_free(state: PoolState, free: int) -> int:
+    """The free chips held for beneficiaries of decisions in flight (at most `free`): a beneficiary still
+    pending takes its chips from its victims not yet gone and, for the rest, from the free chips (its
+    decision's need was its chips less the free chips then)."""
+    jobs = state.jobs
+    held = 0
+    for ben_id, fl in state.inflight.items():
+        ben = jobs.get(ben_id)
+        if ben is None or ben.status != "pending":
+            continue
+        rest = ben.chips_milli
+        for vid in fl[3]:
+            v = jobs.get(vid)
+            if v is not None and v.status == "running":
+                rest -= v.chips_milli
+        if rest > 0:
+            held += rest
+    return held if held < free else free
+
+
 def queue_key(job: Job):
     """Order of a team's queue: highest priority, then longest waiting, then job id."""
     return (-job.priority, job.waiting_since, job.job_id)
@@ -537,6 +557,10 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
     free = state.capacity_milli - state.unavailable_milli - state.charged_milli
     if free < 0:
         free = 0
+    # free chips that decisions in flight count on for their beneficiaries are not free for another job: two
+    # decisions never count the same free chips (as two jobs never claim the same unused quota)
+    held = _promised_free(state, free) if inflight else 0
+    free -= held
     cached = state.limits_cache
     if cached is not None and cached[0] == state.quota_epoch:
         limits = cached[1]
@@ -660,7 +684,12 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
                 wakes[jid] = wake
             continue
         state.blocked.pop(jid, None)
-        wakes[jid] = _emit(state, trigger_id, rule, job, chosen, need, free, t, fs, limits, step, config)
+        wakes[jid] = _emit(state, trigger_id, rule, job, chosen, need, free, held, t, fs, limits, step, config)
+        rest = chips - sum(c[1].chips_milli for c in chosen)  # what the beneficiary takes from the free chips
+        if rest > 0:
+            rest = rest if rest < free else free
+            free -= rest
+            held += rest
     if only is None:  # jobs no longer at a queue's head are not waited for
         for jid in [j for j in state.short_since if j not in seen]:
             del state.short_since[jid]
@@ -771,8 +800,8 @@ def _priority_victims(state: PoolState, ben: Job, need: int, t: int, fs, config)
     return chosen, (NEVER if chosen else cands.wake)
 
 
-def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, need: int, free: int, t: int,
-          fs, limits, step, config) -> int:
+def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, need: int, free: int, held: int,
+          t: int, fs, limits, step, config) -> int:
     decision_id = f"{trigger_id}:{rule}:{ben.job_id}"
     victims = []
     freed = 0
@@ -793,6 +822,8 @@ def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, 
         "lost_work_chip_s": float(sum(v["lost_work_chip_s"] for v in victims)),
         "waited_s": float(t - ben.waiting_since),
     }
+    if held:
+        numbers["promised_chips"] = held / MILLI
     victim_teams = sorted({v["team"] for v in victims})
     for name in victim_teams:
         b, u = borrowed_of(state.teams[name])
@@ -801,16 +832,17 @@ def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, 
         if u:
             numbers[f"burst_chips[{name}]"] = u / MILLI
     lost = int(numbers["lost_work_chip_s"])
+    promised = f", {_chips(held)} more promised to decisions in flight" if held else ""
     if rule == "reclaim":
         message = (f"reclaim: job {ben.job_id} ({_chips(ben.chips_milli)} chips) fits team {ben.team}'s unused "
-                   f"quota but only {_chips(free)} chips are free; preempt {len(victims)} job(s) of borrowing "
-                   f"team(s) {', '.join(victim_teams)} to free {_chips(freed)} chips "
+                   f"quota but only {_chips(free)} chips are free{promised}; preempt {len(victims)} job(s) of "
+                   f"borrowing team(s) {', '.join(victim_teams)} to free {_chips(freed)} chips "
                    f"({_chips(need)} needed, {lost} chip-s of work lost)")
     else:
         message = (f"priority: job {ben.job_id} (priority {ben.priority}, {_chips(ben.chips_milli)} chips) of "
                    f"team {ben.team}, at its quota and unable to borrow, preempts {len(victims)} lower-priority "
-                   f"job(s) of its team to free {_chips(freed)} chips ({_chips(need)} needed, {lost} chip-s of "
-                   f"work lost)")
+                   f"job(s) of its team to free {_chips(freed)} chips ({_chips(need)} needed{promised}, {lost} "
+                   f"chip-s of work lost)")
     expires = t + config.decision_timeout_s * 2 ** min(state.ignored.get(ben.job_id, 0), 4)
     state.inflight[ben.job_id] = [decision_id, rule, t, [v["job_id"] for v in victims], expires, False]
     state.inflight_next = min(state.inflight_next, expires)

@@ -226,6 +226,49 @@ def test_free_no_more_than_needed_drops_victims_that_became_unneeded():
     assert d.numbers["need_chips"] == 3 and d.numbers["freed_chips"] == 4
 
 
+def _two_short_base():
+    """12 chips; ads 4, vision 4, search 4. search runs s1-s4 (2 chips each) and x1, x2 (1 chip each) from 0:
+    it borrows 6 and 2 chips are free. Checkpoints leave x1 the least lost work at 2060 (1 × 65 chip-s), then
+    x2 (1 × 70), s4 (2 × 260), s3, s2, s1."""
+    events = pool(12) + [grant("ads", 4), grant("vision", 4), grant("search", 4)]
+    for jid in ("s1", "s2", "s3", "s4"):
+        events += run(jid, "search", 2)
+    events += run("x1", "search", 1) + run("x2", "search", 1)
+    return events + [checkpoint("s1", 1500), checkpoint("s2", 1600), checkpoint("s3", 1700),
+                     checkpoint("s4", 1800), checkpoint("x2", 1990), checkpoint("x1", 1995)]
+
+
+def test_free_chips_a_decision_in_flight_counts_on_are_not_counted_again():
+    # a1 (3 chips) counts on the 2 free chips and x1's 1; w1 (3 chips, vision) comes while that decision is in
+    # flight: the free chips are a1's, so w1 needs all its 3 chips (before: 1, and x2 alone was named, which
+    # would have left w1 short once a1 started)
+    r = Run(_two_short_base() + [submit("a1", "ads", 3, 2000), submit("w1", "vision", 3, 2000)])
+    d1, d2 = r.apply(tick(2060, eid="t1"))
+    assert (d1.decision_id, victims(d1)) == ("t1:reclaim:a1", [("x1", "search", 1.0, 65, 0)])
+    assert d1.numbers["need_chips"] == 1 and d1.numbers["free_chips"] == 2 and "promised_chips" not in d1.numbers
+    assert (d2.decision_id, victims(d2)) == ("t1:reclaim:w1", [("x2", "search", 1.0, 70, 0),
+                                                               ("s4", "search", 2.0, 520, 0)])
+    assert (d2.numbers["need_chips"], d2.numbers["free_chips"], d2.numbers["promised_chips"],
+            d2.numbers["freed_chips"]) == (3, 0, 2, 3)
+    assert "only 0 chips are free, 2 more promised to decisions in flight;" in d2.message
+
+
+def test_a_job_that_fits_the_free_chips_but_not_beside_a_decision_in_flight_waits_its_grace():
+    # a1 (3 chips) is in flight on the 2 free chips and x1; w1 (2 chips) fits the 2 free chips, but they are
+    # a1's: it is short from 2070 (before: it was taken to fit, and no decision was ever made for it), and after
+    # its grace it needs all its 2 chips: x2 (1 chip) and s4 (2) cover them, x2 is then not needed
+    r = Run(_two_short_base() + [submit("a1", "ads", 3, 2000)])
+    [d1] = r.apply(tick(2060, eid="t1"))
+    assert victims(d1) == [("x1", "search", 1.0, 65, 0)]
+    assert r.apply([submit("w1", "vision", 2, 2070), tick(2129)]) == []
+    [d2] = r.apply(tick(2130, eid="t2"))
+    assert (d2.decision_id, victims(d2)) == ("t2:reclaim:w1", [("s4", "search", 2.0, 660, 0)])
+    assert (d2.numbers["need_chips"], d2.numbers["free_chips"], d2.numbers["promised_chips"]) == (2, 0, 2)
+    # the cluster acts on a1's decision and starts a1: nothing is promised any more
+    r.apply([preempted("x1", 2140, d1.decision_id), start("a1", 2140)])
+    assert "a1" not in r.state.inflight and list(r.state.inflight) == ["w1"]
+
+
 def test_a_team_is_taken_from_only_while_it_still_borrows():
     # search borrows 1 chip (3 used of 2), vision borrows 2 (3 of 1); all jobs have 1 chip. ads needs 3.
     # U_search = 3 × 2060, U_vision = 3 × 1060 (of 9360 chip-s); S = 2/6 and 1/6:
