@@ -217,11 +217,18 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
                 job: Any = state.jobs[event.job_id]
                 team = state.teams[job.team]
                 chips = job.chips_milli
-                # the common case needs no look: the job fits its team's unused quota and the free chips, and no
-                # decision in flight holds some of them for its beneficiary
-                if state.inflight or not (chips <= team.nominal_milli - team.use_milli
-                                          and chips <= state.capacity_milli - state.unavailable_milli
-                                          - state.charged_milli):
+                # the common case needs no look: the job fits its team's unused quota and the free chips, less
+                # what decisions in flight hold for their beneficiaries (as policy.evaluate counts them); with
+                # decisions in flight, it is looked at when other jobs are due now (their decisions may take free
+                # chips first) or a decision has timed out (the look lets it go)
+                unused = team.nominal_milli - team.use_milli
+                free = state.capacity_milli - state.unavailable_milli - state.charged_milli
+                inflight = state.inflight
+                if inflight:
+                    unused -= policy.promised_quota(state, job.team)
+                    if free > 0:
+                        free -= policy.promised_free(state, free)
+                if (inflight and (due or t >= state.inflight_next)) or not (chips <= unused and chips <= free):
                     heads = state.heads.get(job.team)
                     if heads is not None:
                         for h in heads:

@@ -504,7 +504,7 @@ def _select(groups, need: int, room: dict[str, int]) -> list:
         del chosen[drop]
 
 
-def _promised_free(state: PoolState, free: int) -> int:
+def promised_free(state: PoolState, free: int) -> int:
     """The free chips held for beneficiaries of decisions in flight (at most `free`): a beneficiary still
     pending takes its chips from its victims not yet gone and, for the rest, from the free chips (its
     decision's need was its chips less the free chips then)."""
@@ -522,6 +522,18 @@ def _promised_free(state: PoolState, free: int) -> int:
         if rest > 0:
             held += rest
     return held if held < free else free
+
+
+def promised_quota(state: PoolState, team_name: str) -> int:
+    """The team's quota promised to its jobs that decisions in flight make room for (not unused for another
+    of its jobs)."""
+    jobs = state.jobs
+    held = 0
+    for b in state.inflight:
+        bj = jobs.get(b)
+        if bj is not None and bj.team == team_name:
+            held += bj.chips_milli
+    return held
 
 
 def queue_key(job: Job):
@@ -559,7 +571,7 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
         free = 0
     # free chips that decisions in flight count on for their beneficiaries are not free for another job: two
     # decisions never count the same free chips (as two jobs never claim the same unused quota)
-    held = _promised_free(state, free) if inflight else 0
+    held = promised_free(state, free) if inflight else 0
     free -= held
     cached = state.limits_cache
     if cached is not None and cached[0] == state.quota_epoch:
@@ -611,12 +623,8 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
         tm = state.teams[team_name]
         chips = job.chips_milli
         unused = tm.nominal_milli - tm.use_milli
-        if inflight:  # the team's quota promised to its jobs that decisions in flight make room for
-            jobs = state.jobs
-            for b in inflight:
-                bj = jobs.get(b)
-                if bj is not None and bj.team == team_name:
-                    unused -= bj.chips_milli
+        if inflight:
+            unused -= promised_quota(state, team_name)
         if chips <= unused:
             if chips <= free:
                 state.short_since.pop(jid, None)

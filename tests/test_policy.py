@@ -269,6 +269,36 @@ def test_a_job_that_fits_the_free_chips_but_not_beside_a_decision_in_flight_wait
     assert "a1" not in r.state.inflight and list(r.state.inflight) == ["w1"]
 
 
+def test_the_folds_no_look_shortcut_counts_the_free_chips_a_decision_in_flight_holds():
+    # as above, but a tick first settles the look-ups (nothing due before 2660, when a1's decision times out), so
+    # w1's submission takes the fold's shortcut for jobs that fit: it must still see that the 2 free chips are
+    # a1's, and so be short from its submission (2070) and get its decision when its grace ends at 2130
+    r = Run(_two_short_base() + [submit("a1", "ads", 3, 2000)])
+    [d1] = r.apply(tick(2060, eid="t1"))
+    assert r.apply(tick(2061)) == [] and r.state.policy_due == T0 + 2660 and not r.state.policy_full
+    assert r.apply(submit("w1", "vision", 2, 2070)) == []
+    assert r.state.short_since.get("w1") == T0 + 2070
+    [d2] = r.apply(tick(2130, eid="t2"))
+    assert (d2.decision_id, d2.numbers["promised_chips"]) == ("t2:reclaim:w1", 2)
+
+
+def test_the_folds_no_look_shortcut_counts_the_quota_a_decision_in_flight_holds():
+    # ads (4 chips of quota, no borrowing) has a1 (3 chips) in flight; s1 finishes, so 2 chips are free beyond
+    # the 3 promised to a1. a2 (ads, 2 chips) fits ads's unused quota as it stands (4) but not beside a1 (1 left)
+    # and ads cannot borrow: heading ads's queue, it is looked at at once, not taken to fit
+    events = pool(12) + [grant("ads", 4, borrowing_limit=0), grant("vision", 4), grant("search", 4)]
+    for jid in ("s1", "s2", "s3", "s4"):
+        events += run(jid, "search", 2)
+    events += run("x1", "search", 1) + run("x2", "search", 1)
+    r = Run(events + [submit("a1", "ads", 3, 2000)])
+    [d1] = r.apply(tick(2060, eid="t1"))
+    assert victims(d1) == [("x1", "search", 1.0, 2060, 0)]
+    assert r.apply([tick(2061), ev("job.finished", 2065, job_id="s1", outcome="succeeded")]) == [] and r.state.policy_due == T0 + 2660
+    assert r.apply(submit("a2", "ads", 2, 2070, priority=1)) == []  # it heads ads's queue
+    # short of chips it may use from its submission, its grace ending at 2130 (taken to fit: never looked at)
+    assert r.state.short_since.get("a2") == T0 + 2070 and r.state.wakes.get("a2") == T0 + 2130
+
+
 def test_a_team_is_taken_from_only_while_it_still_borrows():
     # search borrows 1 chip (3 used of 2), vision borrows 2 (3 of 1); all jobs have 1 chip. ads needs 3.
     # U_search = 3 × 2060, U_vision = 3 × 1060 (of 9360 chip-s); S = 2/6 and 1/6:
