@@ -365,7 +365,11 @@ class _Context:
 
     def __init__(self, state: PoolState, limits):
         self.limits = limits
-        self.free = free_milli(state)
+        free = free_milli(state)
+        # free chips decisions in flight hold for their beneficiaries are not free for another job (as the rules
+        # count them: evaluate)
+        self.promised = promised_free(state, free) if state.inflight and free > 0 else 0
+        self.free = free - self.promised
         self.guarded = {name: guarded_milli(tm, limits.get(name, (None, None))[1])
                         for name, tm in state.teams.items()}
         self.guarded_total = sum(self.guarded.values())
@@ -408,6 +412,10 @@ def pending_reason(state: PoolState, job: Job, t: int, config, ctx: Optional[_Co
         return PREEMPTION_IN_FLIGHT, (f"decision {fl[0]} ({fl[1]}) asked the cluster at {_utc(fl[2])} "
                                       f"UTC to make room for it; {len(fl[3])} of its victims not preempted yet")
     unused = tm.nominal_milli - tm.use_milli
+    if state.inflight:  # the team's quota promised to its jobs that decisions in flight make room for
+        unused -= promised_quota(state, job.team)
+    # chips promised to decisions in flight are counted as the rules count them, and said
+    promised = f" ({_chips(ctx.promised)} more promised to decisions in flight)" if ctx.promised else ""
     if chips <= unused:
         if chips <= free:
             if not _on_whole_nodes(job, ctx):
@@ -418,11 +426,11 @@ def pending_reason(state: PoolState, job: Job, t: int, config, ctx: Optional[_Co
         since = state.short_since.get(job.job_id)
         if since is not None and t < since + config.preemption_grace_s:
             return WAITING_GRACE, (f"fits its team's unused quota but only {_chips(free)} of {_chips(chips)} chips "
-                                   f"are free; waiting out the preemption grace until "
+                                   f"are free{promised}; waiting out the preemption grace until "
                                    f"{_utc(since + config.preemption_grace_s)} UTC")
         return WAITING_FOR_CHIPS, (f"fits its team's unused quota but only {_chips(free)} of {_chips(chips)} chips "
-                                   f"are free and no borrowed job can be preempted now (none borrowing, or all "
-                                   f"protected)")
+                                   f"are free{promised} and no borrowed job can be preempted now (none borrowing, "
+                                   f"or all protected)")
     borrow = chips - max(unused, 0)
     blim = ctx.limits.get(job.team, (None, None))[0]
     borrowed, _ = borrowed_of(tm)
@@ -432,7 +440,7 @@ def pending_reason(state: PoolState, job: Job, t: int, config, ctx: Optional[_Co
     avail = free - (ctx.guarded_total - ctx.guarded.get(job.team, 0))
     if chips > avail:
         return NOTHING_TO_LEND, (f"would borrow {_chips(borrow)} chips but only {_chips(max(avail, 0))} chips are "
-                                 f"free to lend (free {_chips(free)}, less other teams' unlent quota)")
+                                 f"free to lend (free {_chips(free)}{promised}, less other teams' unlent quota)")
     if not _on_whole_nodes(job, ctx):
         return NOT_ON_WHOLE_NODES, (f"would borrow {_chips(borrow)} chips and {_chips(free)} are free, but not "
                                     f"{job.chips_per_node} per node on enough whole nodes")

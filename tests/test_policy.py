@@ -299,6 +299,26 @@ def test_the_folds_no_look_shortcut_counts_the_quota_a_decision_in_flight_holds(
     assert r.state.short_since.get("a2") == T0 + 2070 and r.state.wakes.get("a2") == T0 + 2130
 
 
+def test_a_pending_reason_counts_what_decisions_in_flight_hold():
+    # a1's decision is in flight on the 2 free chips (and x1's 1): w1 (vision, 2 chips) fits the free chips only
+    # as if they were nobody's; its reason says it waits out its grace, with the promised chips (it said "ready")
+    r = Run(_two_short_base() + [submit("a1", "ads", 3, 2000)])
+    r.apply(tick(2060, eid="t1"))
+    r.apply(submit("w1", "vision", 2, 2070))
+    code, msg = pending_reason(r.state, r.state.jobs["w1"], T0 + 2080, CFG)
+    assert code == WAITING_GRACE
+    assert msg == ("fits its team's unused quota but only 0 of 2 chips are free (2 more promised to decisions in "
+                   "flight); waiting out the preemption grace until 2026-11-02 08:35:30 UTC")
+    # ads's own a2 (1 chip): ads's 4 chips of quota are 3 promised to a1 and 1 unused, so it fits its quota, and
+    # no free chip is left for it either
+    r.apply(submit("a2", "ads", 1, 2090))
+    code, msg = pending_reason(r.state, r.state.jobs["a2"], T0 + 2090, CFG)
+    assert code == WAITING_GRACE and "only 0 of 1 chips are free (2 more promised" in msg
+    r.apply(submit("a3", "ads", 2, 2095))  # beside a1 it would borrow: search's free chips are promised
+    code, msg = pending_reason(r.state, r.state.jobs["a3"], T0 + 2095, CFG)
+    assert code == NOTHING_TO_LEND and "(free 0 (2 more promised to decisions in flight)" in msg
+
+
 def test_a_team_is_taken_from_only_while_it_still_borrows():
     # search borrows 1 chip (3 used of 2), vision borrows 2 (3 of 1); all jobs have 1 chip. ads needs 3.
     # U_search = 3 × 2060, U_vision = 3 × 1060 (of 9360 chip-s); S = 2/6 and 1/6:
