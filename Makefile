@@ -8,7 +8,8 @@ STAMP  := $(VENV)/.installed-stamp
 # built from the sources on disk): rebuilt when they change. Without a C compiler the core runs as plain Python;
 # CHIPLEDGER_REQUIRE_COMPILED=1 (CI) makes that an error.
 CORE   := $(VENV)/chipledger-core/manifest.json
-CORE_SOURCES := ledger/books.py ledger/state.py ledger/fold.py ledger/policy.py ledger/fleet.py ledger/_compiled.py
+# every ledger/*.py: a superset of ledger/_compiled.py's MODULES (build_core.py rebuilds only when their digest changed)
+CORE_SOURCES := $(wildcard ledger/*.py)
 
 .PHONY: demo test bench core clean
 

@@ -25,7 +25,7 @@ from ledger.books import (
     set_rate,
 )
 from ledger import policy
-from ledger.state import NO_ROWS, Chip, Grant, Job, PoolState, Team, fingerprint
+from ledger.state import NO_ROWS, Chip, Grant, Job, PoolState, Team, digest_of, fingerprint
 
 _new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__ (one per run ended)
 
@@ -82,6 +82,13 @@ class Step:
     def __init__(self, occurred_s: int = 0, applied_at: Optional[int] = None):
         self.occurred_s = occurred_s
         self.applied_at = applied_at
+
+    def rows(self, table: str) -> list:
+        """The step's own output list `table` (one of TABLES), made when its first row comes."""
+        out = self.__dict__.get(table)
+        if out is None:
+            out = self.__dict__[table] = []
+        return out
 
     def __repr__(self) -> str:
         return (f"Step(occurred_s={self.occurred_s}, applied_at={self.applied_at}, lateness_s={self.lateness_s}, "
@@ -166,10 +173,7 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     dedup = state.dedup
     seen = dedup.get(event_id)
     if seen is not None:
-        old = seen[0]
-        if old.__class__ is bytes:
-            old = fingerprint(old)
-        if old == (body if body.__class__ is int else fingerprint(body)):
+        if digest_of(seen[0]) == digest_of(body):
             state.duplicates += 1
             step.duplicate = True
             return state, step
@@ -221,14 +225,8 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
                 # what decisions in flight hold for their beneficiaries (as policy.evaluate counts them); with
                 # decisions in flight, it is looked at when other jobs are due now (their decisions may take free
                 # chips first) or a decision has timed out (the look lets it go)
-                unused = team.nominal_milli - team.use_milli
-                free = state.capacity_milli - state.unavailable_milli - state.charged_milli
-                inflight = state.inflight
-                if inflight:
-                    unused -= policy.promised_quota(state, job.team)
-                    if free > 0:
-                        free -= policy.promised_free(state, free)
-                if (inflight and (due or t >= state.inflight_next)) or not (chips <= unused and chips <= free):
+                fits = chips <= policy.unused_quota(state, team) and chips <= policy.unpromised_free(state)[0]
+                if (state.inflight and (due or t >= state.inflight_next)) or not fits:
                     heads = state.heads.get(job.team)
                     if heads is not None:
                         for h in heads:
@@ -262,7 +260,7 @@ def close_books(state: PoolState, until: Optional[int] = None,
     if until is not None and until > state.clock:
         _advance(state, until, step, config)
     t = state.clock
-    journal = [] if step.journal is NO_ROWS else step.journal
+    journal = step.rows("journal")
     runs = []
     state.books.flush(t, journal)
     for job in state.jobs.values():
@@ -401,14 +399,12 @@ def _advance(state: PoolState, t: int, step: Step, config: FoldConfig = DEFAULT_
             instant, _, kind, ident, version = heapq.heappop(bounds)
             _BOUNDARY[kind](state, ident, version, instant)
         elif hour_end <= t:
-            if step.journal is NO_ROWS:
-                step.journal = []
-            books.close_hour(step.journal)
+            books.close_hour(step.rows("journal"))
             policy.hour_closed(state, hour_end - HOUR_S, step, config)
         else:
             break
     state.clock = t
-    state.until = hour_end if not bounds or bounds[0][0] >= hour_end else bounds[0][0]
+    state.reset_until()
 
 
 def _forget_ids(state: PoolState, horizon: int) -> None:
@@ -750,9 +746,7 @@ def _apply_burst_requested(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     """Decide the request now; an approved or cut burst is a reservation for its window (burst_on/off)."""
     s.team(e.team)
     decision, reservation = policy.decide_burst(s, e, t, config)
-    if step.decisions is NO_ROWS:
-        step.decisions = []
-    step.decisions.append(policy.decision_row(decision, t))
+    step.rows("decisions").append(policy.decision_row(decision, t))
     if reservation is not None and e.request_id not in s.bursts:  # a request id is decided once
         s.bursts[e.request_id] = reservation
         start, end = reservation[2], reservation[3]
@@ -773,8 +767,7 @@ def _apply_job_submitted(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     job_id = e.job_id
     team = e.team
     job = s.jobs[job_id] = Job(job_id, team, milli, e.priority, e.preemptible, e.chips_per_node, t)
-    if team not in s.teams:
-        s.teams[team] = Team(team)
+    s.team(team)
     _enqueue(s, job, t)
 
 
@@ -853,10 +846,7 @@ def _end_run(s: PoolState, job: Job, t: int, reason: str, step: Step) -> None:
     row = _new_tuple(JobRunRow, (s.pool, job_id, name, job.run_index, job.chips_milli, job.priority,
                                  job.submitted_at, job.run_started_at, t, reason, alloc - job.run_posted_mchip_s,
                                  lost, t))
-    if step.job_runs is NO_ROWS:
-        step.job_runs = [row]
-    else:
-        step.job_runs.append(row)
+    step.rows("job_runs").append(row)
     team = s.teams[name]
     if charged:
         job.charged_milli = 0
@@ -986,8 +976,8 @@ def check_invariants(s: PoolState) -> None:
             pc.setdefault(j.team, {})
             pc[j.team][j.priority] = pc[j.team].get(j.priority, 0) + j.chips_milli
     assert pc == {k: v for k, v in s.prio_chips.items() if v}, (pc, s.prio_chips)
-    waiting2 = {(j.team, j.job_id) for j in s.jobs.values() if j.status == "pending"}
-    assert waiting2 == {(t, jid) for t, q in s.waiting.items() for jid in q}, "policy queue index out of date"
+    queued = {(j.team, j.job_id) for j in s.jobs.values() if j.status == "pending"}
+    assert queued == {(t, jid) for t, q in s.waiting.items() for jid in q}, "policy queue index out of date"
     running = {(j.team, j.job_id) for j in s.jobs.values() if j.status == "running"}
     assert running == {(t, jid) for t, q in s.running_jobs.items() for jid in q}, "running index out of date"
     sizes: dict[int, int] = {}

@@ -23,7 +23,7 @@ from schemas.events import MILLI, epoch_s
 from schemas.outputs import DecisionBurst, DecisionPreempt
 
 from ledger.books import BORROWED, BURST, CAPACITY, HOUR_S, IN_QUOTA, PENDING, UNAVAILABLE, hour_of
-from ledger.state import NO_ROWS, Job, PoolState, Team
+from ledger.state import Job, PoolState, Team
 
 NEVER = 1 << 62
 BUDGET_HOURS = 720  # the capacity error budget's rolling window: 30 days
@@ -192,9 +192,9 @@ def decayed_usages(state: PoolState, t: int, half_life_s: int) -> dict[str, int]
             u += a[2] + a[0] * (t - a[1])
         else:
             for acc_name in (IN_QUOTA, BORROWED, BURST):
-                a2 = accounts.get((acc_name, name))
-                if a2 is not None:
-                    u += a2[2] + a2[0] * (t - a2[1])
+                acc = accounts.get((acc_name, name))
+                if acc is not None:
+                    u += acc[2] + acc[0] * (t - acc[1])
         usage[name] = u
     return usage
 
@@ -308,11 +308,7 @@ def hour_closed(state: PoolState, hour_start: int, step, config) -> None:
     if len(state.budget_hours) > BUDGET_HOURS:
         state.budget_hours.popleft()
     if config.policy_rows:
-        if step.balances is NO_ROWS:
-            step.balances = []
-        if step.pending is NO_ROWS:
-            step.pending = []
-        snapshot(state, end, step.balances, step.pending, config)
+        snapshot(state, end, step.rows("balances"), step.rows("pending"), config)
 
 
 def snapshot(state: PoolState, t: int, balances: list, pending: list, config) -> None:
@@ -345,10 +341,10 @@ def snapshot(state: PoolState, t: int, balances: list, pending: list, config) ->
             if jid in inflight or jid in short_since:
                 why = pending_reason(state, job, t, config, ctx)
             else:
-                kind2 = (job.chips_milli, job.chips_per_node)
-                why = memo.get(kind2)
+                shape = (job.chips_milli, job.chips_per_node)
+                why = memo.get(shape)
                 if why is None:
-                    why = memo[kind2] = pending_reason(state, job, t, config, ctx)
+                    why = memo[shape] = pending_reason(state, job, t, config, ctx)
             pending.append(_new_tuple(PendingRow, (pool, jid, team, t, job.chips_milli, job.priority,
                                                    job.waiting_since, why[0], why[1])))
 
@@ -365,11 +361,7 @@ class _Context:
 
     def __init__(self, state: PoolState, limits):
         self.limits = limits
-        free = free_milli(state)
-        # free chips decisions in flight hold for their beneficiaries are not free for another job (as the rules
-        # count them: evaluate)
-        self.promised = promised_free(state, free) if state.inflight and free > 0 else 0
-        self.free = free - self.promised
+        self.free, self.promised = unpromised_free(state)  # as the rules count them (evaluate)
         self.guarded = {name: guarded_milli(tm, limits.get(name, (None, None))[1])
                         for name, tm in state.teams.items()}
         self.guarded_total = sum(self.guarded.values())
@@ -411,9 +403,7 @@ def pending_reason(state: PoolState, job: Job, t: int, config, ctx: Optional[_Co
     if fl is not None:
         return PREEMPTION_IN_FLIGHT, (f"decision {fl[0]} ({fl[1]}) asked the cluster at {_utc(fl[2])} "
                                       f"UTC to make room for it; {len(fl[3])} of its victims not preempted yet")
-    unused = tm.nominal_milli - tm.use_milli
-    if state.inflight:  # the team's quota promised to its jobs that decisions in flight make room for
-        unused -= promised_quota(state, job.team)
+    unused = unused_quota(state, tm)
     # chips promised to decisions in flight are counted as the rules count them, and said
     promised = f" ({_chips(ctx.promised)} more promised to decisions in flight)" if ctx.promised else ""
     if chips <= unused:
@@ -532,6 +522,23 @@ def promised_free(state: PoolState, free: int) -> int:
     return held if held < free else free
 
 
+def unpromised_free(state: PoolState) -> tuple[int, int]:
+    """(free chips a pending job may count on, free chips promised to decisions in flight): the free chips less
+    those their beneficiaries will take."""
+    free = free_milli(state)
+    held = promised_free(state, free) if state.inflight and free else 0
+    return free - held, held
+
+
+def unused_quota(state: PoolState, team: Team) -> int:
+    """The team's unused quota a pending job of it may count on: less what its beneficiaries of decisions in
+    flight will take."""
+    unused = team.nominal_milli - team.use_milli
+    if state.inflight:
+        unused -= promised_quota(state, team.name)
+    return unused
+
+
 def promised_quota(state: PoolState, team_name: str) -> int:
     """The team's quota promised to its jobs that decisions in flight make room for (not unused for another
     of its jobs)."""
@@ -574,13 +581,9 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
                 state.ignored[ben] = state.ignored.get(ben, 0) + 1
             _drop_inflight(state, ben)
         state.inflight_next = min((fl[4] for fl in inflight.values()), default=NEVER)
-    free = state.capacity_milli - state.unavailable_milli - state.charged_milli
-    if free < 0:
-        free = 0
     # free chips that decisions in flight count on for their beneficiaries are not free for another job: two
     # decisions never count the same free chips (as two jobs never claim the same unused quota)
-    held = promised_free(state, free) if inflight else 0
-    free -= held
+    free, held = unpromised_free(state)
     cached = state.limits_cache
     if cached is not None and cached[0] == state.quota_epoch:
         limits = cached[1]
@@ -630,9 +633,7 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
         team_name = job.team
         tm = state.teams[team_name]
         chips = job.chips_milli
-        unused = tm.nominal_milli - tm.use_milli
-        if inflight:
-            unused -= promised_quota(state, team_name)
+        unused = unused_quota(state, tm)
         if chips <= unused:
             if chips <= free:
                 state.short_since.pop(jid, None)
@@ -648,8 +649,8 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
                 guarded_total = 0
                 teams = state.teams
                 for n, llim in lenders:  # guarded_milli, written out
-                    gt = teams[n]
-                    g = gt.nominal_milli - gt.use_milli - llim
+                    lender = teams[n]
+                    g = lender.nominal_milli - lender.use_milli - llim
                     g = g if g > 0 else 0
                     guarded[n] = g
                     guarded_total += g
@@ -866,9 +867,7 @@ def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, 
     body = {"decision_id": decision_id, "type": "decision.preempt", "pool": state.pool, "at": _iso(t),
             "rule": rule, "beneficiary": {"job_id": ben.job_id, "team": ben.team}, "victims": victims,
             "numbers": numbers, "message": message}
-    if step.decisions is NO_ROWS:
-        step.decisions = []
-    step.decisions.append(DecisionRow(decision_id, "decision.preempt", state.pool, t, rule, message,
+    step.rows("decisions").append(DecisionRow(decision_id, "decision.preempt", state.pool, t, rule, message,
                                       orjson.dumps(body).decode()))
     return expires
 

@@ -57,6 +57,12 @@ def fingerprint(body: Any) -> int:  # any bytes-like value (bytes, bytearray, me
     return crc32(body) << 32 | adler32(body)
 
 
+def digest_of(body: Any) -> int:
+    """What the dedup window compares: a body's digest, or the digest itself when the window already holds it
+    (it keeps an accepted event's raw bytes and digests them only when needed)."""
+    return body if body.__class__ is int else fingerprint(body)
+
+
 class Chip:
     """One chip: its node, its state and the jobs placed on it (job_id -> milli-chips of this chip)."""
 
@@ -251,8 +257,8 @@ class PoolState:
         out = []
         for eid in self.dedup_order:
             body, at = dedup[eid]
-            if body.__class__ is bytes:
-                body = fingerprint(body)
+            if body.__class__ is not int:
+                body = digest_of(body)
                 dedup[eid] = (body, at)
             out.append([eid, body, at])
         return out

@@ -60,7 +60,7 @@ def build(dest: Path) -> float:
             lines = (proc.stdout + proc.stderr).strip().splitlines()
             errors = [ln for ln in lines if "error" in ln.lower()] or lines[-20:]
             raise RuntimeError("\n".join(errors[:40]))
-        staged = Path(tempfile.mkdtemp(prefix=".core-", dir=dest.parent if dest.parent.exists() else None))
+        staged = Path(tempfile.mkdtemp(prefix=".core-", dir=dest.parent))  # renamed over dest: same file system
         (staged / "ledger").mkdir()
         for lib in work.glob("*__mypyc*.so"):
             shutil.copy2(lib, staged / lib.name)
@@ -89,6 +89,7 @@ def main() -> int:
         manifest = json.loads((dest / MANIFEST).read_text())
         if manifest.get("sources") == sources_digest() and manifest.get("tag") == build_tag():
             print(f"compiled ledger core in {dest} is up to date")
+            (dest / MANIFEST).touch()  # newer than the sources make compares it with
             return 0
     except (OSError, ValueError):
         pass
