@@ -173,8 +173,35 @@ def test_decisions_respect_protections_and_free_no_more_than_needed(w):
     event(f"priority decisions: {min(sum(d.rule == 'priority' for d in c.decisions), 1)}")
 
 
+# found by CI: a job whose decisions had timed out unacted started while the only other policy state was the
+# `blocked` memo, which a checkpoint does not carry; the fold settled its `ignored` count only when the memo
+# was non-empty, so a fold restored from a checkpoint kept the count and the one folded straight through did not.
+IGNORED_COUNT_AFTER_RESTORE = (
+    4, [("ads", {"chips": 1}), ("org/search", {"chips": 1})],
+    [("submit", "ads", 1, 0, False, 31)]
+    + [("tick", "ads", 1, 0, False, 30)]
+    + [("finish", "ads", 1, 0, False, 30)]
+    + [("submit", "ads", 3, 0, False, 31)]
+    + [("submit", "ads", 4, 1, False, 30)]
+    + [("submit", "ads", 1, 0, False, 30)]
+    + [("submit", "org/search", 1, 0, False, 30)]
+    + [("submit", "ads", 1, 0, False, 30)] * 9
+    + [("start", "ads", 1, 0, False, 30)]
+    + [("finish", "ads", 1, 0, False, 30)]
+    + [("submit", "ads", 1, 0, False, 30)]
+    + [("submit", "org/search", 1, 0, False, 180)]
+    + [("submit", "ads", 1, 0, False, 181)]
+    + [("submit", "ads", 1, 0, False, 209)]
+    + [("finish", "ads", 1, 0, False, 30)] * 4
+    + [("tick", "ads", 1, 0, False, 30)]
+    + [("finish", "ads", 1, 0, False, 30)]
+    + [("follow", "ads", 1, 0, False, 30)],
+)
+
+
 @settings(**SETTINGS)
 @given(workloads(), st.integers(0, 10_000))
+@example(IGNORED_COUNT_AFTER_RESTORE, 30)
 def test_same_log_same_decisions_also_split_through_json(w, cut):
     c = run_workload(*w)
     rows = [d.model_dump() for d in c.decisions]
