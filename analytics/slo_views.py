@@ -201,7 +201,7 @@ def slo_views(d: Dialect) -> dict[str, str]:
         # the team's nominal quota and running chips at each wait's start, by running sums over one stream per
         # pool and team. At one instant: grant changes and run ends (0) come before the wait (1), run starts
         # after it (2): a grant starting at the instant counts, a job that ended or starts at it does not.
-        "calc_waits": f"""
+        "calc_wait_levels": """
             WITH stream AS (  -- the waits carry their columns through the running sums (no join back; the kind
                 -- follows from after_run)
                 SELECT pool, team, from_s AS t, 0 AS ord, chips_milli AS d_nom, 0 AS d_run,
@@ -232,17 +232,22 @@ def slo_views(d: Dialect) -> dict[str, str]:
                        CAST(l.nominal_milli AS BIGINT) AS nominal_milli,
                        CAST(l.running_milli AS BIGINT) AS running_milli,
                        CASE WHEN l.chips_milli <= l.nominal_milli - l.running_milli THEN 1 ELSE 0 END AS in_quota,
-                       l.started_s - l.t AS wait_s, n.as_of_s, n.sched_slo_s
-                FROM levels l CROSS JOIN calc_now n
+                       l.started_s - l.t AS wait_s
+                FROM levels l
                 WHERE l.ord = 1
             )
-            SELECT *,
+            SELECT * FROM w
+        """,
+        # each wait classified against the scheduling SLO as of calc_now (the part of calc_waits that depends on
+        # the settings; calc_wait_levels does not, so it can be kept between connections)
+        "calc_waits": """
+            SELECT w.*, n.as_of_s, n.sched_slo_s,
                    CASE WHEN started_s IS NOT NULL AND wait_s <= sched_slo_s THEN 1
                         WHEN coalesce(started_s, abandoned_s, as_of_s) - since_s > sched_slo_s THEN 0 END AS good,
                    CASE WHEN started_s IS NOT NULL AND wait_s <= sched_slo_s THEN started_s
                         WHEN coalesce(started_s, abandoned_s, as_of_s) - since_s > sched_slo_s
                             THEN since_s + sched_slo_s END AS resolved_s
-            FROM w
+            FROM calc_wait_levels w CROSS JOIN calc_now n
         """,
         "sched_waits": f"""
             SELECT pool, team, job_id, {ts('submitted_s')} AS submitted_at, kind, after_run, priority,
@@ -532,24 +537,30 @@ def slo_views(d: Dialect) -> dict[str, str]:
 def sched_latency_sql(where: str = "true") -> str:
     """Scheduling-latency percentiles over the started waits of calc_waits that satisfy `where` (the view uses
     them all; `chipledger report` restricts them to a pool and a period). Nearest-rank percentiles: the smallest
-    wait with at least p of the waits at or below it."""
+    wait with at least p of the waits at or below it. The waits are counted per distinct wait first (integer
+    seconds: far fewer values than waits), and the ranks are running sums of those counts."""
     return f"""
-        WITH r AS (
-            SELECT pool, priority, CASE WHEN in_quota = 1 THEN 'in_quota' ELSE 'borrowing' END AS quota_class,
-                   kind, wait_s, sched_slo_s,
-                   row_number() OVER (PARTITION BY pool, priority, in_quota ORDER BY wait_s) AS rn,
-                   count(*) OVER (PARTITION BY pool, priority, in_quota) AS n
+        WITH h AS (
+            SELECT pool, priority, in_quota, wait_s, count(*) AS c,
+                   sum(CASE WHEN kind = 'first_start' THEN 1 ELSE 0 END) AS first_starts,
+                   sum(CASE WHEN wait_s <= sched_slo_s THEN 1 ELSE 0 END) AS within
             FROM calc_waits WHERE started_s IS NOT NULL AND ({where})
+            GROUP BY pool, priority, in_quota, wait_s
+        ), r AS (
+            SELECT *, sum(c) OVER (PARTITION BY pool, priority, in_quota ORDER BY wait_s
+                                   ROWS UNBOUNDED PRECEDING) AS upto,
+                      sum(c) OVER (PARTITION BY pool, priority, in_quota) AS n
+            FROM h
         )
-        SELECT pool, priority, quota_class, count(*) AS waits,
-               CAST(sum(CASE WHEN kind = 'first_start' THEN 1 ELSE 0 END) AS BIGINT) AS first_starts,
-               CAST(sum(CASE WHEN kind = 'restart' THEN 1 ELSE 0 END) AS BIGINT) AS restarts,
-               min(CASE WHEN rn >= 0.5 * n THEN wait_s END) AS p50_s,
-               min(CASE WHEN rn >= 0.9 * n THEN wait_s END) AS p90_s,
-               min(CASE WHEN rn >= 0.99 * n THEN wait_s END) AS p99_s,
+        SELECT pool, priority, CASE WHEN in_quota = 1 THEN 'in_quota' ELSE 'borrowing' END AS quota_class,
+               CAST(sum(c) AS BIGINT) AS waits, CAST(sum(first_starts) AS BIGINT) AS first_starts,
+               CAST(sum(c - first_starts) AS BIGINT) AS restarts,
+               min(CASE WHEN upto >= 0.5 * n THEN wait_s END) AS p50_s,
+               min(CASE WHEN upto >= 0.9 * n THEN wait_s END) AS p90_s,
+               min(CASE WHEN upto >= 0.99 * n THEN wait_s END) AS p99_s,
                max(wait_s) AS max_s,
-               sum(CASE WHEN wait_s <= sched_slo_s THEN 1 ELSE 0 END) * 1.0 / count(*) AS within_slo
-        FROM r GROUP BY pool, priority, quota_class
+               sum(within) * 1.0 / sum(c) AS within_slo
+        FROM r GROUP BY pool, priority, in_quota
     """
 
 
