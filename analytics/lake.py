@@ -80,6 +80,8 @@ DAY_COLUMN = {"events": "applied_at", "journal": "hour", "job_runs": "posted_at"
               "balances": "at", "pending": "at", "deadletters": "seen_at"}
 
 TABLES = tuple(SCHEMAS)
+# the analytics cache's folder in the lake (analytics/views.py): derived, removed with the lake's tables
+CACHE_DIR = "_cache"
 
 #: the typed event fields of the `events` table, after `body`, in column order
 EVENT_FIELDS: tuple[str, ...] = tuple(SCHEMAS["events"].names[SCHEMAS["events"].get_field_index("body") + 1:])
@@ -199,7 +201,7 @@ def lake_has_data(root: Path) -> bool:
 def clear_lake(root: Path) -> None:
     """Remove the lake's tables (only the folders this project writes)."""
     root = Path(root)
-    for t in TABLES:
+    for t in (*TABLES, CACHE_DIR):
         if (root / t).exists():
             shutil.rmtree(root / t)
 

@@ -6,6 +6,8 @@ files yet is an empty view of the same columns, so queries work on a fresh lake.
 
 from __future__ import annotations
 
+import hashlib
+import os
 from datetime import datetime
 from pathlib import Path
 from typing import Collection, Optional, Union
@@ -13,7 +15,7 @@ from typing import Collection, Optional, Union
 import duckdb
 import pyarrow as pa
 
-from analytics.lake import EVENT_FIELDS, SCHEMAS, check_events_files, table_files
+from analytics.lake import CACHE_DIR, EVENT_FIELDS, SCHEMAS, TABLES, check_events_files, table_files
 from analytics.policy_views import POLICY_RAW_VIEW_NAMES, POLICY_VIEWS
 from analytics.slo_views import DUCKDB, SloParams, duckdb_base_views, settings_rows, slo_views
 
@@ -128,13 +130,20 @@ DERIVED_VIEWS = {
 }
 
 
-# the intermediate SLO results that several views read: tables, computed once, when `connect(materialize=True)`
-MATERIALIZED_CALC = frozenset({"calc_waits", "calc_chip_segments", "calc_sli_points", "calc_slo_window",
-                               "calc_run_nodes", "calc_fragmentation"})
+# the intermediate SLO results that several views read: tables, computed once, when `connect(materialize=True)`.
+# The ones that depend on the settings (calc_waits, calc_sli_points, calc_slo_window: cheap over these) stay views,
+# which measured faster than tables for the report views and `chipledger report` alike (docs/benchmarks.md)
+MATERIALIZED_CALC = frozenset({"calc_wait_levels", "calc_chip_segments", "calc_run_nodes", "calc_fragmentation"})
 
 # base tables left as views even with `materialize=True`: every event's row is cheaper to read again from Parquet
 # (a few columns, filtered by type) by the few base tables that need it than to copy into memory
 LAZY_BASE = frozenset({"base_event_rows"})
+
+# the materialized tables whose rows follow from the lake's files alone (not from the [slo] settings or the
+# instant evaluated at): what the analytics cache keeps between connections (tests/test_analytics_cache.py checks
+# that none of them reads the settings)
+CACHED = frozenset((set(duckdb_base_views()) - LAZY_BASE) | MATERIALIZED_CALC)
+CACHE_FORMAT = 1
 
 _RAW_VIEW_NAMES = {"journal": "journal_postings", "events": "event_log", **POLICY_RAW_VIEW_NAMES}
 
@@ -145,8 +154,8 @@ def _empty_view(table: str) -> str:
 
 
 def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] = None,
-            as_of: Optional[datetime] = None,
-            materialize: Union[bool, Collection[str]] = False) -> duckdb.DuckDBPyConnection:
+            as_of: Optional[datetime] = None, materialize: Union[bool, Collection[str]] = False,
+            cache: bool = True) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with every lake view defined. Times are shown in UTC.
 
     `slo` sets the targets and thresholds the SLO views use (tables `slo_targets`, `slo_settings`; defaults
@@ -154,7 +163,15 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     applied). With `materialize`, the base tables of the SLO views are read from the Parquet files once, into
     memory, and the intermediate results several SLO views share are computed once (`MATERIALIZED_CALC`): the
     connection costs more up front and each SLO view less (`chipledger report` queries them all). A collection of
-    names materializes just those base tables and intermediates (what a caller reading a few views needs)."""
+    names materializes just those base tables and intermediates (what a caller reading a few views needs).
+
+    With `cache` (the default), the tables of `CACHED` (the materialized ones that depend on the lake's files
+    alone, not on the settings) are kept in a DuckDB file in the lake, `_cache/analytics-KEY.duckdb`, KEY a digest
+    of every Parquet file's path, size and modification time, of the views' SQL and of DuckDB's version. A
+    connection that finds the file for the lake as it is now reads those tables from it instead of computing
+    them; a `materialize=True` connection that does not computes them and writes the file (a lake it cannot
+    write to is just not cached). Any change to the lake's files makes a new key, so a cache is never stale; the
+    views that depend on the settings are computed by each query."""
     con = duckdb.connect(database)
     con.execute("SET TimeZone = 'UTC'")
     con.execute("SET parquet_metadata_cache = true")  # views over views bind the same files many times
@@ -187,12 +204,77 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
         tables = (set(base) - LAZY_BASE) | MATERIALIZED_CALC
     else:
         tables = set(materialize or ())
+    cached: frozenset = frozenset()
+    cache_file = cache_path(lake) if cache else None
+    if cache_file is not None and cache_file.exists():
+        try:
+            con.execute(f"ATTACH '{_quote(cache_file)}' AS lake_cache (READ_ONLY)")
+            cached = CACHED
+        except duckdb.Error:  # unreadable (another DuckDB version's format, a torn copy): computed again
+            cached = frozenset()
     for name, sql in (*base.items(), *slo_views(DUCKDB).items()):
+        if name in cached:  # read from the cache even when not asked to materialize: no cheaper way
+            con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM lake_cache."{name}"')
+            continue
         kind = "TABLE" if name in tables else "VIEW"
         con.execute(f'CREATE OR REPLACE {kind} "{name}" AS {sql}')
     for name, sql in POLICY_VIEWS.items():
         con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')
+    if cache_file is not None and not cached and CACHED <= tables:
+        _write_cache(con, cache_file)
     return con
+
+
+def _quote(path: Path) -> str:
+    return str(path).replace("'", "''")
+
+
+def cache_path(lake: Path) -> Optional[Path]:
+    """The analytics cache file for the lake as its files are now, or None for a lake with no files."""
+    lake = Path(lake)
+    h = hashlib.sha256(f"chipledger analytics cache {CACHE_FORMAT} duckdb {duckdb.__version__}\n".encode())
+    for name, sql in sorted({**DERIVED_VIEWS, **duckdb_base_views(), **slo_views(DUCKDB)}.items()):
+        h.update(f"{name}\n{sql}\n".encode())
+    files = 0
+    for table in TABLES:
+        h.update(f"{table} {SCHEMAS[table]}\n".encode())
+        folder = lake / table
+        if folder.exists():
+            for p in sorted(folder.rglob("*.parquet")):
+                st = p.stat()
+                h.update(f"{p.relative_to(lake)} {st.st_size} {st.st_mtime_ns}\n".encode())
+                files += 1
+    if not files:
+        return None
+    return lake / CACHE_DIR / f"analytics-{h.hexdigest()[:24]}.duckdb"
+
+
+def _write_cache(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Copy the CACHED tables into `path` (a new file, renamed into place; older cache files are removed)."""
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.unlink(missing_ok=True)
+        con.execute(f"ATTACH '{_quote(tmp)}' AS cache_out")
+        try:
+            for name in sorted(CACHED):
+                con.execute(f'CREATE TABLE cache_out."{name}" AS SELECT * FROM "{name}"')
+        finally:
+            con.execute("DETACH cache_out")
+        os.replace(tmp, path)
+    except (OSError, duckdb.Error):  # a read-only lake, a full disk: the connection works, uncached
+        for p in (tmp, tmp.with_name(tmp.name + ".wal")):
+            try:
+                p.unlink(missing_ok=True)
+            except OSError:
+                pass
+        return
+    for old in path.parent.glob("analytics-*.duckdb"):
+        if old != path:
+            try:
+                old.unlink(missing_ok=True)
+            except OSError:  # another process's to remove
+                pass
 
 
 def view_names() -> list[str]:

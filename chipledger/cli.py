@@ -15,16 +15,16 @@ from rich.table import Table
 
 from chipledger.config import Config, ConfigError, load_config
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, add_completion=False,
                   help="chipledger: an event-sourced quota and demand ledger for shared accelerator fleets.")
-schema_app = typer.Typer(no_args_is_help=True, help="The event contract as JSON Schema.")
+schema_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The event contract as JSON Schema.")
 app.add_typer(schema_app, name="schema")
-kafka_app = typer.Typer(no_args_is_help=True,
+kafka_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                         help="A local single-node Apache Kafka (KRaft) from Maven Central jars, for development.")
 app.add_typer(kafka_app, name="kafka")
-topics_app = typer.Typer(no_args_is_help=True, help="The chipledger Kafka topics (inputs keyed by pool, outputs).")
+topics_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The chipledger Kafka topics (inputs keyed by pool, outputs).")
 app.add_typer(topics_app, name="topics")
-lake_app = typer.Typer(no_args_is_help=True, help="Maintenance of the lake's Parquet files.")
+lake_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Maintenance of the lake's Parquet files.")
 app.add_typer(lake_app, name="lake")
 
 console = Console()
@@ -257,6 +257,35 @@ def lake_upgrade(
                err=True)
 
 
+@lake_app.command("cache")
+def lake_cache(
+    lake: Optional[Path] = typer.Option(None, "--lake", help="the lake's folder (default [lake] path)"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """Compute the analytics cache of the lake as it is now (LAKE/_cache/analytics-KEY.duckdb), so that the
+    next `report`, `sql`, `alerts` or `statements` reads the base tables and shared intermediates instead of
+    computing them. Any change to the lake's files makes a new key; run it after `chipledger run` or from cron."""
+    import time
+
+    from analytics.views import CACHED, cache_path, connect
+
+    root = lake or Path(_config(config).lake.path)
+    if not root.is_dir():
+        _fail(f"no lake at {root}", 2)
+    path = cache_path(root)
+    if path is None:
+        _fail(f"{root}: the lake has no files yet", 1)
+    if path.exists():
+        typer.echo(f"{path}: already cached", err=True)
+        return
+    t = time.perf_counter()
+    connect(root, materialize=True).close()
+    if not path.exists():
+        _fail(f"could not write {path} (is the lake writable?)", 1)
+    typer.echo(str(path))
+    typer.echo(f"cached {len(CACHED)} tables in {time.perf_counter() - t:.1f} s", err=True)
+
+
 @schema_app.command("export")
 def schema_export(out: Path = typer.Argument(..., help="folder to write one JSON Schema file per type into")):
     """Write one JSON Schema per event, decision and dead-letter type, for producers in other languages."""
@@ -300,7 +329,7 @@ def demo(
         _fail(str(e))
 
 
-import_app = typer.Typer(no_args_is_help=True, help="Turn real traces and scheduler logs into event JSONL.")
+import_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Turn real traces and scheduler logs into event JSONL.")
 app.add_typer(import_app, name="import")
 OutOpt = typer.Option(..., "-o", "--out", help="event JSONL to write")
 

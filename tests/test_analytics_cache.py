@@ -1,0 +1,167 @@
+"""The analytics cache (analytics/views.py): the materialized tables that depend on the lake's files alone, kept in
+`LAKE/_cache/analytics-KEY.duckdb` between connections. Checked: what it keeps never reads the settings; a cached
+connection answers every view exactly as an uncached one (also with other settings and another instant); a change
+to the lake's files is never answered from the old cache; a broken or unwritable cache costs speed, not answers;
+`chipledger report` and `chipledger lake cache` write it and a second report reads it; `chipledger run --overwrite` removes it."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from analytics.lake import CACHE_DIR
+from analytics.slo_views import DUCKDB, SloParams, duckdb_base_views, slo_views
+from analytics.views import CACHED, DERIVED_VIEWS, cache_path, connect, view_names
+from chipledger.cli import app
+
+
+def _attached(con) -> bool:
+    return con.execute("SELECT count(*) FROM duckdb_databases() WHERE database_name = 'lake_cache'").fetchone()[0] == 1
+
+
+def _rows(con, name: str) -> list[str]:
+    """The view's rows, floats to 10 significant digits (a parallel sum's last bits vary between runs)."""
+    def norm(v):
+        return float(f"{v:.10g}") if isinstance(v, float) else v
+    return sorted(repr(tuple(map(norm, r))) for r in con.execute(f'SELECT * FROM "{name}"').fetchall())
+
+
+@pytest.fixture(scope="module")
+def demo_lake(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cache") / "demo"
+    res = CliRunner().invoke(app, ["demo", "--days", "3", "--seed", "3", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    return out / "lake"
+
+
+@pytest.fixture
+def lake(demo_lake, tmp_path) -> Path:
+    """A copy of the demo lake without a cache, for one test to change."""
+    dst = tmp_path / "lake"
+    shutil.copytree(demo_lake, dst, ignore=shutil.ignore_patterns(CACHE_DIR))
+    return dst
+
+
+def test_what_is_cached_never_reads_the_settings():
+    sql = {**DERIVED_VIEWS, **duckdb_base_views(), **slo_views(DUCKDB)}
+    names = set(sql) | {"slo_settings", "slo_targets"}
+
+    def reads(name: str, seen: set) -> set:
+        for other in names - {name} - seen:
+            if re.search(rf"\b{other}\b", sql.get(name, "")):
+                seen.add(other)
+                reads(other, seen)
+        return seen
+
+    assert CACHED and CACHED <= set(sql)
+    for name in CACHED:
+        assert not reads(name, set()) & {"slo_settings", "slo_targets", "calc_now"}, name
+    assert reads("calc_waits", set()) >= {"calc_wait_levels", "calc_now"}  # the check above can fail
+
+
+def test_a_cached_connection_answers_every_view_as_an_uncached_one(lake):
+    assert cache_path(lake) is not None and not cache_path(lake).exists()
+    cold = connect(lake, materialize=True)
+    assert not _attached(cold) and cache_path(lake).exists()
+    warm = connect(lake, materialize=True)
+    plain = connect(lake, cache=False)
+    assert _attached(warm) and not _attached(plain)
+    assert list((lake / CACHE_DIR).iterdir()) == [cache_path(lake)]
+    assert warm.execute("SELECT count(*) FROM base_runs").fetchone()[0] > 0
+    for name in view_names():
+        assert _rows(warm, name) == _rows(plain, name) == _rows(cold, name), name
+
+
+def test_other_settings_and_instants_are_answered_from_the_same_cache(lake):
+    connect(lake, materialize=True)
+    params = SloParams(sched_latency=0.5, sched_slo_s=60, window_days=1)
+    first_day = datetime(2026, 11, 3, tzinfo=timezone.utc)
+    for kw in ({"slo": params}, {"as_of": first_day}, {"slo": params, "as_of": first_day}):
+        warm = connect(lake, materialize=True, **kw)
+        plain = connect(lake, cache=False, **kw)
+        assert _attached(warm)
+        for name in ("calc_waits", "sched_waits", "slo_sched_latency", "slo_quota_honoured", "error_budget",
+                     "burn_alerts"):
+            assert _rows(warm, name) == _rows(plain, name), (kw, name)
+    assert _rows(connect(lake, slo=params), "calc_waits") != _rows(connect(lake), "calc_waits")
+
+
+def test_a_changed_lake_is_never_answered_from_the_old_cache(lake):
+    connect(lake, materialize=True)
+    old = cache_path(lake)
+    runs = sorted((lake / "job_runs").rglob("*.parquet"))
+    gone = pq.read_table(runs[-1]).num_rows
+    runs[-1].unlink()  # the lake lost a file: the old key no longer matches
+    assert cache_path(lake) != old
+    con = connect(lake)
+    assert not _attached(con)
+    assert con.execute("SELECT count(*) FROM base_runs").fetchone()[0] == \
+        connect(lake, cache=False).execute("SELECT count(*) FROM base_runs").fetchone()[0]
+    assert gone > 0
+    connect(lake, materialize=True)  # writes the new key's file and removes the old one
+    assert not old.exists() and cache_path(lake).exists()
+    assert _attached(connect(lake))
+
+
+def test_a_broken_cache_file_is_computed_again(lake):
+    path = cache_path(lake)
+    path.parent.mkdir()
+    path.write_bytes(b"not a duckdb file")
+    con = connect(lake, materialize=True)
+    assert not _attached(con)
+    assert _rows(con, "slo_capacity") == _rows(connect(lake, cache=False), "slo_capacity")
+    assert _attached(connect(lake))  # the materializing connection replaced it
+
+
+def test_a_lake_it_cannot_write_to_is_just_not_cached(lake):
+    (lake / CACHE_DIR).write_text("a file where the cache folder goes")  # mkdir fails, as on a read-only lake
+    con = connect(lake, materialize=True)
+    assert _rows(con, "error_budget") == _rows(connect(lake, cache=False), "error_budget")
+    assert (lake / CACHE_DIR).is_file() and not list(lake.glob(f"{CACHE_DIR}*.tmp"))
+
+
+def test_report_writes_the_cache_and_the_next_report_reads_it(lake, tmp_path):
+    runner = CliRunner()
+    first = runner.invoke(app, ["report", "--lake", str(lake)])
+    assert first.exit_code == 0, first.output
+    path = cache_path(lake)
+    assert path.exists()
+    stamp = path.stat().st_mtime_ns
+    second = runner.invoke(app, ["report", "--lake", str(lake)])
+    assert second.exit_code == 0, second.output
+    assert second.output == first.output and path.stat().st_mtime_ns == stamp  # read, not written again
+
+
+def test_run_overwrite_removes_the_cache(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "demo"
+    assert runner.invoke(app, ["demo", "--days", "1", "--seed", "5", "--out", str(out)]).exit_code == 0
+    lake = out / "lake"
+    connect(lake, materialize=True)
+    assert (lake / CACHE_DIR).exists()
+    res = runner.invoke(app, ["run", "--events", str(out / "events.jsonl"), "--lake", str(lake), "--overwrite",
+                              "--store", f"sqlite:///{tmp_path / 'store.db'}"])
+    assert res.exit_code == 0, res.output
+    assert not (lake / CACHE_DIR).exists()
+
+
+def test_lake_cache_command(lake, tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(app, ["lake", "cache", "--lake", str(lake)])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.strip() == str(cache_path(lake)) and cache_path(lake).exists()
+    assert "cached" in res.stderr
+    again = runner.invoke(app, ["lake", "cache", "--lake", str(lake)])
+    assert again.exit_code == 0 and "already cached" in again.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = runner.invoke(app, ["lake", "cache", "--lake", str(empty)])
+    assert res.exit_code == 1 and "no files" in res.output
+    res = runner.invoke(app, ["lake", "cache", "--lake", str(tmp_path / "missing")])
+    assert res.exit_code == 2 and "no lake" in res.output
