@@ -58,7 +58,6 @@ class PolicyConfig:
     decision_timeout_s: int = _FOLD_DEFAULTS.decision_timeout_s
     candidates_per_team: int = _FOLD_DEFAULTS.candidates_per_team
     victim_order: str = _FOLD_DEFAULTS.victim_order
-    capacity_slo_target: float = _FOLD_DEFAULTS.capacity_slo_target
 
     def __post_init__(self):
         try:
@@ -74,6 +73,7 @@ def fold_config(cfg: "Config", check_invariants: bool = False) -> FoldConfig:
     """The FoldConfig of a configuration: [ledger] and [policy] (what every command that folds uses)."""
     return FoldConfig(dedup_window_s=cfg.ledger.dedup_window_s,
                       check_invariants=check_invariants or cfg.ledger.debug_invariants,
+                      capacity_slo_target=cfg.slo.availability,  # bursts are gated by the capacity SLO's budget
                       **cfg.policy.fold_kwargs())
 
 
@@ -118,6 +118,9 @@ class Config:
 
 
 _TYPES = {"int": int, "str": str, "bool": bool, "float": float}
+# keys that moved: (section, key) -> where the value lives now
+_MOVED = {("policy", "capacity_slo_target"): "[slo] availability (the capacity SLO's target: its error budget "
+                                             "gates bursts)"}
 _SECTION_CLASSES = {"kafka": KafkaConfig, "store": StoreConfig, "lake": LakeConfig, "ledger": LedgerConfig,
                     "slo": SloConfig, "policy": PolicyConfig, "statements": StatementsConfig,
                     "worker": WorkerConfig}
@@ -181,10 +184,16 @@ def load_config(path: Optional[Path] = None, env: Optional[Mapping[str, str]] = 
         types = {f.name: f.type for f in fields(cls)}
         updates = {}
         for key, value in values.items():
+            if (section, key) in _MOVED:
+                raise ConfigError(f"{path}: [{section}] {key} is now {_MOVED[section, key]}")
             if key not in types:
                 raise ConfigError(f"{path}: unknown key {key!r} in [{section}] (known: {', '.join(types)})")
             updates[key] = _coerce(section, key, value, _TYPES[types[key]], str(path))
         cfg = replace(cfg, **{section: _replace_section(getattr(cfg, section), updates, str(path))})
+    for (section, key), now in _MOVED.items():
+        name = f"CHIPLEDGER_{section.upper()}_{key.upper()}"
+        if name in env:
+            raise ConfigError(f"{name}: [{section}] {key} is now {now}")
     for section, cls in _SECTION_CLASSES.items():
         types = {f.name: f.type for f in fields(cls)}
         updates = {}

@@ -68,3 +68,17 @@ def test_cli_reports_a_bad_config(tmp_path):
     res = CliRunner().invoke(app, ["run", "--events", "tests/fixtures/hand.jsonl", "--config", str(cfg)])
     assert res.exit_code == 2
     assert "unknown section [nope]" in res.output
+
+
+def test_bursts_are_gated_by_the_slo_availability_target(tmp_path):
+    from chipledger.config import fold_config
+
+    f = tmp_path / "c.toml"
+    f.write_text("[slo]\navailability = 0.995\n")
+    assert fold_config(load_config(f, env={})).capacity_slo_target == 0.995
+    assert fold_config(load_config(env={"CHIPLEDGER_SLO_AVAILABILITY": "0.9"})).capacity_slo_target == 0.9
+    f.write_text("[policy]\ncapacity_slo_target = 0.995\n")
+    with pytest.raises(ConfigError, match=r"\[policy\] capacity_slo_target is now \[slo\] availability"):
+        load_config(f, env={})
+    with pytest.raises(ConfigError, match="CHIPLEDGER_POLICY_CAPACITY_SLO_TARGET"):
+        load_config(env={"CHIPLEDGER_POLICY_CAPACITY_SLO_TARGET": "0.9"})
