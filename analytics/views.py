@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
+import uuid
 from datetime import datetime
 from pathlib import Path
 from typing import Collection, Optional, Union
@@ -148,6 +150,11 @@ CACHE_FORMAT = 1
 _RAW_VIEW_NAMES = {"journal": "journal_postings", "events": "event_log", **POLICY_RAW_VIEW_NAMES}
 
 
+def _parquet_view(glob: str) -> str:
+    path = glob.replace("'", "''")
+    return f"SELECT * EXCLUDE (day) FROM read_parquet('{path}', hive_partitioning = true, union_by_name = false)"
+
+
 def _empty_view(table: str) -> str:
     cols = ", ".join(f"NULL::{_DUCK_TYPES[f.type]} AS \"{f.name}\"" for f in SCHEMAS[table])
     return f"SELECT {cols} WHERE false"
@@ -169,9 +176,12 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     alone, not on the settings) are kept in a DuckDB file in the lake, `_cache/analytics-KEY.duckdb`, KEY a digest
     of every Parquet file's path, size and modification time, of the views' SQL and of DuckDB's version. A
     connection that finds the file for the lake as it is now reads those tables from it instead of computing
-    them; a `materialize=True` connection that does not computes them and writes the file (a lake it cannot
-    write to is just not cached). Any change to the lake's files makes a new key, so a cache is never stale; the
-    views that depend on the settings are computed by each query."""
+    them; a `materialize=True` connection that does not computes them and writes the file, if the lake's files
+    did not change meanwhile (a lake it cannot write to is just not cached). A file added, removed, or rewritten
+    (new size or modification time, as any writer leaves) makes a new key, so the cache is not read for a lake
+    that changed; a file cut short or not whole is computed again. The views that depend on the settings are
+    computed by each query. The cached tables are a snapshot: a connection kept open while the lake grows
+    answers them as of its opening, while the raw views (`events`, `journal`, ...) read the files as they are."""
     con = duckdb.connect(database)
     con.execute("SET TimeZone = 'UTC'")
     con.execute("SET parquet_metadata_cache = true")  # views over views bind the same files many times
@@ -184,8 +194,7 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
         else:
             if table == "events":
                 check_events_files(lake)
-            path = glob.replace("'", "''")
-            sql = f"SELECT * EXCLUDE (day) FROM read_parquet('{path}', hive_partitioning = true, union_by_name = false)"
+            sql = _parquet_view(glob)
         if table == "events":
             # the table as stored (typed fields included) for the views; event_log without the typed fields
             con.execute(f'CREATE OR REPLACE VIEW "base_event_log" AS {sql}')
@@ -204,14 +213,8 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
         tables = (set(base) - LAZY_BASE) | MATERIALIZED_CALC
     else:
         tables = set(materialize or ())
-    cached: frozenset = frozenset()
     cache_file = cache_path(lake) if cache else None
-    if cache_file is not None and cache_file.exists():
-        try:
-            con.execute(f"ATTACH '{_quote(cache_file)}' AS lake_cache (READ_ONLY)")
-            cached = CACHED
-        except duckdb.Error:  # unreadable (another DuckDB version's format, a torn copy): computed again
-            cached = frozenset()
+    cached = CACHED if cache_file is not None and _attach_cache(con, cache_file) else frozenset()
     for name, sql in (*base.items(), *slo_views(DUCKDB).items()):
         if name in cached:  # read from the cache even when not asked to materialize: no cheaper way
             con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM lake_cache."{name}"')
@@ -220,7 +223,9 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
         con.execute(f'CREATE OR REPLACE {kind} "{name}" AS {sql}')
     for name, sql in POLICY_VIEWS.items():
         con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')
-    if cache_file is not None and not cached and CACHED <= tables:
+    # written only if the lake's files are still the ones the key was taken from (a live writer's lake is not
+    # cached under a key its rows do not match)
+    if cache_file is not None and not cached and CACHED <= tables and cache_path(lake) == cache_file:
         _write_cache(con, cache_file)
     return con
 
@@ -233,11 +238,12 @@ def cache_path(lake: Path) -> Optional[Path]:
     """The analytics cache file for the lake as its files are now, or None for a lake with no files."""
     lake = Path(lake)
     h = hashlib.sha256(f"chipledger analytics cache {CACHE_FORMAT} duckdb {duckdb.__version__}\n".encode())
+    h.update(f"cached {sorted(CACHED)}\nlazy {sorted(LAZY_BASE)}\nraw {_parquet_view('GLOB')}\n".encode())
     for name, sql in sorted({**DERIVED_VIEWS, **duckdb_base_views(), **slo_views(DUCKDB)}.items()):
         h.update(f"{name}\n{sql}\n".encode())
     files = 0
     for table in TABLES:
-        h.update(f"{table} {SCHEMAS[table]}\n".encode())
+        h.update(f"{table} {SCHEMAS[table]}\n{_empty_view(table)}\n".encode())
         folder = lake / table
         if folder.exists():
             for p in sorted(folder.rglob("*.parquet")):
@@ -249,32 +255,95 @@ def cache_path(lake: Path) -> Optional[Path]:
     return lake / CACHE_DIR / f"analytics-{h.hexdigest()[:24]}.duckdb"
 
 
+def _key(path: Path) -> str:
+    return path.stem.removeprefix("analytics-")
+
+
+def _attach_cache(con: duckdb.DuckDBPyConnection, path: Path) -> bool:
+    """Attach the cache file as `lake_cache` if it is a whole cache for this key: every CACHED table and the
+    meta row written last (a file cut short, another version's or a stranger's is detached and computed again)."""
+    if not path.exists():
+        return False
+    try:
+        con.execute(f"ATTACH '{_quote(path)}' AS lake_cache (READ_ONLY)")
+    except duckdb.Error:  # not a DuckDB file this version reads
+        return False
+    try:
+        # a file cut short (a copy stopped early, a crash before the disk had it) ends before its last block
+        block_size, blocks = con.execute("SELECT block_size, total_blocks FROM pragma_database_size() "
+                                         "WHERE database_name = 'lake_cache'").fetchone()
+        if path.stat().st_size < _DUCKDB_HEADERS + block_size * blocks:
+            raise duckdb.InvalidInputException("cut short")
+        names = {r[0] for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = 'lake_cache'").fetchall()}
+        if names == CACHED | {_META}:
+            row = con.execute(f'SELECT cache_key, tables FROM lake_cache."{_META}"').fetchone()
+            if row == (_key(path), len(CACHED)):
+                return True
+    except (duckdb.Error, OSError):
+        pass
+    con.execute("DETACH lake_cache")
+    return False
+
+
+def cache_is_whole(path: Path) -> bool:
+    """True if `path` is a cache file a connection would read (`chipledger lake cache` asks before writing)."""
+    with duckdb.connect() as con:
+        return _attach_cache(con, path)
+
+
+_META = "cache_meta"
+_DUCKDB_HEADERS = 3 * 4096  # a DuckDB file: its three header blocks, then total_blocks blocks of block_size
+_STALE_TMP_S = 3600
+
+
 def _write_cache(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """Copy the CACHED tables into `path` (a new file, renamed into place; older cache files are removed)."""
-    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp")
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    attached = False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.unlink(missing_ok=True)
         con.execute(f"ATTACH '{_quote(tmp)}' AS cache_out")
-        try:
-            for name in sorted(CACHED):
-                con.execute(f'CREATE TABLE cache_out."{name}" AS SELECT * FROM "{name}"')
-        finally:
-            con.execute("DETACH cache_out")
+        attached = True
+        for name in sorted(CACHED):
+            con.execute(f'CREATE TABLE cache_out."{name}" AS SELECT * FROM "{name}"')
+        # last: a reader takes the file as whole only with this row (a copy cut short lacks it)
+        con.execute(f'CREATE TABLE cache_out."{_META}" AS SELECT ? AS cache_key, ? AS tables, now() AS written_at',
+                    [_key(path), len(CACHED)])
+        con.execute("DETACH cache_out")
+        attached = False
+        with open(tmp, "rb") as f:  # on disk before it is named as the cache
+            os.fsync(f.fileno())
         os.replace(tmp, path)
-    except (OSError, duckdb.Error):  # a read-only lake, a full disk: the connection works, uncached
+    except BaseException as e:  # a read-only lake, a full disk, an interrupt: no file left half-written
+        if attached:
+            try:
+                con.execute("DETACH cache_out")
+            except duckdb.Error:
+                pass
         for p in (tmp, tmp.with_name(tmp.name + ".wal")):
             try:
                 p.unlink(missing_ok=True)
             except OSError:
                 pass
-        return
-    for old in path.parent.glob("analytics-*.duckdb"):
-        if old != path:
+        if isinstance(e, (OSError, duckdb.Error)):  # the connection works, uncached
+            return
+        raise
+    now = time.time()
+    for old in path.parent.iterdir():
+        stale_tmp = old.name.endswith((".tmp", ".tmp.wal")) and _older_than(old, now - _STALE_TMP_S)
+        if old != path and old.name.startswith("analytics-") and (old.suffix == ".duckdb" or stale_tmp):
             try:
                 old.unlink(missing_ok=True)
             except OSError:  # another process's to remove
                 pass
+
+
+def _older_than(p: Path, t: float) -> bool:
+    try:
+        return p.stat().st_mtime < t
+    except OSError:
+        return False
 
 
 def view_names() -> list[str]:

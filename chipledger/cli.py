@@ -267,7 +267,7 @@ def lake_cache(
     computing them. Any change to the lake's files makes a new key; run it after `chipledger run` or from cron."""
     import time
 
-    from analytics.views import CACHED, cache_path, connect
+    from analytics.views import CACHED, cache_is_whole, cache_path, connect
 
     root = lake or Path(_config(config).lake.path)
     if not root.is_dir():
@@ -275,12 +275,15 @@ def lake_cache(
     path = cache_path(root)
     if path is None:
         _fail(f"{root}: the lake has no files yet", 1)
-    if path.exists():
+    if cache_is_whole(path):
         typer.echo(f"{path}: already cached", err=True)
         return
     t = time.perf_counter()
     connect(root, materialize=True).close()
-    if not path.exists():
+    if cache_path(root) != path:
+        _fail(f"{root}: the lake's files changed while caching (is a run writing to it?); run again when it is "
+              "done", 1)
+    if not cache_is_whole(path):
         _fail(f"could not write {path} (is the lake writable?)", 1)
     typer.echo(str(path))
     typer.echo(f"cached {len(CACHED)} tables in {time.perf_counter() - t:.1f} s", err=True)

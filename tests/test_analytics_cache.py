@@ -6,8 +6,10 @@ to the lake's files is never answered from the old cache; a broken or unwritable
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -17,7 +19,8 @@ from typer.testing import CliRunner
 
 from analytics.lake import CACHE_DIR
 from analytics.slo_views import DUCKDB, SloParams, duckdb_base_views, slo_views
-from analytics.views import CACHED, DERIVED_VIEWS, cache_path, connect, view_names
+import analytics.views as views
+from analytics.views import CACHED, DERIVED_VIEWS, cache_is_whole, cache_path, connect, view_names
 from chipledger.cli import app
 
 
@@ -119,11 +122,103 @@ def test_a_broken_cache_file_is_computed_again(lake):
     assert _attached(connect(lake))  # the materializing connection replaced it
 
 
+def test_a_cache_file_cut_short_is_computed_again(lake):
+    connect(lake, materialize=True)
+    path = cache_path(lake)
+    whole = path.read_bytes()
+    assert cache_is_whole(path)
+    for size in (len(whole) // 2, len(whole) - 4096, 4096):
+        path.write_bytes(whole[:size])
+        assert not cache_is_whole(path), size
+        con = connect(lake)
+        assert not _attached(con)
+        assert _rows(con, "slo_capacity") == _rows(connect(lake, cache=False), "slo_capacity")
+    connect(lake, materialize=True)
+    assert cache_is_whole(path) and _attached(connect(lake))
+
+
+def test_a_cache_file_without_its_meta_row_is_not_read(lake, tmp_path):
+    """A file with every table but not the row written last (what a copy stopped just before the end leaves),
+    or with another key's row, is not the cache."""
+    import duckdb
+    connect(lake, materialize=True)
+    path = cache_path(lake)
+    for sql in ("DROP TABLE c.cache_meta", "UPDATE c.cache_meta SET cache_key = 'another'"):
+        shutil.copy(path, tmp_path / "whole.duckdb")
+        with duckdb.connect() as con:
+            con.execute(f"ATTACH '{path}' AS c")
+            con.execute(sql)
+        assert not cache_is_whole(path) and not _attached(connect(lake)), sql
+        shutil.copy(tmp_path / "whole.duckdb", path)
+        assert cache_is_whole(path)
+
+
+class _Interrupting:
+    """A connection that raises `error` on the third table copied into the cache (the rest is the real one)."""
+
+    def __init__(self, con, error):
+        self.con, self.error, self.copies = con, error, 0
+
+    def execute(self, sql, *args):
+        if sql.startswith("CREATE TABLE cache_out."):
+            self.copies += 1
+            if self.copies == 3:
+                raise self.error
+        return self.con.execute(sql, *args)
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), RuntimeError("boom"), OSError(28, "No space left")])
+def test_an_interrupted_write_leaves_no_file(lake, error):
+    con = connect(lake, materialize=True, cache=False)
+    path = cache_path(lake)
+    path.parent.mkdir()
+    wrapped = _Interrupting(con, error)
+    if isinstance(error, OSError):
+        views._write_cache(wrapped, path)  # a full disk: uncached, no error
+    else:
+        with pytest.raises(type(error)):
+            views._write_cache(wrapped, path)
+    assert wrapped.copies == 3 and list(path.parent.iterdir()) == []
+    con.execute("SELECT 1")  # the connection still works
+    views._write_cache(con, path)
+    assert cache_is_whole(path)
+
+
+def test_a_lake_that_changes_while_materializing_is_not_cached(lake, monkeypatch):
+    real, calls = views.cache_path, []
+
+    def then_a_writer_adds_rows(root):
+        calls.append(root)
+        if len(calls) == 2:  # after the tables were computed, before the write: a run rewrote a file
+            f = sorted((lake / "journal").rglob("*.parquet"))[0]
+            os.utime(f, ns=(time.time_ns(), f.stat().st_mtime_ns + 1_000_000))
+        return real(root)
+
+    monkeypatch.setattr(views, "cache_path", then_a_writer_adds_rows)
+    connect(lake, materialize=True)
+    assert len(calls) == 2 and not (lake / CACHE_DIR).exists()
+    monkeypatch.undo()
+    connect(lake, materialize=True)
+    assert cache_is_whole(cache_path(lake))
+
+
+def test_stale_temporary_files_are_removed_by_the_next_write(lake):
+    folder = lake / CACHE_DIR
+    folder.mkdir()
+    stale, fresh = folder / "analytics-0123.99-dead.tmp", folder / "analytics-0123.98-beef.tmp"
+    for p in (stale, fresh):
+        p.write_bytes(b"left by a killed process")
+    two_hours_ago = time.time() - 7200
+    os.utime(stale, (two_hours_ago, two_hours_ago))
+    connect(lake, materialize=True)
+    assert sorted(folder.iterdir()) == sorted([fresh, cache_path(lake)])  # a fresh one may be another's write
+
+
 def test_a_lake_it_cannot_write_to_is_just_not_cached(lake):
     (lake / CACHE_DIR).write_text("a file where the cache folder goes")  # mkdir fails, as on a read-only lake
     con = connect(lake, materialize=True)
     assert _rows(con, "error_budget") == _rows(connect(lake, cache=False), "error_budget")
-    assert (lake / CACHE_DIR).is_file() and not list(lake.glob(f"{CACHE_DIR}*.tmp"))
+    assert (lake / CACHE_DIR).is_file() and not [p for p in lake.rglob("*") if ".tmp" in p.name]
 
 
 def test_report_writes_the_cache_and_the_next_report_reads_it(lake, tmp_path):
@@ -159,9 +254,28 @@ def test_lake_cache_command(lake, tmp_path):
     assert "cached" in res.stderr
     again = runner.invoke(app, ["lake", "cache", "--lake", str(lake)])
     assert again.exit_code == 0 and "already cached" in again.stderr
+    whole = cache_path(lake).read_bytes()
+    cache_path(lake).write_bytes(whole[:len(whole) // 2])  # a copy cut short is not "already cached"
+    res = runner.invoke(app, ["lake", "cache", "--lake", str(lake)])
+    assert res.exit_code == 0 and "already" not in res.stderr and cache_is_whole(cache_path(lake))
     empty = tmp_path / "empty"
     empty.mkdir()
     res = runner.invoke(app, ["lake", "cache", "--lake", str(empty)])
     assert res.exit_code == 1 and "no files" in res.output
     res = runner.invoke(app, ["lake", "cache", "--lake", str(tmp_path / "missing")])
     assert res.exit_code == 2 and "no lake" in res.output
+
+
+def test_lake_cache_says_when_the_lake_changed_while_it_worked(lake, monkeypatch):
+    real, calls = views.cache_path, []
+
+    def a_run_appends_after_the_first_look(root):
+        calls.append(root)
+        if len(calls) == 2:
+            f = sorted((lake / "events").rglob("*.parquet"))[0]
+            os.utime(f, ns=(time.time_ns(), f.stat().st_mtime_ns + 1_000_000))
+        return real(root)
+
+    monkeypatch.setattr(views, "cache_path", a_run_appends_after_the_first_look)
+    res = CliRunner().invoke(app, ["lake", "cache", "--lake", str(lake)])
+    assert res.exit_code == 1 and "changed while caching" in res.output
