@@ -184,17 +184,25 @@ def test_an_interrupted_write_leaves_no_file(lake, error):
     assert cache_is_whole(path)
 
 
-def test_a_lake_that_changes_while_materializing_is_not_cached(lake, monkeypatch):
+def _a_writer_touches(lake: Path, table: str, monkeypatch, at_call: int) -> list:
+    """Make the `at_call`-th look at the lake's key first rewrite one of `table`'s files (a new modification
+    time, as a run appending to it leaves): the lake changes between two looks. Returns the looks made."""
     real, calls = views.cache_path, []
 
-    def then_a_writer_adds_rows(root):
+    def look(root):
         calls.append(root)
-        if len(calls) == 2:  # after the tables were computed, before the write: a run rewrote a file
-            f = sorted((lake / "journal").rglob("*.parquet"))[0]
+        if len(calls) == at_call:
+            f = sorted((lake / table).rglob("*.parquet"))[0]
             os.utime(f, ns=(time.time_ns(), f.stat().st_mtime_ns + 1_000_000))
         return real(root)
 
-    monkeypatch.setattr(views, "cache_path", then_a_writer_adds_rows)
+    monkeypatch.setattr(views, "cache_path", look)
+    return calls
+
+
+def test_a_lake_that_changes_while_materializing_is_not_cached(lake, monkeypatch):
+    # the second look is after the tables were computed, before the write
+    calls = _a_writer_touches(lake, "journal", monkeypatch, at_call=2)
     connect(lake, materialize=True)
     assert len(calls) == 2 and not (lake / CACHE_DIR).exists()
     monkeypatch.undo()
@@ -267,15 +275,6 @@ def test_lake_cache_command(lake, tmp_path):
 
 
 def test_lake_cache_says_when_the_lake_changed_while_it_worked(lake, monkeypatch):
-    real, calls = views.cache_path, []
-
-    def a_run_appends_after_the_first_look(root):
-        calls.append(root)
-        if len(calls) == 2:
-            f = sorted((lake / "events").rglob("*.parquet"))[0]
-            os.utime(f, ns=(time.time_ns(), f.stat().st_mtime_ns + 1_000_000))
-        return real(root)
-
-    monkeypatch.setattr(views, "cache_path", a_run_appends_after_the_first_look)
+    _a_writer_touches(lake, "events", monkeypatch, at_call=2)  # the command's look, then connect's
     res = CliRunner().invoke(app, ["lake", "cache", "--lake", str(lake)])
     assert res.exit_code == 1 and "changed while caching" in res.output
