@@ -167,8 +167,12 @@ class _Interrupting:
         return self.con.execute(sql, *args)
 
 
-@pytest.mark.parametrize("error", [KeyboardInterrupt(), RuntimeError("boom"), OSError(28, "No space left")])
-def test_an_interrupted_write_leaves_no_file(lake, error):
+# made per test: a raised exception keeps its traceback, whose frames hold the connection; a parameter object
+# would keep it alive to the end of the session
+@pytest.mark.parametrize("make_error", [KeyboardInterrupt, lambda: RuntimeError("boom"),
+                                        lambda: OSError(28, "No space left")], ids=["interrupt", "bug", "disk-full"])
+def test_an_interrupted_write_leaves_no_file(lake, make_error):
+    error = make_error()
     con = connect(lake, materialize=True, cache=False)
     path = cache_path(lake)
     path.parent.mkdir()
