@@ -10,6 +10,7 @@ import hashlib
 import os
 import time
 import uuid
+import warnings
 from datetime import datetime
 from pathlib import Path
 from typing import Collection, Optional, Union
@@ -179,7 +180,9 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     them; a `materialize=True` connection that does not computes them and writes the file, if the lake's files
     did not change meanwhile (a lake it cannot write to is just not cached). A file added, removed, or rewritten
     (new size or modification time, as any writer leaves) makes a new key, so the cache is not read for a lake
-    that changed; a file cut short or not whole is computed again. The views that depend on the settings are
+    that changed; a file cut short, without its meta row or with an uncheckpointed `.wal` beside it is not
+    read, and the tables are computed again (a file damaged inside makes queries fail with DuckDB's checksum
+    error: deleting `_cache` is always safe). The views that depend on the settings are
     computed by each query. The cached tables are a snapshot: a connection kept open while the lake grows
     answers them as of its opening, while the raw views (`events`, `journal`, ...) read the files as they are."""
     con = duckdb.connect(database)
@@ -259,31 +262,42 @@ def _key(path: Path) -> str:
     return path.stem.removeprefix("analytics-")
 
 
-def _attach_cache(con: duckdb.DuckDBPyConnection, path: Path) -> bool:
-    """Attach the cache file as `lake_cache` if it is a whole cache for this key: every CACHED table and the
-    meta row written last (a file cut short, another version's or a stranger's is detached and computed again)."""
-    if not path.exists():
+def _attach_cache(con: duckdb.DuckDBPyConnection, path: Path, key: Optional[str] = None) -> bool:
+    """Attach the cache file as `lake_cache` if it is a whole cache for `key` (default: the one its name
+    carries): as long as DuckDB's blocks say, every CACHED table and the meta row written last, and no
+    uncheckpointed change beside it (`.wal`: someone opened it read-write). A file cut short, another version's
+    or a stranger's is detached and computed again; so is one swapped for another while it was checked. Never
+    raises (an unreadable `_cache` folder is just no cache)."""
+    if os.path.lexists(f"{path}.wal"):
+        return False
+    try:
+        before = _identity(path)
+    except OSError:  # missing, or a folder it may not search
         return False
     try:
         con.execute(f"ATTACH '{_quote(path)}' AS lake_cache (READ_ONLY)")
     except duckdb.Error:  # not a DuckDB file this version reads
         return False
     try:
-        # a file cut short (a copy stopped early, a crash before the disk had it) ends before its last block
+        # a file cut short (a copy stopped early) ends before its last block
         block_size, blocks = con.execute("SELECT block_size, total_blocks FROM pragma_database_size() "
                                          "WHERE database_name = 'lake_cache'").fetchone()
-        if path.stat().st_size < _DUCKDB_HEADERS + block_size * blocks:
-            raise duckdb.InvalidInputException("cut short")
-        names = {r[0] for r in con.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE database_name = 'lake_cache'").fetchall()}
-        if names == CACHED | {_META}:
-            row = con.execute(f'SELECT cache_key, tables FROM lake_cache."{_META}"').fetchone()
-            if row == (_key(path), len(CACHED)):
-                return True
+        if before[2] >= _DUCKDB_HEADERS + block_size * blocks:
+            names = {r[0] for r in con.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE database_name = 'lake_cache'").fetchall()}
+            if names == CACHED | {_META}:
+                row = con.execute(f'SELECT cache_key, tables FROM lake_cache."{_META}"').fetchone()
+                if row == (key or _key(path), len(CACHED)) and _identity(path) == before:
+                    return True
     except (duckdb.Error, OSError):
         pass
     con.execute("DETACH lake_cache")
     return False
+
+
+def _identity(path: Path) -> tuple:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def cache_is_whole(path: Path) -> bool:
@@ -297,8 +311,16 @@ _DUCKDB_HEADERS = 3 * 4096  # a DuckDB file: its three header blocks, then total
 _STALE_TMP_S = 3600
 
 
+class CacheLayoutWarning(UserWarning):
+    """A cache file just written fails the check a reader makes (a DuckDB whose file layout this chipledger does
+    not know): the lake is not cached, and every report computes its tables."""
+
+
 def _write_cache(con: duckdb.DuckDBPyConnection, path: Path) -> None:
-    """Copy the CACHED tables into `path` (a new file, renamed into place; older cache files are removed)."""
+    """Copy the CACHED tables into `path` (a new file, checked as a reader would, renamed into place; older cache
+    files and temporary files over an hour old are removed). Never leaves a file of its own half-written: an
+    error or interrupt removes it (an OSError or DuckDB error, a read-only lake or a full disk, is swallowed;
+    the connection works, uncached)."""
     tmp = path.with_name(f"{path.stem}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     attached = False
     try:
@@ -314,6 +336,15 @@ def _write_cache(con: duckdb.DuckDBPyConnection, path: Path) -> None:
         attached = False
         with open(tmp, "rb") as f:  # on disk before it is named as the cache
             os.fsync(f.fileno())
+        with duckdb.connect() as check:
+            whole = _attach_cache(check, tmp, _key(path))
+        if not whole:
+            warnings.warn(f"the analytics cache just written fails the check its readers make (DuckDB "
+                          f"{duckdb.__version__}'s file layout?): {path.parent} is not cached", CacheLayoutWarning,
+                          stacklevel=3)
+            _remove(tmp)
+            return
+        _remove(Path(f"{path}.wal"))  # a change someone left on a cache of this key would be replayed onto ours
         os.replace(tmp, path)
     except BaseException as e:  # a read-only lake, a full disk, an interrupt: no file left half-written
         if attached:
@@ -321,22 +352,28 @@ def _write_cache(con: duckdb.DuckDBPyConnection, path: Path) -> None:
                 con.execute("DETACH cache_out")
             except duckdb.Error:
                 pass
-        for p in (tmp, tmp.with_name(tmp.name + ".wal")):
-            try:
-                p.unlink(missing_ok=True)
-            except OSError:
-                pass
+        _remove(tmp)
+        _remove(tmp.with_name(tmp.name + ".wal"))
         if isinstance(e, (OSError, duckdb.Error)):  # the connection works, uncached
             return
         raise
-    now = time.time()
-    for old in path.parent.iterdir():
-        stale_tmp = old.name.endswith((".tmp", ".tmp.wal")) and _older_than(old, now - _STALE_TMP_S)
-        if old != path and old.name.startswith("analytics-") and (old.suffix == ".duckdb" or stale_tmp):
-            try:
-                old.unlink(missing_ok=True)
-            except OSError:  # another process's to remove
-                pass
+    try:
+        now = time.time()
+        for old in path.parent.iterdir():
+            if old == path or not old.name.startswith("analytics-"):
+                continue
+            stale_tmp = old.name.endswith((".tmp", ".tmp.wal")) and _older_than(old, now - _STALE_TMP_S)
+            if old.suffix == ".duckdb" or old.name.endswith(".duckdb.wal") or stale_tmp:
+                _remove(old)
+    except OSError:  # the folder went (`run --overwrite`) or may not be listed: the cache is written
+        pass
+
+
+def _remove(p: Path) -> None:
+    try:
+        p.unlink(missing_ok=True)
+    except OSError:  # another process's to remove, or a folder in its place
+        pass
 
 
 def _older_than(p: Path, t: float) -> bool:

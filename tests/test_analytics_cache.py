@@ -1,7 +1,8 @@
 """The analytics cache (analytics/views.py): the materialized tables that depend on the lake's files alone, kept in
 `LAKE/_cache/analytics-KEY.duckdb` between connections. Checked: what it keeps never reads the settings; a cached
 connection answers every view exactly as an uncached one (also with other settings and another instant); a change
-to the lake's files is never answered from the old cache; a broken or unwritable cache costs speed, not answers;
+to the lake's files is never answered from the old cache; a cache cut short, not written whole or left with
+changes beside it, an interrupted write or an unwritable lake costs speed, not answers;
 `chipledger report` and `chipledger lake cache` write it and a second report reads it; `chipledger run --overwrite` removes it."""
 
 from __future__ import annotations
@@ -282,3 +283,69 @@ def test_lake_cache_says_when_the_lake_changed_while_it_worked(lake, monkeypatch
     _a_writer_touches(lake, "events", monkeypatch, at_call=2)  # the command's look, then connect's
     res = CliRunner().invoke(app, ["lake", "cache", "--lake", str(lake)])
     assert res.exit_code == 1 and "changed while caching" in res.output
+
+
+def test_a_change_left_beside_the_cache_is_not_read_and_the_next_write_removes_it(lake):
+    """Someone opened the cache read-write, deleted rows and was killed: DuckDB would replay the `.wal` onto the
+    file at attach. The cache is not read while it is there; the next write drops it."""
+    import duckdb
+    connect(lake, materialize=True)
+    path = cache_path(lake)
+    runs = _rows(connect(lake, cache=False), "base_runs")
+    with duckdb.connect() as con:
+        con.execute("SET checkpoint_threshold = '1TB'")
+        con.execute(f"ATTACH '{path}' AS c")
+        con.execute("SET checkpoint_threshold = '1TB'")
+        con.execute("DELETE FROM c.base_runs")
+        shutil.copy(path, path.with_name("file.copy"))
+        shutil.copy(f"{path}.wal", path.with_name("wal.copy"))  # as a kill -9 leaves them: not checkpointed
+    shutil.copy(path.with_name("file.copy"), path)
+    shutil.copy(path.with_name("wal.copy"), f"{path}.wal")
+    for f in ("file.copy", "wal.copy"):
+        path.with_name(f).unlink()
+    assert not cache_is_whole(path)
+    con = connect(lake, materialize=True)
+    assert not _attached(con) and _rows(con, "base_runs") == runs
+    assert cache_is_whole(path) and not Path(f"{path}.wal").exists()
+    assert _rows(connect(lake), "base_runs") == runs and _attached(connect(lake))
+
+
+def test_the_folder_going_away_under_the_write_is_no_error(lake, monkeypatch):
+    real = views.os.replace
+
+    def then_run_overwrite_clears_the_lake(src, dst):
+        real(src, dst)
+        shutil.rmtree(Path(dst).parent)
+
+    monkeypatch.setattr(views.os, "replace", then_run_overwrite_clears_the_lake)
+    con = connect(lake, materialize=True)
+    assert _rows(con, "slo_capacity") == _rows(connect(lake, cache=False), "slo_capacity")
+    assert not (lake / CACHE_DIR).exists()
+
+
+def test_a_cache_folder_it_may_not_read_is_no_cache(lake, monkeypatch):
+    connect(lake, materialize=True)
+    real = views.os.stat
+
+    def denied(p, *a, **kw):  # what a `_cache` of mode 0700 owned by another user gives (root may read all)
+        if CACHE_DIR in Path(p).parts:
+            raise PermissionError(13, "Permission denied", str(p))
+        return real(p, *a, **kw)
+
+    monkeypatch.setattr(views.os, "stat", denied)
+    con = connect(lake)
+    assert not _attached(con)
+    assert _rows(con, "error_budget") == _rows(connect(lake, cache=False), "error_budget")
+
+
+def test_a_file_layout_the_check_does_not_know_is_said_not_cached(lake, monkeypatch):
+    """If a DuckDB wrote files the readers' check rejects, every report would compute and write the cache again
+    and never read it: the write checks its own file first, warns and keeps nothing."""
+    monkeypatch.setattr(views, "_DUCKDB_HEADERS", views._DUCKDB_HEADERS + 1)
+    with pytest.warns(views.CacheLayoutWarning, match="fails the check its readers make"):
+        con = connect(lake, materialize=True)
+    assert _rows(con, "goodput") == _rows(connect(lake, cache=False), "goodput")
+    assert list((lake / CACHE_DIR).iterdir()) == []
+    with pytest.warns(views.CacheLayoutWarning):
+        res = CliRunner().invoke(app, ["lake", "cache", "--lake", str(lake)])
+    assert res.exit_code == 1 and "could not write" in res.output
