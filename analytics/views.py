@@ -274,6 +274,7 @@ def _attach_cache(con: duckdb.DuckDBPyConnection, path: Path, key: Optional[str]
         before = _identity(path)
     except OSError:  # missing, or a folder it may not search
         return False
+    size = before[2]
     try:
         con.execute(f"ATTACH '{_quote(path)}' AS lake_cache (READ_ONLY)")
     except duckdb.Error:  # not a DuckDB file this version reads
@@ -282,7 +283,7 @@ def _attach_cache(con: duckdb.DuckDBPyConnection, path: Path, key: Optional[str]
         # a file cut short (a copy stopped early) ends before its last block
         block_size, blocks = con.execute("SELECT block_size, total_blocks FROM pragma_database_size() "
                                          "WHERE database_name = 'lake_cache'").fetchone()
-        if before[2] >= _DUCKDB_HEADERS + block_size * blocks:
+        if size >= _DUCKDB_HEADERS + block_size * blocks:
             names = {r[0] for r in con.execute(
                 "SELECT table_name FROM duckdb_tables() WHERE database_name = 'lake_cache'").fetchall()}
             if names == CACHED | {_META}:
@@ -296,6 +297,7 @@ def _attach_cache(con: duckdb.DuckDBPyConnection, path: Path, key: Optional[str]
 
 
 def _identity(path: Path) -> tuple:
+    """Device, inode, size, mtime: the same file, unchanged (not the access time, which reading moves)."""
     st = os.stat(path)
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
@@ -357,13 +359,10 @@ def _write_cache(con: duckdb.DuckDBPyConnection, path: Path) -> None:
         if isinstance(e, (OSError, duckdb.Error)):  # the connection works, uncached
             return
         raise
-    try:
-        now = time.time()
-        for old in path.parent.iterdir():
-            if old == path or not old.name.startswith("analytics-"):
-                continue
-            stale_tmp = old.name.endswith((".tmp", ".tmp.wal")) and _older_than(old, now - _STALE_TMP_S)
-            if old.suffix == ".duckdb" or old.name.endswith(".duckdb.wal") or stale_tmp:
+    try:  # older caches and their .wal files; another writer's temporary files only once they are stale
+        stale = time.time() - _STALE_TMP_S
+        for old in path.parent.glob("analytics-*"):
+            if old != path and (".tmp" not in old.name or _older_than(old, stale)):
                 _remove(old)
     except OSError:  # the folder went (`run --overwrite`) or may not be listed: the cache is written
         pass
