@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-import uuid
 import warnings
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +17,8 @@ from typing import Collection, Optional, Union
 import duckdb
 import pyarrow as pa
 
+from analytics.cache_update import (FILES_TABLE, FRONTIER_TABLE, Files, NotIncremental, added_files, base_candidates,
+                                    lake_files, lake_files_unchanged, tmp_beside, update, write_meta)
 from analytics.lake import CACHE_DIR, EVENT_FIELDS, SCHEMAS, TABLES, check_events_files, table_files
 from analytics.policy_views import POLICY_RAW_VIEW_NAMES, POLICY_VIEWS
 from analytics.slo_views import DUCKDB, SloParams, duckdb_base_views, settings_rows, slo_views
@@ -28,6 +29,27 @@ _DUCK_TYPES = {
     pa.list_(pa.string()): "VARCHAR[]",
 }
 
+def journal_sql(postings: str = "journal_postings") -> str:
+    """The journal view over the given postings (an update of the analytics cache reads the files added since)."""
+    return f"""
+        SELECT pool, hour, account, team, sum(amount_mchip_s)::BIGINT AS amount_mchip_s,
+               sum(amount_mchip_s) / 3.6e6 AS amount_chip_h
+        FROM {postings} GROUP BY pool, hour, account, team
+    """
+
+
+def job_run_totals_sql(job_runs: str = "job_runs") -> str:
+    """job_run_totals over the given postings (an update of the analytics cache reads the files added since)."""
+    return f"""
+        SELECT pool, job_id, submitted_at, run_index, any_value(team) AS team,
+               any_value(chips_milli) AS chips_milli, any_value(priority) AS priority,
+               any_value(started_at) AS started_at, max(ended_at) AS ended_at,
+               max(end_reason) AS end_reason, sum(allocated_mchip_s)::BIGINT AS allocated_mchip_s,
+               sum(lost_mchip_s)::BIGINT AS lost_mchip_s
+        FROM {job_runs} GROUP BY pool, job_id, submitted_at, run_index
+    """
+
+
 # Views derived from the raw tables. Amounts stay integer milli-chip-seconds; `*_chip_h` columns are for people.
 DERIVED_VIEWS = {
     # every applied event, with the typed fields of its type (written by the lake writer from the parsed event)
@@ -37,21 +59,10 @@ DERIVED_VIEWS = {
         FROM base_event_log
     """,
     # the books: postings summed per (pool, hour, account, team)
-    "journal": """
-        SELECT pool, hour, account, team, sum(amount_mchip_s)::BIGINT AS amount_mchip_s,
-               sum(amount_mchip_s) / 3.6e6 AS amount_chip_h
-        FROM journal_postings GROUP BY pool, hour, account, team
-    """,
+    "journal": journal_sql(),
     # one row per run of a job (postings of a run still going at a close are summed with its end); a job id
     # reused after the job finished is another job: runs are told apart by their submission time
-    "job_run_totals": """
-        SELECT pool, job_id, submitted_at, run_index, any_value(team) AS team,
-               any_value(chips_milli) AS chips_milli, any_value(priority) AS priority,
-               any_value(started_at) AS started_at, max(ended_at) AS ended_at,
-               max(end_reason) AS end_reason, sum(allocated_mchip_s)::BIGINT AS allocated_mchip_s,
-               sum(lost_mchip_s)::BIGINT AS lost_mchip_s
-        FROM job_runs GROUP BY pool, job_id, submitted_at, run_index
-    """,
+    "job_run_totals": job_run_totals_sql(),
     # one row per job (per submission: a job id reused after the job finished starts a new job), from its
     # events and its runs
     "jobs": """
@@ -146,7 +157,7 @@ LAZY_BASE = frozenset({"base_event_rows"})
 # instant evaluated at): what the analytics cache keeps between connections (tests/test_analytics_cache.py checks
 # that none of them reads the settings)
 CACHED = frozenset((set(duckdb_base_views()) - LAZY_BASE) | MATERIALIZED_CALC)
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 
 _RAW_VIEW_NAMES = {"journal": "journal_postings", "events": "event_log", **POLICY_RAW_VIEW_NAMES}
 
@@ -216,8 +227,12 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
         tables = (set(base) - LAZY_BASE) | MATERIALIZED_CALC
     else:
         tables = set(materialize or ())
-    cache_file = cache_path(lake) if cache else None
+    files = lake_files(lake) if cache else None
+    cache_file = _cache_file(lake, files) if files else None
     cached = CACHED if cache_file is not None and _attach_cache(con, cache_file) else frozenset()
+    if cache_file is not None and not cached and _update_cache(lake, files, cache_file):
+        cached = CACHED if _attach_cache(con, cache_file) else frozenset()
+        _clean_beside(cache_file)  # once attached: another connection's clean-up cannot take it from this one
     for name, sql in (*base.items(), *slo_views(DUCKDB).items()):
         if name in cached:  # read from the cache even when not asked to materialize: no cheaper way
             con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM lake_cache."{name}"')
@@ -229,7 +244,7 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     # written only if the lake's files are still the ones the key was taken from (a live writer's lake is not
     # cached under a key its rows do not match)
     if cache_file is not None and not cached and CACHED <= tables and cache_path(lake) == cache_file:
-        _write_cache(con, cache_file)
+        _write_cache(con, cache_file, lake, files)
     return con
 
 
@@ -239,23 +254,27 @@ def _quote(path: Path) -> str:
 
 def cache_path(lake: Path) -> Optional[Path]:
     """The analytics cache file for the lake as its files are now, or None for a lake with no files."""
-    lake = Path(lake)
+    files = lake_files(lake)
+    return _cache_file(lake, files) if files else None
+
+
+def _code_key() -> str:
+    """A digest of what the cached tables' rows follow from besides the files: the views' SQL, the raw views'
+    template and columns, the cached names, the cache's format and DuckDB's version."""
     h = hashlib.sha256(f"chipledger analytics cache {CACHE_FORMAT} duckdb {duckdb.__version__}\n".encode())
     h.update(f"cached {sorted(CACHED)}\nlazy {sorted(LAZY_BASE)}\nraw {_parquet_view('GLOB')}\n".encode())
     for name, sql in sorted({**DERIVED_VIEWS, **duckdb_base_views(), **slo_views(DUCKDB)}.items()):
         h.update(f"{name}\n{sql}\n".encode())
-    files = 0
     for table in TABLES:
         h.update(f"{table} {SCHEMAS[table]}\n{_empty_view(table)}\n".encode())
-        folder = lake / table
-        if folder.exists():
-            for p in sorted(folder.rglob("*.parquet")):
-                st = p.stat()
-                h.update(f"{p.relative_to(lake)} {st.st_size} {st.st_mtime_ns}\n".encode())
-                files += 1
-    if not files:
-        return None
-    return lake / CACHE_DIR / f"analytics-{h.hexdigest()[:24]}.duckdb"
+    return h.hexdigest()
+
+
+def _cache_file(lake: Path, files: Files) -> Path:
+    h = hashlib.sha256(_code_key().encode())
+    for p, (size, mtime_ns) in sorted(files.items()):
+        h.update(f"{p} {size} {mtime_ns}\n".encode())
+    return Path(lake) / CACHE_DIR / f"analytics-{h.hexdigest()[:24]}.duckdb"
 
 
 def _key(path: Path) -> str:
@@ -286,7 +305,7 @@ def _attach_cache(con: duckdb.DuckDBPyConnection, path: Path, key: Optional[str]
         if size >= _DUCKDB_HEADERS + block_size * blocks:
             names = {r[0] for r in con.execute(
                 "SELECT table_name FROM duckdb_tables() WHERE database_name = 'lake_cache'").fetchall()}
-            if names == CACHED | {_META}:
+            if names == CACHED | {_META, FILES_TABLE, FRONTIER_TABLE}:
                 row = con.execute(f'SELECT cache_key, tables FROM lake_cache."{_META}"').fetchone()
                 if row == (key or _key(path), len(CACHED)) and _identity(path) == before:
                     return True
@@ -318,12 +337,12 @@ class CacheLayoutWarning(UserWarning):
     not know): the lake is not cached, and every report computes its tables."""
 
 
-def _write_cache(con: duckdb.DuckDBPyConnection, path: Path) -> None:
-    """Copy the CACHED tables into `path` (a new file, checked as a reader would, renamed into place; older cache
-    files and temporary files over an hour old are removed). Never leaves a file of its own half-written: an
-    error or interrupt removes it (an OSError or DuckDB error, a read-only lake or a full disk, is swallowed;
-    the connection works, uncached)."""
-    tmp = path.with_name(f"{path.stem}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+def _write_cache(con: duckdb.DuckDBPyConnection, path: Path, lake: Path, files: Files) -> None:
+    """Copy the CACHED tables, computed from `files`, into `path` (a new file, checked as a reader would, renamed
+    into place; older cache files and temporary files over an hour old are removed). Never leaves a file of its own
+    half-written: an error or interrupt removes it (an OSError or DuckDB error, a read-only lake or a full disk, is
+    swallowed; the connection works, uncached)."""
+    tmp = tmp_beside(path)
     attached = False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -331,35 +350,89 @@ def _write_cache(con: duckdb.DuckDBPyConnection, path: Path) -> None:
         attached = True
         for name in sorted(CACHED):
             con.execute(f'CREATE TABLE cache_out."{name}" AS SELECT * FROM "{name}"')
+        write_meta(con, "cache_out", lake, files)
         # last: a reader takes the file as whole only with this row (a copy cut short lacks it)
-        con.execute(f'CREATE TABLE cache_out."{_META}" AS SELECT ? AS cache_key, ? AS tables, now() AS written_at',
-                    [_key(path), len(CACHED)])
+        con.execute(f'CREATE TABLE cache_out."{_META}" AS SELECT ? AS cache_key, ? AS tables, ? AS code_key, '
+                    f'now() AS written_at', [_key(path), len(CACHED), _code_key()])
         con.execute("DETACH cache_out")
         attached = False
-        with open(tmp, "rb") as f:  # on disk before it is named as the cache
-            os.fsync(f.fileno())
-        with duckdb.connect() as check:
-            whole = _attach_cache(check, tmp, _key(path))
-        if not whole:
-            warnings.warn(f"the analytics cache just written fails the check its readers make (DuckDB "
-                          f"{duckdb.__version__}'s file layout?): {path.parent} is not cached", CacheLayoutWarning,
-                          stacklevel=3)
-            _remove(tmp)
-            return
-        _remove(Path(f"{path}.wal"))  # a change someone left on a cache of this key would be replayed onto ours
-        os.replace(tmp, path)
+        _publish(tmp, path)
     except BaseException as e:  # a read-only lake, a full disk, an interrupt: no file left half-written
         if attached:
             try:
                 con.execute("DETACH cache_out")
             except duckdb.Error:
                 pass
-        _remove(tmp)
-        _remove(tmp.with_name(tmp.name + ".wal"))
+        _discard(tmp)
         if isinstance(e, (OSError, duckdb.Error)):  # the connection works, uncached
             return
         raise
-    try:  # older caches and their .wal files; another writer's temporary files only once they are stale
+    _clean_beside(path)
+
+
+def _update_cache(lake: Path, files: Files, path: Path) -> bool:
+    """Write `path` from an older cache of the lake and the files added since (analytics/cache_update.py), if there
+    is one the lake only grew from; True if `path` is now the lake's cache. Like a write, never leaves a file of
+    its own half-written, and an OSError or DuckDB error is just no update (the tables are computed)."""
+    code = _code_key()
+    for base in base_candidates(lake, path):
+        added = _grown_from(base, code, files)
+        if added is not None:
+            break
+    else:
+        return False
+    tmp = tmp_beside(path)
+    try:
+        update(base, tmp, lake, files, added, _key(path))
+        # the files read are still the ones the key was taken from (others may have been added meanwhile)
+        return lake_files_unchanged(lake, files) and _publish(tmp, path)
+    except BaseException as e:
+        if isinstance(e, (OSError, duckdb.Error, NotIncremental)):
+            return False
+        raise
+    finally:
+        _discard(tmp)  # renamed, if published
+
+
+def _grown_from(base: Path, code: str, files: Files) -> Optional[Files]:
+    """The files added to the lake since the cache `base` was written, or None if it is not whole, is another
+    version's, or any of its files changed or went."""
+    with duckdb.connect() as check:
+        if not _attach_cache(check, base):
+            return None
+        try:
+            if check.execute(f'SELECT code_key FROM lake_cache."{_META}"').fetchone()[0] != code:
+                return None
+            return added_files(check, "lake_cache", files)
+        except duckdb.Error:
+            return None
+
+
+def _publish(tmp: Path, path: Path) -> bool:
+    """Name the cache file written as `tmp` `path`, once on disk and checked as a reader would check it."""
+    with open(tmp, "rb") as f:  # on disk before it is named as the cache
+        os.fsync(f.fileno())
+    with duckdb.connect() as check:
+        whole = _attach_cache(check, tmp, _key(path))
+    if not whole:
+        warnings.warn(f"the analytics cache just written fails the check its readers make (DuckDB "
+                      f"{duckdb.__version__}'s file layout?): {path.parent} is not cached", CacheLayoutWarning,
+                      stacklevel=4)
+        _remove(tmp)
+        return False
+    _remove(Path(f"{path}.wal"))  # a change someone left on a cache of this key would be replayed onto ours
+    os.replace(tmp, path)
+    return True
+
+
+def _discard(tmp: Path) -> None:
+    _remove(tmp)
+    _remove(tmp.with_name(tmp.name + ".wal"))
+
+
+def _clean_beside(path: Path) -> None:
+    """Remove older caches and their .wal files; another writer's temporary files only once they are stale."""
+    try:
         stale = time.time() - _STALE_TMP_S
         for old in path.parent.glob("analytics-*"):
             if old != path and (".tmp" not in old.name or _older_than(old, stale)):

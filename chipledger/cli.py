@@ -264,7 +264,8 @@ def lake_cache(
 ):
     """Compute the analytics cache of the lake as it is now (LAKE/_cache/analytics-KEY.duckdb), so that the
     next `report`, `sql`, `alerts` or `statements` reads the base tables and shared intermediates instead of
-    computing them. Any change to the lake's files makes a new key; run it after `chipledger run` or from cron."""
+    computing them. Any change to the lake's files makes a new key; files added since an older cache bring that
+    one up to date (seconds), anything else computes it whole. Run it after `chipledger run` or from cron."""
     import time
 
     from analytics.views import CACHED, cache_is_whole, cache_path, connect

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from analytics.cache_update import lake_files
 from analytics.lake import CACHE_DIR
 from analytics.slo_views import DUCKDB, SloParams, duckdb_base_views, slo_views
 import analytics.views as views
@@ -179,20 +180,20 @@ def test_an_interrupted_write_leaves_no_file(lake, make_error):
     path.parent.mkdir()
     wrapped = _Interrupting(con, error)
     if isinstance(error, OSError):
-        views._write_cache(wrapped, path)  # a full disk: uncached, no error
+        views._write_cache(wrapped, path, lake, lake_files(lake))  # a full disk: uncached, no error
     else:
         with pytest.raises(type(error)):
-            views._write_cache(wrapped, path)
+            views._write_cache(wrapped, path, lake, lake_files(lake))
     assert wrapped.copies == 3 and list(path.parent.iterdir()) == []
     con.execute("SELECT 1")  # the connection still works
-    views._write_cache(con, path)
+    views._write_cache(con, path, lake, lake_files(lake))
     assert cache_is_whole(path)
 
 
 def _a_writer_touches(lake: Path, table: str, monkeypatch, at_call: int) -> list:
     """Make the `at_call`-th look at the lake's key first rewrite one of `table`'s files (a new modification
     time, as a run appending to it leaves): the lake changes between two looks. Returns the looks made."""
-    real, calls = views.cache_path, []
+    real, calls = views.lake_files, []
 
     def look(root):
         calls.append(root)
@@ -201,7 +202,7 @@ def _a_writer_touches(lake: Path, table: str, monkeypatch, at_call: int) -> list
             os.utime(f, ns=(time.time_ns(), f.stat().st_mtime_ns + 1_000_000))
         return real(root)
 
-    monkeypatch.setattr(views, "cache_path", look)
+    monkeypatch.setattr(views, "lake_files", look)
     return calls
 
 
