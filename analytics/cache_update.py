@@ -18,7 +18,8 @@ The result is the cache the whole computation writes, row for row (tests/test_an
 every cached table and every view, with the added files split at every day and inside days). When that cannot be
 guaranteed the whole computation runs instead: a cache file changed or gone, events added that come before the
 cache's last event of their pool (in the views' order: applied_at, topic, partition, offset), a chip moved to
-another node, two submissions of a job in one second at the cache's edge.
+another node or registered after the cache had it in use, two submissions of a job id in one second among the jobs
+the added files touch, added rows without their key.
 """
 
 from __future__ import annotations
@@ -205,8 +206,10 @@ def _apply(u: duckdb.DuckDBPyConnection) -> None:
             SELECT 1 FROM inc_added_frontier n LEFT JOIN "{FRONTIER_TABLE}" f ON f.pool = n.pool
             WHERE n.pool IS NULL OR n.k IS NULL OR (f.pool IS NOT NULL AND NOT coalesce(n.k_first > f.k, false))"""):
         raise NotIncremental("events added before the cache's last event of their pool")
-    if _count(u, "SELECT 1 FROM add_job_runs WHERE pool IS NULL UNION ALL SELECT 1 FROM add_postings WHERE pool IS NULL"):
-        raise NotIncremental("rows without a pool added")
+    if _count(u, """SELECT 1 FROM add_job_runs
+                    WHERE pool IS NULL OR job_id IS NULL OR submitted_at IS NULL OR run_index IS NULL
+                    UNION ALL SELECT 1 FROM add_postings WHERE pool IS NULL OR hour IS NULL"""):
+        raise NotIncremental("rows without their key added (runs: pool, job, submission, run; journal: pool, hour)")
 
     # the cache's small tables as they were (to tell what changed)
     x("CREATE TEMP TABLE old_pool_end AS SELECT * FROM base_pool_end")
@@ -230,6 +233,13 @@ def _apply(u: duckdb.DuckDBPyConnection) -> None:
     if _count(u, f"""SELECT 1 FROM old_chip_node o JOIN ({calc['calc_chip_node']}) n ON n.pool = o.pool
                      AND n.chip_id = o.chip_id WHERE n.node IS DISTINCT FROM o.node"""):
         raise NotIncremental("a chip registered again on another node")
+    # a chip first registered now that the cache already placed runs on, or gave states to (the ledger refuses both)
+    if _count(u, f"""
+            WITH n AS (SELECT n.pool, n.chip_id FROM ({calc['calc_chip_node']}) n
+                       ANTI JOIN old_chip_node o ON o.pool = n.pool AND o.chip_id = n.chip_id)
+            SELECT 1 FROM n JOIN base_placements p ON p.pool = n.pool AND p.chip_id = n.chip_id
+            UNION ALL SELECT 1 FROM n JOIN old_segments s ON s.pool = n.pool AND s.chip_id = n.chip_id"""):
+        raise NotIncremental("a chip registered after the cache had it in use")
 
     # the journal: the hours the added postings fall in are summed again
     x("CREATE TEMP TABLE inc_hours AS SELECT DISTINCT pool, hour_s FROM add_journal_rows")
@@ -269,11 +279,6 @@ def _apply(u: duckdb.DuckDBPyConnection) -> None:
          SELECT DISTINCT pool, job_id FROM inc_sf UNION SELECT pool, job_id FROM inc_runs WHERE run_index = 1""")
     x("""CREATE TEMP TABLE inc_jobs_old AS
          SELECT o.* FROM base_jobs o JOIN inc_job_ids k ON k.pool = o.pool AND k.job_id = o.job_id""")
-    if _count(u, """SELECT 1 FROM inc_jobs_old o
-                    WHERE submitted_s = (SELECT max(submitted_s) FROM inc_jobs_old m WHERE m.pool = o.pool
-                                                                                     AND m.job_id = o.job_id)
-                    GROUP BY pool, job_id HAVING count(*) > 1"""):
-        raise NotIncremental("a job submitted twice in its last second in the cache")
     first_run = ("LEFT JOIN base_runs r ON r.run_index = 1 AND r.pool = {j}.pool AND r.job_id = {j}.job_id "
                  "AND r.submitted_s = {s}")
     x(f"""CREATE TEMP TABLE inc_jobs AS
@@ -290,6 +295,10 @@ def _apply(u: duckdb.DuckDBPyConnection) -> None:
                  CASE WHEN s.next_type = 'job.finished' THEN s.next_s END
           FROM inc_sf s {first_run.format(j='s', s='s.at_s')}
           WHERE s.type = 'job.submitted'""")
+    # a job id submitted twice in one second: which submission a start or a finish belongs to is the order of
+    # events the cache no longer has (and the waits of such submissions are not told apart by their key)
+    if _count(u, "SELECT 1 FROM inc_jobs GROUP BY pool, job_id, submitted_s HAVING count(*) > 1"):
+        raise NotIncremental("a job submitted twice in one second")
     x("DELETE FROM base_jobs o USING inc_job_ids k WHERE k.pool = o.pool AND k.job_id = o.job_id")
     x("INSERT INTO base_jobs SELECT * FROM inc_jobs")
 
@@ -357,12 +366,13 @@ def _apply(u: duckdb.DuckDBPyConnection) -> None:
          FROM inc_t i LEFT JOIN calc_fragmentation f ON f.pool = i.pool AND f.from_s < i.t GROUP BY i.pool""")
     x("DELETE FROM calc_fragmentation f USING inc_t i WHERE f.pool = i.pool AND f.from_s >= i.t")
     x(f"CREATE TEMP TABLE inc_frag AS {fragmentation_sql(DUCKDB, tail=True)}")
-    x("""UPDATE calc_fragmentation f SET until_s = coalesce(n.first_s, e.end_s)
-         FROM (SELECT pool, max(from_s) AS last_s FROM calc_fragmentation GROUP BY pool) l
-         JOIN base_pool_end e ON e.pool = l.pool
-         LEFT JOIN (SELECT pool, min(from_s) AS first_s FROM inc_frag GROUP BY pool) n ON n.pool = l.pool
-         WHERE f.pool = l.pool AND f.from_s = l.last_s""")
-    x("INSERT INTO calc_fragmentation SELECT * FROM inc_frag")
+    # the step before the frontier ends where the one summed at BEFORE_ALL_S ends: at the next step (even one
+    # starting at or after the pool's end, which has no row of its own), or at the pool's end
+    x(f"""UPDATE calc_fragmentation f SET until_s = n.until_s
+          FROM (SELECT pool, max(from_s) AS last_s FROM calc_fragmentation GROUP BY pool) l
+          JOIN inc_frag n ON n.pool = l.pool AND n.from_s = {BEFORE_ALL_S}
+          WHERE f.pool = l.pool AND f.from_s = l.last_s""")
+    x(f"INSERT INTO calc_fragmentation SELECT * FROM inc_frag WHERE from_s > {BEFORE_ALL_S}")
 
 
 def _changed_at(old: str, new: str, same: str, ends: str = "until_s") -> str:

@@ -510,8 +510,9 @@ def run_nodes_sql(placements: str = "base_placements") -> str:
 
 def fragmentation_sql(d: Dialect, tail: bool = False) -> str:
     """calc_fragmentation. With `tail` (an update from a frontier: analytics/cache_update.py), only the steps at or
-    after their pool's frontier (table `inc_t (pool, t)`): each node's deltas before it are summed into one point at
-    BEFORE_ALL_S, and the runs not placed at the frontier come from `inc_unplaced (pool, unplaced_runs)`."""
+    after their pool's frontier (table `inc_t (pool, t)`), and one at BEFORE_ALL_S, where each node's deltas before
+    the frontier are summed (the runs not placed then come from `inc_unplaced (pool, unplaced_runs)`); that step ends
+    where the step before the frontier ends."""
     if tail:
         node_group = (f"y JOIN inc_t i ON i.pool = y.pool "
                       f"GROUP BY y.pool, y.node, CASE WHEN y.t >= i.t THEN y.t ELSE {BEFORE_ALL_S} END")
@@ -522,10 +523,9 @@ def fragmentation_sql(d: Dialect, tail: bool = False) -> str:
                 SELECT pool, started_s AS t, 1 AS d FROM unplaced_runs WHERE started_s >= since_t
                 UNION ALL SELECT pool, ended_s, -1 FROM unplaced_runs WHERE ended_s >= since_t
                 UNION ALL SELECT pool, {BEFORE_ALL_S}, unplaced_runs FROM inc_unplaced"""
-        last = f" AND s.t > {BEFORE_ALL_S}"
     else:
         node_group, node_cols = "y GROUP BY pool, node, t", "pool, node, t"
-        runs, since, last = "base_runs r WHERE", "", ""
+        runs, since = "base_runs r WHERE", ""
         unplaced = """
                 SELECT pool, started_s AS t, 1 AS d FROM unplaced_runs
                 UNION ALL SELECT pool, ended_s, -1 FROM unplaced_runs WHERE ended_s IS NOT NULL"""
@@ -593,7 +593,7 @@ def fragmentation_sql(d: Dialect, tail: bool = False) -> str:
                CAST(s.whole_node_free_chips AS BIGINT) AS whole_node_free_chips,
                CAST(s.unplaced_runs AS BIGINT) AS unplaced_runs
         FROM pool_state s JOIN calc_pool_end e ON e.pool = s.pool
-        WHERE coalesce(s.next_t, e.end_s) > s.t{last}
+        WHERE coalesce(s.next_t, e.end_s) > s.t
     """
 
 

@@ -30,3 +30,24 @@ def postgres_url():
         yield url
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def demo_lake_of(tmp_path_factory):
+    """`demo_lake_of(days, seed)`: the lake of `chipledger demo --days DAYS --seed SEED`, made once per session (a
+    test that changes it works on a copy)."""
+    from typer.testing import CliRunner
+
+    from chipledger.cli import app
+
+    made: dict[tuple, Path] = {}
+
+    def lake(days: int, seed: int) -> Path:
+        if (days, seed) not in made:
+            out = tmp_path_factory.mktemp(f"demo-{days}d-{seed}") / "demo"
+            res = CliRunner().invoke(app, ["demo", "--days", str(days), "--seed", str(seed), "--out", str(out)])
+            assert res.exit_code == 0, res.output
+            made[days, seed] = out / "lake"
+        return made[days, seed]
+
+    return lake

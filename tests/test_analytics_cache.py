@@ -38,11 +38,8 @@ def _rows(con, name: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def demo_lake(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("cache") / "demo"
-    res = CliRunner().invoke(app, ["demo", "--days", "3", "--seed", "3", "--out", str(out)])
-    assert res.exit_code == 0, res.output
-    return out / "lake"
+def demo_lake(demo_lake_of) -> Path:
+    return demo_lake_of(3, 3)
 
 
 @pytest.fixture

@@ -4,25 +4,29 @@ Checked: a cache written for part of a lake and brought up to date with the rest
 computation gives, and every view answers the same, with the added files split at every day and inside a day, on a
 lake the ledger wrote (the demo) and on one with placements, preemptions and chips out of service (the analytics
 benchmark's generator); what cannot be folded in exactly (events before the cache's last, a file of the cache
-changed, a file changing under the update) is computed whole instead, with the same answers; an interrupted update
-leaves no file; `chipledger report` on a grown lake prints what it prints on the lake without a cache.
+changed, a file changing under the update, a job id submitted twice in one second, a chip registered after it was
+in use) is computed whole instead, with the same answers; an interrupted update leaves no file; `chipledger report`
+on a grown lake prints what it prints on the lake without a cache.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import shutil
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
 import analytics.cache_update as cache_update
 import analytics.views as views
-from analytics.lake import CACHE_DIR
+from analytics.lake import CACHE_DIR, DAY_COLUMN, SCHEMAS
 from analytics.views import CACHED, cache_is_whole, cache_path, connect, view_names
 from chipledger.cli import app
 
@@ -97,11 +101,8 @@ class _Spy:
 
 
 @pytest.fixture(scope="module")
-def demo_lake(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("update") / "demo"
-    res = CliRunner().invoke(app, ["demo", "--days", "4", "--seed", "5", "--out", str(out)])
-    assert res.exit_code == 0, res.output
-    return out / "lake"
+def demo_lake(demo_lake_of) -> Path:
+    return demo_lake_of(4, 5)
 
 
 @pytest.fixture(scope="module")
@@ -250,3 +251,84 @@ def test_report_on_a_grown_lake_prints_what_it_prints_without_a_cache(demo_lake,
     assert uncached.exit_code == 0, uncached.output
     assert grown.output == uncached.output.replace(str(fresh), str(lake))
     assert cache_is_whole(cache_path(lake))
+
+
+# --- small lakes written row by row, for the edges a review found -------------------------------------------------
+_n = itertools.count(1)
+T0 = 1_800_000_000 - 1_800_000_000 % 86400 + 3600  # an hour into a UTC day
+
+
+def _write(lake: Path, table: str, rows: list[dict]) -> None:
+    """One Parquet file of `table` in the day of its first row (dicts by column; times as epoch seconds)."""
+    def value(f, v):
+        return datetime.fromtimestamp(v, tz=timezone.utc) if v is not None and pa.types.is_timestamp(f.type) else v
+    schema = SCHEMAS[table]
+    t = pa.Table.from_pydict({f.name: pa.array([value(f, r.get(f.name)) for r in rows], type=f.type) for f in schema},
+                             schema=schema)
+    day = datetime.fromtimestamp(rows[0][DAY_COLUMN[table]], tz=timezone.utc).strftime("%Y-%m-%d")
+    (lake / table / f"day={day}").mkdir(parents=True, exist_ok=True)
+    pq.write_table(t, lake / table / f"day={day}" / f"part-{next(_n):04d}.parquet")
+
+
+def _ev(type_: str, at: int, **fields) -> dict:
+    o = next(_n)
+    return dict(event_id=f"e{o}", type=type_, pool="p1", source="test", occurred_at=at, applied_at=at, lateness_s=0,
+                topic="t", partition=0, offset=o, body="{}", **fields)
+
+
+def _run(job: str, submitted: int, started: int, ended: int) -> dict:
+    return dict(pool="p1", job_id=job, team="a", run_index=1, chips_milli=1000, priority=0, submitted_at=submitted,
+                started_at=started, ended_at=ended, end_reason="succeeded", allocated_mchip_s=1000 * (ended - started),
+                lost_mchip_s=0, posted_at=ended)
+
+
+def _updated_as_whole(lake: Path, monkeypatch) -> tuple[int, int]:
+    """The updates and whole computations a connection to the lake makes (its every cached table and view equal to
+    the whole computation's)."""
+    spy = _Spy(monkeypatch)
+    got, want = _answers(lake), _answers(lake, cache=False)
+    assert [n for n in want if got[n] != want[n]] == []
+    return spy.updates, spy.writes
+
+
+def _setup(lake: Path, before: list[dict], runs: list[dict] = ()) -> None:
+    _write(lake, "events", [_ev("chip.registered", T0, chip_id="c1", node="n1"),
+                            _ev("quota.granted", T0, grant_id="g1", team="a", chips_milli=4000), *before])
+    if runs:
+        _write(lake, "job_runs", list(runs))
+    connect(lake, materialize=True).close()
+    assert cache_is_whole(cache_path(lake))
+
+
+def test_a_job_id_submitted_twice_in_one_second_is_computed_whole(tmp_path, monkeypatch):
+    lake = tmp_path / "lake"
+    sub = dict(job_id="J", team="a", chips_milli=1000, priority=0)
+    _setup(lake, [_ev("job.submitted", T0 + 10, **sub), _ev("job.finished", T0 + 10, job_id="J", outcome="cancelled"),
+                  _ev("job.submitted", T0 + 10, **sub), _ev("job.finished", T0 + 20, job_id="J", outcome="cancelled"),
+                  _ev("job.submitted", T0 + 30, **sub)])
+    _write(lake, "events", [_ev("job.started", T0 + 50, job_id="J", chip_ids=["c1"]),
+                            _ev("job.finished", T0 + 60, job_id="J", outcome="succeeded")])
+    _write(lake, "job_runs", [_run("J", T0 + 30, T0 + 50, T0 + 60)])
+    # which submission of that second the waits belong to is the order of events the cache no longer has
+    assert _updated_as_whole(lake, monkeypatch) == (1, 1)
+
+
+def test_the_step_before_the_frontier_ends_where_the_next_begins_even_past_the_pools_end(tmp_path, monkeypatch):
+    lake = tmp_path / "lake"
+    # the run's posting (ended at T0 + 100) is in the cache before the events that far are
+    _setup(lake, [_ev("job.submitted", T0 + 10, job_id="J", team="a", chips_milli=1000, priority=0),
+                  _ev("job.started", T0 + 20, job_id="J", chip_ids=["c1"]), _ev("pool.tick", T0 + 30)],
+           [_run("J", T0 + 10, T0 + 20, T0 + 100)])
+    _write(lake, "events", [_ev("pool.tick", T0 + 50)])
+    assert _updated_as_whole(lake, monkeypatch) == (1, 0)
+
+
+def test_a_chip_registered_after_the_cache_had_it_in_use_is_computed_whole(tmp_path, monkeypatch):
+    lake = tmp_path / "lake"
+    _setup(lake, [_ev("job.submitted", T0 + 10, job_id="J", team="a", chips_milli=1000, priority=0),
+                  _ev("job.started", T0 + 20, job_id="J", chip_ids=["c2"]),
+                  _ev("job.finished", T0 + 30, job_id="J", outcome="succeeded")],
+           [_run("J", T0 + 10, T0 + 20, T0 + 30)])
+    _write(lake, "events", [_ev("chip.registered", T0 + 50, chip_id="c2", node="n2")])
+    # the ledger refuses a placement on a chip it does not know; a lake written otherwise is computed whole
+    assert _updated_as_whole(lake, monkeypatch) == (1, 1)
