@@ -530,11 +530,11 @@ def fragmentation_sql(d: Dialect, tail: bool = False) -> str:
                 SELECT pool, started_s AS t, 1 AS d FROM unplaced_runs
                 UNION ALL SELECT pool, ended_s, -1 FROM unplaced_runs WHERE ended_s IS NOT NULL"""
     return f"""
-        WITH seg AS (
+        WITH seg AS (  -- of a chip's changes in one second the last is the one that lasts: ordered last
             SELECT pool, chip_id, from_s AS t,
                    registered - lag(registered, 1, 0) OVER c AS d_reg,
                    registered * usable - lag(registered * usable, 1, 0) OVER c AS d_use
-            FROM calc_chip_segments WINDOW c AS (PARTITION BY pool, chip_id ORDER BY from_s)
+            FROM calc_chip_segments WINDOW c AS (PARTITION BY pool, chip_id ORDER BY from_s, until_s)
         ), alloc_unusable AS (  -- from the (few) unusable segments to the placements on their chips
             SELECT p.pool, p.chip_id, {d.greatest('p.started_s', 'u.from_s')} AS a,
                    {d.least('coalesce(r.ended_s, u.until_s)', 'u.until_s')} AS b

@@ -344,3 +344,30 @@ def test_the_same_sql_on_sqlite_gives_the_same_rows(slo_lake, view):
     a = sorted((tuple(_norm(v) for v in r) for r in duck.execute(f"SELECT * FROM {view}").fetchall()), key=repr)
     b = sorted((tuple(_norm(v) for v in r) for r in lite.execute(f"SELECT * FROM {view}").fetchall()), key=repr)
     assert a and a == b
+
+
+def test_fragmentation_takes_a_chips_last_state_of_a_second(tmp_path):
+    """Two state changes of one chip in the same second: the step after that second has the later one (the segments
+    are ordered by time, then by how long they last: the earlier change of the second lasts no time)."""
+    e = [_ev(0, "pool.configured", "00:00", flavor="h100", chips_per_node=2)]
+    e += [_ev(f"r{i}", "chip.registered", "00:00", chip_id=f"c{i}", node=f"n{i // 2}") for i in range(4)]
+    e += [_ev(1, "chip.state_changed", "00:30", chip_id="c2", state="down"),
+          _ev(2, "chip.state_changed", "01:00", chip_id="c0", state="down"),
+          _ev(3, "chip.state_changed", "01:00", chip_id="c0", state="healthy"),
+          _ev(4, "chip.state_changed", "01:00", chip_id="c2", state="healthy"),
+          _ev(5, "chip.state_changed", "01:00", chip_id="c2", state="maintenance"),
+          _ev(6, "pool.tick", "02:00")]
+    f = tmp_path / "events.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in e))
+    summary, _ = run_file(f, tmp_path / "lake")
+    assert summary.dead_letters == {} and summary.accepted == len(e)
+    duck = connect(tmp_path / "lake", materialize={"calc_chip_segments"}, cache=False)
+    # whatever order the segments of that second are stored in (here: the later change first)
+    duck.execute("SET preserve_insertion_order = true")
+    duck.execute("CREATE OR REPLACE TABLE calc_chip_segments AS SELECT * FROM calc_chip_segments "
+                 "ORDER BY from_s, until_s DESC")
+    for con in (duck, mirror(duck)):
+        rows = con.execute("SELECT from_s, free_chips, whole_node_free_chips FROM calc_fragmentation "
+                           "ORDER BY from_s").fetchall()
+        t0 = rows[0][0]
+        assert [(t - t0, free, whole) for t, free, whole in rows] == [(0, 4, 4), (1800, 3, 2), (3600, 3, 2)]
