@@ -349,6 +349,8 @@ def _apply(u: duckdb.DuckDBPyConnection) -> None:
     x("""CREATE TEMP TABLE inc_aj AS SELECT DISTINCT pool, job_id, submitted_s FROM inc_jobs
          UNION SELECT DISTINCT pool, job_id, submitted_s FROM inc_runs""")
     x(f"CREATE TEMP TABLE inc_aj_jobs AS SELECT j.* FROM base_jobs j JOIN inc_aj k ON {wait_key.format(a='k', b='j')}")
+    if _count(u, "SELECT 1 FROM inc_aj_jobs GROUP BY pool, job_id, submitted_s HAVING count(*) > 1"):
+        raise NotIncremental("a job submitted twice in one second")  # its waits are not told apart by their key
     x(f"CREATE TEMP TABLE inc_aj_runs AS SELECT r.* FROM base_runs r JOIN inc_aj k ON {wait_key.format(a='k', b='r')}")
     x(f"""CREATE TEMP TABLE inc_refresh AS
           SELECT w.pool, w.job_id, w.team, w.chips_milli, w.priority, w.submitted_s, w.kind, w.after_run, w.since_s,

@@ -313,6 +313,20 @@ def test_a_job_id_submitted_twice_in_one_second_is_computed_whole(tmp_path, monk
     assert _updated_as_whole(lake, monkeypatch) == (1, 1)
 
 
+def test_a_job_id_submitted_twice_in_one_second_and_restarted_is_computed_whole(tmp_path, monkeypatch):
+    lake = tmp_path / "lake"
+    sub = dict(job_id="J", team="a", chips_milli=1000, priority=0)
+    preempted = {**_run("J", T0 + 10, T0 + 20, T0 + 30), "end_reason": "preempted"}
+    _setup(lake, [_ev("job.submitted", T0 + 10, **sub), _ev("job.finished", T0 + 10, job_id="J", outcome="cancelled"),
+                  _ev("job.submitted", T0 + 10, **sub), _ev("job.started", T0 + 20, job_id="J", chip_ids=["c1"]),
+                  _ev("job.preempted", T0 + 30, job_id="J")], [preempted])
+    # only the restart's start and a posting of it at a close: no submission or finish of the job added
+    _write(lake, "events", [_ev("job.started", T0 + 40, job_id="J", chip_ids=["c1"])])
+    _write(lake, "job_runs", [{**_run("J", T0 + 10, T0 + 40, T0 + 45), "run_index": 2, "ended_at": None,
+                               "end_reason": None}])
+    assert _updated_as_whole(lake, monkeypatch) == (1, 1)
+
+
 def test_the_step_before_the_frontier_ends_where_the_next_begins_even_past_the_pools_end(tmp_path, monkeypatch):
     lake = tmp_path / "lake"
     # the run's posting (ended at T0 + 100) is in the cache before the events that far are
