@@ -148,6 +148,7 @@ def update(base: Path, tmp: Path, lake: Path, files: Files, added: Files, key: s
     its key `key`). Raises NotIncremental when that cannot be done exactly (tmp is then the caller's to remove)."""
     shutil.copyfile(base, tmp)
     with duckdb.connect(str(tmp)) as u:
+        u.execute("SET enable_progress_bar = false")
         u.execute("SET TimeZone = 'UTC'")
         u.execute("SET preserve_insertion_order = false")
         _views(u, lake, added)

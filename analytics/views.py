@@ -197,6 +197,7 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     computed by each query. The cached tables are a snapshot: a connection kept open while the lake grows
     answers them as of its opening, while the raw views (`events`, `journal`, ...) read the files as they are."""
     con = duckdb.connect(database)
+    con.execute("SET enable_progress_bar = false")  # DuckDB would draw it in stdout, amid csv or json
     con.execute("SET TimeZone = 'UTC'")
     con.execute("SET parquet_metadata_cache = true")  # views over views bind the same files many times
     con.execute("SET preserve_insertion_order = false")

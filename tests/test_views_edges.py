@@ -116,3 +116,9 @@ def test_a_chip_down_under_a_running_job_is_not_free_twice(tmp_path):
     assert rows == [("00:00", 4, 4, 0.0), ("01:00", 2, 2, 0.0), ("01:30", 2, 2, 0.0),
                     ("02:00", 3, 2, 1 / 3),  # c1 free, c0 down: n0 not whole
                     ("02:30", 4, 4, 0.0)]
+
+
+def test_no_progress_bar_in_the_output_of_a_long_query(tmp_path):
+    # DuckDB draws one on stdout for queries over 2 s, amid `chipledger sql --format csv` output (seen at 10M events)
+    _, con = fold(tmp_path, setup_lines())
+    assert con.execute("SELECT current_setting('enable_progress_bar')").fetchone() == (False,)
