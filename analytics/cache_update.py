@@ -257,9 +257,9 @@ def _apply(u: duckdb.DuckDBPyConnection) -> None:
     run_key = "{a}.pool = {b}.pool AND {a}.job_id = {b}.job_id AND {a}.submitted_s = {b}.submitted_s " \
               "AND {a}.run_index = {b}.run_index"
     x(f"""CREATE TEMP TABLE inc_runs AS
-          SELECT n.pool, n.job_id, coalesce(o.team, n.team) AS team, n.run_index,
-                 coalesce(o.chips_milli, n.chips_milli) AS chips_milli, coalesce(o.priority, n.priority) AS priority,
-                 n.submitted_s, coalesce(o.started_s, n.started_s) AS started_s,
+          SELECT n.pool, n.job_id, greatest(o.team, n.team) AS team, n.run_index,
+                 greatest(o.chips_milli, n.chips_milli) AS chips_milli, greatest(o.priority, n.priority) AS priority,
+                 n.submitted_s, least(o.started_s, n.started_s) AS started_s,
                  greatest(o.ended_s, n.ended_s) AS ended_s, greatest(o.end_reason, n.end_reason) AS end_reason,
                  (coalesce(o.allocated_mchip_s, 0) + n.allocated_mchip_s)::BIGINT AS allocated_mchip_s,
                  (coalesce(o.lost_mchip_s, 0) + n.lost_mchip_s)::BIGINT AS lost_mchip_s,

@@ -39,11 +39,13 @@ def journal_sql(postings: str = "journal_postings") -> str:
 
 
 def job_run_totals_sql(job_runs: str = "job_runs") -> str:
-    """job_run_totals over the given postings (an update of the analytics cache reads the files added since)."""
+    """job_run_totals over the given postings (an update of the analytics cache reads the files added since). A run's
+    postings agree on its team, chips, priority and start; max() and min() pick the same one when two runs share a
+    key (a job id submitted, finished and submitted again within one second), whatever the order of the rows."""
     return f"""
-        SELECT pool, job_id, submitted_at, run_index, any_value(team) AS team,
-               any_value(chips_milli) AS chips_milli, any_value(priority) AS priority,
-               any_value(started_at) AS started_at, max(ended_at) AS ended_at,
+        SELECT pool, job_id, submitted_at, run_index, max(team) AS team,
+               max(chips_milli) AS chips_milli, max(priority) AS priority,
+               min(started_at) AS started_at, max(ended_at) AS ended_at,
                max(end_reason) AS end_reason, sum(allocated_mchip_s)::BIGINT AS allocated_mchip_s,
                sum(lost_mchip_s)::BIGINT AS lost_mchip_s
         FROM {job_runs} GROUP BY pool, job_id, submitted_at, run_index
