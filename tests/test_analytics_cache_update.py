@@ -16,17 +16,16 @@ import itertools
 import os
 import shutil
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from lake_rows import write_rows  # tests/lake_rows.py
 from typer.testing import CliRunner
 
 import analytics.cache_update as cache_update
 import analytics.views as views
-from analytics.lake import CACHE_DIR, DAY_COLUMN, SCHEMAS
+from analytics.lake import CACHE_DIR
 from analytics.views import CACHED, cache_is_whole, cache_path, connect, view_names
 from chipledger.cli import app
 
@@ -259,15 +258,7 @@ T0 = 1_800_000_000 - 1_800_000_000 % 86400 + 3600  # an hour into a UTC day
 
 
 def _write(lake: Path, table: str, rows: list[dict]) -> None:
-    """One Parquet file of `table` in the day of its first row (dicts by column; times as epoch seconds)."""
-    def value(f, v):
-        return datetime.fromtimestamp(v, tz=timezone.utc) if v is not None and pa.types.is_timestamp(f.type) else v
-    schema = SCHEMAS[table]
-    t = pa.Table.from_pydict({f.name: pa.array([value(f, r.get(f.name)) for r in rows], type=f.type) for f in schema},
-                             schema=schema)
-    day = datetime.fromtimestamp(rows[0][DAY_COLUMN[table]], tz=timezone.utc).strftime("%Y-%m-%d")
-    (lake / table / f"day={day}").mkdir(parents=True, exist_ok=True)
-    pq.write_table(t, lake / table / f"day={day}" / f"part-{next(_n):04d}.parquet")
+    write_rows(lake, table, rows, f"{next(_n):04d}")
 
 
 def _ev(type_: str, at: int, **fields) -> dict:

@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from datetime import datetime, timezone
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from lake_rows import write_rows  # tests/lake_rows.py
 
-from analytics.lake import DAY_COLUMN, SCHEMAS
 from analytics.views import CACHED, cache_is_whole, cache_path, connect
 
 T0 = 1_800_000_000 - 1_800_000_000 % 86400 + 3600
@@ -123,17 +120,6 @@ def _lake(seed: int, dense: int) -> tuple[list[dict], list[dict], list[dict]]:
                   offset=i, body="{}", **d) for i, (at, d) in enumerate(events)], runs, journal)
 
 
-def _write(lake: Path, table: str, rows: list[dict], name: str) -> None:
-    def value(f, v):
-        return datetime.fromtimestamp(v, tz=timezone.utc) if v is not None and pa.types.is_timestamp(f.type) else v
-    schema = SCHEMAS[table]
-    t = pa.Table.from_pydict({f.name: pa.array([value(f, r.get(f.name)) for r in rows], type=f.type) for f in schema},
-                             schema=schema)
-    day = datetime.fromtimestamp(rows[0][DAY_COLUMN[table]], tz=timezone.utc).strftime("%Y-%m-%d")
-    (lake / table / f"day={day}").mkdir(parents=True, exist_ok=True)
-    pq.write_table(t, lake / table / f"day={day}" / f"part-{name}.parquet")
-
-
 def _tables(lake: Path, **kw) -> dict[str, list[str]]:
     con = connect(lake, materialize=True, **kw)
     try:
@@ -161,7 +147,7 @@ def test_an_updated_cache_is_the_whole_computation_on_random_lakes(tmp_path, see
         for table, rows in (("events", parts[i]), ("job_runs", [r for r in runs if lo <= r["posted_at"] < hi]),
                             ("journal", [r for r in journal if lo <= r["hour"] < hi])):
             if rows:
-                _write(lake, table, rows, f"{i:02d}")
+                write_rows(lake, table, rows, f"{i:02d}")
         got = _tables(lake)  # the first: the cache written; then brought up to date, part by part
         assert cache_is_whole(cache_path(lake))
         if i:
