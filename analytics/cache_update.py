@@ -32,13 +32,17 @@ from typing import Optional
 
 import duckdb
 
-from analytics.lake import CACHE_DIR, SCHEMAS, TABLES
-from analytics.slo_views import (BEFORE_ALL_S, DUCKDB, duckdb_base_views, fragmentation_sql, run_nodes_sql,
-                                 slo_views, wait_levels_sql, wait_spans_sql)
+from analytics.lake import CACHE_DIR, TABLES, empty_view_sql
+from analytics.slo_views import (BEFORE_ALL_S, DUCKDB, duckdb_base_views, fragmentation_sql, job_run_totals_sql,
+                                 journal_sql, run_nodes_sql, slo_views, wait_levels_sql, wait_spans_sql)
 
 #: the cache's own tables besides the cached ones: the files it was computed from, and each pool's last event
 FILES_TABLE = "cache_files"
 FRONTIER_TABLE = "cache_frontier"
+#: the row a reader takes a cache file as whole by (written last)
+META_TABLE = "cache_meta"
+#: a DuckDB file: its three header blocks, then total_blocks blocks of block_size
+DUCKDB_HEADERS = 3 * 4096
 
 Files = dict[str, tuple[int, int]]  # a lake's Parquet files: path relative to the lake -> (size, mtime_ns)
 
@@ -97,9 +101,8 @@ def _files_list(lake: Path, paths: list[str]) -> str:
 
 def parquet_source(lake: Path, table: str, paths: list[str]) -> str:
     """A query over exactly these files of a table (or none: no rows, the table's columns)."""
-    from analytics.views import _empty_view  # views imports this module
     if not paths:
-        return _empty_view(table)
+        return empty_view_sql(table)
     return (f"SELECT * EXCLUDE (day) FROM read_parquet({_files_list(lake, paths)}, hive_partitioning = true, "
             f"union_by_name = false)")
 
@@ -153,8 +156,7 @@ def update(base: Path, tmp: Path, lake: Path, files: Files, added: Files, key: s
         u.execute("SET preserve_insertion_order = false")
         _views(u, lake, added)
         _apply(u)
-        from analytics.views import _META  # views imports this module
-        u.execute(f'UPDATE "{_META}" SET cache_key = ?, written_at = now()', [key])
+        u.execute(f'UPDATE "{META_TABLE}" SET cache_key = ?, written_at = now()', [key])
         u.execute(f'DELETE FROM "{FILES_TABLE}"')
         insert_files(u, f'"{FILES_TABLE}"', files)
         u.execute(f"""
@@ -171,14 +173,12 @@ def update(base: Path, tmp: Path, lake: Path, files: Files, added: Files, key: s
                                            "WHERE database_name = 'written'").fetchone()
     # DuckDB cuts free blocks off the end of a file it changed but still counts them: the file is given back the
     # length its header says (the free blocks, never read), so that a reader tells a file cut short by its length
-    from analytics.views import _DUCKDB_HEADERS  # views imports this module
-    if tmp.stat().st_size < _DUCKDB_HEADERS + block_size * blocks:
-        os.truncate(tmp, _DUCKDB_HEADERS + block_size * blocks)
+    if tmp.stat().st_size < DUCKDB_HEADERS + block_size * blocks:
+        os.truncate(tmp, DUCKDB_HEADERS + block_size * blocks)
 
 
 def _views(u: duckdb.DuckDBPyConnection, lake: Path, added: Files) -> None:
     """Temporary views over the added files (`add_*`) and the cache's own views the update reads."""
-    from analytics.views import job_run_totals_sql, journal_sql  # views imports this module
     for table, name in (("events", "add_event_log"), ("job_runs", "add_job_runs"), ("journal", "add_postings")):
         u.execute(f"CREATE TEMP VIEW {name} AS {parquet_source(lake, table, files_of(added, table))}")
     u.execute(f"CREATE TEMP VIEW add_run_totals AS {job_run_totals_sql('add_job_runs')}")

@@ -75,6 +75,20 @@ SCHEMAS: dict[str, pa.Schema] = {
     ]),
 }
 
+# the DuckDB type of each column type
+DUCK_TYPES = {
+    pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.int32(): "INTEGER",
+    pa.timestamp("s", tz="UTC"): "TIMESTAMPTZ", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN",
+    pa.list_(pa.string()): "VARCHAR[]",
+}
+
+
+def empty_view_sql(table: str) -> str:
+    """A query with the table's columns and no rows (a table with no files yet)."""
+    cols = ", ".join(f"NULL::{DUCK_TYPES[f.type]} AS \"{f.name}\"" for f in SCHEMAS[table])
+    return f"SELECT {cols} WHERE false"
+
+
 # the column that decides a row's day partition
 DAY_COLUMN = {"events": "applied_at", "journal": "hour", "job_runs": "posted_at", "decisions": "at",
               "balances": "at", "pending": "at", "deadletters": "seen_at"}

@@ -82,6 +82,29 @@ DUCKDB = Dialect("duckdb")
 SQLITE = Dialect("sqlite")
 
 
+def journal_sql(postings: str = "journal_postings") -> str:
+    """The lake's journal view (DuckDB) over the given postings (an update of the analytics cache reads the files added since)."""
+    return f"""
+        SELECT pool, hour, account, team, sum(amount_mchip_s)::BIGINT AS amount_mchip_s,
+               sum(amount_mchip_s) / 3.6e6 AS amount_chip_h
+        FROM {postings} GROUP BY pool, hour, account, team
+    """
+
+
+def job_run_totals_sql(job_runs: str = "job_runs") -> str:
+    """The lake's job_run_totals view (DuckDB) over the given postings (an update of the analytics cache reads the files added since). A run's
+    postings agree on its team, chips, priority and start; max() and min() pick the same one when two runs share a
+    key (a job id submitted, finished and submitted again within one second), whatever the order of the rows."""
+    return f"""
+        SELECT pool, job_id, submitted_at, run_index, max(team) AS team,
+               max(chips_milli) AS chips_milli, max(priority) AS priority,
+               min(started_at) AS started_at, max(ended_at) AS ended_at,
+               max(end_reason) AS end_reason, sum(allocated_mchip_s)::BIGINT AS allocated_mchip_s,
+               sum(lost_mchip_s)::BIGINT AS lost_mchip_s
+        FROM {job_runs} GROUP BY pool, job_id, submitted_at, run_index
+    """
+
+
 def duckdb_base_views(run_totals: str = "job_run_totals", event_log: str = "base_event_log",
                       event_rows: str = "base_event_rows", journal: str = "journal") -> dict[str, str]:
     """The base layer over the lake views (DuckDB); an update of the analytics cache gives the views over the files

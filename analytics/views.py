@@ -15,41 +15,15 @@ from pathlib import Path
 from typing import Collection, Optional, Union
 
 import duckdb
-import pyarrow as pa
 
+from analytics.cache_update import DUCKDB_HEADERS as _DUCKDB_HEADERS, META_TABLE as _META
 from analytics.cache_update import (FILES_TABLE, FRONTIER_TABLE, Files, NotIncremental, added_files, base_candidates,
                                     lake_files, lake_files_unchanged, tmp_beside, update, write_meta)
-from analytics.lake import CACHE_DIR, EVENT_FIELDS, SCHEMAS, TABLES, check_events_files, table_files
+from analytics.lake import (CACHE_DIR, EVENT_FIELDS, SCHEMAS, TABLES, check_events_files, empty_view_sql,
+                           table_files)
 from analytics.policy_views import POLICY_RAW_VIEW_NAMES, POLICY_VIEWS
-from analytics.slo_views import DUCKDB, SloParams, duckdb_base_views, settings_rows, slo_views
-
-_DUCK_TYPES = {
-    pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.int32(): "INTEGER",
-    pa.timestamp("s", tz="UTC"): "TIMESTAMPTZ", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN",
-    pa.list_(pa.string()): "VARCHAR[]",
-}
-
-def journal_sql(postings: str = "journal_postings") -> str:
-    """The journal view over the given postings (an update of the analytics cache reads the files added since)."""
-    return f"""
-        SELECT pool, hour, account, team, sum(amount_mchip_s)::BIGINT AS amount_mchip_s,
-               sum(amount_mchip_s) / 3.6e6 AS amount_chip_h
-        FROM {postings} GROUP BY pool, hour, account, team
-    """
-
-
-def job_run_totals_sql(job_runs: str = "job_runs") -> str:
-    """job_run_totals over the given postings (an update of the analytics cache reads the files added since). A run's
-    postings agree on its team, chips, priority and start; max() and min() pick the same one when two runs share a
-    key (a job id submitted, finished and submitted again within one second), whatever the order of the rows."""
-    return f"""
-        SELECT pool, job_id, submitted_at, run_index, max(team) AS team,
-               max(chips_milli) AS chips_milli, max(priority) AS priority,
-               min(started_at) AS started_at, max(ended_at) AS ended_at,
-               max(end_reason) AS end_reason, sum(allocated_mchip_s)::BIGINT AS allocated_mchip_s,
-               sum(lost_mchip_s)::BIGINT AS lost_mchip_s
-        FROM {job_runs} GROUP BY pool, job_id, submitted_at, run_index
-    """
+from analytics.slo_views import (DUCKDB, SloParams, duckdb_base_views, job_run_totals_sql, journal_sql,
+                                 settings_rows, slo_views)
 
 
 # Views derived from the raw tables. Amounts stay integer milli-chip-seconds; `*_chip_h` columns are for people.
@@ -169,11 +143,6 @@ def _parquet_view(glob: str) -> str:
     return f"SELECT * EXCLUDE (day) FROM read_parquet('{path}', hive_partitioning = true, union_by_name = false)"
 
 
-def _empty_view(table: str) -> str:
-    cols = ", ".join(f"NULL::{_DUCK_TYPES[f.type]} AS \"{f.name}\"" for f in SCHEMAS[table])
-    return f"SELECT {cols} WHERE false"
-
-
 def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] = None,
             as_of: Optional[datetime] = None, materialize: Union[bool, Collection[str]] = False,
             cache: bool = True) -> duckdb.DuckDBPyConnection:
@@ -207,7 +176,7 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
         name = _RAW_VIEW_NAMES.get(table, table)
         glob = table_files(lake, table)
         if glob is None:
-            sql = _empty_view(table)
+            sql = empty_view_sql(table)
         else:
             if table == "events":
                 check_events_files(lake)
@@ -269,7 +238,7 @@ def _code_key() -> str:
     for name, sql in sorted({**DERIVED_VIEWS, **duckdb_base_views(), **slo_views(DUCKDB)}.items()):
         h.update(f"{name}\n{sql}\n".encode())
     for table in TABLES:
-        h.update(f"{table} {SCHEMAS[table]}\n{_empty_view(table)}\n".encode())
+        h.update(f"{table} {SCHEMAS[table]}\n{empty_view_sql(table)}\n".encode())
     return h.hexdigest()
 
 
@@ -330,8 +299,6 @@ def cache_is_whole(path: Path) -> bool:
         return _attach_cache(con, path)
 
 
-_META = "cache_meta"
-_DUCKDB_HEADERS = 3 * 4096  # a DuckDB file: its three header blocks, then total_blocks blocks of block_size
 _STALE_TMP_S = 3600
 
 

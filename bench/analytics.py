@@ -45,9 +45,9 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analytics.lake import CACHE_DIR, EVENT_FIELDS, SCHEMAS, TABLES  # noqa: E402
+from analytics.lake import CACHE_DIR, DUCK_TYPES, EVENT_FIELDS, SCHEMAS, TABLES  # noqa: E402
 from analytics.sqlite_mirror import mirror  # noqa: E402
-from analytics.views import _DUCK_TYPES, cache_path, connect  # noqa: E402
+from analytics.views import cache_path, connect  # noqa: E402
 from chipledger.report import build_report  # noqa: E402
 
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z
@@ -61,7 +61,7 @@ EVENTS_PER_JOB = 4.125  # submit, 1.25 starts, 0.25 preemptions, 0.625 checkpoin
 PORTABLE_VIEWS = ("error_budget", "burn_alerts", "slo_quota_honoured", "slo_sched_latency", "fragmentation",
                   "demand_shaping", "demand_peak_teams")
 DUCKDB_ONLY_VIEWS = ("slo_capacity", "goodput")
-_DUCK = {f.name: _DUCK_TYPES[f.type] for f in SCHEMAS["events"]}
+_DUCK = {f.name: DUCK_TYPES[f.type] for f in SCHEMAS["events"]}
 
 
 def generate(out: Path, events: int, seed: int = 5) -> dict:

@@ -1,4 +1,4 @@
-"""Writing lake files row by row, for tests that build small lakes by hand."""
+"""Writing lake files row by row, for tests that build small lakes by hand, and reading back what views answer."""
 
 from __future__ import annotations
 
@@ -23,3 +23,11 @@ def write_rows(lake: Path, table: str, rows: list[dict], name: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     pq.write_table(t, folder / f"part-{name}.parquet")
     return folder / f"part-{name}.parquet"
+
+
+def view_rows(con, name: str) -> list[str]:
+    """A table's or view's rows, sorted, floats to 10 significant digits (a parallel sum's last bits vary between
+    runs): two connections' answers compare equal when they are the same rows."""
+    def norm(v):
+        return float(f"{v:.10g}") if isinstance(v, float) else v
+    return sorted(repr(tuple(map(norm, r))) for r in con.execute(f'SELECT * FROM "{name}"').fetchall())

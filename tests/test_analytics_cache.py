@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from lake_rows import view_rows  # tests/lake_rows.py
 from typer.testing import CliRunner
 
 from analytics.cache_update import lake_files
@@ -28,13 +29,6 @@ from chipledger.cli import app
 
 def _attached(con) -> bool:
     return con.execute("SELECT count(*) FROM duckdb_databases() WHERE database_name = 'lake_cache'").fetchone()[0] == 1
-
-
-def _rows(con, name: str) -> list[str]:
-    """The view's rows, floats to 10 significant digits (a parallel sum's last bits vary between runs)."""
-    def norm(v):
-        return float(f"{v:.10g}") if isinstance(v, float) else v
-    return sorted(repr(tuple(map(norm, r))) for r in con.execute(f'SELECT * FROM "{name}"').fetchall())
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +71,7 @@ def test_a_cached_connection_answers_every_view_as_an_uncached_one(lake):
     assert list((lake / CACHE_DIR).iterdir()) == [cache_path(lake)]
     assert warm.execute("SELECT count(*) FROM base_runs").fetchone()[0] > 0
     for name in view_names():
-        assert _rows(warm, name) == _rows(plain, name) == _rows(cold, name), name
+        assert view_rows(warm, name) == view_rows(plain, name) == view_rows(cold, name), name
 
 
 def test_other_settings_and_instants_are_answered_from_the_same_cache(lake):
@@ -90,8 +84,8 @@ def test_other_settings_and_instants_are_answered_from_the_same_cache(lake):
         assert _attached(warm)
         for name in ("calc_waits", "sched_waits", "slo_sched_latency", "slo_quota_honoured", "error_budget",
                      "burn_alerts"):
-            assert _rows(warm, name) == _rows(plain, name), (kw, name)
-    assert _rows(connect(lake, slo=params), "calc_waits") != _rows(connect(lake), "calc_waits")
+            assert view_rows(warm, name) == view_rows(plain, name), (kw, name)
+    assert view_rows(connect(lake, slo=params), "calc_waits") != view_rows(connect(lake), "calc_waits")
 
 
 def test_a_changed_lake_is_never_answered_from_the_old_cache(lake):
@@ -117,7 +111,7 @@ def test_a_broken_cache_file_is_computed_again(lake):
     path.write_bytes(b"not a duckdb file")
     con = connect(lake, materialize=True)
     assert not _attached(con)
-    assert _rows(con, "slo_capacity") == _rows(connect(lake, cache=False), "slo_capacity")
+    assert view_rows(con, "slo_capacity") == view_rows(connect(lake, cache=False), "slo_capacity")
     assert _attached(connect(lake))  # the materializing connection replaced it
 
 
@@ -131,7 +125,7 @@ def test_a_cache_file_cut_short_is_computed_again(lake):
         assert not cache_is_whole(path), size
         con = connect(lake)
         assert not _attached(con)
-        assert _rows(con, "slo_capacity") == _rows(connect(lake, cache=False), "slo_capacity")
+        assert view_rows(con, "slo_capacity") == view_rows(connect(lake, cache=False), "slo_capacity")
     connect(lake, materialize=True)
     assert cache_is_whole(path) and _attached(connect(lake))
 
@@ -228,7 +222,7 @@ def test_stale_temporary_files_are_removed_by_the_next_write(lake):
 def test_a_lake_it_cannot_write_to_is_just_not_cached(lake):
     (lake / CACHE_DIR).write_text("a file where the cache folder goes")  # mkdir fails, as on a read-only lake
     con = connect(lake, materialize=True)
-    assert _rows(con, "error_budget") == _rows(connect(lake, cache=False), "error_budget")
+    assert view_rows(con, "error_budget") == view_rows(connect(lake, cache=False), "error_budget")
     assert (lake / CACHE_DIR).is_file() and not [p for p in lake.rglob("*") if ".tmp" in p.name]
 
 
@@ -289,7 +283,7 @@ def test_a_change_left_beside_the_cache_is_not_read_and_the_next_write_removes_i
     import duckdb
     connect(lake, materialize=True)
     path = cache_path(lake)
-    runs = _rows(connect(lake, cache=False), "base_runs")
+    runs = view_rows(connect(lake, cache=False), "base_runs")
     with duckdb.connect() as con:
         con.execute("SET checkpoint_threshold = '1TB'")
         con.execute(f"ATTACH '{path}' AS c")
@@ -303,9 +297,9 @@ def test_a_change_left_beside_the_cache_is_not_read_and_the_next_write_removes_i
         path.with_name(f).unlink()
     assert not cache_is_whole(path)
     con = connect(lake, materialize=True)
-    assert not _attached(con) and _rows(con, "base_runs") == runs
+    assert not _attached(con) and view_rows(con, "base_runs") == runs
     assert cache_is_whole(path) and not Path(f"{path}.wal").exists()
-    assert _rows(connect(lake), "base_runs") == runs and _attached(connect(lake))
+    assert view_rows(connect(lake), "base_runs") == runs and _attached(connect(lake))
 
 
 def test_the_folder_going_away_under_the_write_is_no_error(lake, monkeypatch):
@@ -317,7 +311,7 @@ def test_the_folder_going_away_under_the_write_is_no_error(lake, monkeypatch):
 
     monkeypatch.setattr(views.os, "replace", then_run_overwrite_clears_the_lake)
     con = connect(lake, materialize=True)
-    assert _rows(con, "slo_capacity") == _rows(connect(lake, cache=False), "slo_capacity")
+    assert view_rows(con, "slo_capacity") == view_rows(connect(lake, cache=False), "slo_capacity")
     assert not (lake / CACHE_DIR).exists()
 
 
@@ -333,7 +327,7 @@ def test_a_cache_folder_it_may_not_read_is_no_cache(lake, monkeypatch):
     monkeypatch.setattr(views.os, "stat", denied)
     con = connect(lake)
     assert not _attached(con)
-    assert _rows(con, "error_budget") == _rows(connect(lake, cache=False), "error_budget")
+    assert view_rows(con, "error_budget") == view_rows(connect(lake, cache=False), "error_budget")
 
 
 def test_a_file_layout_the_check_does_not_know_is_said_not_cached(lake, monkeypatch):
@@ -342,7 +336,7 @@ def test_a_file_layout_the_check_does_not_know_is_said_not_cached(lake, monkeypa
     monkeypatch.setattr(views, "_DUCKDB_HEADERS", views._DUCKDB_HEADERS + 1)
     with pytest.warns(views.CacheLayoutWarning, match="fails the check its readers make"):
         con = connect(lake, materialize=True)
-    assert _rows(con, "goodput") == _rows(connect(lake, cache=False), "goodput")
+    assert view_rows(con, "goodput") == view_rows(connect(lake, cache=False), "goodput")
     assert list((lake / CACHE_DIR).iterdir()) == []
     with pytest.warns(views.CacheLayoutWarning):
         res = CliRunner().invoke(app, ["lake", "cache", "--lake", str(lake)])

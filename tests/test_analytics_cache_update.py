@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from lake_rows import write_rows  # tests/lake_rows.py
+from lake_rows import view_rows, write_rows  # tests/lake_rows.py
 from typer.testing import CliRunner
 
 import analytics.cache_update as cache_update
@@ -32,16 +32,10 @@ from chipledger.cli import app
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _rows(con, name: str) -> list[str]:
-    """The view's rows, floats to 10 significant digits (a parallel sum's last bits vary between runs)."""
-    return sorted(repr(tuple(float(f"{v:.10g}") if isinstance(v, float) else v for v in r))
-                  for r in con.execute(f'SELECT * FROM "{name}"').fetchall())
-
-
 def _answers(lake: Path, **kw) -> dict[str, list[str]]:
     con = connect(lake, materialize=True, **kw)
     try:
-        return {name: _rows(con, name) for name in sorted({*CACHED, *view_names()})}
+        return {name: view_rows(con, name) for name in sorted({*CACHED, *view_names()})}
     finally:
         con.close()
 

@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from lake_rows import write_rows  # tests/lake_rows.py
+from lake_rows import view_rows, write_rows  # tests/lake_rows.py
 
 from analytics.views import CACHED, cache_is_whole, cache_path, connect
 
@@ -123,8 +123,7 @@ def _lake(seed: int, dense: int) -> tuple[list[dict], list[dict], list[dict]]:
 def _tables(lake: Path, **kw) -> dict[str, list[str]]:
     con = connect(lake, materialize=True, **kw)
     try:
-        return {n: sorted(repr(tuple(float(f"{v:.10g}") if isinstance(v, float) else v for v in r))
-                          for r in con.execute(f'SELECT * FROM "{n}"').fetchall()) for n in sorted(CACHED)}
+        return {n: view_rows(con, n) for n in sorted(CACHED)}
     finally:
         con.close()
 
