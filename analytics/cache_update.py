@@ -32,7 +32,7 @@ from typing import Optional
 
 import duckdb
 
-from analytics.lake import CACHE_DIR, TABLES, empty_view_sql
+from analytics.lake import CACHE_DIR, TABLES, empty_view_sql, read_parquet_sql
 from analytics.slo_views import (BEFORE_ALL_S, DUCKDB, duckdb_base_views, fragmentation_sql, job_run_totals_sql,
                                  journal_sql, run_nodes_sql, slo_views, wait_levels_sql, wait_spans_sql)
 
@@ -45,9 +45,6 @@ META_TABLE = "cache_meta"
 DUCKDB_HEADERS = 3 * 4096
 
 Files = dict[str, tuple[int, int]]  # a lake's Parquet files: path relative to the lake -> (size, mtime_ns)
-
-# the tables whose rows the update reads from the files added (the others do not feed the cached tables)
-_FED = ("events", "job_runs", "journal")
 
 
 class NotIncremental(Exception):
@@ -95,16 +92,9 @@ def frontier_sql(event_rows: str, first: bool = False) -> str:
     """
 
 
-def _files_list(lake: Path, paths: list[str]) -> str:
-    return "[" + ", ".join("'" + str(Path(lake) / p).replace("'", "''") + "'" for p in paths) + "]"
-
-
 def parquet_source(lake: Path, table: str, paths: list[str]) -> str:
     """A query over exactly these files of a table (or none: no rows, the table's columns)."""
-    if not paths:
-        return empty_view_sql(table)
-    return (f"SELECT * EXCLUDE (day) FROM read_parquet({_files_list(lake, paths)}, hive_partitioning = true, "
-            f"union_by_name = false)")
+    return read_parquet_sql([Path(lake) / p for p in paths]) if paths else empty_view_sql(table)
 
 
 def files_of(files: Files, table: str) -> list[str]:

@@ -89,6 +89,14 @@ def empty_view_sql(table: str) -> str:
     return f"SELECT {cols} WHERE false"
 
 
+def read_parquet_sql(files) -> str:
+    """A query over a table's files, given as a glob or a list of paths (in `day=` folders; the day left out)."""
+    def quoted(p) -> str:
+        return "'" + str(p).replace("'", "''") + "'"
+    source = quoted(files) if isinstance(files, str) else "[" + ", ".join(map(quoted, files)) + "]"
+    return f"SELECT * EXCLUDE (day) FROM read_parquet({source}, hive_partitioning = true, union_by_name = false)"
+
+
 # the column that decides a row's day partition
 DAY_COLUMN = {"events": "applied_at", "journal": "hour", "job_runs": "posted_at", "decisions": "at",
               "balances": "at", "pending": "at", "deadletters": "seen_at"}

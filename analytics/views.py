@@ -20,7 +20,7 @@ from analytics.cache_update import DUCKDB_HEADERS as _DUCKDB_HEADERS, META_TABLE
 from analytics.cache_update import (FILES_TABLE, FRONTIER_TABLE, Files, NotIncremental, added_files, base_candidates,
                                     lake_files, lake_files_unchanged, tmp_beside, update, write_meta)
 from analytics.lake import (CACHE_DIR, EVENT_FIELDS, SCHEMAS, TABLES, check_events_files, empty_view_sql,
-                           table_files)
+                           read_parquet_sql, table_files)
 from analytics.policy_views import POLICY_RAW_VIEW_NAMES, POLICY_VIEWS
 from analytics.slo_views import (DUCKDB, SloParams, duckdb_base_views, job_run_totals_sql, journal_sql,
                                  settings_rows, slo_views)
@@ -138,11 +138,6 @@ CACHE_FORMAT = 2
 _RAW_VIEW_NAMES = {"journal": "journal_postings", "events": "event_log", **POLICY_RAW_VIEW_NAMES}
 
 
-def _parquet_view(glob: str) -> str:
-    path = glob.replace("'", "''")
-    return f"SELECT * EXCLUDE (day) FROM read_parquet('{path}', hive_partitioning = true, union_by_name = false)"
-
-
 def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] = None,
             as_of: Optional[datetime] = None, materialize: Union[bool, Collection[str]] = False,
             cache: bool = True) -> duckdb.DuckDBPyConnection:
@@ -180,7 +175,7 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
         else:
             if table == "events":
                 check_events_files(lake)
-            sql = _parquet_view(glob)
+            sql = read_parquet_sql(glob)
         if table == "events":
             # the table as stored (typed fields included) for the views; event_log without the typed fields
             con.execute(f'CREATE OR REPLACE VIEW "base_event_log" AS {sql}')
@@ -234,7 +229,7 @@ def _code_key() -> str:
     """A digest of what the cached tables' rows follow from besides the files: the views' SQL, the raw views'
     template and columns, the cached names, the cache's format and DuckDB's version."""
     h = hashlib.sha256(f"chipledger analytics cache {CACHE_FORMAT} duckdb {duckdb.__version__}\n".encode())
-    h.update(f"cached {sorted(CACHED)}\nlazy {sorted(LAZY_BASE)}\nraw {_parquet_view('GLOB')}\n".encode())
+    h.update(f"cached {sorted(CACHED)}\nlazy {sorted(LAZY_BASE)}\nraw {read_parquet_sql('GLOB')}\n".encode())
     for name, sql in sorted({**DERIVED_VIEWS, **duckdb_base_views(), **slo_views(DUCKDB)}.items()):
         h.update(f"{name}\n{sql}\n".encode())
     for table in TABLES:
