@@ -85,7 +85,8 @@ def _lines(f, max_bytes: int):
         line = readline(limit)
         if not line:
             return
-        if len(line) < limit or line[-1:] == b"\n":
+        ended = line[-1:] == b"\n"
+        if len(line) <= max_bytes or (ended and len(line.rstrip(b"\r\n")) <= max_bytes):
             yield line, len(line), None
             continue
         digest = hashlib.sha256()
