@@ -448,6 +448,26 @@ def kafka_down(data_dir: Path = DataDirOpt, timeout: float = typer.Option(60, he
 BootstrapOpt = typer.Option(None, "--bootstrap", metavar="HOST:PORT",
                             help="Kafka bootstrap servers (default [kafka] bootstrap / CHIPLEDGER_KAFKA_BOOTSTRAP)")
 KafkaTimeoutOpt = typer.Option(10.0, "--timeout", min=0.1, help="seconds to wait for the broker to answer")
+KafkaUserOpt = typer.Option(None, "--user", help="Kafka SASL/SCRAM user (default [kafka] username / "
+                                                 "CHIPLEDGER_KAFKA_USERNAME)")
+KafkaPasswordFileOpt = typer.Option(None, "--password-file", dir_okay=False,
+                                    help="file whose first line is the user's password (default [kafka] "
+                                         "password_file; or CHIPLEDGER_KAFKA_PASSWORD)")
+KafkaCaFileOpt = typer.Option(None, "--ca-file", dir_okay=False,
+                              help="CA certificate (PEM) the broker's TLS certificate is checked against; turns "
+                                   "TLS on (default [kafka] ssl_cafile)")
+
+
+def _kafka(cfg: Config, bootstrap: Optional[str], user: Optional[str] = None, password_file: Optional[Path] = None,
+           ca_file: Optional[Path] = None):
+    """The Kafka connection of a command: [kafka] config and environment, overridden by its options."""
+    from streams.clients import KafkaSecurityError, connection_from_config
+
+    try:
+        return connection_from_config(cfg.kafka, bootstrap=bootstrap, username=user, password_file=password_file,
+                                      ssl_cafile=ca_file)
+    except KafkaSecurityError as e:
+        _fail(str(e), 2)
 
 
 @topics_app.command("create")
@@ -458,6 +478,9 @@ def topics_create(
     replication: int = typer.Option(1, "--replication", min=1, help="replication factor of new topics"),
     config: Optional[Path] = ConfigOpt,
     timeout: float = typer.Option(30.0, "--timeout", min=0.1, help="seconds to wait for the broker"),
+    user: Optional[str] = KafkaUserOpt,
+    password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt,
 ):
     """Create the input and output topics that are missing (idempotent); print each with created/exists.
 
@@ -465,10 +488,10 @@ def topics_create(
     from streams.topics import KafkaSetupError, create_topics
 
     cfg = _config(config)
-    bootstrap = bootstrap or cfg.kafka.bootstrap
+    conn = _kafka(cfg, bootstrap, user, password_file, ca_file)
     partitions = partitions or cfg.kafka.partitions
     try:
-        result = create_topics(bootstrap, partitions=partitions, replication=replication, timeout_s=timeout)
+        result = create_topics(conn, partitions=partitions, replication=replication, timeout_s=timeout)
     except (KafkaSetupError, ValueError) as e:
         _fail(str(e), 2)
     width = max(len(name) for name in result)
@@ -483,6 +506,9 @@ def emit(
     bootstrap: Optional[str] = BootstrapOpt,
     config: Optional[Path] = ConfigOpt,
     timeout: float = KafkaTimeoutOpt,
+    user: Optional[str] = KafkaUserOpt,
+    password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt,
 ):
     """Validate and publish JSONL events to Kafka (keyed by pool); report invalid lines on stderr.
 
@@ -492,7 +518,8 @@ def emit(
     from streams.topics import KafkaSetupError
 
     cfg = _config(config)
-    bootstrap = bootstrap or cfg.kafka.bootstrap
+    conn = _kafka(cfg, bootstrap, user, password_file, ca_file)
+    bootstrap = conn.bootstrap
     if file is not None and str(file) != "-":
         if not file.is_file():
             _fail(f"events file {file} does not exist", 2)
@@ -505,7 +532,7 @@ def emit(
 
     ms = int(timeout * 1000)
     try:
-        with producer_mod.LedgerProducer(bootstrap, bootstrap_timeout_ms=ms, max_block_ms=ms) as producer:
+        with producer_mod.LedgerProducer(conn, bootstrap_timeout_ms=ms, max_block_ms=ms) as producer:
             report = producer_mod.emit_lines(producer, source, on_invalid=invalid)
     except KafkaSetupError as e:
         _fail(str(e), 2)
@@ -621,6 +648,9 @@ def worker(
     app_id: str = typer.Option("chipledger-worker", "--app-id", help="Faust app id (consumer group, table topics)"),
     loglevel: str = typer.Option("warning", "--loglevel", help="debug | info | warning | error"),
     timeout: float = KafkaTimeoutOpt,
+    user: Optional[str] = KafkaUserOpt,
+    password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt,
 ):
     """Run the Faust worker: fold the input topics with the ledger core and send decisions, lake rows and dead
     letters to the output topics (run `chipledger sink` to write them to the lake and the store)."""
@@ -629,9 +659,10 @@ def worker(
     from streams.worker import WorkerSettings, run_worker
 
     cfg = _config(config)
-    bootstrap = bootstrap or cfg.kafka.bootstrap
+    conn = _kafka(cfg, bootstrap, user, password_file, ca_file)
+    bootstrap = conn.bootstrap
     try:
-        counts = describe_partitions(bootstrap, tuple(INPUT_TOPICS) + tuple(OUTPUT_TOPICS), timeout_s=timeout)
+        counts = describe_partitions(conn, tuple(INPUT_TOPICS) + tuple(OUTPUT_TOPICS), timeout_s=timeout)
     except KafkaSetupError as e:
         _fail(str(e), 2)
     missing = [t for t in tuple(INPUT_TOPICS) + tuple(OUTPUT_TOPICS) if t not in counts]
@@ -645,7 +676,7 @@ def worker(
     fold = fold_config(cfg)  # [ledger] and [policy]
 
     settings = WorkerSettings(
-        bootstrap=bootstrap, app_id=app_id, data_dir=data_dir or Path(cfg.worker.data_dir), table_store=store_kind,
+        bootstrap=bootstrap, kafka=conn, app_id=app_id, data_dir=data_dir or Path(cfg.worker.data_dir), table_store=store_kind,
         partitions=counts[INPUT_TOPICS[0]],
         merge_idle_ms=cfg.worker.merge_idle_ms if merge_idle_ms is None else merge_idle_ms,
         tick_interval_s=cfg.worker.tick_interval_s if tick_interval is None else tick_interval,
@@ -654,7 +685,7 @@ def worker(
     )
     import ledger
 
-    err.print(f"worker {app_id}: {bootstrap}, {settings.partitions} partitions, table {store_kind} in "
+    err.print(f"worker {app_id}: {conn.describe()}, {settings.partitions} partitions, table {store_kind} in "
               f"{settings.data_dir}", highlight=False)
     err.print(f"worker {app_id}: ledger core {ledger.CORE}", highlight=False, soft_wrap=True)
     run_worker(settings, loglevel)
@@ -672,6 +703,9 @@ def sink(
                                                     "until interrupted)"),
     as_json: bool = typer.Option(False, "--json", help="print what was written as JSON"),
     timeout: float = KafkaTimeoutOpt,
+    user: Optional[str] = KafkaUserOpt,
+    password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt,
 ):
     """Write the worker's outputs (lake rows, decisions, dead letters, balances) to the lake and the store,
     exactly once: positions and effects in one store transaction."""
@@ -681,12 +715,13 @@ def sink(
     from streams.topics import KafkaSetupError
 
     cfg = _config(config)
+    conn = _kafka(cfg, bootstrap, user, password_file, ca_file)
     try:
         st = open_store(store or cfg.store.url)
     except StoreError as e:
         _fail(str(e))
     try:
-        s = Sink(lake or Path(cfg.lake.path), st, bootstrap=bootstrap or cfg.kafka.bootstrap, name=name,
+        s = Sink(lake or Path(cfg.lake.path), st, bootstrap=conn, name=name,
                  timeout_s=timeout)
     except KafkaSetupError as e:
         _fail(str(e), 2)

@@ -35,6 +35,7 @@ from analytics.lake import LEGACY_EVENT_COLUMNS, LakeWriter, complete_event_row
 from ledger.state import PoolState
 from schemas import OUTPUT_TOPICS
 from schemas.topics import TOPIC_DEADLETTER, TOPIC_DECISIONS, TOPIC_JOURNAL
+from streams.clients import as_connection
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +64,16 @@ class SinkStats:
 
 
 class Sink:
-    """Output topics -> lake + store. `consumer` is a kafka-python KafkaConsumer (made from `bootstrap` if None)."""
+    """Output topics -> lake + store. `consumer` is a kafka-python KafkaConsumer (made from `bootstrap`, a
+    `streams.clients.KafkaConnection` or a PLAINTEXT address, if None)."""
 
-    def __init__(self, lake: Path, store, *, bootstrap: Optional[str] = None, name: str = "sink",
+    def __init__(self, lake: Path, store, *, bootstrap=None, name: str = "sink",
                  max_records: int = 50_000, batch_ms: int = 2000, timeout_s: float = 10, consumer=None):
         self.lake = Path(lake)
         self.store = store
         self.name = name
-        self.bootstrap = bootstrap
+        self.connection = as_connection(bootstrap) if consumer is None else None
+        self.bootstrap = self.connection.bootstrap if self.connection is not None else bootstrap
         self.max_records = max_records
         self.batch_ms = batch_ms
         self.timeout_s = timeout_s
@@ -103,12 +106,12 @@ class Sink:
         from streams.topics import KafkaSetupError, describe_error
 
         try:
-            consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
+            consumer = KafkaConsumer(**self.connection.kafka_python(), enable_auto_commit=False, group_id=None,
                                      bootstrap_timeout_ms=max(1, int(self.timeout_s * 1000)),
                                      client_id=f"chipledger-{self.name}", max_poll_records=self.max_records,
                                      fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20)
         except KafkaError as exc:
-            raise KafkaSetupError(f"no Kafka broker answered at {self.bootstrap} within {self.timeout_s:g}s "
+            raise KafkaSetupError(f"no Kafka broker answered at {self.connection} within {self.timeout_s:g}s "
                                   f"({describe_error(exc)}); start one "
                                   "(`chipledger kafka up`) or pass --bootstrap HOST:PORT") from None
         tps = []

@@ -45,6 +45,7 @@ from ledger.fold import DEFAULT_CONFIG, FoldConfig, evolve
 from ledger.state import PoolState
 from schemas import INPUT_TOPICS, Rejection, RejectionCode, parse_event
 from schemas.topics import TOPIC_DEADLETTER, TOPIC_DECISIONS, TOPIC_JOURNAL, TOPIC_QUOTA
+from streams.clients import KafkaConnection, as_connection
 from streams.merge import HEADER_PRODUCER, HEADER_SEQ, TP, Merger, merge_key
 from streams.rows import deadletter_row, step_rows
 
@@ -59,6 +60,8 @@ SendFn = Callable[[str, bytes, bytes], Awaitable[Any]]  # (topic, key, value) ->
 @dataclass
 class WorkerSettings:
     bootstrap: str = "127.0.0.1:9092"
+    # address and credentials of every client of the worker (streams.clients); None: PLAINTEXT to `bootstrap`
+    kafka: Optional[KafkaConnection] = None
     app_id: str = "chipledger-worker"
     data_dir: Path = Path(".chipledger-worker")
     table_store: str = "rocksdb"  # rocksdb | memory
@@ -71,6 +74,10 @@ class WorkerSettings:
     freeze_gc: bool = False  # run_worker (its own process): gc.freeze() at each checkpoint, see PoolWorker._gc
     full_gc_interval_s: float = 600  # with freeze_gc: how often everything is collected (one longer pause)
     fold_config: FoldConfig = field(default_factory=lambda: DEFAULT_CONFIG)
+
+    def connection(self) -> KafkaConnection:
+        """The Kafka connection of every client of the worker (Faust's consumer and producer, its admin)."""
+        return self.kafka if self.kafka is not None else as_connection(self.bootstrap)
 
     def store_url(self) -> str:
         if self.table_store == "memory":
@@ -340,8 +347,10 @@ CONSUMER_MAX_FETCH_BYTES = 8 << 20  # per partition and fetch (Faust's default, 
 
 def faust_settings(settings: WorkerSettings) -> dict:
     """The `faust.App` settings of the worker (bench/stream.py measures a no-op app with the same ones)."""
+    conn = settings.connection()
     return dict(
-        broker=f"kafka://{settings.bootstrap}",
+        broker=conn.faust_broker(),
+        broker_credentials=conn.faust_credentials(),
         store=settings.store_url(),
         datadir=str(settings.data_dir),
         topic_partitions=settings.partitions,
