@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 PROTOCOLS = ("PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL")
-MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
+MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")  # PLAIN: the local broker's super user only
 
 
 class KafkaSecurityError(ValueError):
