@@ -5,7 +5,7 @@
 | `admin` | write `chipledger.quota` (quota grants, bursts: the fleet admins) |
 | `cluster` | write `chipledger.jobs` and `chipledger.chips` (cluster controllers, Slurm adapter, node agents) |
 | `worker` | read the inputs and `chipledger.log`; write `chipledger.log`, the output topics and `chipledger.quota`'s `pool.tick`s; own every topic, consumer group and transactional id that starts with its app id (Faust's table changelogs, its group) |
-| `sink` | read the output topics; own the consumer groups that start with its user name |
+| `sink` | read the output topics (and describe the inputs and the log: their ends); own the consumer groups that start with its user name |
 | `reader` | read the input, log and output topics; own the consumer groups that start with its user name |
 
 A user may hold several roles (its ACLs are the union). Everything else is refused: the broker runs the
@@ -64,8 +64,9 @@ def _grants(role: str, user: str, app_id: str) -> list[tuple]:
                 ("TRANSACTIONAL_ID", app_id, pre, "ALL"), ("CLUSTER", "kafka-cluster", lit, "IDEMPOTENT_WRITE"),
                 ("CLUSTER", "kafka-cluster", lit, "DESCRIBE_CONFIGS")]
         return out
-    if role == "sink":
-        return [("TOPIC", t, lit, "READ") for t in OUTPUT_TOPICS] + [("GROUP", user, pre, "READ")]
+    if role == "sink":  # DESCRIBE of the inputs and the log: the sink checks an item's origin against their ends
+        return ([("TOPIC", t, lit, "READ") for t in OUTPUT_TOPICS] + [("GROUP", user, pre, "READ")]
+                + [("TOPIC", t, lit, "DESCRIBE") for t in (*INPUT_TOPICS, LOG_TOPIC)])
     if role == "reader":
         return ([("TOPIC", t, lit, "READ") for t in (*INPUT_TOPICS, LOG_TOPIC, *OUTPUT_TOPICS)]
                 + [("GROUP", user, pre, "READ")])
