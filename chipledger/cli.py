@@ -525,9 +525,12 @@ def _super(cfg: Config, bootstrap, user, password_file, ca_file, data_dir: Path)
 def users_add(
     name: str = typer.Argument(..., help="user name (the principal User:NAME)"),
     role: list[str] = typer.Option(..., "--role", help="admin | cluster | worker | sink | reader (repeatable)"),
-    new_password_file: Path = typer.Option(..., "--new-password-file", dir_okay=False,
-                                           help="the user's password: read from this file if it exists, else a "
-                                                "random one is written to it (0600)"),
+    new_password_file: Optional[Path] = typer.Option(None, "--new-password-file", dir_okay=False,
+                                                     help="the user's password: read from this file if it exists, "
+                                                          "else a random one is written to it (0600)"),
+    password_from_env: Optional[str] = typer.Option(None, "--password-from-env", metavar="VAR",
+                                                    help="or: the user's password is in this environment variable "
+                                                         "(docker-compose)"),
     app_id: str = typer.Option("chipledger-worker", "--app-id",
                                help="worker role: the Faust app id its topics, groups and ids start with"),
     bootstrap: Optional[str] = BootstrapOpt, config: Optional[Path] = ConfigOpt,
@@ -542,9 +545,15 @@ def users_add(
     from streams.clients import KafkaSecurityError, read_password_file
     from streams.topics import KafkaSetupError
 
+    from streams.clients import Secret
+
+    if (new_password_file is None) == (password_from_env is None):
+        _fail("give exactly one of --new-password-file and --password-from-env", 2)
+    if password_from_env is not None and not os.environ.get(password_from_env):
+        _fail(f"the environment variable {password_from_env} is not set", 2)
     conn = _super(_config(config), bootstrap, user, password_file, ca_file, data_dir)
     made = False
-    if not new_password_file.exists():
+    if new_password_file is not None and not new_password_file.exists():
         try:
             fd = os.open(new_password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError as e:
@@ -553,14 +562,17 @@ def users_add(
             fh.write(secrets.token_urlsafe(24) + "\n")
         made = True
     try:
-        info = add_user(conn, name, role, read_password_file(new_password_file), app_id=app_id, timeout_s=timeout)
+        password = (Secret(os.environ[password_from_env]) if password_from_env is not None
+                    else read_password_file(new_password_file))
+        info = add_user(conn, name, role, password, app_id=app_id, timeout_s=timeout)
     except (KafkaSetupError, KafkaSecurityError, ValueError) as e:
         if made:
             new_password_file.unlink(missing_ok=True)
         _fail(str(e), 2)
     console.print(f"user {info.name}: roles {', '.join(info.roles)}"
                   + (f" (app id {info.app_id})" if info.app_id else "")
-                  + f"; password {'written to' if made else 'from'} {new_password_file}", highlight=False,
+                  + f"; password {'written to' if made else 'from'} {new_password_file or password_from_env}",
+                  highlight=False,
                   soft_wrap=True)
 
 
