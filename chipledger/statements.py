@@ -532,38 +532,58 @@ def chart_svg(st: dict) -> bytes:
     return buf.getvalue()
 
 
-def _jinja_env():
+# characters a Markdown viewer would read as markup (emphasis, code, links, raw HTML, entities, table cells)
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|&~!#(){}])")
+
+
+class _MdRaw(str):
+    """A value the Markdown template writes as it is (a link target already encoded)."""
+
+
+def _md_text(value) -> str:
+    """Every value a Markdown statement writes, as literal text (CommonMark backslash escapes; a line break
+    would end a table row): a team named `<img onerror=…>` or `[x](javascript:…)` stays text in any viewer."""
+    if isinstance(value, _MdRaw):
+        return value
+    return _MD_SPECIAL.sub(r"\\\1", str(value).replace("\r", " ").replace("\n", " "))
+
+
+def _jinja_env(markdown: bool = False):
+    """HTML templates escape every value (autoescape on for every template, whatever its file name: the
+    extension of statement.html.j2 is .j2); the Markdown template writes every value through `_md_text`."""
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.PackageLoader("chipledger", "templates"),
-                             autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True,
+                             autoescape=not markdown, finalize=_md_text if markdown else None,
+                             trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
     env.filters["chip_h"] = lambda v: "" if v is None else f"{v / MCHIP_S_PER_CHIP_H:,.1f}"
     env.filters["pct"] = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"
     env.filters["secs"] = lambda v: "n/a" if v is None else f"{v:,} s"
     env.filters["yesno"] = lambda v: "n/a" if v is None else ("met" if v else "missed")
-    env.filters["mdcell"] = lambda v: str(v).replace("|", "\\|")
     return env
 
 
-_ENV = None
+_ENVS: dict[bool, object] = {}
 
 
-def _env():
-    global _ENV
-    if _ENV is None:
-        _ENV = _jinja_env()
-    return _ENV
+def _env(markdown: bool = False):
+    if markdown not in _ENVS:
+        _ENVS[markdown] = _jinja_env(markdown)
+    return _ENVS[markdown]
 
 
 def render_markdown(st: dict, chart_file: str) -> bytes:
-    return _env().get_template("statement.md.j2").render(st=st, chart_file=chart_file).encode()
+    return _env(markdown=True).get_template("statement.md.j2").render(st=st, chart_file=_MdRaw(chart_file)).encode()
 
 
 def render_html(st: dict, chart: bytes) -> bytes:
+    import markupsafe
+
     svg = chart.decode()
     svg = svg[svg.index("<svg"):]  # inline: drop the XML prolog and doctype
-    return _env().get_template("statement.html.j2").render(st=st, chart_svg=svg).encode()
+    # the chart is markup matplotlib wrote (its texts XML-escaped), the one value the page takes as it is
+    return _env().get_template("statement.html.j2").render(st=st, chart_svg=markupsafe.Markup(svg)).encode()
 
 
 def render_files(st: dict, formats: Sequence[str]) -> dict[str, bytes]:
