@@ -290,20 +290,26 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
                 "job_id": job_id, "pool": pool, "at": _iso(ended_at), "chips": chips_milli / 1000,
                 "allocated_mchip_s": int(alloc), "lost_work_mchip_s": int(lost), "decision_id": decision_id,
                 "beneficiary_team": ben_team, "beneficiary_job_id": ben_job})
-    # preemptions caused: decisions the ledger issued for the team's jobs, with the work they cost others
+    # preemptions caused: decisions the ledger issued for the team's jobs, with the work they cost, split into
+    # the team's own jobs (the priority rule preempts within a team) and other teams' jobs
     caused: dict[str, list[dict]] = {}
-    for team, decision_id, pool, at, rule, job_id, victims, lost_chip_s in _rows(con, """
-            WITH v AS (SELECT decision_id, count(*) AS n, sum(lost_work_chip_s) AS lost FROM decision_victims
-                       GROUP BY decision_id)
+    for team, decision_id, pool, at, rule, job_id, victims, own, lost_chip_s, own_lost_chip_s in _rows(con, """
+            WITH v AS (SELECT dv.decision_id, count(*) AS n, count(*) FILTER (WHERE dv.team = d.team) AS own,
+                              sum(dv.lost_work_chip_s) AS lost,
+                              sum(dv.lost_work_chip_s) FILTER (WHERE dv.team = d.team) AS own_lost
+                       FROM decision_victims dv JOIN decisions d USING (decision_id) GROUP BY dv.decision_id)
             SELECT d.team, d.decision_id, d.pool, d."at", d.rule, d.beneficiary_job_id, coalesce(v.n, 0),
-                   coalesce(v.lost, 0)
+                   coalesce(v.own, 0), coalesce(v.lost, 0), coalesce(v.own_lost, 0)
             FROM decisions d LEFT JOIN v USING (decision_id)
             WHERE d.type = 'decision.preempt' AND d."at" >= ? AND d."at" < ?
             ORDER BY d.team, d."at", d.decision_id""", p):
         if team in want:
             caused.setdefault(team, []).append({
                 "decision_id": decision_id, "pool": pool, "at": _iso(at), "rule": rule, "job_id": job_id,
-                "victims": int(victims), "lost_work_mchip_s": int(lost_chip_s) * 1000})
+                "victims": int(victims), "own_victims": int(own), "others_victims": int(victims) - int(own),
+                "lost_work_mchip_s": int(lost_chip_s) * 1000,
+                "own_lost_work_mchip_s": int(own_lost_chip_s) * 1000,
+                "others_lost_work_mchip_s": (int(lost_chip_s) - int(own_lost_chip_s)) * 1000})
     # goodput over the run postings of the period
     goodput = {team: (int(a), int(lost)) for team, a, lost in _rows(con, """
             SELECT team, sum(allocated_mchip_s)::BIGINT, sum(lost_mchip_s)::BIGINT FROM job_runs
@@ -377,7 +383,7 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
                       for d, v in sorted(daily.get(team, {}).items())],
             "preemptions": {
                 "suffered": _preemption_block(suffered.get(team, []), "jobs"),
-                "caused": _preemption_block(caused.get(team, []), "decisions"),
+                "caused": _caused_block(caused.get(team, [])),
             },
             "goodput": {"allocated_mchip_s": alloc, "lost_mchip_s": lost, "goodput": _ratio(alloc - lost, alloc),
                         "target": slo.goodput, "met": None if not alloc else (alloc - lost) / alloc >= slo.goodput},
@@ -398,6 +404,16 @@ def _round(x) -> Optional[float]:
 def _preemption_block(items: list[dict], what: str) -> dict:
     return {"count": len(items), "lost_work_mchip_s": sum(i["lost_work_mchip_s"] for i in items),
             "lost_work_chip_h": _chip_h(sum(i["lost_work_mchip_s"] for i in items)), what: items}
+
+
+def _caused_block(items: list[dict]) -> dict:
+    block = _preemption_block(items, "decisions")
+    for k in ("victims", "own_victims", "others_victims"):
+        block[k] = sum(i[k] for i in items)
+    for who in ("own", "others"):
+        block[f"{who}_lost_work_mchip_s"] = sum(i[f"{who}_lost_work_mchip_s"] for i in items)
+        block[f"{who}_lost_work_chip_h"] = _chip_h(block[f"{who}_lost_work_mchip_s"])
+    return block
 
 
 def _scheduling_block(waits: list[tuple], slo: SloParams) -> dict:

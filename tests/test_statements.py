@@ -342,4 +342,34 @@ def test_preemption_caused_and_suffered_through_a_decision(tmp_path):
     assert (caused["decision_id"], caused["rule"], caused["job_id"], caused["victims"]) == \
         (decision_id, "reclaim", "jb", 1)
     assert caused["lost_work_mchip_s"] == 4 * 3900 * 1000  # the victim's work at the decision (01:05)
-    assert "| reclaim | jb | 1 |" in (out / "2026-11-02..2026-11-02" / "beta.md").read_text()
+    assert (caused["own_victims"], caused["others_victims"], caused["own_lost_work_mchip_s"],
+            caused["others_lost_work_mchip_s"]) == (0, 1, 0, 4 * 3900 * 1000)
+    assert "| reclaim | jb | 0 | 1 | 0.0 | 4.3 |" in (out / "2026-11-02..2026-11-02" / "beta.md").read_text()
+
+
+def test_preemptions_caused_of_the_teams_own_jobs_are_not_others_work(tmp_path):
+    """alpha holds 2 chips and may not borrow; its 2-chip job a1 (priority 1) runs from 00:00; at 01:00 it
+    submits a2 (2 chips, priority 9): the priority rule preempts alpha's own a1. The statement counts that
+    victim and its lost work (2 chips x 3,900 s at the 01:05 decision) as the team's own, not others'."""
+    d = "2026-11-02T"
+    events = [ev(1, "pool.configured", d + "00:00:00Z", flavor="a100", chips_per_node=2)]
+    events += [ev(2 + n, "chip.registered", d + "00:00:00Z", chip_id=c, node=f"n{n // 2 + 1}")
+               for n, c in enumerate(("c1", "c2", "c3", "c4"))]
+    events += [
+        ev(10, "quota.granted", d + "00:00:00Z", grant_id="g-a", team="alpha", chips=2, borrowing_limit=0),
+        ev(11, "job.submitted", d + "00:00:00Z", job_id="a1", team="alpha", chips=2, priority=1),
+        ev(12, "job.started", d + "00:00:00Z", job_id="a1"),
+        ev(13, "job.submitted", d + "01:00:00Z", job_id="a2", team="alpha", chips=2, priority=9),
+        ev(14, "pool.tick", d + "01:05:00Z"),  # after the grace period: the decision
+        ev(15, "pool.tick", "2026-11-03T00:00:00Z"),
+    ]
+    lake, store = run_fixture(tmp_path, events)
+    out = tmp_path / "out"
+    assert statements(lake, store, out, "--period", "2026-11-02..2026-11-02", "--format", "json,md").exit_code == 0
+    caused = load(out, "2026-11-02..2026-11-02", "alpha")["preemptions"]["caused"]
+    assert caused["decisions"][0]["rule"] == "priority"
+    assert (caused["count"], caused["victims"], caused["own_victims"], caused["others_victims"]) == (1, 1, 1, 0)
+    assert (caused["own_lost_work_mchip_s"], caused["others_lost_work_mchip_s"]) == (2 * 3900 * 1000, 0)
+    md = (out / "2026-11-02..2026-11-02" / "alpha.md").read_text()
+    assert ("1 decisions, 1 victims: 1 of the team's own jobs (2.2 chip-hours of own work lost), 0 of other "
+            "teams' jobs (0.0 chip-hours of others' work lost)") in md
