@@ -262,13 +262,16 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
             SELECT pool, CASE WHEN team IS NULL THEN account ELSE 'team:' || account END, sum(amount)::BIGINT
             FROM statement_journal GROUP BY ALL ORDER BY ALL"""):
         pool_books.setdefault(pool, {})[account] = int(amount)
-    daily: dict[str, dict[str, dict[str, int]]] = {}
-    for team, day, account, amount in _rows(con, """
-            SELECT team, CAST(date_trunc('day', hour) AS DATE), account, sum(amount)::BIGINT
+    daily: dict[str, dict[str, dict[str, int]]] = {}  # team -> day -> account (all pools)
+    pool_daily: dict[str, dict[str, dict[str, dict[str, int]]]] = {}  # team -> pool -> day -> account
+    for team, pool, day, account, amount in _rows(con, """
+            SELECT team, pool, CAST(date_trunc('day', hour) AS DATE), account, sum(amount)::BIGINT
             FROM statement_journal WHERE team IS NOT NULL AND account IN ('entitled', 'in_quota', 'borrowed', 'burst')
             GROUP BY ALL ORDER BY ALL"""):
         if team in want:
-            daily.setdefault(team, {}).setdefault(day.isoformat(), {})[account] = int(amount)
+            d = daily.setdefault(team, {}).setdefault(day.isoformat(), {})
+            d[account] = d.get(account, 0) + int(amount)
+            pool_daily.setdefault(team, {}).setdefault(pool, {}).setdefault(day.isoformat(), {})[account] = int(amount)
 
     # preemptions suffered: runs of the team's jobs that ended preempted in the period, with the decision that
     # asked for it (when the cluster named one) and that decision's beneficiary
@@ -378,9 +381,9 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
             "books_closed_through": _iso(min(closed_through, period.end)),
             "computed_at_positions": positions,
             "totals": _account_block(total),
-            "pools": [{"pool": pl, **_account_block(per_pool.get(pl, _empty_accounts()))} for pl in team_pools],
-            "daily": [{"day": d, **{f"{a}_mchip_s": v.get(a, 0) for a in ("entitled", "in_quota", "borrowed", "burst")}}
-                      for d, v in sorted(daily.get(team, {}).items())],
+            "pools": [{"pool": pl, **_account_block(per_pool.get(pl, _empty_accounts())),
+                       "daily": _daily_rows(pool_daily.get(team, {}).get(pl, {}))} for pl in team_pools],
+            "daily": _daily_rows(daily.get(team, {})),
             "preemptions": {
                 "suffered": _preemption_block(suffered.get(team, []), "jobs"),
                 "caused": _caused_block(caused.get(team, [])),
@@ -395,6 +398,11 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
             "reconciliation": [reconciliation[pl] for pl in team_pools if pl in reconciliation],
         })
     return out
+
+
+def _daily_rows(days: dict[str, dict[str, int]]) -> list[dict]:
+    return [{"day": d, **{f"{a}_mchip_s": v.get(a, 0) for a in ("entitled", "in_quota", "borrowed", "burst")}}
+            for d, v in sorted(days.items())]
 
 
 def _round(x) -> Optional[float]:
@@ -490,57 +498,74 @@ def render_csv(st: dict) -> bytes:
 
 
 _SERIES = (("in_quota", "in quota", "#4c78a8"), ("borrowed", "borrowed", "#f58518"), ("burst", "burst", "#54a24b"))
-_CHART = None  # one figure per process whose artists are updated for each chart: building a figure costs more
-               # than drawing it, and a thousand statements draw a thousand charts
+_CHARTS: dict[int, tuple] = {}  # per number of panels, one figure per process whose artists are updated for
+                                # each chart: building a figure costs more than drawing it, and a thousand
+                                # statements draw a thousand charts
 
 
-def _chart():
-    global _CHART
-    if _CHART is None:
+def _chart(panels: int):
+    if panels not in _CHARTS:
         import matplotlib
 
         matplotlib.use("Agg")
         from matplotlib.figure import Figure
 
         with matplotlib.rc_context({"font.size": 8}):
-            fig = Figure(figsize=(7.5, 2.8), dpi=100)
-            fig.subplots_adjust(left=0.08, right=0.99, top=0.97, bottom=0.12)
-            ax = fig.add_subplot()
-            patches = [ax.stairs([0.0], [0.0, 1.0], baseline=[0.0], fill=True, label=label, color=color)
-                       for _, label, color in _SERIES]
-            quota = ax.stairs([0.0], [0.0, 1.0], color="black", linewidth=1.2, label="quota (entitled)")
-            ax.legend(loc="upper left", fontsize=7, ncols=4, frameon=False)
-            ax.set_ylabel("chips (daily average)")
-            empty = ax.text(0.5, 0.5, "no use and no quota in this period", ha="center", va="center",
-                            transform=ax.transAxes)
-        _CHART = (fig, ax, patches, quota, empty)
-    return _CHART
+            fig = Figure(figsize=(7.5, 0.4 + 2.4 * panels), dpi=100)
+            fig.subplots_adjust(left=0.08, right=0.99, top=1 - 0.25 / (0.4 + 2.4 * panels),
+                                bottom=0.3 / (0.4 + 2.4 * panels), hspace=0.45)
+            arts = []
+            for ax in fig.subplots(panels, 1, squeeze=False)[:, 0]:
+                patches = [ax.stairs([0.0], [0.0, 1.0], baseline=[0.0], fill=True, label=label, color=color)
+                           for _, label, color in _SERIES]
+                quota = ax.stairs([0.0], [0.0, 1.0], color="black", linewidth=1.2, label="quota (entitled)")
+                ax.legend(loc="upper left", fontsize=7, ncols=4, frameon=False)
+                ax.set_ylabel("chips (daily average)")
+                empty = ax.text(0.5, 0.5, "no use and no quota in this period", ha="center", va="center",
+                                transform=ax.transAxes)
+                title = ax.set_title("", fontsize=8, loc="right")
+                arts.append((ax, patches, quota, empty, title))
+        _CHARTS[panels] = (fig, arts)
+    return _CHARTS[panels]
+
+
+def _chart_panels(st: dict) -> list[tuple[str, list[dict]]]:
+    """One panel per pool the team used or held quota in (chips of two pools are different chips: an H100 day
+    and a TPU-core day are never added), on the period's days."""
+    panels = [(p["pool"], p["daily"]) for p in st["pools"] if p.get("daily")]
+    return panels or [("", [])]
 
 
 def chart_svg(st: dict) -> bytes:
-    """Use against quota over the period: per day, average chips in quota, borrowed and burst (stacked steps)
-    against the average chips the team was entitled to (a step line). Deterministic SVG (no date, fixed ids)."""
+    """Use against quota over the period, per pool: per day, average chips in quota, borrowed and burst
+    (stacked steps) against the average chips the team was entitled to (a step line). Deterministic SVG (no
+    date, fixed ids)."""
     import matplotlib
 
-    days = st["daily"]
     per_day = 86_400_000  # milli-chip-seconds in one chip-day
-    n = len(days)
+    panels = _chart_panels(st)
+    all_days = sorted({d["day"] for _, days in panels for d in days})
+    n = len(all_days)
     xs = list(range(n))
     edges = [x - 0.5 for x in xs] + [n - 0.5]
-    fig, ax, patches, quota, empty = _chart()
+    fig, arts = _chart(len(panels))
     with matplotlib.rc_context({"svg.hashsalt": "chipledger", "svg.fonttype": "none", "font.size": 8}):
-        bottom = [0.0] * n
-        for (key, _, _), patch in zip(_SERIES, patches):
-            upper = [b + d[f"{key}_mchip_s"] / per_day for b, d in zip(bottom, days)]
-            patch.set_data(upper or [0.0], edges if n else [0.0, 1.0], baseline=bottom or [0.0])
-            bottom = upper
-        entitled = [d["entitled_mchip_s"] / per_day for d in days]
-        quota.set_data(entitled or [0.0], edges if n else [0.0, 1.0], baseline=None)
-        ax.set_xlim(-0.5, max(n, 1) - 0.5)
-        ax.set_ylim(0, max([*bottom, *entitled, 1.0]) * 1.3)  # room for the legend above the steps
-        step = max(1, -(-n // 10))  # at most ten day labels
-        ax.set_xticks(xs[::step], [d["day"][5:] for d in days][::step])
-        empty.set_visible(not n)
+        for (pool, days), (ax, patches, quota, empty, title) in zip(panels, arts):
+            by_day = {d["day"]: d for d in days}
+            rows = [by_day.get(day, {}) for day in all_days]
+            bottom = [0.0] * n
+            for (key, _, _), patch in zip(_SERIES, patches):
+                upper = [b + r.get(f"{key}_mchip_s", 0) / per_day for b, r in zip(bottom, rows)]
+                patch.set_data(upper or [0.0], edges if n else [0.0, 1.0], baseline=bottom or [0.0])
+                bottom = upper
+            entitled = [r.get("entitled_mchip_s", 0) / per_day for r in rows]
+            quota.set_data(entitled or [0.0], edges if n else [0.0, 1.0], baseline=None)
+            ax.set_xlim(-0.5, max(n, 1) - 0.5)
+            ax.set_ylim(0, max([*bottom, *entitled, 1.0]) * 1.3)  # room for the legend above the steps
+            step = max(1, -(-n // 10))  # at most ten day labels
+            ax.set_xticks(xs[::step], [d[5:] for d in all_days][::step])
+            empty.set_visible(not n)
+            title.set_text(pool)
         buf = io.BytesIO()
         # the title is the page's heading; the file keeps it as metadata (a drawn title costs a fifth of the time)
         fig.savefig(buf, format="svg",
