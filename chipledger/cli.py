@@ -649,6 +649,46 @@ def why(
 
 
 @app.command()
+def pending(
+    lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
+    pool: Optional[str] = typer.Option(None, "--pool", help="only this pool"),
+    team: Optional[str] = typer.Option(None, "--team", help="only this team"),
+    config: Optional[Path] = ConfigOpt,
+    as_json: bool = typer.Option(False, "--json", help="print the queue as JSON"),
+):
+    """The pending jobs at each pool's latest close of the books, in queue order (highest priority, longest
+    waiting, job id): position in the pool and in the team, priority, chips, time waited, reason."""
+    from analytics.views import connect
+    from chipledger.why import _duration, pending_queue
+
+    con = connect(_lake_dir(lake, _config(config)))
+    if pool is not None:
+        from chipledger.alerts import AlertsError, check_pool, known_pools
+
+        try:
+            check_pool(known_pools(con), pool)
+        except AlertsError as e:
+            _fail(str(e), 2)
+    rows = pending_queue(con, pool, team)
+    if as_json:
+        console.file.write(json.dumps(rows) + "\n")
+        return
+    if not rows:
+        console.print("no job pending" + (f" in {pool}" if pool else "") + (f" for team {team}" if team else ""),
+                      markup=False, highlight=False)
+        return
+    t = Table(title="pending jobs, in queue order")
+    for col, right in (("pool", False), ("#", True), ("team #", True), ("team", False), ("job", False),
+                       ("priority", True), ("chips", True), ("waited", True), ("reason", False)):
+        t.add_column(col, justify="right" if right else "left", overflow="fold")
+    for r in rows:
+        t.add_row(*map(escape, (r["pool"], f"{r['position']}/{r['queue_length']}", str(r["team_position"]),
+                                r["team"], r["job_id"], str(r["priority"]), f"{r['chips']:g}",
+                                _duration(r["waited_s"]), r["reason"])))
+    console.print(t)
+
+
+@app.command()
 def worker(
     bootstrap: Optional[str] = BootstrapOpt,
     config: Optional[Path] = ConfigOpt,
