@@ -290,10 +290,15 @@ def lake_upgrade(
     config: Optional[Path] = ConfigOpt,
 ):
     """Bring a lake written by an earlier chipledger up to this version's tables, in place: `events` files gain
-    the typed event fields, taken from each row's JSON body. Safe to run again, and while readers are open."""
+    the typed event fields, taken from each row's JSON body, and the fact tables the fold now writes (`waits`,
+    `free_chips`) are written by folding the lake's events again (with this config's [ledger] and [policy]).
+    Safe to run again, and while readers are open."""
     from analytics.lake import LakeError, upgrade_events_files
+    from chipledger.config import fold_config
+    from chipledger.refold import missing_fact_tables, refold_facts
 
-    root = lake or Path(_config(config).lake.path)
+    cfg = _config(config)
+    root = lake or Path(cfg.lake.path)
     if not root.is_dir():
         _fail(f"no lake at {root}", 2)
     try:
@@ -302,8 +307,21 @@ def lake_upgrade(
         _fail(str(e), 1)
     for p in done:
         typer.echo(str(p))
-    typer.echo(f"{len(done)} events file(s) upgraded in {root}" if done else f"{root}: nothing to upgrade",
-               err=True)
+    missing = missing_fact_tables(root)
+    if done:
+        typer.echo(f"{len(done)} events file(s) upgraded in {root}", err=True)
+    if missing:
+        try:
+            out = refold_facts(root, fold_config(cfg), tables=missing)
+        except (OSError, ValueError) as e:
+            _fail(f"{root}: could not fold the lake's events again: {e}", 1)
+        rows = ", ".join(f"{t} {n:,} rows" for t, n in out["rows"].items())
+        typer.echo(f"folded {out['events']:,} events again: {rows}", err=True)
+        if out["rejected"]:
+            typer.echo(f"warning: {sum(out['rejected'].values()):,} events of the lake were not applied this time "
+                       f"({out['rejected']}): written by another version of the core?", err=True)
+    if not done and not missing:
+        typer.echo(f"{root}: nothing to upgrade", err=True)
 
 
 @lake_app.command("cache")
@@ -311,32 +329,19 @@ def lake_cache(
     lake: Optional[Path] = typer.Option(None, "--lake", help="the lake's folder (default [lake] path)"),
     config: Optional[Path] = ConfigOpt,
 ):
-    """Compute the analytics cache of the lake as it is now (LAKE/_cache/analytics-KEY.duckdb), so that the
-    next `report`, `sql`, `alerts` or `statements` reads the base tables and shared intermediates instead of
-    computing them. Any change to the lake's files makes a new key; files added since an older cache bring that
-    one up to date (seconds), anything else computes it whole. Run it after `chipledger run` or from cron."""
-    import time
-
-    from analytics.views import CACHED, cache_is_whole, cache_path, connect
+    """Retired: the views answer from the fold's facts without a cache (docs/analytics.md). Removes the cache
+    folder an earlier version left in the lake (LAKE/_cache), if any."""
+    import shutil
 
     root = lake or Path(_config(config).lake.path)
     if not root.is_dir():
         _fail(f"no lake at {root}", 2)
-    path = cache_path(root)
-    if path is None:
-        _fail(f"{root}: the lake has no files yet", 1)
-    if cache_is_whole(path):
-        typer.echo(f"{path}: already cached", err=True)
-        return
-    t = time.perf_counter()
-    connect(root, materialize=True).close()
-    if cache_path(root) != path:
-        _fail(f"{root}: the lake's files changed while caching (is a run writing to it?); run again when it is "
-              "done", 1)
-    if not cache_is_whole(path):
-        _fail(f"could not write {path} (is the lake writable?)", 1)
-    typer.echo(str(path))
-    typer.echo(f"cached {len(CACHED)} tables in {time.perf_counter() - t:.1f} s", err=True)
+    old = root / "_cache"
+    if old.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        typer.echo(f"removed {old}, the analytics cache of an earlier version", err=True)
+    typer.echo("the analytics cache is retired: every view is an aggregation of the lake's rows and the fold's facts "
+               "and needs no cache (a lake without the fact tables: `chipledger lake upgrade`)", err=True)
 
 
 @schema_app.command("export")
