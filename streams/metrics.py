@@ -114,7 +114,7 @@ class MetricsCollector:
         if fold_s is not None:
             self.fold_buckets[bisect_left(FOLD_BUCKETS, fold_s)] += 1
             self.fold_sum += fold_s
-        if pool is not None:
+        if pool in self.states:  # not a pool a dead letter merely named (bad input must not add series)
             self.last_fold[pool] = self.wall()
 
     def folded(self, pool: str, outputs: Iterable[tuple[str, Mapping]], fold_s: float) -> None:
@@ -173,12 +173,12 @@ class MetricsCollector:
 
     # --- the scrape -----------------------------------------------------------------------------------------
     def collect(self):
-        yield from self._gauges()
-        yield from self._counters()
+        yield from self.gauges()
+        yield from self.counters()
         yield from self._health()
 
-    def _gauges(self):
-        from ledger.books import CAPACITY, UNAVAILABLE
+    def gauges(self):
+        """The gauges of the pools and teams, from the live states."""
         from ledger.fold import policy_rows
         from ledger.store.repo import _pool_row, _team_rows
 
@@ -206,10 +206,6 @@ class MetricsCollector:
             ("team_pending_jobs", "the team's pending jobs", T),
             ("team_pending_chips", "chips of the team's pending jobs, by the reason they wait", T + ("reason",)),
         )}
-        avail_total = CounterMetricFamily(SLO_COUNTERS["availability"][0].removesuffix("_total"),
-                                          "registered chip-seconds (availability SLO: total)", labels=("pool",))
-        avail_good = CounterMetricFamily(SLO_COUNTERS["availability"][1].removesuffix("_total"),
-                                         "available chip-seconds (availability SLO: good)", labels=("pool",))
         for name in sorted(self.states):
             s = self.states[name]
             pl = [name, s.flavor]
@@ -243,16 +239,26 @@ class MetricsCollector:
                 by_reason[(row.team, row.reason)] += row.chips_milli
             for (team, reason), milli in sorted(by_reason.items()):
                 g["team_pending_chips"].add_metric(pl + [team, reason], milli / MILLI)
+        yield from g.values()
+
+    def counters(self):
+        """The counters: the SLOs' good and total events, events, dead letters, decisions, victims."""
+        from ledger.books import CAPACITY, UNAVAILABLE
+
+        avail_total = CounterMetricFamily(SLO_COUNTERS["availability"][0].removesuffix("_total"),
+                                          "registered chip-seconds (availability SLO: total)", labels=("pool",))
+        avail_good = CounterMetricFamily(SLO_COUNTERS["availability"][1].removesuffix("_total"),
+                                         "available chip-seconds (availability SLO: good)", labels=("pool",))
+        for name in sorted(self.states):
+            s = self.states[name]
             books = s.books
             cap = books.totals.get((CAPACITY, None), 0) + books.accrued(CAPACITY, None, s.clock)
             unav = books.totals.get((UNAVAILABLE, None), 0) + books.accrued(UNAVAILABLE, None, s.clock)
             avail_total.add_metric([name], cap / MILLI)
             avail_good.add_metric([name], (cap - unav) / MILLI)
-        yield from g.values()
         yield avail_total
         yield avail_good
 
-    def _counters(self):
         def family(name, doc, labels, items):
             m = CounterMetricFamily(name.removesuffix("_total"), doc, labels=labels)
             for key, value in sorted(items, key=lambda kv: tuple(str(k) for k in kv[0])):
