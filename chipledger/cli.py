@@ -636,7 +636,8 @@ def worker(
     app_id: str = typer.Option("chipledger-worker", "--app-id", help="Faust app id (consumer group, table topics)"),
     metrics_port: Optional[int] = typer.Option(None, "--metrics-port", min=0, max=65535,
                                                help="serve Prometheus /metrics of the pools this worker folds on "
-                                                    "127.0.0.1:PORT (default: no metrics)"),
+                                                    "this port (default: no metrics)"),
+    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="address /metrics listens on"),
     loglevel: str = typer.Option("warning", "--loglevel", help="debug | info | warning | error"),
     timeout: float = KafkaTimeoutOpt,
 ):
@@ -668,7 +669,7 @@ def worker(
         merge_idle_ms=cfg.worker.merge_idle_ms if merge_idle_ms is None else merge_idle_ms,
         tick_interval_s=cfg.worker.tick_interval_s if tick_interval is None else tick_interval,
         fetch_max_wait_ms=cfg.worker.fetch_max_wait_ms if fetch_max_wait_ms is None else fetch_max_wait_ms,
-        fold_config=fold, metrics_port=metrics_port, sched_slo_s=cfg.slo.sched_slo_s,
+        fold_config=fold, metrics_port=metrics_port, metrics_host=metrics_host, sched_slo_s=cfg.slo.sched_slo_s,
     )
     import ledger
 

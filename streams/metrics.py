@@ -30,7 +30,6 @@ families when Prometheus scrapes (`collect`), which must run in the thread that 
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
 from collections import defaultdict
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
@@ -51,8 +50,10 @@ SLO_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "goodput": ("chipledger_allocated_chip_seconds_total", "chipledger_useful_chip_seconds_total", ("team",)),
 }
 
-#: fold time buckets (seconds): a fold step takes tens of microseconds, a close of an hour milliseconds
-FOLD_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
+#: fold time buckets: powers of two nanoseconds, bucket k holds folds shorter than 2^(FOLD_MIN_BITS + k) ns
+#: (1 µs … 1 s; a fold step takes microseconds, a close of an hour milliseconds), found with int.bit_length
+FOLD_MIN_BITS = 10
+FOLD_BUCKETS_N = 21
 
 
 def _columns(table: str, names: Sequence[str], default: Sequence[int]) -> tuple[int, ...]:
@@ -64,7 +65,6 @@ def _columns(table: str, names: Sequence[str], default: Sequence[int]) -> tuple[
     return tuple(schema.get_field_index(n) for n in names)
 
 
-_EV = _columns("events", ("type", "applied_at"), (1, 5))
 _JR = _columns("job_runs", ("team", "allocated_mchip_s", "lost_mchip_s"), (2, 10, 11))
 _DL = _columns("deadletters", ("error_code",), (4,))
 _DC = _columns("decisions", ("type", "rule", "body"), (1, 4, 6))
@@ -88,52 +88,56 @@ class MetricsCollector:
         self.sched_slo_s = sched_slo_s
         self.lag = lag
         self.wall = wall
-        self.events: dict = defaultdict(int)          # (pool, type) -> events applied
         self.dead: dict = defaultdict(int)            # error code -> dead letters
-        self.allocated: dict = defaultdict(int)       # (pool, team) -> mchip-s
-        self.lost: dict = defaultdict(int)            # (pool, team) -> mchip-s
+        self.runs: dict = {}                          # (pool, team) -> [allocated, lost] mchip-s
         self.waits: dict = defaultdict(lambda: [0, 0, 0, 0])  # (pool, team) -> [in quota, honoured, started, within]
         self.decisions: dict = defaultdict(int)       # (pool, type, rule, verdict) -> decisions
         self.victims: dict = defaultdict(lambda: [0, 0.0])  # (pool, team, rule) -> [victims, lost work chip-s]
         self.free: dict = {}                          # pool -> latest free_chips row
-        self.last_fold: dict = {}                     # pool -> wall time of the last record folded
-        self.fold_buckets = [0] * (len(FOLD_BUCKETS) + 1)
-        self.fold_sum = 0.0
-        self.handlers = {"events": self._events, "job_runs": self._job_runs, "deadletters": self._deadletters,
+        # staleness: the wall time of the scrape that first saw a pool's events count move (not a clock read per
+        # event: the scrape interval is the resolution Prometheus has anyway)
+        self.last_fold: dict = {}                     # pool -> wall time
+        self._seen_counts: dict = {}                  # pool -> events applied at the last scrape
+        self.fold_buckets = [0] * (FOLD_BUCKETS_N + 1)  # the last: longer than the largest bound
+        self.fold_sum_ns = 0
+        self._decisions_seen: list = []  # (pool, row) not yet aggregated: parsed at the next scrape
+        # the events row of every record is not looked at: the pool's state counts what it applied
+        self.handlers = {"job_runs": self._job_runs, "deadletters": self._deadletters,
                          "decisions": self._decisions, "waits": self._waits, "free_chips": self._free_chips}
 
     # --- the hot path --------------------------------------------------------------------------------------
-    def observe(self, pool: Optional[str], tables: Mapping[str, Iterable[Sequence]],
-                fold_s: Optional[float] = None) -> None:
-        """Add one folded record's lake rows ({table: rows}); `fold_s` is how long its fold took."""
+    def observe(self, pool: Optional[str], tables: Mapping[str, Iterable[Sequence]]) -> None:
+        """Add one folded record's lake rows ({table: rows})."""
         handlers = self.handlers
         for table, rows in tables.items():
             h = handlers.get(table)
             if h is not None:
                 h(pool, rows)
-        if fold_s is not None:
-            self.fold_buckets[bisect_left(FOLD_BUCKETS, fold_s)] += 1
-            self.fold_sum += fold_s
-        if pool in self.states:  # not a pool a dead letter merely named (bad input must not add series)
-            self.last_fold[pool] = self.wall()
 
-    def folded(self, pool: str, outputs: Iterable[tuple[str, Mapping]], fold_s: float) -> None:
-        """The worker's hook: one record's outputs as the worker sends them ((topic, {"tables": …}) pairs)."""
+    def folded(self, pool: str, outputs: Iterable[tuple[str, Mapping]], fold_ns: int) -> None:
+        """The worker's hook: one record's outputs as the worker sends them ((topic, {"tables": …}) pairs) and how
+        long its fold took, in nanoseconds (time.perf_counter_ns)."""
+        k = fold_ns.bit_length() - FOLD_MIN_BITS
+        self.fold_buckets[k if 0 <= k <= FOLD_BUCKETS_N else (0 if k < 0 else FOLD_BUCKETS_N)] += 1
+        self.fold_sum_ns += fold_ns
         for _, item in outputs:
-            self.observe(pool, item["tables"])
-        self.observe(pool, {}, fold_s)
-
-    def _events(self, pool, rows) -> None:
-        i = _EV[0]
-        for r in rows:
-            self.events[(pool, r[i])] += 1
+            tables = item["tables"]
+            if len(tables) > 1 or "events" not in tables:  # most records put out only their events row
+                handlers = self.handlers
+                for table, rows in tables.items():
+                    h = handlers.get(table)
+                    if h is not None:
+                        h(pool, rows)
 
     def _job_runs(self, pool, rows) -> None:
         it, ia, il = _JR
+        runs = self.runs
         for r in rows:
-            key = (pool, r[it])
-            self.allocated[key] += r[ia]
-            self.lost[key] += r[il]
+            acc = runs.get((pool, r[it]))
+            if acc is None:
+                acc = runs[(pool, r[it])] = [0, 0]
+            acc[0] += r[ia]
+            acc[1] += r[il]
 
     def _deadletters(self, pool, rows) -> None:
         i = _DL[0]
@@ -141,8 +145,13 @@ class MetricsCollector:
             self.dead[(r[i],)] += 1
 
     def _decisions(self, pool, rows) -> None:
+        self._decisions_seen.extend((pool, r) for r in rows)
+
+    def _count_decisions(self) -> None:
+        """Aggregate the decisions seen since the last scrape (their JSON is read here, not in the fold's path)."""
+        seen, self._decisions_seen = self._decisions_seen, []
         it, ir, ib = _DC
-        for r in rows:
+        for pool, r in seen:
             body = orjson.loads(r[ib])
             kind = r[it].removeprefix("decision.")
             self.decisions[(pool, kind, r[ir], body.get("verdict") or "")] += 1
@@ -265,18 +274,18 @@ class MetricsCollector:
                 m.add_metric([str(k) for k in key], value)
             return m
 
-        yield family("chipledger_events_applied_total", "events applied, by pool and type", ("pool", "type"),
-                     self.events.items())
+        yield family("chipledger_events_applied_total", "events applied (the pool's own count: since the pool "
+                     "was configured)", ("pool",), [((p,), s.applied) for p, s in self.states.items()])
         yield family("chipledger_dead_letters_total", "input not applied, by dead-letter code", ("code",),
                      self.dead.items())
-        alloc = self.allocated
+        runs = self.runs
         yield family(SLO_COUNTERS["goodput"][0], "allocated chip-seconds of ended runs (goodput SLO: total)",
-                     ("pool", "team"), [(k, v / MILLI) for k, v in alloc.items()])
+                     ("pool", "team"), [(k, a / MILLI) for k, (a, _) in runs.items()])
         yield family(SLO_COUNTERS["goodput"][1], "allocated minus lost chip-seconds (goodput SLO: good)",
-                     ("pool", "team"), [(k, (v - self.lost[k]) / MILLI) for k, v in alloc.items()])
+                     ("pool", "team"), [(k, (a - lost) / MILLI) for k, (a, lost) in runs.items()])
         yield family("chipledger_lost_chip_seconds_total", "allocated chip-seconds lost to preemptions and failures "
                      "(work since the last checkpoint)", ("pool", "team"),
-                     [(k, self.lost[k] / MILLI) for k in alloc])
+                     [(k, lost / MILLI) for k, (_, lost) in runs.items()])
         w = self.waits
         for i, (slo, doc) in enumerate((("quota_honoured", "waits that fitted the team's unused quota and ended "
                                          "(quota honoured SLO: total)"),
@@ -285,6 +294,7 @@ class MetricsCollector:
                                         ("sched_latency", "waits that ended in a start (latency SLO: total)"),
                                         ("sched_latency", "of those, within [slo] sched_slo_s (latency SLO: good)"))):
             yield family(SLO_COUNTERS[slo][i % 2], doc, ("pool", "team"), [(k, v[i]) for k, v in w.items()])
+        self._count_decisions()
         yield family("chipledger_decisions_total", "decisions, by type (preempt, burst), rule and verdict (bursts)",
                      ("pool", "type", "rule", "verdict"), self.decisions.items())
         yield family("chipledger_preemption_victims_total", "jobs named as victims of a preemption decision, by "
@@ -294,18 +304,25 @@ class MetricsCollector:
                      [(k, v[1]) for k, v in self.victims.items()])
 
     def _health(self):
+        now = self.wall()
+        for pool, state in self.states.items():
+            n = state.applied
+            if self._seen_counts.get(pool) != n:
+                self._seen_counts[pool] = n
+                self.last_fold[pool] = now
         last = GaugeMetricFamily("chipledger_pool_last_fold_timestamp_seconds",
-                                 "wall-clock time this process last folded a record of the pool (staleness: "
-                                 "time() minus this)", labels=("pool",))
+                                 "wall-clock time of the first scrape that saw an event of the pool applied since "
+                                 "the scrape before (staleness: time() minus this)", labels=("pool",))
         for pool, t in sorted(self.last_fold.items()):
             last.add_metric([pool], t)
         yield last
         h = HistogramMetricFamily("chipledger_fold_duration_seconds", "time to fold one input record")
         cum, buckets = 0, []
-        for bound, n in zip(FOLD_BUCKETS + (float("inf"),), self.fold_buckets):
+        for k, n in enumerate(self.fold_buckets):
             cum += n
-            buckets.append(("+Inf" if bound == float("inf") else repr(bound), cum))
-        h.add_metric([], buckets, self.fold_sum)
+            bound = "+Inf" if k == FOLD_BUCKETS_N else repr((1 << (FOLD_MIN_BITS + k)) / 1e9)
+            buckets.append((bound, cum))
+        h.add_metric([], buckets, self.fold_sum_ns / 1e9)
         yield h
         if self.lag is not None:
             lag = GaugeMetricFamily("chipledger_consumer_lag_records", "input records not yet received, per "

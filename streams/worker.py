@@ -191,10 +191,10 @@ class PoolWorker:
             n = 0
             for pool, items in released:
                 for p in items:
-                    t0 = time.perf_counter()
+                    t0 = time.perf_counter_ns()
                     outputs = self._fold(pool, p, self._touched)
                     if self.metrics is not None:
-                        self.metrics.folded(pool, outputs, time.perf_counter() - t0)
+                        self.metrics.folded(pool, outputs, time.perf_counter_ns() - t0)
                     for topic, item in outputs:
                         out.setdefault((topic, pool), []).append(item)
                     self._unacked.append(p)
