@@ -31,7 +31,7 @@ from chipledger.scenario import write_jsonl
 from ledger import FoldConfig
 from ledger.store import open_store
 from tests.monitoring_scenario import outage_events
-from tests.prom_support import Alertmanager, Prometheus, free_port, http_json, stop, tool
+from tests.prom_support import Prometheus, free_port, stop
 
 FOLD = FoldConfig(capacity_slo_target=SloParams().availability)
 
@@ -45,26 +45,6 @@ def wait_for(what: str, fn, timeout_s: float = 60.0, every_s: float = 0.5):
             return last
         time.sleep(every_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")
-
-
-@pytest.fixture(scope="session")
-def prometheus(tmp_path_factory):
-    tool("prometheus")
-    p = Prometheus(tmp_path_factory.mktemp("prometheus"))
-    try:
-        yield p
-    finally:
-        p.stop()
-
-
-@pytest.fixture(scope="session")
-def alertmanager(tmp_path_factory):
-    tool("prometheus-alertmanager", "alertmanager")
-    a = Alertmanager(tmp_path_factory.mktemp("alertmanager"))
-    try:
-        yield a
-    finally:
-        a.stop()
 
 
 @pytest.fixture(scope="module")
