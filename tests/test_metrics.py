@@ -233,3 +233,52 @@ def test_alertmanager_payload_has_the_labels_of_the_prometheus_rules():
     with pytest.raises(AlertmanagerError, match="not an http"):
         send("ftp://x", [a])
     assert send("http://127.0.0.1:1", []) == 0  # nothing to send: no request
+
+
+FACT_COLUMNS = {  # /work/FACTS.md: the agreed columns of the fact tables (analytics.lake.SCHEMAS once they exist)
+    "waits": ("pool", "job_id", "team", "run_index", "kind", "priority", "chips_milli", "began_at", "ended_at", "end",
+              "in_quota", "borrowing", "blocked_s", "blocked_by", "posted_at"),
+    "free_chips": ("pool", "at", "registered_milli", "healthy_milli", "in_use_milli", "down_milli", "free_milli",
+                   "free_whole_nodes_milli", "largest_startable_milli"),
+}
+
+
+def fact_row(table: str, **values) -> list:
+    from analytics.lake import SCHEMAS
+
+    names = SCHEMAS[table].names if table in SCHEMAS else FACT_COLUMNS[table]
+    return [values.get(n) for n in names]
+
+
+def test_wait_and_free_chip_facts_make_the_wait_slo_counters_and_the_fragmentation_gauges(tmp_path):
+    run_file(FIXTURE, tmp_path / "lake")
+    lm = LakeMetrics(tmp_path / "lake", FoldConfig(), sched_slo_s=600)
+    lm.poll()
+    col, pool = lm.collector, "lab/a100"
+
+    def wait(team, began, ended, end, in_quota):
+        return fact_row("waits", pool=pool, job_id="j", team=team, run_index=0, kind="first_start", priority=0,
+                        chips_milli=1000, began_at=began, ended_at=ended, end=end, in_quota=in_quota,
+                        borrowing=not in_quota, blocked_s=0, blocked_by="", posted_at=ended or began)
+
+    col.observe(pool, {"waits": [
+        wait("a", 0, 600, "started", True),      # in quota, started within sched_slo_s: honoured, within
+        wait("a", 0, 601, "started", True),      # in quota, late
+        wait("a", 0, 100, "finished", True),     # in quota, ended while pending: counts for quota, not honoured
+        wait("a", 0, None, "open", True),        # still open: counts for neither
+        wait("b", 0, 30, "started", False),      # borrowing: latency only
+    ]})
+    col.observe(pool, {"free_chips": [
+        fact_row("free_chips", pool=pool, at=10, registered_milli=4000, healthy_milli=3000, in_use_milli=1000,
+                 down_milli=1000, free_milli=2000, free_whole_nodes_milli=0, largest_startable_milli=1500),
+        fact_row("free_chips", pool=pool, at=20, registered_milli=4000, healthy_milli=4000, in_use_milli=1500,
+                 down_milli=0, free_milli=2500, free_whole_nodes_milli=1000, largest_startable_milli=2000),
+    ]})
+    s = samples(exposition(registry_of(lm, process=False)).decode())
+    assert by(s, "chipledger_in_quota_waits_total", "pool", "team") == {(pool, "a"): 3, (pool, "b"): 0}
+    assert by(s, "chipledger_in_quota_waits_honoured_total", "pool", "team") == {(pool, "a"): 1, (pool, "b"): 0}
+    assert by(s, "chipledger_started_waits_total", "pool", "team") == {(pool, "a"): 2, (pool, "b"): 1}
+    assert by(s, "chipledger_started_waits_within_slo_total", "pool", "team") == {(pool, "a"): 1, (pool, "b"): 1}
+    assert by(s, "chipledger_pool_free_chips", "pool") == {(pool,): 2.5}  # the latest row
+    assert by(s, "chipledger_pool_free_whole_node_chips", "pool") == {(pool,): 1.0}
+    assert by(s, "chipledger_pool_largest_startable_job_chips", "pool") == {(pool,): 2.0}
