@@ -282,3 +282,46 @@ def test_wait_and_free_chip_facts_make_the_wait_slo_counters_and_the_fragmentati
     assert by(s, "chipledger_pool_free_chips", "pool") == {(pool,): 2.5}  # the latest row
     assert by(s, "chipledger_pool_free_whole_node_chips", "pool") == {(pool,): 1.0}
     assert by(s, "chipledger_pool_largest_startable_job_chips", "pool") == {(pool,): 2.0}
+
+
+def test_a_scrape_changes_nothing_the_fold_does():
+    import json
+
+    from ledger import Fleet
+    from schemas import parse_event
+
+    events = [parse_event(json.dumps(e).encode()) for e in outage_events(days=1, outage_at_h=10, outage_hours=2)]
+
+    def fold(scrape_every):
+        fleet = Fleet(FOLD)
+        reg = registry_of(MetricsCollector(fleet.pools, FOLD), process=False)
+        rows = []
+        for i, e in enumerate(events):
+            step = fleet.apply(e)
+            rows.append(list(step_rows(e, step, "t", 0, i)) if step.applied else step.rejection)
+            if scrape_every and i % scrape_every == 0:
+                exposition(reg)
+        return rows, orjson.dumps(fleet.to_dict())
+
+    from streams.rows import step_rows
+
+    assert fold(0) == fold(7)
+
+
+def test_serve_metrics_retries_a_file_caught_mid_write_without_counting_twice(scenario_lake, tmp_path):
+    lake, _ = scenario_lake
+    grown = tmp_path / "lake"
+    shutil.copytree(lake / "events", grown / "events")
+    whole = LakeMetrics(lake, FOLD)
+    n = whole.poll()
+    last = sorted((grown / "events").rglob("*.parquet"))[-1]
+    data = last.read_bytes()
+    last.write_bytes(data[: len(data) // 2])  # a writer halfway through
+    lm = LakeMetrics(grown, FOLD)
+    with pytest.raises(Exception):
+        lm.poll()
+    last.write_bytes(data)
+    assert lm.poll() == n
+    reg = "chipledger_registered_chip_seconds_total"
+    assert by(samples(exposition(registry_of(lm, process=False)).decode()), reg, "pool") == by(
+        samples(exposition(registry_of(whole, process=False)).decode()), reg, "pool")
