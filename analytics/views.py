@@ -36,6 +36,13 @@ DERIVED_VIEWS = {
     """,
     # the books: postings summed per (pool, hour, account, team)
     "journal": journal_sql(),
+    # a fact of the fold: each wait of a job to be started, its last posting (a wait still open at a close of the
+    # books is posted with end 'open' and superseded by the posting of its end)
+    "waits": """
+        SELECT * FROM wait_postings
+        QUALIFY row_number() OVER (PARTITION BY pool, job_id, submitted_at, run_index
+                                   ORDER BY ("end" <> 'open') DESC, posted_at DESC) = 1
+    """,
     # one row per run of a job (postings of a run still going at a close are summed with its end); a job id
     # reused after the job finished is another job: runs are told apart by their submission time
     "job_run_totals": job_run_totals_sql(),
@@ -135,7 +142,8 @@ LAZY_BASE = frozenset({"base_event_rows"})
 CACHED = frozenset((set(duckdb_base_views()) - LAZY_BASE) | MATERIALIZED_CALC)
 CACHE_FORMAT = 2
 
-_RAW_VIEW_NAMES = {"journal": "journal_postings", "events": "event_log", **POLICY_RAW_VIEW_NAMES}
+_RAW_VIEW_NAMES = {"journal": "journal_postings", "events": "event_log", "waits": "wait_postings",
+                   **POLICY_RAW_VIEW_NAMES}
 
 
 def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] = None,
