@@ -228,10 +228,10 @@ class MetricsCollector:
             g["pool_clock_timestamp_seconds"].add_metric([name], s.clock)
             free = self.free.get(name)
             if free is not None:
-                i_free, i_whole, i_largest = _FC[1:]
-                g["pool_free_chips"].add_metric(pl, free[i_free] / MILLI)
-                g["pool_free_whole_node_chips"].add_metric(pl, free[i_whole] / MILLI)
-                g["pool_largest_startable_job_chips"].add_metric(pl, free[i_largest] / MILLI)
+                for gauge, i in zip(("pool_free_chips", "pool_free_whole_node_chips",
+                                     "pool_largest_startable_job_chips"), _FC[1:]):
+                    if free[i] is not None:  # null while a run without a placement goes: not known then
+                        g[gauge].add_metric(pl, free[i] / MILLI)
             for tb in _team_rows(s):
                 tl = pl + [tb.team]
                 g["team_nominal_chips"].add_metric(tl, tb.nominal_milli / MILLI)
