@@ -77,6 +77,9 @@ def panels() -> list[dict]:
         _ts("Borrowed share of the pool's lendable chips", [
             (f"chipledger_team_borrowed_share{{{TEAM}}}", "{{pool}} {{team}}"),
         ], unit="percentunit"),
+        _ts("Jobs waiting longer than [slo] sched_slo_s now", [
+            (f"chipledger_team_pending_jobs_over_slo{{{TEAM}}}", "{{pool}} {{team}}"),
+        ], desc="The wait SLOs count a wait when it ends: this shows the waits that will count as late."),
         _ts("Pending chips by reason", [
             (f"sum by (pool, reason) (chipledger_team_pending_chips{{{TEAM}}})", "{{pool}} {{reason}}"),
         ], stack=True, desc="Why jobs wait (docs/policy.md); `chipledger why JOB` tells one job's story."),

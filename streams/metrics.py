@@ -214,6 +214,8 @@ class MetricsCollector:
             ("team_running_jobs", "the team's running jobs", T),
             ("team_pending_jobs", "the team's pending jobs", T),
             ("team_pending_chips", "chips of the team's pending jobs, by the reason they wait", T + ("reason",)),
+            ("team_pending_jobs_over_slo", "pending jobs waiting longer than [slo] sched_slo_s now (the wait SLOs "
+             "count a wait when it ends)", T),
         )}
         for name in sorted(self.states):
             s = self.states[name]
@@ -244,8 +246,13 @@ class MetricsCollector:
                 g["team_running_jobs"].add_metric(tl, tb.running_jobs)
                 g["team_pending_jobs"].add_metric(tl, tb.pending_jobs)
             by_reason: dict = defaultdict(int)
+            late: dict = defaultdict(int)
             for row in policy_rows(s, self.fold_config)[1]:
                 by_reason[(row.team, row.reason)] += row.chips_milli
+                if s.clock - row.waiting_since > self.sched_slo_s:
+                    late[row.team] += 1
+            for team in sorted(s.teams):
+                g["team_pending_jobs_over_slo"].add_metric(pl + [team], late[team])
             for (team, reason), milli in sorted(by_reason.items()):
                 g["team_pending_chips"].add_metric(pl + [team, reason], milli / MILLI)
         yield from g.values()

@@ -146,6 +146,9 @@ def test_counters_are_the_lake_sums_and_gauges_the_store_balances(scenario_lake)
         if r[3] == last:
             pend[(r[0], r[2], r[7])] += r[4]
     assert by(s, "chipledger_team_pending_chips", "pool", "team", "reason") == {k: v / 1000 for k, v in pend.items()}
+    late = Counter((r[0], r[2]) for r in rows if r[3] == last and r[3] - r[6] > 600)
+    assert by(s, "chipledger_team_pending_jobs_over_slo", "pool", "team") == {k: late[k] for k in teams}
+    assert sum(late.values()) > 0
 
 
 def test_names_follow_prometheus_conventions_and_promtool_check_metrics_passes(scenario_lake):
