@@ -27,6 +27,10 @@ topics_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The 
 app.add_typer(topics_app, name="topics")
 lake_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Maintenance of the lake's Parquet files.")
 app.add_typer(lake_app, name="lake")
+slo_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The SLOs for Prometheus: rules over /metrics.")
+app.add_typer(slo_app, name="slo")
+grafana_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="A Grafana dashboard over /metrics.")
+app.add_typer(grafana_app, name="grafana")
 
 console = Console()
 err = Console(stderr=True)
@@ -243,6 +247,9 @@ def alerts(
                                           help="an error (exit 3) when the newest event is older than this "
                                                "before --at, or before now (e.g. 15m, 2h, 1d)"),
     as_json: bool = typer.Option(False, "--json", help="print the instant and the firing alerts as JSON"),
+    alertmanager: Optional[str] = typer.Option(None, "--alertmanager", metavar="URL",
+                                               help="also send the firing alerts to this Alertmanager "
+                                                    "(API v2, e.g. http://127.0.0.1:9093); exit 3 if it fails"),
     config: Optional[Path] = ConfigOpt,
 ):
     """Print the instant evaluated and the burn-rate alerts firing (SRE workbook windows: 1h & 5m at 14.4x and
@@ -281,6 +288,14 @@ def alerts(
             console.print(a.line(), highlight=False, markup=False, soft_wrap=True)
         if not ev.alerts:
             console.print("no burn-rate alert firing", highlight=False)
+    if alertmanager is not None:
+        from chipledger.alertmanager import AlertmanagerError, send
+
+        try:
+            sent = send(alertmanager, ev.alerts)
+        except AlertmanagerError as e:
+            _fail(str(e), EXIT_ERROR)
+        err.print(f"sent {sent} alert(s) to {alertmanager}", highlight=False)
     raise typer.Exit(exit_status(ev.alerts))
 
 
@@ -892,6 +907,10 @@ def worker(
                                                     help="how long the broker may hold a fetch of the input topics "
                                                          "(default [worker] fetch_max_wait_ms = 20)"),
     app_id: str = typer.Option("chipledger-worker", "--app-id", help="Faust app id (consumer group, table topics)"),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", min=0, max=65535,
+                                               help="serve Prometheus /metrics of the pools this worker folds on "
+                                                    "this port (default: no metrics)"),
+    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="address /metrics listens on"),
     loglevel: str = typer.Option("warning", "--loglevel", help="debug | info | warning | error"),
     timeout: float = KafkaTimeoutOpt,
     user: Optional[str] = KafkaUserOpt,
@@ -927,7 +946,7 @@ def worker(
         merge_idle_ms=cfg.worker.merge_idle_ms if merge_idle_ms is None else merge_idle_ms,
         tick_interval_s=cfg.worker.tick_interval_s if tick_interval is None else tick_interval,
         fetch_max_wait_ms=cfg.worker.fetch_max_wait_ms if fetch_max_wait_ms is None else fetch_max_wait_ms,
-        fold_config=fold,
+        fold_config=fold, metrics_port=metrics_port, metrics_host=metrics_host, sched_slo_s=cfg.slo.sched_slo_s,
     )
     import ledger
 
@@ -982,6 +1001,82 @@ def sink(
     else:
         console.print(f"sink {name}: {stats.records:,} records, {stats.resent_dropped:,} re-sent dropped, "
                       f"rows {dict(sorted(stats.rows.items()))}", highlight=False)
+
+
+def _write_text(text: str, out: Optional[Path]) -> None:
+    if out is None:
+        console.file.write(text)
+        return
+    try:
+        out.write_text(text)
+    except OSError as e:
+        _fail(f"cannot write {out}: {e.strerror}")
+    err.print(f"wrote {out}", highlight=False)
+
+
+@slo_app.command("rules")
+def slo_rules_cmd(
+    out: Optional[Path] = typer.Option(None, "--out", help="file to write (default: standard output)"),
+    fmt: str = typer.Option("prometheus", "--format", help="prometheus (rule file) | openslo (OpenSLO v1 documents)"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """Prometheus recording rules (error ratio of each SLO over 5m, 30m, 1h, 6h, 3d and the budget window) and
+    multi-window burn-rate alerting rules (page 14.4x over 1h & 5m, page 6x over 6h & 30m, ticket 1x over 3d &
+    6h) from the [slo] targets, over the counters of /metrics. Check them with `promtool check rules`."""
+    from chipledger.slo_rules import openslo, prometheus_rules
+
+    cfg = _config(config)
+    if fmt not in ("prometheus", "openslo"):
+        _fail(f"--format must be prometheus or openslo, got {fmt!r}", 2)
+    _write_text(prometheus_rules(cfg.slo) if fmt == "prometheus" else openslo(cfg.slo), out)
+
+
+@grafana_app.command("dashboard")
+def grafana_dashboard_cmd(
+    out: Optional[Path] = typer.Option(None, "--out", help="file to write (default: standard output)"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """A Grafana dashboard (JSON, import it or provision it) over /metrics and the rules of `slo rules`: fleet per
+    pool and flavor, team use against quota, pending by reason, error budgets and burn rates, fragmentation,
+    decisions, and the worker's health."""
+    from chipledger.grafana import dashboard_json
+
+    cfg = _config(config)
+    _write_text(dashboard_json(cfg.slo), out)
+
+
+@app.command("serve-metrics")
+def serve_metrics(
+    lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
+    port: int = typer.Option(9464, "--port", min=0, max=65535, help="port of /metrics (0: any free port)"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
+    poll: float = typer.Option(15.0, "--poll", min=0.1, help="seconds between looks for files added to the lake"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """Serve Prometheus /metrics for an embedded lake: its events folded again with the ledger core (the worker's
+    counters and gauges), following the files added to it."""
+    import asyncio
+
+    from chipledger.config import fold_config
+    from chipledger.monitoring import LakeMetrics, run_server
+
+    cfg = _config(config)
+    lm = LakeMetrics(_lake_dir(lake, cfg), fold_config(cfg), cfg.slo.sched_slo_s)
+    try:
+        n = lm.poll()
+    except Exception as e:  # noqa: BLE001 - a lake that cannot be read: say which and why
+        _fail(f"cannot read lake {lm.lake}: {e}")
+    err.print(f"serve-metrics: folded {n:,} events of {len(lm.fleet.pools)} pools from {lm.lake}", highlight=False)
+
+    def started(bound: int) -> None:
+        err.print(f"serve-metrics: http://{host}:{bound}/metrics", highlight=False)
+
+    try:
+        asyncio.run(run_server(lm, host, port, poll, started=started))
+    except OSError as e:
+        _fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
+    except KeyboardInterrupt:
+        pass
 
 
 @app.command()
