@@ -58,6 +58,9 @@ class PolicyConfig:
     decision_timeout_s: int = _FOLD_DEFAULTS.decision_timeout_s
     candidates_per_team: int = _FOLD_DEFAULTS.candidates_per_team
     victim_order: str = _FOLD_DEFAULTS.victim_order
+    fair_share_tolerance: float = _FOLD_DEFAULTS.fair_share_tolerance
+    restart_cost_s: int = _FOLD_DEFAULTS.restart_cost_s
+    checkpoint_grace_s: int = _FOLD_DEFAULTS.checkpoint_grace_s
 
     def __post_init__(self):
         try:
