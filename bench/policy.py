@@ -1,6 +1,6 @@
 """Benchmark of the policy layer: victim orders on a simulated cluster, and the cost of deciding.
 
-    .venv/bin/python bench/policy.py [--seeds 1-60] [--days 7] [--restart-cost 300] [--coop 0.25,0.5,1]
+    .venv/bin/python bench/policy.py [--seeds 1-60] [--days 5] [--restart-cost 300] [--coop 0.5,1]
                                      [--chips 10000] [--jobs 5000] [--events 20000]
 
 1. Closed loop on an oversubscribed demo fleet (one pool of 512 chips on 8-chip nodes, six teams whose quotas
@@ -100,7 +100,7 @@ def workload(seed: int, days: float, capacity: int, teams: dict[str, int]) -> li
 
 
 def simulate(order: str, seed: int, days: float, tolerance: float = 0.1, restart_cost_s: int = 300,
-             coop_share: float = 0.0) -> dict:
+             coop_share: float = 0.0, tick_s: int = 60) -> dict:
     """One closed-loop run of the shared simulated cluster; returns the figures of one seed and order."""
     capacity = 512
     teams = {"ads": 128, "search": 96, "vision": 96, "speech": 64, "research": 64, "infra": 64}
@@ -109,7 +109,7 @@ def simulate(order: str, seed: int, days: float, tolerance: float = 0.1, restart
     jobs = [SimJob(f"j{i}", POOL, team, chips * 1000, prio, ts, work, ckpt_every=ck)
             for i, (ts, team, chips, prio, work, ck) in enumerate(workload(seed, days, capacity, teams))]
     cluster = Cluster([SimPool(POOL, capacity, 8, "a100")], {POOL: teams}, cfg, coop_share=coop_share,
-                      source="bench")
+                      tick_s=tick_s, source="bench")
     r = cluster.run(jobs, t0=T0 - 60)
     honoured = [j for j in jobs if j.in_quota_at_submit]
     quick = sum(1 for j in honoured if j.first_start is not None and j.first_start - j.submitted <= 600)
@@ -216,32 +216,35 @@ ORDERS = [  # (label, victim_order, fair_share_tolerance, restart_cost_s weighed
     ("tolerance 0.1", "goodput", 0.1, None),
     ("tolerance 0.2", "goodput", 0.2, None),
     ("tolerance 0.3", "goodput", 0.3, None),
-    ("tolerance 0.5", "goodput", 0.5, None),
     ("tolerance inf", "goodput", float("inf"), None),
     ("tolerance 0.1, no restart cost weighed", "goodput", 0.1, 0),
+    ("tolerance inf, no restart cost weighed", "goodput", float("inf"), 0),
 ]
 
 
-def closed_loop(seeds: list, days: float, restart: int, coops: list, out=print) -> dict:
+def closed_loop(seeds: list, days: float, restart: int, coops: list, no_ticks: bool = True, out=print) -> dict:
     runs: dict = {}
-    labels = [o[0] for o in ORDERS] + [f"tolerance 0.1, coop {c:g}" for c in coops]
-    specs = [(o[0], o[1], o[2], restart if o[3] is None else o[3], 0.0) for o in ORDERS]
-    specs += [(f"tolerance 0.1, coop {c:g}", "goodput", 0.1, restart, c) for c in coops]
+    specs = [(o[0], o[1], o[2], restart if o[3] is None else o[3], 0.0, 60) for o in ORDERS]
+    specs += [(f"tolerance 0.1, coop {c:g}", "goodput", 0.1, restart, c, 60) for c in coops]
+    if no_ticks:  # the cluster without the worker's ticks of a quiet pool (what #4's bench ran)
+        specs += [("kueue-classic, no ticks", "naive", 0.0, 0, 0.0, 0),
+                  ("tolerance 0.1, no ticks", "goodput", 0.1, restart, 0.0, 0)]
+    labels = [sp[0] for sp in specs]
     t_start = time.perf_counter()
     for seed in seeds:
-        for label, order, tol, rc, coop in specs:
-            r = simulate(order, seed, days, tol, rc, coop)
+        for label, order, tol, rc, coop, tick in specs:
+            r = simulate(order, seed, days, tol, rc, coop, tick)
             r["lost_rc_chip_h"] = r["lost_chip_h"] + r["preempted_chips"] * restart / 3600
             runs.setdefault(label, []).append(r)
         k = runs["kueue-classic"][-1]
         d = runs["tolerance 0.1"][-1]
         out(f"  seed {seed}: kueue-classic lost {k['lost_chip_h']:8,.1f} chip-h ({k['preemptions']:4,} preemptions), "
             f"tolerance 0.1 {d['lost_chip_h']:8,.1f} ({d['preemptions']:4,}); {time.perf_counter() - t_start:6.1f} s")
-    base = runs["kueue-classic"]
-    strict = runs["tolerance 0"]
     table = {}
     for label in labels:
         rs = runs[label]
+        base = runs["kueue-classic, no ticks" if label.endswith("no ticks") else "kueue-classic"]
+        strict = runs["tolerance 0"]
         row = {}
         for key in ("lost_chip_h", "lost_rc_chip_h", "preemptions", "honoured", "f_excess", "jain"):
             row[key] = mean_ci([r[key] for r in rs])
@@ -277,22 +280,23 @@ def print_table(table: dict, seeds: list, days: float, restart: int, out=print) 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--days", type=float, default=7)
+    ap.add_argument("--days", type=float, default=5)
     ap.add_argument("--seeds", default="1-60", help="closed-loop runs, one per seed: 1-60 or 5,6,7")
     ap.add_argument("--restart-cost", type=int, default=300,
                     help="seconds per preempted chip added to the lost work (and weighed: restart_cost_s)")
-    ap.add_argument("--coop", default="0.25,0.5,1", help="shares of victims checkpointing on notice")
+    ap.add_argument("--coop", default="0.5,1", help="shares of victims checkpointing on notice")
     ap.add_argument("--seed", type=int, default=5, help="seed of the decision-time pool")
     ap.add_argument("--chips", type=int, default=10_000)
     ap.add_argument("--jobs", type=int, default=5_000)
     ap.add_argument("--events", type=int, default=20_000)
     ap.add_argument("--no-decision-time", action="store_true")
+    ap.add_argument("--no-tick-rows", action="store_true", help="leave out the two runs without pool ticks")
     args = ap.parse_args()
 
     seeds = seeds_of(args.seeds)
     coops = [float(x) for x in args.coop.split(",") if x]
     print(f"closed loop: 512 chips, 6 teams, {args.days:g} days, seeds {seeds[0]}..{seeds[-1]} ({len(seeds)})")
-    table = closed_loop(seeds, args.days, args.restart_cost, coops)
+    table = closed_loop(seeds, args.days, args.restart_cost, coops, not args.no_tick_rows)
     print_table(table, seeds, args.days, args.restart_cost)
     if args.no_decision_time:
         return

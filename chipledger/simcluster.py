@@ -117,20 +117,23 @@ class Cluster:
 
     def __init__(self, pools: Iterable[SimPool], quotas: dict, config: FoldConfig, *, act_delay_s: int = 10,
                  coop_share: float = 0.0, coop_ckpt_s: int = 30, sample_s: int = 3600, fairness: bool = True,
-                 source: str = "sim"):
+                 tick_s: int = 60, source: str = "sim"):
         self.pools = {p.name: p for p in pools}
         self.quotas = {p: dict(quotas.get(p, {})) for p in self.pools}  # pool -> team -> chips
         self.config = config
         self.act_delay_s, self.coop_share, self.coop_ckpt_s = act_delay_s, coop_share, coop_ckpt_s
         self.sample_s = sample_s
+        self.tick_s = tick_s
         self.fairness = fairness
         self.source = source
         self.fleet = Fleet(config)
         self.seq = 0
+        self.last_event: dict = {}
 
     # -- the ledger side ------------------------------------------------------------------------------------
     def send(self, pool: str, etype: str, t: int, **fields):
         self.seq += 1
+        self.last_event[pool] = t
         e = parse_payload({"event_id": f"sim-{self.seq}", "type": etype, "occurred_at": iso(t), "pool": pool,
                            "source": self.source, **fields})
         if isinstance(e, Rejection):
@@ -171,6 +174,16 @@ class Cluster:
             nonlocal tseq
             tseq += 1
             heapq.heappush(timers, (t, tseq, kind, payload, version))
+
+        # the Kafka worker's tick: a pool with no event for tick_s gets a pool.tick (worker tick_interval_s),
+        # so the ledger's grace periods and timeouts come on time in a quiet pool; here while jobs are pending
+        ticking = set()
+        last_event = self.last_event
+
+        def tick_later(p, t):
+            if self.tick_s and p not in ticking and pending[p]:
+                ticking.add(p)
+                at(last_event[p] + self.tick_s, "tick", p)
 
         def accrue(p, t):
             dt = t - last_t[p]
@@ -243,6 +256,7 @@ class Cluster:
             pending[job.pool][job.jid] = job
             pending_team[job.pool][job.team] = pending_team[job.pool].get(job.team, 0) + job.chips_milli
             on_step(job.pool, self.send(job.pool, "job.preempted", t, job_id=job.jid, decision_id=d.decision_id), t)
+            tick_later(job.pool, t)
 
         def schedule(p: str, t: int):
             pend = pending[p]
@@ -301,6 +315,14 @@ class Cluster:
                                      chips=job.chips_milli / MILLI, priority=job.prio,
                                      preemptible=job.preemptible), t)
                 schedule(p, t)
+                tick_later(p, t)
+            elif kind == "tick":
+                p = payload
+                ticking.discard(p)
+                if pending[p] and last_event[p] + self.tick_s <= t:
+                    on_step(p, self.send(p, "pool.tick", t), t)
+                    schedule(p, t)
+                tick_later(p, t)
             elif kind == "ckpt":
                 job = by_id.get(payload)
                 if job is None or not job.running or job.version != version:
