@@ -299,9 +299,11 @@ class Cluster:
         if self.fairness and self.sample_s:
             first_sample = (t0 // self.sample_s + 1) * self.sample_s
             at(first_sample, "sample", None)
-        t = t0
+        t = t_end = t0
         while timers:
             t, _, kind, payload, version = heapq.heappop(timers)
+            if kind != "sample":
+                t_end = t  # the span ends with the last thing the cluster did (samples only look)
             if kind == "submit":
                 job = payload
                 p = job.pool
@@ -394,10 +396,10 @@ class Cluster:
                 if t < end_t or any(j.running for j in by_id.values()):
                     at(t + self.sample_s, "sample", None)
         for p in self.pools:
-            accrue(p, t)
-            res.capacity_mchip_s[p] = (t - t0) * self.pools[p].chips * MILLI
+            accrue(p, t_end)
+            res.capacity_mchip_s[p] = (t_end - t0) * self.pools[p].chips * MILLI
         res.events = self.seq
-        res.span_s = t - t0
+        res.span_s = t_end - t0
         return res
 
     # -- fairness -------------------------------------------------------------------------------------------
