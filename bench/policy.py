@@ -9,8 +9,9 @@
    `chipledger backtest`; its assumptions are in docs/backtest.md): the ledger decides, the cluster preempts the
    named victims 10 s after a decision. The same demand (same seed) runs under every victim order of one run:
    the Kueue-classic order (`victim_order = "naive"`: borrowing teams, lowest priority, most recently started)
-   and the goodput order with `fair_share_tolerance` 0, 0.05, 0.1, 0.2 and inf (restart cost weighed,
-   `restart_cost_s` = --restart-cost), plus 0.1 without the restart cost weighed. Per seed: lost chip-hours,
+   and the goodput order with `fair_share_tolerance` 0, 0.05, 0.1, 0.2, 0.3 and inf (`restart_cost_s` at its
+   default), plus 0.1 and inf with the restart cost weighed (`restart_cost_s` = --restart-cost); a paired
+   comparison of the two on the lost work including the restart cost. Per seed: lost chip-hours,
    lost chip-hours with the restart cost (+ chips × --restart-cost per preemption), preemptions, quota
    honoured (of the jobs submitted while they fit their team's unused quota, the share started within
    10 minutes), fairness: the mean over reclaimed chips of (F of the victim's team − the lowest F among the
@@ -209,7 +210,8 @@ def seeds_of(text: str) -> list[int]:
     return out
 
 
-ORDERS = [  # (label, victim_order, fair_share_tolerance, restart_cost_s weighed)
+DEFAULT_RC = FoldConfig().restart_cost_s
+ORDERS = [  # (label, victim_order, fair_share_tolerance, restart_cost_s weighed: None = the default)
     ("kueue-classic", "naive", 0.0, 0),
     ("tolerance 0", "goodput", 0.0, None),
     ("tolerance 0.05", "goodput", 0.05, None),
@@ -217,18 +219,19 @@ ORDERS = [  # (label, victim_order, fair_share_tolerance, restart_cost_s weighed
     ("tolerance 0.2", "goodput", 0.2, None),
     ("tolerance 0.3", "goodput", 0.3, None),
     ("tolerance inf", "goodput", float("inf"), None),
-    ("tolerance 0.1, no restart cost weighed", "goodput", 0.1, 0),
-    ("tolerance inf, no restart cost weighed", "goodput", float("inf"), 0),
+    ("tolerance 0.1, restart cost weighed", "goodput", 0.1, "restart"),
+    ("tolerance inf, restart cost weighed", "goodput", float("inf"), "restart"),
 ]
 
 
 def closed_loop(seeds: list, days: float, restart: int, coops: list, no_ticks: bool = True, out=print) -> dict:
     runs: dict = {}
-    specs = [(o[0], o[1], o[2], restart if o[3] is None else o[3], 0.0, 60) for o in ORDERS]
-    specs += [(f"tolerance 0.1, coop {c:g}", "goodput", 0.1, restart, c, 60) for c in coops]
+    specs = [(o[0], o[1], o[2], DEFAULT_RC if o[3] is None else restart if o[3] == "restart" else o[3], 0.0, 60)
+             for o in ORDERS]
+    specs += [(f"tolerance 0.1, coop {c:g}", "goodput", 0.1, DEFAULT_RC, c, 60) for c in coops]
     if no_ticks:  # the cluster without the worker's ticks of a quiet pool (what #4's bench ran)
         specs += [("kueue-classic, no ticks", "naive", 0.0, 0, 0.0, 0),
-                  ("tolerance 0.1, no ticks", "goodput", 0.1, restart, 0.0, 0)]
+                  ("tolerance 0.1, no ticks", "goodput", 0.1, DEFAULT_RC, 0.0, 0)]
     labels = [sp[0] for sp in specs]
     t_start = time.perf_counter()
     for seed in seeds:
@@ -256,6 +259,12 @@ def closed_loop(seeds: list, days: float, restart: int, coops: list, no_ticks: b
         row["honoured_diff"] = mean_ci([r["honoured"] - b["honoured"] for r, b in zip(rs, base)])
         row["jain_vs_strict"] = mean_ci([r["jain"] - s_["jain"] for r, s_ in zip(rs, strict)])
         table[label] = row
+    # paired: the restart cost weighed or not, on the lost work including the restart cost
+    for tol in ("0.1", "inf"):
+        a, b = runs[f"tolerance {tol}, restart cost weighed"], runs[f"tolerance {tol}"]
+        m, ci = mean_ci([x["lost_rc_chip_h"] - y["lost_rc_chip_h"] for x, y in zip(a, b)])
+        out(f"  tolerance {tol}: restart cost {restart} s weighed minus not weighed (default {DEFAULT_RC} s), lost "
+            f"work incl. restart cost per seed: {m:+,.1f} ± {ci:,.1f} chip-h")
     return table
 
 
@@ -281,7 +290,7 @@ def print_table(table: dict, seeds: list, days: float, restart: int, out=print) 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--days", type=float, default=5)
-    ap.add_argument("--seeds", default="1-60", help="closed-loop runs, one per seed: 1-60 or 5,6,7")
+    ap.add_argument("--seeds", default="1-60", help="closed-loop runs, one per seed: 1-60 or 5,6,7 ('' for none)")
     ap.add_argument("--restart-cost", type=int, default=300,
                     help="seconds per preempted chip added to the lost work (and weighed: restart_cost_s)")
     ap.add_argument("--coop", default="0.5,1", help="shares of victims checkpointing on notice")
@@ -295,9 +304,10 @@ def main() -> None:
 
     seeds = seeds_of(args.seeds)
     coops = [float(x) for x in args.coop.split(",") if x]
-    print(f"closed loop: 512 chips, 6 teams, {args.days:g} days, seeds {seeds[0]}..{seeds[-1]} ({len(seeds)})")
-    table = closed_loop(seeds, args.days, args.restart_cost, coops, not args.no_tick_rows)
-    print_table(table, seeds, args.days, args.restart_cost)
+    if seeds:
+        print(f"closed loop: 512 chips, 6 teams, {args.days:g} days, seeds {seeds[0]}..{seeds[-1]} ({len(seeds)})")
+        table = closed_loop(seeds, args.days, args.restart_cost, coops, not args.no_tick_rows)
+        print_table(table, seeds, args.days, args.restart_cost)
     if args.no_decision_time:
         return
     print(f"decision time: {args.chips:,} chips, {args.jobs:,} running jobs, {args.events:,} events")

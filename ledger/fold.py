@@ -115,7 +115,7 @@ class FoldConfig:
     candidates_per_team: int = 4         # pending jobs of a team (its queue head) looked at per evaluation
     victim_order: str = "goodput"        # goodput (DESIGN §4) | naive (lowest priority, most recent)
     fair_share_tolerance: float = 0.1    # teams whose F differ by less than this are one victim class (0: strict)
-    restart_cost_s: int = 300            # seconds of a victim's chips a restart costs, weighed with its lost work
+    restart_cost_s: int = 0              # seconds of a victim's chips a restart costs, weighed with its lost work
     checkpoint_grace_s: int = 60         # a decision's checkpoint_by = its instant + this (cooperative preemption)
     capacity_slo_target: float = 0.99    # capacity SLO whose error budget gates bursts
     policy_rows: bool = True             # emit balance and pending-reason rows when an hour closes

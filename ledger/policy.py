@@ -711,6 +711,8 @@ class _Candidates:
             self.plan = victim_classes(teams, fs, config.fair_share_tolerance)
 
     def __iter__(self):
+        """Per victim class, per priority (lowest first): the candidates, sorted by key. Built lazily: a class
+        may hold thousands of running jobs, and the lowest priority usually covers the need."""
         # protected_until, lost_work_mchip_s and the order key written out: this loop runs over every running
         # job of the candidate teams for each decision
         state, t, config, pred = self.state, self.t, self.config, self.pred
@@ -722,11 +724,19 @@ class _Candidates:
         marked = state.marked
         running = state.running_jobs
         for names in self.plan:
-            out = []
+            levels = {}  # priority -> jobs (no annotation: this method is untyped for mypy)
             for name in names:
                 for job in running.get(name, _NONE).values():
                     if not job.preemptible or job.job_id in marked or (pred is not None and not pred(job)):
                         continue  # a non-preemptible job is protected for ever: no wake for it
+                    lv = levels.get(job.priority)
+                    if lv is None:
+                        levels[job.priority] = [job]
+                    else:
+                        lv.append(job)
+            for prio in sorted(levels):
+                out = []
+                for job in levels[prio]:
                     until = job.run_started_at + min_runtime
                     recent = job.preempted_at
                     if len(recent) >= max_pre:
@@ -740,11 +750,12 @@ class _Candidates:
                     lost = job.run_alloc_mchip_s + job.charged_milli * (t - job.since) - job.alloc_at_safe_mchip_s
                     cost = lost + job.chips_milli * restart
                     if naive:
-                        out.append(((job.priority, -job.run_started_at, job.job_id), job, lost, cost))
+                        out.append(((prio, -job.run_started_at, job.job_id), job, lost, cost))
                     else:
-                        out.append(((job.priority, cost, -job.run_started_at, job.job_id), job, lost, cost))
-            out.sort(key=_first)
-            yield out
+                        out.append(((prio, cost, -job.run_started_at, job.job_id), job, lost, cost))
+                if out:
+                    out.sort(key=_first)
+                    yield out
 
 
 _NONE: dict = {}
@@ -771,6 +782,17 @@ def _least_cost_set(level: list, need: int, left: dict) -> Optional[list]:
     if total < need or g <= 0:
         return None
     units = -(-need // g)
+    # a least-cost cover never holds more than ceil(units / w) candidates of size w (one fewer would still
+    # cover): only the cheapest that many of each size can be in it (level is in key order: cost first)
+    kept: dict[int, int] = {}
+    pruned = []
+    for c in level:
+        w = c[1].chips_milli // g
+        k = kept.get(w, 0)
+        if k < -(-units // w):
+            kept[w] = k + 1
+            pruned.append(c)
+    level = pruned
     n = len(level)
     if n * (units + 1) > EXACT_CELLS:
         return None
@@ -822,8 +844,9 @@ def _select(groups, need: int, room: dict[str, int], exact: bool = True) -> list
     room). Then the victims no longer needed are dropped (the one losing the most work first), so that no
     victim could be spared: what is freed exceeds the need by less than the smallest victim.
 
-    `groups` yields lists of candidates (key, job, lost, cost), each list sorted, the lists in victim order;
-    later groups are not even built once enough is chosen. `exact` False (the naive order) is pure greedy."""
+    `groups` yields lists of candidates (key, job, lost, cost), each list sorted, the lists in victim order (a
+    list is one priority of one victim class); later groups are not even built once enough is chosen.
+    `exact` False (the naive order) is pure greedy."""
     chosen = []
     freed = 0
     left = dict(room)
