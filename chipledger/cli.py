@@ -402,6 +402,38 @@ def demo(
         _fail(str(e))
 
 
+@app.command()
+def backtest(
+    events: Path = typer.Option(..., "--events", help="event log (JSONL) whose demand is replayed"),
+    config: Path = typer.Option(..., "--config", help="the configuration to try ([policy], [backtest] quota)"),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="a second configuration, side by side "
+                                            "(default: the defaults with the log's own quotas)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="folder for backtest.json and backtest.html"),
+    quota: Optional[str] = typer.Option(None, "--quota", help="team=chips,… or pool:team=chips,…: the grants of "
+                                        "--config's run (overrides its [backtest] quota)"),
+    days: Optional[float] = typer.Option(None, "--days", help="only jobs submitted within this many days of "
+                                         "the log's start"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+):
+    """Replay a log's demand (submissions, chips, priorities, observed run times) through the simulated
+    cluster under --config (and --baseline), the ledger deciding; report quota honoured, waits, lost work,
+    utilisation, borrowed share, fairness and bursts side by side, and the simulated against the observed
+    waits (docs/backtest.md)."""
+    from chipledger.backtest import BacktestError, print_report, run_cli
+
+    try:
+        base_cfg = _config(baseline) if baseline is not None else Config()
+        alt_cfg = _config(config)
+        report = run_cli(events, alt_cfg, base_cfg, config.name,
+                         baseline.name if baseline is not None else "defaults", quota, days, out)
+    except BacktestError as err:
+        _fail(str(err))
+    if as_json:
+        console.file.write(json.dumps(report) + "\n")
+    else:
+        print_report(report, console)
+
+
 import_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Turn real traces and scheduler logs into event JSONL.")
 app.add_typer(import_app, name="import")
 OutOpt = typer.Option(..., "-o", "--out", help="event JSONL to write")
