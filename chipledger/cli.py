@@ -26,6 +26,8 @@ topics_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The 
 app.add_typer(topics_app, name="topics")
 lake_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Maintenance of the lake's Parquet files.")
 app.add_typer(lake_app, name="lake")
+from chipledger.slurm.cli import slurm_app  # noqa: E402 - `chipledger slurm watch|actuate` (docs/slurm.md)
+app.add_typer(slurm_app, name="slurm")
 
 console = Console()
 err = Console(stderr=True)

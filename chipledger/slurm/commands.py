@@ -51,8 +51,9 @@ def _json(args: Sequence[str]) -> dict:
         doc = json.loads(out)
     except json.JSONDecodeError as e:
         raise SlurmError(f"`{' '.join(args)}` did not print JSON ({e}); Slurm 22.05 or newer is needed") from None
-    if doc.get("errors"):
-        raise SlurmError(f"`{' '.join(args)}` reported errors: {doc['errors']}")
+    errors = [e for e in doc.get("errors") or () if not (isinstance(e, dict) and e.get("error_number") == 9003)]
+    if errors:  # 9003 "Nothing found": an empty answer, not a failure
+        raise SlurmError(f"`{' '.join(args)}` reported errors: {errors}")
     return doc
 
 

@@ -107,7 +107,7 @@ class MapReport:
 
 
 # ranks within one instant: inventory and quota first, then what frees chips, then new demand, then starts
-RANK_POOL, RANK_CHIP, RANK_QUOTA, RANK_FREE, RANK_SUBMIT, RANK_START, RANK_TICK = range(7)
+RANK_POOL, RANK_CHIP, RANK_QUOTA, RANK_CHECKPOINT, RANK_FREE, RANK_SUBMIT, RANK_START, RANK_TICK = range(8)
 
 
 def pool_name(cluster: str, partition: str) -> str:
@@ -199,13 +199,7 @@ def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, si
             if running:
                 end = r.end if r.end is not None else runs[k + 1].submit
                 t = max(end, cursor)
-                decision = decision_of(r.admin_comment) if r.state == "REQUEUED" else None
-                if r.state == "REQUEUED" and decision is None:  # an admin requeue: no work lost
-                    out.append(_ev(t, RANK_FREE, "job.checkpointed", pool, source,
-                                   _id(cluster, job, key, "requeued-checkpoint"), job_id=job))
-                    report.notes["admin requeues (no work lost)"] += 1
-                out.append(_ev(t, RANK_FREE, "job.preempted", pool, source,
-                               _id(cluster, job, key, r.state.lower()), job_id=job, decision_id=decision))
+                out += _back_to_queue(cluster, source, pool, job, r, t, report)
                 running, cursor = False, t
             continue
         outcome = OUTCOME.get(r.state)
@@ -213,14 +207,29 @@ def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, si
             if r.end is None:
                 report.notes["jobs in a final state without an End time left active"] += 1
                 continue
+            if r.state == "CANCELLED" and running and decision_of(r.admin_comment):  # `slurm actuate --action cancel`
+                out += _back_to_queue(cluster, source, pool, job, r, max(r.end, cursor), report)
             out.append(_ev(max(r.end, cursor), RANK_FREE, "job.finished", pool, source,
                            _id(cluster, job, key, "finished"), job_id=job, outcome=outcome))
         elif r.state in BACK_TO_QUEUE and running and r.end is not None:
             # the last record ended PREEMPTED/REQUEUED and no next run is recorded (PreemptMode=CANCEL, or
             # the next record not written yet): back to the queue
-            decision = decision_of(r.admin_comment) if r.state == "REQUEUED" else None
-            out.append(_ev(max(r.end, cursor), RANK_FREE, "job.preempted", pool, source,
-                           _id(cluster, job, key, r.state.lower()), job_id=job, decision_id=decision))
+            out += _back_to_queue(cluster, source, pool, job, r, max(r.end, cursor), report)
+    return out
+
+
+def _back_to_queue(cluster: str, source: str, pool: str, job: str, r: Run, t: int, report: MapReport) -> list[Event]:
+    """A run Slurm sent back to the queue at `t`: preempted (PREEMPTED, or REQUEUED by the actuator: its
+    decision id), or requeued by an admin (checkpointed first: no work lost)."""
+    out = []
+    key = r.submit
+    decision = decision_of(r.admin_comment) if r.state in ("REQUEUED", "CANCELLED") else None
+    if r.state == "REQUEUED" and decision is None:
+        out.append(_ev(t, RANK_CHECKPOINT, "job.checkpointed", pool, source,
+                       _id(cluster, job, key, "requeued-checkpoint"), job_id=job))
+        report.notes["admin requeues (no work lost)"] += 1
+    out.append(_ev(t, RANK_FREE, "job.preempted", pool, source, _id(cluster, job, key, r.state.lower()),
+                   job_id=job, decision_id=decision))
     return out
 
 
