@@ -403,9 +403,25 @@ def import_sacct_cmd(src: Path = typer.Argument(..., help="output of sacct --par
                      out: Path = OutOpt,
                      tz: str = typer.Option("UTC", help="time zone of the sacct timestamps"),
                      chips_per_node: int = typer.Option(8, help="GPUs per node in the partitions"),
+                     cluster: Optional[str] = typer.Option(None, help="pools <cluster>/<partition>, as `slurm "
+                                                           "watch` names them"),
+                     nodes: Optional[Path] = typer.Option(None, help="`sinfo --json` dump: the chips (needs --cluster)"),
+                     assoc: Optional[Path] = typer.Option(None, help="`sacctmgr -P show assoc format=id,account,user,"
+                                                          "partition,grptres` dump: GPU quotas (needs --nodes)"),
+                     inventory_at: Optional[str] = typer.Option(None, help="when the chips and quotas take effect "
+                                                                "(ISO 8601 or epoch; default the first Submit)"),
                      as_json: bool = JsonOpt):
-    """Slurm accounting (sacct --parsable2): Account → team, Partition → pool, GPU TRES → chips."""
-    _import("sacct", src, out, as_json, tz=tz, chips_per_node=chips_per_node)
+    """Slurm accounting (sacct -D --parsable2): Account → team, Partition → pool, GPU TRES → chips."""
+    at = None
+    if inventory_at is not None:
+        from chipledger.slurm.watch import WatchError, parse_since
+
+        try:
+            at = parse_since(inventory_at, cluster or "")
+        except WatchError as e:
+            _fail(str(e).replace("--since", "--inventory-at"), 2)
+    _import("sacct", src, out, as_json, tz=tz, chips_per_node=chips_per_node, cluster=cluster, nodes=nodes,
+            assoc=assoc, inventory_at=at)
 
 
 DataDirOpt = typer.Option(Path(".kafka"), "--data-dir", help="broker config, data and log folder")

@@ -161,7 +161,7 @@ def decisions_from_lake(lake: Path) -> list[dict]:
         return []
     con = duckdb.connect()
     rows = con.execute(f"SELECT body FROM ({read_parquet_sql(files)}) WHERE type = 'decision.preempt' "
-                       f"ORDER BY at, decision_id").fetchall()
+                       f'ORDER BY "at", decision_id').fetchall()
     return [json.loads(b) for (b,) in rows]
 
 

@@ -159,6 +159,26 @@ def sacct_runs(since: int, until: Optional[int] = None) -> list[Run]:
     return runs_from_sacct_json(_json(args))
 
 
+def queue_from_squeue_json(doc: dict) -> list[tuple[str, str, Optional[int], Optional[int], Optional[int]]]:
+    """(job id as printed, state, eligible, start, end) of the jobs the controller holds (`squeue --json`)."""
+    out = []
+    for j in doc.get("jobs", ()):
+        if j.get("array_task_id") is not None and j.get("array_job_id"):
+            job_id = f"{j['array_job_id']}_{j['array_task_id']}"
+        elif j.get("het_job_id"):
+            job_id = f"{j['het_job_id']}+{j.get('het_job_offset') or 0}"
+        else:
+            job_id = str(j.get("job_id"))
+        state = state_word(str(j.get("job_state", "")))
+        out.append((job_id, state, _time(j.get("eligible_time")), _time(j.get("start_time")),
+                    _time(j.get("end_time"))))
+    return out
+
+
+def queue() -> list[tuple[str, str, Optional[int], Optional[int], Optional[int]]]:
+    return queue_from_squeue_json(_json(["squeue", "-a", "--json"]))
+
+
 def nodes_from_sinfo_json(doc: dict) -> list[Node]:
     out = []
     for n in doc.get("nodes", ()):

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from chipledger.slurm import commands
-from chipledger.slurm.mapping import (RANK_CHIP, RANK_QUOTA, RANK_TICK, Event, MapReport, PoolSpec, chip_ids,
+from chipledger.slurm.mapping import (ACTIVE, BACK_TO_QUEUE, OUTCOME, RANK_CHIP, RANK_QUOTA, RANK_TICK, Event, MapReport, PoolSpec, chip_ids,
                                       chip_state, grants_of, inventory_events, job_events, pools_of, runs_by_job,
                                       _ev, _id)
 
@@ -45,6 +45,7 @@ class Slurm:
     nodes: Callable = commands.nodes
     assocs: Callable = commands.assocs
     runs: Callable = commands.sacct_runs
+    queue: Callable = commands.queue
     registered_at: Callable = commands.cluster_registered_at
 
 
@@ -162,7 +163,11 @@ class Watcher:
         candidates = [Event(x["at"], x["rank"], x["body"]) for x in st["pending"]]
         since = st["since"]
         lookback = max(since, (prev if prev is not None else since) - LOOKBACK_S)
+        queued = self.slurm.queue()  # before sacct: what the controller knows must be in accounting by then
         runs = self.slurm.runs(lookback)
+        watermark = min(watermark, _not_in_accounting_yet(queued, runs, now))
+        if prev is not None and watermark < prev:
+            watermark = prev
         known = set(st["pools"])
         submitted_jobs = {k.split(":", 3)[2] for k in st["sent"] if k.endswith(":submitted")}
         for job_id, job_runs in runs_by_job(runs).items():
@@ -261,6 +266,27 @@ class Watcher:
                 self._pending(at, RANK_QUOTA, "quota.granted", pool, gid + ":granted", grant_id=gid, team=team,
                               chips=new)
                 have[key] = {"grant_id": gid, "pool": pool, "chips": new, "version": version}
+
+
+def _not_in_accounting_yet(queued, runs, now: int) -> int:
+    """The watermark the controller's queue allows: an instant the controller already knows (a job eligible,
+    started or ended) that accounting does not show yet holds the watermark just before it (slurmctld sends its
+    records to slurmdbd a moment later, more under load)."""
+    by_job: dict[str, list] = {}
+    for r in runs:
+        by_job.setdefault(r.job_id, []).append(r)
+    hold = now
+    for job_id, state, eligible, start, end in queued:
+        known = by_job.get(job_id, [])
+        if state in OUTCOME or state in BACK_TO_QUEUE:
+            if end is not None and end <= now and not any(r.end == end for r in known):
+                hold = min(hold, end - 1)
+        elif state in ACTIVE and start is not None and start <= now:
+            if not any(r.start == start for r in known):
+                hold = min(hold, start - 1)
+        elif eligible is not None and eligible <= now and not known:
+            hold = min(hold, eligible - 1)
+    return hold
 
 
 def parse_since(text: Optional[str], cluster: str, registered_at=commands.cluster_registered_at,
