@@ -246,24 +246,34 @@ setup_accounts() {
     sacctmgr -i add user root Account=vision,nlp,speech QOS=normal,high DefaultQOS=normal >/dev/null
 }
 
-stop() {
-    local f quiet=${1:-}
-    [[ -d $DIR/run ]] || return 0
-    # slurmd first, then the controller, the database daemon, MariaDB and munge
-    for f in "$DIR"/run/slurmd-*.pid "$DIR/run/slurmctld.pid" "$DIR/run/slurmdbd.pid" "$DIR/run/mysqld.pid" \
-             "$DIR/run/munged.pid"; do
+stop_group() {  # pid files of daemons stopped together: TERM all, wait up to 10 s, then KILL what is left
+    local pids=() f pid
+    for f in "$@"; do
         [[ -f $f ]] || continue
-        local pid
-        pid=$(cat "$f" 2>/dev/null) || continue
-        [[ $pid =~ ^[0-9]+$ ]] || continue
-        if kill -0 "$pid" 2>/dev/null; then
-            kill "$pid" 2>/dev/null
-            local n=100
-            while (( n-- > 0 )) && kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
-            kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null
-        fi
+        pid=$(cat "$f" 2>/dev/null)
+        [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null && kill "$pid" 2>/dev/null && pids+=("$pid")
         rm -f "$f"
     done
+    local n=100 alive
+    while (( n-- > 0 )); do
+        alive=0
+        for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        (( alive )) || break
+        sleep 0.1
+    done
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null; done
+    return 0
+}
+
+stop() {
+    local quiet=${1:-}
+    [[ -d $DIR/run ]] || return 0
+    # the nodes, then the controller, the database daemon, MariaDB and munge (each by the pid it wrote)
+    stop_group "$DIR"/run/slurmd-*.pid
+    stop_group "$DIR/run/slurmctld.pid"
+    stop_group "$DIR/run/slurmdbd.pid"
+    stop_group "$DIR/run/mysqld.pid"
+    stop_group "$DIR/run/munged.pid"
     [[ -z $quiet ]] && echo "slurm.sh: stopped ($DIR)" >&2
     return 0
 }

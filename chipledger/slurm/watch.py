@@ -11,8 +11,9 @@ The state file (JSON, replaced atomically after every poll) is the cursor: the w
 sent (pruned once they are older than the look-back and Slurm no longer lists them), the inventory, chip
 states and grants seen. Events from accounting are recomputed from Slurm at every poll and carry ids derived
 from Slurm's own, so a repeated poll or a restarted watcher sends nothing new; changes only the controller
-knows (a node drained, a limit changed) are stamped with the poll that saw them and kept in the state until
-sent. If the watcher dies between sending and saving, the next poll sends the same events again with the same
+knows (a node drained, a limit changed) are stamped with the watermark of the poll that saw them (so they are
+at most `settle_s` plus one interval late) and kept in the state until sent. The watermark is also held
+just before any instant the controller's queue (`squeue --json`) shows but accounting does not list yet. If the watcher dies between sending and saving, the next poll sends the same events again with the same
 ids and bodies: the ledger drops them as duplicates.
 """
 
@@ -154,13 +155,6 @@ class Watcher:
         if prev is not None and watermark < prev:
             watermark = prev  # the wall clock stepped back: never emit behind what was sent
         report = MapReport()
-        nodes = self.slurm.nodes()
-        pools = pools_of(self.cluster, nodes)
-        observed_at = max(now, st["since"]) if prev is not None else None
-        self._inventory(pools, observed_at)
-        self._chip_states(pools, observed_at)
-        self._grants(pools, observed_at, report)
-        candidates = [Event(x["at"], x["rank"], x["body"]) for x in st["pending"]]
         since = st["since"]
         lookback = max(since, (prev if prev is not None else since) - LOOKBACK_S)
         queued = self.slurm.queue()  # before sacct: what the controller knows must be in accounting by then
@@ -168,6 +162,15 @@ class Watcher:
         watermark = min(watermark, _not_in_accounting_yet(queued, runs, now))
         if prev is not None and watermark < prev:
             watermark = prev
+        nodes = self.slurm.nodes()
+        pools = pools_of(self.cluster, nodes)
+        # a change only the controller shows (a node drained, a limit changed) is stamped with this poll's
+        # watermark: the instant up to which this poll sends, so it goes out now and in order
+        observed_at = max(watermark, since) if prev is not None else None
+        self._inventory(pools, observed_at)
+        self._chip_states(pools, observed_at)
+        self._grants(pools, observed_at, report)
+        candidates = [Event(x["at"], x["rank"], x["body"]) for x in st["pending"]]
         known = set(st["pools"])
         submitted_jobs = {k.split(":", 3)[2] for k in st["sent"] if k.endswith(":submitted")}
         for job_id, job_runs in runs_by_job(runs).items():
@@ -279,6 +282,8 @@ def _not_in_accounting_yet(queued, runs, now: int) -> int:
     for job_id, state, eligible, start, end in queued:
         known = by_job.get(job_id, [])
         if state in OUTCOME or state in BACK_TO_QUEUE:
+            if eligible is None:  # cancelled while held: accounting may never list it, and it is no demand
+                continue
             if end is not None and end <= now and not any(r.end == end for r in known):
                 hold = min(hold, end - 1)
         elif state in ACTIVE and start is not None and start <= now:
