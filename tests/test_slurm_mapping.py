@@ -239,8 +239,8 @@ def test_watcher_waits_for_what_accounting_does_not_show_yet(tmp_path, nodes, as
     sink = ListSink()
     res = _watcher(tmp_path, fake, sink).poll()
     assert res.watermark == NOW - 51
-    assert _not_in_accounting_yet([("1", "COMPLETED", None, None, 1796297847)], runs, NOW) == NOW  # it is there
-    assert _not_in_accounting_yet([("1", "COMPLETED", None, None, 1796297849)], runs, NOW) == 1796297848
+    assert _not_in_accounting_yet([("1", "COMPLETED", 1796297843, 1796297844, 1796297847)], runs, NOW) == NOW  # it is there
+    assert _not_in_accounting_yet([("1", "COMPLETED", 1796297843, 1796297844, 1796297849)], runs, NOW) == 1796297848
     assert _not_in_accounting_yet(commands.queue_from_squeue_json(_load("squeue.json")), runs, NOW) == NOW
 
 
