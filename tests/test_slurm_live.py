@@ -23,6 +23,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from typer.testing import CliRunner
+
+from chipledger.cli import app
 from chipledger.embedded import run_file
 from chipledger.slurm.actuate import Actuator, decisions_from_lake
 from chipledger.slurm.watch import JsonlSink, Watcher, parse_since
@@ -165,6 +168,7 @@ def workload(slurm, tmp_path_factory):
 
 
 def test_watch_sends_each_event_once_and_a_restart_adds_nothing(workload):
+    """Polling again adds only a tick; a watcher started from scratch (the CLI, --once) sends the same events."""
     evs = _events(workload["out"])
     ids = [e["event_id"] for e in evs]
     assert len(ids) == len(set(ids))
@@ -173,9 +177,9 @@ def test_watch_sends_each_event_once_and_a_restart_adds_nothing(workload):
     res = again.poll()
     assert set(res.by_type) <= {"pool.tick"}, res
     fresh_out = workload["dir"] / "fresh.jsonl"
-    fresh = Watcher(CLUSTER, workload["dir"] / "fresh.state", JsonlSink(fresh_out), since=workload["since"],
-                    settle_s=SETTLE_S)
-    fresh.poll()
+    res = CliRunner().invoke(app, ["slurm", "watch", "--once", "--since", "cluster", "--settle", str(SETTLE_S),
+                                   "--state", str(workload["dir"] / "fresh.state"), "--out", str(fresh_out)])
+    assert res.exit_code == 0, res.output
 
     def body(es):
         return sorted(json.dumps(e, sort_keys=True) for e in es if e["type"] != "pool.tick")
@@ -237,3 +241,40 @@ def test_actuate_applies_the_reclaim_and_watch_brings_it_back(workload):
         ("job.started", None), ("job.finished", None)]
     reclaimer = [e["type"] for e in _events(workload["out"]) if e.get("job_id") == jobs["reclaimer"]]
     assert reclaimer == ["job.submitted", "job.started", "job.finished"]
+
+
+def test_actuate_cli_dry_run_and_once_per_decision(workload):
+    """The decision was applied (state file): the CLI on the same lake and state applies nothing again."""
+    lake = workload["dir"] / "decide-lake"
+    res = CliRunner().invoke(app, ["slurm", "actuate", "--lake", str(lake), "--state",
+                                   str(workload["dir"] / "actuate.state")])
+    assert res.exit_code == 0, res.output
+    assert "decisions 1 applied 0 gone 0 skipped 1" in res.output
+    res = CliRunner().invoke(app, ["slurm", "actuate", "--lake", str(lake), "--dry-run", "--state",
+                                   str(workload["dir"] / "dry.state")])
+    assert res.exit_code == 0, res.output
+    assert "decisions 1 applied 0 gone 1 skipped 0 (dry run)" in res.output  # the victim is long finished
+
+
+def test_import_sacct_books_equal_sreport(slurm, workload):
+    d = workload["dir"]
+    fmt = "JobID,Account,User,Partition,Submit,Eligible,Start,End,State,AllocTRES,ReqTRES,Priority,AdminComment"
+    (d / "sacct.txt").write_text(slurm.cmd("sacct", "-a", "-D", "-X", "--parsable2", "-S", _iso(workload["since"]),
+                                           f"--format={fmt}"))
+    (d / "sinfo.json").write_text(slurm.cmd("sinfo", "--json"))
+    (d / "assoc.txt").write_text(slurm.cmd("sacctmgr", "-P", "show", "assoc",
+                                           "format=id,account,user,partition,grptres"))
+    res = CliRunner().invoke(app, ["import", "sacct", str(d / "sacct.txt"), "-o", str(d / "import.jsonl"),
+                                   "--cluster", CLUSTER, "--nodes", str(d / "sinfo.json"), "--assoc",
+                                   str(d / "assoc.txt"), "--inventory-at", str(workload["since"]), "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.output)
+    assert not [n for n in report["notes"] if n.startswith("WARNING")], report["notes"]
+    start = _hour(workload["since"])
+    end = _hour(workload["end"]) + 3600
+    _fold(_with_final_ticks(d / "import.jsonl", d / "import-closed.jsonl", end), d / "import-lake")
+    teams, pool = _books(d / "import-lake")
+    used, util = _sreport(slurm, start, end)
+    assert teams == used
+    assert pool["capacity"] == util["reported"] and pool["idle"] == util["idle"] + util["planned"]
+    assert (teams, pool) == _books(d / "lake")  # and the same books as the watcher's

@@ -21,8 +21,13 @@ occurrence; a time in the skipped hour is read with the offset before the change
 
 Requeues: with `-D/--duplicates` every run of a requeued job is its own record with the same JobID (earlier ones
 end REQUEUED, PREEMPTED, NODE_FAIL…; a requeue resets Submit). The records of a JobID are chained into one job:
-submitted once at the first record's Submit, started at each run's Start, and every run but the last ends with
-`job.preempted` (back to pending), so the lifecycle stays legal. The last record decides the outcome.
+submitted once (at the first record's Eligible when the column is there, else its Submit), started at each
+run's Start, and every run but the last goes back to the queue, as `slurm watch` books it (the rules are shared
+with chipledger/slurm/mapping.py): PREEMPTED → `job.preempted`; REQUEUED with the actuator's AdminComment →
+`job.preempted` with its decision id; REQUEUED otherwise (an admin's `scontrol requeue`) → `job.checkpointed`
+then `job.preempted`, so no work is lost. The last record decides the outcome. A dump without any JobID of
+several records may have been made without -D: the report says so loudly. With `cluster` and `nodes` (a
+`sinfo --json` dump) the pools are named and filled as `slurm watch` does; `assoc` adds the GPU quotas.
 
 Ordering: two passes over the file. The first validates and counts rows, finds JobIDs with several records and
 measures how far Submit ever goes back in file order (the reorder window W). The second emits each job's events
