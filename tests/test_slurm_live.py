@@ -155,6 +155,11 @@ def workload(slurm, tmp_path_factory):
         decisions = decisions_from_lake(d / "decide-lake")
     actuated = Actuator(CLUSTER, d / "actuate.state").apply_all(decisions)
     again = Actuator(CLUSTER, d / "actuate.state").apply_all(decisions)  # restart: applied once
+    slurm.wait(lambda: slurm.state(jobs["borrower"]) == "" and slurm.state(jobs["reclaimer"]) == "",
+               what="reclaim played out")
+    slurm.cmd("scontrol", "update", "nodename=n4", "state=drain", "reason=fan")  # an idle node drained 3 s
+    time.sleep(3)
+    slurm.cmd("scontrol", "update", "nodename=n4", "state=resume")
     deadline = time.monotonic() + 150
     while not slurm.queue_empty():
         assert time.monotonic() < deadline, slurm.cmd("squeue")
@@ -221,6 +226,8 @@ def test_watch_books_equal_sreport(slurm, workload):
     assert teams == used
     assert pool["capacity"] == util["reported"]
     assert pool.get("unavailable", 0) == util["down"] + util["planned_down"]
+    assert util["down"] >= 8 * 3  # n4's 8 GPUs drained for about 3 s
+    print(f"\nsreport: per account {used}, cluster {util}\nledger:  per team {teams}, pool accounts {pool}")
     assert pool["idle"] == util["idle"] + util["planned"]
     assert sum(teams.values()) == util["allocated"]
     assert pool.get("overcommitted", 0) == 0
@@ -264,9 +271,13 @@ def test_import_sacct_books_equal_sreport(slurm, workload):
     (d / "sinfo.json").write_text(slurm.cmd("sinfo", "--json"))
     (d / "assoc.txt").write_text(slurm.cmd("sacctmgr", "-P", "show", "assoc",
                                            "format=id,account,user,partition,grptres"))
+    (d / "node-events.txt").write_text(slurm.cmd("sacctmgr", "-n", "-P", "show", "event", "event=node",
+                                                 f"start={_iso(workload['since'])}",
+                                                 "format=nodename,start,end,state,reason"))
     res = CliRunner().invoke(app, ["import", "sacct", str(d / "sacct.txt"), "-o", str(d / "import.jsonl"),
                                    "--cluster", CLUSTER, "--nodes", str(d / "sinfo.json"), "--assoc",
-                                   str(d / "assoc.txt"), "--inventory-at", str(workload["since"]), "--json"])
+                                   str(d / "assoc.txt"), "--inventory-at", str(workload["since"]),
+                                   "--node-events", str(d / "node-events.txt"), "--json"])
     assert res.exit_code == 0, res.output
     report = json.loads(res.output)
     assert not [n for n in report["notes"] if n.startswith("WARNING")], report["notes"]
@@ -277,4 +288,5 @@ def test_import_sacct_books_equal_sreport(slurm, workload):
     used, util = _sreport(slurm, start, end)
     assert teams == used
     assert pool["capacity"] == util["reported"] and pool["idle"] == util["idle"] + util["planned"]
+    assert pool["unavailable"] == util["down"] + util["planned_down"]
     assert (teams, pool) == _books(d / "lake")  # and the same books as the watcher's

@@ -11,6 +11,7 @@ sinfo.json, squeue.json, assoc.txt (`sacctmgr -P show assoc format=id,account,us
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from chipledger.importers.sacct import import_sacct
 from chipledger.slurm import commands
 from chipledger.slurm.actuate import Actuator, Ops, decisions_from_jsonl
 from chipledger.slurm.mapping import (Assoc, MapReport, Node, Run, chip_state, decision_of, gpu_limits, gres_gpus,
-                                      grants_of, job_events, pools_of, runs_by_job)
+                                      grants_of, job_events, node_state_events, pools_of, runs_by_job)
 from chipledger.slurm.watch import Slurm, Watcher, WatchError, _not_in_accounting_yet
 
 FIX = Path(__file__).parent / "fixtures" / "slurm"
@@ -154,6 +155,18 @@ def test_grants_from_associations(nodes, assocs):
     assert report.notes["untyped gres/gpu limits on a cluster of several pools, not mapped"] == 1
 
 
+def test_node_events_to_chip_states(nodes):
+    """`sacctmgr -n -P show event event=node format=nodename,start,end,state,reason` as 22.05.8 prints it."""
+    text = "n2|2026-12-03T11:43:15|2026-12-03T11:43:20|DRAIN|fan\nn4|2026-12-03T11:43:18|Unknown|DOWN|psu\n"
+    evs = commands.node_events_from_text(text)
+    assert evs == [("n2", 1796298195, 1796298200, "DRAIN", "fan"), ("n4", 1796298198, None, "DOWN", "psu")]
+    out = node_state_events(CLUSTER, "s", pools_of(CLUSTER, nodes), evs, since=1796298196)
+    got = sorted({(e.body["chip_id"][:2], e.body["state"], e.at) for e in out})
+    assert got == [("n2", "down", 1796298196), ("n2", "healthy", 1796298200), ("n4", "down", 1796298198)]
+    assert len(out) == 24
+    assert node_state_events(CLUSTER, "s", pools_of(CLUSTER, nodes), evs, since=1796298300)[0].body["chip_id"] == "n4-gpu0"
+
+
 def test_decision_of():
     assert decision_of("chipledger-preempt:abc-1") == "abc-1"
     assert decision_of("chipledger-preempt:") is None
@@ -182,10 +195,12 @@ class FakeSlurm:
     def __init__(self, nodes, assocs, runs, registered=1796297700):
         self.nodes_, self.assocs_, self.runs_, self.queue_ = list(nodes), list(assocs), list(runs), []
         self.registered = registered
+        self.node_events_ = [("n2", 1796297849, None, "DRAIN", "fan")]  # drained at 11:37:29, still
 
     def slurm(self):
         return Slurm(nodes=lambda: self.nodes_, assocs=lambda c: self.assocs_, runs=lambda since: self.runs_,
-                     registered_at=lambda c: self.registered, queue=lambda: self.queue_)
+                     registered_at=lambda c: self.registered, queue=lambda: self.queue_,
+                     node_events=lambda c, since: self.node_events_)
 
 
 NOW = 1796298000  # 2026-12-03T11:40:00Z, after every captured record (11:37:23 … 11:37:35)
@@ -202,7 +217,10 @@ def test_watcher_sends_once_and_restarts_without_repeats(tmp_path, nodes, assocs
     res = _watcher(tmp_path, fake, sink).poll()
     types = [e["type"] for e in sink.events]
     assert res.by_type["chip.registered"] == 32 and res.by_type["quota.granted"] == 3
-    assert res.by_type["chip.state_changed"] == 8  # n2 is drained
+    assert res.by_type["chip.state_changed"] == 8  # n2 is drained (slurmdbd's node event)
+    down = {(e["chip_id"], e["state"], e["occurred_at"], e["reason"]) for e in sink.events
+            if e["type"] == "chip.state_changed"}
+    assert down == {(f"n2-gpu{i}", "down", "2026-12-03T11:37:29Z", "DRAIN: fan") for i in range(8)}
     assert res.by_type["pool.tick"] == 2 and types[-2:] == ["pool.tick", "pool.tick"]
     first = [e for e in sink.events if e["type"] in ("pool.configured", "chip.registered", "quota.granted")]
     assert {e["occurred_at"] for e in first} == {"2026-12-03T11:35:00Z"}  # the cluster's registration
@@ -220,16 +238,19 @@ def test_watcher_turns_limit_and_node_changes_into_events(tmp_path, nodes, assoc
     fake = FakeSlurm(nodes, assocs, runs)
     _watcher(tmp_path, fake, ListSink()).poll()
     fake.assocs_ = [Assoc("3", "vision", "", "", (("a100", 12),)), *[a for a in assocs if a.account != "vision"]]
-    fake.nodes_ = [Node(n.name, n.gpus, n.gpu_type, n.partitions, ("IDLE",)) for n in nodes]  # n2 undrained
+    fake.node_events_ = [("n2", 1796297849, 1796298030, "DRAIN", "fan")]  # resumed at 11:40:30
+    fake.nodes_ = [Node(n.name, n.gpus, n.gpu_type, n.partitions, ("IDLE", "MAINTENANCE") if n.name == "n4"
+                        else ("IDLE",)) for n in nodes]  # n4 in a maintenance reservation
     sink = ListSink()
     _watcher(tmp_path, fake, sink, now=NOW + 60).poll()
     quota = [(e["type"], e["grant_id"], e.get("chips")) for e in sink.events if e["type"].startswith("quota.")]
     assert quota == [("quota.revoked", "slurm:chipledger:assoc3:chipledger/a100:v1", None),
                      ("quota.granted", "slurm:chipledger:assoc3:chipledger/a100:v2", 12)]
-    states = {(e["chip_id"], e["state"]) for e in sink.events if e["type"] == "chip.state_changed"}
-    assert states == {(f"n2-gpu{i}", "healthy") for i in range(8)}
-    # stamped with the poll's watermark (now - settle)
-    assert {e["occurred_at"] for e in sink.events} == {"2026-12-03T11:40:55Z"}
+    states = {(e["chip_id"], e["state"], e["occurred_at"]) for e in sink.events if e["type"] == "chip.state_changed"}
+    assert states == {(f"n2-gpu{i}", "healthy", "2026-12-03T11:40:30Z") for i in range(8)} | {
+        (f"n4-gpu{i}", "maintenance", "2026-12-03T11:40:55Z") for i in range(8)}
+    # what only the controller shows is stamped with the poll's watermark (now - settle)
+    assert {e["occurred_at"] for e in sink.events if e["type"].startswith("quota.")} == {"2026-12-03T11:40:55Z"}
 
 
 def test_watcher_waits_for_what_accounting_does_not_show_yet(tmp_path, nodes, assocs, runs):
@@ -275,13 +296,16 @@ def test_import_sacct_says_loudly_what_is_missing(tmp_path):
 
 def test_import_sacct_with_inventory_and_quotas(tmp_path):
     out = tmp_path / "e.jsonl"
+    (tmp_path / "ev.txt").write_text("n2|2026-12-03T11:37:29|2026-12-03T11:37:40|DRAIN|fan\n")
     import_sacct(FIX / "sacct-D.txt", out, cluster=CLUSTER, nodes=FIX / "sinfo.json", assoc=FIX / "assoc.txt",
-                 inventory_at=1796297200)
+                 inventory_at=1796297800, node_events=tmp_path / "ev.txt")
     evs = [json.loads(x) for x in out.read_text().splitlines()]
     assert sum(e["type"] == "chip.registered" for e in evs) == 32
     grants = sorted((e["pool"], e["team"], e["chips"]) for e in evs if e["type"] == "quota.granted")
     assert grants == [("chipledger/a100", "nlp", 4), ("chipledger/a100", "vision", 8), ("chipledger/h100", "nlp", 8)]
     assert {e["pool"] for e in evs} == {"chipledger/a100", "chipledger/h100"}
+    states = Counter((e["state"], e["occurred_at"]) for e in evs if e["type"] == "chip.state_changed")
+    assert states == {("down", "2026-12-03T11:37:29Z"): 8, ("healthy", "2026-12-03T11:37:40Z"): 8}
 
 
 # ------------------------------------------------------------------------------------------------------------

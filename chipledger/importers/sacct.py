@@ -475,7 +475,7 @@ def load_assocs(path: Path) -> list[Assoc]:
 
 def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8, *, cluster: Optional[str] = None,
                  nodes: Optional[Path] = None, assoc: Optional[Path] = None,
-                 inventory_at: Optional[int] = None) -> ImportReport:
+                 inventory_at: Optional[int] = None, node_events: Optional[Path] = None) -> ImportReport:
     """Import `sacct --parsable2` output into event JSONL at `out` (see the module docstring for the mapping).
 
     `tz`: the IANA zone the timestamps are in (the TZ of the sacct process). `chips_per_node`: GPUs per node,
@@ -483,7 +483,8 @@ def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8
     `<cluster>/<partition>` as `slurm watch` names them. `nodes`: a `sinfo --json` dump: the pools' chips are
     registered at `inventory_at` (default: the first Submit; sreport counts from when the cluster registered,
     `sacctmgr show event event=cluster`). `assoc`: a `sacctmgr show assoc` dump: GrpTRES gres/gpu limits of
-    accounts become quota grants at the same instant."""
+    accounts become quota grants at the same instant. `node_events`: a `sacctmgr -n -P show event event=node
+    format=nodename,start,end,state,reason` dump: the nodes' down/drain periods, as chip states."""
     path, out = Path(path), Path(out)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
@@ -515,8 +516,20 @@ def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8
             for (assoc_id, pool, team), chips in sorted(grants_of(cluster, specs, assoc_list).items()):
                 writer.emit(inv_at, "quota.granted", pool, grant_id=f"slurm:{cluster}:assoc{assoc_id}:{pool}:v1",
                             team=team, chips=chips)
-    elif assoc_list is not None:
-        raise TraceFormatError("--assoc needs --nodes: a GPU limit is granted in the pools the nodes make")
+        if node_events is not None:
+            from chipledger.slurm.commands import node_events_from_text
+            from chipledger.slurm.mapping import node_state_events
+
+            try:
+                text = Path(node_events).read_text()
+            except OSError as e:
+                raise TraceFormatError(f"{node_events}: {e}") from None
+            for e in node_state_events(cluster, SOURCE, specs, node_events_from_text(text), since=inv_at):
+                b = e.body
+                writer.emit(e.at, "chip.state_changed", b["pool"], chip_id=b["chip_id"], state=b["state"],
+                            reason=b.get("reason"))
+    elif assoc_list is not None or node_events is not None:
+        raise TraceFormatError("--assoc and --node-events need --nodes: they apply to the pools the nodes make")
     for pool, (first, flavor) in sorted(plan.pool_first.items(), key=lambda kv: (kv[1][0], kv[0])):
         if pool in specs:
             if first < inv_at:

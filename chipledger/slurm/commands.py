@@ -232,6 +232,27 @@ def cluster_registered_at(cluster: str) -> Optional[int]:
     return min(times) if times else None
 
 
+def node_events_from_text(text: str) -> list[tuple[str, int, Optional[int], str, str]]:
+    """(node, start, end or None, state, reason) from `sacctmgr -n -P show event event=node
+    format=nodename,start,end,state,reason`."""
+    out = []
+    for line in text.splitlines():
+        f = line.split("|")
+        if len(f) < 4 or not f[0].strip():
+            continue
+        start = parse_utc(f[1])
+        if start is None:
+            continue
+        out.append((f[0].strip(), start, parse_utc(f[2]), f[3].strip().upper(), f[4].strip() if len(f) > 4 else ""))
+    return out
+
+
+def node_events(cluster: str, since: int) -> list[tuple[str, int, Optional[int], str, str]]:
+    """Node down/drain periods slurmdbd recorded (the ones sreport counts as Down), open at or after `since`."""
+    return node_events_from_text(run(["sacctmgr", "-n", "-P", "show", "event", "event=node", f"clusters={cluster}",
+                                      f"start={utc_text(since)}", "format=nodename,start,end,state,reason"]))
+
+
 def requeue(job_id: str) -> None:
     run(["scontrol", "requeue", job_id])
 

@@ -107,7 +107,7 @@ class MapReport:
 
 
 # ranks within one instant: inventory and quota first, then what frees chips, then new demand, then starts
-RANK_POOL, RANK_CHIP, RANK_QUOTA, RANK_CHECKPOINT, RANK_FREE, RANK_SUBMIT, RANK_START, RANK_TICK = range(8)
+RANK_POOL, RANK_REGISTER, RANK_CHIP, RANK_QUOTA, RANK_CHECKPOINT, RANK_FREE, RANK_SUBMIT, RANK_START, RANK_TICK = range(9)
 
 
 def pool_name(cluster: str, partition: str) -> str:
@@ -233,6 +233,31 @@ def _back_to_queue(cluster: str, source: str, pool: str, job: str, r: Run, t: in
     return out
 
 
+def node_state_events(cluster: str, source: str, pools: dict, events: Iterable[tuple], since: int = 0) -> list[Event]:
+    """Chip states from slurmdbd's node events (`sacctmgr show event event=node`: a node DOWN, DRAIN, FAIL… from
+    its start to its end, exactly the periods sreport counts as Down): `down` at the start, `healthy` at the end
+    (unless another event of the node starts then). Events before `since` are cut there."""
+    chips_of = {n.name: (spec.pool, chip_ids(n)) for spec in pools.values() for n in spec.nodes}
+    by_node: dict[str, list] = {}
+    for node, start, end, state, reason in events:
+        if node in chips_of and (end is None or end > since):
+            by_node.setdefault(node, []).append((max(start, since), end, state, reason))
+    out = []
+    for node, evs in by_node.items():
+        pool, chips = chips_of[node]
+        evs.sort(key=lambda e: (e[0], e[1] if e[1] is not None else 2**62))
+        starts = {e[0] for e in evs}
+        for start, end, state, reason in evs:
+            for c in chips:
+                out.append(_ev(start, RANK_CHIP, "chip.state_changed", pool, source, _id(cluster, c, "down", start),
+                               chip_id=c, state="down", reason=(f"{state}: {reason}" if reason else state)[:200]))
+            if end is not None and end not in starts:
+                for c in chips:
+                    out.append(_ev(end, RANK_CHIP, "chip.state_changed", pool, source,
+                                   _id(cluster, c, "healthy", end), chip_id=c, state="healthy"))
+    return out
+
+
 def runs_by_job(runs: Iterable[Run]) -> dict[str, list[Run]]:
     jobs: dict[str, list[Run]] = {}
     for r in runs:
@@ -276,7 +301,7 @@ def inventory_events(cluster: str, source: str, pools: dict[str, PoolSpec], at: 
                        flavor=spec.flavor, chips_per_node=spec.chips_per_node))
         for node in spec.nodes:
             for chip in chip_ids(node):
-                out.append(_ev(at, RANK_CHIP, "chip.registered", spec.pool, source,
+                out.append(_ev(at, RANK_REGISTER, "chip.registered", spec.pool, source,
                                _id(cluster, chip, "registered"), chip_id=chip, node=node.name))
     return out
 

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from chipledger.slurm import commands
-from chipledger.slurm.mapping import (ACTIVE, BACK_TO_QUEUE, OUTCOME, RANK_CHIP, RANK_QUOTA, RANK_TICK, Event, MapReport, PoolSpec, chip_ids,
-                                      chip_state, grants_of, inventory_events, job_events, pools_of, runs_by_job,
+from chipledger.slurm.mapping import (ACTIVE, BACK_TO_QUEUE, OUTCOME, RANK_CHIP, RANK_REGISTER, RANK_QUOTA, RANK_TICK, Event, MapReport, PoolSpec, chip_ids,
+                                      chip_state, grants_of, inventory_events, job_events, node_state_events,
+                                      pools_of, runs_by_job,
                                       _ev, _id)
 
 STATE_VERSION = 1
@@ -48,6 +49,7 @@ class Slurm:
     runs: Callable = commands.sacct_runs
     queue: Callable = commands.queue
     registered_at: Callable = commands.cluster_registered_at
+    node_events: Callable = commands.node_events
 
 
 @dataclass
@@ -171,6 +173,9 @@ class Watcher:
         self._chip_states(pools, observed_at)
         self._grants(pools, observed_at, report)
         candidates = [Event(x["at"], x["rank"], x["body"]) for x in st["pending"]]
+        if st["inventory_at"] is not None:
+            candidates += node_state_events(self.cluster, self.source, pools,
+                                            self.slurm.node_events(self.cluster, lookback), st["inventory_at"])
         known = set(st["pools"])
         submitted_jobs = {k.split(":", 3)[2] for k in st["sent"] if k.endswith(":submitted")}
         for job_id, job_runs in runs_by_job(runs).items():
@@ -229,7 +234,7 @@ class Watcher:
                 for n in spec.nodes:
                     for c in chip_ids(n):
                         if c not in have:
-                            self._pending(at, RANK_CHIP, "chip.registered", p, _id(self.cluster, c, "registered", at),
+                            self._pending(at, RANK_REGISTER, "chip.registered", p, _id(self.cluster, c, "registered", at),
                                           chip_id=c, node=n.name)
                 now_chips = sorted(c for n in spec.nodes for c in chip_ids(n))
                 for c in sorted(have - set(now_chips)):
@@ -237,11 +242,13 @@ class Watcher:
                 st["pools"][p] = now_chips
 
     def _chip_states(self, pools: dict[str, PoolSpec], observed_at: Optional[int]) -> None:
+        """Maintenance from the controller's MAINT flag (a maintenance reservation), stamped when seen; down and
+        back come from slurmdbd's node events with their exact times (node_state_events)."""
         st = self.state
         at = observed_at if observed_at is not None else st["inventory_at"]
         for p, spec in pools.items():
             for n in spec.nodes:
-                want = chip_state(n.states)
+                want = "maintenance" if chip_state(n.states) == "maintenance" else "healthy"
                 for c in chip_ids(n):
                     have = st["chips"].get(c, "healthy")
                     if want != have:
