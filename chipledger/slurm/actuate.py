@@ -165,15 +165,17 @@ def decisions_from_lake(lake: Path) -> list[dict]:
     return [json.loads(b) for (b,) in rows]
 
 
-def decisions_from_kafka(bootstrap: str, cluster: str, *, timeout_s: float = 5.0, group: Optional[str] = None,
+def decisions_from_kafka(bootstrap, cluster: str, *, timeout_s: float = 5.0, group: Optional[str] = None,
                          follow: bool = False, **overrides) -> Iterator[tuple[dict, Callable[[], None]]]:
     """(decision, commit) from `chipledger.decisions`, in a consumer group of this cluster's actuator; call
-    commit after applying (the state file makes a re-read after a crash harmless anyway)."""
+    commit after applying (the state file makes a re-read after a crash harmless anyway). `bootstrap`: an
+    address, or a connection object with `kafka_python()` (address and credentials)."""
     from kafka import KafkaConsumer
 
     from schemas.topics import TOPIC_DECISIONS
 
-    consumer = KafkaConsumer(TOPIC_DECISIONS, bootstrap_servers=bootstrap,
+    conn = bootstrap.kafka_python() if hasattr(bootstrap, "kafka_python") else {"bootstrap_servers": bootstrap}
+    consumer = KafkaConsumer(TOPIC_DECISIONS, **conn,
                              group_id=group or f"chipledger-slurm-actuate-{cluster}", enable_auto_commit=False,
                              auto_offset_reset="earliest", consumer_timeout_ms=int(timeout_s * 1000), **overrides)
     try:

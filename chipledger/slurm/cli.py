@@ -43,14 +43,23 @@ ConfigOpt = typer.Option(None, "--config", help="chipledger.toml (default: ./chi
                          dir_okay=False)
 
 
-def _bootstrap(bootstrap: Optional[str], config: Optional[Path]) -> str:
+def _bootstrap(bootstrap: Optional[str], config: Optional[Path]):
+    """The Kafka connection: [kafka] config and environment (address, and credentials where streams.clients
+    provides them: the same as every chipledger producer), --bootstrap overriding the address."""
     from chipledger.config import ConfigError, load_config
 
     try:
         cfg = load_config(config)
     except ConfigError as e:
         _fail(str(e), 2)
-    return bootstrap or cfg.kafka.bootstrap
+    try:
+        from streams.clients import connection_from_config
+    except ImportError:  # a build without the authenticated clients: a PLAINTEXT address
+        return bootstrap or cfg.kafka.bootstrap
+    try:
+        return connection_from_config(cfg.kafka, bootstrap=bootstrap)
+    except Exception as e:  # noqa: BLE001 - KafkaSecurityError: a bad credentials setting, said plainly
+        _fail(str(e), 2)
 
 
 @slurm_app.command("watch")
