@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
@@ -88,9 +89,11 @@ def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, 
                           TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True) as bar:
                 task = bar.add_task(f"folding {events.name}", total=size)
                 summary, _ = run_file(events, lake, fold_config=fold, overwrite=overwrite, store=st,
-                                      progress=lambda n: bar.update(task, completed=n))
+                                      progress=lambda n: bar.update(task, completed=n),
+                                      max_event_bytes=cfg.ledger.max_event_bytes)
         else:
-            summary, _ = run_file(events, lake, fold_config=fold, overwrite=overwrite, store=st)
+            summary, _ = run_file(events, lake, fold_config=fold, overwrite=overwrite, store=st,
+                                  max_event_bytes=cfg.ledger.max_event_bytes)
     except RunError as e:
         _fail(str(e))
     return summary
@@ -204,6 +207,13 @@ def report(
     if t0 is not None and t1 is not None and t1 <= t0:
         _fail("--until must be after --since", 2)
     con = connect(_lake_dir(lake, cfg), slo=cfg.slo, as_of=t1, materialize=True)
+    if pool is not None:  # an unknown pool is an error, not an empty report (the rule `alerts` uses)
+        from chipledger.alerts import AlertsError, check_pool, known_pools
+
+        try:
+            check_pool(known_pools(con), pool)
+        except AlertsError as e:
+            _fail(str(e), 2)
     rep = build_report(con, pool=pool, since=t0, until=t1)
     print_report(rep, console)
     if out is not None:
@@ -211,30 +221,69 @@ def report(
             console.print(f"wrote {path}", highlight=False)
 
 
-@app.command()
+class _AlertsCommand(typer.core.TyperCommand):
+    """`alerts` exits 3 on a usage error too (click's 2 is `alerts`' "a page fires")."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        from typer._click.exceptions import UsageError  # typer 0.29 vendors click as typer._click
+
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except UsageError as e:
+            from chipledger.alerts import EXIT_ERROR
+
+            e.exit_code = EXIT_ERROR
+            raise
+
+
+@app.command(cls=_AlertsCommand)
 def alerts(
     lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
     pool: Optional[str] = PoolOpt,
     at: Optional[str] = typer.Option(None, "--at", help="evaluate at this instant (default: the latest event)"),
-    as_json: bool = typer.Option(False, "--json", help="print the firing alerts as JSON"),
+    max_age: Optional[str] = typer.Option(None, "--max-age", metavar="DURATION",
+                                          help="an error (exit 3) when the newest event is older than this "
+                                               "before --at, or before now (e.g. 15m, 2h, 1d)"),
+    as_json: bool = typer.Option(False, "--json", help="print the instant and the firing alerts as JSON"),
     config: Optional[Path] = ConfigOpt,
 ):
-    """Print the burn-rate alerts firing (SRE workbook windows: 1h & 5m at 14.4x and 6h & 30m at 6x page,
-    3d & 6h at 1x ticket). Exit 0: none; 1: tickets only; 2: a page-level alert fires."""
+    """Print the instant evaluated and the burn-rate alerts firing (SRE workbook windows: 1h & 5m at 14.4x and
+    6h & 30m at 6x page, 3d & 6h at 1x ticket). Exit 0: none firing; 1: tickets only; 2: a page-level alert
+    fires; 3: error (no lake, a lake without events, an unknown --pool, stale with --max-age, a bad option)."""
     from analytics.views import connect
-    from chipledger.alerts import exit_status, firing
+    from chipledger.alerts import EXIT_ERROR, AlertsError, evaluate, exit_status, parse_duration
+    from chipledger.report import parse_instant
 
-    cfg = _config(config)
-    con = connect(_lake_dir(lake, cfg), slo=cfg.slo, as_of=_instant(at, "--at"))
-    found = firing(con, pool)
+    try:
+        cfg = load_config(config)
+        root = lake or Path(cfg.lake.path)
+        if not root.is_dir():
+            raise AlertsError(f"lake {root} does not exist (run `chipledger run` or `chipledger demo` first)")
+        try:
+            t = parse_instant(at) if at is not None else None
+        except ValueError:
+            raise AlertsError(f"--at {at!r} is not an ISO 8601 date or time (e.g. 2026-11-02T03:00:00Z)") from None
+        max_age_s = parse_duration(max_age) if max_age is not None else None
+        con = connect(root, slo=cfg.slo, as_of=t)
+        try:
+            ev = evaluate(con, pool, max_age_s=max_age_s, at=t)
+        finally:
+            con.close()
+    except (AlertsError, ConfigError) as e:
+        _fail(str(e), EXIT_ERROR)
+    except Exception as e:  # a monitor must see an error, never a traceback that might read as a firing state
+        _fail(f"{type(e).__name__}: {e}", EXIT_ERROR)
     if as_json:
-        console.file.write(json.dumps([a.as_dict() for a in found]) + "\n")
-    elif found:
-        for a in found:
-            console.print(a.line(), highlight=False, markup=False, soft_wrap=True)
+        console.file.write(json.dumps(ev.as_dict()) + "\n")
     else:
-        console.print("no burn-rate alert firing", highlight=False)
-    raise typer.Exit(exit_status(found))
+        console.print(f"evaluated at {ev.as_dict()['evaluated_at']} (newest event {ev.as_dict()['newest_event_at']}, "
+                      f"{ev.age_s:,} s before {'--at' if t else 'now'}; {len(ev.pools)} pool(s))",
+                      highlight=False, markup=False, soft_wrap=True)
+        for a in ev.alerts:
+            console.print(a.line(), highlight=False, markup=False, soft_wrap=True)
+        if not ev.alerts:
+            console.print("no burn-rate alert firing", highlight=False)
+    raise typer.Exit(exit_status(ev.alerts))
 
 
 @lake_app.command("upgrade")
@@ -620,6 +669,46 @@ def why(
             console.print(line, markup=False, highlight=False, soft_wrap=True)
     if not ex.found:
         raise typer.Exit(1)
+
+
+@app.command()
+def pending(
+    lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
+    pool: Optional[str] = typer.Option(None, "--pool", help="only this pool"),
+    team: Optional[str] = typer.Option(None, "--team", help="only this team"),
+    config: Optional[Path] = ConfigOpt,
+    as_json: bool = typer.Option(False, "--json", help="print the queue as JSON"),
+):
+    """The pending jobs at each pool's latest close of the books, in queue order (highest priority, longest
+    waiting, job id): position in the pool and in the team, priority, chips, time waited, reason."""
+    from analytics.views import connect
+    from chipledger.why import _duration, pending_queue
+
+    con = connect(_lake_dir(lake, _config(config)))
+    if pool is not None:
+        from chipledger.alerts import AlertsError, check_pool, known_pools
+
+        try:
+            check_pool(known_pools(con), pool)
+        except AlertsError as e:
+            _fail(str(e), 2)
+    rows = pending_queue(con, pool, team)
+    if as_json:
+        console.file.write(json.dumps(rows) + "\n")
+        return
+    if not rows:
+        console.print("no job pending" + (f" in {pool}" if pool else "") + (f" for team {team}" if team else ""),
+                      markup=False, highlight=False)
+        return
+    t = Table(title="pending jobs, in queue order")
+    for col, right in (("pool", False), ("#", True), ("team #", True), ("team", False), ("job", False),
+                       ("priority", True), ("chips", True), ("waited", True), ("reason", False)):
+        t.add_column(col, justify="right" if right else "left", overflow="fold")
+    for r in rows:
+        t.add_row(*map(escape, (r["pool"], f"{r['position']}/{r['queue_length']}", str(r["team_position"]),
+                                r["team"], r["job_id"], str(r["priority"]), f"{r['chips']:g}",
+                                _duration(r["waited_s"]), r["reason"])))
+    console.print(t)
 
 
 @app.command()

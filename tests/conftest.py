@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import browser as browser_mod  # noqa: E402  (tests/browser.py)
 import pg  # noqa: E402  (tests/pg.py)
 
 
@@ -30,6 +31,24 @@ def postgres_url():
         yield url
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for the session (tests/browser.py). Without chromium and chromedriver: skipped
+    loudly, or a failure with CHIPLEDGER_REQUIRE_CHROMIUM=1."""
+    try:
+        browser_mod.find()
+    except browser_mod.ChromiumUnavailable as err:
+        msg = f"BROWSER TESTS NOT RUN: {err}"
+        if browser_mod.required():
+            pytest.fail(f"{msg} ({browser_mod.REQUIRE_ENV}=1)", pytrace=False)
+        pytest.skip(msg)
+    b = browser_mod.Browser()  # a browser that is installed but does not start is always a failure
+    try:
+        yield b
+    finally:
+        b.close()
 
 
 @pytest.fixture(scope="session")
