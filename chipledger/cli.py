@@ -31,6 +31,8 @@ slo_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The SLO
 app.add_typer(slo_app, name="slo")
 grafana_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="A Grafana dashboard over /metrics.")
 app.add_typer(grafana_app, name="grafana")
+from chipledger.slurm.cli import slurm_app  # noqa: E402 - `chipledger slurm watch|actuate` (docs/slurm.md)
+app.add_typer(slurm_app, name="slurm")
 
 console = Console()
 err = Console(stderr=True)
@@ -502,9 +504,28 @@ def import_sacct_cmd(src: Path = typer.Argument(..., help="output of sacct --par
                      out: Path = OutOpt,
                      tz: str = typer.Option("UTC", help="time zone of the sacct timestamps"),
                      chips_per_node: int = typer.Option(8, help="GPUs per node in the partitions"),
+                     cluster: Optional[str] = typer.Option(None, help="pools <cluster>/<partition>, as `slurm "
+                                                           "watch` names them"),
+                     nodes: Optional[Path] = typer.Option(None, help="`sinfo --json` dump: the chips (needs --cluster)"),
+                     assoc: Optional[Path] = typer.Option(None, help="`sacctmgr -P show assoc format=id,account,user,"
+                                                          "partition,grptres` dump: GPU quotas (needs --nodes)"),
+                     inventory_at: Optional[str] = typer.Option(None, help="when the chips and quotas take effect "
+                                                                "(ISO 8601 or epoch; default the first Submit)"),
+                     node_events: Optional[Path] = typer.Option(None, help="`sacctmgr -n -P show event event=node "
+                                                                "format=nodename,start,end,state,reason` dump: "
+                                                                "down/drain periods (needs --nodes)"),
                      as_json: bool = JsonOpt):
-    """Slurm accounting (sacct --parsable2): Account → team, Partition → pool, GPU TRES → chips."""
-    _import("sacct", src, out, as_json, tz=tz, chips_per_node=chips_per_node)
+    """Slurm accounting (sacct -D --parsable2): Account → team, Partition → pool, GPU TRES → chips."""
+    at = None
+    if inventory_at is not None:
+        from chipledger.slurm.watch import WatchError, parse_since
+
+        try:
+            at = parse_since(inventory_at, cluster or "")
+        except WatchError as e:
+            _fail(str(e).replace("--since", "--inventory-at"), 2)
+    _import("sacct", src, out, as_json, tz=tz, chips_per_node=chips_per_node, cluster=cluster, nodes=nodes,
+            assoc=assoc, inventory_at=at, node_events=node_events)
 
 
 DataDirOpt = typer.Option(Path(".kafka"), "--data-dir", help="broker config, data and log folder")
