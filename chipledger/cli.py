@@ -720,7 +720,7 @@ def users_list(
         return
     for u in users:
         console.print(f"{u.name:<20} {','.join(u.roles) or '(no role)':<20} {','.join(u.mechanisms)}"
-                      + (f"  app id {u.app_id}" if u.app_id else ""), markup=False, highlight=False)
+                      + (f"  app id {u.app_id}" if u.app_id else ""), markup=False, highlight=False, soft_wrap=True)
 
 
 @users_app.command("remove")
