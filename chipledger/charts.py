@@ -32,9 +32,40 @@ ACCOUNT_COLOURS = {
 
 def capacity_chart(hours: Sequence[datetime], chips_by_account: Mapping[str, Sequence[float]],
                    title: str = "Capacity by account") -> Figure:
-    """Stacked areas of chips (mean per hour) in each account over time."""
+    """Stacked areas of chips (mean per hour) in each account over time, for one pool."""
     fig = Figure(figsize=(10, 4.2), layout="constrained")
-    ax = fig.add_subplot()
+    _capacity_axes(fig.add_subplot(), hours, chips_by_account, title, legend=True)
+    return fig
+
+
+MAX_POOL_PANELS = 8
+
+
+def capacity_charts(hours: Sequence[datetime], by_pool: Mapping[str, Mapping[str, Sequence[float]]],
+                    title: str = "Capacity by account", max_panels: int = MAX_POOL_PANELS) -> Figure:
+    """One panel per pool (chips of different pools are different chips, H100s and TPU cores: never summed on
+    one axis), sharing the time axis; the `max_panels` pools with the most capacity, the rest named below."""
+    def size(pool):
+        return sum(sum(v) for a, v in by_pool[pool].items() if a not in ("overcommitted",))
+
+    pools = sorted(by_pool, key=lambda p: (-size(p), p))
+    shown, rest = pools[:max_panels], pools[max_panels:]
+    n = max(1, len(shown))
+    fig = Figure(figsize=(10, 1.2 + 2.6 * n), layout="constrained")
+    axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
+    if not shown:
+        _capacity_axes(axes[0], hours, {}, title, legend=True)
+        return fig
+    for i, (ax, pool) in enumerate(zip(axes, shown)):
+        _capacity_axes(ax, hours, by_pool[pool], pool, legend=i == 0)
+    fig.suptitle(title)
+    if rest:
+        fig.supxlabel(f"{len(rest)} more pool(s) not drawn: {', '.join(rest[:6])}{' …' if len(rest) > 6 else ''} "
+                      "(chipledger report --pool POOL)", fontsize=8)
+    return fig
+
+
+def _capacity_axes(ax, hours, chips_by_account, title: str, legend: bool) -> None:
     names = [a for a in ACCOUNT_COLOURS if a in chips_by_account] + \
             sorted(a for a in chips_by_account if a not in ACCOUNT_COLOURS)
     if hours and names:
@@ -45,13 +76,13 @@ def capacity_chart(hours: Sequence[datetime], chips_by_account: Mapping[str, Seq
         locator = AutoDateLocator()
         ax.xaxis.set_major_locator(locator)
         ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+        if legend:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     else:
         _no_data(ax)
     ax.set_ylabel("chips (hourly mean)")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     ax.margins(x=0)
-    return fig
 
 
 def latency_chart(labels: Sequence[str], p50: Sequence[float], p90: Sequence[float], p99: Sequence[float],

@@ -38,7 +38,7 @@ class Report:
     subtitle: str
     sections: list[Section] = field(default_factory=list)
     capacity_hours: list[datetime] = field(default_factory=list)
-    capacity_chips: dict[str, list[float]] = field(default_factory=dict)
+    capacity_chips: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # pool -> account -> chips
     latency_labels: list[str] = field(default_factory=list)
     latency_p: tuple[list, list, list] = ([], [], [])
     heatmap: list[list[Optional[float]]] = field(default_factory=list)
@@ -155,13 +155,14 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
     clip_hi = "least(until_s, coalesce($until, until_s))"
     frag = _rows(con, f"""
         WITH f AS (
-            SELECT pool, free_chips, whole_node_free_chips, unplaced_runs,
-                   greatest(0, {clip_hi} - {clip_lo}) AS s FROM calc_fragmentation WHERE {in_pool}
+            SELECT pool, free_milli / 1000.0 AS free_chips, free_whole_nodes_milli / 1000.0 AS whole_node_free_chips,
+                   largest_startable_milli / 1000.0 AS largest_chips, free_whole_nodes_milli IS NOT NULL AS known,
+                   greatest(0, {clip_hi} - {clip_lo}) AS s FROM calc_free_steps WHERE {in_pool}
         )
-        SELECT pool, sum(s) FILTER (WHERE unplaced_runs = 0) / 3600.0 AS known_h, sum(s) / 3600.0 AS total_h,
-               sum(s * (free_chips - whole_node_free_chips)) FILTER (WHERE unplaced_runs = 0 AND free_chips > 0)
-                 / nullif(sum(s * free_chips) FILTER (WHERE unplaced_runs = 0 AND free_chips > 0), 0),
-               min(whole_node_free_chips) FILTER (WHERE unplaced_runs = 0 AND s > 0),
+        SELECT pool, sum(s) FILTER (WHERE known) / 3600.0 AS known_h, sum(s) / 3600.0 AS total_h,
+               sum(s * (free_chips - whole_node_free_chips)) FILTER (WHERE known AND free_chips > 0)
+                 / nullif(sum(s * free_chips) FILTER (WHERE known AND free_chips > 0), 0),
+               min(largest_chips) FILTER (WHERE known AND s > 0),
                sum(s * free_chips) / nullif(sum(s), 0)
         FROM f GROUP BY pool HAVING sum(s) > 0 ORDER BY pool""", p)
     rep.sections.append(Section(
@@ -191,16 +192,17 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
         note="" if peaks else "no demand recorded"))
 
     # charts: capacity by account, hourly; the latency bars above; the demand heat map
+    # per pool: chips of different pools (an H100, a TPU core) are never added on one axis
     cap = _rows(con, f"""
-        SELECT hour, account, sum(amount_mchip_s) / 3.6e6 FROM journal
+        SELECT pool, hour, account, sum(amount_mchip_s) / 3.6e6 FROM journal
         WHERE {in_pool} AND account IN ('in_quota', 'borrowed', 'burst', 'idle', 'unavailable', 'overcommitted')
           AND ($since IS NULL OR epoch(hour) + 3600 > $since) AND ($until IS NULL OR epoch(hour) < $until)
-        GROUP BY hour, account ORDER BY hour""", p)
-    hours = sorted({h for h, _, _ in cap})
+        GROUP BY ALL ORDER BY hour""", p)
+    hours = sorted({h for _, h, _, _ in cap})
     index = {h: i for i, h in enumerate(hours)}
-    series: dict[str, list[float]] = {}
-    for h, account, chips in cap:
-        series.setdefault(account, [0.0] * len(hours))[index[h]] = chips
+    series: dict[str, dict[str, list[float]]] = {}
+    for pl, h, account, chips in cap:
+        series.setdefault(pl, {}).setdefault(account, [0.0] * len(hours))[index[h]] = chips
     rep.capacity_hours, rep.capacity_chips = hours, series
     heat = _rows(con, f"""
         SELECT day_of_week, hour_of_day, sum(demand_chips) FROM demand_shaping
@@ -237,8 +239,8 @@ def write_report(rep: Report, out: Path) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     figures = {
-        "capacity": ("Capacity by account (chips, hourly mean)",
-                     charts.capacity_chart(rep.capacity_hours, rep.capacity_chips)),
+        "capacity": ("Capacity by account and pool (chips, hourly mean)",
+                     charts.capacity_charts(rep.capacity_hours, rep.capacity_chips)),
         "latency": ("Scheduling latency percentiles",
                     charts.latency_chart(rep.latency_labels, *rep.latency_p, threshold_s=rep.sched_slo_s)),
         "demand_heatmap": ("Demand by hour of week (running + pending chips, mean)",
