@@ -165,6 +165,9 @@ class FoldConfig:
     decision_timeout_s: int = 900        # a decision nobody acted on is forgotten and may be made anew
     candidates_per_team: int = 4         # pending jobs of a team (its queue head) looked at per evaluation
     victim_order: str = "goodput"        # goodput (DESIGN §4) | naive (lowest priority, most recent)
+    fair_share_tolerance: float = 0.1    # teams whose F differ by less than this are one victim class (0: strict)
+    restart_cost_s: int = 0              # seconds of a victim's chips a restart costs, weighed with its lost work
+    checkpoint_grace_s: int = 60         # a decision's checkpoint_by = its instant + this (cooperative preemption)
     capacity_slo_target: float = 0.99    # capacity SLO whose error budget gates bursts
     policy_rows: bool = True             # emit balance and pending-reason rows when an hour closes
 
@@ -175,11 +178,13 @@ class FoldConfig:
         if self.max_preemptions > MAX_PREEMPTIONS_KEPT:
             raise ValueError(f"max_preemptions must be at most {MAX_PREEMPTIONS_KEPT}, got {self.max_preemptions}")
         for name in ("preemption_grace_s", "min_runtime_s", "preemption_window_s", "decision_timeout_s",
-                     "dedup_window_s"):
+                     "dedup_window_s", "restart_cost_s", "checkpoint_grace_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         if self.victim_order not in ("goodput", "naive"):
             raise ValueError(f"victim_order must be goodput or naive, got {self.victim_order!r}")
+        if not self.fair_share_tolerance >= 0.0:  # also NaN
+            raise ValueError(f"fair_share_tolerance must not be negative, got {self.fair_share_tolerance}")
         if not 0.0 < self.capacity_slo_target < 1.0:
             raise ValueError(f"capacity_slo_target must be between 0 and 1, got {self.capacity_slo_target}")
 

@@ -45,6 +45,7 @@ from ledger.fold import DEFAULT_CONFIG, FoldConfig, evolve
 from ledger.state import PoolState
 from schemas import INPUT_TOPICS, Rejection, RejectionCode, parse_event
 from schemas.topics import TOPIC_DEADLETTER, TOPIC_DECISIONS, TOPIC_JOURNAL, TOPIC_QUOTA
+from streams.clients import KafkaConnection, as_connection
 from streams.merge import HEADER_PRODUCER, HEADER_SEQ, TP, Merger, merge_key
 from streams.rows import deadletter_row, step_rows
 
@@ -59,6 +60,8 @@ SendFn = Callable[[str, bytes, bytes], Awaitable[Any]]  # (topic, key, value) ->
 @dataclass
 class WorkerSettings:
     bootstrap: str = "127.0.0.1:9092"
+    # address and credentials of every client of the worker (streams.clients); None: PLAINTEXT to `bootstrap`
+    kafka: Optional[KafkaConnection] = None
     app_id: str = "chipledger-worker"
     data_dir: Path = Path(".chipledger-worker")
     table_store: str = "rocksdb"  # rocksdb | memory
@@ -74,6 +77,10 @@ class WorkerSettings:
     metrics_port: Optional[int] = None  # serve Prometheus /metrics (streams/metrics.py) on this port; 0: any free
     metrics_host: str = "127.0.0.1"
     sched_slo_s: int = 600  # [slo] sched_slo_s: the wait SLO counters of /metrics
+
+    def connection(self) -> KafkaConnection:
+        """The Kafka connection of every client of the worker (Faust's consumer and producer, its admin)."""
+        return self.kafka if self.kafka is not None else as_connection(self.bootstrap)
 
     def store_url(self) -> str:
         if self.table_store == "memory":
@@ -348,8 +355,10 @@ CONSUMER_MAX_FETCH_BYTES = 8 << 20  # per partition and fetch (Faust's default, 
 
 def faust_settings(settings: WorkerSettings) -> dict:
     """The `faust.App` settings of the worker (bench/stream.py measures a no-op app with the same ones)."""
+    conn = settings.connection()
     return dict(
-        broker=f"kafka://{settings.bootstrap}",
+        broker=conn.faust_broker(),
+        broker_credentials=conn.faust_credentials(),
         store=settings.store_url(),
         datadir=str(settings.data_dir),
         topic_partitions=settings.partitions,

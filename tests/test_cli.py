@@ -237,3 +237,37 @@ def test_free_chips_fact(ran):
         ("02:40", 4000, 3000, 1000, 0, 1000),  # jb1 done: c1 free, n0 not whole (ja1)
         ("03:00", 4000, 0, 4000, 4000, 4000),
     ]
+
+
+def test_lake_upgrade_writes_the_facts_by_folding_the_events_again(ran, tmp_path):
+    """A lake written before the fold wrote facts (here: the run's lake without them) gets them from
+    `chipledger lake upgrade`: the same rows the run wrote; a second upgrade has nothing to do."""
+    import shutil
+
+    _, lake, _ = ran
+    old = tmp_path / "old-lake"
+    shutil.copytree(lake, old)
+    for t in ("waits", "free_chips"):
+        shutil.rmtree(old / t)
+    assert sql(old, "SELECT count(*) AS n FROM waits") == [{"n": 0}]
+    res = CliRunner().invoke(app, ["lake", "upgrade", "--lake", str(old)])
+    assert res.exit_code == 0, res.output
+    assert "folded 20 events again: waits 3 rows, free_chips 9 rows" in res.stderr
+    for q in ("SELECT * FROM wait_postings ORDER BY ALL", "SELECT * FROM free_chips ORDER BY ALL"):
+        assert sql(old, q) == sql(lake, q)
+    again = CliRunner().invoke(app, ["lake", "upgrade", "--lake", str(old)])
+    assert again.exit_code == 0 and "nothing to upgrade" in again.stderr
+
+
+def test_lake_cache_is_retired_and_removes_an_old_cache(ran, tmp_path):
+    import shutil
+
+    _, lake, _ = ran
+    copy = tmp_path / "lake"
+    shutil.copytree(lake, copy)
+    (copy / "_cache").mkdir()
+    (copy / "_cache" / "analytics-0123.duckdb").write_bytes(b"old")
+    res = CliRunner().invoke(app, ["lake", "cache", "--lake", str(copy)])
+    assert res.exit_code == 0, res.output
+    assert not (copy / "_cache").exists()
+    assert "the analytics cache is retired" in res.stderr

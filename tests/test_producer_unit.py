@@ -43,6 +43,7 @@ from streams.producer import (
     validate,
 )
 from streams.topics import create_topics
+from streams.clients import as_connection
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hand.jsonl"
 INVALID_LINES = {13: "not_json", 14: "unknown_type", 15: "schema_invalid"}  # 1-based line numbers in FIXTURE
@@ -209,7 +210,7 @@ CANONICAL_CASES = [
     {**ENV, "event_id": "q-1", "type": "quota.granted", "grant_id": "g", "team": "a", "chips": 0.125,
      "borrowing_limit": 0, "lending_limit": 2.5, "effective_from": "2026-11-02T05:30:00+05:30",
      "effective_until": "2026-12-01T00:00:00.123456-08:00"},
-    {**ENV, "event_id": "q-2", "type": "quota.granted", "grant_id": "g", "team": "a", "chips": 999999999.999},
+    {**ENV, "event_id": "q-2", "type": "quota.granted", "grant_id": "g", "team": "a", "chips": 999999.999},  # the largest amount (MAX_CHIPS)
     {**ENV, "event_id": "b-1", "type": "burst.requested", "request_id": "r", "team": "a", "chips": 8,
      "window_start": "2026-11-02T10:00:00Z", "window_end": "2026-11-02T12:00:00Z", "reason": "ünïcödé ✓"},
     {**ENV, "event_id": "s-1", "type": "job.started", "job_id": "j", "chip_ids": ["c0", "c1"]},
@@ -231,11 +232,11 @@ def test_canonical_value_reparses_to_an_equal_model(raw):
 
 @settings(max_examples=150, deadline=None)
 @given(
-    milli=st.integers(min_value=1, max_value=10**12),
-    ts=st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2200, 1, 1),
+    milli=st.integers(min_value=1, max_value=10**9),  # up to MAX_CHIPS
+    ts=st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2099, 12, 31),  # below MAX_TIME
                     timezones=st.sampled_from([timezone.utc, timezone(timedelta(hours=5, minutes=30)),
                                                timezone(timedelta(hours=-8))])),
-    text=st.text(max_size=20),
+    text=st.text(st.characters(blacklist_categories=("Cc",)), max_size=20),  # ids hold no control characters
 )
 def test_canonical_value_roundtrip_property(milli, ts, text):
     event = QuotaGranted(event_id="e" + text[:100], type="quota.granted", occurred_at=ts, pool="p" + text,
@@ -324,7 +325,8 @@ def fake_cli(monkeypatch):
 
     class Patched(LedgerProducer):
         def __init__(self, bootstrap, **overrides):
-            state["bootstrap"], state["overrides"] = bootstrap, overrides
+            state["bootstrap"], state["overrides"] = as_connection(bootstrap).bootstrap, overrides
+            state["connection"] = bootstrap
             super().__init__(bootstrap, client=state["fake"])
 
     monkeypatch.setattr(producer_mod, "LedgerProducer", Patched)
@@ -387,3 +389,18 @@ def test_every_record_carries_producer_id_seq_and_a_monotonic_timestamp(monkeypa
     with pytest.raises(InvalidEvent):
         a.send({**ENV, "event_id": "bad", "type": "pool.tick", "chips": 1})
     assert len(fake.headers) == 4  # an invalid event takes no seq
+
+
+def test_cli_emit_takes_the_credentials_from_the_environment(fake_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    pw = tmp_path / "pw"
+    pw.write_text("hunter2-secret\n")
+    monkeypatch.setenv("CHIPLEDGER_KAFKA_USERNAME", "cluster-a")
+    monkeypatch.setenv("CHIPLEDGER_KAFKA_PASSWORD_FILE", str(pw))
+    res = CliRunner().invoke(app, ["emit", "--bootstrap", "h:1", str(FIXTURE)])
+    conn = fake_cli["connection"]
+    assert conn.security_protocol == "SASL_PLAINTEXT" and conn.username == "cluster-a"
+    assert conn.password.encode() == b"hunter2-secret" and "hunter2" not in res.output
+    res = CliRunner().invoke(app, ["emit", "--bootstrap", "h:1", "--password-file", str(tmp_path / "none"),
+                                   str(FIXTURE)])
+    assert res.exit_code == 2 and "cannot read the Kafka password file" in res.stderr
