@@ -49,6 +49,12 @@ def _fail(message: str, code: int = 1):
     raise typer.Exit(code)
 
 
+def _os_error(e: OSError) -> str:
+    """An OSError as one line: the path, then what the system said (no traceback)."""
+    where = f"{e.filename}: " if e.filename else ""
+    return f"{where}{e.strerror or e}"
+
+
 @app.command()
 def run(
     events: Path = typer.Option(..., "--events", help="JSONL file of events, one JSON object per line"),
@@ -80,6 +86,8 @@ def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, 
     except StoreError as e:
         _fail(str(e))
     fold = fold_config(cfg, check)
+    if events.is_dir():
+        _fail(f"--events {events} is a directory: give the JSONL file of events", 2)
     size = events.stat().st_size if events.is_file() else 0
     try:
         if size >= PROGRESS_MIN_BYTES and err.is_terminal:
@@ -92,6 +100,8 @@ def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, 
             summary, _ = run_file(events, lake, fold_config=fold, overwrite=overwrite, store=st)
     except RunError as e:
         _fail(str(e))
+    except OSError as e:
+        _fail(f"cannot run into lake {lake}: {_os_error(e)}")
     return summary
 
 
@@ -213,7 +223,11 @@ def report(
     rep = build_report(con, pool=pool, since=t0, until=t1)
     print_report(rep, console)
     if out is not None:
-        for path in write_report(rep, out):
+        try:
+            written = write_report(rep, out)
+        except OSError as e:
+            _fail(f"cannot write the report into --out {out} (a folder): {_os_error(e)}")
+        for path in written:
             console.print(f"wrote {path}", highlight=False)
 
 
@@ -342,7 +356,10 @@ def schema_export(out: Path = typer.Argument(..., help="folder to write one JSON
     """Write one JSON Schema per event, decision and dead-letter type, for producers in other languages."""
     from schemas.export import export_json_schemas
 
-    written = export_json_schemas(out)
+    try:
+        written = export_json_schemas(out)
+    except OSError as e:
+        _fail(f"cannot write the schemas into {out} (a folder): {_os_error(e)}")
     for p in written:
         console.print(str(p))
 
@@ -366,7 +383,12 @@ def demo(
 
     fold = fold_config(_config(config))
     if trace is None:
-        run_demo(out, seed=seed, days=days, console=console, fold_config=fold)
+        if not days > 0:
+            _fail(f"--days must be more than 0, got {days:g}", 2)
+        try:
+            run_demo(out, seed=seed, days=days, console=console, fold_config=fold)
+        except OSError as e:
+            _fail(f"cannot write the demo into {out}: {_os_error(e)}")
         return
     if trace not in SHARED_TRACE_DIRS:
         _fail(f"--trace must be one of {', '.join(SHARED_TRACE_DIRS)}", 2)
@@ -393,8 +415,10 @@ def _import(fmt: str, src: Path, out: Path, as_json: bool, **options) -> None:
         _fail(f"{src} does not exist")
     try:
         report = import_trace(fmt, src, out, **options)
-    except (TraceFormatError, FileNotFoundError) as e:
+    except (TraceFormatError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
+    except OSError as e:
+        _fail(f"cannot import into {out}: {_os_error(e)}")
     if as_json:
         console.file.write(json.dumps(report.as_dict()) + "\n")
         return
@@ -613,6 +637,8 @@ def statements(
                          store=st, workers=workers)
     except (StatementError, StoreError) as e:
         _fail(str(e), 2)
+    except OSError as e:
+        _fail(f"cannot write statements into --out {out} (a folder): {_os_error(e)}")
     t = Table(title=f"statements in {out}")
     for col in ("period", "team", "state", "files"):
         t.add_column(col)
