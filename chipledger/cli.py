@@ -64,6 +64,8 @@ def run(
     overwrite: bool = typer.Option(False, "--overwrite", help="replace the tables of a lake that has data"),
     check: bool = typer.Option(False, "--check-invariants", help="assert conservation after every event (slow)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+    strict: bool = typer.Option(False, "--strict", help="exit 1 when a line became a dead letter or the file "
+                                                        "has no events (for CI and scripts)"),
 ):
     """Fold an event file in-process (no Kafka, no server) and write the lake and the store."""
     summary = _run(events, lake, store, _config(config), overwrite, check)
@@ -71,6 +73,22 @@ def run(
         console.file.write(json.dumps(summary.as_dict()) + "\n")
     else:
         print_summary(summary)
+    if summary.lines == summary.blank:
+        err.print(f"warning: {events} has no events ({summary.lines} line(s), all blank): nothing was folded",
+                  highlight=False, markup=False, soft_wrap=True)
+        if strict:
+            raise typer.Exit(1)
+    if strict and summary.dead_letter_total:
+        err.print(f"error: --strict: {summary.dead_letter_total:,} line(s) became dead letters (lines "
+                  f"{_dead_lines(summary)})", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(1)
+
+
+def _dead_lines(summary, code=None) -> str:
+    lines = sorted(n for c, ns in summary.dead_letter_lines.items() if code is None or c == code for n in ns)
+    shown = ", ".join(map(str, lines[:10]))
+    total = summary.dead_letters[code] if code else summary.dead_letter_total
+    return shown + (f", … ({total - len(lines[:10]):,} more)" if total > len(lines[:10]) else "")
 
 
 def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, overwrite: bool, check: bool):
@@ -125,7 +143,9 @@ def print_summary(summary) -> None:
     t.add_row("accepted", f"{summary.accepted:,}")
     t.add_row("duplicates dropped", f"{summary.duplicates:,}")
     t.add_row("late (applied at the pool clock)", f"{summary.late:,}")
-    _add_breakdown(t, "dead letters", summary.dead_letters)
+    t.add_row("dead letters", f"{summary.dead_letter_total:,}")
+    for code, n in sorted(summary.dead_letters.items()):
+        t.add_row(f"  {code} (line{'s' if n > 1 else ''} {_dead_lines(summary, code)})", f"{n:,}")
     t.add_row("pools", f"{summary.pools:,}")
     for table, n in sorted(summary.rows_written.items()):
         t.add_row(f"lake rows: {table}", f"{n:,}")
