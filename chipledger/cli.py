@@ -161,11 +161,13 @@ def sql(
     query: Optional[str] = typer.Argument(None, help="SQL over the lake views (journal, events, jobs, job_runs, "
                                                      "error_budget, …); none: read SQL from standard input"),
     lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
-    fmt: str = typer.Option("table", "--format", "-f", help="table | csv | json"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table | csv | json | ndjson"),
+    limit: int = typer.Option(100, "--limit", min=0, help="rows a table shows (0: all); csv, json and ndjson "
+                                                         "are never cut"),
     config: Optional[Path] = ConfigOpt,
 ):
     """Run SQL with DuckDB over the lake's views; without a query, an interactive shell (until .quit or end of
-    input; statements end with ';')."""
+    input; statements end with ';'). Quote the column "at" (a DuckDB keyword): ORDER BY "at"."""
     import duckdb
 
     from analytics.views import connect, view_names
@@ -178,7 +180,7 @@ def sql(
     if query is None:
         from chipledger.sqlshell import run_shell
 
-        failures = run_shell(con, sys.stdin, console, err, fmt, view_names())
+        failures = run_shell(con, sys.stdin, console, err, fmt, view_names(), limit=limit)
         if failures and not sys.stdin.isatty():
             raise typer.Exit(1)
         return
@@ -188,7 +190,7 @@ def sql(
         columns = [d[0] for d in cur.description] if cur.description else []
     except duckdb.Error as e:
         _fail(f"query failed: {e}")
-    render(columns, rows, fmt, console)
+    render(columns, rows, fmt, console, limit=limit)
 
 
 def _lake_dir(lake: Optional[Path], cfg: Config) -> Path:

@@ -21,7 +21,7 @@ HELP = ("SQL over the lake views; end a statement with ';'. Commands: .tables  .
 
 
 def run_shell(con: duckdb.DuckDBPyConnection, inp: TextIO, out: Console, err: Console, fmt: str = "table",
-              views: list[str] | None = None) -> int:
+              views: list[str] | None = None, limit: int | None = 100) -> int:
     interactive = inp.isatty()
     if interactive:
         out.print(HELP, highlight=False)
@@ -46,7 +46,7 @@ def run_shell(con: duckdb.DuckDBPyConnection, inp: TextIO, out: Console, err: Co
                 err.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
                 continue
             if columns:
-                render(columns, rows, fmt, out)
+                render(columns, rows, fmt, out, limit=limit)
 
     while True:
         if interactive:
