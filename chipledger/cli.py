@@ -16,7 +16,7 @@ from rich.table import Table
 
 from chipledger.config import Config, ConfigError, load_config
 
-app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, add_completion=False,
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, add_completion=True,
                   help="chipledger: an event-sourced quota and demand ledger for shared accelerator fleets.")
 schema_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The event contract as JSON Schema.")
 app.add_typer(schema_app, name="schema")
@@ -35,6 +35,22 @@ PROGRESS_MIN_BYTES = 8 << 20  # show a progress bar for files larger than this
 
 ConfigOpt = typer.Option(None, "--config", help="chipledger.toml (default: ./chipledger.toml if present)",
                          exists=False, dir_okay=False)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from chipledger import __version__
+
+        typer.echo(f"chipledger {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main_options(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="print the version and exit"),
+):
+    """chipledger: an event-sourced quota and demand ledger for shared accelerator fleets."""
 
 
 def _config(path: Optional[Path]) -> Config:
@@ -223,6 +239,7 @@ def report(
                                         help="end of the period, and the instant error budgets end at "
                                              "(default: the latest event)"),
     out: Optional[Path] = typer.Option(None, "--out", help="folder for the charts (PNG) and report.html"),
+    as_json: bool = typer.Option(False, "--json", help="print the report's sections as JSON"),
     config: Optional[Path] = ConfigOpt,
 ):
     """The SLO summary: error budgets, burn-rate alerts, availability, quota honoured, scheduling latency,
@@ -243,14 +260,22 @@ def report(
         except AlertsError as e:
             _fail(str(e), 2)
     rep = build_report(con, pool=pool, since=t0, until=t1)
-    print_report(rep, console)
+    if not as_json:
+        print_report(rep, console)
+    written = []
     if out is not None:
         try:
             written = write_report(rep, out)
         except OSError as e:
             _fail(f"cannot write the report into --out {out} (a folder): {_os_error(e)}")
-        for path in written:
-            console.print(f"wrote {path}", highlight=False)
+        if not as_json:
+            for path in written:
+                console.print(f"wrote {path}", highlight=False)
+    if as_json:
+        console.file.write(json.dumps({
+            "title": rep.title, "subtitle": rep.subtitle, "pool": pool, "firing_pages": rep.firing_pages,
+            "sections": [{"title": s.title, "columns": s.columns, "rows": s.rows, "note": s.note} for s in rep.sections],
+            "files": [str(p) for p in written]}) + "\n")
 
 
 class _AlertsCommand(typer.core.TyperCommand):
@@ -344,6 +369,7 @@ def lake_upgrade(
 def lake_cache(
     lake: Optional[Path] = typer.Option(None, "--lake", help="the lake's folder (default [lake] path)"),
     config: Optional[Path] = ConfigOpt,
+    as_json: bool = typer.Option(False, "--json", help='print {"path", "state", "tables", "seconds"} as JSON'),
 ):
     """Compute the analytics cache of the lake as it is now (LAKE/_cache/analytics-KEY.duckdb), so that the
     next `report`, `sql`, `alerts` or `statements` reads the base tables and shared intermediates instead of
@@ -360,7 +386,10 @@ def lake_cache(
     if path is None:
         _fail(f"{root}: the lake has no files yet", 1)
     if cache_is_whole(path):
-        typer.echo(f"{path}: already cached", err=True)
+        if as_json:
+            typer.echo(json.dumps({"path": str(path), "state": "already cached", "tables": len(CACHED), "seconds": 0}))
+        else:
+            typer.echo(f"{path}: already cached", err=True)
         return
     t = time.perf_counter()
     connect(root, materialize=True).close()
@@ -369,8 +398,13 @@ def lake_cache(
               "done", 1)
     if not cache_is_whole(path):
         _fail(f"could not write {path} (is the lake writable?)", 1)
+    seconds = time.perf_counter() - t
+    if as_json:
+        typer.echo(json.dumps({"path": str(path), "state": "cached", "tables": len(CACHED),
+                               "seconds": round(seconds, 3)}))
+        return
     typer.echo(str(path))
-    typer.echo(f"cached {len(CACHED)} tables in {time.perf_counter() - t:.1f} s", err=True)
+    typer.echo(f"cached {len(CACHED)} tables in {seconds:.1f} s", err=True)
 
 
 @schema_app.command("export")
@@ -395,6 +429,7 @@ def demo(
     trace_dir: Optional[Path] = typer.Option(None, "--trace-dir",
                                              help="the trace's folder (default: ../shared/traces/… if present)"),
     config: Optional[Path] = ConfigOpt,
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON (run, pools, teams, statements)"),
 ):
     """Generate a seeded fleet scenario (or import a real trace), run it on the embedded default and print a
     short summary."""
@@ -404,13 +439,18 @@ def demo(
     from chipledger.config import fold_config
 
     fold = fold_config(_config(config))
+    import io
+
+    shown = Console(file=io.StringIO()) if as_json else console  # --json: the tables are not printed
     if trace is None:
         if not days > 0:
             _fail(f"--days must be more than 0, got {days:g}", 2)
         try:
-            run_demo(out, seed=seed, days=days, console=console, fold_config=fold)
+            result = run_demo(out, seed=seed, days=days, console=shown, fold_config=fold)
         except OSError as e:
             _fail(f"cannot write the demo into {out}: {_os_error(e)}")
+        if as_json:
+            console.file.write(json.dumps(_demo_json(result, out)) + "\n")
         return
     if trace not in SHARED_TRACE_DIRS:
         _fail(f"--trace must be one of {', '.join(SHARED_TRACE_DIRS)}", 2)
@@ -419,9 +459,25 @@ def demo(
         _fail(f"trace folder not found: pass --trace-dir (the public trace copies live in ../shared/traces/"
               f"{SHARED_TRACE_DIRS[trace]} beside the repository)", 2)
     try:
-        run_trace_demo(trace, src, out, console=console, fold_config=fold)
+        result = run_trace_demo(trace, src, out, console=shown, fold_config=fold)
     except (TraceFormatError, FileNotFoundError) as e:
         _fail(str(e))
+    if as_json:
+        console.file.write(json.dumps(_demo_json(result, out)) + "\n")
+
+
+def _demo_json(result: dict, out: Path) -> dict:
+    from chipledger.demo import ACCOUNT_ORDER
+
+    return {
+        "run": result["summary"], "lake": str(out / "lake"), "events": str(out / "events.jsonl"),
+        "pools": [{"pool": r[0], **{f"{a}_chip_h": round(v or 0.0, 3) for a, v in zip(ACCOUNT_ORDER, r[1:])}}
+                  for r in result["pools"]],
+        "teams": [{"pool": p, "team": t, "quota_chip_h": round(q or 0.0, 3), "used_chip_h": round(u or 0.0, 3),
+                   "borrowed_chip_h": round(b or 0.0, 3)} for p, t, q, u, b in result["teams"]],
+        "statements": [{"period": s.period.label, "team": s.team, "partial": s.partial,
+                        "files": [str(f) for f in s.files], "digest": s.digest} for s in result["statements"]],
+    }
 
 
 import_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Turn real traces and scheduler logs into event JSONL.")
@@ -517,11 +573,20 @@ def kafka_up(port: int = typer.Option(9092, help="client port on 127.0.0.1"), da
 
 
 @kafka_app.command("status")
-def kafka_status(data_dir: Path = DataDirOpt):
+def kafka_status(data_dir: Path = DataDirOpt,
+                 as_json: bool = typer.Option(False, "--json", help='print {"running", "ready", "port", …} as JSON')):
     """Say whether the local broker runs; exit 1 when it does not."""
     from streams import broker
 
     info = broker.status(data_dir)
+    if as_json:
+        console.file.write(json.dumps({"running": info is not None, "data_dir": str(data_dir),
+                                       **({"ready": bool(info.get("ready")), "port": info.get("port"),
+                                           "pid": info.get("pid"), "log": str(info.get("log"))} if info else {})})
+                           + "\n")
+        if info is None:
+            raise typer.Exit(1)
+        return
     if info is None:
         console.print(f"kafka: not running (data dir {data_dir})")
         raise typer.Exit(1)
@@ -629,6 +694,7 @@ def statements(
     store: Optional[str] = typer.Option(None, "--store", help="store URL that records issued statements "
                                                                "(default [store] url)"),
     workers: int = typer.Option(1, "--workers", help="processes rendering charts and files"),
+    as_json: bool = typer.Option(False, "--json", help="print what was issued as JSON"),
     config: Optional[Path] = ConfigOpt,
 ):
     """Issue quota statements per team and period: entitlement, use in quota, borrowed, burst, preemptions,
@@ -661,6 +727,11 @@ def statements(
         _fail(str(e), 2)
     except OSError as e:
         _fail(f"cannot write statements into --out {out} (a folder): {_os_error(e)}")
+    if as_json:
+        console.file.write(json.dumps([{"period": s.period.label, "team": s.team, "partial": s.partial,
+                                        "files": [str(f) for f in s.files], "digest": s.digest} for s in done])
+                           + "\n")
+        return
     t = Table(title=f"statements in {out}")
     for col in ("period", "team", "state", "files"):
         t.add_column(col)
