@@ -102,7 +102,7 @@ def latency_chart(labels: Sequence[str], p50: Sequence[float], p90: Sequence[flo
         ax.set_xscale("symlog", linthresh=10)
         if threshold_s is not None:
             ax.axvline(threshold_s, color="#c92a2a", linestyle="--", label=f"SLO {threshold_s:g} s")
-        ax.legend(loc="lower right", frameon=False)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)  # beside the bars, never over them
     else:
         _no_data(ax)
     ax.set_xlabel("seconds waited (first start − submit, restart − preemption)")
