@@ -157,6 +157,7 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
                 if too_large is not None:
                     dead(deadletter_row(line, too_large, topic, 0, offset, seen_clock))
                     summary.dead_letters[too_large.code.value] += 1
+                    _note_line(summary, too_large.code.value, offset)
                     continue
                 raw = line.rstrip(b"\r\n")
                 if offset == 1 and raw.startswith(UTF8_BOM):
