@@ -637,7 +637,9 @@ def render_files(st: dict, formats: Sequence[str]) -> dict[str, bytes]:
     if "csv" in formats:
         files[f"{stem}.csv"] = render_csv(st)
     if "md" in formats:
-        files[f"{stem}.md"] = render_markdown(st, f"{stem}.svg")
+        # the link is a URL: the file name's own percent signs (org%2Fteam.svg) are encoded again, else a viewer
+        # decodes the link to org/team.svg, a folder, and the image is broken
+        files[f"{stem}.md"] = render_markdown(st, quote(f"{stem}.svg", safe="-_.~"))
         files[f"{stem}.svg"] = chart
     if "html" in formats:
         files[f"{stem}.html"] = render_html(st, chart)
