@@ -52,7 +52,8 @@ def test_tolerance_makes_close_fair_shares_one_victim_class(tolerance, victim, l
     else:  # strict: search (lowest F) alone is the first class; vision is not looked at
         assert d.numbers["victim_class[search]"] == 0 and "victim_class[vision]" not in d.numbers
         assert "treated as equal" not in d.message and "fair_share_factor[vision]" not in d.numbers
-    assert d.message.endswith(f"victims checkpoint by {datetime.fromtimestamp(T0 + T + 60, timezone.utc):%Y-%m-%d %H:%M:%S} UTC")
+    by = datetime.fromtimestamp(T0 + T + 60, timezone.utc)
+    assert d.message.endswith(f"victims checkpoint by {by:%Y-%m-%d %H:%M:%S} UTC")
 
 
 def test_strict_order_names_only_the_lowest_fair_share_team():
