@@ -70,3 +70,28 @@ def demo_lake_of(tmp_path_factory):
         return made[days, seed]
 
     return lake
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A real Slurm (slurmctld, slurmdbd on MariaDB, 4 slurmd x 8 fake GPUs) started once for the session by
+    scripts/slurm.sh and stopped at the end (tests/slurm_support.py). Without Slurm installed: skipped loudly,
+    or a failure with CHIPLEDGER_REQUIRE_SLURM=1."""
+    import slurm_support
+
+    try:
+        cluster = slurm_support.Cluster(tmp_path_factory.mktemp("slurm"))
+    except slurm_support.SlurmUnavailable as err:
+        msg = f"SLURM TESTS NOT RUN: {err}"
+        if slurm_support.required():
+            pytest.fail(f"{msg} ({slurm_support.REQUIRE_ENV}=1)", pytrace=False)
+        pytest.skip(msg)
+    try:
+        cluster.start()
+    except Exception as err:  # installed but would not start: always a failure
+        cluster.stop()
+        pytest.fail(f"could not start Slurm: {err}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
