@@ -27,6 +27,10 @@ topics_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The 
 app.add_typer(topics_app, name="topics")
 lake_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Maintenance of the lake's Parquet files.")
 app.add_typer(lake_app, name="lake")
+slo_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The SLOs for Prometheus: rules over /metrics.")
+app.add_typer(slo_app, name="slo")
+grafana_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="A Grafana dashboard over /metrics.")
+app.add_typer(grafana_app, name="grafana")
 from chipledger.slurm.cli import slurm_app  # noqa: E402 - `chipledger slurm watch|actuate` (docs/slurm.md)
 app.add_typer(slurm_app, name="slurm")
 
@@ -245,6 +249,9 @@ def alerts(
                                           help="an error (exit 3) when the newest event is older than this "
                                                "before --at, or before now (e.g. 15m, 2h, 1d)"),
     as_json: bool = typer.Option(False, "--json", help="print the instant and the firing alerts as JSON"),
+    alertmanager: Optional[str] = typer.Option(None, "--alertmanager", metavar="URL",
+                                               help="also send the firing alerts to this Alertmanager "
+                                                    "(API v2, e.g. http://127.0.0.1:9093); exit 3 if it fails"),
     config: Optional[Path] = ConfigOpt,
 ):
     """Print the instant evaluated and the burn-rate alerts firing (SRE workbook windows: 1h & 5m at 14.4x and
@@ -283,6 +290,14 @@ def alerts(
             console.print(a.line(), highlight=False, markup=False, soft_wrap=True)
         if not ev.alerts:
             console.print("no burn-rate alert firing", highlight=False)
+    if alertmanager is not None:
+        from chipledger.alertmanager import AlertmanagerError, send
+
+        try:
+            sent = send(alertmanager, ev.alerts)
+        except AlertmanagerError as e:
+            _fail(str(e), EXIT_ERROR)
+        err.print(f"sent {sent} alert(s) to {alertmanager}", highlight=False)
     raise typer.Exit(exit_status(ev.alerts))
 
 
@@ -292,10 +307,15 @@ def lake_upgrade(
     config: Optional[Path] = ConfigOpt,
 ):
     """Bring a lake written by an earlier chipledger up to this version's tables, in place: `events` files gain
-    the typed event fields, taken from each row's JSON body. Safe to run again, and while readers are open."""
+    the typed event fields, taken from each row's JSON body, and the fact tables the fold now writes (`waits`,
+    `free_chips`) are written by folding the lake's events again (with this config's [ledger] and [policy]).
+    Safe to run again, and while readers are open."""
     from analytics.lake import LakeError, upgrade_events_files
+    from chipledger.config import fold_config
+    from chipledger.refold import missing_fact_tables, refold_facts
 
-    root = lake or Path(_config(config).lake.path)
+    cfg = _config(config)
+    root = lake or Path(cfg.lake.path)
     if not root.is_dir():
         _fail(f"no lake at {root}", 2)
     try:
@@ -304,8 +324,21 @@ def lake_upgrade(
         _fail(str(e), 1)
     for p in done:
         typer.echo(str(p))
-    typer.echo(f"{len(done)} events file(s) upgraded in {root}" if done else f"{root}: nothing to upgrade",
-               err=True)
+    missing = missing_fact_tables(root)
+    if done:
+        typer.echo(f"{len(done)} events file(s) upgraded in {root}", err=True)
+    if missing:
+        try:
+            out = refold_facts(root, fold_config(cfg), tables=missing)
+        except (OSError, ValueError) as e:
+            _fail(f"{root}: could not fold the lake's events again: {e}", 1)
+        rows = ", ".join(f"{t} {n:,} rows" for t, n in out["rows"].items())
+        typer.echo(f"folded {out['events']:,} events again: {rows}", err=True)
+        if out["rejected"]:
+            typer.echo(f"warning: {sum(out['rejected'].values()):,} events of the lake were not applied this time "
+                       f"({out['rejected']}): written by another version of the core?", err=True)
+    if not done and not missing:
+        typer.echo(f"{root}: nothing to upgrade", err=True)
 
 
 @lake_app.command("cache")
@@ -313,32 +346,19 @@ def lake_cache(
     lake: Optional[Path] = typer.Option(None, "--lake", help="the lake's folder (default [lake] path)"),
     config: Optional[Path] = ConfigOpt,
 ):
-    """Compute the analytics cache of the lake as it is now (LAKE/_cache/analytics-KEY.duckdb), so that the
-    next `report`, `sql`, `alerts` or `statements` reads the base tables and shared intermediates instead of
-    computing them. Any change to the lake's files makes a new key; files added since an older cache bring that
-    one up to date (seconds), anything else computes it whole. Run it after `chipledger run` or from cron."""
-    import time
-
-    from analytics.views import CACHED, cache_is_whole, cache_path, connect
+    """Retired: the views answer from the fold's facts without a cache (docs/analytics.md). Removes the cache
+    folder an earlier version left in the lake (LAKE/_cache), if any."""
+    import shutil
 
     root = lake or Path(_config(config).lake.path)
     if not root.is_dir():
         _fail(f"no lake at {root}", 2)
-    path = cache_path(root)
-    if path is None:
-        _fail(f"{root}: the lake has no files yet", 1)
-    if cache_is_whole(path):
-        typer.echo(f"{path}: already cached", err=True)
-        return
-    t = time.perf_counter()
-    connect(root, materialize=True).close()
-    if cache_path(root) != path:
-        _fail(f"{root}: the lake's files changed while caching (is a run writing to it?); run again when it is "
-              "done", 1)
-    if not cache_is_whole(path):
-        _fail(f"could not write {path} (is the lake writable?)", 1)
-    typer.echo(str(path))
-    typer.echo(f"cached {len(CACHED)} tables in {time.perf_counter() - t:.1f} s", err=True)
+    old = root / "_cache"
+    if old.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        typer.echo(f"removed {old}, the analytics cache of an earlier version", err=True)
+    typer.echo("the analytics cache is retired: every view is an aggregation of the lake's rows and the fold's facts "
+               "and needs no cache (a lake without the fact tables: `chipledger lake upgrade`)", err=True)
 
 
 @schema_app.command("export")
@@ -382,6 +402,38 @@ def demo(
         run_trace_demo(trace, src, out, console=console, fold_config=fold)
     except (TraceFormatError, FileNotFoundError) as e:
         _fail(str(e))
+
+
+@app.command()
+def backtest(
+    events: Path = typer.Option(..., "--events", help="event log (JSONL) whose demand is replayed"),
+    config: Path = typer.Option(..., "--config", help="the configuration to try ([policy], [backtest] quota)"),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="a second configuration, side by side "
+                                            "(default: the defaults with the log's own quotas)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="folder for backtest.json and backtest.html"),
+    quota: Optional[str] = typer.Option(None, "--quota", help="team=chips,… or pool:team=chips,…: the grants of "
+                                        "--config's run (overrides its [backtest] quota)"),
+    days: Optional[float] = typer.Option(None, "--days", help="only jobs submitted within this many days of "
+                                         "the log's start"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+):
+    """Replay a log's demand (submissions, chips, priorities, observed run times) through the simulated
+    cluster under --config (and --baseline), the ledger deciding; report quota honoured, waits, lost work,
+    utilisation, borrowed share, fairness and bursts side by side, and the simulated against the observed
+    waits (docs/backtest.md)."""
+    from chipledger.backtest import BacktestError, print_report, run_cli
+
+    try:
+        base_cfg = _config(baseline) if baseline is not None else Config()
+        alt_cfg = _config(config)
+        report = run_cli(events, alt_cfg, base_cfg, config.name,
+                         baseline.name if baseline is not None else "defaults", quota, days, out)
+    except BacktestError as err:
+        _fail(str(err))
+    if as_json:
+        console.file.write(json.dumps(report) + "\n")
+    else:
+        print_report(report, console)
 
 
 import_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Turn real traces and scheduler logs into event JSONL.")
@@ -481,17 +533,41 @@ DataDirOpt = typer.Option(Path(".kafka"), "--data-dir", help="broker config, dat
 
 
 @kafka_app.command("up")
-def kafka_up(port: int = typer.Option(9092, help="client port on 127.0.0.1"), data_dir: Path = DataDirOpt,
-             timeout: float = typer.Option(120, help="seconds to wait for the broker to answer")):
-    """Download the broker jars once (Maven), format KRaft storage, start the broker and wait until it answers."""
+def kafka_up(port: int = typer.Option(9092, help="client port on 127.0.0.1 (the SASL listener with --secure)"),
+             data_dir: Path = DataDirOpt,
+             timeout: float = typer.Option(120, help="seconds to wait for the broker to answer"),
+             secure: bool = typer.Option(False, "--secure", help="SASL/SCRAM, the standard authorizer (nothing "
+                                         "allowed without an ACL) and the users of docs/security.md"),
+             tls: bool = typer.Option(False, "--tls", help="with --secure: TLS on the listener (a throw-away CA "
+                                      "in DATA_DIR/tls/ca.pem)")):
+    """Download the broker jars once (Maven), format KRaft storage, start the broker and wait until it answers.
+
+    With --secure it also creates the users admin, cluster, worker, sink and reader with their ACLs; their
+    passwords are in DATA_DIR/secrets/<user>.password (0600), never printed."""
     from streams import broker
 
+    if tls and not secure:
+        _fail("--tls goes with --secure", 2)
     try:
-        info = broker.up(port=port, data_dir=data_dir, timeout_s=timeout)
+        info = broker.up(port=port, data_dir=data_dir, timeout_s=timeout, secure=secure, tls=tls)
     except broker.BrokerError as e:
         _fail(str(e))
     console.print(f"kafka {info.get('version', '')} up at {info['bootstrap_servers']} (pid {info['pid']}, "
-                  f"log {info['log']})")
+                  f"{info['security_protocol']}, log {info['log']})", highlight=False, soft_wrap=True)
+    if secure:
+        from streams.acl import local_connection, provision_defaults
+        from streams.topics import KafkaSetupError
+
+        try:
+            files = provision_defaults(local_connection(info), info["secrets_dir"], timeout_s=timeout)
+        except KafkaSetupError as e:
+            _fail(str(e), 2)
+        console.print(f"users {', '.join(files)}: passwords in {info['secrets_dir']}/<user>.password; super user "
+                      f"{broker.SUPER_USER} (PLAIN) in {info['secrets_dir']}/{broker.SUPER_USER}.password",
+                      highlight=False, soft_wrap=True)
+        if tls:
+            console.print(f"clients trust the CA {info['ca_file']} (--ca-file / [kafka] ssl_cafile)",
+                          highlight=False, soft_wrap=True)
 
 
 @kafka_app.command("status")
@@ -504,7 +580,8 @@ def kafka_status(data_dir: Path = DataDirOpt):
         console.print(f"kafka: not running (data dir {data_dir})")
         raise typer.Exit(1)
     state = "ready" if info.get("ready") else "starting"
-    console.print(f"kafka: {state} at 127.0.0.1:{info['port']} (pid {info['pid']}, log {info['log']})")
+    console.print(f"kafka: {state} at 127.0.0.1:{info['port']} (pid {info['pid']}, {info['security_protocol']}, "
+                  f"log {info['log']})", highlight=False, soft_wrap=True)
 
 
 @kafka_app.command("down")
@@ -516,9 +593,156 @@ def kafka_down(data_dir: Path = DataDirOpt, timeout: float = typer.Option(60, he
     console.print("kafka: stopped" if was_running else "kafka: was not running")
 
 
+
 BootstrapOpt = typer.Option(None, "--bootstrap", metavar="HOST:PORT",
                             help="Kafka bootstrap servers (default [kafka] bootstrap / CHIPLEDGER_KAFKA_BOOTSTRAP)")
 KafkaTimeoutOpt = typer.Option(10.0, "--timeout", min=0.1, help="seconds to wait for the broker to answer")
+KafkaUserOpt = typer.Option(None, "--user", help="Kafka SASL/SCRAM user (default [kafka] username / "
+                                                 "CHIPLEDGER_KAFKA_USERNAME)")
+KafkaPasswordFileOpt = typer.Option(None, "--password-file", dir_okay=False,
+                                    help="file whose first line is the user's password (default [kafka] "
+                                         "password_file; or CHIPLEDGER_KAFKA_PASSWORD)")
+KafkaCaFileOpt = typer.Option(None, "--ca-file", dir_okay=False,
+                              help="CA certificate (PEM) the broker's TLS certificate is checked against; turns "
+                                   "TLS on (default [kafka] ssl_cafile)")
+
+
+def _kafka(cfg: Config, bootstrap: Optional[str], user: Optional[str] = None, password_file: Optional[Path] = None,
+           ca_file: Optional[Path] = None):
+    """The Kafka connection of a command: [kafka] config and environment, overridden by its options."""
+    from streams.clients import KafkaSecurityError, connection_from_config
+
+    try:
+        return connection_from_config(cfg.kafka, bootstrap=bootstrap, username=user, password_file=password_file,
+                                      ssl_cafile=ca_file)
+    except KafkaSecurityError as e:
+        _fail(str(e), 2)
+
+
+users_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="SCRAM users of a secure broker and their roles (admin, cluster, worker, sink, "
+                             "reader: docs/security.md). Needs the super user: [kafka] credentials, --user/"
+                             "--password-file, or else the local broker of --data-dir.")
+kafka_app.add_typer(users_app, name="users")
+
+
+def _super(cfg: Config, bootstrap, user, password_file, ca_file, data_dir: Path):
+    """The connection for user management: the given credentials, else the local broker's super user."""
+    if user or password_file or cfg.kafka.username:
+        return _kafka(cfg, bootstrap, user, password_file, ca_file)
+    from streams import broker
+    from streams.acl import local_connection
+    from streams.clients import KafkaSecurityError
+
+    info = broker.status(data_dir)
+    if info is None or not info.get("secure"):
+        _fail(f"no credentials given and no secure local broker runs in {data_dir}: pass --user and "
+              "--password-file of a super user, or start one with `chipledger kafka up --secure`", 2)
+    try:
+        return local_connection(info).with_bootstrap(bootstrap)
+    except KafkaSecurityError as e:
+        _fail(str(e), 2)
+
+
+@users_app.command("add")
+def users_add(
+    name: str = typer.Argument(..., help="user name (the principal User:NAME)"),
+    role: list[str] = typer.Option(..., "--role", help="admin | cluster | worker | sink | reader (repeatable)"),
+    new_password_file: Optional[Path] = typer.Option(None, "--new-password-file", dir_okay=False,
+                                                     help="the user's password: read from this file if it exists, "
+                                                          "else a random one is written to it (0600)"),
+    password_from_env: Optional[str] = typer.Option(None, "--password-from-env", metavar="VAR",
+                                                    help="or: the user's password is in this environment variable "
+                                                         "(docker-compose)"),
+    app_id: str = typer.Option("chipledger-worker", "--app-id",
+                               help="worker role: the Faust app id its topics, groups and ids start with"),
+    bootstrap: Optional[str] = BootstrapOpt, config: Optional[Path] = ConfigOpt,
+    user: Optional[str] = KafkaUserOpt, password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt, data_dir: Path = DataDirOpt, timeout: float = KafkaTimeoutOpt,
+):
+    """Create a user, or set its password and roles (to rotate a password, give a new file)."""
+    import os
+    import secrets
+
+    from streams.acl import add_user
+    from streams.clients import KafkaSecurityError, read_password_file
+    from streams.topics import KafkaSetupError
+
+    from streams.clients import Secret
+
+    if (new_password_file is None) == (password_from_env is None):
+        _fail("give exactly one of --new-password-file and --password-from-env", 2)
+    if password_from_env is not None and not os.environ.get(password_from_env):
+        _fail(f"the environment variable {password_from_env} is not set", 2)
+    conn = _super(_config(config), bootstrap, user, password_file, ca_file, data_dir)
+    made = False
+    if new_password_file is not None and not new_password_file.exists():
+        try:
+            fd = os.open(new_password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as e:
+            _fail(f"cannot write {new_password_file}: {e.strerror}", 2)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(24) + "\n")
+        made = True
+    try:
+        password = (Secret(os.environ[password_from_env]) if password_from_env is not None
+                    else read_password_file(new_password_file))
+        info = add_user(conn, name, role, password, app_id=app_id, timeout_s=timeout)
+    except (KafkaSetupError, KafkaSecurityError, ValueError) as e:
+        if made:
+            new_password_file.unlink(missing_ok=True)
+        _fail(str(e), 2)
+    console.print(f"user {info.name}: roles {', '.join(info.roles)}"
+                  + (f" (app id {info.app_id})" if info.app_id else "")
+                  + f"; password {'written to' if made else 'from'} {new_password_file or password_from_env}",
+                  highlight=False,
+                  soft_wrap=True)
+
+
+@users_app.command("list")
+def users_list(
+    bootstrap: Optional[str] = BootstrapOpt, config: Optional[Path] = ConfigOpt,
+    user: Optional[str] = KafkaUserOpt, password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt, data_dir: Path = DataDirOpt, timeout: float = KafkaTimeoutOpt,
+    as_json: bool = typer.Option(False, "--json", help="print the users as JSON"),
+):
+    """The SCRAM users, their mechanisms and the roles their ACLs give them."""
+    from streams.acl import list_users
+    from streams.topics import KafkaSetupError
+
+    conn = _super(_config(config), bootstrap, user, password_file, ca_file, data_dir)
+    try:
+        users = list_users(conn, timeout_s=timeout)
+    except KafkaSetupError as e:
+        _fail(str(e), 2)
+    if as_json:
+        console.file.write(json.dumps([{"name": u.name, "mechanisms": list(u.mechanisms), "roles": list(u.roles),
+                                        "app_id": u.app_id} for u in users]) + "\n")
+        return
+    for u in users:
+        console.print(f"{u.name:<20} {','.join(u.roles) or '(no role)':<20} {','.join(u.mechanisms)}"
+                      + (f"  app id {u.app_id}" if u.app_id else ""), markup=False, highlight=False, soft_wrap=True)
+
+
+@users_app.command("remove")
+def users_remove(
+    name: str = typer.Argument(..., help="user name"),
+    bootstrap: Optional[str] = BootstrapOpt, config: Optional[Path] = ConfigOpt,
+    user: Optional[str] = KafkaUserOpt, password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt, data_dir: Path = DataDirOpt, timeout: float = KafkaTimeoutOpt,
+):
+    """Delete a user's SCRAM credentials and ACLs (its open connections end at their next authentication)."""
+    from streams.acl import remove_user
+    from streams.topics import KafkaSetupError
+
+    conn = _super(_config(config), bootstrap, user, password_file, ca_file, data_dir)
+    try:
+        gone = remove_user(conn, name, timeout_s=timeout)
+    except KafkaSetupError as e:
+        _fail(str(e), 2)
+    console.print(f"user {name}: {'removed' if gone else 'did not exist'}", highlight=False)
+    if not gone:
+        raise typer.Exit(1)
 
 
 @topics_app.command("create")
@@ -529,6 +753,9 @@ def topics_create(
     replication: int = typer.Option(1, "--replication", min=1, help="replication factor of new topics"),
     config: Optional[Path] = ConfigOpt,
     timeout: float = typer.Option(30.0, "--timeout", min=0.1, help="seconds to wait for the broker"),
+    user: Optional[str] = KafkaUserOpt,
+    password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt,
 ):
     """Create the input and output topics that are missing (idempotent); print each with created/exists.
 
@@ -536,10 +763,10 @@ def topics_create(
     from streams.topics import KafkaSetupError, create_topics
 
     cfg = _config(config)
-    bootstrap = bootstrap or cfg.kafka.bootstrap
+    conn = _kafka(cfg, bootstrap, user, password_file, ca_file)
     partitions = partitions or cfg.kafka.partitions
     try:
-        result = create_topics(bootstrap, partitions=partitions, replication=replication, timeout_s=timeout)
+        result = create_topics(conn, partitions=partitions, replication=replication, timeout_s=timeout)
     except (KafkaSetupError, ValueError) as e:
         _fail(str(e), 2)
     width = max(len(name) for name in result)
@@ -554,6 +781,9 @@ def emit(
     bootstrap: Optional[str] = BootstrapOpt,
     config: Optional[Path] = ConfigOpt,
     timeout: float = KafkaTimeoutOpt,
+    user: Optional[str] = KafkaUserOpt,
+    password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt,
 ):
     """Validate and publish JSONL events to Kafka (keyed by pool); report invalid lines on stderr.
 
@@ -563,7 +793,8 @@ def emit(
     from streams.topics import KafkaSetupError
 
     cfg = _config(config)
-    bootstrap = bootstrap or cfg.kafka.bootstrap
+    conn = _kafka(cfg, bootstrap, user, password_file, ca_file)
+    bootstrap = conn.bootstrap
     if file is not None and str(file) != "-":
         if not file.is_file():
             _fail(f"events file {file} does not exist", 2)
@@ -576,7 +807,7 @@ def emit(
 
     ms = int(timeout * 1000)
     try:
-        with producer_mod.LedgerProducer(bootstrap, bootstrap_timeout_ms=ms, max_block_ms=ms) as producer:
+        with producer_mod.LedgerProducer(conn, bootstrap_timeout_ms=ms, max_block_ms=ms) as producer:
             report = producer_mod.emit_lines(producer, source, on_invalid=invalid)
     except KafkaSetupError as e:
         _fail(str(e), 2)
@@ -730,8 +961,15 @@ def worker(
                                                     help="how long the broker may hold a fetch of the input topics "
                                                          "(default [worker] fetch_max_wait_ms = 20)"),
     app_id: str = typer.Option("chipledger-worker", "--app-id", help="Faust app id (consumer group, table topics)"),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", min=0, max=65535,
+                                               help="serve Prometheus /metrics of the pools this worker folds on "
+                                                    "this port (default: no metrics)"),
+    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="address /metrics listens on"),
     loglevel: str = typer.Option("warning", "--loglevel", help="debug | info | warning | error"),
     timeout: float = KafkaTimeoutOpt,
+    user: Optional[str] = KafkaUserOpt,
+    password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt,
 ):
     """Run the Faust worker: fold the input topics with the ledger core and send decisions, lake rows and dead
     letters to the output topics (run `chipledger sink` to write them to the lake and the store)."""
@@ -740,9 +978,10 @@ def worker(
     from streams.worker import WorkerSettings, run_worker
 
     cfg = _config(config)
-    bootstrap = bootstrap or cfg.kafka.bootstrap
+    conn = _kafka(cfg, bootstrap, user, password_file, ca_file)
+    bootstrap = conn.bootstrap
     try:
-        counts = describe_partitions(bootstrap, tuple(INPUT_TOPICS) + tuple(OUTPUT_TOPICS), timeout_s=timeout)
+        counts = describe_partitions(conn, tuple(INPUT_TOPICS) + tuple(OUTPUT_TOPICS), timeout_s=timeout)
     except KafkaSetupError as e:
         _fail(str(e), 2)
     missing = [t for t in tuple(INPUT_TOPICS) + tuple(OUTPUT_TOPICS) if t not in counts]
@@ -756,16 +995,16 @@ def worker(
     fold = fold_config(cfg)  # [ledger] and [policy]
 
     settings = WorkerSettings(
-        bootstrap=bootstrap, app_id=app_id, data_dir=data_dir or Path(cfg.worker.data_dir), table_store=store_kind,
+        bootstrap=bootstrap, kafka=conn, app_id=app_id, data_dir=data_dir or Path(cfg.worker.data_dir), table_store=store_kind,
         partitions=counts[INPUT_TOPICS[0]],
         merge_idle_ms=cfg.worker.merge_idle_ms if merge_idle_ms is None else merge_idle_ms,
         tick_interval_s=cfg.worker.tick_interval_s if tick_interval is None else tick_interval,
         fetch_max_wait_ms=cfg.worker.fetch_max_wait_ms if fetch_max_wait_ms is None else fetch_max_wait_ms,
-        fold_config=fold,
+        fold_config=fold, metrics_port=metrics_port, metrics_host=metrics_host, sched_slo_s=cfg.slo.sched_slo_s,
     )
     import ledger
 
-    err.print(f"worker {app_id}: {bootstrap}, {settings.partitions} partitions, table {store_kind} in "
+    err.print(f"worker {app_id}: {conn.describe()}, {settings.partitions} partitions, table {store_kind} in "
               f"{settings.data_dir}", highlight=False)
     err.print(f"worker {app_id}: ledger core {ledger.CORE}", highlight=False, soft_wrap=True)
     run_worker(settings, loglevel)
@@ -783,6 +1022,9 @@ def sink(
                                                     "until interrupted)"),
     as_json: bool = typer.Option(False, "--json", help="print what was written as JSON"),
     timeout: float = KafkaTimeoutOpt,
+    user: Optional[str] = KafkaUserOpt,
+    password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt,
 ):
     """Write the worker's outputs (lake rows, decisions, dead letters, balances) to the lake and the store,
     exactly once: positions and effects in one store transaction."""
@@ -792,12 +1034,13 @@ def sink(
     from streams.topics import KafkaSetupError
 
     cfg = _config(config)
+    conn = _kafka(cfg, bootstrap, user, password_file, ca_file)
     try:
         st = open_store(store or cfg.store.url)
     except StoreError as e:
         _fail(str(e))
     try:
-        s = Sink(lake or Path(cfg.lake.path), st, bootstrap=bootstrap or cfg.kafka.bootstrap, name=name,
+        s = Sink(lake or Path(cfg.lake.path), st, bootstrap=conn, name=name,
                  timeout_s=timeout)
     except KafkaSetupError as e:
         _fail(str(e), 2)
@@ -812,6 +1055,82 @@ def sink(
     else:
         console.print(f"sink {name}: {stats.records:,} records, {stats.resent_dropped:,} re-sent dropped, "
                       f"rows {dict(sorted(stats.rows.items()))}", highlight=False)
+
+
+def _write_text(text: str, out: Optional[Path]) -> None:
+    if out is None:
+        console.file.write(text)
+        return
+    try:
+        out.write_text(text)
+    except OSError as e:
+        _fail(f"cannot write {out}: {e.strerror}")
+    err.print(f"wrote {out}", highlight=False)
+
+
+@slo_app.command("rules")
+def slo_rules_cmd(
+    out: Optional[Path] = typer.Option(None, "--out", help="file to write (default: standard output)"),
+    fmt: str = typer.Option("prometheus", "--format", help="prometheus (rule file) | openslo (OpenSLO v1 documents)"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """Prometheus recording rules (error ratio of each SLO over 5m, 30m, 1h, 6h, 3d and the budget window) and
+    multi-window burn-rate alerting rules (page 14.4x over 1h & 5m, page 6x over 6h & 30m, ticket 1x over 3d &
+    6h) from the [slo] targets, over the counters of /metrics. Check them with `promtool check rules`."""
+    from chipledger.slo_rules import openslo, prometheus_rules
+
+    cfg = _config(config)
+    if fmt not in ("prometheus", "openslo"):
+        _fail(f"--format must be prometheus or openslo, got {fmt!r}", 2)
+    _write_text(prometheus_rules(cfg.slo) if fmt == "prometheus" else openslo(cfg.slo), out)
+
+
+@grafana_app.command("dashboard")
+def grafana_dashboard_cmd(
+    out: Optional[Path] = typer.Option(None, "--out", help="file to write (default: standard output)"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """A Grafana dashboard (JSON, import it or provision it) over /metrics and the rules of `slo rules`: fleet per
+    pool and flavor, team use against quota, pending by reason, error budgets and burn rates, fragmentation,
+    decisions, and the worker's health."""
+    from chipledger.grafana import dashboard_json
+
+    cfg = _config(config)
+    _write_text(dashboard_json(cfg.slo), out)
+
+
+@app.command("serve-metrics")
+def serve_metrics(
+    lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
+    port: int = typer.Option(9464, "--port", min=0, max=65535, help="port of /metrics (0: any free port)"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
+    poll: float = typer.Option(15.0, "--poll", min=0.1, help="seconds between looks for files added to the lake"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """Serve Prometheus /metrics for an embedded lake: its events folded again with the ledger core (the worker's
+    counters and gauges), following the files added to it."""
+    import asyncio
+
+    from chipledger.config import fold_config
+    from chipledger.monitoring import LakeMetrics, run_server
+
+    cfg = _config(config)
+    lm = LakeMetrics(_lake_dir(lake, cfg), fold_config(cfg), cfg.slo.sched_slo_s)
+    try:
+        n = lm.poll()
+    except Exception as e:  # noqa: BLE001 - a lake that cannot be read: say which and why
+        _fail(f"cannot read lake {lm.lake}: {e}")
+    err.print(f"serve-metrics: folded {n:,} events of {len(lm.fleet.pools)} pools from {lm.lake}", highlight=False)
+
+    def started(bound: int) -> None:
+        err.print(f"serve-metrics: http://{host}:{bound}/metrics", highlight=False)
+
+    try:
+        asyncio.run(run_server(lm, host, port, poll, started=started))
+    except OSError as e:
+        _fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
+    except KeyboardInterrupt:
+        pass
 
 
 @app.command()

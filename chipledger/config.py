@@ -24,8 +24,19 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class KafkaConfig:
+    """[kafka]: where the brokers are and how every client authenticates (docs/security.md)."""
+
     bootstrap: str = "127.0.0.1:9092"
     partitions: int = 3
+    security_protocol: str = ""  # PLAINTEXT | SASL_PLAINTEXT | SASL_SSL | SSL; "": from username / ssl_cafile
+    sasl_mechanism: str = "SCRAM-SHA-512"  # or SCRAM-SHA-256
+    username: str = ""
+    password: str = field(default="", repr=False)  # prefer password_file or CHIPLEDGER_KAFKA_PASSWORD
+    password_file: str = ""  # a file whose first line is the password
+    ssl_cafile: str = ""  # the CA that signed the brokers' certificates (PEM)
+    ssl_certfile: str = ""  # a client certificate (PEM), with ssl_keyfile, when the brokers ask for one
+    ssl_keyfile: str = ""
+    ssl_check_hostname: bool = True
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,9 @@ class PolicyConfig:
     decision_timeout_s: int = _FOLD_DEFAULTS.decision_timeout_s
     candidates_per_team: int = _FOLD_DEFAULTS.candidates_per_team
     victim_order: str = _FOLD_DEFAULTS.victim_order
+    fair_share_tolerance: float = _FOLD_DEFAULTS.fair_share_tolerance
+    restart_cost_s: int = _FOLD_DEFAULTS.restart_cost_s
+    checkpoint_grace_s: int = _FOLD_DEFAULTS.checkpoint_grace_s
 
     def __post_init__(self):
         try:
@@ -123,6 +137,21 @@ class WorkerConfig:
 
 
 @dataclass(frozen=True)
+class BacktestConfig:
+    """[backtest]: what `chipledger backtest` changes besides [policy] (docs/backtest.md)."""
+
+    quota: str = ""          # team=chips,… (every pool) or pool:team=chips,…; overrides the log's grants
+    act_delay_s: int = 10    # the simulated cluster acts on a decision this long after it
+    coop_share: float = 0.0  # share of victims that checkpoint on notice before they are preempted
+
+    def __post_init__(self):
+        if self.act_delay_s < 0:
+            raise ValueError(f"[backtest] act_delay_s must not be negative, got {self.act_delay_s}")
+        if not 0.0 <= self.coop_share <= 1.0:
+            raise ValueError(f"[backtest] coop_share must be between 0 and 1, got {self.coop_share}")
+
+
+@dataclass(frozen=True)
 class Config:
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -132,15 +161,17 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     statements: StatementsConfig = field(default_factory=StatementsConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
+    backtest: BacktestConfig = field(default_factory=BacktestConfig)
 
 
 _TYPES = {"int": int, "str": str, "bool": bool, "float": float}
+_SECRETS = {("kafka", "password")}  # never echoed in an error message
 # keys that moved: (section, key) -> where the value lives now
 _MOVED = {("policy", "capacity_slo_target"): "[slo] availability (the capacity SLO's target: its error budget "
                                              "gates bursts)"}
 _SECTION_CLASSES = {"kafka": KafkaConfig, "store": StoreConfig, "lake": LakeConfig, "ledger": LedgerConfig,
                     "slo": SloConfig, "policy": PolicyConfig, "statements": StatementsConfig,
-                    "worker": WorkerConfig}
+                    "worker": WorkerConfig, "backtest": BacktestConfig}
 
 
 def _coerce(section: str, key: str, value: Any, target: type, origin: str):
@@ -168,7 +199,8 @@ def _coerce(section: str, key: str, value: Any, target: type, origin: str):
                 return float(value)
             except ValueError:
                 pass
-    raise ConfigError(f"{origin}: [{section}] {key} must be a {target.__name__}, got {value!r}")
+    shown = "a value of another type" if (section, key) in _SECRETS else repr(value)
+    raise ConfigError(f"{origin}: [{section}] {key} must be a {target.__name__}, got {shown}")
 
 
 def _replace_section(current, updates: dict, origin: str):

@@ -182,7 +182,7 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
     summary.lines = offset if read_bytes else 0
     for row in early:  # no event was applied at all: the dead letters keep time 0 (1970-01-01)
         add("deadletters", row)
-    for table, row in close_rows(*fleet.close(), fleet.policy_rows()):
+    for table, row in close_rows(*fleet.close(), {**fleet.policy_rows(), **fleet.close_facts()}):
         add(table, row)
     summary.rows_written = writer.close()
     summary.pools = len(fleet.pools)

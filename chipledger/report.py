@@ -155,13 +155,14 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
     clip_hi = "least(until_s, coalesce($until, until_s))"
     frag = _rows(con, f"""
         WITH f AS (
-            SELECT pool, free_chips, whole_node_free_chips, unplaced_runs,
-                   greatest(0, {clip_hi} - {clip_lo}) AS s FROM calc_fragmentation WHERE {in_pool}
+            SELECT pool, free_milli / 1000.0 AS free_chips, free_whole_nodes_milli / 1000.0 AS whole_node_free_chips,
+                   largest_startable_milli / 1000.0 AS largest_chips, free_whole_nodes_milli IS NOT NULL AS known,
+                   greatest(0, {clip_hi} - {clip_lo}) AS s FROM calc_free_steps WHERE {in_pool}
         )
-        SELECT pool, sum(s) FILTER (WHERE unplaced_runs = 0) / 3600.0 AS known_h, sum(s) / 3600.0 AS total_h,
-               sum(s * (free_chips - whole_node_free_chips)) FILTER (WHERE unplaced_runs = 0 AND free_chips > 0)
-                 / nullif(sum(s * free_chips) FILTER (WHERE unplaced_runs = 0 AND free_chips > 0), 0),
-               min(whole_node_free_chips) FILTER (WHERE unplaced_runs = 0 AND s > 0),
+        SELECT pool, sum(s) FILTER (WHERE known) / 3600.0 AS known_h, sum(s) / 3600.0 AS total_h,
+               sum(s * (free_chips - whole_node_free_chips)) FILTER (WHERE known AND free_chips > 0)
+                 / nullif(sum(s * free_chips) FILTER (WHERE known AND free_chips > 0), 0),
+               min(largest_chips) FILTER (WHERE known AND s > 0),
                sum(s * free_chips) / nullif(sum(s), 0)
         FROM f GROUP BY pool HAVING sum(s) > 0 ORDER BY pool""", p)
     rep.sections.append(Section(

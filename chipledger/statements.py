@@ -35,7 +35,7 @@ MCHIP_S_PER_CHIP_H = 3_600_000
 TEAM_ACCOUNTS = ("entitled", "in_quota", "borrowed", "burst", "pending")
 UTC = timezone.utc
 # the SLO base tables and intermediates the statements read (sched_waits, error_budget), computed once per issue
-STATEMENT_TABLES = ("base_runs", "base_events", "base_pool_end", "base_jobs", "calc_waits", "calc_chip_segments",
+STATEMENT_TABLES = ("base_runs", "base_events", "base_pool_end", "base_waits", "calc_free_steps", "calc_waits",
                     "calc_sli_points", "calc_slo_window")
 
 
@@ -191,7 +191,7 @@ def books_closed_through_files(lake: Path) -> dict[str, datetime]:
 def known_teams(con) -> list[str]:
     rows = _rows(con, """
         SELECT team FROM journal_postings WHERE team IS NOT NULL
-        UNION SELECT team FROM job_runs UNION SELECT team FROM base_jobs WHERE team IS NOT NULL ORDER BY 1""")
+        UNION SELECT team FROM job_runs UNION SELECT team FROM base_waits WHERE team IS NOT NULL ORDER BY 1""")
     return [r[0] for r in rows]
 
 

@@ -45,6 +45,7 @@ from ledger.fold import DEFAULT_CONFIG, FoldConfig, evolve
 from ledger.state import PoolState
 from schemas import INPUT_TOPICS, Rejection, RejectionCode, parse_event
 from schemas.topics import TOPIC_DEADLETTER, TOPIC_DECISIONS, TOPIC_JOURNAL, TOPIC_QUOTA
+from streams.clients import KafkaConnection, as_connection
 from streams.merge import HEADER_PRODUCER, HEADER_SEQ, TP, Merger, merge_key
 from streams.rows import deadletter_row, step_rows
 
@@ -59,6 +60,8 @@ SendFn = Callable[[str, bytes, bytes], Awaitable[Any]]  # (topic, key, value) ->
 @dataclass
 class WorkerSettings:
     bootstrap: str = "127.0.0.1:9092"
+    # address and credentials of every client of the worker (streams.clients); None: PLAINTEXT to `bootstrap`
+    kafka: Optional[KafkaConnection] = None
     app_id: str = "chipledger-worker"
     data_dir: Path = Path(".chipledger-worker")
     table_store: str = "rocksdb"  # rocksdb | memory
@@ -71,6 +74,13 @@ class WorkerSettings:
     freeze_gc: bool = False  # run_worker (its own process): gc.freeze() at each checkpoint, see PoolWorker._gc
     full_gc_interval_s: float = 600  # with freeze_gc: how often everything is collected (one longer pause)
     fold_config: FoldConfig = field(default_factory=lambda: DEFAULT_CONFIG)
+    metrics_port: Optional[int] = None  # serve Prometheus /metrics (streams/metrics.py) on this port; 0: any free
+    metrics_host: str = "127.0.0.1"
+    sched_slo_s: int = 600  # [slo] sched_slo_s: the wait SLO counters of /metrics
+
+    def connection(self) -> KafkaConnection:
+        """The Kafka connection of every client of the worker (Faust's consumer and producer, its admin)."""
+        return self.kafka if self.kafka is not None else as_connection(self.bootstrap)
 
     def store_url(self) -> str:
         if self.table_store == "memory":
@@ -150,6 +160,7 @@ class PoolWorker:
         self._lock = asyncio.Lock()
         self._ckpt: Optional[asyncio.Future] = None  # the checkpoint in progress
         self._last_full_gc = float("-inf")
+        self.metrics = None  # a streams.metrics.MetricsCollector fed with every folded record (--metrics-port)
 
     # --- in ---------------------------------------------------------------------------------------------
     def receive(self, event) -> None:
@@ -187,7 +198,11 @@ class PoolWorker:
             n = 0
             for pool, items in released:
                 for p in items:
-                    for topic, item in self._fold(pool, p, self._touched):
+                    t0 = time.perf_counter_ns()
+                    outputs = self._fold(pool, p, self._touched)
+                    if self.metrics is not None:
+                        self.metrics.folded(pool, outputs, time.perf_counter_ns() - t0)
+                    for topic, item in outputs:
                         out.setdefault((topic, pool), []).append(item)
                     self._unacked.append(p)
                     n += 1
@@ -340,8 +355,10 @@ CONSUMER_MAX_FETCH_BYTES = 8 << 20  # per partition and fetch (Faust's default, 
 
 def faust_settings(settings: WorkerSettings) -> dict:
     """The `faust.App` settings of the worker (bench/stream.py measures a no-op app with the same ones)."""
+    conn = settings.connection()
     return dict(
-        broker=f"kafka://{settings.bootstrap}",
+        broker=conn.faust_broker(),
+        broker_credentials=conn.faust_credentials(),
         store=settings.store_url(),
         datadir=str(settings.data_dir),
         topic_partitions=settings.partitions,
@@ -439,6 +456,28 @@ def make_app(settings: WorkerSettings):
 
     for t in topics.values():
         make_agent(t)
+
+    if settings.metrics_port is not None:
+        from streams.metrics import MetricsCollector, bound_port, registry_of, serve
+
+        def lag() -> dict:
+            out = {}
+            for tp, nxt in worker.received_next.items():
+                try:
+                    hw = app.consumer.highwater(tp)
+                except Exception:  # noqa: BLE001 - not assigned (any more): no lag to tell
+                    continue
+                if hw is not None:
+                    out[(tp.topic, tp.partition)] = max(0, hw - nxt)
+            return out
+
+        worker.metrics = MetricsCollector(worker.pools, settings.fold_config, settings.sched_slo_s, lag=lag)
+
+        @app.task
+        async def metrics_server():
+            runner = await serve(registry_of(worker.metrics), settings.metrics_host, settings.metrics_port)
+            worker.metrics_port = bound_port(runner)
+            log.warning("worker: /metrics on http://%s:%d/metrics", settings.metrics_host, worker.metrics_port)
 
     @app.task
     async def drain_loop():

@@ -53,12 +53,18 @@ def test_run_writes_decisions_balances_and_reasons_and_why_explains(tmp_path):
     assert con.execute("SELECT decision_id, type, rule, team, beneficiary_job_id, victims, need_chips, "
                        "freed_chips, lost_work_chip_s FROM decisions ORDER BY \"at\"").fetchall() == [
         ("tick-2060:reclaim:a1", "decision.preempt", "reclaim", "org/ads", "a1", 1, 2.0, 2.0, 1120),
-        # nobody acted on it: it timed out at 2660 and was made anew at the next event (4000)
-        ("tick-4000:reclaim:a1", "decision.preempt", "reclaim", "org/ads", "a1", 1, 2.0, 2.0, 5000)]
+        # nobody acted on it: it timed out at 2660 and was made anew at the next event (4000); by then
+        # F_search = 2^(-(16000/28000)/0.25) = 0.205 and F_vision = 2^(-(12000/28000)/0.25) = 0.305 differ by less
+        # than fair_share_tolerance 0.1: one victim class, and vision's v1 (checkpointed at 1990: 2 × 2010 =
+        # 4020 chip-s) loses less than search's s1 (2 × 2500 = 5000)
+        ("tick-4000:reclaim:a1", "decision.preempt", "reclaim", "org/ads", "a1", 1, 2.0, 2.0, 4020)]
+    # the victims' lost work is the estimate at decision time; checkpoint_by = the decision's instant + 60 s
+    assert con.execute("SELECT decision_id, epoch(checkpoint_by - \"at\")::INT FROM decision_victims").fetchall() == [
+        ("tick-2060:reclaim:a1", 60), ("tick-4000:reclaim:a1", 60)]
     assert con.execute("SELECT decision_id, job_id, team, chips, lost_work_chip_s, preemption_count, preempted_at "
                        "FROM decision_victims ORDER BY \"at\"").fetchall() == [
         ("tick-2060:reclaim:a1", "s1", "search", 2.0, 1120, 0, None),
-        ("tick-4000:reclaim:a1", "s1", "search", 2.0, 5000, 0, None)]
+        ("tick-4000:reclaim:a1", "v1", "vision", 2.0, 4020, 0, None)]
     # hour 0 closed at 3600: balances then and at the end of the run (4000)
     rows = con.execute('SELECT team, epoch("at")::BIGINT - ?, nominal_chips, used_chips, borrowed_chips, '
                        'decayed_usage_mchip_s, round(fair_share_factor, 6), round(borrowed_share, 6) '
