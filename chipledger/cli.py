@@ -605,7 +605,8 @@ def import_sacct_cmd(src: Path = typer.Argument(..., help="output of sacct --par
                      chips_per_node: int = typer.Option(8, help="GPUs per node in the partitions"),
                      cluster: Optional[str] = typer.Option(None, help="pools <cluster>/<partition>, as `slurm "
                                                            "watch` names them"),
-                     nodes: Optional[Path] = typer.Option(None, help="`sinfo --json` dump: the chips (needs --cluster)"),
+                     nodes: Optional[Path] = typer.Option(None, help="`sinfo --json` or `scontrol show node -o` dump: the chips (needs "
+                                                         "--cluster)"),
                      assoc: Optional[Path] = typer.Option(None, help="`sacctmgr -P show assoc format=id,account,user,"
                                                           "partition,grptres` dump: GPU quotas (needs --nodes)"),
                      inventory_at: Optional[str] = typer.Option(None, help="when the chips and quotas take effect "
