@@ -651,7 +651,8 @@ def render_files(st: dict, formats: Sequence[str]) -> dict[str, bytes]:
     if "csv" in formats:
         files[f"{stem}.csv"] = render_csv(st)
     if "md" in formats:
-        files[f"{stem}.md"] = render_markdown(st, f"{stem}.svg")
+        # the link is percent-encoded once more: a viewer decodes it to the file's own name (%3C stays %3C)
+        files[f"{stem}.md"] = render_markdown(st, quote(f"{stem}.svg", safe="-_.@+="))
         files[f"{stem}.svg"] = chart
     if "html" in formats:
         files[f"{stem}.html"] = render_html(st, chart)

@@ -1,11 +1,13 @@
 """Statement file names made from team names (review of issue 17): whatever the team is called (a name of the
 contract's 256 characters, non-ASCII, a leading dot), `chipledger statements` writes every team's files
-without a traceback, each name under the file system's 255-byte limit, none hidden."""
+without a traceback, each name under the file system's 255-byte limit, none hidden, and a Markdown
+statement's chart link resolves to the chart file written beside it (a viewer percent-decodes the link once)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from urllib.parse import unquote
 
 from typer.testing import CliRunner
 
@@ -58,4 +60,7 @@ def test_statements_of_long_and_odd_team_names(tmp_path):
         stem = file_stem(team)
         st = json.loads((folder / f"{stem}.json").read_text())
         teams.add(st["team"])
+        md = (folder / f"{stem}.md").read_text()
+        link = md.split("![use against quota](", 1)[1].split(")", 1)[0]
+        assert (folder / unquote(link)).is_file(), f"{team!r}: the chart link {link!r} resolves to no file"
     assert teams == set(TEAMS)
