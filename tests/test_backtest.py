@@ -174,3 +174,14 @@ def test_the_page_in_chromium_shows_hostile_names_as_text(tmp_path, browser):
     assert driver.execute_script("return document.querySelectorAll('svg').length") >= 2
     text = driver.execute_script("return document.documentElement.textContent")
     assert evil in text and "Waits per team" in text and "Fidelity" in text
+
+
+def test_a_team_name_of_the_contracts_full_length_is_backtested(tmp_path):
+    """The simulated grant of a team is named after it: a 256-character team (the contract's limit) made a grant
+    id over the limit, and the backtest died with a traceback (review of issue 17)."""
+    alt, _ = configs(tmp_path)
+    team = "t" * 256
+    res = runner.invoke(app, ["backtest", "--events", str(log(tmp_path, team_a=team)), "--config", str(alt),
+                              "--quota", f"{team}=2", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["configs"]["alt.toml"]["quota"] == {"p/h100": {team: 2.0}}
