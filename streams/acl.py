@@ -5,8 +5,8 @@
 | `admin` | write `chipledger.quota` (quota grants, bursts: the fleet admins) |
 | `cluster` | write `chipledger.jobs` and `chipledger.chips` (cluster controllers, Slurm adapter, node agents) |
 | `worker` | read the inputs and `chipledger.log`; write `chipledger.log`, the output topics and `chipledger.quota`'s `pool.tick`s; own every topic, consumer group and transactional id that starts with its app id (Faust's table changelogs, its group) |
-| `sink` | read the output topics (and describe the inputs and the log: their ends); own the consumer groups that start with its user name |
-| `reader` | read the input, log and output topics; own the consumer groups that start with its user name |
+| `sink` | read the output topics (and describe the inputs and the log: their ends); own the consumer group named like the user and those starting with `<user>.` |
+| `reader` | read the input, log and output topics; own the consumer group named like the user and those starting with `<user>.` |
 
 A user may hold several roles (its ACLs are the union). Everything else is refused: the broker runs the
 standard authorizer with `allow.everyone.if.no.acl.found=false`, and only the super user (`kafka-admin` on the
@@ -50,6 +50,19 @@ class UserInfo:
     app_id: Optional[str] = None  # the worker role's prefix
 
 
+def _own_groups(user: str) -> list[tuple]:
+    """The consumer groups a sink or reader owns: the group named like the user, and those starting with
+    `<user>.`. Never a bare prefix `<user>`: a user named `chipledger` would own the worker's group
+    `chipledger-worker` and could commit its offsets past events the worker never folded."""
+    return [("GROUP", user, "LITERAL", "READ"), ("GROUP", f"{user}.", "PREFIXED", "READ")]
+
+
+def _check_not_over(name: str, roles: Iterable[str], app_id: str) -> None:
+    """A user without the worker role may own no name of the worker's (its groups, topics, transactional ids)."""
+    if "worker" not in roles and (name == app_id or app_id.startswith(f"{name}.")):
+        raise ValueError(f"user name {name!r} would own the worker's consumer group {app_id!r}: choose another name")
+
+
 def _grants(role: str, user: str, app_id: str) -> list[tuple]:
     """(resource type, name, pattern, operation) of a role."""
     lit, pre = "LITERAL", "PREFIXED"
@@ -65,11 +78,11 @@ def _grants(role: str, user: str, app_id: str) -> list[tuple]:
                 ("CLUSTER", "kafka-cluster", lit, "DESCRIBE_CONFIGS")]
         return out
     if role == "sink":  # DESCRIBE of the inputs and the log: the sink checks an item's origin against their ends
-        return ([("TOPIC", t, lit, "READ") for t in OUTPUT_TOPICS] + [("GROUP", user, pre, "READ")]
+        return ([("TOPIC", t, lit, "READ") for t in OUTPUT_TOPICS] + _own_groups(user)
                 + [("TOPIC", t, lit, "DESCRIBE") for t in (*INPUT_TOPICS, LOG_TOPIC)])
     if role == "reader":
         return ([("TOPIC", t, lit, "READ") for t in (*INPUT_TOPICS, LOG_TOPIC, *OUTPUT_TOPICS)]
-                + [("GROUP", user, pre, "READ")])
+                + _own_groups(user))
     raise ValueError(f"unknown role {role!r} (roles: {', '.join(ROLES)})")
 
 
@@ -133,6 +146,7 @@ def add_user(conn: "str | KafkaConnection", name: str, roles: Iterable[str], pas
 
     _check_user(name)
     roles = tuple(dict.fromkeys(roles))
+    _check_not_over(name, roles, app_id)
     if not roles:
         raise ValueError("give at least one role")
     for r in roles:

@@ -20,7 +20,8 @@ def test_each_role_may_write_only_its_topics():
     assert writes["worker"] == {LOG_TOPIC, "chipledger.journal", "chipledger.decisions", "chipledger.deadletter",
                                 "chipledger.quota", "chipledger-worker"}  # the last: its prefixed own topics
     assert ("TOPIC", "chipledger-worker", "PREFIXED", "ALL") in grants(["worker"])
-    assert ("GROUP", "team-a", "PREFIXED", "READ") in grants(["reader"], "team-a")
+    assert ("GROUP", "team-a", "LITERAL", "READ") in grants(["reader"], "team-a")
+    assert ("GROUP", "team-a.", "PREFIXED", "READ") in grants(["reader"], "team-a")
     assert all(a.principal == "User:team-a" for a in role_acls(["reader"], "team-a"))
 
 
@@ -31,3 +32,28 @@ def test_roles_are_read_back_from_acls():
     assert _roles_of([], "u") == ((), None)
     with pytest.raises(ValueError, match="unknown role"):
         role_acls(["root"], "u")
+
+
+def _covers(grant, group: str) -> bool:
+    rtype, name, pattern, _ = grant
+    return rtype == "GROUP" and (group == name if pattern == "LITERAL" else group.startswith(name))
+
+
+@pytest.mark.parametrize("user", ["chipledger", "chipledger-", "chipledger-worker-x", "c"])
+@pytest.mark.parametrize("role", ["reader", "sink"])
+def test_no_reader_or_sink_owns_the_workers_group(role, user):
+    """A reader named `chipledger` had the bare group prefix `chipledger`, covering the worker's group
+    `chipledger-worker`: it could commit the worker's offsets past events never folded (review of issue 16)."""
+    assert not any(_covers(g, "chipledger-worker") for g in grants([role], user))
+    assert any(_covers(g, user) for g in grants([role], user))  # its own group
+    assert any(_covers(g, f"{user}.slurm-actuate-c1") for g in grants([role], user))
+
+
+def test_a_user_named_like_the_workers_group_is_refused():
+    from streams.acl import _check_not_over
+
+    for name, app_id in (("chipledger-worker", "chipledger-worker"), ("eu", "eu.worker")):
+        with pytest.raises(ValueError, match="would own the worker's consumer group"):
+            _check_not_over(name, ["reader"], app_id)
+    _check_not_over("chipledger-worker", ["worker"], "chipledger-worker")  # the worker itself
+    _check_not_over("chipledger", ["reader"], "chipledger-worker")  # no longer a prefix of it

@@ -165,6 +165,12 @@ def decisions_from_lake(lake: Path) -> list[dict]:
     return [json.loads(b) for (b,) in rows]
 
 
+def default_group(cluster: str, user: Optional[str] = None) -> str:
+    """The actuator's consumer group: `<user>.slurm-actuate-<cluster>` when it authenticates (a reader owns the
+    groups starting with `<user>.`: docs/security.md), else `chipledger-slurm-actuate-<cluster>`."""
+    return f"{user}.slurm-actuate-{cluster}" if user else f"chipledger-slurm-actuate-{cluster}"
+
+
 def decisions_from_kafka(bootstrap, cluster: str, *, timeout_s: float = 5.0, group: Optional[str] = None,
                          follow: bool = False, **overrides) -> Iterator[tuple[dict, Callable[[], None]]]:
     """(decision, commit) from `chipledger.decisions`, in a consumer group of this cluster's actuator; call
@@ -176,7 +182,8 @@ def decisions_from_kafka(bootstrap, cluster: str, *, timeout_s: float = 5.0, gro
 
     conn = bootstrap.kafka_python() if hasattr(bootstrap, "kafka_python") else {"bootstrap_servers": bootstrap}
     consumer = KafkaConsumer(TOPIC_DECISIONS, **conn,
-                             group_id=group or f"chipledger-slurm-actuate-{cluster}", enable_auto_commit=False,
+                             group_id=group or default_group(cluster, getattr(bootstrap, "username", None)),
+                             enable_auto_commit=False,
                              auto_offset_reset="earliest", consumer_timeout_ms=int(timeout_s * 1000), **overrides)
     try:
         while True:

@@ -151,7 +151,7 @@ def test_a_team_reader_cannot_write_anything_and_can_read(secure, tmp_path):
     assert all("TopicAuthorizationFailed" in why for why in got.values()), got
     from kafka import KafkaConsumer
 
-    c = KafkaConsumer(**reader.kafka_python(), group_id="team-a-statements", auto_offset_reset="earliest",
+    c = KafkaConsumer(**reader.kafka_python(), group_id="team-a.statements", auto_offset_reset="earliest",
                       consumer_timeout_ms=3000)
     c.subscribe(["chipledger.jobs"])
     assert any(True for _ in c)  # the cluster test's record (read through its own group)
@@ -257,3 +257,28 @@ def test_admin_worker_and_sink_give_the_books_of_run_and_a_forged_record_is_dead
     assert not leaks, f"a password in text #{leaks[0]}"
     worker_log = (tmp_path / "worker.log").read_text()
     assert "ledger core" in worker_log and "SASL_PLAINTEXT, user worker" in worker_log
+
+
+def test_a_reader_cannot_commit_the_workers_offsets(secure, tmp_path):
+    """A reader named `chipledger` owned every group starting with `chipledger`, so it could commit the worker's
+    group past events never folded, and the worker skipped them silently (review of issue 16). Its groups are
+    now `chipledger` and `chipledger.*`; a reader named like the worker's group is refused."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import GroupAuthorizationFailedError
+    from kafka.structs import OffsetAndMetadata
+
+    pw = tmp_path / "chipledger.password"
+    res = CliRunner().invoke(app, ["kafka", "users", "add", "chipledger", "--role", "reader", "--new-password-file",
+                                   str(pw), "--data-dir", str(secure.data_dir)])
+    assert res.exit_code == 0, res.output
+    thief = KafkaConsumer(**secure.conn("chipledger", pw).kafka_python(), group_id="chipledger-worker",
+                          enable_auto_commit=False)
+    tp = TopicPartition("chipledger.jobs", 0)
+    thief.assign([tp])
+    with pytest.raises(GroupAuthorizationFailedError):
+        thief.commit({tp: OffsetAndMetadata(1_000_000, "", -1)})
+    thief.close()
+    refused = CliRunner().invoke(app, ["kafka", "users", "add", "chipledger-worker", "--role", "reader",
+                                       "--new-password-file", str(tmp_path / "w.password"),
+                                       "--data-dir", str(secure.data_dir)])
+    assert refused.exit_code != 0 and "would own the worker's consumer group" in refused.output
