@@ -41,6 +41,7 @@ class LakeConfig:
 class LedgerConfig:
     dedup_window_s: int = DEFAULT_DEDUP_WINDOW_S
     debug_invariants: bool = False  # check conservation after every event (slower)
+    hol_blocking: bool = True  # the fold measures head-of-line blocking (waits.blocked_s; 2-3x the fold's cost per event)
 
 
 _FOLD_DEFAULTS = FoldConfig()
@@ -73,6 +74,7 @@ def fold_config(cfg: "Config", check_invariants: bool = False) -> FoldConfig:
     """The FoldConfig of a configuration: [ledger] and [policy] (what every command that folds uses)."""
     return FoldConfig(dedup_window_s=cfg.ledger.dedup_window_s,
                       check_invariants=check_invariants or cfg.ledger.debug_invariants,
+                      hol_blocking=cfg.ledger.hol_blocking,
                       capacity_slo_target=cfg.slo.availability,  # bursts are gated by the capacity SLO's budget
                       **cfg.policy.fold_kwargs())
 
