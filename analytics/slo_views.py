@@ -223,7 +223,8 @@ def slo_views(d: Dialect) -> dict[str, str]:
                    chips_milli, CASE WHEN in_quota = 1 THEN 'in_quota' ELSE 'borrowing' END AS quota_class,
                    nominal_milli, running_milli, {ts('since_s')} AS waiting_since, {ts('started_s')} AS started_at,
                    wait_s, {ts('abandoned_s')} AS abandoned_at,
-                   CASE good WHEN 1 THEN 'within' WHEN 0 THEN 'late' ELSE 'open' END AS slo_result
+                   CASE good WHEN 1 THEN 'within' WHEN 0 THEN 'late' ELSE 'open' END AS slo_result,
+                   blocked_s, blocked_by
             FROM calc_waits
         """,
         "slo_quota_honoured": f"""

@@ -185,6 +185,15 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
         [[pl, f"{num(k)} of {num(t)}", pct(fr, 1), num(mn, 0), num(mf)] for pl, k, t, fr, mn, mf in frag],
         note="" if frag else "no chip placement in the period"))
 
+    hol = _rows(con, f"""
+        SELECT pool, team, jobs_affected, blocked_chip_h, top_blockers FROM hol_blocking WHERE {in_pool}
+        ORDER BY blocked_mchip_s DESC, pool, team LIMIT 10""", p)
+    rep.sections.append(Section(
+        "Head-of-line blocking (whole history: jobs that could have started and did not)",
+        ["pool", "team", "jobs affected", "blocked chip-h", "waiting jobs ahead that held the chips"],
+        [[pl, tm, num(n), num(h), bl or "–"] for pl, tm, n, h, bl in hol],
+        note="" if hol else "none: every job that could start did"))
+
     peaks = _rows(con, f"""
         SELECT pool, max(peak_to_average),
                string_agg(printf('%s %02d:00', ['Mon','Tue','Wed','Thu','Fri','Sat','Sun'][day_of_week + 1],

@@ -319,11 +319,11 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
             WHERE posted_at >= ? AND posted_at < ? GROUP BY team""", p)}
     # scheduling waits that began in the period (first starts and restarts), with their SLO result
     waits: dict[str, list[tuple]] = {}
-    for team, kind, quota_class, wait_s, started, result in _rows(con, """
-            SELECT team, kind, quota_class, wait_s, started_at IS NOT NULL, slo_result FROM sched_waits
-            WHERE waiting_since >= ? AND waiting_since < ? ORDER BY team, wait_s""", p):
+    for team, kind, quota_class, wait_s, started, result, blocked_mchip_s in _rows(con, """
+            SELECT team, kind, quota_class, wait_s, started_at IS NOT NULL, slo_result, blocked_s * chips_milli
+            FROM sched_waits WHERE waiting_since >= ? AND waiting_since < ? ORDER BY team, wait_s""", p):
         if team in want:
-            waits.setdefault(team, []).append((kind, quota_class, wait_s, started, result))
+            waits.setdefault(team, []).append((kind, quota_class, wait_s, started, result, blocked_mchip_s))
     # error budgets of the pools, evaluated at the connection's as_of (the period's end, or the books' end)
     budgets: dict[str, list[dict]] = {}
     for slo_name, pool, sli, target, consumed, remaining in _rows(con, """
@@ -436,6 +436,9 @@ def _scheduling_block(waits: list[tuple], slo: SloParams) -> dict:
         "p99_s": _percentile(started, 0.99), "sched_slo_s": slo.sched_slo_s,
         "within_slo": _ratio(within, len(decided)), "target": slo.sched_latency,
         "met": None if not decided else within / len(decided) >= slo.sched_latency,
+        # head-of-line blocking (the fold's waits.blocked_s): waits that could have started and did not
+        "hol_blocked_waits": sum(1 for w in waits if w[5]),
+        "hol_blocked_chip_h": _chip_h(sum(w[5] or 0 for w in waits)),
     }
 
 

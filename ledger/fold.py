@@ -170,6 +170,7 @@ class FoldConfig:
     checkpoint_grace_s: int = 60         # a decision's checkpoint_by = its instant + this (cooperative preemption)
     capacity_slo_target: float = 0.99    # capacity SLO whose error budget gates bursts
     policy_rows: bool = True             # emit balance and pending-reason rows when an hour closes
+    hol_blocking: bool = True            # measure head-of-line blocking (waits.blocked_s / blocked_by; costs per event)
 
     def __post_init__(self):
         for name in ("decay_half_life_s", "candidates_per_team", "max_preemptions", "max_clock_jump_s"):
@@ -313,6 +314,17 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
                             due.append(job.job_id)
             if due:
                 policy.evaluate(state, event_id, t, step, config, due)
+    # head-of-line blocking: which pending jobs could start now, looked at again only when the chips, the quotas,
+    # the decisions in flight or the queues changed
+    if state.pending_sizes and config.hol_blocking:
+        sig = (state.run_epoch, state.other_epoch, state.queue_changes, state.capacity_milli)
+        if sig != state.hol_sig:
+            # no job can start while the smallest pending job is larger than the free chips: nothing to look at
+            # unless some job was able to at the last look (it stops accruing now)
+            if state.hol_any or min(state.pending_sizes) <= policy.free_milli(state):
+                _hol(state, t)
+            else:
+                state.hol_sig = sig
     # remember the id (an accepted event's id was not in the window: `seen` is None here); ids that fell out
     # of the window are forgotten when an hour closes, so an id is remembered for at least the window
     state.dedup_order.append(event_id)
@@ -447,10 +459,81 @@ def _wait_row(s: PoolState, job: Job, run_index: int, ended_at: Optional[int], e
     nominal = job.wait_nominal_milli
     used = job.wait_used_milli
     chips = job.chips_milli
+    blocked = job.hol_s
+    by = ""
+    if blocked or job.hol_from >= 0:
+        blockers = job.hol_blockers
+        f = job.hol_from
+        if f >= 0 and t > f:  # the seconds it could have started up to now
+            blocked += t - f
+            if job.hol_ahead:
+                blockers = dict(blockers)
+                for b in job.hol_ahead:
+                    blockers[b] = blockers.get(b, 0) + t - f
+        if blockers:
+            by = ",".join(sorted(blockers, key=lambda b: (-blockers[b], b))[:3])
     return _new_tuple(WaitRow, (s.pool, job.job_id, job.team, run_index,
                                 "first_start" if run_index == 0 else "restart", job.priority, chips,
                                 job.submitted_at, job.waiting_since, ended_at, end, chips <= nominal - used,
-                                used > nominal, nominal, used, 0, "", t))
+                                used > nominal, nominal, used, blocked, by, t))
+
+
+def _hol(s: PoolState, t: int) -> None:
+    """Head-of-line blocking at t, after the event: each pending job that could start now (policy.could_start)
+    and did not accrues blocked seconds from now on, and so do the waiting jobs ahead of it in the pool's queue
+    order (priority, then waiting longest, then job id) that could not start (the first 3): they held the chips.
+    A job whose state and blockers did not change keeps accruing from where it began. (No sort: the first three
+    jobs that cannot start are found in one pass, and a job's blockers are those of them ahead of it.)"""
+    s.hol_sig = (s.run_epoch, s.other_epoch, s.queue_changes, s.capacity_milli)
+    ctx = policy.hol_context(s)
+    inflight = s.inflight
+    memo: dict = {}
+    able: list = []
+    stuck: list = []  # (queue key, job id) of the jobs that cannot start
+    for queue in s.waiting.values():
+        for job in queue.values():
+            if job.job_id in inflight:
+                ok = False
+            else:
+                shape = (job.team, job.chips_milli, job.chips_per_node)
+                got = memo.get(shape)
+                if got is None:
+                    got = memo[shape] = policy.could_start(s, job, ctx)
+                ok = got
+            if ok:
+                able.append(job)
+            else:
+                if job.hol_from >= 0:
+                    _hol_accrue(job, t)
+                    job.hol_from = -1
+                    job.hol_ahead = []
+                stuck.append((-job.priority, job.waiting_since, job.job_id))
+    s.hol_any = bool(able)
+    if not able:
+        return
+    first = heapq.nsmallest(3, stuck) if stuck else stuck
+    for job in able:
+        if first:
+            key = (-job.priority, job.waiting_since, job.job_id)
+            head = [k[2] for k in first if k < key]
+        else:
+            head = []
+        if job.hol_from >= 0:
+            if job.hol_ahead == head:
+                continue
+            _hol_accrue(job, t)
+        job.hol_from = t
+        job.hol_ahead = head
+
+
+def _hol_accrue(job: Job, t: int) -> None:
+    """Add the seconds since hol_from to the job's blocked seconds and to each blocker ahead of it."""
+    dt = t - job.hol_from
+    if dt > 0:
+        job.hol_s += dt
+        hb = job.hol_blockers
+        for b in job.hol_ahead:
+            hb[b] = hb.get(b, 0) + dt
 
 
 def _post_open_waits(s: PoolState, hour_start: int, step: Step) -> None:
@@ -836,6 +919,13 @@ def _enqueue(state: PoolState, job: Job, t: int) -> None:
     team = state.teams[name]
     job.wait_nominal_milli = team.nominal_milli
     job.wait_used_milli = team.use_milli
+    job.hol_s = 0
+    job.hol_from = -1
+    if job.hol_ahead:
+        job.hol_ahead = []
+    if job.hol_blockers:
+        job.hol_blockers = {}
+    state.queue_changes += 1
     q = state.waiting.get(name)
     if q is None:
         q = state.waiting[name] = {}
@@ -857,6 +947,7 @@ def _dequeue(state: PoolState, job: Job, t: int, step: Step, run_index: int, end
     """The job stops waiting (it started or finished): its chips leave its team's pending demand and queue, and
     its wait is posted (fact `waits`)."""
     step.rows("waits").append(_wait_row(state, job, run_index, t, end, t))
+    state.queue_changes += 1
     name = job.team
     milli = job.chips_milli
     _pending_demand(state, name, -1, -milli, t)
@@ -1290,3 +1381,9 @@ def check_invariants(s: PoolState) -> None:
     assert counts == s.node_free_counts, (counts, s.node_free_counts)
     assert s.whole_free_milli == sum(MILLI * r for r, f in nodes.values() if r == f)
     assert s.unplaced_runs == sum(1 for j in s.jobs.values() if j.status == "running" and j.placement is None)
+    if s.pending_sizes:
+        ctx = policy.hol_context(s)
+        for j in s.jobs.values():
+            if j.status == "pending":
+                why = policy.pending_reason(s, j, s.clock, DEFAULT_CONFIG, ctx)[0]
+                assert policy.could_start(s, j, ctx) == (why in policy.STARTABLE), (j.job_id, why)

@@ -412,7 +412,36 @@ def _on_whole_nodes(job: Job, ctx: _Context) -> bool:
     if cpn is None:
         return True
     need_nodes = -(-job.chips_milli // (cpn * MILLI))
-    return sum(n // cpn for n in ctx.node_free().values()) >= need_nodes
+    # the nodes' free chips (available, nothing placed), counted by the fold per count of free chips
+    return sum(c * (k // cpn) for k, c in ctx._state.node_free_counts.items()) >= need_nodes
+
+
+STARTABLE = (READY, WOULD_BORROW)  # the reasons of a job that could start now (head-of-line blocking: ledger.fold)
+
+
+def hol_context(state: PoolState) -> _Context:
+    return _Context(state, team_limits(state))
+
+
+def could_start(state: PoolState, job: Job, ctx: _Context) -> bool:
+    """Whether the pending job could start now: `pending_reason` is one of STARTABLE (the same tests without the
+    sentences; check_invariants asserts that both agree)."""
+    if job.job_id in state.inflight:
+        return False
+    tm = state.teams[job.team]
+    chips = job.chips_milli
+    free = ctx.free
+    unused = unused_quota(state, tm)
+    if chips <= unused:
+        return chips <= free and _on_whole_nodes(job, ctx)
+    borrow = chips - max(unused, 0)
+    blim = ctx.limits.get(job.team, (None, None))[0]
+    borrowed, _ = borrowed_of(tm)
+    if blim is not None and borrowed + borrow > blim:
+        return False
+    if chips > free - (ctx.guarded_total - ctx.guarded.get(job.team, 0)):
+        return False
+    return _on_whole_nodes(job, ctx)
 
 
 def pending_reason(state: PoolState, job: Job, t: int, config, ctx: Optional[_Context] = None) -> tuple[str, str]:

@@ -139,6 +139,13 @@ class Job:
     # the current wait (fact `waits`): its team's nominal quota and use when it began
     wait_nominal_milli: int = 0
     wait_used_milli: int = 0
+    # head-of-line blocking of the current wait: seconds it could have started and did not (up to hol_from), the
+    # instant it has been able to since (-1: it cannot now), the waiting jobs ahead of it that cannot start (at
+    # most 3, in queue order) and the seconds each was ahead of it while it could have started
+    hol_s: int = 0
+    hol_from: int = -1
+    hol_ahead: list = field(default_factory=list)
+    hol_blockers: dict = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -221,6 +228,9 @@ class PoolState:
     node_free_counts: dict = field(default_factory=dict)
     whole_free_milli: int = 0
     unplaced_runs: int = 0
+    queue_changes: int = 0  # jobs joined or left a queue (derived; with run_epoch and other_epoch: when to look again)
+    hol_sig: Optional[tuple] = None  # those counters at the last look at head-of-line blocking (derived)
+    hol_any: bool = True  # some pending job could start at the last look (derived: after a restore, look)
 
     def __post_init__(self):
         self.reset_until()
@@ -293,6 +303,8 @@ class PoolState:
             if j.placement is not None:
                 j.placement = dict(j.placement)
             j.preempted_at = list(j.preempted_at)
+            j.hol_ahead = list(j.hol_ahead)
+            j.hol_blockers = dict(j.hol_blockers)
         s.grants = {k: Grant(*v) for k, v in d["grants"].items()}
         s.teams = {k: Team(*v) for k, v in d["teams"].items()}
         s.boundaries = [tuple(b) for b in d["boundaries"]]
@@ -367,6 +379,8 @@ def _slots_list(obj) -> list:
 
 _PLACEMENT = [f.name for f in fields(Job)].index("placement")
 _PREEMPTED_AT = [f.name for f in fields(Job)].index("preempted_at")
+_HOL_AHEAD = [f.name for f in fields(Job)].index("hol_ahead")
+_HOL_BLOCKERS = [f.name for f in fields(Job)].index("hol_blockers")
 
 
 def _job_list(job: Job) -> list:
@@ -374,4 +388,6 @@ def _job_list(job: Job) -> list:
     if v[_PLACEMENT] is not None:  # a copy: a snapshot must not change as the fold goes on
         v[_PLACEMENT] = dict(v[_PLACEMENT])
     v[_PREEMPTED_AT] = list(v[_PREEMPTED_AT])
+    v[_HOL_AHEAD] = list(v[_HOL_AHEAD])
+    v[_HOL_BLOCKERS] = dict(v[_HOL_BLOCKERS])
     return v

@@ -47,10 +47,11 @@ def _fold(events):
     return fleet, waits, free
 
 
-def _w(job, team, run, kind, chips, began, ended, end, in_quota, borrowing, nominal, used, posted, prio=0):
+def _w(job, team, run, kind, chips, began, ended, end, in_quota, borrowing, nominal, used, posted, blocked=0, by="",
+       prio=0):
     return WaitRow(POOL, job, team, run, kind, prio, chips, T0 + (10 if job == "j1" else 30 if job == "j2" else 50),
-                   T0 + began, None if ended is None else T0 + ended, end, in_quota, borrowing, nominal, used, 0, "",
-                   T0 + posted)
+                   T0 + began, None if ended is None else T0 + ended, end, in_quota, borrowing, nominal, used, blocked,
+                   by, T0 + posted)
 
 
 def _f(at, registered, healthy, in_use, down, free, whole, largest):
@@ -60,15 +61,17 @@ def _f(at, registered, healthy, in_use, down, free, whole, largest):
 def test_waits_exact():
     fleet, waits, _ = _fold(_scenario())
     assert waits == [
-        _w("j1", "a", 0, "first_start", 4000, 10, 20, "started", True, False, 4000, 0, 20),
-        _w("j2", "a", 0, "first_start", 2000, 30, 40, "started", False, False, 4000, 4000, 40),
-        _w("j3", "b", 0, "first_start", 1000, 50, 80, "finished", True, False, 2000, 0, 80),
+        # each could start at once (j2 by borrowing: 4 chips free, nothing unlent); j3 not while c8 was down within
+        # second 60 (no free chip)
+        _w("j1", "a", 0, "first_start", 4000, 10, 20, "started", True, False, 4000, 0, 20, blocked=10),
+        _w("j2", "a", 0, "first_start", 2000, 30, 40, "started", False, False, 4000, 4000, 40, blocked=10),
+        _w("j3", "b", 0, "first_start", 1000, 50, 80, "finished", True, False, 2000, 0, 80, blocked=30),
     ]
     # a close of the books posts the waits still open (j4, and j1's wait for its restart), oldest first
     fleet.close()
     assert fleet.close_facts()["waits"] == [
-        _w("j4", "a", 0, "first_start", 1000, 50, None, "open", False, True, 4000, 6000, 90),
-        _w("j1", "a", 1, "restart", 4000, 70, None, "open", False, False, 4000, 2000, 90),
+        _w("j4", "a", 0, "first_start", 1000, 50, None, "open", False, True, 4000, 6000, 90, blocked=40),
+        _w("j1", "a", 1, "restart", 4000, 70, None, "open", False, False, 4000, 2000, 90, blocked=20),
     ]
 
 
@@ -152,3 +155,76 @@ def test_a_wait_still_open_when_its_hour_closes_is_posted_open_once():
     _, waits, _ = _fold(events)
     assert [(w.job_id, w.end, w.posted_at - T0, w.in_quota, w.ended_at) for w in waits] == [
         ("j", "open", 3600, True, None), ("k", "open", 3600, False, None), ("j", "started", 7300, True, T0 + 7300)]
+
+
+def _hol_events():
+    cells = ["c1", "c2", "c3", "c4"]
+    return [configured(), *[chip(c, node="n1") for c in cells], grant("ga", "a", 4), grant("gb", "b", 4),
+            submit("r", "b", 2, at=10), start("r", at=10, chip_ids=["c1", "c2"]),  # 2 chips free
+            submit("big", "a", 4, at=20, priority=10),   # fits a's quota, not the free chips: heads the queue
+            submit("small", "a", 1, at=30),              # could start (quota, 2 free) but waits behind big
+            start("small", at=100, chip_ids=["c3"]),     # blocked 70 s by big
+            finish("r", at=200),                         # 3 free: big still cannot start
+            finish("small", at=300),                     # 4 free: big could start, nothing ahead of it
+            start("big", at=360, chip_ids=cells),        # blocked 60 s, by nobody
+            tick(400)]
+
+
+def test_head_of_line_blocking_exact():
+    _, waits, _ = _fold(_hol_events())
+    got = {(w.job_id, w.run_index): (w.blocked_s, w.blocked_by) for w in waits}
+    assert got == {("r", 0): (0, ""), ("small", 0): (70, "big"), ("big", 0): (60, "")}
+
+
+def test_head_of_line_blocking_while_open_and_carried():
+    events = _hol_events()
+    cut = 10  # after small was submitted: small is accruing
+    first, w_a, _ = _fold(events[:cut + 1])
+    assert events[cut].job_id == "small"
+    first.close()
+    [open_small] = [w for w in first.close_facts()["waits"] if w.job_id == "small"]
+    assert (open_small.end, open_small.blocked_s, open_small.blocked_by) == ("open", 0, "")  # at 30: none yet
+    carried = Fleet.from_dict(json.loads(json.dumps(first.to_dict())), CFG)
+    waits = list(w_a)
+    for e in events[cut + 1:]:
+        waits += carried.apply(e).waits
+    _, once, _ = _fold(events)
+    assert waits == once
+
+
+def test_hol_blocking_view(tmp_path):
+    from analytics.views import connect
+    from chipledger.embedded import run_file
+
+    f = tmp_path / "events.jsonl"
+    f.write_text("".join(e.model_dump_json() + "\n" for e in _hol_events()))
+    summary, _ = run_file(f, tmp_path / "lake")
+    assert summary.accepted == len(_hol_events())
+    rows = connect(tmp_path / "lake").execute(
+        "SELECT pool, team, waits_blocked, jobs_affected, blocked_s, blocked_mchip_s, top_blockers FROM hol_blocking"
+    ).fetchall()
+    # small: 70 s x 1 chip; big: 60 s x 4 chips
+    assert rows == [(POOL, "a", 2, 2, 130, 70 * 1000 + 60 * 4000, "big")]
+
+
+def test_a_chip_registered_makes_a_waiting_job_startable():
+    """Capacity added (a chip registered) is looked at like chips freed: the job could start from then on."""
+    events = [configured(), chip("c1"), grant("ga", "a", 2), submit("j", "a", 2, at=10), chip("c2", at=40),
+              start("j", at=100, chip_ids=["c1", "c2"])]
+    _, waits, _ = _fold(events)
+    assert [(w.job_id, w.blocked_s) for w in waits] == [("j", 60)]
+
+
+def test_hol_blocking_can_be_switched_off():
+    from ledger import FoldConfig
+
+    fleet = Fleet(FoldConfig(check_invariants=True, hol_blocking=False))
+    waits = [w for e in _hol_events() for w in fleet.apply(e).waits]
+    assert {(w.job_id, w.blocked_s, w.blocked_by) for w in waits} == {("r", 0, ""), ("small", 0, ""), ("big", 0, "")}
+
+
+def test_hol_blocking_from_the_config(tmp_path):
+    from chipledger.config import fold_config, load_config
+
+    assert fold_config(load_config(None, env={})).hol_blocking is True
+    assert fold_config(load_config(None, env={"CHIPLEDGER_LEDGER_HOL_BLOCKING": "false"})).hol_blocking is False
