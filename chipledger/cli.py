@@ -200,7 +200,7 @@ def sql(
     if fmt not in FORMATS:
         _fail(f"--format must be one of {', '.join(FORMATS)}", 2)
     cfg = _config(config)
-    con = connect(_lake_dir(lake, cfg), slo=cfg.slo)
+    con = _connect(_lake_dir(lake, cfg), slo=cfg.slo)
     if query is None:
         from chipledger.sqlshell import run_shell
 
@@ -215,6 +215,29 @@ def sql(
     except duckdb.Error as e:
         _fail(f"query failed: {e}")
     render(columns, rows, fmt, console, limit=limit)
+
+
+def _lake_error(lake: Path, e: Exception) -> str:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return f"cannot read the lake {lake}: {first} (a damaged Parquet file? restore it, or run the events again)"
+
+
+def _lake_read(read, lake: Path):
+    """`read()`, with a lake DuckDB cannot read (a truncated or damaged Parquet file, say) as one line of error
+    instead of a traceback."""
+    import duckdb
+
+    try:
+        return read()
+    except duckdb.Error as e:
+        _fail(_lake_error(lake, e))
+
+
+def _connect(lake: Path, **kwargs):
+    """analytics.views.connect, with an unreadable lake as one line of error."""
+    from analytics.views import connect
+
+    return _lake_read(lambda: connect(lake, **kwargs), lake)
 
 
 def _lake_dir(lake: Optional[Path], cfg: Config) -> Path:
@@ -259,7 +282,7 @@ def report(
     t0, t1 = _instant(since, "--since"), _instant(until, "--until")
     if t0 is not None and t1 is not None and t1 <= t0:
         _fail("--until must be after --since", 2)
-    con = connect(_lake_dir(lake, cfg), slo=cfg.slo, as_of=t1, materialize=True)
+    con = _connect(_lake_dir(lake, cfg), slo=cfg.slo, as_of=t1, materialize=True)
     if pool is not None:  # an unknown pool is an error, not an empty report (the rule `alerts` uses)
         from chipledger.alerts import AlertsError, check_pool, known_pools
 
@@ -267,7 +290,7 @@ def report(
             check_pool(known_pools(con), pool)
         except AlertsError as e:
             _fail(str(e), 2)
-    rep = build_report(con, pool=pool, since=t0, until=t1)
+    rep = _lake_read(lambda: build_report(con, pool=pool, since=t0, until=t1), lake or Path(cfg.lake.path))
     if not as_json:
         print_report(rep, console)
     written = []
@@ -951,6 +974,8 @@ def statements(
 ):
     """Issue quota statements per team and period: entitlement, use in quota, borrowed, burst, preemptions,
     goodput, scheduling, error budgets, fair share, top jobs (Markdown, HTML, CSV, JSON)."""
+    import duckdb
+
     from chipledger.statements import StatementError, issue, issue_due, parse_formats, parse_period
     from ledger.store import open_store
     from ledger.store.repo import StoreError
@@ -979,6 +1004,8 @@ def statements(
         _fail(str(e), 2)
     except OSError as e:
         _fail(f"cannot write statements into --out {out} (a folder): {_os_error(e)}")
+    except duckdb.Error as e:
+        _fail(_lake_error(lake, e))
     if as_json:
         console.file.write(json.dumps([{"period": s.period.label, "team": s.team, "partial": s.partial,
                                         "files": [str(f) for f in s.files], "digest": s.digest} for s in done])
@@ -1032,7 +1059,7 @@ def pending(
     from analytics.views import connect
     from chipledger.why import _duration, pending_queue
 
-    con = connect(_lake_dir(lake, _config(config)))
+    con = _connect(_lake_dir(lake, _config(config)))
     if pool is not None:
         from chipledger.alerts import AlertsError, check_pool, known_pools
 

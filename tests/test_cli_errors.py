@@ -86,3 +86,19 @@ def test_import_helios_with_an_unknown_time_zone(tmp_path):
     src = Path(__file__).parent / "fixtures" / "helios"
     line = one_error(["import", "helios", src, "--tz", "Mars/Olympus", "-o", tmp_path / "x.jsonl"])
     assert "unknown time zone 'Mars/Olympus'" in line
+
+
+def test_a_damaged_parquet_file_is_one_line_of_error(lake, tmp_path):
+    """A truncated Parquet file in the lake gave DuckDB's traceback in report, sql and statements (review of
+    issue 17); `alerts` already said so and exited 3."""
+    import shutil
+
+    broken = tmp_path / "lake"
+    shutil.copytree(lake, broken)
+    part = sorted((broken / "journal").rglob("*.parquet"))[0]
+    part.write_bytes(part.read_bytes()[:100])
+    for args in (["report", "--lake", broken], ["sql", "--lake", broken, "SELECT count(*) FROM journal"],
+                 ["statements", "--lake", broken, "--period", "2026-11", "--out", tmp_path / "st",
+                  "--store", f"sqlite:///{tmp_path / 'st.db'}"]):
+        line = one_error(args, 1)
+        assert "cannot read the lake" in line and part.name in line, line
