@@ -131,10 +131,10 @@ def mean_ci(xs: list) -> tuple[float, float]:
     return m, 1.96 * sd / n ** 0.5
 
 
-def decision_time(chips: int, running: int, events: int, seed: int) -> dict:
+def decision_time(chips: int, running: int, events: int, seed: int, tolerance: float = 0.1) -> dict:
     """Per-event fold time (ns) on a big, full pool with pending demand."""
     rng = random.Random(seed)
-    cfg = FoldConfig(policy_rows=False)
+    cfg = FoldConfig(policy_rows=False, fair_share_tolerance=tolerance)
     led = Ledger(cfg)
     t = T0
     led.send("pool.configured", t, flavor="a100", chips_per_node=8)
@@ -299,6 +299,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=5_000)
     ap.add_argument("--events", type=int, default=20_000)
     ap.add_argument("--no-decision-time", action="store_true")
+    ap.add_argument("--decision-tolerances", default="0.1", help="fair_share_tolerance values of the decision-time "
+                    "runs, alternated (e.g. 0,0.1 for an A/B)")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of the decision-time runs")
     ap.add_argument("--no-tick-rows", action="store_true", help="leave out the two runs without pool ticks")
     args = ap.parse_args()
 
@@ -311,10 +314,12 @@ def main() -> None:
     if args.no_decision_time:
         return
     print(f"decision time: {args.chips:,} chips, {args.jobs:,} running jobs, {args.events:,} events")
-    d = decision_time(args.chips, args.jobs, args.events, args.seed)
-    print(f"  per event: median {d['median_ms']:.3f} ms, p99 {d['p99_ms']:.3f} ms (target median < 1 ms)")
-    print(f"  events that made a decision ({d['decisions']:,}): median {d['decision_median_ms']:.3f} ms, "
-          f"p99 {d['decision_p99_ms']:.3f} ms")
+    for rnd in range(args.rounds):
+        for tol in [float(x) for x in args.decision_tolerances.split(",") if x]:
+            d = decision_time(args.chips, args.jobs, args.events, args.seed, tol)
+            print(f"  round {rnd + 1}, fair_share_tolerance {tol:g}: per event median {d['median_ms']:.3f} ms, p99 "
+                  f"{d['p99_ms']:.3f} ms (target median < 1 ms); events that made a decision ({d['decisions']:,}): "
+                  f"median {d['decision_median_ms']:.3f} ms, p99 {d['decision_p99_ms']:.3f} ms")
 
 
 if __name__ == "__main__":

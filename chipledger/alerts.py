@@ -90,6 +90,11 @@ def known_pools(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
             con.execute("SELECT pool, end_s FROM base_pool_end ORDER BY pool").fetchall()}
 
 
+def _first_s(con: duckdb.DuckDBPyConnection, pool: Optional[str]) -> int:
+    return int(con.execute("SELECT min(at_s) FROM base_event_rows WHERE $pool IS NULL OR pool = $pool",
+                           {"pool": pool}).fetchone()[0])
+
+
 def check_pool(pools, pool: Optional[str]) -> None:
     """An unknown --pool is an error naming the pools the lake knows (`report` uses the same rule)."""
     if pool is not None and pool not in pools:
@@ -100,15 +105,26 @@ def check_pool(pools, pool: Optional[str]) -> None:
 def evaluate(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, *, max_age_s: Optional[int] = None,
              at: Optional[datetime] = None, now: Optional[datetime] = None) -> Evaluation:
     """The firing alerts of `con` (analytics.views.connect, made with `as_of=at`), pages first, then by SLO and
-    pool. Raises AlertsError when the lake has no events, `pool` is unknown, or (with `max_age_s`) the newest
-    event of the pool (of any pool) is older than `max_age_s` before `at`, or before `now` (default: the wall
-    clock) when no instant was asked for."""
+    pool. Raises AlertsError when the lake has no events, `pool` is unknown, `at` is before its (every pool's)
+    first event, or (with `max_age_s`) the newest event at or before `at` of the pool (of any pool) is older
+    than `max_age_s` before `at`, or before `now` (default: the wall clock) when no instant was asked for."""
     pools = known_pools(con)
     if not pools:
         raise AlertsError("the lake has no events: nothing to evaluate (run `chipledger run` or the worker and "
                           "sink first)")
     check_pool(pools, pool)
-    newest_s = pools[pool] if pool is not None else max(pools.values())
+    if at is not None:  # the newest event at or before the instant evaluated: what the lake knew then
+        upto = {p: int(s) for p, s in con.execute(
+            "SELECT pool, max(at_s) FROM base_event_rows WHERE at_s <= $at GROUP BY pool",
+            {"at": int(at.timestamp())}).fetchall()}
+        mine = [s for p, s in upto.items() if pool is None or p == pool]
+        if not mine:
+            raise AlertsError(f"no event{' of ' + pool if pool else ''} at or before --at {_iso(at)}: nothing to "
+                              f"evaluate (the lake's first is at "
+                              f"{_iso(datetime.fromtimestamp(_first_s(con, pool), timezone.utc))})")
+        newest_s = max(mine)
+    else:
+        newest_s = pools[pool] if pool is not None else max(pools.values())
     reference = at or now or datetime.now(timezone.utc)
     age_s = max(0, int(reference.timestamp()) - newest_s)
     newest = datetime.fromtimestamp(newest_s, timezone.utc)

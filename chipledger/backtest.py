@@ -32,7 +32,7 @@ class Demand:
     """What a log asked for, and what it observed."""
 
     pools: dict = field(default_factory=dict)        # pool -> [chips registered, chips_per_node, flavor]
-    quotas: dict = field(default_factory=dict)       # pool -> team -> chips granted (last grant per id, revokes applied)
+    quotas: dict = field(default_factory=dict)       # pool -> team -> chips granted (revokes applied)
     jobs: list = field(default_factory=list)         # SimJob, observed demand
     observed_wait: dict = field(default_factory=dict)  # job id -> observed first start - submit (s)
     bursts: list = field(default_factory=list)
@@ -295,7 +295,8 @@ def html_report(report: dict) -> str:
 
     names = list(report["configs"])
     rows = []
-    for label, key, kind in (("quota honoured", "quota_honoured", "pct"), ("lost work, chip-h", "lost_work_chip_h", "h"),
+    for label, key, kind in (("quota honoured", "quota_honoured", "pct"),
+                             ("lost work, chip-h", "lost_work_chip_h", "h"),
                              ("preemptions", "preemptions", "s"), ("utilisation", "utilisation", "pct"),
                              ("borrowed share of use", "borrowed_share", "pct")):
         rows.append([label] + [_fmt(report["configs"][n][key], kind) for n in names])
@@ -393,7 +394,8 @@ def run_cli(events: Path, alt_cfg, base_cfg, alt_name: str, base_name: str, quot
     report = {"events": str(events), "lines": demand.lines, "invalid_lines": demand.invalid,
               "first_invalid": demand.first_invalid, "jobs": len(demand.jobs),
               "days": (max(j.submitted for j in demand.jobs) - demand.start) / 86400,
-              "pools": {p: {"chips": v[0], "chips_per_node": v[1], "flavor": v[2]} for p, v in sorted(demand.pools.items())},
+              "pools": {p: {"chips": v[0], "chips_per_node": v[1], "flavor": v[2]}
+                        for p, v in sorted(demand.pools.items())},
               "observed": obs, "configs": configs, "fidelity": fid}
     if out is not None:
         out = Path(out)
@@ -428,8 +430,7 @@ def print_report(report: dict, console) -> None:
     t.add_row("Jain's index, borrowers", *[_fmt(c[n]["fairness"]["jain_usage_per_share_borrowers"], "f")
                                             for n in names])
     t.add_row("bursts approved/partial/denied",
-              *[f"{c[n]['bursts'].get('approved', 0)}/{c[n]['bursts'].get('partial', 0)}/{c[n]['bursts'].get('denied', 0)}"
-                for n in names])
+              *["/".join(str(c[n]["bursts"].get(k, 0)) for k in ("approved", "partial", "denied")) for n in names])
     teams = sorted({tm for n in names for tm in c[n]["waits_by_team"]})
     for tm in teams:
         t.add_row(f"wait p50/p90/p99 s: {tm}",

@@ -98,9 +98,11 @@ def latency_chart(labels: Sequence[str], p50: Sequence[float], p90: Sequence[flo
             ax.barh([y + (i - 1) * height for y in ys], [v or 0 for v in values], height, label=name, color=colour)
         ax.set_yticks(list(ys), list(labels))
         ax.invert_yaxis()
+        # waits span seconds to days: a log axis keeps the SLO threshold (600 s) visible beside a 70,000 s p99
+        ax.set_xscale("symlog", linthresh=10)
         if threshold_s is not None:
             ax.axvline(threshold_s, color="#c92a2a", linestyle="--", label=f"SLO {threshold_s:g} s")
-        ax.legend(loc="lower right", frameon=False)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)  # beside the bars, never over them
     else:
         _no_data(ax)
     ax.set_xlabel("seconds waited (first start − submit, restart − preemption)")
@@ -117,7 +119,9 @@ def heatmap_chart(matrix: Sequence[Sequence[Optional[float]]], title: str = "Dem
     fig = Figure(figsize=(10, 3.6), layout="constrained")
     ax = fig.add_subplot()
     if data.size and not np.all(np.isnan(data)):
-        im = ax.imshow(np.ma.masked_invalid(data), aspect="auto", cmap="viridis", interpolation="nearest")
+        # the colour scale starts at zero demand, so a colour says how busy, not how far above the quietest hour
+        im = ax.imshow(np.ma.masked_invalid(data), aspect="auto", cmap="viridis", interpolation="nearest",
+                       vmin=0)
         fig.colorbar(im, ax=ax, label=unit)
     else:
         _no_data(ax)
@@ -147,15 +151,35 @@ def svg_text(fig: Figure) -> str:
     return text[text.index("<svg"):]
 
 
-def html_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+COLLAPSE_ROWS = 15  # a longer table is folded away (<details>), its row count shown
+
+
+def html_table(columns: Sequence[str], rows: Sequence[Sequence[str]],
+               classes: Optional[Mapping[tuple[int, int], str]] = None, collapse: int = COLLAPSE_ROWS) -> str:
+    """A table; `classes` marks cells by (row, column) (`bad`: a missed SLO, a negative budget; `warn`); a table
+    of more than `collapse` rows comes folded, the summary line saying how many."""
+    classes = classes or {}
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    def cell(i, j, v):
+        cls = classes.get((i, j))
+        return f"<td class='{cls}'>" if cls else "<td>"
+
+    body = "".join("<tr>" + "".join(f"{cell(i, j, v)}{html.escape(str(v))}</td>" for j, v in enumerate(r)) + "</tr>"
+                   for i, r in enumerate(rows))
+    table = f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    if len(rows) > collapse:
+        bad = sum(1 for c in classes.values() if c == "bad")
+        note = f", {bad} missed" if bad else ""
+        table = f"<details><summary>{len(rows)} rows{note} (show)</summary>{table}</details>"
+    return table
 
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#212529}
 table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{border:1px solid #dee2e6;padding:.25em .6em;text-align:right}
-th{background:#f1f3f5}td:first-child,th:first-child{text-align:left}svg{max-width:100%;height:auto}"""
+th{background:#f1f3f5}td:first-child,th:first-child{text-align:left}svg{max-width:100%;height:auto}
+td.bad{background:#ffe3e3;color:#c92a2a;font-weight:600}td.warn{background:#fff3bf;color:#e67700}
+details{margin:.5em 0 1.5em}summary{cursor:pointer;color:#1971c2}"""
 
 
 def html_page(title: str, blocks: Sequence[tuple[str, str]], subtitle: str = "") -> str:

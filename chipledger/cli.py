@@ -16,7 +16,7 @@ from rich.table import Table
 
 from chipledger.config import Config, ConfigError, load_config
 
-app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, add_completion=False,
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, add_completion=True,
                   help="chipledger: an event-sourced quota and demand ledger for shared accelerator fleets.")
 schema_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The event contract as JSON Schema.")
 app.add_typer(schema_app, name="schema")
@@ -43,6 +43,22 @@ ConfigOpt = typer.Option(None, "--config", help="chipledger.toml (default: ./chi
                          exists=False, dir_okay=False)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from chipledger import __version__
+
+        typer.echo(f"chipledger {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main_options(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="print the version and exit"),
+):
+    """chipledger: an event-sourced quota and demand ledger for shared accelerator fleets."""
+
+
 def _config(path: Optional[Path]) -> Config:
     try:
         return load_config(path)
@@ -55,6 +71,12 @@ def _fail(message: str, code: int = 1):
     raise typer.Exit(code)
 
 
+def _os_error(e: OSError) -> str:
+    """An OSError as one line: the path, then what the system said (no traceback)."""
+    where = f"{e.filename}: " if e.filename else ""
+    return f"{where}{e.strerror or e}"
+
+
 @app.command()
 def run(
     events: Path = typer.Option(..., "--events", help="JSONL file of events, one JSON object per line"),
@@ -64,6 +86,8 @@ def run(
     overwrite: bool = typer.Option(False, "--overwrite", help="replace the tables of a lake that has data"),
     check: bool = typer.Option(False, "--check-invariants", help="assert conservation after every event (slow)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+    strict: bool = typer.Option(False, "--strict", help="exit 1 when a line became a dead letter or the file "
+                                                        "has no events (for CI and scripts)"),
 ):
     """Fold an event file in-process (no Kafka, no server) and write the lake and the store."""
     summary = _run(events, lake, store, _config(config), overwrite, check)
@@ -71,6 +95,22 @@ def run(
         console.file.write(json.dumps(summary.as_dict()) + "\n")
     else:
         print_summary(summary)
+    if summary.lines == summary.blank:
+        err.print(f"warning: {events} has no events ({summary.lines} line(s), all blank): nothing was folded",
+                  highlight=False, markup=False, soft_wrap=True)
+        if strict:
+            raise typer.Exit(1)
+    if strict and summary.dead_letter_total:
+        err.print(f"error: --strict: {summary.dead_letter_total:,} line(s) became dead letters (lines "
+                  f"{_dead_lines(summary)})", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(1)
+
+
+def _dead_lines(summary, code=None) -> str:
+    lines = sorted(n for c, ns in summary.dead_letter_lines.items() if code is None or c == code for n in ns)
+    shown = ", ".join(map(str, lines[:10]))
+    total = summary.dead_letters[code] if code else summary.dead_letter_total
+    return shown + (f", … ({total - len(lines[:10]):,} more)" if total > len(lines[:10]) else "")
 
 
 def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, overwrite: bool, check: bool):
@@ -86,6 +126,8 @@ def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, 
     except StoreError as e:
         _fail(str(e))
     fold = fold_config(cfg, check)
+    if events.is_dir():
+        _fail(f"--events {events} is a directory: give the JSONL file of events", 2)
     size = events.stat().st_size if events.is_file() else 0
     try:
         if size >= PROGRESS_MIN_BYTES and err.is_terminal:
@@ -100,6 +142,8 @@ def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, 
                                   max_event_bytes=cfg.ledger.max_event_bytes)
     except RunError as e:
         _fail(str(e))
+    except OSError as e:
+        _fail(f"cannot run into lake {lake}: {_os_error(e)}")
     return summary
 
 
@@ -123,7 +167,9 @@ def print_summary(summary) -> None:
     t.add_row("accepted", f"{summary.accepted:,}")
     t.add_row("duplicates dropped", f"{summary.duplicates:,}")
     t.add_row("late (applied at the pool clock)", f"{summary.late:,}")
-    _add_breakdown(t, "dead letters", summary.dead_letters)
+    t.add_row("dead letters", f"{summary.dead_letter_total:,}")
+    for code, n in sorted(summary.dead_letters.items()):
+        t.add_row(f"  {code} (line{'s' if n > 1 else ''} {_dead_lines(summary, code)})", f"{n:,}")
     t.add_row("pools", f"{summary.pools:,}")
     for table, n in sorted(summary.rows_written.items()):
         t.add_row(f"lake rows: {table}", f"{n:,}")
@@ -139,11 +185,13 @@ def sql(
     query: Optional[str] = typer.Argument(None, help="SQL over the lake views (journal, events, jobs, job_runs, "
                                                      "error_budget, …); none: read SQL from standard input"),
     lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
-    fmt: str = typer.Option("table", "--format", "-f", help="table | csv | json"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table | csv | json | ndjson"),
+    limit: int = typer.Option(100, "--limit", min=0, help="rows a table shows (0: all); csv, json and ndjson "
+                                                         "are never cut"),
     config: Optional[Path] = ConfigOpt,
 ):
     """Run SQL with DuckDB over the lake's views; without a query, an interactive shell (until .quit or end of
-    input; statements end with ';')."""
+    input; statements end with ';'). Quote the column "at" (a DuckDB keyword): ORDER BY "at"."""
     import duckdb
 
     from analytics.views import connect, view_names
@@ -156,7 +204,7 @@ def sql(
     if query is None:
         from chipledger.sqlshell import run_shell
 
-        failures = run_shell(con, sys.stdin, console, err, fmt, view_names())
+        failures = run_shell(con, sys.stdin, console, err, fmt, view_names(), limit=limit)
         if failures and not sys.stdin.isatty():
             raise typer.Exit(1)
         return
@@ -166,7 +214,7 @@ def sql(
         columns = [d[0] for d in cur.description] if cur.description else []
     except duckdb.Error as e:
         _fail(f"query failed: {e}")
-    render(columns, rows, fmt, console)
+    render(columns, rows, fmt, console, limit=limit)
 
 
 def _lake_dir(lake: Optional[Path], cfg: Config) -> Path:
@@ -199,6 +247,7 @@ def report(
                                         help="end of the period, and the instant error budgets end at "
                                              "(default: the latest event)"),
     out: Optional[Path] = typer.Option(None, "--out", help="folder for the charts (PNG) and report.html"),
+    as_json: bool = typer.Option(False, "--json", help="print the report's sections as JSON"),
     config: Optional[Path] = ConfigOpt,
 ):
     """The SLO summary: error budgets, burn-rate alerts, availability, quota honoured, scheduling latency,
@@ -219,10 +268,22 @@ def report(
         except AlertsError as e:
             _fail(str(e), 2)
     rep = build_report(con, pool=pool, since=t0, until=t1)
-    print_report(rep, console)
+    if not as_json:
+        print_report(rep, console)
+    written = []
     if out is not None:
-        for path in write_report(rep, out):
-            console.print(f"wrote {path}", highlight=False)
+        try:
+            written = write_report(rep, out)
+        except OSError as e:
+            _fail(f"cannot write the report into --out {out} (a folder): {_os_error(e)}")
+        if not as_json:
+            for path in written:
+                console.print(f"wrote {path}", highlight=False)
+    if as_json:
+        console.file.write(json.dumps({
+            "title": rep.title, "subtitle": rep.subtitle, "pool": pool, "firing_pages": rep.firing_pages,
+            "sections": [{"title": s.title, "columns": s.columns, "rows": s.rows, "note": s.note} for s in rep.sections],
+            "files": [str(p) for p in written]}) + "\n")
 
 
 class _AlertsCommand(typer.core.TyperCommand):
@@ -345,6 +406,7 @@ def lake_upgrade(
 def lake_cache(
     lake: Optional[Path] = typer.Option(None, "--lake", help="the lake's folder (default [lake] path)"),
     config: Optional[Path] = ConfigOpt,
+    as_json: bool = typer.Option(False, "--json", help='print {"state": "retired", "removed": path or null}'),
 ):
     """Retired: the views answer from the fold's facts without a cache (docs/analytics.md). Removes the cache
     folder an earlier version left in the lake (LAKE/_cache), if any."""
@@ -354,8 +416,13 @@ def lake_cache(
     if not root.is_dir():
         _fail(f"no lake at {root}", 2)
     old = root / "_cache"
-    if old.exists():
+    removed = old.exists()
+    if removed:
         shutil.rmtree(old, ignore_errors=True)
+    if as_json:
+        typer.echo(json.dumps({"state": "retired", "removed": str(old) if removed else None}))
+        return
+    if removed:
         typer.echo(f"removed {old}, the analytics cache of an earlier version", err=True)
     typer.echo("the analytics cache is retired: every view is an aggregation of the lake's rows and the fold's facts "
                "and needs no cache (a lake without the fact tables: `chipledger lake upgrade`)", err=True)
@@ -366,7 +433,10 @@ def schema_export(out: Path = typer.Argument(..., help="folder to write one JSON
     """Write one JSON Schema per event, decision and dead-letter type, for producers in other languages."""
     from schemas.export import export_json_schemas
 
-    written = export_json_schemas(out)
+    try:
+        written = export_json_schemas(out)
+    except OSError as e:
+        _fail(f"cannot write the schemas into {out} (a folder): {_os_error(e)}")
     for p in written:
         console.print(str(p))
 
@@ -380,6 +450,7 @@ def demo(
     trace_dir: Optional[Path] = typer.Option(None, "--trace-dir",
                                              help="the trace's folder (default: ../shared/traces/… if present)"),
     config: Optional[Path] = ConfigOpt,
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON (run, pools, teams, statements)"),
 ):
     """Generate a seeded fleet scenario (or import a real trace), run it on the embedded default and print a
     short summary."""
@@ -389,8 +460,18 @@ def demo(
     from chipledger.config import fold_config
 
     fold = fold_config(_config(config))
+    import io
+
+    shown = Console(file=io.StringIO()) if as_json else console  # --json: the tables are not printed
     if trace is None:
-        run_demo(out, seed=seed, days=days, console=console, fold_config=fold)
+        if not days > 0:
+            _fail(f"--days must be more than 0, got {days:g}", 2)
+        try:
+            result = run_demo(out, seed=seed, days=days, console=shown, fold_config=fold)
+        except OSError as e:
+            _fail(f"cannot write the demo into {out}: {_os_error(e)}")
+        if as_json:
+            console.file.write(json.dumps(_demo_json(result, out)) + "\n")
         return
     if trace not in SHARED_TRACE_DIRS:
         _fail(f"--trace must be one of {', '.join(SHARED_TRACE_DIRS)}", 2)
@@ -399,9 +480,25 @@ def demo(
         _fail(f"trace folder not found: pass --trace-dir (the public trace copies live in ../shared/traces/"
               f"{SHARED_TRACE_DIRS[trace]} beside the repository)", 2)
     try:
-        run_trace_demo(trace, src, out, console=console, fold_config=fold)
+        result = run_trace_demo(trace, src, out, console=shown, fold_config=fold)
     except (TraceFormatError, FileNotFoundError) as e:
         _fail(str(e))
+    if as_json:
+        console.file.write(json.dumps(_demo_json(result, out)) + "\n")
+
+
+def _demo_json(result: dict, out: Path) -> dict:
+    from chipledger.demo import ACCOUNT_ORDER
+
+    return {
+        "run": result["summary"], "lake": str(out / "lake"), "events": str(out / "events.jsonl"),
+        "pools": [{"pool": r[0], **{f"{a}_chip_h": round(v or 0.0, 3) for a, v in zip(ACCOUNT_ORDER, r[1:])}}
+                  for r in result["pools"]],
+        "teams": [{"pool": p, "team": t, "quota_chip_h": round(q or 0.0, 3), "used_chip_h": round(u or 0.0, 3),
+                   "borrowed_chip_h": round(b or 0.0, 3)} for p, t, q, u, b in result["teams"]],
+        "statements": [{"period": s.period.label, "team": s.team, "partial": s.partial,
+                        "files": [str(f) for f in s.files], "digest": s.digest} for s in result["statements"]],
+    }
 
 
 @app.command()
@@ -449,8 +546,10 @@ def _import(fmt: str, src: Path, out: Path, as_json: bool, **options) -> None:
         _fail(f"{src} does not exist")
     try:
         report = import_trace(fmt, src, out, **options)
-    except (TraceFormatError, FileNotFoundError) as e:
+    except (TraceFormatError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
+    except OSError as e:
+        _fail(f"cannot import into {out}: {_os_error(e)}")
     if as_json:
         console.file.write(json.dumps(report.as_dict()) + "\n")
         return
@@ -506,7 +605,8 @@ def import_sacct_cmd(src: Path = typer.Argument(..., help="output of sacct --par
                      chips_per_node: int = typer.Option(8, help="GPUs per node in the partitions"),
                      cluster: Optional[str] = typer.Option(None, help="pools <cluster>/<partition>, as `slurm "
                                                            "watch` names them"),
-                     nodes: Optional[Path] = typer.Option(None, help="`sinfo --json` dump: the chips (needs --cluster)"),
+                     nodes: Optional[Path] = typer.Option(None, help="`sinfo --json` or `scontrol show node -o` dump: the chips (needs "
+                                                         "--cluster)"),
                      assoc: Optional[Path] = typer.Option(None, help="`sacctmgr -P show assoc format=id,account,user,"
                                                           "partition,grptres` dump: GPU quotas (needs --nodes)"),
                      inventory_at: Optional[str] = typer.Option(None, help="when the chips and quotas take effect "
@@ -570,11 +670,20 @@ def kafka_up(port: int = typer.Option(9092, help="client port on 127.0.0.1 (the 
 
 
 @kafka_app.command("status")
-def kafka_status(data_dir: Path = DataDirOpt):
+def kafka_status(data_dir: Path = DataDirOpt,
+                 as_json: bool = typer.Option(False, "--json", help='print {"running", "ready", "port", …} as JSON')):
     """Say whether the local broker runs; exit 1 when it does not."""
     from streams import broker
 
     info = broker.status(data_dir)
+    if as_json:
+        console.file.write(json.dumps({"running": info is not None, "data_dir": str(data_dir),
+                                       **({"ready": bool(info.get("ready")), "port": info.get("port"),
+                                           "pid": info.get("pid"), "log": str(info.get("log"))} if info else {})})
+                           + "\n")
+        if info is None:
+            raise typer.Exit(1)
+        return
     if info is None:
         console.print(f"kafka: not running (data dir {data_dir})")
         raise typer.Exit(1)
@@ -837,6 +946,7 @@ def statements(
     store: Optional[str] = typer.Option(None, "--store", help="store URL that records issued statements "
                                                                "(default [store] url)"),
     workers: int = typer.Option(1, "--workers", help="processes rendering charts and files"),
+    as_json: bool = typer.Option(False, "--json", help="print what was issued as JSON"),
     config: Optional[Path] = ConfigOpt,
 ):
     """Issue quota statements per team and period: entitlement, use in quota, borrowed, burst, preemptions,
@@ -867,6 +977,13 @@ def statements(
                          store=st, workers=workers)
     except (StatementError, StoreError) as e:
         _fail(str(e), 2)
+    except OSError as e:
+        _fail(f"cannot write statements into --out {out} (a folder): {_os_error(e)}")
+    if as_json:
+        console.file.write(json.dumps([{"period": s.period.label, "team": s.team, "partial": s.partial,
+                                        "files": [str(f) for f in s.files], "digest": s.digest} for s in done])
+                           + "\n")
+        return
     t = Table(title=f"statements in {out}")
     for col in ("period", "team", "state", "files"):
         t.add_column(col)

@@ -30,6 +30,8 @@ class Section:
     columns: list[str]
     rows: list[list[str]]
     note: str = ""
+    marks: dict = field(default_factory=dict)  # (row, column) -> "bad" | "warn": missed SLOs, negative budgets
+    summary: bool = False                      # shown first in the HTML page, before the charts
 
 
 @dataclass
@@ -89,11 +91,17 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
     budget = _rows(con, """
         SELECT slo, target, sli, good, total, unit, consumed, remaining FROM error_budget
         WHERE CASE WHEN $pool IS NULL THEN pool IS NULL ELSE pool = $pool END ORDER BY slo""", p)
+    marks = {}
+    for i, (_, t, sli, _, _, _, _, r) in enumerate(budget):
+        if sli is not None and t is not None and sli < t:
+            marks[i, 2] = "bad"
+        if r is not None and r < 0:
+            marks[i, 5] = "bad"
     rep.sections.append(Section(
         f"Error budgets (rolling {window_days} days to {as_of})",
         ["SLO", "target", "attained", "good / total", "budget consumed", "budget left"],
         [[slo, pct(t), pct(sli, 3), f"{num(g, 0)} / {num(tot, 0)} {unit}", pct(c, 1), pct(r, 1)]
-         for slo, t, sli, g, tot, unit, c, r in budget]))
+         for slo, t, sli, g, tot, unit, c, r in budget], marks=marks, summary=True))
 
     alerts = _rows(con, f"""
         SELECT severity, alert, slo, pool, burn_rate, long_win, long_burn, short_win, short_burn FROM burn_alerts
@@ -103,7 +111,8 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
         "Burn-rate alerts firing", ["severity", "alert", "SLO", "pool", "threshold", "long window", "short window"],
         [[sev, alert, slo, pl, f"{rate:g}×", f"{lw}: {lb:.1f}×", f"{sw}: {sb:.1f}×"]
          for sev, alert, slo, pl, rate, lw, lb, sw, sb in alerts],
-        note="" if alerts else "none"))
+        note="" if alerts else "none", summary=True,
+        marks={(i, 0): "bad" if a[0] == "page" else "warn" for i, a in enumerate(alerts)}))
 
     days = _rows(con, f"""
         SELECT day, pool, registered_mchip_s / 3.6e6, healthy_mchip_s / 3.6e6, availability FROM slo_capacity
@@ -124,7 +133,9 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
         f"Quota honoured (in-quota submissions started within {rep.sched_slo_s} s)",
         ["pool", "team", "in-quota submissions", "honoured", "late", "open", "attained", "target"],
         [[pl, tm, num(n), num(h), num(lt), num(o), pct(a), pct(t)] for pl, tm, n, h, lt, o, a, t in honoured],
-        note="" if honoured else "no in-quota submissions in the period"))
+        note="" if honoured else "no in-quota submissions in the period",
+        marks={(i, 6): "bad" for i, r in enumerate(honoured) if r[6] is not None and r[7] is not None
+               and r[6] < r[7]}))
 
     where = (f"{in_pool} AND ($since IS NULL OR since_s >= $since) AND ($until IS NULL OR since_s < $until)")
     latency = _rows(con, f"SELECT * FROM ({sched_latency_sql(where)}) ORDER BY pool, priority DESC, quota_class", p)
@@ -149,7 +160,9 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
     rep.sections.append(Section("Goodput of the runs that ended in the period",
                                 ["pool", "team", "allocated chip-h", "lost chip-h", "goodput", "target"],
                                 [[pl, tm, num(a), num(lo), pct(g), pct(t)] for pl, tm, a, lo, g, t in goodput],
-                                note="" if goodput else "no run ended in the period"))
+                                note="" if goodput else "no run ended in the period",
+                                marks={(i, 4): "bad" for i, r in enumerate(goodput)
+                                       if r[4] is not None and r[5] is not None and r[4] < r[5]}))
 
     clip_lo = "greatest(from_s, coalesce($since, from_s))"
     clip_hi = "least(until_s, coalesce($until, until_s))"
@@ -247,9 +260,14 @@ def write_report(rep: Report, out: Path) -> list[Path]:
                            charts.heatmap_chart(rep.heatmap)),
     }
     written = [charts.save_png(fig, out / f"{name}.png") for name, (_, fig) in figures.items()]
-    blocks = [(s.title, charts.html_table(s.columns, s.rows) if s.rows else f"<p>{html.escape(s.note)}</p>")
-              for s in rep.sections]
+    def block(s: Section):
+        return (s.title, charts.html_table(s.columns, s.rows, s.marks) if s.rows
+                else f"<p>{html.escape(s.note)}</p>")
+
+    # the summary (error budgets, alerts firing) first, then the charts, then the details
+    blocks = [block(s) for s in rep.sections if s.summary]
     blocks += [(title, charts.svg_text(fig)) for title, fig in figures.values()]
+    blocks += [block(s) for s in rep.sections if not s.summary]
     page = out / "report.html"
     page.write_text(charts.html_page(rep.title, blocks, rep.subtitle), encoding="utf-8")
     written.append(page)

@@ -38,6 +38,17 @@ def iso(t: int) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+def _grant_id(team: str) -> str:
+    """The simulated grant of a team: `g-TEAM`, or, for a team name too long for an id (the contract allows 256
+    characters for both), its first 200 characters and a sha256 prefix."""
+    gid = f"g-{team}"
+    if len(gid) <= 256:
+        return gid
+    import hashlib
+
+    return f"g-{team[:200]}~{hashlib.sha256(team.encode('utf-8', 'surrogatepass')).hexdigest()[:16]}"
+
+
 @dataclass
 class SimJob:
     """One job of the demand. `work`: seconds of running it needs; `ckpt_every`: its checkpoint interval (None:
@@ -154,7 +165,7 @@ class Cluster:
                 self.send(p.name, "chip.registered", t0, chip_id=f"c{i}", node=f"n{i // p.chips_per_node}")
             for team, q in sorted(self.quotas[p.name].items()):
                 if q > 0:
-                    self.send(p.name, "quota.granted", t0, grant_id=f"g-{team}", team=team, chips=q)
+                    self.send(p.name, "quota.granted", t0, grant_id=_grant_id(team), team=team, chips=q)
         quota = {p: {team: round(q * MILLI) for team, q in qs.items()} for p, qs in self.quotas.items()}
         free = {p: self.pools[p].chips * MILLI for p in self.pools}
         used: dict = {p: {} for p in self.pools}

@@ -468,9 +468,23 @@ def _reconcile(pool: str, books: dict[str, int]) -> dict:
 # rendering: pure functions of a statement dict, so the same statement gives the same bytes
 # ---------------------------------------------------------------------------------------------------------
 
+STEM_MAX_BYTES = 200  # the longest stem kept as it is: stem + ".html" stays well under NAME_MAX (255 bytes)
+
+
 def file_stem(team: str) -> str:
-    """A file name for a team (team names may be paths such as org/team): percent-encoded, reversible."""
-    return quote(team, safe="-_.@+=") or "%00"
+    """A file name for a team (team names may be paths such as org/team): percent-encoded, reversible, and
+    never hidden (a leading dot is %2E). A name longer than STEM_MAX_BYTES encoded (a 256-character team, or
+    30 CJK characters, 9 bytes each encoded) is cut and ends with `%~` and 16 hex digits of its sha256: a
+    quoted name never holds `%~`, so a cut stem matches no other team's."""
+    stem = quote(team, safe="-_.@+=") or "%00"
+    if stem.startswith("."):
+        stem = "%2E" + stem[1:]
+    if len(stem) > STEM_MAX_BYTES:
+        cut = stem[:STEM_MAX_BYTES - 18]
+        if "%" in cut[-2:]:  # never split a %XX
+            cut = cut[:cut.rindex("%")]
+        stem = cut + "%~" + hashlib.sha256(team.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return stem
 
 
 def render_json(st: dict) -> bytes:
@@ -637,7 +651,9 @@ def render_files(st: dict, formats: Sequence[str]) -> dict[str, bytes]:
     if "csv" in formats:
         files[f"{stem}.csv"] = render_csv(st)
     if "md" in formats:
-        files[f"{stem}.md"] = render_markdown(st, f"{stem}.svg")
+        # the link is a URL: the file name's own percent signs (org%2Fteam.svg) are encoded again, else a viewer
+        # decodes the link to org/team.svg, a folder, and the image is broken
+        files[f"{stem}.md"] = render_markdown(st, quote(f"{stem}.svg", safe="-_.~"))
         files[f"{stem}.svg"] = chart
     if "html" in formats:
         files[f"{stem}.html"] = render_html(st, chart)

@@ -509,7 +509,8 @@ def _check_quota_granted(s: PoolState, e):
     if g is not None and g.team != e.team:
         return Rejection(RC.illegal_transition,
                          f"grant {e.grant_id!r} belongs to team {g.team!r}, not {e.team!r}; revoke it and grant anew")
-    held = sum(h.chips_milli for gid, h in s.grants.items() if gid != e.grant_id)  # a re-grant replaces its own
+    own = s.grants.get(e.grant_id)
+    held = s.held_milli - (own.chips_milli if own is not None else 0)  # a re-grant replaces its own amount
     if held + e.chips_milli > MAX_POOL_MILLI:
         return Rejection(RC.over_limit, f"the grants held in pool {s.pool!r} would total {_chips_text(held + e.chips_milli)} "
                          f"chips, over the pool bound of {MAX_POOL_CHIPS:,} (docs/events.md, Limits)")
@@ -673,6 +674,7 @@ def _grant_off(state: PoolState, grant_id: str, version: int, t: int) -> None:
         return
     _deactivate(state, g, t)
     del state.grants[grant_id]
+    state.held_milli -= g.chips_milli
     state.policy_full = True
     state.other_epoch += 1
     state.quota_epoch += 1
@@ -952,6 +954,8 @@ def _milli_or_none(chips) -> Optional[int]:
 
 def _apply_quota_granted(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     old = s.grants.pop(e.grant_id, None)
+    if old is not None:
+        s.held_milli -= old.chips_milli
     if old is not None:  # a re-grant under the same id amends the grant
         _deactivate(s, old, t)
     # versions are unique in the pool, not per grant: a grant id revoked and granted anew must not match the
@@ -964,6 +968,7 @@ def _apply_quota_granted(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     if g.effective_until is not None and g.effective_until <= t:
         return  # already over: nothing to hold
     s.grants[g.grant_id] = g
+    s.held_milli += g.chips_milli
     if g.effective_from is None or g.effective_from <= t:
         _grant_on(s, g.grant_id, version, t)
     else:
@@ -983,7 +988,9 @@ def _deactivate(s: PoolState, g: Grant, t: int) -> None:
 
 
 def _apply_quota_revoked(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
-    _deactivate(s, s.grants.pop(e.grant_id), t)  # the check saw it held at t
+    g = s.grants.pop(e.grant_id)  # the check saw it held at t
+    s.held_milli -= g.chips_milli
+    _deactivate(s, g, t)
 
 
 def _apply_burst_requested(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
@@ -1268,6 +1275,7 @@ def check_invariants(s: PoolState) -> None:
             sizes[j.chips_milli] = sizes.get(j.chips_milli, 0) + 1
     assert sizes == s.pending_sizes, (sizes, s.pending_sizes)
     assert s.active_milli == sum(j.chips_milli for j in s.jobs.values()) <= MAX_POOL_MILLI, s.active_milli
+    assert s.held_milli == sum(g.chips_milli for g in s.grants.values()) <= MAX_POOL_MILLI, s.held_milli
     for acc in s.books.accounts.values():
         assert acc[0] >= 0 and acc[2] >= 0 and acc[1] >= s.books.open_hour
     nodes: dict = {}

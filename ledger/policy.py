@@ -750,36 +750,34 @@ class _Candidates:
         restart = config.restart_cost_s
         marked = state.marked
         running = state.running_jobs
+        prio_chips = state.prio_chips
         for names in self.plan:
-            levels = {}  # priority -> jobs (no annotation: this method is untyped for mypy)
+            prios = set()  # the priorities of the class's preemptible running jobs (the fold keeps them per team)
             for name in names:
-                for job in running.get(name, _NONE).values():
-                    if not job.preemptible or job.job_id in marked or (pred is not None and not pred(job)):
-                        continue  # a non-preemptible job is protected for ever: no wake for it
-                    lv = levels.get(job.priority)
-                    if lv is None:
-                        levels[job.priority] = [job]
-                    else:
-                        lv.append(job)
-            for prio in sorted(levels):
+                prios.update(prio_chips.get(name, _NONE))
+            for prio in sorted(prios):
                 out = []
-                for job in levels[prio]:
-                    until = job.run_started_at + min_runtime
-                    recent = job.preempted_at
-                    if len(recent) >= max_pre:
-                        w = recent[-max_pre] + window
-                        if w > until:
-                            until = w
-                    if until > t:
-                        if until < self.wake:
-                            self.wake = until
-                        continue
-                    lost = job.run_alloc_mchip_s + job.charged_milli * (t - job.since) - job.alloc_at_safe_mchip_s
-                    cost = lost + job.chips_milli * restart
-                    if naive:
-                        out.append(((prio, -job.run_started_at, job.job_id), job, lost, cost))
-                    else:
-                        out.append(((prio, cost, -job.run_started_at, job.job_id), job, lost, cost))
+                for name in names:
+                    for job in running.get(name, _NONE).values():
+                        if job.priority != prio or not job.preemptible or job.job_id in marked or (
+                                pred is not None and not pred(job)):
+                            continue  # a non-preemptible job is protected for ever: no wake for it
+                        until = job.run_started_at + min_runtime
+                        recent = job.preempted_at
+                        if len(recent) >= max_pre:
+                            w = recent[-max_pre] + window
+                            if w > until:
+                                until = w
+                        if until > t:
+                            if until < self.wake:
+                                self.wake = until
+                            continue
+                        lost = job.run_alloc_mchip_s + job.charged_milli * (t - job.since) - job.alloc_at_safe_mchip_s
+                        cost = lost + job.chips_milli * restart
+                        if naive:
+                            out.append(((prio, -job.run_started_at, job.job_id), job, lost, cost))
+                        else:
+                            out.append(((prio, cost, -job.run_started_at, job.job_id), job, lost, cost))
                 if out:
                     out.sort(key=_first)
                     yield out

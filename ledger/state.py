@@ -206,6 +206,7 @@ class PoolState:
     # needs no advance of the clock (derived, kept by the fold and push_boundary)
     until: int = 0
     active_milli: int = 0  # chips of the pool's jobs, pending or running (bounded: schemas.events.MAX_POOL_MILLI)
+    held_milli: int = 0    # chips of the grants it holds, in effect or to come (bounded likewise)
     limits_cache: Optional[tuple] = None  # (quota_epoch, team_limits, teams with a lending limit) of the last evaluation
     # --- facts (free_chips) ---
     # the free_chips row of the current second not posted yet (posted at the first event of a later second, or at
@@ -331,6 +332,7 @@ class PoolState:
         self.prio_chips = {}
         self.down = {k for k, c in self.chips.items() if not c.available}
         self.active_milli = sum(j.chips_milli for j in self.jobs.values())
+        self.held_milli = sum(g.chips_milli for g in self.grants.values())
         self.nodes, self.node_free_counts, self.whole_free_milli = {}, {}, 0
         for c in self.chips.values():
             n = self.nodes.get(c.node)

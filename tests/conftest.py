@@ -73,25 +73,33 @@ def demo_lake_of(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def slurm(tmp_path_factory):
+def slurm():
     """A real Slurm (slurmctld, slurmdbd on MariaDB, 4 slurmd x 8 fake GPUs) started once for the session by
     scripts/slurm.sh and stopped at the end (tests/slurm_support.py). Without Slurm installed: skipped loudly,
     or a failure with CHIPLEDGER_REQUIRE_SLURM=1."""
+    import shutil
+    import tempfile
+
     import slurm_support
 
+    # not under pytest's basetemp: another pytest session of the same user prunes old basetemps, and the
+    # daemons' state (MariaDB's data, the sockets) must outlive that
+    state_dir = Path(tempfile.mkdtemp(prefix="chipledger-slurm-"))
     try:
-        cluster = slurm_support.Cluster(tmp_path_factory.mktemp("slurm"))
+        cluster = slurm_support.Cluster(state_dir)
     except slurm_support.SlurmUnavailable as err:
         msg = f"SLURM TESTS NOT RUN: {err}"
+        shutil.rmtree(state_dir, ignore_errors=True)
         if slurm_support.required():
             pytest.fail(f"{msg} ({slurm_support.REQUIRE_ENV}=1)", pytrace=False)
         pytest.skip(msg)
     try:
         cluster.start()
-    except Exception as err:  # installed but would not start: always a failure
+    except Exception as err:  # installed but would not start: always a failure (the logs are kept)
         cluster.stop()
         pytest.fail(f"could not start Slurm: {err}", pytrace=False)
     try:
         yield cluster
     finally:
         cluster.stop()
+        shutil.rmtree(state_dir, ignore_errors=True)

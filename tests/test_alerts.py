@@ -35,7 +35,7 @@ def test_a_page_exits_2(lake):
     res = alerts(lake, "--at", "2026-11-02T03:00:00Z")
     assert res.exit_code == 2
     head, *lines = res.output.splitlines()
-    assert head == "evaluated at 2026-11-02T03:00:00Z (newest event 2026-11-04T00:00:00Z, 0 s before --at; 1 pool(s))"
+    assert head == "evaluated at 2026-11-02T03:00:00Z (newest event 2026-11-02T03:00:00Z, 0 s before --at; 1 pool(s))"
     assert lines[0].startswith("PAGE   page_6h   sched_latency  p/h100: burning 6.0× over 6h and 10.0× over 30m")
     assert [ln.split()[:3] for ln in lines[1:]] == [
         ["TICKET", "ticket_3d", "availability"], ["TICKET", "ticket_3d", "goodput"],
@@ -48,7 +48,7 @@ def test_tickets_only_exit_1(lake):
     assert res.exit_code == 1
     doc = json.loads(res.stdout)
     assert (doc["evaluated_at"], doc["newest_event_at"], doc["pools"]) == (
-        "2026-11-02T06:00:00Z", "2026-11-04T00:00:00Z", ["p/h100"])
+        "2026-11-02T06:00:00Z", "2026-11-02T03:00:00Z", ["p/h100"])  # newest at or before --at
     got = doc["firing"]
     # availability no longer: 1,200 chip-s down of 6 x 21,600 in the last 6 hours is 0.93x the budget rate
     assert {(a["severity"], a["slo"]) for a in got} == {("ticket", s) for s in
@@ -136,3 +136,17 @@ def test_evaluate_returns_the_alerts_and_the_instant(lake):
 def test_report_refuses_an_unknown_pool(lake):
     res = CliRunner().invoke(app, ["report", "--lake", str(lake), "--pool", "other/pool"])
     assert res.exit_code == 2 and "unknown pool 'other/pool'; the lake knows: p/h100" in res.stderr
+
+
+def test_an_instant_before_the_first_event_is_an_error_not_all_clear(lake):
+    """--at before any event: the lake cannot answer (it printed 'no burn-rate alert firing', exit 0, and a
+    newest event after the instant, '0 s before --at', which --max-age then passed). Review of issue 17."""
+    res = alerts(lake, "--at", "2026-10-01T00:00:00Z", "--max-age", "1h")
+    assert res.exit_code == 3, res.output
+    assert error_line(res).startswith("error: no event at or before --at 2026-10-01T00:00:00Z: nothing to evaluate")
+    assert alerts(lake, "--at", "2026-10-01T00:00:00Z", "--pool", "p/h100").exit_code == 3
+    # the newest event shown (and aged) is the newest at or before the instant, never a later one
+    head = alerts(lake, "--at", "2026-11-02T03:00:00Z").output.splitlines()[0]
+    assert "(newest event 2026-11-02T03:00:00Z, 0 s before --at" in head, head  # the lake has one at 03:00
+    head = alerts(lake, "--at", "2026-11-02T03:00:30Z").output.splitlines()[0]
+    assert "(newest event 2026-11-02T03:00:00Z, 30 s before --at" in head, head

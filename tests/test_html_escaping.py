@@ -132,3 +132,35 @@ def test_no_page_holds_a_hostile_name_as_markup(pages):
         text = path.read_text()
         for name in HOSTILE:
             assert name not in text, f"{path.name} holds {name!r} unescaped"
+
+
+def test_markdown_statements_link_their_chart_for_any_team_name(tmp_path, browser):
+    """A team named org/team (and one with spaces and parentheses) gets files org%2Fteam.md and .svg; the
+    Markdown links the chart so that a viewer resolves it to that file (not to org/team.svg, a folder)."""
+    from markdown_it import MarkdownIt
+
+    teams = ("org/team", "org/ml (vision) team")
+    events = [ev(1, "pool.configured", "2026-11-02T00:00:00Z", flavor="a100", chips_per_node=2),
+              ev(2, "chip.registered", "2026-11-02T00:00:00Z", chip_id="c0", node="n0")]
+    events += [ev(10 + i, "quota.granted", "2026-11-02T00:00:00Z", grant_id=f"g{i}", team=t, chips=1)
+               for i, t in enumerate(teams)]
+    events.append(ev(20, "pool.tick", "2026-11-03T00:00:00Z"))
+    src = tmp_path / "events.jsonl"
+    src.write_text("".join(json.dumps(e) + "\n" for e in events))
+    lake, store = tmp_path / "lake", f"sqlite:///{tmp_path / 's.db'}"
+    assert runner.invoke(app, ["run", "--events", str(src), "--lake", str(lake), "--store", store]).exit_code == 0
+    out = tmp_path / "st"
+    r = runner.invoke(app, ["statements", "--lake", str(lake), "--store", store, "--out", str(out),
+                            "--period", "2026-11-02..2026-11-02", "--format", "md"])
+    assert r.exit_code == 0, r.output
+    folder = out / "2026-11-02..2026-11-02"
+    md = MarkdownIt("commonmark")
+    for team in teams:
+        stem = file_stem(team)
+        assert (folder / f"{stem}.svg").is_file()
+        page = folder / f"{stem}.md.html"  # the Markdown as a viewer shows it, beside the files
+        page.write_text(f"<!DOCTYPE html><html><body>{md.render((folder / f'{stem}.md').read_text())}</body></html>")
+        driver = browser.open(page)
+        loaded = driver.execute_script(
+            "const i = document.querySelector('img'); return i && i.complete && i.naturalWidth > 0")
+        assert loaded, (team, driver.execute_script("return document.querySelector('img').src"))

@@ -52,7 +52,8 @@ def test_tolerance_makes_close_fair_shares_one_victim_class(tolerance, victim, l
     else:  # strict: search (lowest F) alone is the first class; vision is not looked at
         assert d.numbers["victim_class[search]"] == 0 and "victim_class[vision]" not in d.numbers
         assert "treated as equal" not in d.message and "fair_share_factor[vision]" not in d.numbers
-    assert d.message.endswith(f"victims checkpoint by {datetime.fromtimestamp(T0 + T + 60, timezone.utc):%Y-%m-%d %H:%M:%S} UTC")
+    by = datetime.fromtimestamp(T0 + T + 60, timezone.utc)
+    assert d.message.endswith(f"victims checkpoint by {by:%Y-%m-%d %H:%M:%S} UTC")
 
 
 def test_strict_order_names_only_the_lowest_fair_share_team():
@@ -77,19 +78,17 @@ def test_the_least_lost_work_set_not_the_greedy_one():
         assert d.numbers["lost_work_chip_s"] == 1000 and d.numbers["restart_cost_chip_s"] == 4 * restart
 
 
-def test_restart_cost_prefers_fewer_chips_restarted():
-    # ads needs 2 chips. search's p (2 chips) lost 2 × 500 = 1000 chip-s; q and w (1 chip each) lost 300 and
-    # 400 (700 together). Without a restart cost q + w (700) win; at 300 s per chip restarted p costs
-    # 1000 + 600 = 1600 and q + w 700 + 600 = 1300: still q + w; at 0 s lost work alone. With 2 restarts of
-    # 1 chip against 1 of 2 chips the restart cost is the same chips × s: the order does not change. So give
-    # p a recent checkpoint instead: p lost 2 × 200 = 400 (< 700), and p alone wins either way.
-    events = (pool(4) + [grant("ads", 2)] + run("p", "search", 2, 0) + run("q", "search", 1, 0)
-              + run("w", "search", 1, 0)
-              + [checkpoint("w", 1660), checkpoint("q", 1760), checkpoint("p", 1860), submit("a1", "ads", 2, 2000)])
-    r = Run(events, config=_cfg(restart_cost_s=300))
-    [d] = r.apply(tick(2060, eid="t"))
-    assert [(v.job_id, v.lost_work_chip_s) for v in d.victims] == [("p", 400)]
-    assert d.numbers["restart_cost_chip_s"] == 600
+def test_restart_cost_weighs_the_chips_restarted():
+    # 6 chips, all search's (quota 0); ads (quota 2) needs 2. p (4 chips) checkpointed 25 s ago: 100 chip-s
+    # lost; q (2 chips) 150 s ago: 300. Lost work alone takes p (100 < 300, freeing 2 more than needed); with
+    # a restart cost of 300 s per chip p costs 100 + 1200 and q 300 + 600: q
+    events = (pool(6, per_node=2) + [grant("ads", 2)] + run("p", "search", 4, 0) + run("q", "search", 2, 0)
+              + [checkpoint("q", 1910), submit("a1", "ads", 2, 2000), checkpoint("p", 2035)])
+    for restart, victim, lost in ((0, "p", 100), (300, "q", 300)):
+        r = Run(events, config=_cfg(restart_cost_s=restart))
+        [d] = r.apply(tick(2060, eid="t"))
+        assert [(v.job_id, v.lost_work_chip_s) for v in d.victims] == [(victim, lost)], restart
+        assert d.numbers["restart_cost_chip_s"] == (0 if restart == 0 else 2 * 300)
 
 
 def test_cooperative_preemption_loses_only_the_work_after_the_notice_checkpoint():

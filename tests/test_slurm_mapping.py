@@ -118,6 +118,16 @@ def test_nodes_pools_and_states(nodes):
         "chipledger/a100": ("a100", 8, 2), "chipledger/h100": ("h100", 8, 2)}
 
 
+def test_scontrol_show_node_text_gives_the_same_nodes(nodes):
+    text_nodes = commands.nodes_from_scontrol_text((FIX / "scontrol-show-node.txt").read_text())
+    by = {n.name: n for n in text_nodes}
+    assert by["n2"].states == ("IDLE", "DRAIN") and by["n2"].reason == "fan failure"
+    assert [(n.name, n.gpus, n.gpu_type, n.partitions) for n in text_nodes] == \
+        [(n.name, n.gpus, n.gpu_type, n.partitions) for n in nodes]
+    shape = lambda ps: {p: (s.flavor, s.chips_per_node, [n.name for n in s.nodes]) for p, s in ps.items()}  # noqa: E731
+    assert shape(pools_of(CLUSTER, text_nodes)) == shape(pools_of(CLUSTER, nodes))
+
+
 @pytest.mark.parametrize("states, chip", [
     (("IDLE",), "healthy"), (("MIXED",), "healthy"), (("ALLOCATED",), "healthy"), (("IDLE", "DRAIN"), "down"),
     (("DOWN",), "down"), (("IDLE", "MAINTENANCE"), "maintenance"), (("IDLE", "MAINTENANCE", "DRAIN"), "maintenance"),
@@ -299,6 +309,11 @@ def test_import_sacct_with_inventory_and_quotas(tmp_path):
     (tmp_path / "ev.txt").write_text("n2|2026-12-03T11:37:29|2026-12-03T11:37:40|DRAIN|fan\n")
     import_sacct(FIX / "sacct-D.txt", out, cluster=CLUSTER, nodes=FIX / "sinfo.json", assoc=FIX / "assoc.txt",
                  inventory_at=1796297800, node_events=tmp_path / "ev.txt")
+    text = tmp_path / "text.jsonl"  # the inventory from `scontrol show node -o` instead: the same events
+    import_sacct(FIX / "sacct-D.txt", text, cluster=CLUSTER, nodes=FIX / "scontrol-show-node.txt",
+                 assoc=FIX / "assoc.txt", inventory_at=1796297800, node_events=tmp_path / "ev.txt")
+    strip = lambda p: [{k: v for k, v in json.loads(x).items() if k != "event_id"} for x in p.read_text().splitlines()]  # noqa: E731
+    assert strip(text) == strip(out)
     evs = [json.loads(x) for x in out.read_text().splitlines()]
     assert sum(e["type"] == "chip.registered" for e in evs) == 32
     grants = sorted((e["pool"], e["team"], e["chips"]) for e in evs if e["type"] == "quota.granted")

@@ -197,7 +197,7 @@ def test_html_and_markdown_structure(books):
     assert "<svg" in html and "<h1>Quota statement: org/alpha, 2026-11-02..2026-11-02</h1>" in html
     md = (folder / "org%2Falpha.md").read_text()
     assert md.startswith("# Quota statement: org/alpha, 2026-11-02..2026-11-02\n")
-    assert "![use against quota](org%2Falpha.svg)" in md and (folder / "org%2Falpha.svg").read_bytes().startswith(b"<?xml")
+    assert "![use against quota](org%252Falpha.svg)" in md and (folder / "org%2Falpha.svg").read_bytes().startswith(b"<?xml")
     assert "| Entitled (quota × time) | 36.0 |" in md
     csv = (folder / "org%2Falpha.csv").read_text().splitlines()
     assert csv[0].startswith("period,team,pool,partial,") and csv[-1].split(",")[2] == "(total)"

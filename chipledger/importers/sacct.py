@@ -449,15 +449,21 @@ class _Emitter:
 
 
 def load_nodes(path: Path) -> list[Node]:
-    """Nodes from a dump of `sinfo --json` (or `scontrol show node --json` where Slurm has it)."""
+    """Nodes from a dump of `sinfo --json`, or of `scontrol show node -o` (text, one line a node)."""
     import json
 
-    from chipledger.slurm.commands import nodes_from_sinfo_json
+    from chipledger.slurm.commands import nodes_from_scontrol_text, nodes_from_sinfo_json
 
     try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise TraceFormatError(f"{path}: not a `sinfo --json` dump ({e})") from None
+        text = Path(path).read_text()
+    except OSError as e:
+        raise TraceFormatError(f"{path}: {e}") from None
+    if text.lstrip().startswith("NodeName="):
+        return nodes_from_scontrol_text(text)
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise TraceFormatError(f"{path}: neither a `sinfo --json` nor a `scontrol show node -o` dump ({e})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
         raise TraceFormatError(f"{path}: no \"nodes\" list: dump it with `sinfo --json > {Path(path).name}`")
     return nodes_from_sinfo_json(doc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from datetime import datetime, timezone
@@ -189,6 +190,27 @@ def nodes_from_sinfo_json(doc: dict) -> list[Node]:
         out.append(Node(name=str(n.get("name")), gpus=gpus, gpu_type=gtype,
                         partitions=tuple(n.get("partitions") or ()), states=tuple(s.upper() for s in states),
                         reason=str(n.get("reason") or "")))
+    return out
+
+
+def _field(line: str, key: str) -> str:
+    m = re.search(rf"(?:^|\s){key}=(\S*)", line)
+    return m.group(1) if m else ""
+
+
+def nodes_from_scontrol_text(text: str) -> list[Node]:
+    """Nodes from `scontrol show node -o` (one line a node; 22.05 has no --json for scontrol)."""
+    out = []
+    for line in text.splitlines():
+        name = _field(line, "NodeName")
+        if not name:
+            continue
+        gpus, gtype = gres_gpus(_field(line, "Gres"))
+        states = tuple(w for w in _field(line, "State").upper().split("+") if w)
+        parts = tuple(p for p in _field(line, "Partitions").split(",") if p)
+        m = re.search(r"(?:^|\s)Reason=(.*?)(?:\s\[[^\]]*\])?\s*$", line)
+        out.append(Node(name=name, gpus=gpus, gpu_type=gtype, partitions=parts, states=states,
+                        reason=m.group(1).strip() if m else ""))
     return out
 
 

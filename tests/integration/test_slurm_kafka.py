@@ -66,6 +66,13 @@ def _consume(bootstrap: str, topics) -> list:
         consumer.close()
 
 
+def _connection(bootstrap: str):
+    from chipledger.config import KafkaConfig
+    from streams.clients import connection_from_config
+
+    return connection_from_config(KafkaConfig(), bootstrap=bootstrap)
+
+
 def _fake():
     load = lambda name: json.loads((FIX / name).read_text())  # noqa: E731
     return FakeSlurm(commands.nodes_from_sinfo_json(load("sinfo.json")),
@@ -78,7 +85,7 @@ def test_watch_emits_to_kafka_once(bootstrap, tmp_path):
     expected = ListSink()
     Watcher(CLUSTER, tmp_path / "jsonl.state", expected, since=NOW - 400, settle_s=5, slurm=fake.slurm(),
             clock=lambda: NOW).poll()
-    sink = KafkaSink(LedgerProducer(bootstrap))
+    sink = KafkaSink(LedgerProducer(_connection(bootstrap)))  # as the CLI builds it: [kafka] config + --bootstrap
     Watcher(CLUSTER, tmp_path / "k.state", sink, since=NOW - 400, settle_s=5, slurm=fake.slurm(),
             clock=lambda: NOW).poll()
     Watcher(CLUSTER, tmp_path / "k.state", sink, settle_s=5, slurm=fake.slurm(), clock=lambda: NOW).poll()  # restart
@@ -102,7 +109,7 @@ def test_actuate_from_kafka_applies_a_decision_once(bootstrap, tmp_path):
     group = f"g-{uuid.uuid4().hex[:6]}"
     act = Actuator(CLUSTER, tmp_path / "a.state", ops=fake.ops())
     outcomes = []
-    for decision, commit in decisions_from_kafka(bootstrap, CLUSTER, group=group, timeout_s=5):
+    for decision, commit in decisions_from_kafka(_connection(bootstrap), CLUSTER, group=group, timeout_s=5):
         outcomes.append(act.apply(decision))
         commit()
     assert [o.skipped for o in outcomes] == ["", "applied before"]
