@@ -31,6 +31,7 @@ test: $(CORE)
 	bash scripts/prometheus.sh ensure
 	bash scripts/chromium.sh ensure
 	bash scripts/slurm.sh ensure
+	bash scripts/valgrind.sh ensure
 	$(PY) -m pytest
 
 bench: $(CORE)

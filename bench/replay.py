@@ -1,6 +1,7 @@
 """Benchmark: the embedded fold against parsing + validating the same file alone, in the same run.
 
     .venv/bin/python bench/replay.py [--events 1000000] [--rss 1000000,5000000] [--out bench/out] [--opcodes N]
+                                     [--instructions N]
 
 1. Generates a seeded scenario file of N events (scale fixed, days chosen to reach N, so the event rate per
    day stays the same and only the length of history grows).
@@ -23,19 +24,32 @@ prints which. CHIPLEDGER_PURE_PYTHON=1 measures the plain Python core.
    that print the same digest gave identical outputs.
 5. Peak RSS: runs the embedded run on 1M and 5M events, each in a fresh child process, and reports
    ru_maxrss and the pool state sizes (target: memory follows active jobs and chips, not history).
+6. With `--instructions N`: instructions executed (user space) over the first N events of the bench file, a
+   figure that depends neither on the machine's load nor much on its processor: Linux `perf stat -e
+   instructions:u` where the kernel gives a hardware counter, else valgrind's callgrind (total Ir; ~50x slower,
+   so keep N in the tens of thousands); it says which. Each phase runs in its own child process on the same
+   sample: setup (imports, reading the sample into memory), validate only, parse + fold (+ close), the embedded
+   run; the phases' costs are the differences: validation = validate - setup, fold alone = parse + fold -
+   validate, lake writer = embedded run - parse + fold (rows, canonical JSON, Arrow, Parquet, close-of-books
+   rows).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -157,6 +171,122 @@ def count_opcodes(path: Path, skip: int, n: int) -> tuple[float, dict]:
     return total / max(len(events), 1), {k: v[0] / v[1] for k, v in by_type.items()}
 
 
+PHASES = ("setup", "validate", "fold", "embedded")
+
+
+def instruction_tool() -> Optional[str]:
+    """'perf' when `perf stat` can count instructions here (a hardware counter the kernel lets us read; not on
+    most virtual machines), else 'callgrind' when valgrind is installed, else None."""
+    if shutil.which("perf"):
+        try:
+            p = subprocess.run(["perf", "stat", "-x,", "-e", "instructions:u", "true"], capture_output=True,
+                               text=True, timeout=30)
+            if p.returncode == 0 and _perf_count(p.stderr) is not None:
+                return "perf"
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    if shutil.which("valgrind"):
+        return "callgrind"
+    return None
+
+
+def _perf_count(text: str) -> Optional[int]:
+    for line in text.splitlines():
+        fields = line.split(",")
+        if len(fields) > 2 and fields[2].startswith("instructions") and fields[0].strip().isdigit():
+            return int(fields[0])
+    return None
+
+
+def _callgrind_count(text: str) -> Optional[int]:
+    m = re.search(r"Collected\s*:\s*([0-9]+)", text)
+    return int(m.group(1)) if m else None
+
+
+def child_phase(phase: str, sample: str, lake: str) -> None:
+    """Run in a child process under the counting tool: every phase imports the same modules and reads the sample
+    into memory, then does its phase's work (nothing for 'setup')."""
+    import gc
+
+    from chipledger.embedded import GC_FREEZE_MASK, run_file
+    from ledger import Fleet
+    from schemas import Rejection, parse_event
+
+    with open(sample, "rb") as f:
+        lines = f.readlines()
+    if phase == "validate":
+        for line in lines:
+            parse_event(line)
+    elif phase == "fold":
+        fleet = Fleet()
+        for n, line in enumerate(lines, 1):
+            if not n & GC_FREEZE_MASK:
+                gc.freeze()
+            e = parse_event(line)
+            if not isinstance(e, Rejection):
+                fleet.apply(e, line)
+        fleet.close()
+    elif phase == "embedded":
+        run_file(Path(sample), Path(lake), overwrite=True)
+    print(len(lines))
+
+
+def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2) -> dict:
+    """Instructions each phase executes over the events of `sample`, one child process per phase (see 6. in the
+    module's text). Returns {"tool", "events", "setup", "validate", "fold", "embedded" (the raw totals), and the
+    derived "validation", "fold_alone", "lake_writer"}. Raises RuntimeError when no tool can count here."""
+    tool = tool or instruction_tool()
+    if tool is None:
+        raise RuntimeError("cannot count instructions: `perf stat -e instructions` has no hardware counter here "
+                           "(or perf is missing: Debian package linux-perf) and valgrind is not installed "
+                           "(Debian package valgrind)")
+    env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict layouts in every child
+    import ledger
+
+    out: dict = {"tool": tool, "core": ledger.CORE}
+    with tempfile.TemporaryDirectory(prefix="chipledger-icount-") as tmp:
+
+        def run(phase: str) -> tuple[int, int]:
+            log = Path(tmp) / f"{phase}.log"
+            child = [sys.executable, str(Path(__file__).resolve()), "--phase-child", phase, str(sample),
+                     str(Path(tmp) / f"lake-{phase}")]
+            if tool == "perf":
+                cmd = ["perf", "stat", "-x,", "-e", "instructions:u", "-o", str(log), "--", *child]
+            else:
+                cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", f"--log-file={log}",
+                       *child]
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            text = log.read_text() if log.exists() else ""
+            count = _perf_count(text) if tool == "perf" else _callgrind_count(text)
+            if p.returncode != 0 or count is None:
+                raise RuntimeError(f"{tool} on phase {phase} failed (exit {p.returncode}): "
+                                   f"{(p.stderr or text).strip()[-2000:]}")
+            return count, int(p.stdout.strip().splitlines()[-1])
+
+        # the counts are per process, so two children at a time (this machine has 2 cores) change nothing
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            for phase, (count, events) in zip(PHASES, pool.map(run, PHASES)):
+                out[phase] = count
+                out["events"] = events
+    out["validation"] = out["validate"] - out["setup"]
+    out["fold_alone"] = out["fold"] - out["validate"]
+    out["lake_writer"] = out["embedded"] - out["fold"]
+    return out
+
+
+def print_instructions(c: dict) -> None:
+    n = c["events"]
+    name = {"perf": "perf stat -e instructions:u", "callgrind": "valgrind --tool=callgrind, total Ir"}[c["tool"]]
+    v = c["validation"] / n
+    print(f"\ninstructions ({name}), first {n:,} events, one child process per phase; ledger core: {c['core']}")
+    print(f"  setup (imports, read the sample): {c['setup']:>16,}")
+    for label, key in (("validation", "validation"), ("fold alone", "fold_alone"), ("lake writer", "lake_writer")):
+        per = c[key] / n
+        print(f"  {label:<12} {c[key]:>16,}  {per:>9,.0f} per event  validation/this {v / per if per else 0:.2f}")
+    e = (c["embedded"] - c["setup"]) / n
+    print(f"  embedded run {c['embedded'] - c['setup']:>16,}  {e:>9,.0f} per event  validation/this {v / e:.2f}")
+
+
 def fold_digest(path: Path, n: int) -> tuple[str, int]:
     """sha256 over everything the fold put out for the first n lines of `path`, in order, then the closed books,
     the policy rows at the end and the final state of every pool. Returns (hex digest, lines folded)."""
@@ -210,11 +340,17 @@ def main() -> int:
     ap.add_argument("--digest", type=int, default=0, metavar="N",
                     help="only fold the first N events of the bench file and print a digest of all outputs")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--phase-child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--instructions", type=int, default=0, metavar="N",
+                    help="also count instructions per phase over the first N events (perf, else valgrind)")
     ap.add_argument("--opcodes", type=int, default=0, metavar="N",
                     help="also count the fold's Python opcodes per event over N events after the first 20,000")
     args = ap.parse_args()
     if args.child:
         child_rss(*args.child)
+        return 0
+    if args.phase_child:
+        child_phase(*args.phase_child)
         return 0
     import ledger
 
@@ -272,6 +408,19 @@ def main() -> int:
         per_event, by_type = count_opcodes(path, 20_000, args.opcodes)
         print(f"\nfold: {per_event:,.0f} Python opcodes per event (events 20,000 to {20_000 + args.opcodes:,}); by type: "
               + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(by_type.items(), key=lambda kv: -kv[1])))
+
+    if args.instructions:
+        sample = out / f"sample-{args.instructions}.jsonl"
+        with open(path, "rb") as f, open(sample, "wb") as g:
+            g.writelines(islice(f, args.instructions))
+        t0 = time.perf_counter()
+        try:
+            c = count_instructions(sample)
+        except RuntimeError as err:
+            print(f"\ninstructions: {err}", file=sys.stderr)
+            return 2
+        print_instructions(c)
+        print(f"  ({time.perf_counter() - t0:.0f} s)")
 
     results = []
     for n_rss in (int(s) for s in args.rss.split(",") if s):
