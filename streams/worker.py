@@ -297,9 +297,11 @@ class SequencerStage:
                     continue
                 if r.note in ("forced", "late"):
                     self.counts[r.note] += 1
-                    log.warning("sequencer: %s[%d]@%d of pool %r released %s (%s)", r.tp.topic, r.tp.partition,
-                                r.offset, pool, r.note, "its producer's previous record of this pool never came"
-                                if r.note == "forced" else "after its successor was released without it")
+                    stamp = stamp_of(headers)
+                    log.warning("sequencer: %s[%d]@%d of pool %r (producer %s, seq %s, previous %s) released %s (%s)",
+                                r.tp.topic, r.tp.partition, r.offset, pool, *(stamp or ("-", "-", "-")), r.note,
+                                f"waited {self.settings.sequencer_wait_ms} ms for the previous record, the input "
+                                "topics caught up" if r.note == "forced" else "after its successor was forced")
                 hdrs = [(k, v) for k, v in headers if k not in (HEADER_ORIGIN, HEADER_TIMESTAMP)]
                 hdrs += [(HEADER_ORIGIN, f"{r.tp.topic}:{r.tp.partition}:{r.offset}".encode()),
                          (HEADER_TIMESTAMP, str(ts_ms).encode())]
@@ -336,6 +338,10 @@ class SequencerStage:
         if ckpt is not None:
             await ckpt
 
+    async def abandon(self) -> None:
+        """Stop the checkpoint in progress before it writes the table or acks (see `abandon_checkpoint`)."""
+        self._ckpt = await abandon_checkpoint(self._ckpt)
+
     def forget_partitions(self, partitions: set[int]) -> None:
         for part in partitions:
             self.seq.drop_partition(part)
@@ -347,6 +353,24 @@ class SequencerStage:
         self._pending_dead = [d for d in self._pending_dead if d[1].partition not in partitions]
         for tp in [tp for tp in self.received_next if tp.partition in partitions]:
             del self.received_next[tp]
+
+
+async def abandon_checkpoint(ckpt: Optional[asyncio.Future]) -> None:
+    """Cancel a checkpoint when partitions are revoked, instead of finishing it. A checkpoint finished then would
+    write table values and ack records after Faust flushed its producer for the rebalance: the new owner could
+    restore the table before those changelog writes arrive, while the acks were committed, and take over from a
+    state older than the committed offsets (a record never folded, a predecessor the sequencer never sees).
+    Cancelled at one of its waits, it wrote nothing: the new owner reads its records again (outputs sent again
+    are dropped by the sink, records logged again are skipped by the fold)."""
+    if ckpt is not None and not ckpt.done():
+        ckpt.cancel()
+        try:
+            await ckpt
+        except asyncio.CancelledError:
+            pass
+    elif ckpt is not None and not ckpt.cancelled() and ckpt.exception() is not None:
+        log.warning("worker: the last checkpoint failed: %r", ckpt.exception())
+    return None
 
 
 def _origin(headers) -> Optional[tuple[str, int, int, int]]:
@@ -455,6 +479,10 @@ class PoolWorker:
         ckpt, self._ckpt = self._ckpt, None
         if ckpt is not None:
             await ckpt
+
+    async def abandon(self) -> None:
+        """Stop the checkpoint in progress before it writes the table or acks (see `abandon_checkpoint`)."""
+        self._ckpt = await abandon_checkpoint(self._ckpt)
 
     def _capture(self) -> tuple[list, dict, dict, list]:
         """What a checkpoint makes durable, taken at once between two folds: the deliveries of the outputs sent so
@@ -737,14 +765,14 @@ def make_app(settings: WorkerSettings):
         log_parts = {tp.partition for tp in revoked if tp.topic == TOPIC_LOG}
         if seq_parts:
             async with sequencer.lock:
-                await sequencer.settle()  # the checkpoint in progress acknowledges its records while they are ours
+                await sequencer.abandon()  # not finished after Faust's flush: see abandon_checkpoint
                 sequencer.forget_partitions(seq_parts)
             for tp in list(consumer_positions):
                 if tp.partition in seq_parts:
                     del consumer_positions[tp]
         if log_parts:
             async with worker._lock:
-                await worker.settle()
+                await worker.abandon()
                 worker.forget_partitions(log_parts)
 
     return app, worker
