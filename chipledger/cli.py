@@ -89,9 +89,11 @@ def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, 
                           TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True) as bar:
                 task = bar.add_task(f"folding {events.name}", total=size)
                 summary, _ = run_file(events, lake, fold_config=fold, overwrite=overwrite, store=st,
-                                      progress=lambda n: bar.update(task, completed=n))
+                                      progress=lambda n: bar.update(task, completed=n),
+                                      max_event_bytes=cfg.ledger.max_event_bytes)
         else:
-            summary, _ = run_file(events, lake, fold_config=fold, overwrite=overwrite, store=st)
+            summary, _ = run_file(events, lake, fold_config=fold, overwrite=overwrite, store=st,
+                                  max_event_bytes=cfg.ledger.max_event_bytes)
     except RunError as e:
         _fail(str(e))
     return summary

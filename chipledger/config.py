@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from analytics.slo_views import SloParams as SloConfig  # the [slo] section: targets and thresholds of the SLO views
-from ledger.fold import DEFAULT_DEDUP_WINDOW_S, FoldConfig
+from ledger.fold import DEFAULT_DEDUP_WINDOW_S, DEFAULT_MAX_CLOCK_JUMP_S, FoldConfig
+from schemas.parse import DEFAULT_MAX_EVENT_BYTES
 
 
 class ConfigError(ValueError):
@@ -37,10 +38,26 @@ class LakeConfig:
     path: str = "lake"
 
 
+# a dead letter carries the raw bytes of a too_large message up to max_event_bytes, in base64 (4/3 larger),
+# and must fit one Kafka record of the default 1 MiB limit
+MAX_EVENT_BYTES_LIMIT = 720 * 1024
+
+
 @dataclass(frozen=True)
 class LedgerConfig:
     dedup_window_s: int = DEFAULT_DEDUP_WINDOW_S
     debug_invariants: bool = False  # check conservation after every event (slower)
+    max_clock_jump_s: int = DEFAULT_MAX_CLOCK_JUMP_S  # an event further ahead of its pool clock: clock_jump
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES  # a message value over this: too_large (docs/events.md)
+
+    def __post_init__(self):
+        if self.max_clock_jump_s < 1:
+            raise ValueError(f"[ledger] max_clock_jump_s must be at least 1, got {self.max_clock_jump_s}")
+        if self.dedup_window_s < 0:
+            raise ValueError(f"[ledger] dedup_window_s must not be negative, got {self.dedup_window_s}")
+        if not 1024 <= self.max_event_bytes <= MAX_EVENT_BYTES_LIMIT:
+            raise ValueError(f"[ledger] max_event_bytes must be between 1024 and {MAX_EVENT_BYTES_LIMIT}, "
+                             f"got {self.max_event_bytes}")
 
 
 _FOLD_DEFAULTS = FoldConfig()
@@ -71,7 +88,7 @@ class PolicyConfig:
 
 def fold_config(cfg: "Config", check_invariants: bool = False) -> FoldConfig:
     """The FoldConfig of a configuration: [ledger] and [policy] (what every command that folds uses)."""
-    return FoldConfig(dedup_window_s=cfg.ledger.dedup_window_s,
+    return FoldConfig(dedup_window_s=cfg.ledger.dedup_window_s, max_clock_jump_s=cfg.ledger.max_clock_jump_s,
                       check_invariants=check_invariants or cfg.ledger.debug_invariants,
                       capacity_slo_target=cfg.slo.availability,  # bursts are gated by the capacity SLO's budget
                       **cfg.policy.fold_kwargs())

@@ -2,6 +2,8 @@
 
 This is the same core the Kafka worker uses; only the edges differ (a file instead of topics). Each run folds
 its file from an empty state. Bad lines become dead letters with their raw bytes; the run never stops for them.
+A line longer than `[ledger] max_event_bytes` is never held whole: it is `too_large`, and its dead letter keeps
+its first max_event_bytes bytes (the detail gives its size and sha256).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from analytics.lake_rows import read_rows
 import ledger
 from ledger import Fleet, FoldConfig
 from schemas import Rejection, parse_event
+from schemas.parse import DEFAULT_MAX_EVENT_BYTES, size_rejection
 from streams.rows import close_rows, deadletter_row, event_row, step_rows  # noqa: F401 (event_row: re-export)
 
 ProgressFn = Callable[[int], None]  # called with bytes read so far
@@ -72,9 +75,42 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def _lines(f, max_bytes: int):
+    """(line, bytes read, too_large) for each line of a binary file. A line of at most max_bytes bytes (without
+    its end) comes whole and `too_large` is None; a longer one is read on in chunks, never held whole: `line`
+    is its first max_bytes bytes and `too_large` the Rejection naming its size and sha256."""
+    readline = f.readline
+    limit = max_bytes + 2  # the line's end (\r\n) may come on top
+    while True:
+        line = readline(limit)
+        if not line:
+            return
+        ended = line[-1:] == b"\n"
+        if len(line) <= max_bytes or (ended and len(line.rstrip(b"\r\n")) <= max_bytes):
+            yield line, len(line), None
+            continue
+        digest = hashlib.sha256()
+        head = line[:max_bytes]
+        read = size = 0
+        chunk = line
+        while chunk:
+            read += len(chunk)
+            if chunk[-1:] == b"\n":
+                chunk = chunk.rstrip(b"\r\n")
+                digest.update(chunk)
+                size += len(chunk)
+                break
+            digest.update(chunk)
+            size += len(chunk)
+            chunk = readline(1 << 20)
+        yield head, read, size_rejection(size, max_bytes, digest.hexdigest())
+
+
 def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldConfig(), overwrite: bool = False,
-             progress: Optional[ProgressFn] = None, store=None) -> tuple[RunSummary, Fleet]:
-    """Fold `events_path` into a fresh lake at `lake`, then save balances to `store` (a ledger.store.Store)."""
+             progress: Optional[ProgressFn] = None, store=None,
+             max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> tuple[RunSummary, Fleet]:
+    """Fold `events_path` into a fresh lake at `lake`, then save balances to `store` (a ledger.store.Store).
+    `max_event_bytes` is [ledger] max_event_bytes: a longer line is a `too_large` dead letter."""
     events_path, lake = Path(events_path), Path(lake)
     if not events_path.is_file():
         raise RunError(f"events file {events_path} does not exist")
@@ -102,17 +138,21 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
 
     try:
         with open(events_path, "rb") as f:
-            for offset, line in enumerate(f, start=1):
-                read_bytes += len(line)
+            for offset, (line, n, too_large) in enumerate(_lines(f, max_event_bytes), start=1):
+                read_bytes += n
                 if not offset & GC_FREEZE_MASK:
                     gc.freeze()
                 if progress is not None and offset % 4096 == 0:
                     progress(read_bytes)
+                if too_large is not None:
+                    dead(deadletter_row(line, too_large, topic, 0, offset, seen_clock))
+                    summary.dead_letters[too_large.code.value] += 1
+                    continue
                 raw = line.rstrip(b"\r\n")
                 if not raw.strip():
                     summary.blank += 1
                     continue
-                event = parse_event(raw)
+                event = parse_event(raw, max_event_bytes)
                 if isinstance(event, Rejection):
                     dead(deadletter_row(raw, event, topic, 0, offset, seen_clock))
                     summary.dead_letters[event.code.value] += 1

@@ -131,6 +131,13 @@ class Books:
         self._post(end, out)
         self.open_hour = end
 
+    def skip_hours(self, n: int) -> None:
+        """Open the hour n hours on, over a stretch where nothing accrues (every rate 0, the open hour just
+        closed): those hours would post nothing, so none of them is visited."""
+        t = self.open_hour = self.open_hour + n * HOUR_S
+        for acc in self.accounts.values():
+            acc[1] = t
+
     def flush(self, t: int, out: list) -> None:
         """Post what accrued in the open hour up to instant t (a partial close of the books)."""
         self._post(t, out)

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, Optional
 
 from mypy_extensions import mypyc_attr
 from schemas.codes import Rejection, RejectionCode as RC
-from schemas.events import _OFFSET_S, _UNIX_ORDINAL, MILLI, epoch_s, to_milli
+from schemas.events import _OFFSET_S, _UNIX_ORDINAL, MAX_POOL_CHIPS, MAX_POOL_MILLI, MILLI, epoch_s, to_milli
 
 from ledger.books import (
     BORROWED, BURST, CAPACITY, ENTITLED, HOUR_S, IDLE, IN_QUOTA, OVERCOMMITTED, PENDING, UNAVAILABLE, Books,
@@ -33,6 +33,7 @@ _new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__ 
 _MILLI_OF: dict = {}  # a job's chips (a Decimal) -> milli-chips; jobs come in few sizes (bounded memo)
 
 DEFAULT_DEDUP_WINDOW_S = 86_400  # event ids are remembered for a day of event time
+DEFAULT_MAX_CLOCK_JUMP_S = 400 * 86_400  # an event further ahead of its pool's clock is `clock_jump`
 MAX_PREEMPTIONS_KEPT = 16  # a job remembers the instants of its last 16 preemptions (anti-thrash)
 
 
@@ -104,6 +105,7 @@ class Step:
 @dataclass(frozen=True, slots=True)
 class FoldConfig:
     dedup_window_s: int = DEFAULT_DEDUP_WINDOW_S
+    max_clock_jump_s: int = DEFAULT_MAX_CLOCK_JUMP_S
     check_invariants: bool = False  # assert conservation after every event (tests, debug mode)
     # policy (docs/policy.md; [policy] in chipledger.toml)
     decay_half_life_s: int = 7 * 86400   # fair-share usage half-life (Slurm's default)
@@ -118,7 +120,7 @@ class FoldConfig:
     policy_rows: bool = True             # emit balance and pending-reason rows when an hour closes
 
     def __post_init__(self):
-        for name in ("decay_half_life_s", "candidates_per_team", "max_preemptions"):
+        for name in ("decay_half_life_s", "candidates_per_team", "max_preemptions", "max_clock_jump_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_preemptions > MAX_PREEMPTIONS_KEPT:
@@ -177,6 +179,19 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
             state.duplicates += 1
             step.duplicate = True
             return state, step
+    # time, before the entity checks (precedence): an event older than the dedup window cannot be told from a
+    # re-sent one whose id was forgotten, and one far ahead of the clock would close years of hours
+    clock = state.clock
+    if t < clock - config.dedup_window_s:
+        state.rejected += 1
+        step.rejection = _too_late(state, t, config)
+        return state, step
+    if t - clock > config.max_clock_jump_s:
+        state.rejected += 1
+        step.rejection = Rejection(RC.clock_jump, f"event time {policy._utc(t)} UTC is {t - clock} s ahead of the "
+                                   f"pool clock {policy._utc(clock)} UTC, more than [ledger] max_clock_jump_s "
+                                   f"({config.max_clock_jump_s} s)")
+        return state, step
     check = _CHECK.get(etype)
     if check is not None:
         rejection = check(state, event)
@@ -190,7 +205,6 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
         step.rejection = Rejection(RC.duplicate_conflict, f"event_id {event_id!r} was seen before with a different body")
         return state, step
 
-    clock = state.clock
     if t < clock:
         lateness = clock - t
         step.lateness_s = lateness
@@ -250,6 +264,13 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     return state, step
 
 
+def _too_late(state: PoolState, t: int, config: FoldConfig) -> Rejection:
+    return Rejection(RC.too_late, f"event time {policy._utc(t)} UTC is {state.clock - t} s behind the pool clock "
+                     f"{policy._utc(state.clock)} UTC, more than the dedup window ({config.dedup_window_s} s): it "
+                     f"cannot be told from a duplicate; to apply it on purpose, send it again with a new event_id "
+                     f"and occurred_at at or after the pool clock (docs/events.md)")
+
+
 def close_books(state: PoolState, until: Optional[int] = None,
                 config: FoldConfig = DEFAULT_CONFIG) -> tuple[list, list]:
     """Bring the books up to `until` (default: the pool clock) and post everything accrued so far: the open
@@ -277,9 +298,18 @@ def close_books(state: PoolState, until: Optional[int] = None,
 # checks: a Rejection, or None when the event may be applied. They never change the state.
 # ---------------------------------------------------------------------------------------------------------
 
+def _chips_text(milli: int) -> str:
+    """Milli-chips as exact chips for a detail (1000000.001, not 1e+06)."""
+    whole, frac = divmod(milli, MILLI)
+    return f"{whole}.{frac:03d}".rstrip("0") if frac else str(whole)
+
+
 def _check_chip_registered(s: PoolState, e):
     if e.chip_id in s.chips:
         return Rejection(RC.illegal_transition, f"chip {e.chip_id!r} is already registered")
+    if len(s.chips) >= MAX_POOL_CHIPS:
+        return Rejection(RC.over_limit, f"pool {s.pool!r} already has {MAX_POOL_CHIPS:,} chips, the most a pool may "
+                         f"register (docs/events.md, Limits)")
     return None
 
 
@@ -305,6 +335,10 @@ def _check_quota_granted(s: PoolState, e):
     if g is not None and g.team != e.team:
         return Rejection(RC.illegal_transition,
                          f"grant {e.grant_id!r} belongs to team {g.team!r}, not {e.team!r}; revoke it and grant anew")
+    held = sum(h.chips_milli for gid, h in s.grants.items() if gid != e.grant_id)  # a re-grant replaces its own
+    if held + e.chips_milli > MAX_POOL_MILLI:
+        return Rejection(RC.over_limit, f"the grants held in pool {s.pool!r} would total {_chips_text(held + e.chips_milli)} "
+                         f"chips, over the pool bound of {MAX_POOL_CHIPS:,} (docs/events.md, Limits)")
     return None
 
 
@@ -318,6 +352,10 @@ def _check_job_submitted(s: PoolState, e):
     j = s.jobs.get(e.job_id)
     if j is not None:
         return Rejection(RC.illegal_transition, f"job {e.job_id!r} is already {j.status}")
+    milli = _milli_of(e.chips)
+    if s.active_milli + milli > MAX_POOL_MILLI:
+        return Rejection(RC.over_limit, f"the pool's active jobs would hold {_chips_text(s.active_milli + milli)} "
+                         f"chips, over the pool bound of {MAX_POOL_CHIPS:,} (docs/events.md, Limits)")
     return None
 
 
@@ -401,10 +439,28 @@ def _advance(state: PoolState, t: int, step: Step, config: FoldConfig = DEFAULT_
         elif hour_end <= t:
             books.close_hour(step.rows("journal"))
             policy.hour_closed(state, hour_end - HOUR_S, step, config)
+            # a stretch of hours that post nothing is closed at once, not hour by hour: the cost of a jump of
+            # the clock follows the rows it writes, not the hours it spans
+            stop = t if b is None or b > t else b
+            if stop - books.open_hour >= HOUR_S and _quiet(state, config):
+                n = (stop - books.open_hour) // HOUR_S
+                policy.quiet_hours_closed(state, books.open_hour, n, config)
+                books.skip_hours(n)
         else:
             break
     state.clock = t
     state.reset_until()
+
+
+def _quiet(state: PoolState, config: FoldConfig) -> bool:
+    """Whether closing an hour now writes no row: nothing accrues (every rate is 0) and no balance rows are due
+    (no teams, or no policy rows). Pending jobs accrue to `pending`, so they make a pool not quiet."""
+    if config.policy_rows and state.teams:
+        return False
+    for acc in state.books.accounts.values():
+        if acc[0]:
+            return False
+    return True
 
 
 def _forget_ids(state: PoolState, horizon: int) -> None:
@@ -759,16 +815,23 @@ def _apply_burst_requested(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
         s.push_boundary(end, "burst_off", e.request_id)
 
 
-def _apply_job_submitted(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
-    chips = e.chips
-    milli = _MILLI_OF.get(chips)  # e.chips_milli, memoized: Decimal arithmetic costs more than the rest here
+def _milli_of(chips) -> int:
+    """A job's chips (a Decimal) as milli-chips: e.chips_milli, memoized (Decimal arithmetic costs more than the
+    rest of a submission)."""
+    milli = _MILLI_OF.get(chips)
     if milli is None:
         if len(_MILLI_OF) >= 4096:
             _MILLI_OF.clear()
         milli = _MILLI_OF[chips] = to_milli(chips)
+    return milli
+
+
+def _apply_job_submitted(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
+    milli = _milli_of(e.chips)
     job_id = e.job_id
     team = e.team
     job = s.jobs[job_id] = Job(job_id, team, milli, e.priority, e.preemptible, e.chips_per_node, t)
+    s.active_milli += milli
     s.team(team)
     _enqueue(s, job, t)
 
@@ -896,6 +959,7 @@ def _apply_job_preempted(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
 
 def _apply_job_finished(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     job = s.jobs.pop(e.job_id)
+    s.active_milli -= job.chips_milli
     if job.status == "running":
         _end_run(s, job, t, e.outcome, step)
     else:
@@ -987,5 +1051,6 @@ def check_invariants(s: PoolState) -> None:
         if j.status == "pending":
             sizes[j.chips_milli] = sizes.get(j.chips_milli, 0) + 1
     assert sizes == s.pending_sizes, (sizes, s.pending_sizes)
+    assert s.active_milli == sum(j.chips_milli for j in s.jobs.values()) <= MAX_POOL_MILLI, s.active_milli
     for acc in s.books.accounts.values():
         assert acc[0] >= 0 and acc[2] >= 0 and acc[1] >= s.books.open_hour

@@ -311,6 +311,33 @@ def hour_closed(state: PoolState, hour_start: int, step, config) -> None:
         snapshot(state, end, step.rows("balances"), step.rows("pending"), config)
 
 
+def quiet_hours_closed(state: PoolState, first_start: int, n: int, config) -> None:
+    """The effect of `hour_closed` on n hours from `first_start` in which nothing accrued and no rows are
+    written (the fold's `_quiet`): usage decays, each hour of the week counts the hours seen (with zero
+    demand), the error budget's window gets empty hours. The cost follows the 168 hours of a week and the 720
+    of the budget, not n: a team's decay stops at its fixed point (a usage that rounds to itself), which comes
+    within a few thousand hours whatever the gap."""
+    decay = 2.0 ** (-HOUR_S / config.decay_half_life_s)
+    for tm in state.teams.values():
+        u = tm.decayed_usage_mchip_s
+        for _ in range(n):
+            v = round(u * decay)
+            if v == u:
+                break
+            u = v
+        tm.decayed_usage_mchip_s = u
+    weeks, rest = divmod(n, HOURS_OF_WEEK)
+    w0 = hour_of_week(first_start)
+    prof = state.profile
+    for i in range(min(n, HOURS_OF_WEEK)):
+        prof[(w0 + i) % HOURS_OF_WEEK][1] += weeks + (1 if i < rest else 0)
+    hours = state.budget_hours
+    for _ in range(min(n, BUDGET_HOURS)):
+        hours.append([0, 0])
+    while len(hours) > BUDGET_HOURS:
+        hours.popleft()
+
+
 def snapshot(state: PoolState, t: int, balances: list, pending: list, config) -> None:
     """Balance rows of every team and the reason of every pending job, as of t (read-only)."""
     limits = team_limits(state)

@@ -202,6 +202,7 @@ class PoolState:
     # the pool clock's next stop, min(end of the open hour, first grant or burst boundary): an event before it
     # needs no advance of the clock (derived, kept by the fold and push_boundary)
     until: int = 0
+    active_milli: int = 0  # chips of the pool's jobs, pending or running (bounded: schemas.events.MAX_POOL_MILLI)
     limits_cache: Optional[tuple] = None  # (quota_epoch, team_limits, teams with a lending limit) of the last evaluation
 
     def __post_init__(self):
@@ -306,6 +307,7 @@ class PoolState:
         self.waiting, self.running_jobs, self.pending_sizes, self.heads = {}, {}, {}, {}
         self.prio_chips = {}
         self.down = {k for k, c in self.chips.items() if not c.available}
+        self.active_milli = sum(j.chips_milli for j in self.jobs.values())
         for j in self.jobs.values():
             if j.status == "pending":
                 self.waiting.setdefault(j.team, {})[j.job_id] = j

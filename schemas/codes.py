@@ -11,14 +11,20 @@ from enum import Enum
 
 
 class RejectionCode(str, Enum):
-    not_json = "not_json"                  # the bytes are not one JSON object
+    bad_key = "bad_key"                    # Kafka only: no message key, or not the event's pool / partition
+    too_large = "too_large"                # the message is over [ledger] max_event_bytes (checked before parsing)
+    not_json = "not_json"                  # the bytes are not one JSON object (bad UTF-8, syntax, not an object)
+    too_deep = "too_deep"                  # JSON nested deeper than MAX_DEPTH (no event nests beyond 2)
     unknown_type = "unknown_type"          # `type` missing or not one of the event types
     schema_invalid = "schema_invalid"      # fields missing, extra, of the wrong type or out of range
     unknown_pool = "unknown_pool"          # the pool was never configured
+    clock_jump = "clock_jump"              # further ahead of the pool clock than [ledger] max_clock_jump_s
+    too_late = "too_late"                  # older than the pool clock minus the dedup window: not applied
     unknown_chip = "unknown_chip"          # a chip id that is not registered in the pool
     unknown_job = "unknown_job"            # a job id that is not active in the pool
     unknown_grant = "unknown_grant"        # a grant id that is not held in the pool
     illegal_transition = "illegal_transition"  # the event is not allowed in the entity's current state
+    over_limit = "over_limit"              # it would take a pool total past its bound (schemas.events.MAX_POOL_*)
     duplicate_conflict = "duplicate_conflict"  # an event id seen before, with a different body
 
     @property
@@ -29,9 +35,21 @@ class RejectionCode(str, Enum):
 _RANK = {code: i for i, code in enumerate(RejectionCode)}
 
 
+MAX_DETAIL = 500  # characters: every rejection's detail is cut to this (it goes into dead letters)
+
+
+def cap_detail(text: str) -> str:
+    return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 1] + "…"
+
+
 @dataclass(frozen=True, slots=True)
 class Rejection:
-    """Why one input was refused: a code (see precedence above) and a sentence for people."""
+    """Why one input was refused: a code (see precedence above) and a sentence for people, at most MAX_DETAIL
+    characters (cut when longer, whoever wrote it)."""
 
     code: RejectionCode
     detail: str
+
+    def __post_init__(self):
+        if len(self.detail) > MAX_DETAIL:
+            object.__setattr__(self, "detail", cap_detail(self.detail))

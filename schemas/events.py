@@ -24,7 +24,18 @@ from pydantic import (
 )
 
 MILLI = 1000  # milli-chips per chip: the one scale for chip amounts in the whole project
-MAX_CHIPS = 1_000_000_000  # no real amount comes near; it keeps Decimal quantize within its precision
+# Bounds that keep every integer the ledger writes inside int64 (Parquet, PostgreSQL BIGINT, orjson), with
+# room to spare (docs/events.md, "Limits"): an amount is at most MAX_CHIPS chips (1e9 milli-chips), a pool's
+# totals (registered chips, chips of running jobs, of pending jobs, of the quota it holds) at most
+# MAX_POOL_CHIPS each (the fold rejects what would pass them: `over_limit`), and event times lie in
+# [MIN_TIME, MAX_TIME), 4.1e9 s. So any account's rate is at most 1e9 milli-chips and anything accrued over a
+# pool's life at most 1e9 × 4.1e9 = 4.1e18 mchip-s (a job run, an account's total, a decayed usage), and the
+# largest sum the fold keeps (a team's used + pending demand) at most 8.2e18 < 2^63 ≈ 9.22e18.
+MAX_CHIPS = 1_000_000
+MAX_POOL_CHIPS = 1_000_000
+MAX_POOL_MILLI = MAX_POOL_CHIPS * MILLI
+MIN_TIME = datetime(1970, 1, 1, tzinfo=timezone.utc)
+MAX_TIME = datetime(2100, 1, 1, tzinfo=timezone.utc)
 
 
 def _to_decimal(value, *, allow_zero: bool) -> Decimal:
@@ -81,7 +92,15 @@ def _require_zone(value):
 
 
 Timestamp = Annotated[AwareDatetime, BeforeValidator(_require_zone)]
-Name = Annotated[str, Field(min_length=1, max_length=256)]
+# an event's own time: inside the contract's range (grant and burst windows may reach further: they are
+# instants the clock may never reach, and nothing is multiplied by them)
+EventTime = Annotated[Timestamp, Field(ge=MIN_TIME, lt=MAX_TIME)]
+# ids and names never hold control characters (C0, DEL, C1): a NUL breaks PostgreSQL text, an escape code a
+# terminal; free text (`reason`) may hold tabs and line breaks, no other C0 character
+NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*$"
+TEXT_PATTERN = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f]*$"
+Name = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_CONTROL)]
+Text = Annotated[str, Field(max_length=1024, pattern=TEXT_PATTERN)]
 
 
 def to_milli(chips: Decimal) -> int:
@@ -115,9 +134,9 @@ class _Event(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=False)
 
-    event_id: str = Field(min_length=1, max_length=128,
+    event_id: str = Field(min_length=1, max_length=128, pattern=NO_CONTROL,
                           description="unique id minted by the producer; re-sending it is a no-op")
-    occurred_at: Timestamp = Field(description="event time, RFC 3339 with a zone")
+    occurred_at: EventTime = Field(description="event time, RFC 3339 with a zone, in [1970-01-01, 2100-01-01)")
     pool: Name = Field(description="capacity domain: one accelerator flavor in one cluster")
     source: Name = Field(description="producer identity, e.g. cluster-a/kueue")
     schema_version: Literal[1] = Field(1, description="contract version; only 1 exists")
@@ -148,7 +167,7 @@ class ChipStateChanged(_Event):
     type: Literal["chip.state_changed"]
     chip_id: Name
     state: Literal["healthy", "degraded", "down", "maintenance"]
-    reason: Optional[str] = Field(None, max_length=1024)
+    reason: Optional[Text] = None
 
 
 class ChipRetired(_Event):
@@ -189,7 +208,7 @@ class BurstRequested(_Event):
     chips: Chips
     window_start: Timestamp
     window_end: Timestamp
-    reason: Optional[str] = Field(None, max_length=1024)
+    reason: Optional[Text] = None
 
     @model_validator(mode="after")
     def _window(self):

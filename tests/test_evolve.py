@@ -328,10 +328,10 @@ def test_dedup_window_expires():
     fleet, steps = fold([configured(0), tick(10, eid="t1"), tick(50), tick(200), tick(10, eid="t1")], cfg)
     assert steps[-1].duplicate  # t=200 is past the window but no hour has closed yet
     fleet, steps = fold([configured(0), tick(10, eid="t1"), tick(3700), tick(10, eid="t1")], cfg)
-    # the hour closed at t=3600; by t=3700 the id t1 (seen at 10) is outside the 100 s window:
-    # the re-send is a new (late) event
-    assert steps[-1].applied and steps[-1].lateness_s == 3690
-    assert "t1" in fleet.pools[POOL].dedup
+    # the hour closed at t=3600; by t=3700 the id t1 (seen at 10) is outside the 100 s window, and so is the
+    # re-send's own time: it cannot be told from a new event, so it is too_late (not applied, not remembered)
+    assert steps[-1].rejection.code == RC.too_late and steps[-1].journal == []
+    assert "t1" not in fleet.pools[POOL].dedup
     fleet, steps = fold([configured(0), tick(10, eid="t1"), tick(100), tick(10, eid="t1")], cfg)
     assert steps[-1].duplicate  # still inside the window
 

@@ -299,8 +299,8 @@ def test_large_integers_survive(store):
     feed = Feed()
     feed.pool("big/h100", chips=1)
     feed("quota.granted", "big/h100", at(0), grant_id="g-huge", team="t", chips=1_000_000,
-         borrowing_limit=999_999_999.999)
-    feed("pool.tick", "big/h100", at(30 * 24 * 60))  # 30 days of entitlement at a billion milli-chips
+         borrowing_limit=999_999.999)
+    feed("pool.tick", "big/h100", at(30 * 24 * 60))  # 30 days of entitlement at a billion milli-chips (the most)
     state = feed.state("big/h100")
     big = 2**62 + 12345
     store.save([state], run=run_row("r-big", utc(2026, 12, 2), lines=2**40 + 1, accepted=2**33, duplicates=2**31,
@@ -312,7 +312,7 @@ def test_large_integers_survive(store):
     assert t.entitled_mchip_s == 1_000_000_000 * 30 * 86400 == state.books.totals[(ENTITLED, "t")]
     assert t.entitled_mchip_s > 2**51
     [g] = store.grants()
-    assert (g.chips_milli, g.borrowing_limit_milli) == (1_000_000_000, 999_999_999_999)
+    assert (g.chips_milli, g.borrowing_limit_milli) == (1_000_000_000, 999_999_999)
     [r] = store.runs()
     assert (r.lines, r.accepted, r.duplicates, r.dead_letters) == (2**40 + 1, 2**33, 2**31, 2**31 + 1)
     assert store.position("sink", "chips.events", 2**31 - 1) == big
@@ -460,3 +460,16 @@ def test_a_store_from_an_earlier_version_gains_the_new_columns(store, tmp_path):
         assert all(0 < t.fair_share_factor <= 1 and t.decayed_usage_mchip_s > 0 for t in teams.values())
     finally:
         reopened.engine.dispose()
+
+
+def test_hostile_records_never_reach_the_store(store, tmp_path):
+    """The hostile fleet (tests/hostile_records.py) through the embedded run saves on both backends: a NUL in a
+    team id (which PostgreSQL text refuses) is a dead letter at the contract, and the largest amounts fit."""
+    import hostile_records as H
+
+    H.write_fleet(tmp_path / "hostile.jsonl")
+    summary, _ = run_file(tmp_path / "hostile.jsonl", tmp_path / "lake", store=store)
+    assert summary.dead_letters["schema_invalid"] >= 6
+    teams = {(t.pool, t.team) for t in store.team_balances()}
+    assert teams == {(H.POOL_A, "team-a"), (H.POOL_A, "team-b"), (H.POOL_B, "team-c")}
+    assert {p.pool for p in store.pool_balances()} == {H.POOL_A, H.POOL_B}
