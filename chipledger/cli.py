@@ -415,17 +415,41 @@ DataDirOpt = typer.Option(Path(".kafka"), "--data-dir", help="broker config, dat
 
 
 @kafka_app.command("up")
-def kafka_up(port: int = typer.Option(9092, help="client port on 127.0.0.1"), data_dir: Path = DataDirOpt,
-             timeout: float = typer.Option(120, help="seconds to wait for the broker to answer")):
-    """Download the broker jars once (Maven), format KRaft storage, start the broker and wait until it answers."""
+def kafka_up(port: int = typer.Option(9092, help="client port on 127.0.0.1 (the SASL listener with --secure)"),
+             data_dir: Path = DataDirOpt,
+             timeout: float = typer.Option(120, help="seconds to wait for the broker to answer"),
+             secure: bool = typer.Option(False, "--secure", help="SASL/SCRAM, the standard authorizer (nothing "
+                                         "allowed without an ACL) and the users of docs/security.md"),
+             tls: bool = typer.Option(False, "--tls", help="with --secure: TLS on the listener (a throw-away CA "
+                                      "in DATA_DIR/tls/ca.pem)")):
+    """Download the broker jars once (Maven), format KRaft storage, start the broker and wait until it answers.
+
+    With --secure it also creates the users admin, cluster, worker, sink and reader with their ACLs; their
+    passwords are in DATA_DIR/secrets/<user>.password (0600), never printed."""
     from streams import broker
 
+    if tls and not secure:
+        _fail("--tls goes with --secure", 2)
     try:
-        info = broker.up(port=port, data_dir=data_dir, timeout_s=timeout)
+        info = broker.up(port=port, data_dir=data_dir, timeout_s=timeout, secure=secure, tls=tls)
     except broker.BrokerError as e:
         _fail(str(e))
     console.print(f"kafka {info.get('version', '')} up at {info['bootstrap_servers']} (pid {info['pid']}, "
-                  f"log {info['log']})")
+                  f"{info['security_protocol']}, log {info['log']})", highlight=False, soft_wrap=True)
+    if secure:
+        from streams.acl import local_connection, provision_defaults
+        from streams.topics import KafkaSetupError
+
+        try:
+            files = provision_defaults(local_connection(info), info["secrets_dir"], timeout_s=timeout)
+        except KafkaSetupError as e:
+            _fail(str(e), 2)
+        console.print(f"users {', '.join(files)}: passwords in {info['secrets_dir']}/<user>.password; super user "
+                      f"{broker.SUPER_USER} (PLAIN) in {info['secrets_dir']}/{broker.SUPER_USER}.password",
+                      highlight=False, soft_wrap=True)
+        if tls:
+            console.print(f"clients trust the CA {info['ca_file']} (--ca-file / [kafka] ssl_cafile)",
+                          highlight=False, soft_wrap=True)
 
 
 @kafka_app.command("status")
@@ -438,7 +462,8 @@ def kafka_status(data_dir: Path = DataDirOpt):
         console.print(f"kafka: not running (data dir {data_dir})")
         raise typer.Exit(1)
     state = "ready" if info.get("ready") else "starting"
-    console.print(f"kafka: {state} at 127.0.0.1:{info['port']} (pid {info['pid']}, log {info['log']})")
+    console.print(f"kafka: {state} at 127.0.0.1:{info['port']} (pid {info['pid']}, {info['security_protocol']}, "
+                  f"log {info['log']})", highlight=False, soft_wrap=True)
 
 
 @kafka_app.command("down")
@@ -450,9 +475,144 @@ def kafka_down(data_dir: Path = DataDirOpt, timeout: float = typer.Option(60, he
     console.print("kafka: stopped" if was_running else "kafka: was not running")
 
 
+
 BootstrapOpt = typer.Option(None, "--bootstrap", metavar="HOST:PORT",
                             help="Kafka bootstrap servers (default [kafka] bootstrap / CHIPLEDGER_KAFKA_BOOTSTRAP)")
 KafkaTimeoutOpt = typer.Option(10.0, "--timeout", min=0.1, help="seconds to wait for the broker to answer")
+KafkaUserOpt = typer.Option(None, "--user", help="Kafka SASL/SCRAM user (default [kafka] username / "
+                                                 "CHIPLEDGER_KAFKA_USERNAME)")
+KafkaPasswordFileOpt = typer.Option(None, "--password-file", dir_okay=False,
+                                    help="file whose first line is the user's password (default [kafka] "
+                                         "password_file; or CHIPLEDGER_KAFKA_PASSWORD)")
+KafkaCaFileOpt = typer.Option(None, "--ca-file", dir_okay=False,
+                              help="CA certificate (PEM) the broker's TLS certificate is checked against; turns "
+                                   "TLS on (default [kafka] ssl_cafile)")
+
+
+def _kafka(cfg: Config, bootstrap: Optional[str], user: Optional[str] = None, password_file: Optional[Path] = None,
+           ca_file: Optional[Path] = None):
+    """The Kafka connection of a command: [kafka] config and environment, overridden by its options."""
+    from streams.clients import KafkaSecurityError, connection_from_config
+
+    try:
+        return connection_from_config(cfg.kafka, bootstrap=bootstrap, username=user, password_file=password_file,
+                                      ssl_cafile=ca_file)
+    except KafkaSecurityError as e:
+        _fail(str(e), 2)
+
+
+users_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="SCRAM users of a secure broker and their roles (admin, cluster, worker, sink, "
+                             "reader: docs/security.md). Needs the super user: [kafka] credentials, --user/"
+                             "--password-file, or else the local broker of --data-dir.")
+kafka_app.add_typer(users_app, name="users")
+
+
+def _super(cfg: Config, bootstrap, user, password_file, ca_file, data_dir: Path):
+    """The connection for user management: the given credentials, else the local broker's super user."""
+    if user or password_file or cfg.kafka.username:
+        return _kafka(cfg, bootstrap, user, password_file, ca_file)
+    from streams import broker
+    from streams.acl import local_connection
+    from streams.clients import KafkaSecurityError
+
+    info = broker.status(data_dir)
+    if info is None or not info.get("secure"):
+        _fail(f"no credentials given and no secure local broker runs in {data_dir}: pass --user and "
+              "--password-file of a super user, or start one with `chipledger kafka up --secure`", 2)
+    try:
+        return local_connection(info).with_bootstrap(bootstrap)
+    except KafkaSecurityError as e:
+        _fail(str(e), 2)
+
+
+@users_app.command("add")
+def users_add(
+    name: str = typer.Argument(..., help="user name (the principal User:NAME)"),
+    role: list[str] = typer.Option(..., "--role", help="admin | cluster | worker | sink | reader (repeatable)"),
+    new_password_file: Path = typer.Option(..., "--new-password-file", dir_okay=False,
+                                           help="the user's password: read from this file if it exists, else a "
+                                                "random one is written to it (0600)"),
+    app_id: str = typer.Option("chipledger-worker", "--app-id",
+                               help="worker role: the Faust app id its topics, groups and ids start with"),
+    bootstrap: Optional[str] = BootstrapOpt, config: Optional[Path] = ConfigOpt,
+    user: Optional[str] = KafkaUserOpt, password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt, data_dir: Path = DataDirOpt, timeout: float = KafkaTimeoutOpt,
+):
+    """Create a user, or set its password and roles (to rotate a password, give a new file)."""
+    import os
+    import secrets
+
+    from streams.acl import add_user
+    from streams.clients import KafkaSecurityError, read_password_file
+    from streams.topics import KafkaSetupError
+
+    conn = _super(_config(config), bootstrap, user, password_file, ca_file, data_dir)
+    made = False
+    if not new_password_file.exists():
+        try:
+            fd = os.open(new_password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as e:
+            _fail(f"cannot write {new_password_file}: {e.strerror}", 2)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(24) + "\n")
+        made = True
+    try:
+        info = add_user(conn, name, role, read_password_file(new_password_file), app_id=app_id, timeout_s=timeout)
+    except (KafkaSetupError, KafkaSecurityError, ValueError) as e:
+        if made:
+            new_password_file.unlink(missing_ok=True)
+        _fail(str(e), 2)
+    console.print(f"user {info.name}: roles {', '.join(info.roles)}"
+                  + (f" (app id {info.app_id})" if info.app_id else "")
+                  + f"; password {'written to' if made else 'from'} {new_password_file}", highlight=False,
+                  soft_wrap=True)
+
+
+@users_app.command("list")
+def users_list(
+    bootstrap: Optional[str] = BootstrapOpt, config: Optional[Path] = ConfigOpt,
+    user: Optional[str] = KafkaUserOpt, password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt, data_dir: Path = DataDirOpt, timeout: float = KafkaTimeoutOpt,
+    as_json: bool = typer.Option(False, "--json", help="print the users as JSON"),
+):
+    """The SCRAM users, their mechanisms and the roles their ACLs give them."""
+    from streams.acl import list_users
+    from streams.topics import KafkaSetupError
+
+    conn = _super(_config(config), bootstrap, user, password_file, ca_file, data_dir)
+    try:
+        users = list_users(conn, timeout_s=timeout)
+    except KafkaSetupError as e:
+        _fail(str(e), 2)
+    if as_json:
+        console.file.write(json.dumps([{"name": u.name, "mechanisms": list(u.mechanisms), "roles": list(u.roles),
+                                        "app_id": u.app_id} for u in users]) + "\n")
+        return
+    for u in users:
+        console.print(f"{u.name:<20} {','.join(u.roles) or '(no role)':<20} {','.join(u.mechanisms)}"
+                      + (f"  app id {u.app_id}" if u.app_id else ""), markup=False, highlight=False)
+
+
+@users_app.command("remove")
+def users_remove(
+    name: str = typer.Argument(..., help="user name"),
+    bootstrap: Optional[str] = BootstrapOpt, config: Optional[Path] = ConfigOpt,
+    user: Optional[str] = KafkaUserOpt, password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt, data_dir: Path = DataDirOpt, timeout: float = KafkaTimeoutOpt,
+):
+    """Delete a user's SCRAM credentials and ACLs (its open connections end at their next authentication)."""
+    from streams.acl import remove_user
+    from streams.topics import KafkaSetupError
+
+    conn = _super(_config(config), bootstrap, user, password_file, ca_file, data_dir)
+    try:
+        gone = remove_user(conn, name, timeout_s=timeout)
+    except KafkaSetupError as e:
+        _fail(str(e), 2)
+    console.print(f"user {name}: {'removed' if gone else 'did not exist'}", highlight=False)
+    if not gone:
+        raise typer.Exit(1)
 
 
 @topics_app.command("create")
@@ -463,6 +623,9 @@ def topics_create(
     replication: int = typer.Option(1, "--replication", min=1, help="replication factor of new topics"),
     config: Optional[Path] = ConfigOpt,
     timeout: float = typer.Option(30.0, "--timeout", min=0.1, help="seconds to wait for the broker"),
+    user: Optional[str] = KafkaUserOpt,
+    password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt,
 ):
     """Create the input and output topics that are missing (idempotent); print each with created/exists.
 
@@ -470,10 +633,10 @@ def topics_create(
     from streams.topics import KafkaSetupError, create_topics
 
     cfg = _config(config)
-    bootstrap = bootstrap or cfg.kafka.bootstrap
+    conn = _kafka(cfg, bootstrap, user, password_file, ca_file)
     partitions = partitions or cfg.kafka.partitions
     try:
-        result = create_topics(bootstrap, partitions=partitions, replication=replication, timeout_s=timeout)
+        result = create_topics(conn, partitions=partitions, replication=replication, timeout_s=timeout)
     except (KafkaSetupError, ValueError) as e:
         _fail(str(e), 2)
     width = max(len(name) for name in result)
@@ -488,6 +651,9 @@ def emit(
     bootstrap: Optional[str] = BootstrapOpt,
     config: Optional[Path] = ConfigOpt,
     timeout: float = KafkaTimeoutOpt,
+    user: Optional[str] = KafkaUserOpt,
+    password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt,
 ):
     """Validate and publish JSONL events to Kafka (keyed by pool); report invalid lines on stderr.
 
@@ -497,7 +663,8 @@ def emit(
     from streams.topics import KafkaSetupError
 
     cfg = _config(config)
-    bootstrap = bootstrap or cfg.kafka.bootstrap
+    conn = _kafka(cfg, bootstrap, user, password_file, ca_file)
+    bootstrap = conn.bootstrap
     if file is not None and str(file) != "-":
         if not file.is_file():
             _fail(f"events file {file} does not exist", 2)
@@ -510,7 +677,7 @@ def emit(
 
     ms = int(timeout * 1000)
     try:
-        with producer_mod.LedgerProducer(bootstrap, bootstrap_timeout_ms=ms, max_block_ms=ms) as producer:
+        with producer_mod.LedgerProducer(conn, bootstrap_timeout_ms=ms, max_block_ms=ms) as producer:
             report = producer_mod.emit_lines(producer, source, on_invalid=invalid)
     except KafkaSetupError as e:
         _fail(str(e), 2)
@@ -630,6 +797,9 @@ def worker(
     app_id: str = typer.Option("chipledger-worker", "--app-id", help="Faust app id (consumer group, table topics)"),
     loglevel: str = typer.Option("warning", "--loglevel", help="debug | info | warning | error"),
     timeout: float = KafkaTimeoutOpt,
+    user: Optional[str] = KafkaUserOpt,
+    password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt,
 ):
     """Run the Faust worker: fold the input topics with the ledger core and send decisions, lake rows and dead
     letters to the output topics (run `chipledger sink` to write them to the lake and the store)."""
@@ -638,9 +808,10 @@ def worker(
     from streams.worker import WorkerSettings, run_worker
 
     cfg = _config(config)
-    bootstrap = bootstrap or cfg.kafka.bootstrap
+    conn = _kafka(cfg, bootstrap, user, password_file, ca_file)
+    bootstrap = conn.bootstrap
     try:
-        counts = describe_partitions(bootstrap, ALL_TOPICS, timeout_s=timeout)
+        counts = describe_partitions(conn, ALL_TOPICS, timeout_s=timeout)
     except KafkaSetupError as e:
         _fail(str(e), 2)
     missing = [t for t in ALL_TOPICS if t not in counts]
@@ -654,7 +825,7 @@ def worker(
     fold = fold_config(cfg)  # [ledger] and [policy]
 
     settings = WorkerSettings(
-        bootstrap=bootstrap, app_id=app_id, data_dir=data_dir or Path(cfg.worker.data_dir), table_store=store_kind,
+        bootstrap=bootstrap, kafka=conn, app_id=app_id, data_dir=data_dir or Path(cfg.worker.data_dir), table_store=store_kind,
         partitions=counts[INPUT_TOPICS[0]],
         sequencer_wait_ms=cfg.worker.sequencer_wait_ms if sequencer_wait_ms is None else sequencer_wait_ms,
         session_timeout_s=cfg.worker.session_timeout_s if session_timeout is None else session_timeout,
@@ -664,7 +835,7 @@ def worker(
     )
     import ledger
 
-    err.print(f"worker {app_id}: {bootstrap}, {settings.partitions} partitions, table {store_kind} in "
+    err.print(f"worker {app_id}: {conn.describe()}, {settings.partitions} partitions, table {store_kind} in "
               f"{settings.data_dir}", highlight=False)
     err.print(f"worker {app_id}: ledger core {ledger.CORE}", highlight=False, soft_wrap=True)
     run_worker(settings, loglevel)
@@ -677,6 +848,9 @@ def log_export(
     bootstrap: Optional[str] = BootstrapOpt,
     config: Optional[Path] = ConfigOpt,
     timeout: float = KafkaTimeoutOpt,
+    user: Optional[str] = KafkaUserOpt,
+    password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt,
 ):
     """Write chipledger.log, in log order, as JSONL: `chipledger run` on the file gives the books the worker
     folded (docs/streaming.md)."""
@@ -684,8 +858,9 @@ def log_export(
     from streams.topics import KafkaSetupError
 
     cfg = _config(config)
+    conn = _kafka(cfg, bootstrap, user, password_file, ca_file)
     try:
-        rep = export_log(bootstrap or cfg.kafka.bootstrap, output, pool=pool, timeout_s=timeout)
+        rep = export_log(conn, output, pool=pool, timeout_s=timeout)
     except KafkaSetupError as e:
         _fail(str(e), 2)
     except OSError as e:
@@ -708,6 +883,9 @@ def sink(
                                                     "until interrupted)"),
     as_json: bool = typer.Option(False, "--json", help="print what was written as JSON"),
     timeout: float = KafkaTimeoutOpt,
+    user: Optional[str] = KafkaUserOpt,
+    password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt,
 ):
     """Write the worker's outputs (lake rows, decisions, dead letters, balances) to the lake and the store,
     exactly once: positions and effects in one store transaction."""
@@ -717,12 +895,13 @@ def sink(
     from streams.topics import KafkaSetupError
 
     cfg = _config(config)
+    conn = _kafka(cfg, bootstrap, user, password_file, ca_file)
     try:
         st = open_store(store or cfg.store.url)
     except StoreError as e:
         _fail(str(e))
     try:
-        s = Sink(lake or Path(cfg.lake.path), st, bootstrap=bootstrap or cfg.kafka.bootstrap, name=name,
+        s = Sink(lake or Path(cfg.lake.path), st, bootstrap=conn, name=name,
                  timeout_s=timeout)
     except KafkaSetupError as e:
         _fail(str(e), 2)

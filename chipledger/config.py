@@ -24,8 +24,19 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class KafkaConfig:
+    """[kafka]: where the brokers are and how every client authenticates (docs/security.md)."""
+
     bootstrap: str = "127.0.0.1:9092"
     partitions: int = 3
+    security_protocol: str = ""  # PLAINTEXT | SASL_PLAINTEXT | SASL_SSL | SSL; "": from username / ssl_cafile
+    sasl_mechanism: str = "SCRAM-SHA-512"  # or SCRAM-SHA-256
+    username: str = ""
+    password: str = field(default="", repr=False)  # prefer password_file or CHIPLEDGER_KAFKA_PASSWORD
+    password_file: str = ""  # a file whose first line is the password
+    ssl_cafile: str = ""  # the CA that signed the brokers' certificates (PEM)
+    ssl_certfile: str = ""  # a client certificate (PEM), with ssl_keyfile, when the brokers ask for one
+    ssl_keyfile: str = ""
+    ssl_check_hostname: bool = True
 
 
 @dataclass(frozen=True)
@@ -136,6 +147,7 @@ class Config:
 
 
 _TYPES = {"int": int, "str": str, "bool": bool, "float": float}
+_SECRETS = {("kafka", "password")}  # never echoed in an error message
 # keys that moved: (section, key) -> where the value lives now
 _MOVED = {("policy", "capacity_slo_target"): "[slo] availability (the capacity SLO's target: its error budget "
                                              "gates bursts)",
@@ -171,7 +183,8 @@ def _coerce(section: str, key: str, value: Any, target: type, origin: str):
                 return float(value)
             except ValueError:
                 pass
-    raise ConfigError(f"{origin}: [{section}] {key} must be a {target.__name__}, got {value!r}")
+    shown = "a value of another type" if (section, key) in _SECRETS else repr(value)
+    raise ConfigError(f"{origin}: [{section}] {key} must be a {target.__name__}, got {shown}")
 
 
 def _replace_section(current, updates: dict, origin: str):

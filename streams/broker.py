@@ -303,7 +303,8 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _api_versions(port: int, host: str = HOST, timeout: float = 2.0) -> dict[int, tuple[int, int]]:
+def _api_versions(port: int, host: str = HOST, timeout: float = 2.0,
+                  ca_file: str | None = None) -> dict[int, tuple[int, int]]:
     """Send a Kafka ApiVersions v0 request; return {api_key: (min, max)}.
 
     Raises OSError/ConnectionError/ValueError if nothing Kafka-like answers.
@@ -316,7 +317,12 @@ def _api_versions(port: int, host: str = HOST, timeout: float = 2.0) -> dict[int
     client_id = b"chipledger-probe"
     correlation_id = 0x43484950  # "CHIP"
     payload = struct.pack(">hhih", 18, 0, correlation_id, len(client_id)) + client_id
-    with socket.create_connection((host, port), timeout=timeout) as sock:
+    with socket.create_connection((host, port), timeout=timeout) as raw:
+        sock = raw
+        if ca_file:  # a TLS listener: ApiVersions is answered before SASL authentication, not before TLS
+            import ssl
+
+            sock = ssl.create_default_context(cafile=ca_file).wrap_socket(raw, server_hostname=host)
         sock.settimeout(timeout)
         sock.sendall(struct.pack(">i", len(payload)) + payload)
         (size,) = struct.unpack(">i", _recv_exact(sock, 4))
@@ -335,11 +341,11 @@ def _api_versions(port: int, host: str = HOST, timeout: float = 2.0) -> dict[int
     return apis
 
 
-def _answers(port: int | None, timeout: float = 2.0) -> bool:
+def _answers(port: int | None, timeout: float = 2.0, ca_file: str | None = None) -> bool:
     if not port:
         return False
     try:
-        return 18 in _api_versions(port, timeout=timeout)
+        return 18 in _api_versions(port, timeout=timeout, ca_file=ca_file)
     except (OSError, ValueError, struct.error):
         return False
 
@@ -437,6 +443,11 @@ def _info(data_dir: Path, pid: int, state: dict, ready: bool) -> dict:
         "version": state.get("version"),
         "cluster_id": state.get("cluster_id"),
         "ready": ready,
+        "secure": bool(state.get("secure")),
+        "tls": bool(state.get("tls")),
+        "security_protocol": _protocol(state),
+        "ca_file": state.get("ca_file"),
+        "secrets_dir": data_dir / SECRETS_DIR if state.get("secure") else None,
     }
 
 
@@ -462,7 +473,7 @@ def status(data_dir: Path = Path(".kafka")) -> dict | None:
             pass
         return None
     state = _read_state(data_dir)
-    return _info(data_dir, pid, state, _answers(state.get("port")))
+    return _info(data_dir, pid, state, _answers(state.get("port"), ca_file=state.get("ca_file")))
 
 
 # ------------------------------------------------------------------------------- up
@@ -479,7 +490,83 @@ def _cluster_id() -> str:
             return text
 
 
-def _server_properties(data_dir: Path, port: int, cport: int) -> str:
+SECRETS_DIR = "secrets"
+#: the super user of a --secure broker: the broker's own connections and the set-up (ACLs, users, topics)
+SUPER_USER = "kafka-admin"
+_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+_PLAIN = "org.apache.kafka.common.security.plain.PlainLoginModule"
+_SCRAM = "org.apache.kafka.common.security.scram.ScramLoginModule"
+
+
+def _protocol(state: dict) -> str:
+    if not state.get("secure"):
+        return "SSL" if state.get("tls") else "PLAINTEXT"
+    return "SASL_SSL" if state.get("tls") else "SASL_PLAINTEXT"
+
+
+def _write_secret(path: Path, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(value + "\n")
+
+
+def _secret(data_dir: Path, name: str) -> str:
+    """The password in secrets/<name>.password, made (random, 0600) the first time."""
+    import secrets
+
+    folder = data_dir / SECRETS_DIR
+    folder.mkdir(mode=0o700, exist_ok=True)
+    path = folder / f"{name}.password"
+    if path.is_file():
+        return path.read_text().splitlines()[0]
+    value = secrets.token_urlsafe(24)
+    _write_secret(path, value)
+    return value
+
+
+def _security_properties(data_dir: Path, tls: bool) -> dict:
+    """SASL on both listeners, the standard authorizer denying what no ACL allows, TLS on the client listener
+    when asked. The super user authenticates with PLAIN against this file's JAAS entry (KRaft controllers do
+    not take SCRAM, and it exists before any SCRAM credential can be created); everyone else uses SCRAM."""
+    pw = _secret(data_dir, SUPER_USER)
+    plain = f'{_PLAIN} required username="{SUPER_USER}" password="{pw}" user_{SUPER_USER}="{pw}";'
+    props = {
+        "listener.security.protocol.map": f"CONTROLLER:SASL_PLAINTEXT,CLIENT:{'SASL_SSL' if tls else 'SASL_PLAINTEXT'}",
+        "inter.broker.listener.name": "CLIENT",
+        "sasl.mechanism.inter.broker.protocol": "PLAIN",
+        "sasl.mechanism.controller.protocol": "PLAIN",
+        "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.controller.plain.sasl.jaas.config": plain,
+        "listener.name.client.sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512,SCRAM-SHA-256",
+        "listener.name.client.plain.sasl.jaas.config": plain,
+        "listener.name.client.scram-sha-512.sasl.jaas.config": f"{_SCRAM} required;",
+        "listener.name.client.scram-sha-256.sasl.jaas.config": f"{_SCRAM} required;",
+        "authorizer.class.name": _AUTHORIZER,
+        "allow.everyone.if.no.acl.found": "false",
+        "super.users": f"User:{SUPER_USER}",
+        "connections.max.reauth.ms": 0,
+    }
+    if tls:
+        tls_dir = data_dir / "tls"
+        store, store_pw = tls_dir / "broker.p12", tls_dir / "broker.p12.password"
+        if not (store.is_file() and store_pw.is_file() and (tls_dir / "ca.pem").is_file()):
+            from streams.tls import TlsError, make_ca_and_broker_cert
+
+            try:
+                make_ca_and_broker_cert(tls_dir, hostnames=["localhost"], ips=[HOST])
+            except TlsError as exc:
+                raise BrokerError(f"cannot make the broker's TLS certificate: {exc}") from None
+        spw = store_pw.read_text().strip()
+        props.update({
+            "ssl.keystore.type": "PKCS12", "ssl.keystore.location": store, "ssl.keystore.password": spw,
+            "ssl.key.password": spw,
+            "ssl.truststore.type": "PKCS12", "ssl.truststore.location": store, "ssl.truststore.password": spw,
+            "ssl.client.auth": "none", "ssl.endpoint.identification.algorithm": "https",
+        })
+    return props
+
+
+def _server_properties(data_dir: Path, port: int, cport: int, secure: bool = False, tls: bool = False) -> str:
     props = {
         "process.roles": "broker,controller",
         "node.id": NODE_ID,
@@ -509,6 +596,10 @@ def _server_properties(data_dir: Path, port: int, cport: int) -> str:
         "log.cleaner.dedupe.buffer.size": 32 * 1024 * 1024,
         "log.retention.hours": 168,
     }
+    if secure:
+        props["listeners"] = f"CLIENT://{HOST}:{port},CONTROLLER://{HOST}:{cport}"
+        props["advertised.listeners"] = f"CLIENT://{HOST}:{port},CONTROLLER://{HOST}:{cport}"
+        props.update(_security_properties(data_dir, tls))
     lines = ["# Written by streams/broker.py on every `up`; edits are overwritten."]
     lines += [f"{k}={v}" for k, v in props.items()]
     return "\n".join(lines) + "\n"
@@ -574,15 +665,15 @@ def _format_storage(java: str, lib: Path, data_dir: Path, cluster_id: str) -> No
         )
 
 
-def _wait_ready(data_dir: Path, pid: int, port: int, deadline: float) -> bool:
+def _wait_ready(data_dir: Path, pid: int, port: int, deadline: float, ca_file: str | None = None) -> bool:
     """Wait for our broker's port to answer; False on early exit, raises nothing."""
     while time.monotonic() < deadline:
         if not _alive(pid):
             return False
-        if _answers(port, timeout=min(2.0, max(0.2, deadline - time.monotonic()))):
+        if _answers(port, timeout=min(2.0, max(0.2, deadline - time.monotonic())), ca_file=ca_file):
             return True
         time.sleep(0.2)
-    return _answers(port)
+    return _answers(port, ca_file=ca_file)
 
 
 def up(
@@ -590,8 +681,15 @@ def up(
     data_dir: Path = Path(".kafka"),
     controller_port: int | None = None,
     timeout_s: float = 120,
+    secure: bool = False,
+    tls: bool = False,
 ) -> dict:
     """Start (or find) the single-node KRaft broker for ``data_dir`` on 127.0.0.1:port.
+
+    ``secure``: SASL on every listener (SCRAM for users, PLAIN for the super user :data:`SUPER_USER`, whose
+    password is made in ``data_dir/secrets``), the standard authorizer, nothing allowed without an ACL
+    (streams/acl.py creates the users and their ACLs). ``tls`` (with ``secure``): the client listener is
+    SASL_SSL, with a throw-away CA and broker certificate in ``data_dir/tls`` (``ca.pem`` for the clients).
 
     Returns {pid, port, controller_port, bootstrap_servers, data_dir, log, version,
     cluster_id, ready}.  If the broker of this data_dir is already running, returns it
@@ -601,14 +699,21 @@ def up(
     BrokerError naming the problem (no java/mvn, Maven failure, port in use, broker
     exited early, timeout) with the tail of the relevant output.
     """
+    if tls and not secure:
+        raise BrokerError("--tls goes with --secure (TLS on the SASL listener)")
     data_dir = _dir(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
+    if secure:
+        os.chmod(data_dir, 0o700)  # server.properties holds the super user's password
     deadline = time.monotonic() + timeout_s
     with _flock(data_dir / ".broker.lock"):
         current = status(data_dir)
         if current is not None:
+            if (current["secure"], current["tls"]) != (secure, tls):
+                raise BrokerError(f"the broker of {data_dir} runs {current['security_protocol']}; stop it "
+                                  "(`chipledger kafka down`) to start it with other security settings")
             if not current["ready"]:  # starting (e.g. by another process): wait for it
-                if not _wait_ready(data_dir, current["pid"], current["port"], deadline):
+                if not _wait_ready(data_dir, current["pid"], current["port"], deadline, current["ca_file"]):
                     raise BrokerError(
                         f"Kafka broker pid {current['pid']} in {data_dir} is running but port "
                         f"{current['port']} does not answer Kafka requests; see "
@@ -644,8 +749,14 @@ def up(
             "port": port,
             "controller_port": controller_port,
             "cluster_id": cluster_id or _cluster_id(),
+            "secure": secure,
+            "tls": tls,
+            "ca_file": str(data_dir / "tls" / "ca.pem") if tls else None,
         }
-        (data_dir / _PROPS_FILE).write_text(_server_properties(data_dir, port, controller_port))
+        props_path = data_dir / _PROPS_FILE
+        props_path.touch(mode=0o600)
+        os.chmod(props_path, 0o600)
+        props_path.write_text(_server_properties(data_dir, port, controller_port, secure, tls))
         (data_dir / _LOG4J_FILE).write_text(_LOG4J2)
         _write_state(data_dir, state)
         if not formatted:
@@ -669,7 +780,7 @@ def up(
         (data_dir / _PID_FILE).write_text(f"{proc.pid}\n")
         deadline = time.monotonic() + timeout_s  # the JVM's own budget (not the download's)
 
-        if _wait_ready(data_dir, proc.pid, port, deadline):
+        if _wait_ready(data_dir, proc.pid, port, deadline, state["ca_file"]):
             return _info(data_dir, proc.pid, state, True)
         if proc.poll() is not None:
             _CHILDREN.pop(proc.pid, None)

@@ -34,6 +34,7 @@ from typing import Any, Iterable, Optional
 from pydantic import BaseModel
 
 from schemas import Rejection, RejectionCode, key_for, parse_event, parse_payload, topic_for
+from streams.clients import KafkaConnection, as_connection
 from streams.topics import KafkaSetupError, describe_error
 
 __all__ = [
@@ -101,27 +102,30 @@ def canonical_value(event) -> bytes:
     return event.model_dump_json(exclude_none=True).encode("utf-8")
 
 
-def producer_config(bootstrap: str, **overrides) -> dict[str, Any]:
-    """The KafkaProducer keyword arguments LedgerProducer uses. Refuses overrides that would weaken delivery
-    (acks, idempotence) or change what is sent (serializers, partitioner)."""
+def producer_config(bootstrap: "str | KafkaConnection", **overrides) -> dict[str, Any]:
+    """The KafkaProducer keyword arguments LedgerProducer uses (address and security from `bootstrap`, a
+    KafkaConnection or a PLAINTEXT address). Refuses overrides that would weaken delivery (acks, idempotence)
+    or change what is sent (serializers, partitioner)."""
     for name in _FORBIDDEN:
         if name in overrides:
             raise ValueError(f"{name} cannot be overridden: LedgerProducer sets it")
     for name, allowed in _GUARANTEES.items():
         if name in overrides and overrides[name] not in allowed:
             raise ValueError(f"{name}={overrides[name]!r} would weaken delivery; LedgerProducer needs {allowed[0]!r}")
-    return {**DEFAULTS, **overrides, "bootstrap_servers": bootstrap}
+    return {**DEFAULTS, **overrides, **as_connection(bootstrap).kafka_python()}
 
 
 class LedgerProducer:
     """Validating, pool-keyed, idempotent producer of chipledger input events.
 
+    `bootstrap` is a `streams.clients.KafkaConnection` (address, SASL/SCRAM, TLS) or a PLAINTEXT address.
     `client` replaces the KafkaProducer (any object with `send(topic, value=, key=)`, `flush(timeout)`,
     `close(timeout)`); it exists for tests and embedding, and `bootstrap`/`overrides` are then unused.
     """
 
-    def __init__(self, bootstrap: str, *, client=None, **overrides):
-        self.bootstrap = bootstrap
+    def __init__(self, bootstrap: "str | KafkaConnection", *, client=None, **overrides):
+        self.connection = as_connection(bootstrap)
+        self.bootstrap = self.connection.bootstrap
         self.producer_id = uuid.uuid4().hex[:16]
         self._id_header = self.producer_id.encode("ascii")
         self._seq = 0
@@ -134,17 +138,17 @@ class LedgerProducer:
         from kafka import KafkaProducer
         from kafka.errors import KafkaError
 
-        config = producer_config(bootstrap, **overrides)
+        config = producer_config(self.connection, **overrides)
         try:
             self._producer = KafkaProducer(**config)
         except KafkaError as exc:  # KafkaTimeoutError "Unable to bootstrap", NoBrokersAvailable
             secs = config["bootstrap_timeout_ms"] / 1000
             raise KafkaSetupError(
-                f"no Kafka broker answered at {bootstrap} within {secs:g}s ({describe_error(exc)}); "
+                f"no Kafka broker answered at {self.connection.describe()} within {secs:g}s ({describe_error(exc)}); "
                 "start one (`chipledger kafka up`) or pass --bootstrap HOST:PORT / set CHIPLEDGER_KAFKA_BOOTSTRAP"
             ) from None
         except ValueError as exc:
-            raise KafkaSetupError(f"bad Kafka bootstrap address {bootstrap!r}: {exc}") from None
+            raise KafkaSetupError(f"bad Kafka bootstrap address {self.bootstrap!r}: {exc}") from None
 
     def send(self, event_or_raw):
         """Validate, then publish to the event's topic keyed by its pool. Returns the kafka future.

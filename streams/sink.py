@@ -16,6 +16,15 @@ Each poll is one batch:
 After a crash: batches whose number the store has are moved into place (step 4 was cut short), later ones are
 deleted (their records are read again from the stored positions). So a replayed message changes nothing, and a
 re-sent one neither.
+
+Before an item counts, its origin must be a position the worker can have folded (`check_origin`): an input
+or log topic, a partition the item's pool hashes to (Kafka's default partitioner, as the producers key by pool),
+an offset below that partition's end, and an output record keyed by the same pool (a dead letter of the
+sequencer, `"stage": "sequencer"`, is of a record on no pool's partition, so only its topic and offset are
+checked). Any other item is written
+as a dead letter of its own (`forged_origin`, the output record's position, the item's bytes) and moves no
+mark, so no record can make the sink drop the rows the worker sends after it. On a secure broker only the
+worker can write the output topics (docs/security.md); this check holds without authentication too.
 """
 
 from __future__ import annotations
@@ -33,8 +42,10 @@ import orjson
 
 from analytics.lake import DAY_COLUMN, LEGACY_EVENT_COLUMNS, SCHEMAS, LakeWriter, complete_event_row
 from ledger.state import PoolState
-from schemas import OUTPUT_TOPICS, Rejection, RejectionCode
+from schemas import INPUT_TOPICS, OUTPUT_TOPICS, Rejection, RejectionCode
+from schemas import topics as _topics
 from schemas.topics import TOPIC_DEADLETTER, TOPIC_DECISIONS, TOPIC_JOURNAL
+from streams.clients import as_connection
 from streams.rows import deadletter_row
 
 PARTS = 4096  # a mark is input offset * PARTS + part (an item split in parts, see streams.worker.pack_records)
@@ -76,33 +87,39 @@ def parse_output(raw: bytes) -> tuple[str, str, Optional[str], object]:
     items = value.get("items")
     if not isinstance(items, list):
         raise Malformed("a rows record without an `items` list")
-    for item in items:
-        if not isinstance(item, dict):
-            raise Malformed("an item is not an object")
-        o = item.get("origin")
-        if not (isinstance(o, list) and len(o) == 3 and isinstance(o[0], str)
-                and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**62 // PARTS for x in o[1:])):
-            raise Malformed("an item without an origin [topic, partition, offset]")
-        part = item.get("part")
-        if part is not None and not (isinstance(part, list) and len(part) == 2
-                                     and all(isinstance(x, int) and not isinstance(x, bool) for x in part)
-                                     and 0 <= part[0] < part[1] <= WHOLE):
-            raise Malformed("an item's `part` is not [i, n] with 0 <= i < n < 4096")
-        tables = item.get("tables")
-        if not isinstance(tables, dict):
-            raise Malformed("an item without `tables`")
-        for table, rows in tables.items():
-            if table not in SCHEMAS or not isinstance(rows, list):
-                raise Malformed(f"unknown table {str(table)[:40]!r}")
-            width = _WIDTH[table]
-            for row in rows:
-                if not isinstance(row, list) or not (len(row) == width or (
-                        table == "events" and len(row) == LEGACY_EVENT_COLUMNS)):
-                    raise Malformed(f"a {table} row of the wrong width")
-                day = row[_DAY_IDX[table]]
-                if not isinstance(day, int) or isinstance(day, bool):
-                    raise Malformed(f"a {table} row whose {DAY_COLUMN[table]} is not an integer")
     return kind, pool, stage, items
+
+
+def item_problem(item) -> Optional[str]:
+    """What is wrong with the shape of one item, or None: origin [topic, partition, offset], optional part
+    [i, n], tables of known names whose rows have the table's width and an integer day column (the values'
+    types are checked when written)."""
+    if not isinstance(item, dict):
+        return "the item is not an object"
+    o = item.get("origin")
+    if not (isinstance(o, list) and len(o) == 3 and isinstance(o[0], str)
+            and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**62 // PARTS for x in o[1:])):
+        return f"origin {str(o)[:80]!r} is not [input topic, partition, offset]"
+    part = item.get("part")
+    if part is not None and not (isinstance(part, list) and len(part) == 2
+                                 and all(isinstance(x, int) and not isinstance(x, bool) for x in part)
+                                 and 0 <= part[0] < part[1] <= WHOLE):
+        return "the item's `part` is not [i, n] with 0 <= i < n < 4096"
+    tables = item.get("tables")
+    if not isinstance(tables, dict):
+        return "the item has no tables of rows"
+    for table, rows in tables.items():
+        if table not in SCHEMAS or not isinstance(rows, list):
+            return f"unknown table {str(table)[:40]!r}"
+        width = _WIDTH[table]
+        for row in rows:
+            if not isinstance(row, list) or not (len(row) == width or (
+                    table == "events" and len(row) == LEGACY_EVENT_COLUMNS)):
+                return f"a {table} row of the wrong width"
+            day = row[_DAY_IDX[table]]
+            if not isinstance(day, int) or isinstance(day, bool):
+                return f"a {table} row whose {DAY_COLUMN[table]} is not an integer"
+    return None
 
 
 def check_types(items) -> None:
@@ -124,6 +141,87 @@ log = logging.getLogger(__name__)
 _SHORT = {TOPIC_JOURNAL: "journal", TOPIC_DECISIONS: "decisions", TOPIC_DEADLETTER: "deadletter"}
 
 
+#: the topics an item's origin may name: the inputs, and the sequenced log (streams/worker.py's sequencer)
+ORIGIN_TOPICS = tuple(INPUT_TOPICS) + (getattr(_topics, "TOPIC_LOG", "chipledger.log"),)
+#: the dead-letter code of an output item whose origin the worker cannot have written
+FORGED_ORIGIN = "forged_origin"
+
+
+def partition_for(pool: str, partitions: int) -> int:
+    """The partition Kafka's default partitioner (murmur2, as kafka-python, aiokafka and Java use) gives `pool`."""
+    from kafka.partitioner.default import murmur2
+
+    return (murmur2(pool.encode("utf-8")) & 0x7FFFFFFF) % partitions
+
+
+class KafkaOrigins:
+    """What the sink asks the broker about origin topics: their partition counts and end offsets. The end
+    offsets are cached and fetched again only when an item claims an offset at or beyond the cached end."""
+
+    def __init__(self, consumer):
+        self.consumer = consumer
+        self._parts: dict[str, Optional[int]] = {}
+        self._ends: dict[tuple[str, int], int] = {}
+
+    def partitions(self, topic: str) -> Optional[int]:
+        if topic not in self._parts:
+            parts = self.consumer.partitions_for_topic(topic)
+            if not parts:
+                return None  # not cached: the topic may be created later
+            self._parts[topic] = len(parts)
+        return self._parts[topic]
+
+    def end_offset(self, topic: str, partition: int, at_least: int) -> Optional[int]:
+        end = self._ends.get((topic, partition))
+        if end is None or end <= at_least:
+            from kafka import TopicPartition
+
+            tp = TopicPartition(topic, partition)
+            end = self.consumer.end_offsets([tp]).get(tp)
+            if end is None:
+                return None
+            self._ends[(topic, partition)] = end
+        return end
+
+
+def check_origin(origins, pool: str, origin, out_key=None, any_partition: bool = False) -> Optional[str]:
+    """Why an item of `pool` with `origin` cannot come from the worker, or None when it can. `origins` answers
+    `partitions(topic)` and `end_offset(topic, partition, at_least)` (KafkaOrigins), or is None (no broker:
+    only what the record itself shows is checked)."""
+    if not (isinstance(origin, (list, tuple)) and len(origin) == 3 and isinstance(origin[0], str)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in origin[1:])):
+        return f"origin {str(origin)[:80]!r} is not [input topic, partition, offset]"
+    topic, partition, offset = origin
+    if topic not in ORIGIN_TOPICS:
+        return f"origin topic {topic[:80]!r} is not an input or log topic ({', '.join(ORIGIN_TOPICS)})"
+    if any_partition:  # a sequencer dead letter: a record with no key, or on a partition not its pool's
+        if origins is None:
+            return None
+        n = origins.partitions(topic)
+        if n is None or partition >= n:
+            return f"origin {topic}[{partition}] does not exist"
+        end = origins.end_offset(topic, partition, offset)
+        if end is None or offset >= end:
+            return f"offset {offset} is beyond the end of {topic}[{partition}] (next offset {end})"
+        return None
+    if not isinstance(pool, str) or not pool:
+        return "the record names no pool"
+    if out_key is not None and out_key != pool.encode("utf-8"):
+        return f"the output record's key is not its pool {pool[:80]!r}"
+    if origins is None:
+        return None
+    n = origins.partitions(topic)
+    if n is None:
+        return f"origin topic {topic} does not exist"
+    if partition >= n or partition_for(pool, n) != partition:
+        return (f"pool {pool[:80]!r} is on partition {partition_for(pool, n)} of {topic}, not on partition "
+                f"{partition} (producers key by pool)")
+    end = origins.end_offset(topic, partition, offset)
+    if end is None or offset >= end:
+        return f"offset {offset} is beyond the end of {topic}[{partition}] (next offset {end})"
+    return None
+
+
 def mark_consumer(sink: str, out_topic: str, pool: str) -> str:
     """The tracking `consumer` of a mark (kept under the store's 256 characters: long pools are hashed)."""
     short = _SHORT.get(out_topic.split("#")[0], out_topic) + (".seq" if out_topic.endswith("#sequencer") else "")
@@ -140,22 +238,27 @@ class SinkStats:
     rows: Counter = field(default_factory=Counter)
     snapshots: int = 0
     batches: int = 0
-    malformed: int = 0
+    malformed: int = 0  # records that are not output records (dead-lettered by the sink)
+    forged: int = 0  # items whose origin the worker cannot have written (dead-lettered as forged_origin)
 
     def as_dict(self) -> dict:
         return {"records": self.records, "resent_dropped": self.resent_dropped, "rows": dict(sorted(self.rows.items())),
-                "snapshots": self.snapshots, "batches": self.batches, "malformed": self.malformed}
+                "snapshots": self.snapshots, "batches": self.batches, "malformed": self.malformed,
+                "forged": self.forged}
 
 
 class Sink:
-    """Output topics -> lake + store. `consumer` is a kafka-python KafkaConsumer (made from `bootstrap` if None)."""
+    """Output topics -> lake + store. `consumer` is a kafka-python KafkaConsumer (made from `bootstrap`, a
+    `streams.clients.KafkaConnection` or a PLAINTEXT address, if None)."""
 
-    def __init__(self, lake: Path, store, *, bootstrap: Optional[str] = None, name: str = "sink",
-                 max_records: int = 50_000, batch_ms: int = 2000, timeout_s: float = 10, consumer=None):
+    def __init__(self, lake: Path, store, *, bootstrap=None, name: str = "sink",
+                 max_records: int = 50_000, batch_ms: int = 2000, timeout_s: float = 10, consumer=None,
+                 origins=None):
         self.lake = Path(lake)
         self.store = store
         self.name = name
-        self.bootstrap = bootstrap
+        self.connection = as_connection(bootstrap) if consumer is None else None
+        self.bootstrap = self.connection.bootstrap if self.connection is not None else bootstrap
         self.max_records = max_records
         self.batch_ms = batch_ms
         self.timeout_s = timeout_s
@@ -165,6 +268,8 @@ class Sink:
         self._batch = self.store.position(self._batch_consumer, "lake", 0) or 0
         self.recover()
         self.consumer = consumer if consumer is not None else self._connect()
+        # origin checks against the broker: the sink's own consumer unless given (tests without a broker)
+        self.origins = origins if origins is not None else (KafkaOrigins(self.consumer) if consumer is None else None)
 
     @property
     def _batch_consumer(self) -> str:
@@ -186,7 +291,7 @@ class Sink:
 
         from streams.topics import KafkaSetupError, kafka_consumer
 
-        consumer = kafka_consumer(self.bootstrap, client_id=f"chipledger-{self.name}", timeout_s=self.timeout_s,
+        consumer = kafka_consumer(self.connection, client_id=f"chipledger-{self.name}", timeout_s=self.timeout_s,
                                   max_poll_records=self.max_records, fetch_max_bytes=64 << 20,
                                   max_partition_fetch_bytes=16 << 20)
         tps = []
@@ -223,7 +328,7 @@ class Sink:
             return 0
         marks, stats = dict(self._marks), SinkStats(self.stats.records, self.stats.resent_dropped,
                                                     Counter(self.stats.rows), self.stats.snapshots,
-                                                    self.stats.batches, self.stats.malformed)
+                                                    self.stats.batches, self.stats.malformed, self.stats.forged)
         try:
             return self._handle(records, check=False)
         except (TypeError, ValueError, OverflowError, KeyError, IndexError) as exc:
@@ -261,7 +366,7 @@ class Sink:
             try:
                 kind, pool, out_stage, payload = parse_output(rec.value if rec.value is not None else b"")
                 if check and kind == "rows":
-                    check_types(payload)
+                    check_types([it for it in payload if item_problem(it) is None])
             except Malformed as exc:
                 self._malformed(writer, rec, str(exc))
                 continue
@@ -270,6 +375,12 @@ class Sink:
                 continue
             mark_topic = f"{rec.topic}#{out_stage}" if out_stage else rec.topic
             for item in payload:
+                why = item_problem(item) or check_origin(self.origins, pool, item["origin"],
+                                                         getattr(rec, "key", None),
+                                                         any_partition=out_stage == "sequencer")
+                if why is not None:
+                    self._forged(writer, rec, pool, item, why)
+                    continue
                 in_topic, in_part, in_offset = item["origin"]
                 key = (mark_topic, pool, in_topic, in_part)
                 part = item.get("part")
@@ -296,6 +407,19 @@ class Sink:
         self.stats.batches += 1
         self._publish(stage)
         return len(records)
+
+    def _forged(self, writer, rec, pool, item, why: str) -> None:
+        """An item the worker cannot have sent: a dead letter of its own, with the output record's position."""
+        import base64
+
+        self.stats.forged += 1
+        self.stats.rows["deadletters"] += 1
+        raw = orjson.dumps(item, default=str)
+        seen_at = int(getattr(rec, "timestamp", 0) or 0) // 1000
+        log.warning("sink: %s[%d]@%d: an item the worker cannot have written: %s", rec.topic, rec.partition,
+                    rec.offset, why)
+        writer.add("deadletters", (rec.topic, rec.partition, rec.offset, seen_at, FORGED_ORIGIN, why, None, None,
+                                   pool if isinstance(pool, str) else None, base64.b64encode(raw).decode("ascii")))
 
     def _publish(self, stage: Path) -> None:
         """Move a committed batch's files from staging into the lake (idempotent: a file moved already is gone)."""

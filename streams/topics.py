@@ -16,6 +16,7 @@ import logging
 
 from schemas import INPUT_TOPICS, OUTPUT_TOPICS
 from schemas.topics import TOPIC_LOG
+from streams.clients import KafkaConnection, as_connection
 
 __all__ = ["KafkaSetupError", "TopicMismatchError", "ALL_TOPICS", "admin_client", "kafka_consumer", "create_topics",
            "describe_partitions", "describe_error"]
@@ -49,41 +50,45 @@ def describe_error(exc: BaseException) -> str:
     return text if text.startswith(name) else f"{name}: {text}" if text else name
 
 
-def _no_broker(bootstrap: str, exc: BaseException, timeout_s: float) -> KafkaSetupError:
+def _no_broker(bootstrap, exc: BaseException, timeout_s: float) -> KafkaSetupError:
     return KafkaSetupError(
-        f"no Kafka broker answered at {bootstrap} within {timeout_s:g}s ({describe_error(exc)}); "
+        f"no Kafka broker answered at {as_connection(bootstrap).describe()} within {timeout_s:g}s ({describe_error(exc)}); "
         "start one (`chipledger kafka up`) or pass --bootstrap HOST:PORT / set CHIPLEDGER_KAFKA_BOOTSTRAP"
     )
 
 
-def kafka_consumer(bootstrap: str, *, client_id: str, timeout_s: float = 30, **settings):
-    """A kafka-python `KafkaConsumer` without a group (the caller assigns partitions and seeks), or
-    `KafkaSetupError` when no broker answers. The one place the project's kafka-python consumers are made."""
+def kafka_consumer(bootstrap: "str | KafkaConnection", *, client_id: str, timeout_s: float = 30, **settings):
+    """A kafka-python `KafkaConsumer` without a group (the caller assigns partitions and seeks), with the
+    connection's security settings (`bootstrap`: a KafkaConnection or a PLAINTEXT address), or
+    `KafkaSetupError` when no broker answers."""
     from kafka import KafkaConsumer
     from kafka.errors import KafkaError
 
+    conn = as_connection(bootstrap)
     try:
-        return KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+        return KafkaConsumer(**conn.kafka_python(), enable_auto_commit=False, group_id=None,
                              bootstrap_timeout_ms=max(1, int(timeout_s * 1000)), client_id=client_id, **settings)
     except KafkaError as exc:
         raise _no_broker(bootstrap, exc, timeout_s) from None
     except ValueError as exc:
-        raise KafkaSetupError(f"bad Kafka bootstrap address {bootstrap!r}: {exc}") from None
+        raise KafkaSetupError(f"bad Kafka bootstrap address {conn.bootstrap!r}: {exc}") from None
 
 
-def admin_client(bootstrap: str, timeout_s: float = 30):
-    """A connected `KafkaAdminClient`, or `KafkaSetupError` when no broker answers within `timeout_s`."""
+def admin_client(bootstrap: "str | KafkaConnection", timeout_s: float = 30):
+    """A connected `KafkaAdminClient` (`bootstrap`: a KafkaConnection or a PLAINTEXT address), or
+    `KafkaSetupError` when no broker answers within `timeout_s`."""
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
     ms = max(1, int(timeout_s * 1000))
+    conn = as_connection(bootstrap)
     try:
-        return KafkaAdminClient(bootstrap_servers=bootstrap, bootstrap_timeout_ms=ms, request_timeout_ms=ms,
+        return KafkaAdminClient(**conn.kafka_python(), bootstrap_timeout_ms=ms, request_timeout_ms=ms,
                                 client_id="chipledger-admin")
     except KafkaError as exc:  # KafkaTimeoutError ("Unable to bootstrap"), NoBrokersAvailable, …
         raise _no_broker(bootstrap, exc, timeout_s) from None
     except ValueError as exc:  # a malformed address, e.g. "host:port"
-        raise KafkaSetupError(f"bad Kafka bootstrap address {bootstrap!r}: {exc}") from None
+        raise KafkaSetupError(f"bad Kafka bootstrap address {conn.bootstrap!r}: {exc}") from None
 
 
 def _partition_counts(admin, names) -> dict[str, int]:
@@ -101,7 +106,7 @@ def _partition_counts(admin, names) -> dict[str, int]:
     return counts
 
 
-def describe_partitions(bootstrap: str, topics=ALL_TOPICS, timeout_s: float = 30) -> dict[str, int]:
+def describe_partitions(bootstrap: "str | KafkaConnection", topics=ALL_TOPICS, timeout_s: float = 30) -> dict[str, int]:
     """Partition count of each existing topic among `topics` (missing topics are absent from the result)."""
     from kafka.errors import KafkaError
 
@@ -125,7 +130,7 @@ def _check_inputs(counts: dict[str, int], partitions: int) -> None:
         )
 
 
-def create_topics(bootstrap: str, partitions: int = 3, replication: int = 1, timeout_s: float = 30) -> dict[str, str]:
+def create_topics(bootstrap: "str | KafkaConnection", partitions: int = 3, replication: int = 1, timeout_s: float = 30) -> dict[str, str]:
     """Create the input and output topics that are missing; return {topic: "created" | "exists"}.
 
     Idempotent: topics that already exist are reported as "exists" and left alone, except that an existing input

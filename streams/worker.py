@@ -50,6 +50,7 @@ from ledger.fold import DEFAULT_CONFIG, FoldConfig, evolve
 from ledger.state import PoolState
 from schemas import INPUT_TOPICS, Rejection, RejectionCode, parse_event
 from schemas.topics import TOPIC_DEADLETTER, TOPIC_DECISIONS, TOPIC_JOURNAL, TOPIC_LOG, TOPIC_QUOTA
+from streams.clients import KafkaConnection, as_connection
 from streams.rows import deadletter_row, step_rows
 from streams.sequencer import (HEADER_ORIGIN, HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, HEADER_TIMESTAMP, TP,
                                AckGate, SeqState, Sequencer, key_partition, stamp_of)
@@ -67,6 +68,8 @@ SendFn = Callable[..., Awaitable[Any]]  # (topic, key, value, headers=None) -> a
 @dataclass
 class WorkerSettings:
     bootstrap: str = "127.0.0.1:9092"
+    # address and credentials of every client of the worker (streams.clients); None: PLAINTEXT to `bootstrap`
+    kafka: Optional[KafkaConnection] = None
     app_id: str = "chipledger-worker"
     data_dir: Path = Path(".chipledger-worker")
     table_store: str = "rocksdb"  # rocksdb | memory
@@ -81,6 +84,10 @@ class WorkerSettings:
     freeze_gc: bool = False  # run_worker (its own process): gc.freeze() at each checkpoint, see PoolWorker._gc
     full_gc_interval_s: float = 600  # with freeze_gc: how often everything is collected (one longer pause)
     fold_config: FoldConfig = field(default_factory=lambda: DEFAULT_CONFIG)
+
+    def connection(self) -> KafkaConnection:
+        """The Kafka connection of every client of the worker (Faust's consumer and producer, its admin)."""
+        return self.kafka if self.kafka is not None else as_connection(self.bootstrap)
 
     def store_url(self) -> str:
         if self.table_store == "memory":
@@ -596,8 +603,10 @@ MAX_REQUEST_BYTES = 8 << 20  # a log record (an input up to the broker's limit +
 
 def faust_settings(settings: WorkerSettings) -> dict:
     """The `faust.App` settings of the worker (bench/stream.py measures a no-op app with the same ones)."""
+    conn = settings.connection()
     return dict(
-        broker=f"kafka://{settings.bootstrap}",
+        broker=conn.faust_broker(),
+        broker_credentials=conn.faust_credentials(),
         store=settings.store_url(),
         datadir=str(settings.data_dir),
         topic_partitions=settings.partitions,

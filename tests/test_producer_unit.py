@@ -43,6 +43,7 @@ from streams.producer import (
     validate,
 )
 from streams.topics import create_topics
+from streams.clients import as_connection
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hand.jsonl"
 INVALID_LINES = {13: "not_json", 14: "unknown_type", 15: "schema_invalid"}  # 1-based line numbers in FIXTURE
@@ -324,7 +325,8 @@ def fake_cli(monkeypatch):
 
     class Patched(LedgerProducer):
         def __init__(self, bootstrap, **overrides):
-            state["bootstrap"], state["overrides"] = bootstrap, overrides
+            state["bootstrap"], state["overrides"] = as_connection(bootstrap).bootstrap, overrides
+            state["connection"] = bootstrap
             super().__init__(bootstrap, client=state["fake"])
 
     monkeypatch.setattr(producer_mod, "LedgerProducer", Patched)
@@ -387,3 +389,18 @@ def test_every_record_carries_producer_id_seq_and_a_monotonic_timestamp(monkeypa
     with pytest.raises(InvalidEvent):
         a.send({**ENV, "event_id": "bad", "type": "pool.tick", "chips": 1})
     assert len(fake.headers) == 4  # an invalid event takes no seq
+
+
+def test_cli_emit_takes_the_credentials_from_the_environment(fake_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    pw = tmp_path / "pw"
+    pw.write_text("hunter2-secret\n")
+    monkeypatch.setenv("CHIPLEDGER_KAFKA_USERNAME", "cluster-a")
+    monkeypatch.setenv("CHIPLEDGER_KAFKA_PASSWORD_FILE", str(pw))
+    res = CliRunner().invoke(app, ["emit", "--bootstrap", "h:1", str(FIXTURE)])
+    conn = fake_cli["connection"]
+    assert conn.security_protocol == "SASL_PLAINTEXT" and conn.username == "cluster-a"
+    assert conn.password.encode() == b"hunter2-secret" and "hunter2" not in res.output
+    res = CliRunner().invoke(app, ["emit", "--bootstrap", "h:1", "--password-file", str(tmp_path / "none"),
+                                   str(FIXTURE)])
+    assert res.exit_code == 2 and "cannot read the Kafka password file" in res.stderr

@@ -109,17 +109,18 @@ def test_a_record_that_is_not_an_output_is_a_dead_letter_of_the_sink_and_the_sin
     good = rows_record(POOL, [{"origin": ["chipledger.jobs", 0, 9], "tables": {"deadletters": [
         ["chipledger.jobs", 0, 9, H, "not_json", "x", None, None, POOL, "AA=="]]}}])
     sink.handle([rec(DL, i, v) for i, v in enumerate(bad)] + [rec(DL, len(bad), good)])
-    assert sink.stats.malformed == len(bad) and sink.stats.rows["deadletters"] == len(bad) + 1
+    # three are not output records (their raw bytes kept); one has an item of the wrong shape (forged_origin)
+    assert (sink.stats.malformed, sink.stats.forged) == (3, 1) and sink.stats.rows["deadletters"] == len(bad) + 1
     assert sink.store.position("sink", DL, 0) == len(bad)
     rows = connect(tmp_path / "lake").execute(
         "SELECT topic, \"offset\", detail, raw_b64 FROM deadletters WHERE detail LIKE 'sink:%' ORDER BY 2").fetchall()
-    assert [(t, o, base64.b64decode(r)) for t, o, _, r in rows] == [(DL, i, v) for i, v in enumerate(bad)]
+    assert [(t, o, base64.b64decode(r)) for t, o, _, r in rows] == [(DL, i, v) for i, v in enumerate(bad) if i != 2]
     assert "no string `pool`" in rows[1][2]
     # a value of the wrong type in a row: the batch is written again with every record checked
     typed = rows_record(POOL, [{"origin": ["chipledger.jobs", 0, 10], "tables": {"journal": [
         [POOL, H, "idle", None, "not a number"]]}}])
     sink.handle([rec(J, 0, typed), rec(J, 1, rows_record(POOL, [journal_item(11, H, 5)]))])
-    assert sink.stats.malformed == len(bad) + 1 and [r[2] for r in journal(tmp_path)] == [5]
+    assert sink.stats.malformed == 4 and [r[2] for r in journal(tmp_path)] == [5]
 
 
 def test_an_item_split_in_parts_is_written_once_part_by_part(tmp_path):
@@ -132,3 +133,48 @@ def test_an_item_split_in_parts_is_written_once_part_by_part(tmp_path):
     # the worker crashed and sends all parts again: the parts written are dropped, the rest written once
     sink.handle([rec(J, 3 + i, v) for i, v in enumerate(records)])
     assert sorted(r[2] for r in journal(tmp_path)) == [1000 + i for i in range(3000)]
+
+
+class FakeOrigins:
+    """Origin topics of 3 partitions whose ends are given; counts the end-offset look-ups."""
+
+    def __init__(self, ends):
+        self.ends, self.lookups = dict(ends), 0
+
+    def partitions(self, topic):
+        return 3 if topic.startswith("chipledger.") else None
+
+    def end_offset(self, topic, partition, at_least):
+        self.lookups += 1
+        return self.ends.get((topic, partition), 0)
+
+
+def test_forged_origins_are_dead_lettered_and_move_no_mark(tmp_path):
+    from streams.sink import FORGED_ORIGIN, check_origin, partition_for
+
+    part = partition_for(POOL, 3)
+    ends = {("chipledger.jobs", part): 10}
+    sink = Sink(tmp_path / "lake", open_store(f"sqlite:///{tmp_path / 'store.db'}"), consumer=object(),
+                origins=FakeOrigins(ends))
+
+    def item(offset, topic="chipledger.jobs", partition=part, hour=H):
+        it = journal_item(offset, hour, 1000 + offset, topic)
+        it["origin"] = [topic, partition, offset]
+        return it
+
+    forged = [item(10**12), item(3, partition=(part + 1) % 3), item(2, topic="chipledger.journal"),
+              {"origin": ["chipledger.jobs", part, -1], "tables": {}}, {"origin": "x"}]
+    real = [item(o, hour=H + 3600 * o) for o in range(5)]
+    sink.handle([rec(J, 0, rows_record(POOL, forged[:1])), rec(J, 1, rows_record(POOL, real[:2])),
+                 rec(J, 2, rows_record(POOL, forged[1:])), rec(J, 3, rows_record(POOL, real[2:]))])
+    assert sink.stats.forged == len(forged) and sink.stats.resent_dropped == 0
+    assert [r[2] for r in journal(tmp_path)] == [1000 + o for o in range(5)]  # every real row written
+    dl = connect(tmp_path / "lake").execute(
+        "SELECT \"offset\", error_code, detail FROM deadletters ORDER BY \"offset\", detail").fetchall()
+    assert {code for _, code, _ in dl} == {FORGED_ORIGIN} and len(dl) == len(forged)
+    assert any("beyond the end of chipledger.jobs" in d for _, _, d in dl)
+    assert any("is on partition" in d for _, _, d in dl) and any("not an input or log topic" in d for _, _, d in dl)
+    assert sink.store.position(mark_consumer("sink", J, POOL), "chipledger.jobs", part) == 4 * PARTS + WHOLE
+    # an output record keyed by another pool than it names is refused too
+    assert "key" in check_origin(None, POOL, ["chipledger.jobs", part, 1], b"other/pool")
+    assert check_origin(None, POOL, ["chipledger.log", 0, 1], POOL.encode()) is None
