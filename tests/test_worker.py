@@ -305,3 +305,59 @@ def test_the_drain_folds_on_while_a_checkpoint_waits_and_the_checkpoint_keeps_wh
 
     asyncio.run(go())
     assert h.worker.counts["checkpoints"] == 2
+
+
+def test_the_sequencer_stage_logs_in_send_order_dead_letters_bad_keys_and_acks_in_offset_order():
+    from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, key_partition
+    from streams.worker import SequencerStage
+
+    sent, table, acked = [], {}, []
+
+    async def send(topic, key, value, headers=None):
+        sent.append((topic, key, value, dict(headers or [])))
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+    stage = SequencerStage(WorkerSettings(checkpoint_interval_ms=0, partitions=3),
+                           load=lambda pool, ev: None, store=lambda pool, v, ev: table.__setitem__(pool, v),
+                           send=send, caught_up=lambda tp: True)
+    pool = b"lab/a100"
+    part = key_partition(pool, 3)
+    lines = _valid_lines()[:4]
+    recs = []
+    for seq, line in enumerate(lines, 1):
+        e = validate(line)
+        recs.append((topic_for(e.type), canonical_value(e), seq))
+    offsets = Counter()
+
+    def ev(topic, key, value, partition, headers):
+        e = Ev(topic, partition, offsets[(topic, partition)], key, value, 1.0, headers)
+        offsets[(topic, partition)] += 1
+        e.log = acked
+        return e
+
+    evs = [ev(t, pool, v, part, [(HEADER_PRODUCER, b"p"), (HEADER_SEQ, str(s).encode()),
+                                 (HEADER_PREV, str(s - 1).encode())]) for t, v, s in recs]
+    other = validate(lines[1])
+    bad = [ev("chipledger.jobs", None, canonical_value(other), part, None),  # no key
+           ev("chipledger.jobs", pool, canonical_value(other), (part + 1) % 3, None),  # wrong partition
+           ev("chipledger.jobs", b"someone/else", canonical_value(other), key_partition(b"someone/else", 3), None)]
+    for topic in ("chipledger.chips", "chipledger.jobs", "chipledger.quota"):  # later topics first: they wait
+        for e in evs:
+            if e.message.topic == topic:
+                stage.receive(e)
+    for e in bad:
+        stage.receive(e)
+
+    async def go():
+        await stage.drain()
+        await stage.settle()
+    asyncio.run(go())
+    logged = [(v, h) for t, _, v, h in sent if t == "chipledger.log"]
+    assert [v for v, _ in logged] == [v for _, v, _ in recs]  # send order
+    assert logged[0][1]["chipledger-origin"] == f"{recs[0][0]}:{part}:0".encode()
+    dls = [orjson.loads(v) for t, _, v, _ in sent if t == "chipledger.deadletter"]
+    rows = [r for d in dls for it in d["items"] for r in it["tables"]["deadletters"]]
+    assert [r[4] for r in rows] == ["bad_key"] * 3 and all(d["stage"] == "sequencer" for d in dls)
+    assert all(e.acked for e in evs + bad) and orjson.loads(table["lab/a100"])["last"] == {"p": len(recs)}
