@@ -19,7 +19,8 @@ port, and stops it at the end. Prints the figures; nothing is asserted (docs/ben
 2. latency: the same worker (restarted: it resumes at the end of the log) follows new input while a producer
    sends the scenario's next --rate x --seconds events at --rate events/s; a consumer of the output topics takes, for
    every folded input record, the time from its send to the arrival of its output record; decisions apart.
-3. takeover: two workers in a new group share the partitions while a producer sends 300 events/s; one is killed
+3. takeover (on a second broker, 2 partitions, 8 pools): two workers in a new group share the partitions while a
+   producer sends 300 events/s; one is killed
    with SIGKILL; per input partition, the longest pause of its outputs around the kill is the time the group
    took to notice (session timeout), rebalance and restore the tables on the survivor; the largest is reported.
 """
@@ -56,10 +57,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def scenario_lines(seed: int, n: int) -> list[bytes]:
+def scenario_lines(seed: int, n: int, pools: int = 3) -> list[bytes]:
     days = 1
     while True:
-        lines = [line.encode() for line in iter_jsonl(generate(seed=seed, days=days, pools=3, teams=6))]
+        lines = [line.encode() for line in iter_jsonl(generate(seed=seed, days=days, pools=pools, teams=6))]
         if len(lines) >= n or days > 400:
             return lines
         days = max(days + 1, int(days * n / max(1, len(lines))) + 1)
@@ -402,12 +403,12 @@ def main(argv=None) -> int:
               f"{lat['send_s']:.1f} s): outputs {lat['outputs']:,}: p50 {lat['p50_ms']:.0f} ms, p99 "
               f"{lat['p99_ms']:.0f} ms, max {lat['max_ms']:.0f} ms; decisions {lat['decisions']:,}: p50 "
               f"{lat['dec_p50_ms']:.0f} ms, p99 {lat['dec_p99_ms']:.0f} ms (target p99 < 250 ms)", flush=True)
-        to_lines = scenario_lines(args.seed + 1, 300 * 30)[: 300 * 30]
+        to_lines = scenario_lines(args.seed + 1, 300 * 30, pools=8)[: 300 * 30]  # pools on every partition
         # on a broker of its own: a new group on this one would fold everything above first
         second = tmp / "kafka-takeover"
         bs2 = broker.up(port=free_port(), data_dir=second, timeout_s=180)["bootstrap_servers"]
         try:
-            create_topics(bs2, partitions=3, timeout_s=60)
+            create_topics(bs2, partitions=2, timeout_s=60)  # one partition per worker, pools on both
             to = takeover(bs2, tmp, to_lines)
         finally:
             broker.down(second, timeout_s=30)

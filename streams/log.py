@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import BinaryIO, Optional
 
 from schemas.topics import TOPIC_LOG
-from streams.sequencer import HEADER_ORIGIN, key_partition
+from streams.sequencer import HEADER_BATCH, HEADER_ORIGIN, key_partition, unpack_batch
 
 
 @dataclass
@@ -43,10 +43,18 @@ def _origin(headers) -> Optional[tuple[str, int, int]]:
     return None
 
 
+class _Rec:
+    __slots__ = ("key", "value", "headers")
+
+    def __init__(self, key, value, headers):
+        self.key, self.value, self.headers = key, value, headers
+
+
 def export_records(records, out: BinaryIO, pool: Optional[str] = None,
                    report: Optional[ExportReport] = None) -> ExportReport:
-    """Write the values of `records` (log records of one partition, or several partitions one after the other,
-    each in offset order: objects with .key, .value, .headers) as JSONL, by the rules of the module doc."""
+    """Write the input records of `records` (log records of one partition, or several partitions one after the
+    other, each in offset order: objects with .key, .value, .headers; a batch of several input records is
+    written entry by entry) as JSONL, by the rules of the module doc."""
     report = report or ExportReport()
     seen = report.seen
     want = pool.encode() if pool is not None else None
@@ -54,6 +62,15 @@ def export_records(records, out: BinaryIO, pool: Optional[str] = None,
         key = rec.key or b""
         if want is not None and key != want:
             continue
+        if any(name == HEADER_BATCH for name, _ in rec.headers or ()):
+            try:
+                entries = unpack_batch(rec.value or b"")
+            except ValueError:
+                entries = []
+            if entries:
+                export_records([_Rec(key, e.value, [(HEADER_ORIGIN, f"{e.topic}:{e.partition}:{e.offset}".encode())])
+                                for e in entries], out, pool, report)
+                continue
         report.records += 1
         origin = _origin(rec.headers)
         if origin is not None:

@@ -26,6 +26,7 @@ records at or below it are dropped instead of being sequenced twice.
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable, NamedTuple, Optional
@@ -209,6 +210,18 @@ class Sequencer:
             del self._buf[pool]
         return out
 
+    def drop_tp(self, tp: TP) -> int:
+        """Forget the buffered records of one topic-partition (read again from an earlier offset)."""
+        n = 0
+        for pool, bufs in list(self._buf.items()):
+            q = bufs.pop(tp, None)
+            if q:
+                n += len(q)
+            if not any(bufs.values()):
+                del self._buf[pool]
+        self.buffered -= n
+        return n
+
     def drop_partition(self, partition: int) -> int:
         """Forget the buffered records of a partition (revoked from this worker); returns how many."""
         n = 0
@@ -252,7 +265,67 @@ class AckGate:
             out.append(ev)
         return out
 
+    def drop_tp(self, tp: TP) -> None:
+        self._order.pop(tp, None)
+        self._done.pop(tp, None)
+
     def drop_partition(self, partition: int) -> None:
         for tp in [tp for tp in self._order if tp.partition == partition]:
             del self._order[tp]
             self._done.pop(tp, None)
+
+
+# --- log records: several input records of one pool in one Kafka record ---------------------------------------
+
+HEADER_BATCH = "chipledger-batch"  # on a log record whose value is a batch (below); its value: the format, b"1"
+_ENTRY = struct.Struct(">BIqqI")  # topic rank, partition, offset, record timestamp ms, length of the bytes
+LOG_BATCH_BYTES = 512 * 1024  # a batch is closed at this size (one larger record is a batch of its own)
+LOG_BATCH_RECORDS = 1000
+
+
+class Entry(NamedTuple):
+    """One input record in a log record: its origin, record timestamp and bytes (exactly as received)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    value: bytes
+
+
+def pack_batch(entries: Iterable[Entry]) -> bytes:
+    """The value of a log record holding `entries` (in log order): for each, a fixed header and its bytes."""
+    out = []
+    for e in entries:
+        out.append(_ENTRY.pack(TOPIC_RANK[e.topic], e.partition, e.offset, e.timestamp_ms, len(e.value)))
+        out.append(e.value)
+    return b"".join(out)
+
+
+def unpack_batch(value: bytes) -> list[Entry]:
+    """The entries of a log record's value (ValueError when it is not a batch this module wrote)."""
+    out, i, n = [], 0, len(value)
+    view = memoryview(value)
+    while i < n:
+        if i + _ENTRY.size > n:
+            raise ValueError("a truncated log batch")
+        rank, part, off, ts, length = _ENTRY.unpack_from(view, i)
+        i += _ENTRY.size
+        if rank >= len(INPUT_TOPICS) or i + length > n:
+            raise ValueError("a malformed log batch")
+        out.append(Entry(INPUT_TOPICS[rank], part, off, ts, bytes(view[i:i + length])))
+        i += length
+    return out
+
+
+def batches(entries: list[Entry], max_bytes: int = LOG_BATCH_BYTES, max_records: int = LOG_BATCH_RECORDS):
+    """`entries` cut into consecutive groups of at most `max_records` and about `max_bytes`."""
+    cur, size = [], 0
+    for e in entries:
+        if cur and (size + len(e.value) > max_bytes or len(cur) >= max_records):
+            yield cur
+            cur, size = [], 0
+        cur.append(e)
+        size += len(e.value) + _ENTRY.size
+    if cur:
+        yield cur

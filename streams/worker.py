@@ -52,8 +52,9 @@ from schemas import INPUT_TOPICS, Rejection, RejectionCode, parse_event
 from schemas.topics import TOPIC_DEADLETTER, TOPIC_DECISIONS, TOPIC_JOURNAL, TOPIC_LOG, TOPIC_QUOTA
 from streams.clients import KafkaConnection, as_connection
 from streams.rows import deadletter_row, step_rows
-from streams.sequencer import (HEADER_ORIGIN, HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, HEADER_TIMESTAMP, TP,
-                               AckGate, SeqState, Sequencer, key_partition, stamp_of)
+from streams.sequencer import (HEADER_BATCH, HEADER_ORIGIN, HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ,
+                               HEADER_TIMESTAMP, TP, AckGate, Entry, SeqState, Sequencer, batches, key_partition,
+                               pack_batch, stamp_of, unpack_batch)
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ class Pending:
     value: bytes
     timestamp_ms: int
     arrived: float
+    last_of_record: bool = True  # the last input record of its log record: acks the log record
 
 
 #: the largest output record the worker writes (the broker's default max.message.bytes is 1 MiB; room is left
@@ -218,14 +220,17 @@ class SequencerStage:
         self._inflight: list = []
         self._last_checkpoint = 0.0
         self._ckpt: Optional[asyncio.Future] = None
+        self.halted: Callable[[], bool] = lambda: False  # the app: Faust is rebalancing
         self.lock = asyncio.Lock()
         self._pending_dead: list = []  # (pool, tp, offset, item): sequencer dead letters not sent yet
-        self.counts = {"received": 0, "logged": 0, "dropped_logged": 0, "forced": 0, "late": 0,
+        self.counts = {"received": 0, "logged": 0, "log_records": 0, "dropped_logged": 0, "forced": 0, "late": 0,
                        "dead_letters": 0, "checkpoints": 0}
 
     def receive(self, event) -> None:
         m = event.message
         tp = TP(m.topic, m.partition)
+        if m.offset < self.received_next.get(tp, -1):
+            self._restart_tp(tp, m.offset)
         self.received_next[tp] = m.offset + 1
         self.gate.received(tp, m.offset, event)
         self.counts["received"] += 1
@@ -238,6 +243,16 @@ class SequencerStage:
             return
         self.seq.push(key.decode("utf-8"), tp, m.offset, stamp_of(m.headers), self.clock(),
                       (event, key, value, ts_ms, list(m.headers or ())))
+
+    def _restart_tp(self, tp: TP, offset: int) -> None:
+        """The consumer reads `tp` again from an earlier offset (after a rebalance, Faust seeks to the committed
+        offset; records fetched before it may still have reached the agent after the revoke): forget what is
+        buffered or waits for a checkpoint from `tp`. What was logged is in the state (dropped when read again)."""
+        log.info("sequencer: %s[%d] read again from offset %d", tp.topic, tp.partition, offset)
+        self.seq.drop_tp(tp)
+        self.gate.drop_tp(tp)
+        self._done = [(t, o) for t, o in self._done if t != tp]
+        self._pending_dead = [d for d in self._pending_dead if d[1] != tp]
 
     def _bad_key(self, key: Optional[bytes], value: bytes, partition: int) -> Optional[str]:
         """Why a record cannot be sequenced under its key, or None. (A body that does not parse is logged: the
@@ -295,6 +310,8 @@ class SequencerStage:
             first = self.seq._buf[pool]
             event0 = next(q[0].item[0] for q in first.values() if q)
             state = self._state(pool, event0)
+            entries: list[Entry] = []
+            key = None
             for r in self.seq.release(pool, state, now, self.caught_up):
                 event, key, value, ts_ms, headers = r.item
                 self._done.append((r.tp, r.offset))
@@ -309,12 +326,13 @@ class SequencerStage:
                                 r.tp.topic, r.tp.partition, r.offset, pool, *(stamp or ("-", "-", "-")), r.note,
                                 f"waited {self.settings.sequencer_wait_ms} ms for the previous record, the input "
                                 "topics caught up" if r.note == "forced" else "after its successor was forced")
-                hdrs = [(k, v) for k, v in headers if k not in (HEADER_ORIGIN, HEADER_TIMESTAMP)]
-                hdrs += [(HEADER_ORIGIN, f"{r.tp.topic}:{r.tp.partition}:{r.offset}".encode()),
-                         (HEADER_TIMESTAMP, str(ts_ms).encode())]
-                self._inflight.append(await self.send(TOPIC_LOG, key, value, hdrs))
+                entries.append(Entry(r.tp.topic, r.tp.partition, r.offset, ts_ms, value))
                 self._touched[pool] = event
                 self.counts["logged"] += 1
+            # several records of the pool per log record: the fold's per-record cost of Faust is paid per batch
+            for group in batches(entries):
+                self._inflight.append(await self.send(TOPIC_LOG, key, pack_batch(group), [(HEADER_BATCH, b"1")]))
+                self.counts["log_records"] += 1
         ckpt = self._ckpt
         if ckpt is not None and ckpt.done():
             self._ckpt = None
@@ -333,6 +351,8 @@ class SequencerStage:
     async def _checkpoint(self, inflight, touched, values, done) -> None:
         if inflight:
             await asyncio.gather(*inflight)
+        if self.halted():  # a rebalance began meanwhile: write and ack nothing (see abandon_checkpoint)
+            return
         for pool, event in touched.items():
             self.store(pool, values[pool], event)
         for tp, offset in done:
@@ -418,15 +438,33 @@ class PoolWorker:
                        "ticks": 0, "batches": 0, "checkpoints": 0, "full_collections": 0}
         self._lock = asyncio.Lock()
         self._ckpt: Optional[asyncio.Future] = None  # the checkpoint in progress
+        self.halted: Callable[[], bool] = lambda: False  # the app: Faust is rebalancing
         self._last_full_gc = float("-inf")
 
     # --- in ---------------------------------------------------------------------------------------------
     def receive(self, event) -> None:
         """A record of `chipledger.log`: the input record's bytes, key and origin (headers)."""
         m = event.message
-        self.received_next[TP(m.topic, m.partition)] = m.offset + 1
+        ltp = TP(m.topic, m.partition)
+        if m.offset < self.received_next.get(ltp, -1):  # read again from an earlier offset (see SequencerStage)
+            self.queue = [p for p in self.queue if (p.event.message.topic, p.event.message.partition) != ltp]
+            self._unacked = [p for p in self._unacked
+                             if (p.event.message.topic, p.event.message.partition) != ltp]
+        self.received_next[ltp] = m.offset + 1
         key = _key_bytes(m.key) or b""
         value = m.value if isinstance(m.value, bytes) else (m.value or b"")
+        if any(name == HEADER_BATCH for name, _ in m.headers or ()):
+            try:
+                entries = unpack_batch(value)
+            except ValueError:
+                entries = None
+            if entries:
+                now = self.clock()
+                for i, e in enumerate(entries):
+                    self.queue.append(Pending(event, e.topic, e.partition, e.offset, key, e.value, e.timestamp_ms,
+                                              now, i == len(entries) - 1))
+                self.counts["received"] += len(entries)
+                return
         origin = _origin(m.headers)
         if origin is None:  # not written by the sequencer: folded under the log position itself
             self.counts["not_sequenced"] += 1
@@ -514,10 +552,13 @@ class PoolWorker:
                      for pool, value in values.items()]
         if snapshots:
             await asyncio.gather(*snapshots)
+        if self.halted():  # a rebalance began meanwhile: write and ack nothing (see abandon_checkpoint)
+            return
         for pool, last in touched.items():
             self.store(pool, values[pool], last)  # a new value: the table's value is never mutated in place
         for p in unacked:
-            p.event.ack()
+            if p.last_of_record:
+                p.event.ack()
         self.counts["checkpoints"] += 1
 
     def fold_one(self, key_pool: str, p: Pending) -> list[tuple[str, dict]]:
@@ -706,6 +747,7 @@ def make_app(settings: WorkerSettings):
                         store=lambda pool, v, p: table_set(table, pool, v, p.event), send=send)
     app.chipledger = worker  # for tests and the CLI
     app.sequencer = sequencer
+    worker.halted = sequencer.halted = lambda: bool(getattr(app, "rebalancing", False))
 
     def make_agent(topic, name, handler):
         async def agent(stream):
