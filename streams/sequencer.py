@@ -26,6 +26,7 @@ records at or below it are dropped instead of being sequenced twice.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections import deque
 from dataclasses import dataclass, field
@@ -233,6 +234,7 @@ class Sequencer:
         return n
 
 
+@functools.lru_cache(maxsize=65_536)  # pure-Python murmur2: once per key and partition count, not per record
 def key_partition(key: bytes, partitions: int) -> int:
     """The partition Kafka's default partitioner (murmur2, as Java's and every SDK's) gives a key."""
     from kafka.partitioner.default import murmur2
