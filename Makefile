@@ -28,6 +28,9 @@ demo: $(CORE)
 
 test: $(CORE)
 	bash scripts/postgres.sh ensure
+	bash scripts/prometheus.sh ensure
+	bash scripts/chromium.sh ensure
+	bash scripts/slurm.sh ensure
 	$(PY) -m pytest
 
 bench: $(CORE)

@@ -68,6 +68,21 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("chips_milli", pa.int64()), ("priority", pa.int64()), ("waiting_since", TS), ("reason", pa.string()),
         ("message", pa.string()),
     ]),
+    # facts (ledger.fold WaitRow, FreeChipsRow; docs/analytics.md): each wait of a job to be started, posted when it
+    # ends and, still open, at a close of the books (superseded by a later posting of the same wait)
+    "waits": pa.schema([
+        ("pool", pa.string()), ("job_id", pa.string()), ("team", pa.string()), ("run_index", pa.int32()),
+        ("kind", pa.string()), ("priority", pa.int64()), ("chips_milli", pa.int64()), ("submitted_at", TS),
+        ("began_at", TS), ("ended_at", TS), ("end", pa.string()), ("in_quota", pa.bool_()),
+        ("borrowing", pa.bool_()), ("team_nominal_milli", pa.int64()), ("team_used_milli", pa.int64()),
+        ("blocked_s", pa.int64()), ("blocked_by", pa.string()), ("posted_at", TS),
+    ]),
+    # each change of a pool's free capacity (at most one row per pool and second: the last)
+    "free_chips": pa.schema([
+        ("pool", pa.string()), ("at", TS), ("registered_milli", pa.int64()), ("healthy_milli", pa.int64()),
+        ("in_use_milli", pa.int64()), ("down_milli", pa.int64()), ("free_milli", pa.int64()),
+        ("free_whole_nodes_milli", pa.int64()), ("largest_startable_milli", pa.int64()),
+    ]),
     "deadletters": pa.schema([
         ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()), ("seen_at", TS),
         ("error_code", pa.string()), ("detail", pa.string()), ("event_id", pa.string()),
@@ -99,7 +114,7 @@ def read_parquet_sql(files) -> str:
 
 # the column that decides a row's day partition
 DAY_COLUMN = {"events": "applied_at", "journal": "hour", "job_runs": "posted_at", "decisions": "at",
-              "balances": "at", "pending": "at", "deadletters": "seen_at"}
+              "balances": "at", "pending": "at", "waits": "posted_at", "free_chips": "at", "deadletters": "seen_at"}
 
 TABLES = tuple(SCHEMAS)
 # the analytics cache's folder in the lake (analytics/views.py): derived, removed with the lake's tables

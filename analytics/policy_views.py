@@ -28,13 +28,15 @@ POLICY_VIEWS: dict[str, str] = {
                TRY_CAST(body->>'$.chips_granted' AS DOUBLE) AS chips_granted,
                TRY_CAST(body->>'$.window_start' AS TIMESTAMPTZ) AS window_start,
                TRY_CAST(body->>'$.window_end' AS TIMESTAMPTZ) AS window_end,
+               TRY_CAST(body->>'$.checkpoint_by' AS TIMESTAMPTZ) AS checkpoint_by,
                body
         FROM decision_log
     """,
     # one row per victim of a preemption decision, and when (if) the cluster preempted it for that decision
     "decision_victims": """
         WITH vs AS (
-            SELECT d.decision_id, d.pool, d."at", unnest(json_extract(d.body, '$.victims[*]')) AS v
+            SELECT d.decision_id, d.pool, d."at", TRY_CAST(d.body->>'$.checkpoint_by' AS TIMESTAMPTZ) AS checkpoint_by,
+                   unnest(json_extract(d.body, '$.victims[*]')) AS v
             FROM decision_log d WHERE d.type = 'decision.preempt'
         ), acted AS (
             SELECT pool, job_id, body->>'$.decision_id' AS decision_id, min(applied_at) AS preempted_at
@@ -43,7 +45,7 @@ POLICY_VIEWS: dict[str, str] = {
         )
         SELECT vs.decision_id, vs.pool, vs."at", vs.v->>'job_id' AS job_id, vs.v->>'team' AS team,
                (vs.v->>'chips')::DOUBLE AS chips, (vs.v->>'lost_work_chip_s')::BIGINT AS lost_work_chip_s,
-               (vs.v->>'preemption_count')::INTEGER AS preemption_count, acted.preempted_at
+               (vs.v->>'preemption_count')::INTEGER AS preemption_count, vs.checkpoint_by, acted.preempted_at
         FROM vs LEFT JOIN acted ON acted.pool = vs.pool AND acted.job_id = vs.v->>'job_id'
                                AND acted.decision_id = vs.decision_id
     """,

@@ -105,10 +105,9 @@ def job_run_totals_sql(job_runs: str = "job_runs") -> str:
     """
 
 
-def duckdb_base_views(run_totals: str = "job_run_totals", event_log: str = "base_event_log",
-                      event_rows: str = "base_event_rows", journal: str = "journal") -> dict[str, str]:
-    """The base layer over the lake views (DuckDB); an update of the analytics cache gives the views over the files
-    added since (analytics/cache_update.py)."""
+def duckdb_base_views() -> dict[str, str]:
+    """The base layer over the lake views (DuckDB)."""
+    run_totals, event_log, event_rows, journal = "job_run_totals", "base_event_log", "base_event_rows", "journal"
     return {
         "base_runs": f"""
             SELECT pool, job_id, team, run_index, chips_milli, priority, epoch(submitted_at)::BIGINT AS submitted_s,
@@ -134,24 +133,22 @@ def duckdb_base_views(run_totals: str = "job_run_totals", event_log: str = "base
         """,
         # each pool's clock: its last event applied
         "base_pool_end": f"SELECT pool, max(at_s) AS end_s FROM {event_rows} GROUP BY pool",
-        # one row per submission: a job id submitted again after its job finished is another job; the event
-        # after a submission of the same id is its finish (if any)
-        "base_jobs": f"""
-            WITH s AS (
-                SELECT *, lead(type) OVER w AS next_type, lead(at_s) OVER w AS next_s
-                FROM {event_rows} WHERE type IN ('job.submitted', 'job.finished')
-                WINDOW w AS (PARTITION BY pool, job_id ORDER BY at_s, topic, "partition", "offset")
-            )
-            SELECT s.pool, s.job_id, s.team, s.chips_milli, coalesce(s.priority, 0) AS priority,
-                   s.at_s AS submitted_s, r.started_s AS first_started_s,
-                   CASE WHEN s.next_type = 'job.finished' THEN s.next_s END AS finished_s
-            FROM s LEFT JOIN base_runs r ON r.run_index = 1 AND r.pool = s.pool AND r.job_id = s.job_id
-                                        AND r.submitted_s = s.at_s
-            WHERE s.type = 'job.submitted'
+        # the fold's facts: each wait (its last posting), with times in epoch seconds and its end split out
+        "base_waits": """
+            SELECT pool, job_id, team, chips_milli, priority, epoch(submitted_at)::BIGINT AS submitted_s, kind,
+                   run_index AS after_run, epoch(began_at)::BIGINT AS since_s,
+                   CASE WHEN "end" = 'started' THEN epoch(ended_at)::BIGINT END AS started_s,
+                   CASE WHEN "end" = 'finished' THEN epoch(ended_at)::BIGINT END AS abandoned_s,
+                   team_nominal_milli AS nominal_milli, team_used_milli AS running_milli,
+                   CASE WHEN in_quota THEN 1 ELSE 0 END AS in_quota, CASE WHEN borrowing THEN 1 ELSE 0 END AS borrowing,
+                   blocked_s, blocked_by
+            FROM waits
         """,
-        "base_placements": f"""
-            SELECT pool, job_id, at_s AS started_s, unnest(chip_ids) AS chip_id
-            FROM {event_rows} WHERE type = 'job.started' AND chip_ids IS NOT NULL
+        # and each change of a pool's free capacity
+        "base_free_chips": """
+            SELECT pool, epoch("at")::BIGINT AS at_s, registered_milli, healthy_milli, in_use_milli, down_milli,
+                   free_milli, free_whole_nodes_milli, largest_startable_milli
+            FROM free_chips
         """,
         "base_journal": f"""
             SELECT pool, epoch(hour)::BIGINT AS hour_s, account, team, amount_mchip_s FROM {journal}
@@ -186,6 +183,15 @@ def slo_views(d: Dialect) -> dict[str, str]:
             FROM (SELECT max(end_s) AS last_s FROM base_pool_end) x WHERE last_s IS NOT NULL
         """,
         "calc_pool_end": "SELECT pool, end_s FROM base_pool_end",
+        # --- the pool's free capacity as a step function of time (the fold's free_chips): each row holds until the
+        # pool's next one, the last until the pool's last event ---
+        "calc_free_steps": """
+            SELECT f.pool, f.at_s AS from_s,
+                   coalesce(lead(f.at_s) OVER (PARTITION BY f.pool ORDER BY f.at_s), e.end_s) AS until_s,
+                   f.registered_milli, f.healthy_milli, f.in_use_milli, f.down_milli, f.free_milli,
+                   f.free_whole_nodes_milli, f.largest_startable_milli
+            FROM base_free_chips f JOIN calc_pool_end e ON e.pool = f.pool
+        """,
         # one row per incarnation of a grant (a quota.granted event): in effect from max(granted, effective_from)
         # until the next grant or revocation of the same id, or effective_until, whichever comes first
         "calc_grants": f"""
@@ -203,12 +209,6 @@ def slo_views(d: Dialect) -> dict[str, str]:
             )
             SELECT * FROM b WHERE until_s IS NULL OR until_s > from_s
         """,
-        # every wait to be scheduled: a submission until the first start, a preemption until the restart
-        "calc_wait_spans": wait_spans_sql(),
-        # the team's nominal quota and running chips at each wait's start, by running sums over one stream per
-        # pool and team. At one instant: grant changes and run ends (0) come before the wait (1), run starts
-        # after it (2): a grant starting at the instant counts, a job that ended or starts at it does not.
-        "calc_wait_levels": wait_levels_sql(),
         "calc_waits": """
             SELECT w.*, n.as_of_s, n.sched_slo_s,
                    CASE WHEN started_s IS NOT NULL AND wait_s <= sched_slo_s THEN 1
@@ -216,7 +216,7 @@ def slo_views(d: Dialect) -> dict[str, str]:
                    CASE WHEN started_s IS NOT NULL AND wait_s <= sched_slo_s THEN started_s
                         WHEN coalesce(started_s, abandoned_s, as_of_s) - since_s > sched_slo_s
                             THEN since_s + sched_slo_s END AS resolved_s
-            FROM calc_wait_levels w CROSS JOIN calc_now n
+            FROM (SELECT *, started_s - since_s AS wait_s FROM base_waits) w CROSS JOIN calc_now n
         """,
         "sched_waits": f"""
             SELECT pool, team, job_id, {ts('submitted_s')} AS submitted_at, kind, after_run, priority,
@@ -278,7 +278,7 @@ def slo_views(d: Dialect) -> dict[str, str]:
         """,
         # every SLO and pool with something measured, in any window or none
         "calc_slo_keys": """
-            SELECT DISTINCT 'availability' AS slo, pool FROM calc_chip_segments
+            SELECT DISTINCT 'availability' AS slo, pool FROM calc_free_steps
             UNION
             SELECT DISTINCT slo, pool FROM calc_sli_points
         """,
@@ -287,9 +287,9 @@ def slo_views(d: Dialect) -> dict[str, str]:
         # good and total in each window (as_of_s - len_s, as_of_s], per SLO and pool, in one pass over the data
         "calc_slo_window": f"""
             SELECT 'availability' AS slo, pool, win,
-                   CAST(sum(usable * 1000 * ({_overlap(d, 'len_s')})) AS BIGINT) AS good,
-                   CAST(sum(registered * 1000 * ({_overlap(d, 'len_s')})) AS BIGINT) AS total
-            FROM calc_chip_segments CROSS JOIN calc_now CROSS JOIN calc_windows
+                   CAST(sum(healthy_milli * ({_overlap(d, 'len_s')})) AS BIGINT) AS good,
+                   CAST(sum(registered_milli * ({_overlap(d, 'len_s')})) AS BIGINT) AS total
+            FROM calc_free_steps CROSS JOIN calc_now CROSS JOIN calc_windows
             WHERE from_s <= as_of_s AND until_s > as_of_s - len_s
             GROUP BY pool, win
             UNION ALL
@@ -337,23 +337,15 @@ def slo_views(d: Dialect) -> dict[str, str]:
                    {ts('as_of_s')} AS evaluated_at
             FROM b CROSS JOIN calc_now
         """,
-        # --- fragmentation: free usable chips, by node, as a step function of time ---
-        "calc_chip_node": "SELECT pool, chip_id, max(node) AS node FROM base_events "
-                          "WHERE type = 'chip.registered' GROUP BY pool, chip_id",
-        # a placed run's chips per node (runs rarely span nodes: far fewer rows than chips); the placements are
-        # counted per node before they meet the runs
-        "calc_run_nodes": run_nodes_sql(),
-        # free chips of a node = usable − allocated + allocated-while-unusable (a chip counts once as not free),
-        # each term a running sum of deltas: per chip only for health, per run and node for allocations
-        "calc_fragmentation": fragmentation_sql(d),
         "fragmentation": f"""
             SELECT pool, {ts('from_s')} AS valid_from, {ts('until_s')} AS valid_until, until_s - from_s AS duration_s,
-                   unplaced_runs = 0 AS placement_known, free_chips, whole_node_free_chips,
-                   free_chips - whole_node_free_chips AS fragmented_chips,
-                   CASE WHEN unplaced_runs = 0 AND free_chips > 0
-                        THEN (free_chips - whole_node_free_chips) * 1.0 / free_chips END AS fragmentation,
-                   CASE WHEN unplaced_runs = 0 THEN whole_node_free_chips END AS largest_job_chips
-            FROM calc_fragmentation
+                   free_whole_nodes_milli IS NOT NULL AS placement_known, free_milli / 1000.0 AS free_chips,
+                   free_whole_nodes_milli / 1000.0 AS whole_node_free_chips,
+                   (free_milli - free_whole_nodes_milli) / 1000.0 AS fragmented_chips,
+                   CASE WHEN free_milli > 0 THEN (free_milli - free_whole_nodes_milli) * 1.0 / free_milli END
+                       AS fragmentation,
+                   largest_startable_milli / 1000.0 AS largest_job_chips
+            FROM calc_free_steps WHERE until_s > from_s
         """,
         # --- demand shaping: hour-of-week profiles of demand (running + pending chips) from the journal ---
         "calc_demand_slots": f"""
@@ -425,199 +417,6 @@ def slo_views(d: Dialect) -> dict[str, str]:
             FROM t
         """,
     }
-
-
-# the instant before every other in the running sums of an update from a frontier (analytics/cache_update.py): the
-# deltas before a pool's frontier are summed into one row there
-BEFORE_ALL_S = -(2 ** 62)
-
-
-def wait_spans_sql(jobs: str = "base_jobs", runs: str = "base_runs") -> str:
-    """calc_wait_spans over the given jobs and runs (an update reads those of the jobs it touches)."""
-    return f"""
-        WITH nxt AS (  -- a preempted run and the start of the run after it (a join: few runs are preempted)
-            SELECT p.pool, p.job_id, p.submitted_s, p.run_index, p.ended_s, p.end_reason,
-                   n.started_s AS next_start_s
-            FROM {runs} p LEFT JOIN {runs} n ON n.pool = p.pool AND n.job_id = p.job_id
-                                            AND n.submitted_s = p.submitted_s AND n.run_index = p.run_index + 1
-            WHERE p.end_reason = 'preempted'
-        )
-        SELECT j.pool, j.job_id, j.team, j.chips_milli, j.priority, j.submitted_s, 'first_start' AS kind,
-               0 AS after_run, j.submitted_s AS since_s, j.first_started_s AS started_s,
-               CASE WHEN j.first_started_s IS NULL THEN j.finished_s END AS abandoned_s
-        FROM {jobs} j
-        UNION ALL
-        SELECT j.pool, j.job_id, j.team, j.chips_milli, j.priority, j.submitted_s, 'restart' AS kind,
-               n.run_index AS after_run, n.ended_s AS since_s, n.next_start_s AS started_s,
-               CASE WHEN n.next_start_s IS NULL THEN j.finished_s END AS abandoned_s
-        FROM nxt n JOIN {jobs} j ON j.pool = n.pool AND j.job_id = n.job_id AND j.submitted_s = n.submitted_s
-        WHERE n.end_reason = 'preempted'
-    """
-
-
-def _wait_stream(waits: bool = True) -> str:
-    """The deltas of each team's nominal quota and running chips (ord 0: grant changes and run ends, 2: run starts)
-    and, with `waits`, the waits (ord 1), which carry their columns through the running sums (no join back; the
-    kind follows from after_run)."""
-    out = """
-        SELECT pool, team, from_s AS t, 0 AS ord, chips_milli AS d_nom, 0 AS d_run,
-               NULL AS job_id, NULL AS chips_milli, NULL AS priority, NULL AS submitted_s,
-               NULL AS after_run, NULL AS started_s, NULL AS abandoned_s FROM calc_grants
-        UNION ALL
-        SELECT pool, team, until_s, 0, -chips_milli, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-        FROM calc_grants WHERE until_s IS NOT NULL
-        UNION ALL
-        SELECT pool, team, started_s, 2, 0, chips_milli, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-        FROM base_runs
-        UNION ALL
-        SELECT pool, team, ended_s, 0, 0, -chips_milli, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-        FROM base_runs WHERE ended_s IS NOT NULL"""
-    if waits:
-        out += """
-        UNION ALL
-        SELECT pool, team, since_s, 1, 0, 0, job_id, chips_milli, priority, submitted_s, after_run,
-               started_s, abandoned_s
-        FROM calc_wait_spans"""
-    return out
-
-
-def wait_levels_sql(tail_from: Optional[int] = None) -> str:
-    """calc_wait_levels. With `tail_from` (an update from a frontier: analytics/cache_update.py), only the waits at or
-    after their pool's frontier (table `inc_t (pool, t)`; `tail_from` is the earliest), each team's deltas before it
-    summed into one row at BEFORE_ALL_S."""
-    if tail_from is None:
-        stream = _wait_stream()
-    else:
-        stream = f"""
-            SELECT s.* FROM ({_wait_stream()}) s JOIN inc_t i ON i.pool = s.pool
-            WHERE s.t >= {int(tail_from)} AND s.t >= i.t
-            UNION ALL
-            SELECT s.pool, s.team, {BEFORE_ALL_S}, -1, sum(s.d_nom), sum(s.d_run), NULL, NULL, NULL, NULL, NULL, NULL,
-                   NULL
-            FROM ({_wait_stream(waits=False)}) s JOIN inc_t i ON i.pool = s.pool
-            WHERE s.t < i.t GROUP BY s.pool, s.team"""
-    return f"""
-        WITH stream AS ({stream}
-        ), levels AS (
-            SELECT pool, team, t, ord, job_id, chips_milli, priority, submitted_s, after_run, started_s,
-                   abandoned_s, sum(d_nom) OVER w AS nominal_milli, sum(d_run) OVER w AS running_milli
-            FROM stream
-            WINDOW w AS (PARTITION BY pool, team ORDER BY t, ord ROWS UNBOUNDED PRECEDING)
-        ), w AS (
-            SELECT l.pool, l.job_id, l.team, l.chips_milli, l.priority, l.submitted_s,
-                   CASE WHEN l.after_run = 0 THEN 'first_start' ELSE 'restart' END AS kind, l.after_run,
-                   l.t AS since_s, l.started_s, l.abandoned_s,
-                   CAST(l.nominal_milli AS BIGINT) AS nominal_milli,
-                   CAST(l.running_milli AS BIGINT) AS running_milli,
-                   CASE WHEN l.chips_milli <= l.nominal_milli - l.running_milli THEN 1 ELSE 0 END AS in_quota,
-                   l.started_s - l.t AS wait_s
-            FROM levels l
-            WHERE l.ord = 1
-        )
-        SELECT * FROM w
-    """
-
-
-def run_nodes_sql(placements: str = "base_placements") -> str:
-    """calc_run_nodes over the given placements (an update reads those of the runs it touches)."""
-    return f"""
-        WITH pn AS (
-            SELECT p.pool, n.node, p.job_id, p.started_s, count(*) AS chips
-            FROM {placements} p JOIN calc_chip_node n ON n.pool = p.pool AND n.chip_id = p.chip_id
-            GROUP BY p.pool, n.node, p.job_id, p.started_s
-        )
-        SELECT pn.pool, pn.node, pn.job_id, pn.started_s, r.ended_s, pn.chips
-        FROM pn JOIN base_runs r ON r.pool = pn.pool AND r.job_id = pn.job_id AND r.started_s = pn.started_s
-    """
-
-
-def fragmentation_sql(d: Dialect, tail: bool = False) -> str:
-    """calc_fragmentation. With `tail` (an update from a frontier: analytics/cache_update.py), only the steps at or
-    after their pool's frontier (table `inc_t (pool, t)`), and one at BEFORE_ALL_S, where each node's deltas before
-    the frontier are summed (the runs not placed then come from `inc_unplaced (pool, unplaced_runs)`); that step ends
-    where the step before the frontier ends."""
-    if tail:
-        node_group = (f"y JOIN inc_t i ON i.pool = y.pool "
-                      f"GROUP BY y.pool, y.node, CASE WHEN y.t >= i.t THEN y.t ELSE {BEFORE_ALL_S} END")
-        node_cols = f"y.pool, y.node, CASE WHEN y.t >= i.t THEN y.t ELSE {BEFORE_ALL_S} END AS t"
-        runs = "base_runs r JOIN inc_t i ON i.pool = r.pool WHERE (r.started_s >= i.t OR r.ended_s >= i.t) AND"
-        since = ", i.t AS since_t"
-        unplaced = f"""
-                SELECT pool, started_s AS t, 1 AS d FROM unplaced_runs WHERE started_s >= since_t
-                UNION ALL SELECT pool, ended_s, -1 FROM unplaced_runs WHERE ended_s >= since_t
-                UNION ALL SELECT pool, {BEFORE_ALL_S}, unplaced_runs FROM inc_unplaced"""
-    else:
-        node_group, node_cols = "y GROUP BY pool, node, t", "pool, node, t"
-        runs, since = "base_runs r WHERE", ""
-        unplaced = """
-                SELECT pool, started_s AS t, 1 AS d FROM unplaced_runs
-                UNION ALL SELECT pool, ended_s, -1 FROM unplaced_runs WHERE ended_s IS NOT NULL"""
-    return f"""
-        WITH seg AS (  -- of a chip's changes in one second the last is the one that lasts: ordered last
-            SELECT pool, chip_id, from_s AS t,
-                   registered - lag(registered, 1, 0) OVER c AS d_reg,
-                   registered * usable - lag(registered * usable, 1, 0) OVER c AS d_use
-            FROM calc_chip_segments WINDOW c AS (PARTITION BY pool, chip_id ORDER BY from_s, until_s)
-        ), alloc_unusable AS (  -- from the (few) unusable segments to the placements on their chips
-            SELECT p.pool, p.chip_id, {d.greatest('p.started_s', 'u.from_s')} AS a,
-                   {d.least('coalesce(r.ended_s, u.until_s)', 'u.until_s')} AS b
-            FROM calc_chip_segments u
-            JOIN base_placements p ON p.pool = u.pool AND p.chip_id = u.chip_id AND p.started_s < u.until_s
-            JOIN base_runs r ON r.pool = p.pool AND r.job_id = p.job_id AND r.started_s = p.started_s
-            WHERE u.registered * u.usable = 0 AND (r.ended_s IS NULL OR r.ended_s > u.from_s)
-        ), node_pts AS (
-            SELECT {node_cols}, CAST(sum(d_reg) AS BIGINT) AS d_reg, CAST(sum(d_free) AS BIGINT) AS d_free FROM (
-                SELECT s.pool, n.node, s.t, s.d_reg, s.d_use AS d_free
-                FROM seg s JOIN calc_chip_node n ON n.pool = s.pool AND n.chip_id = s.chip_id
-                UNION ALL SELECT pool, node, started_s, 0, -chips FROM calc_run_nodes
-                UNION ALL SELECT pool, node, ended_s, 0, chips FROM calc_run_nodes WHERE ended_s IS NOT NULL
-                UNION ALL SELECT x.pool, n.node, x.a, 0, 1
-                          FROM alloc_unusable x JOIN calc_chip_node n ON n.pool = x.pool AND n.chip_id = x.chip_id
-                          WHERE x.b > x.a
-                UNION ALL SELECT x.pool, n.node, x.b, 0, -1
-                          FROM alloc_unusable x JOIN calc_chip_node n ON n.pool = x.pool AND n.chip_id = x.chip_id
-                          WHERE x.b > x.a
-            ) {node_group}
-        ), node_off AS (  -- each node's offset in its pool's sums: the totals of the nodes before it
-            SELECT pool, node, sum(r) OVER o - r AS r0, sum(f) OVER o - f AS f0
-            FROM (SELECT pool, node, sum(d_reg) AS r, sum(d_free) AS f FROM node_pts GROUP BY pool, node) x
-            WINDOW o AS (PARTITION BY pool ORDER BY node ROWS UNBOUNDED PRECEDING)
-        ), node AS (  -- a node's running sums: its pool's, ordered by node then time, less the node's offset
-            -- (one window per pool: DuckDB runs it several times faster than one per pool and node)
-            SELECT p.pool, p.node, p.t, p.d_reg, p.d_free, sum(p.d_reg) OVER n - o.r0 AS n_reg,
-                   sum(p.d_free) OVER n - o.f0 AS n_free
-            FROM node_pts p JOIN node_off o ON o.pool = p.pool AND o.node = p.node
-            WINDOW n AS (PARTITION BY p.pool ORDER BY p.node, p.t ROWS UNBOUNDED PRECEDING)
-        ), node_d AS (  -- a node's whole-free chips now minus just before t (its sums less this instant's deltas)
-            SELECT pool, t, d_free,
-                   CASE WHEN n_reg > 0 AND n_free = n_reg THEN n_reg ELSE 0 END
-                   - CASE WHEN n_reg - d_reg > 0 AND n_free - d_free = n_reg - d_reg THEN n_reg - d_reg ELSE 0 END
-                       AS d_whole
-            FROM node
-        ), unplaced_runs AS (
-            SELECT r.pool, r.started_s, r.ended_s{since}
-            FROM {runs} NOT EXISTS (SELECT 1 FROM calc_run_nodes p WHERE p.pool = r.pool AND p.job_id = r.job_id
-                                                                 AND p.started_s = r.started_s)
-        ), unplaced AS ({unplaced}
-        ), pool_pts AS (
-            SELECT pool, t, CAST(sum(d_free) AS BIGINT) AS d_free, CAST(sum(d_whole) AS BIGINT) AS d_whole,
-                   CAST(sum(d_unplaced) AS BIGINT) AS d_unplaced FROM (
-                SELECT pool, t, d_free, d_whole, 0 AS d_unplaced FROM node_d
-                UNION ALL SELECT pool, t, 0, 0, d FROM unplaced
-            ) x GROUP BY pool, t
-        ), pool_state AS (
-            SELECT pool, t, sum(d_free) OVER p AS free_chips, sum(d_whole) OVER p AS whole_node_free_chips,
-                   sum(d_unplaced) OVER p AS unplaced_runs,
-                   lead(t) OVER (PARTITION BY pool ORDER BY t) AS next_t
-            FROM pool_pts WINDOW p AS (PARTITION BY pool ORDER BY t ROWS UNBOUNDED PRECEDING)
-        )
-        SELECT s.pool, s.t AS from_s, coalesce(s.next_t, e.end_s) AS until_s,
-               CAST(s.free_chips AS BIGINT) AS free_chips,
-               CAST(s.whole_node_free_chips AS BIGINT) AS whole_node_free_chips,
-               CAST(s.unplaced_runs AS BIGINT) AS unplaced_runs
-        FROM pool_state s JOIN calc_pool_end e ON e.pool = s.pool
-        WHERE coalesce(s.next_t, e.end_s) > s.t
-    """
 
 
 def sched_latency_sql(where: str = "true") -> str:

@@ -13,17 +13,13 @@ import duckdb
 
 from analytics.slo_views import SQLITE, duckdb_base_views, slo_views
 
-# base_event_rows holds lists (placements), which SQLite cannot: base_events and base_placements carry its rows
+# base_event_rows holds lists (placements), which SQLite cannot; the views read base_events instead
 BASE_TABLES = tuple(v for v in duckdb_base_views() if v != "base_event_rows") + ("slo_targets", "slo_settings")
 
 # indexes SQLite needs for the joins of the portable views (DuckDB hashes them instead)
 _INDEXES = (
     "CREATE INDEX base_events_type ON base_events (type, pool)",
-    "CREATE INDEX base_runs_job ON base_runs (pool, job_id, submitted_s)",
-    "CREATE INDEX base_placements_run ON base_placements (pool, job_id, started_s)",
-    "CREATE INDEX base_placements_chip ON base_placements (pool, chip_id)",
-    "CREATE INDEX base_runs_start ON base_runs (pool, job_id, started_s)",
-    "CREATE INDEX base_jobs_job ON base_jobs (pool, job_id, submitted_s)",
+    "CREATE INDEX base_free_chips_at ON base_free_chips (pool, at_s)",
 )
 
 

@@ -1,18 +1,26 @@
-"""Benchmark of the policy layer: goodput-aware victims against the naive order, and the cost of deciding.
+"""Benchmark of the policy layer: victim orders on a simulated cluster, and the cost of deciding.
 
-    .venv/bin/python bench/policy.py [--days 7] [--seed 5] [--chips 10000] [--jobs 5000] [--events 20000]
+    .venv/bin/python bench/policy.py [--seeds 1-60] [--days 5] [--restart-cost 300] [--coop 0.5,1]
+                                     [--chips 10000] [--jobs 5000] [--events 20000]
 
 1. Closed loop on an oversubscribed demo fleet (one pool of 512 chips on 8-chip nodes, six teams whose quotas
    add up to the capacity, demand about 1.4× the capacity, jobs of 1-64 chips running 4 h on average that
-   checkpoint every 10 to 60 min). A small cluster simulator acts on the ledger's decisions: it preempts the named victims (job.preempted
-   with the decision_id) 10 s after a decision unless the beneficiary started meanwhile, starts pending jobs when chips are free (jobs a decision made
-   room for first, then jobs inside their team's quota, then borrowers; each in priority and arrival order),
-   checkpoints running jobs, and finishes them when their work is done (a preempted job redoes the work since
-   its last checkpoint). The same demand (same seed, same arrivals) runs twice in this process: victims in the
-   goodput order (DESIGN §4) and in the naive order (lowest priority, then most recently started). Reported:
-   work lost to preemptions (chip-hours), preemptions, and quota honoured: of the jobs submitted while they fit
-   their team's unused quota, the share started within 10 minutes. Target: >= 30% less lost work, quota
-   honoured no worse.
+   checkpoint every 10 to 60 min), run by the simulated cluster of `chipledger.simcluster` (shared with
+   `chipledger backtest`; its assumptions are in docs/backtest.md): the ledger decides, the cluster preempts the
+   named victims 10 s after a decision. The same demand (same seed) runs under every victim order of one run:
+   the Kueue-classic order (`victim_order = "naive"`: borrowing teams, lowest priority, most recently started)
+   and the goodput order with `fair_share_tolerance` 0, 0.05, 0.1, 0.2, 0.3 and inf (`restart_cost_s` at its
+   default), plus 0.1 and inf with the restart cost weighed (`restart_cost_s` = --restart-cost); a paired
+   comparison of the two on the lost work including the restart cost. Per seed: lost chip-hours,
+   lost chip-hours with the restart cost (+ chips × --restart-cost per preemption), preemptions, quota
+   honoured (of the jobs submitted while they fit their team's unused quota, the share started within
+   10 minutes), fairness: the mean over reclaimed chips of (F of the victim's team − the lowest F among the
+   borrowing teams then; 0 for the strictly fair choice), and Jain's index of usage/share (x = −log2 F) among
+   the teams borrowing, sampled hourly. Reported: the mean over seeds with a 95% interval (± 1.96 s/√n), and
+   per-seed paired differences against Kueue-classic. Target: at the default, ≥ 30% less lost work than
+   Kueue-classic, quota honoured no worse, fairness within a stated bound of tolerance 0.
+   Cooperative preemption, separately: the default order with the share --coop of victims checkpointing on
+   notice (30 s after the decision) before they are preempted.
 2. Decision time: a pool of `--chips` chips with `--jobs` running jobs (every chip busy, ten teams, most of
    them borrowing) and a queue of pending jobs; then `--events` more events (submissions, finishes, starts,
    checkpoints) are folded one at a time and timed. Reported: median and p99 time per event, over all events
@@ -33,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from chipledger.simcluster import Cluster, SimJob, SimPool  # noqa: E402
 from ledger import FoldConfig, Fleet  # noqa: E402
 from ledger.policy import decision_of  # noqa: E402
 from schemas import Rejection, parse_payload  # noqa: E402
@@ -68,22 +77,6 @@ class Ledger:
         return [decision_of(row) for row in step.decisions if row[1] == "decision.preempt"]
 
 
-class Job:
-    __slots__ = ("jid", "team", "chips", "prio", "work", "done_safe", "ckpt_every", "submitted", "started",
-                 "first_start", "in_quota_at_submit", "running", "version")
-
-    def __init__(self, jid, team, chips, prio, work, ckpt_every, submitted):
-        self.jid, self.team, self.chips, self.prio, self.work = jid, team, chips, prio, work
-        self.done_safe = 0  # work saved by the last checkpoint (seconds of this job's run time)
-        self.ckpt_every = ckpt_every
-        self.submitted = submitted
-        self.started = None
-        self.first_start = None
-        self.in_quota_at_submit = False
-        self.running = False
-        self.version = 0  # bumps at each start/stop, so stale timer events are ignored
-
-
 def workload(seed: int, days: float, capacity: int, teams: dict[str, int]) -> list[tuple]:
     """The demand: (submit time, team, chips, priority, work seconds, checkpoint interval), seeded."""
     rng = random.Random(seed)
@@ -107,136 +100,41 @@ def workload(seed: int, days: float, capacity: int, teams: dict[str, int]) -> li
     return out
 
 
-def simulate(order: str, seed: int, days: float) -> dict:
-    """One closed-loop run; returns lost chip-hours, preemptions, quota honoured and counts."""
+def simulate(order: str, seed: int, days: float, tolerance: float = 0.1, restart_cost_s: int = 300,
+             coop_share: float = 0.0, tick_s: int = 60) -> dict:
+    """One closed-loop run of the shared simulated cluster; returns the figures of one seed and order."""
     capacity = 512
     teams = {"ads": 128, "search": 96, "vision": 96, "speech": 64, "research": 64, "infra": 64}
-    cfg = FoldConfig(victim_order=order, policy_rows=False)
-    led = Ledger(cfg)
-    led.send("pool.configured", T0 - 60, flavor="a100", chips_per_node=8)
-    for i in range(capacity):
-        led.send("chip.registered", T0 - 60, chip_id=f"c{i}", node=f"n{i // 8}")
-    for team, q in teams.items():
-        led.send("quota.granted", T0 - 60, grant_id=f"g-{team}", team=team, chips=q)
-    jobs: dict[str, Job] = {}
-    timers: list = []  # (t, seq, kind, job id or decision, version)
-    tseq = 0
-    used = {t: 0 for t in teams}
-    free = capacity
-    pending: dict[str, Job] = {}
-    everyone: list[Job] = []
-    priority_start: list[str] = []  # beneficiaries of decisions acted on: started first
-
-    def at(t, kind, payload, version=0):
-        nonlocal tseq
-        tseq += 1
-        heapq.heappush(timers, (t, tseq, kind, payload, version))
-
-    for i, (ts, team, chips, prio, work, ck) in enumerate(workload(seed, days, capacity, teams)):
-        at(ts, "submit", Job(f"j{i}", team, chips, prio, work, ck, ts))
-
-    def on_decisions(ds, t):
-        for d in ds:
-            at(t + 10, "act", d)
-
-    def start(job: Job, t: int):
-        nonlocal free
-        pending.pop(job.jid, None)
-        job.running = True
-        job.started = t
-        job.version += 1
-        if job.first_start is None:
-            job.first_start = t
-        free -= job.chips
-        used[job.team] += job.chips
-        on_decisions(led.send("job.started", t, job_id=job.jid), t)
-        left = job.work - job.done_safe
-        if job.ckpt_every < left:
-            at(t + job.ckpt_every, "ckpt", job.jid, job.version)
-        at(t + left, "finish", job.jid, job.version)
-
-    def stop(job: Job, t: int):
-        nonlocal free
-        job.running = False
-        job.version += 1
-        free += job.chips
-        used[job.team] -= job.chips
-
-    def schedule(t: int):
-        # jobs a decision made room for, then in-quota jobs, then borrowers; priority, then arrival
-        for jid in list(priority_start):
-            job = pending.get(jid)
-            if job is None:
-                priority_start.remove(jid)
-            elif job.chips <= free:
-                priority_start.remove(jid)
-                start(job, t)
-        queue = sorted(pending.values(), key=lambda j: (-j.prio, j.submitted, j.jid))
-        for job in queue:
-            if job.chips <= free and used[job.team] + job.chips <= teams[job.team]:
-                start(job, t)
-        for job in queue:
-            if job.running:
-                continue
-            if job.chips <= free and job.jid not in priority_start:
-                start(job, t)
-
-    while timers:
-        t, _, kind, payload, version = heapq.heappop(timers)
-        if kind == "submit":
-            job = payload
-            jobs[job.jid] = job
-            everyone.append(job)
-            job.in_quota_at_submit = used[job.team] + sum(
-                p.chips for p in pending.values() if p.team == job.team) + job.chips <= teams[job.team]
-            pending[job.jid] = job
-            on_decisions(led.send("job.submitted", t, job_id=job.jid, team=job.team, chips=job.chips,
-                                  priority=job.prio), t)
-            schedule(t)
-        elif kind == "ckpt":
-            job = jobs.get(payload)
-            if job is None or not job.running or job.version != version:
-                continue
-            job.done_safe += t - job.started
-            job.started = t
-            led.send("job.checkpointed", t, job_id=job.jid)
-            if job.ckpt_every < job.work - job.done_safe:
-                at(t + job.ckpt_every, "ckpt", job.jid, job.version)
-        elif kind == "finish":
-            job = jobs.get(payload)
-            if job is None or not job.running or job.version != version:
-                continue
-            stop(job, t)
-            del jobs[job.jid]
-            on_decisions(led.send("job.finished", t, job_id=job.jid, outcome="succeeded"), t)
-            schedule(t)
-        elif kind == "act":
-            d = payload
-            if d.beneficiary.job_id not in pending:
-                continue  # it started (or left) meanwhile: the decision is settled, nobody is preempted for it
-            acted = False
-            for v in d.victims:
-                job = jobs.get(v.job_id)
-                if job is not None and job.running:
-                    stop(job, t)
-                    pending[job.jid] = job
-                    on_decisions(led.send("job.preempted", t, job_id=job.jid, decision_id=d.decision_id), t)
-                    acted = True
-            if acted and d.beneficiary.job_id in pending:
-                priority_start.append(d.beneficiary.job_id)
-            schedule(t)
-    led.send("pool.tick", t + 60)
-    honoured = [j for j in everyone if j.in_quota_at_submit]
+    cfg = FoldConfig(victim_order=order, policy_rows=False, fair_share_tolerance=tolerance,
+                     restart_cost_s=restart_cost_s)
+    jobs = [SimJob(f"j{i}", POOL, team, chips * 1000, prio, ts, work, ckpt_every=ck)
+            for i, (ts, team, chips, prio, work, ck) in enumerate(workload(seed, days, capacity, teams))]
+    cluster = Cluster([SimPool(POOL, capacity, 8, "a100")], {POOL: teams}, cfg, coop_share=coop_share,
+                      tick_s=tick_s, source="bench")
+    r = cluster.run(jobs, t0=T0 - 60)
+    honoured = [j for j in jobs if j.in_quota_at_submit]
     quick = sum(1 for j in honoured if j.first_start is not None and j.first_start - j.submitted <= 600)
-    return {"lost_chip_h": led.lost_mchip_s / 3.6e6, "preemptions": led.preemptions,
-            "in_quota_jobs": len(honoured), "honoured": quick / len(honoured) if honoured else 1.0,
-            "events": led.seq}
+    return {"lost_chip_h": r.lost_mchip_s / 3.6e6, "preemptions": r.preemptions,
+            "preempted_chips": r.preempted_milli / 1000, "in_quota_jobs": len(honoured),
+            "honoured": quick / len(honoured) if honoured else 1.0,
+            "f_excess": r.f_excess_sum / r.f_excess_chips if r.f_excess_chips else 0.0,
+            "jain": r.jain_sum / r.jain_n if r.jain_n else 1.0, "events": r.events}
 
 
-def decision_time(chips: int, running: int, events: int, seed: int) -> dict:
+def mean_ci(xs: list) -> tuple[float, float]:
+    """Mean and the half-width of its 95% interval (normal approximation, ± 1.96 s/√n)."""
+    n = len(xs)
+    m = sum(xs) / n
+    if n < 2:
+        return m, float("nan")
+    sd = statistics.stdev(xs)
+    return m, 1.96 * sd / n ** 0.5
+
+
+def decision_time(chips: int, running: int, events: int, seed: int, tolerance: float = 0.1) -> dict:
     """Per-event fold time (ns) on a big, full pool with pending demand."""
     rng = random.Random(seed)
-    cfg = FoldConfig(policy_rows=False)
+    cfg = FoldConfig(policy_rows=False, fair_share_tolerance=tolerance)
     led = Ledger(cfg)
     t = T0
     led.send("pool.configured", t, flavor="a100", chips_per_node=8)
@@ -301,44 +199,127 @@ def decision_time(chips: int, running: int, events: int, seed: int) -> dict:
             "decision_p99_ms": pct(with_decision, 0.99)}
 
 
+def seeds_of(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            out += range(int(lo), int(hi) + 1)
+        elif part:
+            out.append(int(part))
+    return out
+
+
+DEFAULT_RC = FoldConfig().restart_cost_s
+ORDERS = [  # (label, victim_order, fair_share_tolerance, restart_cost_s weighed: None = the default)
+    ("kueue-classic", "naive", 0.0, 0),
+    ("tolerance 0", "goodput", 0.0, None),
+    ("tolerance 0.05", "goodput", 0.05, None),
+    ("tolerance 0.1", "goodput", 0.1, None),
+    ("tolerance 0.2", "goodput", 0.2, None),
+    ("tolerance 0.3", "goodput", 0.3, None),
+    ("tolerance inf", "goodput", float("inf"), None),
+    ("tolerance 0.1, restart cost weighed", "goodput", 0.1, "restart"),
+    ("tolerance inf, restart cost weighed", "goodput", float("inf"), "restart"),
+]
+
+
+def closed_loop(seeds: list, days: float, restart: int, coops: list, no_ticks: bool = True, out=print) -> dict:
+    runs: dict = {}
+    specs = [(o[0], o[1], o[2], DEFAULT_RC if o[3] is None else restart if o[3] == "restart" else o[3], 0.0, 60)
+             for o in ORDERS]
+    specs += [(f"tolerance 0.1, coop {c:g}", "goodput", 0.1, DEFAULT_RC, c, 60) for c in coops]
+    if no_ticks:  # the cluster without the worker's ticks of a quiet pool (what #4's bench ran)
+        specs += [("kueue-classic, no ticks", "naive", 0.0, 0, 0.0, 0),
+                  ("tolerance 0.1, no ticks", "goodput", 0.1, DEFAULT_RC, 0.0, 0)]
+    labels = [sp[0] for sp in specs]
+    t_start = time.perf_counter()
+    for seed in seeds:
+        for label, order, tol, rc, coop, tick in specs:
+            r = simulate(order, seed, days, tol, rc, coop, tick)
+            r["lost_rc_chip_h"] = r["lost_chip_h"] + r["preempted_chips"] * restart / 3600
+            runs.setdefault(label, []).append(r)
+        k = runs["kueue-classic"][-1]
+        d = runs["tolerance 0.1"][-1]
+        out(f"  seed {seed}: kueue-classic lost {k['lost_chip_h']:8,.1f} chip-h ({k['preemptions']:4,} preemptions), "
+            f"tolerance 0.1 {d['lost_chip_h']:8,.1f} ({d['preemptions']:4,}); {time.perf_counter() - t_start:6.1f} s")
+    table = {}
+    for label in labels:
+        rs = runs[label]
+        base = runs["kueue-classic, no ticks" if label.endswith("no ticks") else "kueue-classic"]
+        strict = runs["tolerance 0"]
+        row = {}
+        for key in ("lost_chip_h", "lost_rc_chip_h", "preemptions", "honoured", "f_excess", "jain"):
+            row[key] = mean_ci([r[key] for r in rs])
+        row["less_lost"] = mean_ci([1 - r["lost_chip_h"] / b["lost_chip_h"] for r, b in zip(rs, base)
+                                    if b["lost_chip_h"] > 0])
+        row["less_lost_rc"] = mean_ci([1 - r["lost_rc_chip_h"] / b["lost_rc_chip_h"] for r, b in zip(rs, base)
+                                       if b["lost_rc_chip_h"] > 0])
+        row["less_lost_total"] = 1 - sum(r["lost_chip_h"] for r in rs) / sum(b["lost_chip_h"] for b in base)
+        row["honoured_diff"] = mean_ci([r["honoured"] - b["honoured"] for r, b in zip(rs, base)])
+        row["jain_vs_strict"] = mean_ci([r["jain"] - s_["jain"] for r, s_ in zip(rs, strict)])
+        table[label] = row
+    # paired: the restart cost weighed or not, on the lost work including the restart cost
+    for tol in ("0.1", "inf"):
+        a, b = runs[f"tolerance {tol}, restart cost weighed"], runs[f"tolerance {tol}"]
+        m, ci = mean_ci([x["lost_rc_chip_h"] - y["lost_rc_chip_h"] for x, y in zip(a, b)])
+        out(f"  tolerance {tol}: restart cost {restart} s weighed minus not weighed (default {DEFAULT_RC} s), lost "
+            f"work incl. restart cost per seed: {m:+,.1f} ± {ci:,.1f} chip-h")
+    return table
+
+
+def print_table(table: dict, seeds: list, days: float, restart: int, out=print) -> None:
+    n = len(seeds)
+    out(f"\n{n} seeds ({seeds[0]}..{seeds[-1]}), {days:g} days each, 512 chips; mean ± 95% interval; "
+        f"restart cost {restart} s per preempted chip")
+    out("| order | lost chip-h | less lost than Kueue-classic (per seed; total) | lost incl. restart cost chip-h "
+        "(less than Kueue-classic) | preemptions | quota honoured (diff. to Kueue-classic) | F excess of "
+        "victims | Jain's index (diff. to tolerance 0) |")
+    out("|---|---:|---:|---:|---:|---:|---:|---:|")
+
+    def f(mc, fmt):
+        return f"{format(mc[0], fmt)} ± {format(mc[1], fmt)}"
+
+    for label, row in table.items():
+        out(f"| {label} | {f(row['lost_chip_h'], ',.0f')} | {f(row['less_lost'], '.1%')}; "
+            f"{row['less_lost_total']:.1%} | {f(row['lost_rc_chip_h'], ',.0f')} ({f(row['less_lost_rc'], '.1%')}) | "
+            f"{f(row['preemptions'], ',.0f')} | {f(row['honoured'], '.1%')} ({f(row['honoured_diff'], '+.1%')}) | "
+            f"{f(row['f_excess'], '.3f')} | {f(row['jain'], '.3f')} ({f(row['jain_vs_strict'], '+.3f')}) |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--days", type=float, default=7)
-    ap.add_argument("--seeds", default="5,6,7,8,9,10,11,12,13,14,15,16",
-                    help="closed-loop runs, one per seed; totals are summed")
+    ap.add_argument("--days", type=float, default=5)
+    ap.add_argument("--seeds", default="1-60", help="closed-loop runs, one per seed: 1-60 or 5,6,7 ('' for none)")
+    ap.add_argument("--restart-cost", type=int, default=300,
+                    help="seconds per preempted chip added to the lost work (and weighed: restart_cost_s)")
+    ap.add_argument("--coop", default="0.5,1", help="shares of victims checkpointing on notice")
     ap.add_argument("--seed", type=int, default=5, help="seed of the decision-time pool")
     ap.add_argument("--chips", type=int, default=10_000)
     ap.add_argument("--jobs", type=int, default=5_000)
     ap.add_argument("--events", type=int, default=20_000)
+    ap.add_argument("--no-decision-time", action="store_true")
+    ap.add_argument("--decision-tolerances", default="0.1", help="fair_share_tolerance values of the decision-time "
+                    "runs, alternated (e.g. 0,0.1 for an A/B)")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of the decision-time runs")
+    ap.add_argument("--no-tick-rows", action="store_true", help="leave out the two runs without pool ticks")
     args = ap.parse_args()
 
-    seeds = [int(x) for x in args.seeds.split(",") if x]
-    print(f"closed loop: 512 chips, 6 teams, {args.days:g} days, seeds {seeds}")
-    total = {o: {"lost_chip_h": 0.0, "preemptions": 0, "in_quota_jobs": 0, "quick": 0.0} for o in ("goodput", "naive")}
-    for seed in seeds:
-        for order in ("goodput", "naive"):
-            t0 = time.perf_counter()
-            r = simulate(order, seed, args.days)
-            tot = total[order]
-            tot["lost_chip_h"] += r["lost_chip_h"]
-            tot["preemptions"] += r["preemptions"]
-            tot["in_quota_jobs"] += r["in_quota_jobs"]
-            tot["quick"] += r["honoured"] * r["in_quota_jobs"]
-            print(f"  seed {seed} {order:8s} lost {r['lost_chip_h']:9,.1f} chip-h in {r['preemptions']:5,} "
-                  f"preemptions; quota honoured {r['honoured']:.1%} of {r['in_quota_jobs']:,} in-quota jobs "
-                  f"({r['events']:,} events, {time.perf_counter() - t0:.1f} s)")
-    g, n = total["goodput"], total["naive"]
-    less = 1 - g["lost_chip_h"] / n["lost_chip_h"] if n["lost_chip_h"] else 0.0
-    hg = g["quick"] / g["in_quota_jobs"] if g["in_quota_jobs"] else 1.0
-    hn = n["quick"] / n["in_quota_jobs"] if n["in_quota_jobs"] else 1.0
-    print(f"  all seeds: goodput {g['lost_chip_h']:,.1f} chip-h lost ({g['preemptions']:,} preemptions), naive "
-          f"{n['lost_chip_h']:,.1f} ({n['preemptions']:,}): {less:.0%} less lost work (target >= 30%); quota "
-          f"honoured {hg:.1%} vs {hn:.1%} (target: no worse)")
+    seeds = seeds_of(args.seeds)
+    coops = [float(x) for x in args.coop.split(",") if x]
+    if seeds:
+        print(f"closed loop: 512 chips, 6 teams, {args.days:g} days, seeds {seeds[0]}..{seeds[-1]} ({len(seeds)})")
+        table = closed_loop(seeds, args.days, args.restart_cost, coops, not args.no_tick_rows)
+        print_table(table, seeds, args.days, args.restart_cost)
+    if args.no_decision_time:
+        return
     print(f"decision time: {args.chips:,} chips, {args.jobs:,} running jobs, {args.events:,} events")
-    d = decision_time(args.chips, args.jobs, args.events, args.seed)
-    print(f"  per event: median {d['median_ms']:.3f} ms, p99 {d['p99_ms']:.3f} ms (target median < 1 ms)")
-    print(f"  events that made a decision ({d['decisions']:,}): median {d['decision_median_ms']:.3f} ms, "
-          f"p99 {d['decision_p99_ms']:.3f} ms")
+    for rnd in range(args.rounds):
+        for tol in [float(x) for x in args.decision_tolerances.split(",") if x]:
+            d = decision_time(args.chips, args.jobs, args.events, args.seed, tol)
+            print(f"  round {rnd + 1}, fair_share_tolerance {tol:g}: per event median {d['median_ms']:.3f} ms, p99 "
+                  f"{d['p99_ms']:.3f} ms (target median < 1 ms); events that made a decision ({d['decisions']:,}): "
+                  f"median {d['decision_median_ms']:.3f} ms, p99 {d['decision_p99_ms']:.3f} ms")
 
 
 if __name__ == "__main__":

@@ -182,11 +182,12 @@ def fold_digest(path: Path, n: int) -> tuple[str, int]:
                 upd(repr(("dead", step.rejection.code.value, step.rejection.detail)).encode())
                 continue
             upd(repr(("step", step.occurred_s, step.applied_at, step.lateness_s, step.duplicate)).encode())
-            for table in ("journal", "job_runs", "decisions", "balances", "pending"):
+            for table in ("journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips"):
                 for row in getattr(step, table):
                     upd(repr((table, tuple(row))).encode())
     journal, runs = fleet.close()
-    for table, rows in (("journal", journal), ("job_runs", runs), *fleet.policy_rows().items()):
+    for table, rows in (("journal", journal), ("job_runs", runs), *fleet.policy_rows().items(),
+                        *fleet.close_facts().items()):
         for row in rows:
             upd(repr(("close", table, tuple(row))).encode())
     upd(json.dumps(fleet.to_dict(), sort_keys=True).encode())

@@ -1,18 +1,29 @@
 """`chipledger alerts`: the burn-rate alerts firing now (the `burn_alerts` view: the SRE workbook's
 multi-window, multi-burn-rate rules), for people and for cron or a monitoring system.
 
-Exit status: 0 when nothing fires, 1 when only ticket-level alerts fire, 2 when a page-level alert fires.
+`evaluate` is the whole decision (which alerts fire, at which instant, whether the lake can be trusted to
+say so); printing and the exit status are the CLI's. A monitor must never read "all clear" from a lake
+that cannot answer: no lake, a lake without events, an unknown pool or (with `max_age_s`) a lake whose newest
+event is too old are errors (`AlertsError`), which the CLI reports with their own exit status.
+
+Exit status: 0 when nothing fires, 1 when only ticket-level alerts fire, 2 when a page-level alert fires,
+3 on any error (the lake cannot answer, a bad option).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from datetime import datetime
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from typing import Optional
 
 import duckdb
 
-EXIT_OK, EXIT_TICKET, EXIT_PAGE = 0, 1, 2
+EXIT_OK, EXIT_TICKET, EXIT_PAGE, EXIT_ERROR = 0, 1, 2, 3
+
+
+class AlertsError(ValueError):
+    """The lake cannot say which alerts fire (no events, unknown pool, stale); the message says why."""
 
 
 @dataclass(frozen=True)
@@ -31,7 +42,7 @@ class Alert:
 
     def as_dict(self) -> dict:
         d = asdict(self)
-        d["evaluated_at"] = self.evaluated_at.isoformat().replace("+00:00", "Z")
+        d["evaluated_at"] = _iso(self.evaluated_at)
         return d
 
     def line(self) -> str:
@@ -40,13 +51,83 @@ class Alert:
                 f"{self.burn_rate:g}×, target {100 * self.target:g}%)")
 
 
-def firing(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None) -> list[Alert]:
-    """The firing alerts of `con` (analytics.views.connect), pages first, then by SLO and pool."""
+@dataclass(frozen=True)
+class Evaluation:
+    """What `evaluate` found: the firing alerts (pages first), the instant the windows end at, and the newest
+    event of the pools looked at (and its age against the reference: --at, else the wall clock)."""
+
+    alerts: list[Alert]
+    evaluated_at: datetime
+    newest_event_at: datetime
+    age_s: int
+    pools: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"evaluated_at": _iso(self.evaluated_at), "newest_event_at": _iso(self.newest_event_at),
+                "newest_event_age_s": self.age_s, "pools": self.pools,
+                "firing": [a.as_dict() for a in self.alerts]}
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+_DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d|w)?\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> int:
+    """`90s`, `15m`, `2h`, `1d`, `1w` or plain seconds, as seconds."""
+    m = _DURATION.match(text or "")
+    if not m:
+        raise AlertsError(f"--max-age {text!r} is not a duration (e.g. 90s, 15m, 2h, 1d)")
+    return int(m.group(1)) * _UNIT_S[m.group(2) or "s"]
+
+
+def known_pools(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """Each pool the lake holds events of, with its newest event (epoch seconds)."""
+    return {pool: int(end_s) for pool, end_s in
+            con.execute("SELECT pool, end_s FROM base_pool_end ORDER BY pool").fetchall()}
+
+
+def check_pool(pools, pool: Optional[str]) -> None:
+    """An unknown --pool is an error naming the pools the lake knows (`report` uses the same rule)."""
+    if pool is not None and pool not in pools:
+        shown = ", ".join(sorted(pools)[:20]) + (f" (+{len(pools) - 20})" if len(pools) > 20 else "")
+        raise AlertsError(f"unknown pool {pool!r}; the lake knows: {shown or 'none'}")
+
+
+def evaluate(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, *, max_age_s: Optional[int] = None,
+             at: Optional[datetime] = None, now: Optional[datetime] = None) -> Evaluation:
+    """The firing alerts of `con` (analytics.views.connect, made with `as_of=at`), pages first, then by SLO and
+    pool. Raises AlertsError when the lake has no events, `pool` is unknown, or (with `max_age_s`) the newest
+    event of the pool (of any pool) is older than `max_age_s` before `at`, or before `now` (default: the wall
+    clock) when no instant was asked for."""
+    pools = known_pools(con)
+    if not pools:
+        raise AlertsError("the lake has no events: nothing to evaluate (run `chipledger run` or the worker and "
+                          "sink first)")
+    check_pool(pools, pool)
+    newest_s = pools[pool] if pool is not None else max(pools.values())
+    reference = at or now or datetime.now(timezone.utc)
+    age_s = max(0, int(reference.timestamp()) - newest_s)
+    newest = datetime.fromtimestamp(newest_s, timezone.utc)
+    if max_age_s is not None and age_s > max_age_s:
+        raise AlertsError(f"stale: the newest event{' of ' + pool if pool else ''} is at {_iso(newest)}, "
+                          f"{age_s:,} s before {_iso(reference)} ({'--at' if at else 'now'}), more than "
+                          f"--max-age {max_age_s:,} s")
+    (as_of_s,) = con.execute("SELECT as_of_s FROM calc_now").fetchone()
     rows = con.execute("""
         SELECT severity, alert, slo, pool, burn_rate, long_win, long_burn, short_win, short_burn, target, evaluated_at
         FROM burn_alerts WHERE firing AND ($pool IS NULL OR pool = $pool)
         ORDER BY severity = 'page' DESC, alert, slo, pool""", {"pool": pool}).fetchall()
-    return [Alert(*r) for r in rows]
+    return Evaluation([Alert(*r) for r in rows], datetime.fromtimestamp(int(as_of_s), timezone.utc), newest, age_s,
+                      [pool] if pool is not None else sorted(pools))
+
+
+def firing(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None) -> list[Alert]:
+    """The firing alerts alone (see `evaluate`)."""
+    return evaluate(con, pool).alerts
 
 
 def exit_status(alerts: list[Alert]) -> int:

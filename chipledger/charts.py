@@ -32,9 +32,40 @@ ACCOUNT_COLOURS = {
 
 def capacity_chart(hours: Sequence[datetime], chips_by_account: Mapping[str, Sequence[float]],
                    title: str = "Capacity by account") -> Figure:
-    """Stacked areas of chips (mean per hour) in each account over time."""
+    """Stacked areas of chips (mean per hour) in each account over time, for one pool."""
     fig = Figure(figsize=(10, 4.2), layout="constrained")
-    ax = fig.add_subplot()
+    _capacity_axes(fig.add_subplot(), hours, chips_by_account, title, legend=True)
+    return fig
+
+
+MAX_POOL_PANELS = 8
+
+
+def capacity_charts(hours: Sequence[datetime], by_pool: Mapping[str, Mapping[str, Sequence[float]]],
+                    title: str = "Capacity by account", max_panels: int = MAX_POOL_PANELS) -> Figure:
+    """One panel per pool (chips of different pools are different chips, H100s and TPU cores: never summed on
+    one axis), sharing the time axis; the `max_panels` pools with the most capacity, the rest named below."""
+    def size(pool):
+        return sum(sum(v) for a, v in by_pool[pool].items() if a not in ("overcommitted",))
+
+    pools = sorted(by_pool, key=lambda p: (-size(p), p))
+    shown, rest = pools[:max_panels], pools[max_panels:]
+    n = max(1, len(shown))
+    fig = Figure(figsize=(10, 1.2 + 2.6 * n), layout="constrained")
+    axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
+    if not shown:
+        _capacity_axes(axes[0], hours, {}, title, legend=True)
+        return fig
+    for i, (ax, pool) in enumerate(zip(axes, shown)):
+        _capacity_axes(ax, hours, by_pool[pool], pool, legend=i == 0)
+    fig.suptitle(title)
+    if rest:
+        fig.supxlabel(f"{len(rest)} more pool(s) not drawn: {', '.join(rest[:6])}{' …' if len(rest) > 6 else ''} "
+                      "(chipledger report --pool POOL)", fontsize=8)
+    return fig
+
+
+def _capacity_axes(ax, hours, chips_by_account, title: str, legend: bool) -> None:
     names = [a for a in ACCOUNT_COLOURS if a in chips_by_account] + \
             sorted(a for a in chips_by_account if a not in ACCOUNT_COLOURS)
     if hours and names:
@@ -45,13 +76,13 @@ def capacity_chart(hours: Sequence[datetime], chips_by_account: Mapping[str, Seq
         locator = AutoDateLocator()
         ax.xaxis.set_major_locator(locator)
         ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+        if legend:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     else:
         _no_data(ax)
     ax.set_ylabel("chips (hourly mean)")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     ax.margins(x=0)
-    return fig
 
 
 def latency_chart(labels: Sequence[str], p50: Sequence[float], p90: Sequence[float], p99: Sequence[float],
@@ -67,9 +98,11 @@ def latency_chart(labels: Sequence[str], p50: Sequence[float], p90: Sequence[flo
             ax.barh([y + (i - 1) * height for y in ys], [v or 0 for v in values], height, label=name, color=colour)
         ax.set_yticks(list(ys), list(labels))
         ax.invert_yaxis()
+        # waits span seconds to days: a log axis keeps the SLO threshold (600 s) visible beside a 70,000 s p99
+        ax.set_xscale("symlog", linthresh=10)
         if threshold_s is not None:
             ax.axvline(threshold_s, color="#c92a2a", linestyle="--", label=f"SLO {threshold_s:g} s")
-        ax.legend(loc="lower right", frameon=False)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)  # beside the bars, never over them
     else:
         _no_data(ax)
     ax.set_xlabel("seconds waited (first start − submit, restart − preemption)")
@@ -86,7 +119,9 @@ def heatmap_chart(matrix: Sequence[Sequence[Optional[float]]], title: str = "Dem
     fig = Figure(figsize=(10, 3.6), layout="constrained")
     ax = fig.add_subplot()
     if data.size and not np.all(np.isnan(data)):
-        im = ax.imshow(np.ma.masked_invalid(data), aspect="auto", cmap="viridis", interpolation="nearest")
+        # the colour scale starts at zero demand, so a colour says how busy, not how far above the quietest hour
+        im = ax.imshow(np.ma.masked_invalid(data), aspect="auto", cmap="viridis", interpolation="nearest",
+                       vmin=0)
         fig.colorbar(im, ax=ax, label=unit)
     else:
         _no_data(ax)
@@ -116,15 +151,35 @@ def svg_text(fig: Figure) -> str:
     return text[text.index("<svg"):]
 
 
-def html_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+COLLAPSE_ROWS = 15  # a longer table is folded away (<details>), its row count shown
+
+
+def html_table(columns: Sequence[str], rows: Sequence[Sequence[str]],
+               classes: Optional[Mapping[tuple[int, int], str]] = None, collapse: int = COLLAPSE_ROWS) -> str:
+    """A table; `classes` marks cells by (row, column) (`bad`: a missed SLO, a negative budget; `warn`); a table
+    of more than `collapse` rows comes folded, the summary line saying how many."""
+    classes = classes or {}
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    def cell(i, j, v):
+        cls = classes.get((i, j))
+        return f"<td class='{cls}'>" if cls else "<td>"
+
+    body = "".join("<tr>" + "".join(f"{cell(i, j, v)}{html.escape(str(v))}</td>" for j, v in enumerate(r)) + "</tr>"
+                   for i, r in enumerate(rows))
+    table = f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    if len(rows) > collapse:
+        bad = sum(1 for c in classes.values() if c == "bad")
+        note = f", {bad} missed" if bad else ""
+        table = f"<details><summary>{len(rows)} rows{note} (show)</summary>{table}</details>"
+    return table
 
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#212529}
 table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{border:1px solid #dee2e6;padding:.25em .6em;text-align:right}
-th{background:#f1f3f5}td:first-child,th:first-child{text-align:left}svg{max-width:100%;height:auto}"""
+th{background:#f1f3f5}td:first-child,th:first-child{text-align:left}svg{max-width:100%;height:auto}
+td.bad{background:#ffe3e3;color:#c92a2a;font-weight:600}td.warn{background:#fff3bf;color:#e67700}
+details{margin:.5em 0 1.5em}summary{cursor:pointer;color:#1971c2}"""
 
 
 def html_page(title: str, blocks: Sequence[tuple[str, str]], subtitle: str = "") -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
@@ -15,7 +16,7 @@ from rich.table import Table
 
 from chipledger.config import Config, ConfigError, load_config
 
-app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, add_completion=False,
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, add_completion=True,
                   help="chipledger: an event-sourced quota and demand ledger for shared accelerator fleets.")
 schema_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The event contract as JSON Schema.")
 app.add_typer(schema_app, name="schema")
@@ -29,6 +30,12 @@ app.add_typer(lake_app, name="lake")
 log_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                       help="The sequenced log (chipledger.log): the one order the fold reads.")
 app.add_typer(log_app, name="log")
+slo_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The SLOs for Prometheus: rules over /metrics.")
+app.add_typer(slo_app, name="slo")
+grafana_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="A Grafana dashboard over /metrics.")
+app.add_typer(grafana_app, name="grafana")
+from chipledger.slurm.cli import slurm_app  # noqa: E402 - `chipledger slurm watch|actuate` (docs/slurm.md)
+app.add_typer(slurm_app, name="slurm")
 
 console = Console()
 err = Console(stderr=True)
@@ -37,6 +44,22 @@ PROGRESS_MIN_BYTES = 8 << 20  # show a progress bar for files larger than this
 
 ConfigOpt = typer.Option(None, "--config", help="chipledger.toml (default: ./chipledger.toml if present)",
                          exists=False, dir_okay=False)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from chipledger import __version__
+
+        typer.echo(f"chipledger {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main_options(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="print the version and exit"),
+):
+    """chipledger: an event-sourced quota and demand ledger for shared accelerator fleets."""
 
 
 def _config(path: Optional[Path]) -> Config:
@@ -51,6 +74,12 @@ def _fail(message: str, code: int = 1):
     raise typer.Exit(code)
 
 
+def _os_error(e: OSError) -> str:
+    """An OSError as one line: the path, then what the system said (no traceback)."""
+    where = f"{e.filename}: " if e.filename else ""
+    return f"{where}{e.strerror or e}"
+
+
 @app.command()
 def run(
     events: Path = typer.Option(..., "--events", help="JSONL file of events, one JSON object per line"),
@@ -60,6 +89,8 @@ def run(
     overwrite: bool = typer.Option(False, "--overwrite", help="replace the tables of a lake that has data"),
     check: bool = typer.Option(False, "--check-invariants", help="assert conservation after every event (slow)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+    strict: bool = typer.Option(False, "--strict", help="exit 1 when a line became a dead letter or the file "
+                                                        "has no events (for CI and scripts)"),
 ):
     """Fold an event file in-process (no Kafka, no server) and write the lake and the store."""
     summary = _run(events, lake, store, _config(config), overwrite, check)
@@ -67,6 +98,22 @@ def run(
         console.file.write(json.dumps(summary.as_dict()) + "\n")
     else:
         print_summary(summary)
+    if summary.lines == summary.blank:
+        err.print(f"warning: {events} has no events ({summary.lines} line(s), all blank): nothing was folded",
+                  highlight=False, markup=False, soft_wrap=True)
+        if strict:
+            raise typer.Exit(1)
+    if strict and summary.dead_letter_total:
+        err.print(f"error: --strict: {summary.dead_letter_total:,} line(s) became dead letters (lines "
+                  f"{_dead_lines(summary)})", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(1)
+
+
+def _dead_lines(summary, code=None) -> str:
+    lines = sorted(n for c, ns in summary.dead_letter_lines.items() if code is None or c == code for n in ns)
+    shown = ", ".join(map(str, lines[:10]))
+    total = summary.dead_letters[code] if code else summary.dead_letter_total
+    return shown + (f", … ({total - len(lines[:10]):,} more)" if total > len(lines[:10]) else "")
 
 
 def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, overwrite: bool, check: bool):
@@ -82,6 +129,8 @@ def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, 
     except StoreError as e:
         _fail(str(e))
     fold = fold_config(cfg, check)
+    if events.is_dir():
+        _fail(f"--events {events} is a directory: give the JSONL file of events", 2)
     size = events.stat().st_size if events.is_file() else 0
     try:
         if size >= PROGRESS_MIN_BYTES and err.is_terminal:
@@ -96,6 +145,8 @@ def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, 
                                   max_event_bytes=cfg.ledger.max_event_bytes)
     except RunError as e:
         _fail(str(e))
+    except OSError as e:
+        _fail(f"cannot run into lake {lake}: {_os_error(e)}")
     return summary
 
 
@@ -119,7 +170,9 @@ def print_summary(summary) -> None:
     t.add_row("accepted", f"{summary.accepted:,}")
     t.add_row("duplicates dropped", f"{summary.duplicates:,}")
     t.add_row("late (applied at the pool clock)", f"{summary.late:,}")
-    _add_breakdown(t, "dead letters", summary.dead_letters)
+    t.add_row("dead letters", f"{summary.dead_letter_total:,}")
+    for code, n in sorted(summary.dead_letters.items()):
+        t.add_row(f"  {code} (line{'s' if n > 1 else ''} {_dead_lines(summary, code)})", f"{n:,}")
     t.add_row("pools", f"{summary.pools:,}")
     for table, n in sorted(summary.rows_written.items()):
         t.add_row(f"lake rows: {table}", f"{n:,}")
@@ -135,11 +188,13 @@ def sql(
     query: Optional[str] = typer.Argument(None, help="SQL over the lake views (journal, events, jobs, job_runs, "
                                                      "error_budget, …); none: read SQL from standard input"),
     lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
-    fmt: str = typer.Option("table", "--format", "-f", help="table | csv | json"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table | csv | json | ndjson"),
+    limit: int = typer.Option(100, "--limit", min=0, help="rows a table shows (0: all); csv, json and ndjson "
+                                                         "are never cut"),
     config: Optional[Path] = ConfigOpt,
 ):
     """Run SQL with DuckDB over the lake's views; without a query, an interactive shell (until .quit or end of
-    input; statements end with ';')."""
+    input; statements end with ';'). Quote the column "at" (a DuckDB keyword): ORDER BY "at"."""
     import duckdb
 
     from analytics.views import connect, view_names
@@ -152,7 +207,7 @@ def sql(
     if query is None:
         from chipledger.sqlshell import run_shell
 
-        failures = run_shell(con, sys.stdin, console, err, fmt, view_names())
+        failures = run_shell(con, sys.stdin, console, err, fmt, view_names(), limit=limit)
         if failures and not sys.stdin.isatty():
             raise typer.Exit(1)
         return
@@ -162,7 +217,7 @@ def sql(
         columns = [d[0] for d in cur.description] if cur.description else []
     except duckdb.Error as e:
         _fail(f"query failed: {e}")
-    render(columns, rows, fmt, console)
+    render(columns, rows, fmt, console, limit=limit)
 
 
 def _lake_dir(lake: Optional[Path], cfg: Config) -> Path:
@@ -195,6 +250,7 @@ def report(
                                         help="end of the period, and the instant error budgets end at "
                                              "(default: the latest event)"),
     out: Optional[Path] = typer.Option(None, "--out", help="folder for the charts (PNG) and report.html"),
+    as_json: bool = typer.Option(False, "--json", help="print the report's sections as JSON"),
     config: Optional[Path] = ConfigOpt,
 ):
     """The SLO summary: error budgets, burn-rate alerts, availability, quota honoured, scheduling latency,
@@ -207,37 +263,106 @@ def report(
     if t0 is not None and t1 is not None and t1 <= t0:
         _fail("--until must be after --since", 2)
     con = connect(_lake_dir(lake, cfg), slo=cfg.slo, as_of=t1, materialize=True)
+    if pool is not None:  # an unknown pool is an error, not an empty report (the rule `alerts` uses)
+        from chipledger.alerts import AlertsError, check_pool, known_pools
+
+        try:
+            check_pool(known_pools(con), pool)
+        except AlertsError as e:
+            _fail(str(e), 2)
     rep = build_report(con, pool=pool, since=t0, until=t1)
-    print_report(rep, console)
+    if not as_json:
+        print_report(rep, console)
+    written = []
     if out is not None:
-        for path in write_report(rep, out):
-            console.print(f"wrote {path}", highlight=False)
+        try:
+            written = write_report(rep, out)
+        except OSError as e:
+            _fail(f"cannot write the report into --out {out} (a folder): {_os_error(e)}")
+        if not as_json:
+            for path in written:
+                console.print(f"wrote {path}", highlight=False)
+    if as_json:
+        console.file.write(json.dumps({
+            "title": rep.title, "subtitle": rep.subtitle, "pool": pool, "firing_pages": rep.firing_pages,
+            "sections": [{"title": s.title, "columns": s.columns, "rows": s.rows, "note": s.note} for s in rep.sections],
+            "files": [str(p) for p in written]}) + "\n")
 
 
-@app.command()
+class _AlertsCommand(typer.core.TyperCommand):
+    """`alerts` exits 3 on a usage error too (click's 2 is `alerts`' "a page fires")."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        from typer._click.exceptions import UsageError  # typer 0.29 vendors click as typer._click
+
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except UsageError as e:
+            from chipledger.alerts import EXIT_ERROR
+
+            e.exit_code = EXIT_ERROR
+            raise
+
+
+@app.command(cls=_AlertsCommand)
 def alerts(
     lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
     pool: Optional[str] = PoolOpt,
     at: Optional[str] = typer.Option(None, "--at", help="evaluate at this instant (default: the latest event)"),
-    as_json: bool = typer.Option(False, "--json", help="print the firing alerts as JSON"),
+    max_age: Optional[str] = typer.Option(None, "--max-age", metavar="DURATION",
+                                          help="an error (exit 3) when the newest event is older than this "
+                                               "before --at, or before now (e.g. 15m, 2h, 1d)"),
+    as_json: bool = typer.Option(False, "--json", help="print the instant and the firing alerts as JSON"),
+    alertmanager: Optional[str] = typer.Option(None, "--alertmanager", metavar="URL",
+                                               help="also send the firing alerts to this Alertmanager "
+                                                    "(API v2, e.g. http://127.0.0.1:9093); exit 3 if it fails"),
     config: Optional[Path] = ConfigOpt,
 ):
-    """Print the burn-rate alerts firing (SRE workbook windows: 1h & 5m at 14.4x and 6h & 30m at 6x page,
-    3d & 6h at 1x ticket). Exit 0: none; 1: tickets only; 2: a page-level alert fires."""
+    """Print the instant evaluated and the burn-rate alerts firing (SRE workbook windows: 1h & 5m at 14.4x and
+    6h & 30m at 6x page, 3d & 6h at 1x ticket). Exit 0: none firing; 1: tickets only; 2: a page-level alert
+    fires; 3: error (no lake, a lake without events, an unknown --pool, stale with --max-age, a bad option)."""
     from analytics.views import connect
-    from chipledger.alerts import exit_status, firing
+    from chipledger.alerts import EXIT_ERROR, AlertsError, evaluate, exit_status, parse_duration
+    from chipledger.report import parse_instant
 
-    cfg = _config(config)
-    con = connect(_lake_dir(lake, cfg), slo=cfg.slo, as_of=_instant(at, "--at"))
-    found = firing(con, pool)
+    try:
+        cfg = load_config(config)
+        root = lake or Path(cfg.lake.path)
+        if not root.is_dir():
+            raise AlertsError(f"lake {root} does not exist (run `chipledger run` or `chipledger demo` first)")
+        try:
+            t = parse_instant(at) if at is not None else None
+        except ValueError:
+            raise AlertsError(f"--at {at!r} is not an ISO 8601 date or time (e.g. 2026-11-02T03:00:00Z)") from None
+        max_age_s = parse_duration(max_age) if max_age is not None else None
+        con = connect(root, slo=cfg.slo, as_of=t)
+        try:
+            ev = evaluate(con, pool, max_age_s=max_age_s, at=t)
+        finally:
+            con.close()
+    except (AlertsError, ConfigError) as e:
+        _fail(str(e), EXIT_ERROR)
+    except Exception as e:  # a monitor must see an error, never a traceback that might read as a firing state
+        _fail(f"{type(e).__name__}: {e}", EXIT_ERROR)
     if as_json:
-        console.file.write(json.dumps([a.as_dict() for a in found]) + "\n")
-    elif found:
-        for a in found:
-            console.print(a.line(), highlight=False, markup=False, soft_wrap=True)
+        console.file.write(json.dumps(ev.as_dict()) + "\n")
     else:
-        console.print("no burn-rate alert firing", highlight=False)
-    raise typer.Exit(exit_status(found))
+        console.print(f"evaluated at {ev.as_dict()['evaluated_at']} (newest event {ev.as_dict()['newest_event_at']}, "
+                      f"{ev.age_s:,} s before {'--at' if t else 'now'}; {len(ev.pools)} pool(s))",
+                      highlight=False, markup=False, soft_wrap=True)
+        for a in ev.alerts:
+            console.print(a.line(), highlight=False, markup=False, soft_wrap=True)
+        if not ev.alerts:
+            console.print("no burn-rate alert firing", highlight=False)
+    if alertmanager is not None:
+        from chipledger.alertmanager import AlertmanagerError, send
+
+        try:
+            sent = send(alertmanager, ev.alerts)
+        except AlertmanagerError as e:
+            _fail(str(e), EXIT_ERROR)
+        err.print(f"sent {sent} alert(s) to {alertmanager}", highlight=False)
+    raise typer.Exit(exit_status(ev.alerts))
 
 
 @lake_app.command("upgrade")
@@ -246,10 +371,15 @@ def lake_upgrade(
     config: Optional[Path] = ConfigOpt,
 ):
     """Bring a lake written by an earlier chipledger up to this version's tables, in place: `events` files gain
-    the typed event fields, taken from each row's JSON body. Safe to run again, and while readers are open."""
+    the typed event fields, taken from each row's JSON body, and the fact tables the fold now writes (`waits`,
+    `free_chips`) are written by folding the lake's events again (with this config's [ledger] and [policy]).
+    Safe to run again, and while readers are open."""
     from analytics.lake import LakeError, upgrade_events_files
+    from chipledger.config import fold_config
+    from chipledger.refold import missing_fact_tables, refold_facts
 
-    root = lake or Path(_config(config).lake.path)
+    cfg = _config(config)
+    root = lake or Path(cfg.lake.path)
     if not root.is_dir():
         _fail(f"no lake at {root}", 2)
     try:
@@ -258,41 +388,47 @@ def lake_upgrade(
         _fail(str(e), 1)
     for p in done:
         typer.echo(str(p))
-    typer.echo(f"{len(done)} events file(s) upgraded in {root}" if done else f"{root}: nothing to upgrade",
-               err=True)
+    missing = missing_fact_tables(root)
+    if done:
+        typer.echo(f"{len(done)} events file(s) upgraded in {root}", err=True)
+    if missing:
+        try:
+            out = refold_facts(root, fold_config(cfg), tables=missing)
+        except (OSError, ValueError) as e:
+            _fail(f"{root}: could not fold the lake's events again: {e}", 1)
+        rows = ", ".join(f"{t} {n:,} rows" for t, n in out["rows"].items())
+        typer.echo(f"folded {out['events']:,} events again: {rows}", err=True)
+        if out["rejected"]:
+            typer.echo(f"warning: {sum(out['rejected'].values()):,} events of the lake were not applied this time "
+                       f"({out['rejected']}): written by another version of the core?", err=True)
+    if not done and not missing:
+        typer.echo(f"{root}: nothing to upgrade", err=True)
 
 
 @lake_app.command("cache")
 def lake_cache(
     lake: Optional[Path] = typer.Option(None, "--lake", help="the lake's folder (default [lake] path)"),
     config: Optional[Path] = ConfigOpt,
+    as_json: bool = typer.Option(False, "--json", help='print {"state": "retired", "removed": path or null}'),
 ):
-    """Compute the analytics cache of the lake as it is now (LAKE/_cache/analytics-KEY.duckdb), so that the
-    next `report`, `sql`, `alerts` or `statements` reads the base tables and shared intermediates instead of
-    computing them. Any change to the lake's files makes a new key; files added since an older cache bring that
-    one up to date (seconds), anything else computes it whole. Run it after `chipledger run` or from cron."""
-    import time
-
-    from analytics.views import CACHED, cache_is_whole, cache_path, connect
+    """Retired: the views answer from the fold's facts without a cache (docs/analytics.md). Removes the cache
+    folder an earlier version left in the lake (LAKE/_cache), if any."""
+    import shutil
 
     root = lake or Path(_config(config).lake.path)
     if not root.is_dir():
         _fail(f"no lake at {root}", 2)
-    path = cache_path(root)
-    if path is None:
-        _fail(f"{root}: the lake has no files yet", 1)
-    if cache_is_whole(path):
-        typer.echo(f"{path}: already cached", err=True)
+    old = root / "_cache"
+    removed = old.exists()
+    if removed:
+        shutil.rmtree(old, ignore_errors=True)
+    if as_json:
+        typer.echo(json.dumps({"state": "retired", "removed": str(old) if removed else None}))
         return
-    t = time.perf_counter()
-    connect(root, materialize=True).close()
-    if cache_path(root) != path:
-        _fail(f"{root}: the lake's files changed while caching (is a run writing to it?); run again when it is "
-              "done", 1)
-    if not cache_is_whole(path):
-        _fail(f"could not write {path} (is the lake writable?)", 1)
-    typer.echo(str(path))
-    typer.echo(f"cached {len(CACHED)} tables in {time.perf_counter() - t:.1f} s", err=True)
+    if removed:
+        typer.echo(f"removed {old}, the analytics cache of an earlier version", err=True)
+    typer.echo("the analytics cache is retired: every view is an aggregation of the lake's rows and the fold's facts "
+               "and needs no cache (a lake without the fact tables: `chipledger lake upgrade`)", err=True)
 
 
 @schema_app.command("export")
@@ -300,7 +436,10 @@ def schema_export(out: Path = typer.Argument(..., help="folder to write one JSON
     """Write one JSON Schema per event, decision and dead-letter type, for producers in other languages."""
     from schemas.export import export_json_schemas
 
-    written = export_json_schemas(out)
+    try:
+        written = export_json_schemas(out)
+    except OSError as e:
+        _fail(f"cannot write the schemas into {out} (a folder): {_os_error(e)}")
     for p in written:
         console.print(str(p))
 
@@ -314,6 +453,7 @@ def demo(
     trace_dir: Optional[Path] = typer.Option(None, "--trace-dir",
                                              help="the trace's folder (default: ../shared/traces/… if present)"),
     config: Optional[Path] = ConfigOpt,
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON (run, pools, teams, statements)"),
 ):
     """Generate a seeded fleet scenario (or import a real trace), run it on the embedded default and print a
     short summary."""
@@ -323,8 +463,18 @@ def demo(
     from chipledger.config import fold_config
 
     fold = fold_config(_config(config))
+    import io
+
+    shown = Console(file=io.StringIO()) if as_json else console  # --json: the tables are not printed
     if trace is None:
-        run_demo(out, seed=seed, days=days, console=console, fold_config=fold)
+        if not days > 0:
+            _fail(f"--days must be more than 0, got {days:g}", 2)
+        try:
+            result = run_demo(out, seed=seed, days=days, console=shown, fold_config=fold)
+        except OSError as e:
+            _fail(f"cannot write the demo into {out}: {_os_error(e)}")
+        if as_json:
+            console.file.write(json.dumps(_demo_json(result, out)) + "\n")
         return
     if trace not in SHARED_TRACE_DIRS:
         _fail(f"--trace must be one of {', '.join(SHARED_TRACE_DIRS)}", 2)
@@ -333,9 +483,57 @@ def demo(
         _fail(f"trace folder not found: pass --trace-dir (the public trace copies live in ../shared/traces/"
               f"{SHARED_TRACE_DIRS[trace]} beside the repository)", 2)
     try:
-        run_trace_demo(trace, src, out, console=console, fold_config=fold)
+        result = run_trace_demo(trace, src, out, console=shown, fold_config=fold)
     except (TraceFormatError, FileNotFoundError) as e:
         _fail(str(e))
+    if as_json:
+        console.file.write(json.dumps(_demo_json(result, out)) + "\n")
+
+
+def _demo_json(result: dict, out: Path) -> dict:
+    from chipledger.demo import ACCOUNT_ORDER
+
+    return {
+        "run": result["summary"], "lake": str(out / "lake"), "events": str(out / "events.jsonl"),
+        "pools": [{"pool": r[0], **{f"{a}_chip_h": round(v or 0.0, 3) for a, v in zip(ACCOUNT_ORDER, r[1:])}}
+                  for r in result["pools"]],
+        "teams": [{"pool": p, "team": t, "quota_chip_h": round(q or 0.0, 3), "used_chip_h": round(u or 0.0, 3),
+                   "borrowed_chip_h": round(b or 0.0, 3)} for p, t, q, u, b in result["teams"]],
+        "statements": [{"period": s.period.label, "team": s.team, "partial": s.partial,
+                        "files": [str(f) for f in s.files], "digest": s.digest} for s in result["statements"]],
+    }
+
+
+@app.command()
+def backtest(
+    events: Path = typer.Option(..., "--events", help="event log (JSONL) whose demand is replayed"),
+    config: Path = typer.Option(..., "--config", help="the configuration to try ([policy], [backtest] quota)"),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="a second configuration, side by side "
+                                            "(default: the defaults with the log's own quotas)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="folder for backtest.json and backtest.html"),
+    quota: Optional[str] = typer.Option(None, "--quota", help="team=chips,… or pool:team=chips,…: the grants of "
+                                        "--config's run (overrides its [backtest] quota)"),
+    days: Optional[float] = typer.Option(None, "--days", help="only jobs submitted within this many days of "
+                                         "the log's start"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+):
+    """Replay a log's demand (submissions, chips, priorities, observed run times) through the simulated
+    cluster under --config (and --baseline), the ledger deciding; report quota honoured, waits, lost work,
+    utilisation, borrowed share, fairness and bursts side by side, and the simulated against the observed
+    waits (docs/backtest.md)."""
+    from chipledger.backtest import BacktestError, print_report, run_cli
+
+    try:
+        base_cfg = _config(baseline) if baseline is not None else Config()
+        alt_cfg = _config(config)
+        report = run_cli(events, alt_cfg, base_cfg, config.name,
+                         baseline.name if baseline is not None else "defaults", quota, days, out)
+    except BacktestError as err:
+        _fail(str(err))
+    if as_json:
+        console.file.write(json.dumps(report) + "\n")
+    else:
+        print_report(report, console)
 
 
 import_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Turn real traces and scheduler logs into event JSONL.")
@@ -351,8 +549,10 @@ def _import(fmt: str, src: Path, out: Path, as_json: bool, **options) -> None:
         _fail(f"{src} does not exist")
     try:
         report = import_trace(fmt, src, out, **options)
-    except (TraceFormatError, FileNotFoundError) as e:
+    except (TraceFormatError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
+    except OSError as e:
+        _fail(f"cannot import into {out}: {_os_error(e)}")
     if as_json:
         console.file.write(json.dumps(report.as_dict()) + "\n")
         return
@@ -406,9 +606,29 @@ def import_sacct_cmd(src: Path = typer.Argument(..., help="output of sacct --par
                      out: Path = OutOpt,
                      tz: str = typer.Option("UTC", help="time zone of the sacct timestamps"),
                      chips_per_node: int = typer.Option(8, help="GPUs per node in the partitions"),
+                     cluster: Optional[str] = typer.Option(None, help="pools <cluster>/<partition>, as `slurm "
+                                                           "watch` names them"),
+                     nodes: Optional[Path] = typer.Option(None, help="`sinfo --json` or `scontrol show node -o` dump: the chips (needs "
+                                                         "--cluster)"),
+                     assoc: Optional[Path] = typer.Option(None, help="`sacctmgr -P show assoc format=id,account,user,"
+                                                          "partition,grptres` dump: GPU quotas (needs --nodes)"),
+                     inventory_at: Optional[str] = typer.Option(None, help="when the chips and quotas take effect "
+                                                                "(ISO 8601 or epoch; default the first Submit)"),
+                     node_events: Optional[Path] = typer.Option(None, help="`sacctmgr -n -P show event event=node "
+                                                                "format=nodename,start,end,state,reason` dump: "
+                                                                "down/drain periods (needs --nodes)"),
                      as_json: bool = JsonOpt):
-    """Slurm accounting (sacct --parsable2): Account → team, Partition → pool, GPU TRES → chips."""
-    _import("sacct", src, out, as_json, tz=tz, chips_per_node=chips_per_node)
+    """Slurm accounting (sacct -D --parsable2): Account → team, Partition → pool, GPU TRES → chips."""
+    at = None
+    if inventory_at is not None:
+        from chipledger.slurm.watch import WatchError, parse_since
+
+        try:
+            at = parse_since(inventory_at, cluster or "")
+        except WatchError as e:
+            _fail(str(e).replace("--since", "--inventory-at"), 2)
+    _import("sacct", src, out, as_json, tz=tz, chips_per_node=chips_per_node, cluster=cluster, nodes=nodes,
+            assoc=assoc, inventory_at=at, node_events=node_events)
 
 
 DataDirOpt = typer.Option(Path(".kafka"), "--data-dir", help="broker config, data and log folder")
@@ -453,11 +673,20 @@ def kafka_up(port: int = typer.Option(9092, help="client port on 127.0.0.1 (the 
 
 
 @kafka_app.command("status")
-def kafka_status(data_dir: Path = DataDirOpt):
+def kafka_status(data_dir: Path = DataDirOpt,
+                 as_json: bool = typer.Option(False, "--json", help='print {"running", "ready", "port", …} as JSON')):
     """Say whether the local broker runs; exit 1 when it does not."""
     from streams import broker
 
     info = broker.status(data_dir)
+    if as_json:
+        console.file.write(json.dumps({"running": info is not None, "data_dir": str(data_dir),
+                                       **({"ready": bool(info.get("ready")), "port": info.get("port"),
+                                           "pid": info.get("pid"), "log": str(info.get("log"))} if info else {})})
+                           + "\n")
+        if info is None:
+            raise typer.Exit(1)
+        return
     if info is None:
         console.print(f"kafka: not running (data dir {data_dir})")
         raise typer.Exit(1)
@@ -530,9 +759,12 @@ def _super(cfg: Config, bootstrap, user, password_file, ca_file, data_dir: Path)
 def users_add(
     name: str = typer.Argument(..., help="user name (the principal User:NAME)"),
     role: list[str] = typer.Option(..., "--role", help="admin | cluster | worker | sink | reader (repeatable)"),
-    new_password_file: Path = typer.Option(..., "--new-password-file", dir_okay=False,
-                                           help="the user's password: read from this file if it exists, else a "
-                                                "random one is written to it (0600)"),
+    new_password_file: Optional[Path] = typer.Option(None, "--new-password-file", dir_okay=False,
+                                                     help="the user's password: read from this file if it exists, "
+                                                          "else a random one is written to it (0600)"),
+    password_from_env: Optional[str] = typer.Option(None, "--password-from-env", metavar="VAR",
+                                                    help="or: the user's password is in this environment variable "
+                                                         "(docker-compose)"),
     app_id: str = typer.Option("chipledger-worker", "--app-id",
                                help="worker role: the Faust app id its topics, groups and ids start with"),
     bootstrap: Optional[str] = BootstrapOpt, config: Optional[Path] = ConfigOpt,
@@ -547,9 +779,15 @@ def users_add(
     from streams.clients import KafkaSecurityError, read_password_file
     from streams.topics import KafkaSetupError
 
+    from streams.clients import Secret
+
+    if (new_password_file is None) == (password_from_env is None):
+        _fail("give exactly one of --new-password-file and --password-from-env", 2)
+    if password_from_env is not None and not os.environ.get(password_from_env):
+        _fail(f"the environment variable {password_from_env} is not set", 2)
     conn = _super(_config(config), bootstrap, user, password_file, ca_file, data_dir)
     made = False
-    if not new_password_file.exists():
+    if new_password_file is not None and not new_password_file.exists():
         try:
             fd = os.open(new_password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError as e:
@@ -558,14 +796,17 @@ def users_add(
             fh.write(secrets.token_urlsafe(24) + "\n")
         made = True
     try:
-        info = add_user(conn, name, role, read_password_file(new_password_file), app_id=app_id, timeout_s=timeout)
+        password = (Secret(os.environ[password_from_env]) if password_from_env is not None
+                    else read_password_file(new_password_file))
+        info = add_user(conn, name, role, password, app_id=app_id, timeout_s=timeout)
     except (KafkaSetupError, KafkaSecurityError, ValueError) as e:
         if made:
             new_password_file.unlink(missing_ok=True)
         _fail(str(e), 2)
     console.print(f"user {info.name}: roles {', '.join(info.roles)}"
                   + (f" (app id {info.app_id})" if info.app_id else "")
-                  + f"; password {'written to' if made else 'from'} {new_password_file}", highlight=False,
+                  + f"; password {'written to' if made else 'from'} {new_password_file or password_from_env}",
+                  highlight=False,
                   soft_wrap=True)
 
 
@@ -591,7 +832,7 @@ def users_list(
         return
     for u in users:
         console.print(f"{u.name:<20} {','.join(u.roles) or '(no role)':<20} {','.join(u.mechanisms)}"
-                      + (f"  app id {u.app_id}" if u.app_id else ""), markup=False, highlight=False)
+                      + (f"  app id {u.app_id}" if u.app_id else ""), markup=False, highlight=False, soft_wrap=True)
 
 
 @users_app.command("remove")
@@ -708,6 +949,7 @@ def statements(
     store: Optional[str] = typer.Option(None, "--store", help="store URL that records issued statements "
                                                                "(default [store] url)"),
     workers: int = typer.Option(1, "--workers", help="processes rendering charts and files"),
+    as_json: bool = typer.Option(False, "--json", help="print what was issued as JSON"),
     config: Optional[Path] = ConfigOpt,
 ):
     """Issue quota statements per team and period: entitlement, use in quota, borrowed, burst, preemptions,
@@ -738,6 +980,13 @@ def statements(
                          store=st, workers=workers)
     except (StatementError, StoreError) as e:
         _fail(str(e), 2)
+    except OSError as e:
+        _fail(f"cannot write statements into --out {out} (a folder): {_os_error(e)}")
+    if as_json:
+        console.file.write(json.dumps([{"period": s.period.label, "team": s.team, "partial": s.partial,
+                                        "files": [str(f) for f in s.files], "digest": s.digest} for s in done])
+                           + "\n")
+        return
     t = Table(title=f"statements in {out}")
     for col in ("period", "team", "state", "files"):
         t.add_column(col)
@@ -774,6 +1023,46 @@ def why(
 
 
 @app.command()
+def pending(
+    lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
+    pool: Optional[str] = typer.Option(None, "--pool", help="only this pool"),
+    team: Optional[str] = typer.Option(None, "--team", help="only this team"),
+    config: Optional[Path] = ConfigOpt,
+    as_json: bool = typer.Option(False, "--json", help="print the queue as JSON"),
+):
+    """The pending jobs at each pool's latest close of the books, in queue order (highest priority, longest
+    waiting, job id): position in the pool and in the team, priority, chips, time waited, reason."""
+    from analytics.views import connect
+    from chipledger.why import _duration, pending_queue
+
+    con = connect(_lake_dir(lake, _config(config)))
+    if pool is not None:
+        from chipledger.alerts import AlertsError, check_pool, known_pools
+
+        try:
+            check_pool(known_pools(con), pool)
+        except AlertsError as e:
+            _fail(str(e), 2)
+    rows = pending_queue(con, pool, team)
+    if as_json:
+        console.file.write(json.dumps(rows) + "\n")
+        return
+    if not rows:
+        console.print("no job pending" + (f" in {pool}" if pool else "") + (f" for team {team}" if team else ""),
+                      markup=False, highlight=False)
+        return
+    t = Table(title="pending jobs, in queue order")
+    for col, right in (("pool", False), ("#", True), ("team #", True), ("team", False), ("job", False),
+                       ("priority", True), ("chips", True), ("waited", True), ("reason", False)):
+        t.add_column(col, justify="right" if right else "left", overflow="fold")
+    for r in rows:
+        t.add_row(*map(escape, (r["pool"], f"{r['position']}/{r['queue_length']}", str(r["team_position"]),
+                                r["team"], r["job_id"], str(r["priority"]), f"{r['chips']:g}",
+                                _duration(r["waited_s"]), r["reason"])))
+    console.print(t)
+
+
+@app.command()
 def worker(
     bootstrap: Optional[str] = BootstrapOpt,
     config: Optional[Path] = ConfigOpt,
@@ -795,6 +1084,10 @@ def worker(
                                                     help="how long the broker may hold a fetch of the input topics "
                                                          "(default [worker] fetch_max_wait_ms = 20)"),
     app_id: str = typer.Option("chipledger-worker", "--app-id", help="Faust app id (consumer group, table topics)"),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", min=0, max=65535,
+                                               help="serve Prometheus /metrics of the pools this worker folds on "
+                                                    "this port (default: no metrics)"),
+    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="address /metrics listens on"),
     loglevel: str = typer.Option("warning", "--loglevel", help="debug | info | warning | error"),
     timeout: float = KafkaTimeoutOpt,
     user: Optional[str] = KafkaUserOpt,
@@ -831,7 +1124,7 @@ def worker(
         session_timeout_s=cfg.worker.session_timeout_s if session_timeout is None else session_timeout,
         tick_interval_s=cfg.worker.tick_interval_s if tick_interval is None else tick_interval,
         fetch_max_wait_ms=cfg.worker.fetch_max_wait_ms if fetch_max_wait_ms is None else fetch_max_wait_ms,
-        fold_config=fold,
+        fold_config=fold, metrics_port=metrics_port, metrics_host=metrics_host, sched_slo_s=cfg.slo.sched_slo_s,
     )
     import ledger
 
@@ -916,6 +1209,82 @@ def sink(
     else:
         console.print(f"sink {name}: {stats.records:,} records, {stats.resent_dropped:,} re-sent dropped, "
                       f"rows {dict(sorted(stats.rows.items()))}", highlight=False)
+
+
+def _write_text(text: str, out: Optional[Path]) -> None:
+    if out is None:
+        console.file.write(text)
+        return
+    try:
+        out.write_text(text)
+    except OSError as e:
+        _fail(f"cannot write {out}: {e.strerror}")
+    err.print(f"wrote {out}", highlight=False)
+
+
+@slo_app.command("rules")
+def slo_rules_cmd(
+    out: Optional[Path] = typer.Option(None, "--out", help="file to write (default: standard output)"),
+    fmt: str = typer.Option("prometheus", "--format", help="prometheus (rule file) | openslo (OpenSLO v1 documents)"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """Prometheus recording rules (error ratio of each SLO over 5m, 30m, 1h, 6h, 3d and the budget window) and
+    multi-window burn-rate alerting rules (page 14.4x over 1h & 5m, page 6x over 6h & 30m, ticket 1x over 3d &
+    6h) from the [slo] targets, over the counters of /metrics. Check them with `promtool check rules`."""
+    from chipledger.slo_rules import openslo, prometheus_rules
+
+    cfg = _config(config)
+    if fmt not in ("prometheus", "openslo"):
+        _fail(f"--format must be prometheus or openslo, got {fmt!r}", 2)
+    _write_text(prometheus_rules(cfg.slo) if fmt == "prometheus" else openslo(cfg.slo), out)
+
+
+@grafana_app.command("dashboard")
+def grafana_dashboard_cmd(
+    out: Optional[Path] = typer.Option(None, "--out", help="file to write (default: standard output)"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """A Grafana dashboard (JSON, import it or provision it) over /metrics and the rules of `slo rules`: fleet per
+    pool and flavor, team use against quota, pending by reason, error budgets and burn rates, fragmentation,
+    decisions, and the worker's health."""
+    from chipledger.grafana import dashboard_json
+
+    cfg = _config(config)
+    _write_text(dashboard_json(cfg.slo), out)
+
+
+@app.command("serve-metrics")
+def serve_metrics(
+    lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
+    port: int = typer.Option(9464, "--port", min=0, max=65535, help="port of /metrics (0: any free port)"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
+    poll: float = typer.Option(15.0, "--poll", min=0.1, help="seconds between looks for files added to the lake"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """Serve Prometheus /metrics for an embedded lake: its events folded again with the ledger core (the worker's
+    counters and gauges), following the files added to it."""
+    import asyncio
+
+    from chipledger.config import fold_config
+    from chipledger.monitoring import LakeMetrics, run_server
+
+    cfg = _config(config)
+    lm = LakeMetrics(_lake_dir(lake, cfg), fold_config(cfg), cfg.slo.sched_slo_s)
+    try:
+        n = lm.poll()
+    except Exception as e:  # noqa: BLE001 - a lake that cannot be read: say which and why
+        _fail(f"cannot read lake {lm.lake}: {e}")
+    err.print(f"serve-metrics: folded {n:,} events of {len(lm.fleet.pools)} pools from {lm.lake}", highlight=False)
+
+    def started(bound: int) -> None:
+        err.print(f"serve-metrics: http://{host}:{bound}/metrics", highlight=False)
+
+    try:
+        asyncio.run(run_server(lm, host, port, poll, started=started))
+    except OSError as e:
+        _fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
+    except KeyboardInterrupt:
+        pass
 
 
 @app.command()

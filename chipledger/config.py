@@ -86,6 +86,9 @@ class PolicyConfig:
     decision_timeout_s: int = _FOLD_DEFAULTS.decision_timeout_s
     candidates_per_team: int = _FOLD_DEFAULTS.candidates_per_team
     victim_order: str = _FOLD_DEFAULTS.victim_order
+    fair_share_tolerance: float = _FOLD_DEFAULTS.fair_share_tolerance
+    restart_cost_s: int = _FOLD_DEFAULTS.restart_cost_s
+    checkpoint_grace_s: int = _FOLD_DEFAULTS.checkpoint_grace_s
 
     def __post_init__(self):
         try:
@@ -135,6 +138,21 @@ class WorkerConfig:
 
 
 @dataclass(frozen=True)
+class BacktestConfig:
+    """[backtest]: what `chipledger backtest` changes besides [policy] (docs/backtest.md)."""
+
+    quota: str = ""          # team=chips,… (every pool) or pool:team=chips,…; overrides the log's grants
+    act_delay_s: int = 10    # the simulated cluster acts on a decision this long after it
+    coop_share: float = 0.0  # share of victims that checkpoint on notice before they are preempted
+
+    def __post_init__(self):
+        if self.act_delay_s < 0:
+            raise ValueError(f"[backtest] act_delay_s must not be negative, got {self.act_delay_s}")
+        if not 0.0 <= self.coop_share <= 1.0:
+            raise ValueError(f"[backtest] coop_share must be between 0 and 1, got {self.coop_share}")
+
+
+@dataclass(frozen=True)
 class Config:
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -144,6 +162,7 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     statements: StatementsConfig = field(default_factory=StatementsConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
+    backtest: BacktestConfig = field(default_factory=BacktestConfig)
 
 
 _TYPES = {"int": int, "str": str, "bool": bool, "float": float}
@@ -155,7 +174,7 @@ _MOVED = {("policy", "capacity_slo_target"): "[slo] availability (the capacity S
                                        "headers, not by time: docs/streaming.md)"}
 _SECTION_CLASSES = {"kafka": KafkaConfig, "store": StoreConfig, "lake": LakeConfig, "ledger": LedgerConfig,
                     "slo": SloConfig, "policy": PolicyConfig, "statements": StatementsConfig,
-                    "worker": WorkerConfig}
+                    "worker": WorkerConfig, "backtest": BacktestConfig}
 
 
 def _coerce(section: str, key: str, value: Any, target: type, origin: str):

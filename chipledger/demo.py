@@ -3,6 +3,12 @@
 The scenario (chipledger.scenario) has several pools of different chips, ten teams with quotas, diurnal
 demand, bursts of submissions, chip failures and repairs, checkpoints and failing jobs; a few deliberately
 bad lines show the dead-letter path.
+
+The simulated cluster acts on the ledger's decisions, as a real one would through `chipledger slurm actuate`
+or a Kueue controller: while the scenario is generated, each event is folded at once by the ledger core
+(`LedgerLoop`), and the decisions it makes go back to the cluster, which preempts the victims naming the
+decision and runs a burst's jobs only for the chips granted. The demo fleet is loaded and fails as a fleet
+that mostly keeps its SLOs (DEMO_LOAD, DEMO_FAILURE_SCALE), so bursts are approved, cut and denied.
 """
 
 from __future__ import annotations
@@ -10,14 +16,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import orjson
+
 from rich.console import Console
 from rich.table import Table
 
 from analytics.views import connect
 from chipledger.embedded import run_file
 from chipledger.scenario import corrupt, generate
-from ledger import FoldConfig
+from ledger import Fleet, FoldConfig
 from ledger.store import open_store
+from schemas import Rejection, parse_event
 
 ACCOUNT_ORDER = ("capacity", "unavailable", "idle", "overcommitted", "in_quota", "borrowed", "burst")
 
@@ -38,10 +47,39 @@ GROUP BY pool, team ORDER BY pool, team
 """
 
 
-def write_events(path: Path, seed: int, days: float) -> int:
+# the demo fleet: offered load as a share of capacity, and chip failure/maintenance rates against the
+# scenario's defaults (a chip down every 60 days): a busy fleet that mostly keeps its SLOs
+DEMO_LOAD = 0.45
+DEMO_FAILURE_SCALE = 0.5
+
+
+class LedgerLoop:
+    """The ledger core folding the scenario's events as the cluster emits them, handing each event's
+    decisions back (as the JSON dicts of chipledger.decisions). The embedded run of the written file folds
+    the same events again and so makes the same decisions, with the same ids."""
+
+    def __init__(self, fold_config: FoldConfig = FoldConfig()):
+        self.fleet = Fleet(fold_config)
+        self.decisions = 0
+
+    def __call__(self, ev: dict) -> list[dict]:
+        raw = json.dumps(ev, separators=(",", ":")).encode()
+        event = parse_event(raw)
+        if isinstance(event, Rejection):
+            return []
+        step = self.fleet.apply(event, raw)
+        if step.rejection is not None or not step.decisions:
+            return []
+        self.decisions += len(step.decisions)
+        return [orjson.loads(d.body) for d in step.decisions]
+
+
+def write_events(path: Path, seed: int, days: float, fold_config: FoldConfig = FoldConfig()) -> int:
     n = 0
     path.parent.mkdir(parents=True, exist_ok=True)
-    lines = (json.dumps(e, separators=(",", ":")) for e in generate(seed=seed, days=days))
+    events = generate(seed=seed, days=days, follow=LedgerLoop(fold_config), load=DEMO_LOAD,
+                      failure_scale=DEMO_FAILURE_SCALE)
+    lines = (json.dumps(e, separators=(",", ":")) for e in events)
     with open(path, "w") as f:
         for line in corrupt(lines, seed=seed, every=2000):
             f.write(line + "\n")
@@ -55,7 +93,7 @@ def run_demo(out: Path, seed: int = 7, days: float = 14, console: Console | None
     console = console or Console()
     out = Path(out)
     events = out / "events.jsonl"
-    n = write_events(events, seed, days)
+    n = write_events(events, seed, days, fold_config)
     console.print(f"scenario: seed {seed}, {days:g} days, {n:,} lines → {events}")
     return fold_and_summarize(events, out, console, fold_config)
 

@@ -32,6 +32,8 @@ ProgressFn = Callable[[int], None]  # called with bytes read so far
 # the fold on 1M events; what the fold drops is still freed by reference counting. The run unfreezes at its
 # end. bench/replay.py folds the same way.
 GC_FREEZE_MASK = 0xFFFF
+DEAD_LINES_KEPT = 20  # line numbers of dead letters kept per code in the summary (all are in the lake)
+UTF8_BOM = b"\xef\xbb\xbf"  # what Windows tools write at the start of a UTF-8 file: not part of the first event
 
 
 class RunError(RuntimeError):
@@ -49,6 +51,7 @@ class RunSummary:
     duplicates: int = 0
     late: int = 0
     dead_letters: Counter = field(default_factory=Counter)
+    dead_letter_lines: dict = field(default_factory=dict)  # code -> the first DEAD_LINES_KEPT line numbers
     rows_written: dict = field(default_factory=dict)
     pools: int = 0
     seconds: float = 0.0
@@ -62,9 +65,16 @@ class RunSummary:
         return {
             "source": self.source, "lake": self.lake, "run_id": self.run_id, "lines": self.lines,
             "blank": self.blank, "accepted": self.accepted, "duplicates": self.duplicates, "late": self.late,
-            "dead_letters": dict(sorted(self.dead_letters.items())), "rows_written": dict(self.rows_written),
+            "dead_letters": dict(sorted(self.dead_letters.items())),
+            "dead_letter_lines": dict(sorted(self.dead_letter_lines.items())), "rows_written": dict(self.rows_written),
             "pools": self.pools, "seconds": round(self.seconds, 3), "core": self.core,
         }
+
+
+def _note_line(summary: RunSummary, code: str, lineno: int) -> None:
+    lines = summary.dead_letter_lines.setdefault(code, [])
+    if len(lines) < DEAD_LINES_KEPT:
+        lines.append(lineno)
 
 
 def file_digest(path: Path) -> str:
@@ -147,8 +157,11 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
                 if too_large is not None:
                     dead(deadletter_row(line, too_large, topic, 0, offset, seen_clock))
                     summary.dead_letters[too_large.code.value] += 1
+                    _note_line(summary, too_large.code.value, offset)
                     continue
                 raw = line.rstrip(b"\r\n")
+                if offset == 1 and raw.startswith(UTF8_BOM):
+                    raw = raw[3:]
                 if not raw.strip():
                     summary.blank += 1
                     continue
@@ -156,11 +169,13 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
                 if isinstance(event, Rejection):
                     dead(deadletter_row(raw, event, topic, 0, offset, seen_clock))
                     summary.dead_letters[event.code.value] += 1
+                    _note_line(summary, event.code.value, offset)
                     continue
                 step = fleet.apply(event, raw)
                 if step.rejection is not None:
                     dead(deadletter_row(raw, step.rejection, topic, 0, offset, seen_clock, event))
                     summary.dead_letters[step.rejection.code.value] += 1
+                    _note_line(summary, step.rejection.code.value, offset)
                     continue
                 if step.duplicate:
                     summary.duplicates += 1
@@ -182,7 +197,7 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
     summary.lines = offset if read_bytes else 0
     for row in early:  # no event was applied at all: the dead letters keep time 0 (1970-01-01)
         add("deadletters", row)
-    for table, row in close_rows(*fleet.close(), fleet.policy_rows()):
+    for table, row in close_rows(*fleet.close(), {**fleet.policy_rows(), **fleet.close_facts()}):
         add(table, row)
     summary.rows_written = writer.close()
     summary.pools = len(fleet.pools)

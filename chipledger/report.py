@@ -30,6 +30,8 @@ class Section:
     columns: list[str]
     rows: list[list[str]]
     note: str = ""
+    marks: dict = field(default_factory=dict)  # (row, column) -> "bad" | "warn": missed SLOs, negative budgets
+    summary: bool = False                      # shown first in the HTML page, before the charts
 
 
 @dataclass
@@ -38,7 +40,7 @@ class Report:
     subtitle: str
     sections: list[Section] = field(default_factory=list)
     capacity_hours: list[datetime] = field(default_factory=list)
-    capacity_chips: dict[str, list[float]] = field(default_factory=dict)
+    capacity_chips: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # pool -> account -> chips
     latency_labels: list[str] = field(default_factory=list)
     latency_p: tuple[list, list, list] = ([], [], [])
     heatmap: list[list[Optional[float]]] = field(default_factory=list)
@@ -89,11 +91,17 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
     budget = _rows(con, """
         SELECT slo, target, sli, good, total, unit, consumed, remaining FROM error_budget
         WHERE CASE WHEN $pool IS NULL THEN pool IS NULL ELSE pool = $pool END ORDER BY slo""", p)
+    marks = {}
+    for i, (_, t, sli, _, _, _, _, r) in enumerate(budget):
+        if sli is not None and t is not None and sli < t:
+            marks[i, 2] = "bad"
+        if r is not None and r < 0:
+            marks[i, 5] = "bad"
     rep.sections.append(Section(
         f"Error budgets (rolling {window_days} days to {as_of})",
         ["SLO", "target", "attained", "good / total", "budget consumed", "budget left"],
         [[slo, pct(t), pct(sli, 3), f"{num(g, 0)} / {num(tot, 0)} {unit}", pct(c, 1), pct(r, 1)]
-         for slo, t, sli, g, tot, unit, c, r in budget]))
+         for slo, t, sli, g, tot, unit, c, r in budget], marks=marks, summary=True))
 
     alerts = _rows(con, f"""
         SELECT severity, alert, slo, pool, burn_rate, long_win, long_burn, short_win, short_burn FROM burn_alerts
@@ -103,7 +111,8 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
         "Burn-rate alerts firing", ["severity", "alert", "SLO", "pool", "threshold", "long window", "short window"],
         [[sev, alert, slo, pl, f"{rate:g}×", f"{lw}: {lb:.1f}×", f"{sw}: {sb:.1f}×"]
          for sev, alert, slo, pl, rate, lw, lb, sw, sb in alerts],
-        note="" if alerts else "none"))
+        note="" if alerts else "none", summary=True,
+        marks={(i, 0): "bad" if a[0] == "page" else "warn" for i, a in enumerate(alerts)}))
 
     days = _rows(con, f"""
         SELECT day, pool, registered_mchip_s / 3.6e6, healthy_mchip_s / 3.6e6, availability FROM slo_capacity
@@ -124,7 +133,9 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
         f"Quota honoured (in-quota submissions started within {rep.sched_slo_s} s)",
         ["pool", "team", "in-quota submissions", "honoured", "late", "open", "attained", "target"],
         [[pl, tm, num(n), num(h), num(lt), num(o), pct(a), pct(t)] for pl, tm, n, h, lt, o, a, t in honoured],
-        note="" if honoured else "no in-quota submissions in the period"))
+        note="" if honoured else "no in-quota submissions in the period",
+        marks={(i, 6): "bad" for i, r in enumerate(honoured) if r[6] is not None and r[7] is not None
+               and r[6] < r[7]}))
 
     where = (f"{in_pool} AND ($since IS NULL OR since_s >= $since) AND ($until IS NULL OR since_s < $until)")
     latency = _rows(con, f"SELECT * FROM ({sched_latency_sql(where)}) ORDER BY pool, priority DESC, quota_class", p)
@@ -149,19 +160,22 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
     rep.sections.append(Section("Goodput of the runs that ended in the period",
                                 ["pool", "team", "allocated chip-h", "lost chip-h", "goodput", "target"],
                                 [[pl, tm, num(a), num(lo), pct(g), pct(t)] for pl, tm, a, lo, g, t in goodput],
-                                note="" if goodput else "no run ended in the period"))
+                                note="" if goodput else "no run ended in the period",
+                                marks={(i, 4): "bad" for i, r in enumerate(goodput)
+                                       if r[4] is not None and r[5] is not None and r[4] < r[5]}))
 
     clip_lo = "greatest(from_s, coalesce($since, from_s))"
     clip_hi = "least(until_s, coalesce($until, until_s))"
     frag = _rows(con, f"""
         WITH f AS (
-            SELECT pool, free_chips, whole_node_free_chips, unplaced_runs,
-                   greatest(0, {clip_hi} - {clip_lo}) AS s FROM calc_fragmentation WHERE {in_pool}
+            SELECT pool, free_milli / 1000.0 AS free_chips, free_whole_nodes_milli / 1000.0 AS whole_node_free_chips,
+                   largest_startable_milli / 1000.0 AS largest_chips, free_whole_nodes_milli IS NOT NULL AS known,
+                   greatest(0, {clip_hi} - {clip_lo}) AS s FROM calc_free_steps WHERE {in_pool}
         )
-        SELECT pool, sum(s) FILTER (WHERE unplaced_runs = 0) / 3600.0 AS known_h, sum(s) / 3600.0 AS total_h,
-               sum(s * (free_chips - whole_node_free_chips)) FILTER (WHERE unplaced_runs = 0 AND free_chips > 0)
-                 / nullif(sum(s * free_chips) FILTER (WHERE unplaced_runs = 0 AND free_chips > 0), 0),
-               min(whole_node_free_chips) FILTER (WHERE unplaced_runs = 0 AND s > 0),
+        SELECT pool, sum(s) FILTER (WHERE known) / 3600.0 AS known_h, sum(s) / 3600.0 AS total_h,
+               sum(s * (free_chips - whole_node_free_chips)) FILTER (WHERE known AND free_chips > 0)
+                 / nullif(sum(s * free_chips) FILTER (WHERE known AND free_chips > 0), 0),
+               min(largest_chips) FILTER (WHERE known AND s > 0),
                sum(s * free_chips) / nullif(sum(s), 0)
         FROM f GROUP BY pool HAVING sum(s) > 0 ORDER BY pool""", p)
     rep.sections.append(Section(
@@ -191,16 +205,17 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
         note="" if peaks else "no demand recorded"))
 
     # charts: capacity by account, hourly; the latency bars above; the demand heat map
+    # per pool: chips of different pools (an H100, a TPU core) are never added on one axis
     cap = _rows(con, f"""
-        SELECT hour, account, sum(amount_mchip_s) / 3.6e6 FROM journal
+        SELECT pool, hour, account, sum(amount_mchip_s) / 3.6e6 FROM journal
         WHERE {in_pool} AND account IN ('in_quota', 'borrowed', 'burst', 'idle', 'unavailable', 'overcommitted')
           AND ($since IS NULL OR epoch(hour) + 3600 > $since) AND ($until IS NULL OR epoch(hour) < $until)
-        GROUP BY hour, account ORDER BY hour""", p)
-    hours = sorted({h for h, _, _ in cap})
+        GROUP BY ALL ORDER BY hour""", p)
+    hours = sorted({h for _, h, _, _ in cap})
     index = {h: i for i, h in enumerate(hours)}
-    series: dict[str, list[float]] = {}
-    for h, account, chips in cap:
-        series.setdefault(account, [0.0] * len(hours))[index[h]] = chips
+    series: dict[str, dict[str, list[float]]] = {}
+    for pl, h, account, chips in cap:
+        series.setdefault(pl, {}).setdefault(account, [0.0] * len(hours))[index[h]] = chips
     rep.capacity_hours, rep.capacity_chips = hours, series
     heat = _rows(con, f"""
         SELECT day_of_week, hour_of_day, sum(demand_chips) FROM demand_shaping
@@ -237,17 +252,22 @@ def write_report(rep: Report, out: Path) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     figures = {
-        "capacity": ("Capacity by account (chips, hourly mean)",
-                     charts.capacity_chart(rep.capacity_hours, rep.capacity_chips)),
+        "capacity": ("Capacity by account and pool (chips, hourly mean)",
+                     charts.capacity_charts(rep.capacity_hours, rep.capacity_chips)),
         "latency": ("Scheduling latency percentiles",
                     charts.latency_chart(rep.latency_labels, *rep.latency_p, threshold_s=rep.sched_slo_s)),
         "demand_heatmap": ("Demand by hour of week (running + pending chips, mean)",
                            charts.heatmap_chart(rep.heatmap)),
     }
     written = [charts.save_png(fig, out / f"{name}.png") for name, (_, fig) in figures.items()]
-    blocks = [(s.title, charts.html_table(s.columns, s.rows) if s.rows else f"<p>{html.escape(s.note)}</p>")
-              for s in rep.sections]
+    def block(s: Section):
+        return (s.title, charts.html_table(s.columns, s.rows, s.marks) if s.rows
+                else f"<p>{html.escape(s.note)}</p>")
+
+    # the summary (error budgets, alerts firing) first, then the charts, then the details
+    blocks = [block(s) for s in rep.sections if s.summary]
     blocks += [(title, charts.svg_text(fig)) for title, fig in figures.values()]
+    blocks += [block(s) for s in rep.sections if not s.summary]
     page = out / "report.html"
     page.write_text(charts.html_page(rep.title, blocks, rep.subtitle), encoding="utf-8")
     written.append(page)

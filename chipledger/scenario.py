@@ -28,6 +28,14 @@ How the simulation works (a discrete-event simulation over one heap of future ev
   preempted shortly after; jobs on a node entering maintenance are evicted.
 - Users cancel some jobs, impatient users cancel jobs that wait too long, ~6% of jobs fail.
 
+- With ``follow`` (a callable given each event as it is emitted, returning the ledger's decisions as dicts:
+  what a cluster's actuator receives from ``chipledger.decisions``), the cluster acts on the ledger instead of
+  deciding itself: it preempts the victims of each ``decision.preempt`` a little later, naming the decision
+  (``job.preempted`` with ``decision_id``) and starts the beneficiary on the chips freed; it runs a burst's
+  jobs only for the chips a ``decision.burst`` granted (none when denied), and admits them above the team's
+  borrowing limit during the window. Its own reclaim and priority preemption are off. The module still
+  imports nothing of the ledger: the caller folds (chipledger.demo does).
+
 ``scale`` multiplies the job arrival rates *and* the pool sizes together (chips, failure and maintenance
 processes follow the chip count), so a scaled scenario has the same utilisation and job shapes, just more
 of everything. Scaling arrivals without capacity would only grow the queues until impatient users cancel.
@@ -159,7 +167,7 @@ class _Pool:
         "node_free", "buckets", "partial", "free_whole", "queue", "pend_cls", "parked", "running", "use",
         "nominal",
         "blim", "grants", "reclaim_pending", "team_cum", "team_idx", "shape", "lam_mean", "day_idx", "day_mult",
-        "fail_rate", "degrade_rate", "maint_rate", "sweep_rate", "max_whole",
+        "fail_rate", "degrade_rate", "maint_rate", "sweep_rate", "max_whole", "burst",
     )
 
 
@@ -179,15 +187,23 @@ def _shift_whole(p, c: int, d: int) -> None:
 
 
 class _Sim:
-    def __init__(self, seed: int, days: float, start: datetime, pools: int, teams: int, scale: float):
+    def __init__(self, seed: int, days: float, start: datetime, pools: int, teams: int, scale: float,
+                 follow=None, load: float = None, failure_scale: float = 1.0):
         if pools < 1 or teams < 1:
             raise ValueError("need at least one pool and one team")
         if days <= 0 or scale <= 0:
             raise ValueError("days and scale must be positive")
         if start.tzinfo is None:
             start = start.replace(tzinfo=UTC)
+        if failure_scale <= 0 or (load is not None and not 0 < load <= 1.5):
+            raise ValueError("failure_scale must be > 0 and load in (0, 1.5]")
         self.seed = seed
         self.rng = random.Random(seed)
+        self.follow = follow
+        self.load = _TARGET_UTIL if load is None else load
+        self.failure_scale = failure_scale
+        self.jobs_by_id: dict[str, _Job] = {}  # live jobs, when following the ledger's decisions
+        self.bursts: dict[str, tuple] = {}     # request id -> (pool, team, window start, window end)
         self.t0 = int(start.timestamp())
         self.end = self.t0 + max(1, int(days * 86400))
         self.days = days
@@ -262,9 +278,10 @@ class _Sim:
         while max_whole * 2 <= min(nodes1 * cpn / 4, p.n_chips / 2):
             max_whole *= 2
         p.max_whole = max_whole
-        p.fail_rate = p.n_chips * _FAIL_PER_CHIP_S
-        p.degrade_rate = p.n_chips * _DEGRADE_PER_CHIP_S
-        p.maint_rate = p.n_nodes * _MAINT_PER_NODE_S
+        p.fail_rate = p.n_chips * _FAIL_PER_CHIP_S * self.failure_scale
+        p.degrade_rate = p.n_chips * _DEGRADE_PER_CHIP_S * self.failure_scale
+        p.maint_rate = p.n_nodes * _MAINT_PER_NODE_S * self.failure_scale
+        p.burst = [0] * self.n_teams  # team -> milli-chips of approved bursts whose window is open (follow mode)
         p.sweep_rate = _SWEEPS_PER_POOL_DAY * self.scale / 86400
         return p
 
@@ -335,7 +352,7 @@ class _Sim:
             milli, work = self._sample_sweep_shape(r, p)
             sw += milli * work
         sweep_load = p.sweep_rate * 35 * (sw / 500 / 1000)  # chips busy on average
-        base = max(0.3 * p.n_chips, _TARGET_UTIL * p.n_chips - sweep_load)
+        base = max(0.3 * p.n_chips, self.load * p.n_chips - sweep_load)
         p.lam_mean = base / per_job
 
     def _sample_shape(self, r: random.Random, p: _Pool, tm: int):
@@ -373,8 +390,58 @@ class _Sim:
 
     def _emit(self, typ: str, p: _Pool, source: str, fields: dict = _NO_FIELDS) -> None:
         self.n_ev += 1
-        self.out.append({"event_id": f"ev-{self.n_ev:08d}", "type": typ, "occurred_at": self.now_s,
-                         "pool": p.name, "source": source, **fields})
+        ev = {"event_id": f"ev-{self.n_ev:08d}", "type": typ, "occurred_at": self.now_s,
+              "pool": p.name, "source": source, **fields}
+        self.out.append(ev)
+        if self.follow is not None:
+            for d in self.follow(ev):
+                self._on_decision(p, d)
+
+    # ------------------------------------------------------------------ acting on the ledger's decisions
+
+    def _on_decision(self, p: _Pool, d: dict) -> None:
+        """A decision the ledger made on an event just emitted: the actuator acts on it shortly after."""
+        if d.get("type") == "decision.preempt":
+            self._at(self.now + self.rng.randrange(10, 61), self._act_preempt, p, d)
+        elif d.get("type") == "decision.burst":
+            b = self.bursts.get(d.get("request_id"))
+            if b is None:
+                return
+            _, tm, ws, we = b
+            granted = int(round(float(d.get("chips_granted") or 0) * 1000))
+            if d.get("verdict") in ("approved", "partial") and granted >= 1000:
+                self._at(ws, self._burst_window, p, (tm, granted, True))
+                self._at(we, self._burst_window, p, (tm, granted, False))
+                self._at(ws, self._burst_jobs, p, (tm, granted // 1000, we - ws))
+
+    def _burst_window(self, p: _Pool, arg) -> None:
+        tm, milli, opening = arg
+        p.burst[tm] += milli if opening else -milli
+        if opening and p.parked[tm]:
+            self._unpark(p, tm)
+            self._schedule(p)
+
+    def _act_preempt(self, p: _Pool, d: dict) -> None:
+        """Preempt the decision's victims still running, naming it, then start its beneficiary if it waits
+        and fits on what was freed (the chips the ledger promised it)."""
+        did = d.get("decision_id")
+        freed = False
+        for v in d.get("victims") or ():
+            j = self.jobs_by_id.get(v.get("job_id"))
+            if j is not None and j.state == RUNNING and j.pool is p:
+                if j.ckpt_iv:  # cooperative: a job that checkpoints saves its work when told (checkpoint_by)
+                    self._emit("job.checkpointed", p, p.sched_src, {"job_id": j.id})
+                    j.done = j.run_done0 + (self.now - j.run_start)
+                    j.ckpt_t = self.now
+                self._preempt(j, did)
+                freed = True
+        ben = self.jobs_by_id.get((d.get("beneficiary") or {}).get("job_id"))
+        if freed and ben is not None and ben.state == PENDING and ben.queued and ben.pool is p:
+            chips = self._place(p, ben.milli)
+            if chips is not None:
+                self._dequeue(p, ben)
+                self._start(p, ben, chips)
+        self._schedule(p)
 
     def run(self) -> Iterator[dict]:
         self._setup()
@@ -430,7 +497,7 @@ class _Sim:
             half = half // 86400 * 86400 + 10 * 3600
         self._at(half, self._change_quota)
         # a few burst requests: the first within the first week, then about one per pool every 8 days
-        self.burst_rate = len(self.pools) / (8 * 86400)
+        self.burst_rate = len(self.pools) / ((3 if self.follow is not None else 8) * 86400)
         self._at(self.t0 + int(min(span, 7 * 86400) * rng.uniform(0.1, 0.5)), self._burst)
 
     # ------------------------------------------------------------------ quota and bursts
@@ -523,13 +590,27 @@ class _Sim:
             chips *= 2
         ws = (self.now + rng.randrange(2 * 3600, 36 * 3600)) // 3600 * 3600 + 3600
         we = ws + rng.randrange(4, 49) * 3600
+        if self.follow is not None:
+            # a team that asks the ledger plans: it holds quota in the pool, and often asks for the small hours
+            # UTC, when chips are idle (approved), or the morning (cut to what the forecast leaves), else any time
+            with_quota = [t for t in p.team_idx if p.nominal[t] > 0]
+            tm = with_quota[rng.randrange(len(with_quota))] if with_quota else tm
+            u = rng.random()
+            if u < 0.75:
+                day = self.now // 86400 + 1
+                start_h = rng.randrange(1, 4) if u < 0.45 else rng.randrange(8, 11)
+                ws = day * 86400 + start_h * 3600
+                we = ws + rng.randrange(3, 6) * 3600
         self.n_burst += 1
         req = f"burst-{self.n_burst:03d}-{self.team_names[tm]}"
+        if self.follow is not None:  # the jobs come if and as far as the ledger grants it (_on_decision)
+            self.bursts[req] = (p, tm, ws, we)
         self._emit("burst.requested", p, "team-portal/bursts",
                    {"request_id": req, "team": self.team_names[tm], "chips": chips,
                     "window_start": self.ts(ws), "window_end": self.ts(we),
                     "reason": _BURST_REASONS[rng.randrange(len(_BURST_REASONS))]})
-        self._at(ws, self._burst_jobs, p, (tm, chips, we - ws))
+        if self.follow is None:
+            self._at(ws, self._burst_jobs, p, (tm, chips, we - ws))
 
     def _burst_jobs(self, p: _Pool, arg) -> None:
         tm, chips, window = arg
@@ -610,6 +691,8 @@ class _Sim:
              "preemptible": preemptible}
         if milli >= p.cpn * 1000:
             f["chips_per_node"] = p.cpn
+        if self.follow is not None:
+            self.jobs_by_id[j.id] = j
         self._emit("job.submitted", p, p.sched_src, f)
         self._at(self.now + admit_delay, self._admit, j, 0)
 
@@ -711,7 +794,7 @@ class _Sim:
 
     def _allowed(self, p: _Pool, j: _Job) -> bool:
         lim = p.blim[j.team]
-        return lim is None or p.use[j.team] + j.milli <= p.nominal[j.team] + lim
+        return lim is None or p.use[j.team] + j.milli <= p.nominal[j.team] + lim + p.burst[j.team]
 
     def _enqueue(self, p: _Pool, j: _Job) -> None:
         j.queued = True
@@ -740,7 +823,7 @@ class _Sim:
     def _unpark(self, p: _Pool, tm: int) -> None:
         """The team's usage or quota changed: requeue its parked jobs that its limit may admit now."""
         lim = p.blim[tm]
-        room = None if lim is None else p.nominal[tm] + lim - p.use[tm]
+        room = None if lim is None else p.nominal[tm] + lim + p.burst[tm] - p.use[tm]
         parked = p.parked[tm]
         for m in [m for m in parked if room is None or m <= room]:
             q = p.queue.get(m)
@@ -929,6 +1012,7 @@ class _Sim:
 
     def _finish(self, j: _Job, outcome: str) -> None:
         p = j.pool
+        self.jobs_by_id.pop(j.id, None)
         self._emit("job.finished", p, p.sched_src, {"job_id": j.id, "outcome": outcome})
         if j.state == RUNNING:
             self._stop(p, j)
@@ -954,10 +1038,11 @@ class _Sim:
         if t + j.ckpt_iv < j.run_end:
             self._at(t + j.ckpt_iv, self._ckpt, j, tok)
 
-    def _preempt(self, j: _Job) -> None:
+    def _preempt(self, j: _Job, decision_id: str | None = None) -> None:
         """Running -> pending; work since the last checkpoint is lost; back in the queue after a backoff."""
         p = j.pool
-        self._emit("job.preempted", p, p.sched_src, {"job_id": j.id})
+        self._emit("job.preempted", p, p.sched_src,
+                   {"job_id": j.id} if decision_id is None else {"job_id": j.id, "decision_id": decision_id})
         self._stop(p, j)
         j.state = PENDING
         j.token += 1
@@ -980,8 +1065,8 @@ class _Sim:
     def _maybe_reclaim(self, p: _Pool, j: _Job) -> None:
         """Schedule a reclaim (or priority preemption) check for a waiting job after a grace period, which
         lets natural completions make room first. ``reclaim_t`` rate-limits the checks per job."""
-        if p.reclaim_pending or j.milli < 1000 or self.now < j.reclaim_t:
-            return
+        if p.reclaim_pending or j.milli < 1000 or self.now < j.reclaim_t or self.follow is not None:
+            return  # (following the ledger, preemption is its decision)
         tm = j.team
         eligible = j.prio >= 1000
         if p.use[tm] + j.milli <= p.nominal[tm]:
@@ -1190,15 +1275,20 @@ class _Sim:
 
 
 def generate(seed: int = 7, days: float = 14, start: datetime = datetime(2026, 11, 2, tzinfo=UTC),
-             pools: int = 3, teams: int = 10, scale: float = 1.0) -> Iterator[dict]:
+             pools: int = 3, teams: int = 10, scale: float = 1.0, *, follow=None, load: float | None = None,
+             failure_scale: float = 1.0) -> Iterator[dict]:
     """Yield a fleet scenario as wire-format event dicts (DESIGN §3), in non-decreasing ``occurred_at``.
 
     Deterministic: the same arguments give the same events. Streaming: memory follows the number of chips
     and active jobs, not ``days``. ``scale`` multiplies job arrival rates and pool sizes together.
     Each pool starts with ``pool.configured`` and its ``chip.registered`` events and ends with ``pool.tick``
     at ``start + days``; jobs still running or pending then are left open.
+
+    ``follow(event) -> [decision dicts]``: the cluster acts on the ledger's decisions (see the module's
+    docstring). ``load``: the offered load as a fraction of capacity (default ~0.92); ``failure_scale``
+    multiplies the rates of chip failures, degradations and maintenance.
     """
-    return _Sim(seed, days, start, pools, teams, scale).run()
+    return _Sim(seed, days, start, pools, teams, scale, follow, load, failure_scale).run()
 
 
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode

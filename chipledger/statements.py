@@ -35,7 +35,7 @@ MCHIP_S_PER_CHIP_H = 3_600_000
 TEAM_ACCOUNTS = ("entitled", "in_quota", "borrowed", "burst", "pending")
 UTC = timezone.utc
 # the SLO base tables and intermediates the statements read (sched_waits, error_budget), computed once per issue
-STATEMENT_TABLES = ("base_runs", "base_events", "base_pool_end", "base_jobs", "calc_waits", "calc_chip_segments",
+STATEMENT_TABLES = ("base_runs", "base_events", "base_pool_end", "base_waits", "calc_free_steps", "calc_waits",
                     "calc_sli_points", "calc_slo_window")
 
 
@@ -191,7 +191,7 @@ def books_closed_through_files(lake: Path) -> dict[str, datetime]:
 def known_teams(con) -> list[str]:
     rows = _rows(con, """
         SELECT team FROM journal_postings WHERE team IS NOT NULL
-        UNION SELECT team FROM job_runs UNION SELECT team FROM base_jobs WHERE team IS NOT NULL ORDER BY 1""")
+        UNION SELECT team FROM job_runs UNION SELECT team FROM base_waits WHERE team IS NOT NULL ORDER BY 1""")
     return [r[0] for r in rows]
 
 
@@ -262,13 +262,16 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
             SELECT pool, CASE WHEN team IS NULL THEN account ELSE 'team:' || account END, sum(amount)::BIGINT
             FROM statement_journal GROUP BY ALL ORDER BY ALL"""):
         pool_books.setdefault(pool, {})[account] = int(amount)
-    daily: dict[str, dict[str, dict[str, int]]] = {}
-    for team, day, account, amount in _rows(con, """
-            SELECT team, CAST(date_trunc('day', hour) AS DATE), account, sum(amount)::BIGINT
+    daily: dict[str, dict[str, dict[str, int]]] = {}  # team -> day -> account (all pools)
+    pool_daily: dict[str, dict[str, dict[str, dict[str, int]]]] = {}  # team -> pool -> day -> account
+    for team, pool, day, account, amount in _rows(con, """
+            SELECT team, pool, CAST(date_trunc('day', hour) AS DATE), account, sum(amount)::BIGINT
             FROM statement_journal WHERE team IS NOT NULL AND account IN ('entitled', 'in_quota', 'borrowed', 'burst')
             GROUP BY ALL ORDER BY ALL"""):
         if team in want:
-            daily.setdefault(team, {}).setdefault(day.isoformat(), {})[account] = int(amount)
+            d = daily.setdefault(team, {}).setdefault(day.isoformat(), {})
+            d[account] = d.get(account, 0) + int(amount)
+            pool_daily.setdefault(team, {}).setdefault(pool, {}).setdefault(day.isoformat(), {})[account] = int(amount)
 
     # preemptions suffered: runs of the team's jobs that ended preempted in the period, with the decision that
     # asked for it (when the cluster named one) and that decision's beneficiary
@@ -290,20 +293,26 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
                 "job_id": job_id, "pool": pool, "at": _iso(ended_at), "chips": chips_milli / 1000,
                 "allocated_mchip_s": int(alloc), "lost_work_mchip_s": int(lost), "decision_id": decision_id,
                 "beneficiary_team": ben_team, "beneficiary_job_id": ben_job})
-    # preemptions caused: decisions the ledger issued for the team's jobs, with the work they cost others
+    # preemptions caused: decisions the ledger issued for the team's jobs, with the work they cost, split into
+    # the team's own jobs (the priority rule preempts within a team) and other teams' jobs
     caused: dict[str, list[dict]] = {}
-    for team, decision_id, pool, at, rule, job_id, victims, lost_chip_s in _rows(con, """
-            WITH v AS (SELECT decision_id, count(*) AS n, sum(lost_work_chip_s) AS lost FROM decision_victims
-                       GROUP BY decision_id)
+    for team, decision_id, pool, at, rule, job_id, victims, own, lost_chip_s, own_lost_chip_s in _rows(con, """
+            WITH v AS (SELECT dv.decision_id, count(*) AS n, count(*) FILTER (WHERE dv.team = d.team) AS own,
+                              sum(dv.lost_work_chip_s) AS lost,
+                              sum(dv.lost_work_chip_s) FILTER (WHERE dv.team = d.team) AS own_lost
+                       FROM decision_victims dv JOIN decisions d USING (decision_id) GROUP BY dv.decision_id)
             SELECT d.team, d.decision_id, d.pool, d."at", d.rule, d.beneficiary_job_id, coalesce(v.n, 0),
-                   coalesce(v.lost, 0)
+                   coalesce(v.own, 0), coalesce(v.lost, 0), coalesce(v.own_lost, 0)
             FROM decisions d LEFT JOIN v USING (decision_id)
             WHERE d.type = 'decision.preempt' AND d."at" >= ? AND d."at" < ?
             ORDER BY d.team, d."at", d.decision_id""", p):
         if team in want:
             caused.setdefault(team, []).append({
                 "decision_id": decision_id, "pool": pool, "at": _iso(at), "rule": rule, "job_id": job_id,
-                "victims": int(victims), "lost_work_mchip_s": int(lost_chip_s) * 1000})
+                "victims": int(victims), "own_victims": int(own), "others_victims": int(victims) - int(own),
+                "lost_work_mchip_s": int(lost_chip_s) * 1000,
+                "own_lost_work_mchip_s": int(own_lost_chip_s) * 1000,
+                "others_lost_work_mchip_s": (int(lost_chip_s) - int(own_lost_chip_s)) * 1000})
     # goodput over the run postings of the period
     goodput = {team: (int(a), int(lost)) for team, a, lost in _rows(con, """
             SELECT team, sum(allocated_mchip_s)::BIGINT, sum(lost_mchip_s)::BIGINT FROM job_runs
@@ -372,12 +381,12 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
             "books_closed_through": _iso(min(closed_through, period.end)),
             "computed_at_positions": positions,
             "totals": _account_block(total),
-            "pools": [{"pool": pl, **_account_block(per_pool.get(pl, _empty_accounts()))} for pl in team_pools],
-            "daily": [{"day": d, **{f"{a}_mchip_s": v.get(a, 0) for a in ("entitled", "in_quota", "borrowed", "burst")}}
-                      for d, v in sorted(daily.get(team, {}).items())],
+            "pools": [{"pool": pl, **_account_block(per_pool.get(pl, _empty_accounts())),
+                       "daily": _daily_rows(pool_daily.get(team, {}).get(pl, {}))} for pl in team_pools],
+            "daily": _daily_rows(daily.get(team, {})),
             "preemptions": {
                 "suffered": _preemption_block(suffered.get(team, []), "jobs"),
-                "caused": _preemption_block(caused.get(team, []), "decisions"),
+                "caused": _caused_block(caused.get(team, [])),
             },
             "goodput": {"allocated_mchip_s": alloc, "lost_mchip_s": lost, "goodput": _ratio(alloc - lost, alloc),
                         "target": slo.goodput, "met": None if not alloc else (alloc - lost) / alloc >= slo.goodput},
@@ -391,6 +400,11 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
     return out
 
 
+def _daily_rows(days: dict[str, dict[str, int]]) -> list[dict]:
+    return [{"day": d, **{f"{a}_mchip_s": v.get(a, 0) for a in ("entitled", "in_quota", "borrowed", "burst")}}
+            for d, v in sorted(days.items())]
+
+
 def _round(x) -> Optional[float]:
     return None if x is None else round(float(x), 6)
 
@@ -398,6 +412,16 @@ def _round(x) -> Optional[float]:
 def _preemption_block(items: list[dict], what: str) -> dict:
     return {"count": len(items), "lost_work_mchip_s": sum(i["lost_work_mchip_s"] for i in items),
             "lost_work_chip_h": _chip_h(sum(i["lost_work_mchip_s"] for i in items)), what: items}
+
+
+def _caused_block(items: list[dict]) -> dict:
+    block = _preemption_block(items, "decisions")
+    for k in ("victims", "own_victims", "others_victims"):
+        block[k] = sum(i[k] for i in items)
+    for who in ("own", "others"):
+        block[f"{who}_lost_work_mchip_s"] = sum(i[f"{who}_lost_work_mchip_s"] for i in items)
+        block[f"{who}_lost_work_chip_h"] = _chip_h(block[f"{who}_lost_work_mchip_s"])
+    return block
 
 
 def _scheduling_block(waits: list[tuple], slo: SloParams) -> dict:
@@ -474,57 +498,74 @@ def render_csv(st: dict) -> bytes:
 
 
 _SERIES = (("in_quota", "in quota", "#4c78a8"), ("borrowed", "borrowed", "#f58518"), ("burst", "burst", "#54a24b"))
-_CHART = None  # one figure per process whose artists are updated for each chart: building a figure costs more
-               # than drawing it, and a thousand statements draw a thousand charts
+_CHARTS: dict[int, tuple] = {}  # per number of panels, one figure per process whose artists are updated for
+                                # each chart: building a figure costs more than drawing it, and a thousand
+                                # statements draw a thousand charts
 
 
-def _chart():
-    global _CHART
-    if _CHART is None:
+def _chart(panels: int):
+    if panels not in _CHARTS:
         import matplotlib
 
         matplotlib.use("Agg")
         from matplotlib.figure import Figure
 
         with matplotlib.rc_context({"font.size": 8}):
-            fig = Figure(figsize=(7.5, 2.8), dpi=100)
-            fig.subplots_adjust(left=0.08, right=0.99, top=0.97, bottom=0.12)
-            ax = fig.add_subplot()
-            patches = [ax.stairs([0.0], [0.0, 1.0], baseline=[0.0], fill=True, label=label, color=color)
-                       for _, label, color in _SERIES]
-            quota = ax.stairs([0.0], [0.0, 1.0], color="black", linewidth=1.2, label="quota (entitled)")
-            ax.legend(loc="upper left", fontsize=7, ncols=4, frameon=False)
-            ax.set_ylabel("chips (daily average)")
-            empty = ax.text(0.5, 0.5, "no use and no quota in this period", ha="center", va="center",
-                            transform=ax.transAxes)
-        _CHART = (fig, ax, patches, quota, empty)
-    return _CHART
+            fig = Figure(figsize=(7.5, 0.4 + 2.4 * panels), dpi=100)
+            fig.subplots_adjust(left=0.08, right=0.99, top=1 - 0.25 / (0.4 + 2.4 * panels),
+                                bottom=0.3 / (0.4 + 2.4 * panels), hspace=0.45)
+            arts = []
+            for ax in fig.subplots(panels, 1, squeeze=False)[:, 0]:
+                patches = [ax.stairs([0.0], [0.0, 1.0], baseline=[0.0], fill=True, label=label, color=color)
+                           for _, label, color in _SERIES]
+                quota = ax.stairs([0.0], [0.0, 1.0], color="black", linewidth=1.2, label="quota (entitled)")
+                ax.legend(loc="upper left", fontsize=7, ncols=4, frameon=False)
+                ax.set_ylabel("chips (daily average)")
+                empty = ax.text(0.5, 0.5, "no use and no quota in this period", ha="center", va="center",
+                                transform=ax.transAxes)
+                title = ax.set_title("", fontsize=8, loc="right")
+                arts.append((ax, patches, quota, empty, title))
+        _CHARTS[panels] = (fig, arts)
+    return _CHARTS[panels]
+
+
+def _chart_panels(st: dict) -> list[tuple[str, list[dict]]]:
+    """One panel per pool the team used or held quota in (chips of two pools are different chips: an H100 day
+    and a TPU-core day are never added), on the period's days."""
+    panels = [(p["pool"], p["daily"]) for p in st["pools"] if p.get("daily")]
+    return panels or [("", [])]
 
 
 def chart_svg(st: dict) -> bytes:
-    """Use against quota over the period: per day, average chips in quota, borrowed and burst (stacked steps)
-    against the average chips the team was entitled to (a step line). Deterministic SVG (no date, fixed ids)."""
+    """Use against quota over the period, per pool: per day, average chips in quota, borrowed and burst
+    (stacked steps) against the average chips the team was entitled to (a step line). Deterministic SVG (no
+    date, fixed ids)."""
     import matplotlib
 
-    days = st["daily"]
     per_day = 86_400_000  # milli-chip-seconds in one chip-day
-    n = len(days)
+    panels = _chart_panels(st)
+    all_days = sorted({d["day"] for _, days in panels for d in days})
+    n = len(all_days)
     xs = list(range(n))
     edges = [x - 0.5 for x in xs] + [n - 0.5]
-    fig, ax, patches, quota, empty = _chart()
+    fig, arts = _chart(len(panels))
     with matplotlib.rc_context({"svg.hashsalt": "chipledger", "svg.fonttype": "none", "font.size": 8}):
-        bottom = [0.0] * n
-        for (key, _, _), patch in zip(_SERIES, patches):
-            upper = [b + d[f"{key}_mchip_s"] / per_day for b, d in zip(bottom, days)]
-            patch.set_data(upper or [0.0], edges if n else [0.0, 1.0], baseline=bottom or [0.0])
-            bottom = upper
-        entitled = [d["entitled_mchip_s"] / per_day for d in days]
-        quota.set_data(entitled or [0.0], edges if n else [0.0, 1.0], baseline=None)
-        ax.set_xlim(-0.5, max(n, 1) - 0.5)
-        ax.set_ylim(0, max([*bottom, *entitled, 1.0]) * 1.3)  # room for the legend above the steps
-        step = max(1, -(-n // 10))  # at most ten day labels
-        ax.set_xticks(xs[::step], [d["day"][5:] for d in days][::step])
-        empty.set_visible(not n)
+        for (pool, days), (ax, patches, quota, empty, title) in zip(panels, arts):
+            by_day = {d["day"]: d for d in days}
+            rows = [by_day.get(day, {}) for day in all_days]
+            bottom = [0.0] * n
+            for (key, _, _), patch in zip(_SERIES, patches):
+                upper = [b + r.get(f"{key}_mchip_s", 0) / per_day for b, r in zip(bottom, rows)]
+                patch.set_data(upper or [0.0], edges if n else [0.0, 1.0], baseline=bottom or [0.0])
+                bottom = upper
+            entitled = [r.get("entitled_mchip_s", 0) / per_day for r in rows]
+            quota.set_data(entitled or [0.0], edges if n else [0.0, 1.0], baseline=None)
+            ax.set_xlim(-0.5, max(n, 1) - 0.5)
+            ax.set_ylim(0, max([*bottom, *entitled, 1.0]) * 1.3)  # room for the legend above the steps
+            step = max(1, -(-n // 10))  # at most ten day labels
+            ax.set_xticks(xs[::step], [d[5:] for d in all_days][::step])
+            empty.set_visible(not n)
+            title.set_text(pool)
         buf = io.BytesIO()
         # the title is the page's heading; the file keeps it as metadata (a drawn title costs a fifth of the time)
         fig.savefig(buf, format="svg",
@@ -532,38 +573,58 @@ def chart_svg(st: dict) -> bytes:
     return buf.getvalue()
 
 
-def _jinja_env():
+# characters a Markdown viewer would read as markup (emphasis, code, links, raw HTML, entities, table cells)
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|&~!#(){}])")
+
+
+class _MdRaw(str):
+    """A value the Markdown template writes as it is (a link target already encoded)."""
+
+
+def _md_text(value) -> str:
+    """Every value a Markdown statement writes, as literal text (CommonMark backslash escapes; a line break
+    would end a table row): a team named `<img onerror=…>` or `[x](javascript:…)` stays text in any viewer."""
+    if isinstance(value, _MdRaw):
+        return value
+    return _MD_SPECIAL.sub(r"\\\1", str(value).replace("\r", " ").replace("\n", " "))
+
+
+def _jinja_env(markdown: bool = False):
+    """HTML templates escape every value (autoescape on for every template, whatever its file name: the
+    extension of statement.html.j2 is .j2); the Markdown template writes every value through `_md_text`."""
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.PackageLoader("chipledger", "templates"),
-                             autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True,
+                             autoescape=not markdown, finalize=_md_text if markdown else None,
+                             trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
     env.filters["chip_h"] = lambda v: "" if v is None else f"{v / MCHIP_S_PER_CHIP_H:,.1f}"
     env.filters["pct"] = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"
     env.filters["secs"] = lambda v: "n/a" if v is None else f"{v:,} s"
     env.filters["yesno"] = lambda v: "n/a" if v is None else ("met" if v else "missed")
-    env.filters["mdcell"] = lambda v: str(v).replace("|", "\\|")
     return env
 
 
-_ENV = None
+_ENVS: dict[bool, object] = {}
 
 
-def _env():
-    global _ENV
-    if _ENV is None:
-        _ENV = _jinja_env()
-    return _ENV
+def _env(markdown: bool = False):
+    if markdown not in _ENVS:
+        _ENVS[markdown] = _jinja_env(markdown)
+    return _ENVS[markdown]
 
 
 def render_markdown(st: dict, chart_file: str) -> bytes:
-    return _env().get_template("statement.md.j2").render(st=st, chart_file=chart_file).encode()
+    return _env(markdown=True).get_template("statement.md.j2").render(st=st, chart_file=_MdRaw(chart_file)).encode()
 
 
 def render_html(st: dict, chart: bytes) -> bytes:
+    import markupsafe
+
     svg = chart.decode()
     svg = svg[svg.index("<svg"):]  # inline: drop the XML prolog and doctype
-    return _env().get_template("statement.html.j2").render(st=st, chart_svg=svg).encode()
+    # the chart is markup matplotlib wrote (its texts XML-escaped), the one value the page takes as it is
+    return _env().get_template("statement.html.j2").render(st=st, chart_svg=markupsafe.Markup(svg)).encode()
 
 
 def render_files(st: dict, formats: Sequence[str]) -> dict[str, bytes]:
@@ -576,7 +637,9 @@ def render_files(st: dict, formats: Sequence[str]) -> dict[str, bytes]:
     if "csv" in formats:
         files[f"{stem}.csv"] = render_csv(st)
     if "md" in formats:
-        files[f"{stem}.md"] = render_markdown(st, f"{stem}.svg")
+        # the link is a URL: the file name's own percent signs (org%2Fteam.svg) are encoded again, else a viewer
+        # decodes the link to org/team.svg, a folder, and the image is broken
+        files[f"{stem}.md"] = render_markdown(st, quote(f"{stem}.svg", safe="-_.~"))
         files[f"{stem}.svg"] = chart
     if "html" in formats:
         files[f"{stem}.html"] = render_html(st, chart)

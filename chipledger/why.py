@@ -1,8 +1,11 @@
-"""`chipledger why JOB_ID`: why a job is pending (or what became of it), from the lake's policy views.
+"""`chipledger why JOB_ID` and `chipledger pending`: why a job is pending (or what became of it), and the
+queue of pending jobs, from the lake's policy views.
 
 The reason is the one recorded at the latest close of the books of the job's pool (each close of an hour and
-the end of a run): see docs/policy.md for every reason. The answer also lists the job's earlier reasons when
-they changed, and the preemption decisions that named it as beneficiary or victim.
+the end of a run): see docs/policy.md for every reason. The answer also lists every reason the job had, when
+it changed (a finished job's too), the preemption decisions that named it as beneficiary or victim and, for a
+pending job, its place in the queue (the core's order: highest priority, longest waiting, job id), how long
+it has waited and what would unblock it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,12 @@ class Explanation:
     message: Optional[str] = None
     history: list = field(default_factory=list)    # [(at, reason, message)] when the reason changed
     decisions: list = field(default_factory=list)  # [(at, decision_id, role, message)]
+    position: Optional[int] = None        # pending: place in the pool's queue (1 = next), of queue_length
+    queue_length: Optional[int] = None
+    team_position: Optional[int] = None   # pending: place in its team's queue (the rules look at heads first)
+    waiting_since: Optional[str] = None
+    waited_s: Optional[int] = None
+    unblock: Optional[str] = None         # pending: what would let it start
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -33,13 +42,70 @@ class Explanation:
         out = [f"job {self.job_id} (team {self.team}, pool {self.pool}): {self.status}"]
         if self.reason is not None:
             out.append(f"  why, as of {self.as_of}: {self.reason}: {self.message}")
-        if len(self.history) > 1:
-            out.append("  earlier reasons:")
-            out.extend(f"    {at}  {reason}: {message}" for at, reason, message in self.history[:-1])
+        if self.position is not None:
+            out.append(f"  queue: {self.position} of {self.queue_length} pending in the pool, {self.team_position} "
+                       f"in its team's queue; waiting since {self.waiting_since} ({_duration(self.waited_s)})")
+        if self.unblock:
+            out.append(f"  would start when: {self.unblock}")
+        if self.history:
+            out.append("  reasons recorded while it waited (each change):")
+            out.extend(f"    {at}  {reason}: {message}" for at, reason, message in self.history)
         if self.decisions:
             out.append("  decisions naming it:")
             out.extend(f"    {at}  {did} ({role}): {message}" for at, did, role, message in self.decisions)
         return out
+
+
+# what would let a job pending for each reason start (docs/policy.md, "Why is my job pending?")
+UNBLOCK = {
+    "ready": "nothing: it fits its team's unused quota and the free chips; the cluster can start it now",
+    "would_borrow": "nothing: the chips it would borrow are free and allowed; the cluster can start it now",
+    "not_on_whole_nodes": "enough whole nodes free (jobs finishing on partly used nodes), or a smaller "
+                          "chips_per_node",
+    "waiting_grace": "the preemption grace ending (then the ledger decides a preemption of borrowers), or "
+                     "chips freed by jobs finishing before that",
+    "preemption_in_flight": "the cluster preempting the decision's victims (the chips are promised to it)",
+    "waiting_for_chips": "jobs finishing, or borrowers' jobs becoming preemptible (min_runtime, max_preemptions)",
+    "over_borrowing_limit": "its team's own jobs finishing, a larger quota or borrowing_limit, or an approved "
+                            "burst",
+    "nothing_to_lend": "other teams' jobs finishing or their quota becoming lendable, or an approved burst",
+    "not_recorded": "the next close of the books records its reason (each hour, and at the end of a run)",
+}
+
+
+def _duration(s: Optional[int]) -> str:
+    if s is None:
+        return "unknown"
+    d, r = divmod(int(s), 86400)
+    h, r = divmod(r, 3600)
+    m, sec = divmod(r, 60)
+    return " ".join(f"{v}{u}" for v, u in ((d, "d"), (h, "h"), (m, "m"), (sec, "s")) if v) or "0s"
+
+
+QUEUE_SQL = """
+    SELECT * FROM (
+        SELECT pool, team, job_id, priority, chips, waiting_since, waited_s, reason, message, "at",
+               row_number() OVER (PARTITION BY pool ORDER BY priority DESC, waiting_since, job_id) AS position,
+               count(*) OVER (PARTITION BY pool) AS queue_length,
+               row_number() OVER (PARTITION BY pool, team ORDER BY priority DESC, waiting_since, job_id)
+                   AS team_position
+        FROM pending)
+    WHERE ($pool IS NULL OR pool = $pool) AND ($team IS NULL OR team = $team) AND ($job IS NULL OR job_id = $job)
+    ORDER BY pool, position"""
+
+
+def pending_queue(con, pool: Optional[str] = None, team: Optional[str] = None) -> list[dict]:
+    """The jobs pending at each pool's latest close of the books, in the pool's queue order (as Kueue's
+    pending-workloads view): position, team position, priority, chips, waited, reason."""
+    cur = con.execute(QUEUE_SQL, {"pool": pool, "team": team, "job": None})
+    cols = [c[0] for c in cur.description]
+    out = []
+    for r in cur.fetchall():
+        row = dict(zip(cols, r))
+        row["waiting_since"], row["at"] = _fmt(row["waiting_since"]), _fmt(row["at"])
+        row["waited_s"] = None if row["waited_s"] is None else int(row["waited_s"])
+        out.append(row)
+    return out
 
 
 def _fmt(ts) -> Optional[str]:
@@ -61,6 +127,10 @@ def explain(con, job_id: str) -> Explanation:
         ex.pool, ex.team = current[0], current[1]
         ex.status = "pending"
         ex.as_of, ex.reason, ex.message = _fmt(current[2]), current[3], current[4]
+        q = con.execute(QUEUE_SQL, {"pool": ex.pool, "team": None, "job": job_id}).fetchone()
+        if q is not None:
+            ex.waiting_since, ex.waited_s = _fmt(q[5]), None if q[6] is None else int(q[6])
+            ex.position, ex.queue_length, ex.team_position = int(q[10]), int(q[11]), int(q[12])
     else:
         ex.pool, ex.team = job[0], job[1]
         last = con.execute(
@@ -87,4 +157,6 @@ def explain(con, job_id: str) -> Explanation:
                JOIN decisions d USING (decision_id) WHERE v.job_id = ? AND v.pool = ?
                ORDER BY 1, 2""", [job_id, ex.pool, job_id, ex.pool]).fetchall():
         ex.decisions.append((_fmt(at), did, role, message))
+    if ex.status == "pending":
+        ex.unblock = UNBLOCK.get(ex.reason or "")
     return ex

@@ -96,6 +96,14 @@ class Books:
                 amount += sign * (acc2[2] + acc2[0] * (t - acc2[1]))
         return rate, amount
 
+    def accrued(self, account: str, team: Optional[str], t: int) -> int:
+        """What the account accrued in the open hour up to instant t and has not posted yet (read-only): the
+        journal's postings so far (`totals`) plus this are the account's total up to t."""
+        if account == IDLE and team is None:
+            return self._idle(t)[1]
+        acc = self.accounts.get((account, team))
+        return 0 if acc is None else acc[2] + acc[0] * (t - acc[1])
+
     def settle_idle(self, t: int) -> None:
         """Bring the stored idle account up to instant t (before the accounts are read as they are)."""
         acc = self.accounts.get(_IDLE_KEY)

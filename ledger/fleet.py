@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
-from ledger.fold import DEFAULT_CONFIG, FoldConfig, Step, close_books, evolve, policy_rows
+from ledger.fold import DEFAULT_CONFIG, FoldConfig, Step, close_books, close_facts, evolve, policy_rows
 from ledger.state import PoolState
 
 
@@ -33,6 +33,15 @@ class Fleet:
             journal.extend(j)
             runs.extend(r)
         return journal, runs
+
+    def close_facts(self) -> dict[str, list]:
+        """The facts a close of the books posts at each pool's clock (call after `close`): the waits still open and
+        the free chips of the current second, {"waits": rows, "free_chips": rows}, pools in name order."""
+        out: dict[str, list] = {"waits": [], "free_chips": []}
+        for name in sorted(self.pools):
+            for table, rows in close_facts(self.pools[name]).items():
+                out[table].extend(rows)
+        return out
 
     def policy_rows(self) -> dict[str, list]:
         """The balances of every team and the reason of every pending job at each pool's clock (read-only;

@@ -56,6 +56,52 @@ class JobRunRow(NamedTuple):
     posted_at: int
 
 
+class WaitRow(NamedTuple):
+    """A fact (lake table `waits`): one wait of a job to be started, posted when it ends (`end` started, or
+    finished while pending), and at a close of the books while still open (`end` open, `ended_at` None; a later
+    posting of the same wait supersedes it). `in_quota` and `borrowing` are the team's state when it began."""
+
+    pool: str
+    job_id: str
+    team: str
+    run_index: int   # the run it leads to: 0 the first start, 1 the first restart, ...
+    kind: str        # first_start | restart
+    priority: int
+    chips_milli: int
+    submitted_at: int
+    began_at: int    # the submission or the preemption
+    ended_at: Optional[int]
+    end: str         # started | finished | open
+    in_quota: bool   # it fitted its team's unused nominal quota (nominal - use) when it began
+    borrowing: bool  # its team used more than its nominal quota when it began
+    team_nominal_milli: int  # the team's nominal quota (grants in effect) when it began
+    team_used_milli: int     # the chips the team was charged for when it began
+    blocked_s: int   # head-of-line blocking (seconds it could have started and did not)
+    blocked_by: str  # the waiting jobs ahead of it that held the chips then (comma-separated, at most 3)
+    posted_at: int
+
+
+class FreeChipsRow(NamedTuple):
+    """A fact (lake table `free_chips`): a pool's free capacity from `at` on, posted when it changes (at most one
+    row per pool and second: the last). The node figures are None while a run without a placement is going."""
+
+    pool: str
+    at: int
+    registered_milli: int
+    healthy_milli: int       # healthy or degraded
+    in_use_milli: int        # charged to running jobs (shares on available chips)
+    down_milli: int          # down or in maintenance
+    free_milli: int          # healthy - in use (0 when overcommitted)
+    free_whole_nodes_milli: Optional[int]   # free chips on nodes with nothing placed and every chip available
+    largest_startable_milli: Optional[int]  # max(free_whole_nodes, the most free chips on one node)
+
+
+STARTED = "started"
+FINISHED = "finished"
+OPEN = "open"
+NEVER = 1 << 62
+
+
 @mypyc_attr(native_class=False)
 class Step:
     """What one event did: either applied (with its outputs), dropped as a duplicate, or rejected.
@@ -69,7 +115,8 @@ class Step:
     # the two fields every event sets are slots; the others are class defaults, set on the instance only when
     # they differ (a step is made per event: its construction is two stores)
     __slots__ = ("occurred_s", "applied_at", "__dict__")
-    TABLES = ("journal", "job_runs", "decisions", "balances", "pending")  # the output lists, lake table names
+    # the output lists, lake table names
+    TABLES = ("journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips")
 
     lateness_s = 0
     duplicate = False
@@ -79,6 +126,8 @@ class Step:
     decisions: list = NO_ROWS
     balances: list = NO_ROWS
     pending: list = NO_ROWS
+    waits: list = NO_ROWS
+    free_chips: list = NO_ROWS
 
     def __init__(self, occurred_s: int = 0, applied_at: Optional[int] = None):
         self.occurred_s = occurred_s
@@ -95,7 +144,7 @@ class Step:
         return (f"Step(occurred_s={self.occurred_s}, applied_at={self.applied_at}, lateness_s={self.lateness_s}, "
                 f"duplicate={self.duplicate}, rejection={self.rejection}, journal={self.journal}, "
                 f"job_runs={self.job_runs}, decisions={self.decisions}, balances={self.balances}, "
-                f"pending={self.pending})")
+                f"pending={self.pending}, waits={self.waits}, free_chips={self.free_chips})")
 
     @property
     def applied(self) -> bool:
@@ -116,6 +165,9 @@ class FoldConfig:
     decision_timeout_s: int = 900        # a decision nobody acted on is forgotten and may be made anew
     candidates_per_team: int = 4         # pending jobs of a team (its queue head) looked at per evaluation
     victim_order: str = "goodput"        # goodput (DESIGN §4) | naive (lowest priority, most recent)
+    fair_share_tolerance: float = 0.1    # teams whose F differ by less than this are one victim class (0: strict)
+    restart_cost_s: int = 0              # seconds of a victim's chips a restart costs, weighed with its lost work
+    checkpoint_grace_s: int = 60         # a decision's checkpoint_by = its instant + this (cooperative preemption)
     capacity_slo_target: float = 0.99    # capacity SLO whose error budget gates bursts
     policy_rows: bool = True             # emit balance and pending-reason rows when an hour closes
 
@@ -126,11 +178,13 @@ class FoldConfig:
         if self.max_preemptions > MAX_PREEMPTIONS_KEPT:
             raise ValueError(f"max_preemptions must be at most {MAX_PREEMPTIONS_KEPT}, got {self.max_preemptions}")
         for name in ("preemption_grace_s", "min_runtime_s", "preemption_window_s", "decision_timeout_s",
-                     "dedup_window_s"):
+                     "dedup_window_s", "restart_cost_s", "checkpoint_grace_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         if self.victim_order not in ("goodput", "naive"):
             raise ValueError(f"victim_order must be goodput or naive, got {self.victim_order!r}")
+        if not self.fair_share_tolerance >= 0.0:  # also NaN
+            raise ValueError(f"fair_share_tolerance must not be negative, got {self.fair_share_tolerance}")
         if not 0.0 < self.capacity_slo_target < 1.0:
             raise ValueError(f"capacity_slo_target must be between 0 and 1, got {self.capacity_slo_target}")
 
@@ -218,7 +272,11 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
         _advance(state, t, step, config)
         _forget_ids(state, t - config.dedup_window_s)
     step.applied_at = t
+    if t >= state.fc_due:  # the free chips of an earlier second are final: post them
+        _post_free_chips(state, step)
     _APPLY[etype](state, event, t, step, config)
+    if etype in _CAPACITY_TYPES:
+        _free_chips_changed(state, t)
     state.applied += 1
     # preemption is looked at only after a change that can leave a pending job short, or when a moment it
     # asked for (grace end, timeout, a protection ending) has come; never without pending jobs
@@ -294,6 +352,122 @@ def close_books(state: PoolState, until: Optional[int] = None,
     return journal, runs
 
 
+def close_facts(state: PoolState) -> dict[str, list]:
+    """The facts a close of the books posts at the pool clock: each wait still open (a later posting of the same
+    wait supersedes it) and the free chips of the current second not posted yet. {"waits": rows, "free_chips":
+    rows}."""
+    t = state.clock
+    pending = sorted((job for job in state.jobs.values() if job.status == "pending"), key=_wait_order)
+    waits = [_wait_row(state, job, job.run_index, None, OPEN, t) for job in pending]
+    step = Step()
+    if state.fc_row is not None:
+        _post_free_chips(state, step)
+    return {"waits": waits, "free_chips": list(step.free_chips)}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# facts: free chips (one row per change, at most one per pool and second) and the waits
+# ---------------------------------------------------------------------------------------------------------
+
+# the events that can change a pool's free capacity
+_CAPACITY_TYPES = frozenset({"chip.registered", "chip.state_changed", "chip.retired", "job.started",
+                             "job.preempted", "job.finished"})
+
+
+def free_chips_values(s: PoolState) -> tuple:
+    """(registered, healthy, in use, down, free, free on whole nodes, largest startable), milli-chips, now."""
+    healthy = s.capacity_milli - s.unavailable_milli
+    in_use = s.charged_milli
+    free = healthy - in_use
+    if free < 0:
+        free = 0
+    whole: Optional[int] = None
+    largest: Optional[int] = None
+    if not s.unplaced_runs:
+        w = s.whole_free_milli
+        counts = s.node_free_counts
+        most = max(counts) * MILLI if counts else 0
+        whole = w
+        largest = w if w > most else most
+    return (s.capacity_milli, healthy, in_use, s.unavailable_milli, free, whole, largest)
+
+
+def _free_chips_changed(s: PoolState, t: int) -> None:
+    """After an event that may change the free capacity: the row of this second, if it differs from the last posted."""
+    v = free_chips_values(s)
+    row = s.fc_row
+    if row is not None:  # a row of this second (one of an earlier second was posted before the event)
+        if v == s.fc_posted:
+            s.fc_row = None
+            s.fc_due = NEVER
+        else:
+            s.fc_row = _new_tuple(FreeChipsRow, (s.pool, t, *v))
+    elif v != s.fc_posted:
+        s.fc_row = _new_tuple(FreeChipsRow, (s.pool, t, *v))
+        s.fc_due = t + 1
+
+
+def _post_free_chips(s: PoolState, step: Step) -> None:
+    row: Any = s.fc_row
+    if row.__class__ is not FreeChipsRow:  # restored from a saved state as a plain tuple
+        row = _new_tuple(FreeChipsRow, tuple(row))
+    step.rows("free_chips").append(row)
+    s.fc_posted = tuple(row[2:])
+    s.fc_row = None
+    s.fc_due = NEVER
+
+
+def _node_change(s: PoolState, node: str, d_reg: int, d_free: int) -> None:
+    """A node's registered and free chips change: the counts of nodes by free chips and the whole free chips follow."""
+    nodes = s.nodes
+    counts = s.node_free_counts
+    n = nodes.get(node)
+    if n is None:
+        n = nodes[node] = [0, 0]
+    else:
+        reg, free = n[0], n[1]
+        c = counts[free] - 1
+        if c:
+            counts[free] = c
+        else:
+            del counts[free]
+        if free == reg:
+            s.whole_free_milli -= reg * MILLI
+    reg = n[0] = n[0] + d_reg
+    free = n[1] = n[1] + d_free
+    if reg <= 0:
+        del nodes[node]
+        return
+    counts[free] = counts.get(free, 0) + 1
+    if free == reg:
+        s.whole_free_milli += reg * MILLI
+
+
+def _wait_row(s: PoolState, job: Job, run_index: int, ended_at: Optional[int], end: str, t: int) -> WaitRow:
+    nominal = job.wait_nominal_milli
+    used = job.wait_used_milli
+    chips = job.chips_milli
+    return _new_tuple(WaitRow, (s.pool, job.job_id, job.team, run_index,
+                                "first_start" if run_index == 0 else "restart", job.priority, chips,
+                                job.submitted_at, job.waiting_since, ended_at, end, chips <= nominal - used,
+                                used > nominal, nominal, used, 0, "", t))
+
+
+def _post_open_waits(s: PoolState, hour_start: int, step: Step) -> None:
+    """At the close of an hour, the waits that began in it and are still open (so a reader of a lake the Kafka
+    sink writes, whose books are never closed early, sees a long wait within the hour after it began)."""
+    began = [job for queue in s.waiting.values() for job in queue.values() if job.waiting_since >= hour_start]
+    if began:
+        began.sort(key=_wait_order)  # the order of the queues is not kept by a saved state
+        rows = step.rows("waits")
+        for job in began:
+            rows.append(_wait_row(s, job, job.run_index, None, OPEN, hour_start + HOUR_S))
+
+
+def _wait_order(job: Job) -> tuple:
+    return (job.waiting_since, job.job_id)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # checks: a Rejection, or None when the event may be applied. They never change the state.
 # ---------------------------------------------------------------------------------------------------------
@@ -335,7 +509,8 @@ def _check_quota_granted(s: PoolState, e):
     if g is not None and g.team != e.team:
         return Rejection(RC.illegal_transition,
                          f"grant {e.grant_id!r} belongs to team {g.team!r}, not {e.team!r}; revoke it and grant anew")
-    held = sum(h.chips_milli for gid, h in s.grants.items() if gid != e.grant_id)  # a re-grant replaces its own
+    own = s.grants.get(e.grant_id)
+    held = s.held_milli - (own.chips_milli if own is not None else 0)  # a re-grant replaces its own amount
     if held + e.chips_milli > MAX_POOL_MILLI:
         return Rejection(RC.over_limit, f"the grants held in pool {s.pool!r} would total {_chips_text(held + e.chips_milli)} "
                          f"chips, over the pool bound of {MAX_POOL_CHIPS:,} (docs/events.md, Limits)")
@@ -439,6 +614,8 @@ def _advance(state: PoolState, t: int, step: Step, config: FoldConfig = DEFAULT_
         elif hour_end <= t:
             books.close_hour(step.rows("journal"))
             policy.hour_closed(state, hour_end - HOUR_S, step, config)
+            if state.pending_sizes:
+                _post_open_waits(state, hour_end - HOUR_S, step)
             # a stretch of hours that post nothing is closed at once, not hour by hour: the cost of a jump of
             # the clock follows the rows it writes, not the hours it spans
             stop = t if b is None or b > t else b
@@ -497,6 +674,7 @@ def _grant_off(state: PoolState, grant_id: str, version: int, t: int) -> None:
         return
     _deactivate(state, g, t)
     del state.grants[grant_id]
+    state.held_milli -= g.chips_milli
     state.policy_full = True
     state.other_epoch += 1
     state.quota_epoch += 1
@@ -649,11 +827,15 @@ def _pending_demand(state: PoolState, name: str, jobs: int, milli: int, t: int) 
 
 
 def _enqueue(state: PoolState, job: Job, t: int) -> None:
-    """The job starts waiting: its chips join its team's pending demand and the policy's queue of the team."""
+    """The job starts waiting: its chips join its team's pending demand and the policy's queue of the team; the
+    wait notes whether it fits the team's unused nominal quota and whether the team borrows (fact `waits`)."""
     name = job.team
     milli = job.chips_milli
     _pending_demand(state, name, 1, milli, t)
     job.waiting_since = t
+    team = state.teams[name]
+    job.wait_nominal_milli = team.nominal_milli
+    job.wait_used_milli = team.use_milli
     q = state.waiting.get(name)
     if q is None:
         q = state.waiting[name] = {}
@@ -671,8 +853,10 @@ def _enqueue(state: PoolState, job: Job, t: int) -> None:
             heads.sort(key=policy.queue_key)
 
 
-def _dequeue(state: PoolState, job: Job, t: int) -> None:
-    """The job stops waiting (it started or finished): its chips leave its team's pending demand and queue."""
+def _dequeue(state: PoolState, job: Job, t: int, step: Step, run_index: int, end: str) -> None:
+    """The job stops waiting (it started or finished): its chips leave its team's pending demand and queue, and
+    its wait is posted (fact `waits`)."""
+    step.rows("waits").append(_wait_row(state, job, run_index, t, end, t))
     name = job.team
     milli = job.chips_milli
     _pending_demand(state, name, -1, -milli, t)
@@ -717,6 +901,7 @@ def _apply_pool_tick(s, e, t, step, config=DEFAULT_CONFIG):
 def _apply_chip_registered(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     s.chips[e.chip_id] = Chip(e.node)
     s.capacity_milli += MILLI
+    _node_change(s, e.node, 1, 1)
     _retally_pool(s, t)
 
 
@@ -735,6 +920,8 @@ def _apply_chip_state_changed(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
         s.unavailable_milli += MILLI
     s.run_epoch += 1
     s.other_epoch += 1
+    if not chip.jobs:
+        _node_change(s, chip.node, 0, 1 if now else -1)
     for job_id, share in chip.jobs.items():
         job = s.jobs[job_id]
         _charge(s, job, job.charged_milli + (share if now else -share), t)
@@ -744,6 +931,7 @@ def _apply_chip_state_changed(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
 def _apply_chip_retired(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     chip = s.chips.pop(e.chip_id)
     s.capacity_milli -= MILLI
+    _node_change(s, chip.node, -1, -1 if chip.available and not chip.jobs else 0)
     s.run_epoch += 1
     s.other_epoch += 1
     if not chip.available:
@@ -766,6 +954,8 @@ def _milli_or_none(chips) -> Optional[int]:
 
 def _apply_quota_granted(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     old = s.grants.pop(e.grant_id, None)
+    if old is not None:
+        s.held_milli -= old.chips_milli
     if old is not None:  # a re-grant under the same id amends the grant
         _deactivate(s, old, t)
     # versions are unique in the pool, not per grant: a grant id revoked and granted anew must not match the
@@ -778,6 +968,7 @@ def _apply_quota_granted(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     if g.effective_until is not None and g.effective_until <= t:
         return  # already over: nothing to hold
     s.grants[g.grant_id] = g
+    s.held_milli += g.chips_milli
     if g.effective_from is None or g.effective_from <= t:
         _grant_on(s, g.grant_id, version, t)
     else:
@@ -797,7 +988,9 @@ def _deactivate(s: PoolState, g: Grant, t: int) -> None:
 
 
 def _apply_quota_revoked(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
-    _deactivate(s, s.grants.pop(e.grant_id), t)  # the check saw it held at t
+    g = s.grants.pop(e.grant_id)  # the check saw it held at t
+    s.held_milli -= g.chips_milli
+    _deactivate(s, g, t)
 
 
 def _apply_burst_requested(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
@@ -846,7 +1039,7 @@ def _apply_job_started(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     if job.first_started_at is None:
         job.first_started_at = t
     job.run_alloc_mchip_s = job.run_posted_mchip_s = job.alloc_at_safe_mchip_s = 0
-    _dequeue(s, job, t)
+    _dequeue(s, job, t, step, job.run_index - 1, STARTED)
     team.running += 1
     s.run_epoch += 1
     te = s.team_epoch
@@ -866,14 +1059,27 @@ def _apply_job_started(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     if chip_ids is None:
         job.placement = None
         charge = chips_milli
+        s.unplaced_runs += 1
     else:  # spread evenly; the first `extra` chips take one milli-chip more
         n = len(chip_ids)
         base, extra = divmod(chips_milli, n)
         chips = s.chips
         if base and not extra:  # the common case: whole chips
             job.placement = dict.fromkeys(chip_ids, base)
+            node = ""
+            taken = 0  # chips of `node` that were free (a job's chips are mostly on one node: one change per node)
             for chip_id in chip_ids:
-                chips[chip_id].jobs[job_id] = base
+                chip = chips[chip_id]
+                if not chip.jobs and chip.available:  # the chip was free
+                    if chip.node != node:
+                        if taken:
+                            _node_change(s, node, 0, -taken)
+                        node = chip.node
+                        taken = 0
+                    taken += 1
+                chip.jobs[job_id] = base
+            if taken:
+                _node_change(s, node, 0, -taken)
             charge = base * n
             down = s.down
             if down:  # shares on unavailable chips are not charged
@@ -886,6 +1092,8 @@ def _apply_job_started(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
                 if share:
                     placement[chip_id] = share
                     chip = chips[chip_id]
+                    if not chip.jobs and chip.available:
+                        _node_change(s, chip.node, 0, -1)
                     chip.jobs[job_id] = share
                     if chip.available:
                         charge += share
@@ -917,13 +1125,28 @@ def _end_run(s: PoolState, job: Job, t: int, reason: str, step: Step) -> None:
         job.charged_milli = 0
         _use(s, team, -charged, t)
     placement = job.placement
-    if placement:
+    if placement is None:
+        s.unplaced_runs -= 1
+    elif placement:
         chips = s.chips
+        node = ""
+        freed = 0
         for chip_id in placement:
-            try:
-                del chips[chip_id].jobs[job_id]
-            except KeyError:  # the chip was retired (or retired and registered anew)
-                pass
+            chip = chips.get(chip_id)
+            if chip is None:  # the chip was retired
+                continue
+            cj = chip.jobs
+            if job_id in cj:  # (not if retired and registered anew)
+                del cj[job_id]
+                if not cj and chip.available:  # the chip is free again
+                    if chip.node != node:
+                        if freed:
+                            _node_change(s, node, 0, freed)
+                        node = chip.node
+                        freed = 0
+                    freed += 1
+        if freed:
+            _node_change(s, node, 0, freed)
     job.placement = None
     team.running -= 1
     del s.running_jobs[name][job_id]
@@ -963,7 +1186,7 @@ def _apply_job_finished(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     if job.status == "running":
         _end_run(s, job, t, e.outcome, step)
     else:
-        _dequeue(s, job, t)
+        _dequeue(s, job, t, step, job.run_index, FINISHED)
 
 
 # events after which preemption is looked at (when jobs are pending; docs/policy.md): new demand (a job
@@ -1052,5 +1275,18 @@ def check_invariants(s: PoolState) -> None:
             sizes[j.chips_milli] = sizes.get(j.chips_milli, 0) + 1
     assert sizes == s.pending_sizes, (sizes, s.pending_sizes)
     assert s.active_milli == sum(j.chips_milli for j in s.jobs.values()) <= MAX_POOL_MILLI, s.active_milli
+    assert s.held_milli == sum(g.chips_milli for g in s.grants.values()) <= MAX_POOL_MILLI, s.held_milli
     for acc in s.books.accounts.values():
         assert acc[0] >= 0 and acc[2] >= 0 and acc[1] >= s.books.open_hour
+    nodes: dict = {}
+    for c in s.chips.values():
+        n = nodes.setdefault(c.node, [0, 0])
+        n[0] += 1
+        n[1] += 1 if c.available and not c.jobs else 0
+    assert nodes == s.nodes, (nodes, s.nodes)
+    counts: dict = {}
+    for reg, free in nodes.values():
+        counts[free] = counts.get(free, 0) + 1
+    assert counts == s.node_free_counts, (counts, s.node_free_counts)
+    assert s.whole_free_milli == sum(MILLI * r for r, f in nodes.values() if r == f)
+    assert s.unplaced_runs == sum(1 for j in s.jobs.values() if j.status == "running" and j.placement is None)

@@ -488,47 +488,6 @@ def protected_until(job: Job, t: int, config) -> int:
     return until
 
 
-def _victim_key(order: str, f: float, job: Job, lost: int):
-    if order == "naive":  # the common baseline: lowest priority, then most recently started
-        return (job.priority, -job.run_started_at, job.job_id)
-    return (f, job.priority, lost, -job.run_started_at, job.job_id)
-
-
-def _select(groups, need: int, room: dict[str, int]) -> list:
-    """Greedy in victim order while the victim's team still has room (borrowed chips left to take), then drop
-    the victims no longer needed (the one losing the most work first), so that no victim could be spared:
-    what is freed exceeds the need by less than the smallest victim.
-
-    `groups` yields lists of candidates (key, job, lost), each list sorted, the lists in victim order; later
-    groups are not even built once enough is chosen (with the goodput order a group is the teams of one F)."""
-    chosen = []
-    freed = 0
-    left = dict(room)
-    for group in groups:
-        for c in group:
-            job = c[1]
-            if left.get(job.team, 0) <= 0:
-                continue
-            chosen.append(c)
-            freed += job.chips_milli
-            left[job.team] -= job.chips_milli
-            if freed >= need:
-                break
-        if freed >= need:
-            break
-    if freed < need:
-        return []
-    while True:  # drop the victims no longer needed, the one losing the most work first (ties: latest chosen)
-        drop = None
-        for i, c in enumerate(chosen):
-            if freed - c[1].chips_milli >= need and (drop is None or c[2] >= chosen[drop][2]):
-                drop = i
-        if drop is None:
-            return chosen
-        freed -= chosen[drop][1].chips_milli
-        del chosen[drop]
-
-
 def promised_free(state: PoolState, free: int) -> int:
     """The free chips held for beneficiaries of decisions in flight (at most `free`): a beneficiary still
     pending takes its chips from its victims not yet gone and, for the rest, from the free chips (its
@@ -719,16 +678,16 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
         if fs is None:
             fs = fair_shares(state, t, config.decay_half_life_s)
         if rule == "reclaim":
-            chosen, wake = _reclaim_victims(state, job, need, t, fs, config)
+            chosen, wake, plan = _reclaim_victims(state, job, need, t, fs, config)
         else:
-            chosen, wake = _priority_victims(state, job, need, t, fs, config)
+            chosen, wake, plan = _priority_victims(state, job, need, t, fs, config)
         if not chosen:
             state.blocked[jid] = (sig, wake)
             if wake < NEVER:
                 wakes[jid] = wake
             continue
         state.blocked.pop(jid, None)
-        wakes[jid] = _emit(state, trigger_id, rule, job, chosen, need, free, held, t, fs, limits, step, config)
+        wakes[jid] = _emit(state, trigger_id, rule, job, chosen, need, free, held, t, fs, plan, step, config)
         rest = chips - sum(c[1].chips_milli for c in chosen)  # what the beneficiary takes from the free chips
         if rest > 0:
             rest = rest if rest < free else free
@@ -745,67 +704,226 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
         state.policy_due = min(state.policy_due, *(wakes[j] for j in seen if j in wakes))
 
 
+def victim_classes(teams, fs, tolerance: float) -> list[list[str]]:
+    """The victim classes of the goodput order: teams by lowest F first (then name); a class starts at its
+    lowest-F team and holds every next team whose F is less than `tolerance` above that one (DESIGN §4:
+    F is an estimate, so teams this close count as equal). Tolerance 0: one class per distinct F."""
+    ordered = sorted(teams, key=lambda n: (fs[n][1], n))
+    out: list[list[str]] = []
+    anchor = 0.0
+    for name in ordered:
+        f = fs[name][1]
+        if out and (f == anchor or f - anchor < tolerance):
+            out[-1].append(name)
+        else:
+            out.append([name])
+            anchor = f
+    return out
+
+
 class _Candidates:
     """Running jobs of some teams that may be preempted now, as groups in victim order (built lazily), and the
-    earliest instant a protected one becomes eligible (`wake`, complete once every group was built)."""
+    earliest instant a protected one becomes eligible (`wake`, complete once every group was built).
+
+    A candidate is (key, job, lost work, cost): cost = lost work + the victim's chips × restart_cost_s, what
+    the victim choice weighs; key orders a group by lowest priority, then least cost, then most recently
+    started, then job id (the naive order: lowest priority, most recently started)."""
 
     def __init__(self, state: PoolState, teams, t: int, fs, config, pred=None):
         self.state, self.t, self.fs, self.config, self.pred = state, t, fs, config, pred
         self.wake = NEVER
         if config.victim_order == "naive":
             self.plan = [list(teams)]
-        else:  # teams of equal F form one group; groups by lowest F first
-            by_f: dict[float, list] = {}
-            for name in teams:
-                by_f.setdefault(fs[name][1], []).append(name)
-            self.plan = [by_f[f] for f in sorted(by_f)]
+        else:  # victim classes: teams whose F differ by less than the tolerance, lowest F first
+            self.plan = victim_classes(teams, fs, config.fair_share_tolerance)
 
     def __iter__(self):
-        # protected_until, lost_work_mchip_s and _victim_key written out: this loop runs over every running job
-        # of the candidate teams for each decision
+        """Per victim class, per priority (lowest first): the candidates, sorted by key. Built lazily: a class
+        may hold thousands of running jobs, and the lowest priority usually covers the need."""
+        # protected_until, lost_work_mchip_s and the order key written out: this loop runs over every running
+        # job of the candidate teams for each decision
         state, t, config, pred = self.state, self.t, self.config, self.pred
         naive = config.victim_order == "naive"
         min_runtime = config.min_runtime_s
         max_pre = config.max_preemptions
         window = config.preemption_window_s
+        restart = config.restart_cost_s
         marked = state.marked
         running = state.running_jobs
-        fs = self.fs
+        prio_chips = state.prio_chips
         for names in self.plan:
-            out = []
+            prios = set()  # the priorities of the class's preemptible running jobs (the fold keeps them per team)
             for name in names:
-                f = fs[name][1]
-                for job in running.get(name, _NONE).values():
-                    if not job.preemptible or job.job_id in marked or (pred is not None and not pred(job)):
-                        continue  # a non-preemptible job is protected for ever: no wake for it
-                    until = job.run_started_at + min_runtime
-                    recent = job.preempted_at
-                    if len(recent) >= max_pre:
-                        w = recent[-max_pre] + window
-                        if w > until:
-                            until = w
-                    if until > t:
-                        if until < self.wake:
-                            self.wake = until
-                        continue
-                    lost = job.run_alloc_mchip_s + job.charged_milli * (t - job.since) - job.alloc_at_safe_mchip_s
-                    if naive:
-                        out.append(((job.priority, -job.run_started_at, job.job_id), job, lost))
-                    else:
-                        out.append(((f, job.priority, lost, -job.run_started_at, job.job_id), job, lost))
-            out.sort(key=_first)
-            yield out
+                prios.update(prio_chips.get(name, _NONE))
+            for prio in sorted(prios):
+                out = []
+                for name in names:
+                    for job in running.get(name, _NONE).values():
+                        if job.priority != prio or not job.preemptible or job.job_id in marked or (
+                                pred is not None and not pred(job)):
+                            continue  # a non-preemptible job is protected for ever: no wake for it
+                        until = job.run_started_at + min_runtime
+                        recent = job.preempted_at
+                        if len(recent) >= max_pre:
+                            w = recent[-max_pre] + window
+                            if w > until:
+                                until = w
+                        if until > t:
+                            if until < self.wake:
+                                self.wake = until
+                            continue
+                        lost = job.run_alloc_mchip_s + job.charged_milli * (t - job.since) - job.alloc_at_safe_mchip_s
+                        cost = lost + job.chips_milli * restart
+                        if naive:
+                            out.append(((prio, -job.run_started_at, job.job_id), job, lost, cost))
+                        else:
+                            out.append(((prio, cost, -job.run_started_at, job.job_id), job, lost, cost))
+                if out:
+                    out.sort(key=_first)
+                    yield out
 
 
 _NONE: dict = {}
+EXACT_CELLS = 20_000  # the exact least-cost set is searched when candidates × needed units stay below this
 
 
 def _first(c):
     return c[0]
 
 
-def _reclaim_victims(state: PoolState, ben: Job, need: int, t: int, fs, config) -> tuple[list, int]:
-    """Jobs of borrowing teams: ordinary borrowing first; burst reservations only if that is not enough."""
+def _least_cost_set(level: list, need: int, left: dict) -> Optional[list]:
+    """The set of candidates of `level` (one priority within a victim class) that frees at least `need` with
+    the least total cost (lost work + restart cost): a knapsack over chips in units of their greatest common
+    divisor, exact. None when that is not cheap (too many cells), when `level` cannot free `need`, or when
+    the set takes more from a team than its room allows (a team gives while it still has room: all of its
+    victims but the largest fit in its room), so that the caller falls back to greedy-then-drop."""
+    from math import gcd
+
+    g = 0
+    total = 0
+    for c in level:
+        g = gcd(g, c[1].chips_milli)
+        total += c[1].chips_milli
+    if total < need or g <= 0:
+        return None
+    units = -(-need // g)
+    # a least-cost cover never holds more than ceil(units / w) candidates of size w (one fewer would still
+    # cover): only the cheapest that many of each size can be in it (level is in key order: cost first)
+    kept: dict[int, int] = {}
+    pruned = []
+    for c in level:
+        w = c[1].chips_milli // g
+        k = kept.get(w, 0)
+        if k < -(-units // w):
+            kept[w] = k + 1
+            pruned.append(c)
+    level = pruned
+    n = len(level)
+    if n * (units + 1) > EXACT_CELLS:
+        return None
+    inf = NEVER
+    # best[i][u]: least cost covering u units with candidates i.. (u capped at 0)
+    best = [[inf] * (units + 1) for _ in range(n + 1)]
+    took = [[False] * (units + 1) for _ in range(n)]
+    best[n][0] = 0
+    for i in range(n - 1, -1, -1):
+        w = level[i][1].chips_milli // g
+        cost = level[i][3]
+        row, nxt, tk = best[i], best[i + 1], took[i]
+        for u in range(units + 1):
+            skip = nxt[u]
+            r = u - w
+            take = nxt[r if r > 0 else 0]
+            take = take + cost if take < inf else inf
+            if take <= skip and take < inf:  # ties: take it, so the better-keyed candidate is preferred
+                row[u] = take
+                tk[u] = True
+            else:
+                row[u] = skip
+    if best[0][units] >= inf:
+        return None
+    picked = []
+    u = units
+    for i in range(n):
+        if u <= 0:
+            break
+        if not took[i][u]:
+            continue
+        picked.append(level[i])
+        u -= level[i][1].chips_milli // g
+        if u < 0:
+            u = 0
+    per_team: dict[str, list] = {}
+    for c in picked:
+        per_team.setdefault(c[1].team, []).append(c[1].chips_milli)
+    for team, chips in per_team.items():
+        if sum(chips) - max(chips) >= left.get(team, 0):
+            return None
+    return picked
+
+
+def _select(groups, need: int, room: dict[str, int], exact: bool = True) -> list:
+    """Victims in victim order: groups (victim classes) in order; within a group, priorities lowest first, each
+    taken whole while it cannot cover what is still needed; at the priority that covers it, the set with the
+    least cost (`_least_cost_set`, exact where cheap, else greedy in key order while the victim's team still has
+    room). Then the victims no longer needed are dropped (the one losing the most work first), so that no
+    victim could be spared: what is freed exceeds the need by less than the smallest victim.
+
+    `groups` yields lists of candidates (key, job, lost, cost), each list sorted, the lists in victim order (a
+    list is one priority of one victim class); later groups are not even built once enough is chosen.
+    `exact` False (the naive order) is pure greedy."""
+    chosen = []
+    freed = 0
+    left = dict(room)
+    for group in groups:
+        i = 0
+        n = len(group)
+        while i < n and freed < need:
+            if exact:
+                p = group[i][1].priority
+                j = i
+                while j < n and group[j][1].priority == p:
+                    j += 1
+                level = [c for c in group[i:j] if left.get(c[1].team, 0) > 0]
+                i = j
+                pick = _least_cost_set(level, need - freed, left) if level else None
+                if pick is not None:
+                    for c in pick:
+                        chosen.append(c)
+                        freed += c[1].chips_milli
+                        left[c[1].team] -= c[1].chips_milli
+                    break
+            else:
+                level = group[i:]
+                i = n
+            for c in level:
+                job = c[1]
+                if left.get(job.team, 0) <= 0:
+                    continue
+                chosen.append(c)
+                freed += job.chips_milli
+                left[job.team] -= job.chips_milli
+                if freed >= need:
+                    break
+        if freed >= need:
+            break
+    if freed < need:
+        return []
+    w = 3 if exact else 2  # the naive order drops by lost work alone
+    while True:  # drop the victims no longer needed, the costliest first (ties: latest chosen)
+        drop = None
+        for i, c in enumerate(chosen):
+            if freed - c[1].chips_milli >= need and (drop is None or c[w] >= chosen[drop][w]):
+                drop = i
+        if drop is None:
+            return chosen
+        freed -= chosen[drop][1].chips_milli
+        del chosen[drop]
+
+
+def _reclaim_victims(state: PoolState, ben: Job, need: int, t: int, fs, config) -> tuple[list, int, list]:
+    """Jobs of borrowing teams: ordinary borrowing first; burst reservations only if that is not enough.
+    Returns (victims, wake, victim classes looked at)."""
     ordinary: dict[str, int] = {}
     with_burst: dict[str, int] = {}
     promised: dict[str, int] = {}  # chips of a team already named as victims in decisions in flight
@@ -826,31 +944,35 @@ def _reclaim_victims(state: PoolState, ben: Job, need: int, t: int, fs, config) 
         if b + u > 0:
             with_burst[name] = b + u
     if not with_burst:
-        return [], NEVER
+        return [], NEVER, []
+    exact = config.victim_order != "naive"
     chosen = []
     if ordinary:
-        chosen = _select(_Candidates(state, sorted(ordinary), t, fs, config), need, ordinary)
-    if chosen:
-        return chosen, NEVER
+        cands = _Candidates(state, sorted(ordinary), t, fs, config)
+        chosen = _select(cands, need, ordinary, exact)
+        if chosen:
+            return chosen, NEVER, cands.plan
     cands = _Candidates(state, sorted(with_burst), t, fs, config)
-    chosen = _select(cands, need, with_burst)
-    return chosen, (NEVER if chosen else cands.wake)
+    chosen = _select(cands, need, with_burst, exact)
+    return chosen, (NEVER if chosen else cands.wake), cands.plan
 
 
-def _priority_victims(state: PoolState, ben: Job, need: int, t: int, fs, config) -> tuple[list, int]:
+def _priority_victims(state: PoolState, ben: Job, need: int, t: int, fs, config) -> tuple[list, int, list]:
     """Lower-priority jobs of the beneficiary's own team."""
     cands = _Candidates(state, [ben.team], t, fs, config, pred=lambda j: j.priority < ben.priority)
-    chosen = _select(cands, need, {ben.team: NEVER})
-    return chosen, (NEVER if chosen else cands.wake)
+    chosen = _select(cands, need, {ben.team: NEVER}, config.victim_order != "naive")
+    return chosen, (NEVER if chosen else cands.wake), cands.plan
 
 
 def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, need: int, free: int, held: int,
-          t: int, fs, limits, step, config) -> int:
+          t: int, fs, plan, step, config) -> int:
     decision_id = f"{trigger_id}:{rule}:{ben.job_id}"
     victims = []
     freed = 0
-    for _, job, lost in chosen:
+    restart = 0
+    for _, job, lost, cost in chosen:
         freed += job.chips_milli
+        restart += cost - lost
         # the decision's JSON is built directly (schemas.outputs.DecisionPreempt is its contract; the tests
         # read every decision back through it): this runs for every decision
         victims.append({"job_id": job.job_id, "team": job.team, "chips": job.chips_milli / MILLI,
@@ -869,7 +991,21 @@ def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, 
     if held:
         numbers["promised_chips"] = held / MILLI
     victim_teams = sorted({v["team"] for v in victims})
-    for name in victim_teams:
+    # the victim classes the victims came from: teams in one class were treated as equal (F within the tolerance)
+    equal: list[list[str]] = []
+    if rule == "reclaim" and config.victim_order != "naive":
+        tol = config.fair_share_tolerance
+        numbers["fair_share_tolerance"] = tol if tol < 1e300 else 1e300
+        numbers["restart_cost_chip_s"] = float(restart // MILLI)
+        vt = set(victim_teams)
+        for k, cls in enumerate(plan):
+            if vt.intersection(cls):
+                if len(cls) > 1:
+                    equal.append(cls)
+                for name in cls:
+                    numbers[f"victim_class[{name}]"] = float(k)
+    shown = sorted(set(victim_teams).union(*equal)) if equal else victim_teams
+    for name in shown:
         b, u = borrowed_of(state.teams[name])
         numbers[f"fair_share_factor[{name}]"] = round(fs[name][1], 6)
         numbers[f"borrowed_chips[{name}]"] = b / MILLI
@@ -878,22 +1014,33 @@ def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, 
     lost = int(numbers["lost_work_chip_s"])
     promised = f", {_chips(held)} more promised to decisions in flight" if held else ""
     if rule == "reclaim":
+        if equal:
+            tol = config.fair_share_tolerance
+            tol_s = f"{tol:g}" if tol < 1e300 else "infinite"
+            eq = "; ".join(f"teams {', '.join(cls)} treated as equal (F " +
+                           ", ".join(f"{fs[n][1]:.3f}" for n in cls) +
+                           f" differ by less than fair_share_tolerance {tol_s}), victims with the least lost "
+                           f"work taken from any of them" for cls in equal)
+            eq = f"; {eq}"
+        else:
+            eq = ""
         message = (f"reclaim: job {ben.job_id} ({_chips(ben.chips_milli)} chips) fits team {ben.team}'s unused "
                    f"quota but only {_chips(free)} chips are free{promised}; preempt {len(victims)} job(s) of "
                    f"borrowing team(s) {', '.join(victim_teams)} to free {_chips(freed)} chips "
-                   f"({_chips(need)} needed, {lost} chip-s of work lost)")
+                   f"({_chips(need)} needed, {lost} chip-s of work lost){eq}; victims checkpoint by "
+                   f"{_utc(t + config.checkpoint_grace_s)} UTC")
     else:
         message = (f"priority: job {ben.job_id} (priority {ben.priority}, {_chips(ben.chips_milli)} chips) of "
                    f"team {ben.team}, at its quota and unable to borrow, preempts {len(victims)} lower-priority "
                    f"job(s) of its team to free {_chips(freed)} chips ({_chips(need)} needed{promised}, {lost} "
-                   f"chip-s of work lost)")
+                   f"chip-s of work lost); victims checkpoint by {_utc(t + config.checkpoint_grace_s)} UTC")
     expires = t + config.decision_timeout_s * 2 ** min(state.ignored.get(ben.job_id, 0), 4)
     state.inflight[ben.job_id] = [decision_id, rule, t, [v["job_id"] for v in victims], expires, False]
     state.inflight_next = min(state.inflight_next, expires)
     state.other_epoch += 1
     body = {"decision_id": decision_id, "type": "decision.preempt", "pool": state.pool, "at": _iso(t),
             "rule": rule, "beneficiary": {"job_id": ben.job_id, "team": ben.team}, "victims": victims,
-            "numbers": numbers, "message": message}
+            "checkpoint_by": _iso(t + config.checkpoint_grace_s), "numbers": numbers, "message": message}
     step.rows("decisions").append(DecisionRow(decision_id, "decision.preempt", state.pool, t, rule, message,
                                       orjson.dumps(body).decode()))
     return expires

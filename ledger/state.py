@@ -136,6 +136,9 @@ class Job:
     alloc_at_safe_mchip_s: int = 0  # run allocation at the last checkpoint (work up to there is safe)
     waiting_since: int = 0    # when it last became pending (submission or preemption)
     preempted_at: list = field(default_factory=list)  # instants of its last preemptions (anti-thrash), oldest first
+    # the current wait (fact `waits`): its team's nominal quota and use when it began
+    wait_nominal_milli: int = 0
+    wait_used_milli: int = 0
 
 
 @dataclass(slots=True)
@@ -203,7 +206,21 @@ class PoolState:
     # needs no advance of the clock (derived, kept by the fold and push_boundary)
     until: int = 0
     active_milli: int = 0  # chips of the pool's jobs, pending or running (bounded: schemas.events.MAX_POOL_MILLI)
+    held_milli: int = 0    # chips of the grants it holds, in effect or to come (bounded likewise)
     limits_cache: Optional[tuple] = None  # (quota_epoch, team_limits, teams with a lending limit) of the last evaluation
+    # --- facts (free_chips) ---
+    # the free_chips row of the current second not posted yet (posted at the first event of a later second, or at
+    # a close of the books: at most one row per pool per second, the last), and the values of the last row posted
+    fc_row: Optional[tuple] = None
+    fc_posted: Optional[tuple] = None
+    fc_due: int = 1 << 62  # fc_row's second + 1 (never while there is none)
+    # derived from `chips` and `jobs` (rebuilt by reindex): per node [chips registered, chips free (available,
+    # nothing placed)], how many nodes have each count of free chips, the chips of wholly free nodes, and the
+    # running jobs without a placement (while there are any, which chips are free is not known)
+    nodes: dict = field(default_factory=dict)
+    node_free_counts: dict = field(default_factory=dict)
+    whole_free_milli: int = 0
+    unplaced_runs: int = 0
 
     def __post_init__(self):
         self.reset_until()
@@ -249,6 +266,8 @@ class PoolState:
             "wakes": dict(self.wakes), "policy_full": self.policy_full,
             "profile": [list(p) for p in self.profile], "budget_hours": [list(h) for h in self.budget_hours],
             "pool_marks": list(self.pool_marks),
+            "fc_row": None if self.fc_row is None else list(self.fc_row),
+            "fc_posted": None if self.fc_posted is None else list(self.fc_posted),
         }
 
     def _dedup_list(self) -> list:
@@ -298,6 +317,11 @@ class PoolState:
             s.profile = [list(p) for p in d["profile"]]
             s.budget_hours = deque(list(h) for h in d["budget_hours"])
             s.pool_marks = list(d["pool_marks"])
+        if d.get("fc_row") is not None:
+            s.fc_row = tuple(d["fc_row"])
+            s.fc_due = s.fc_row[1] + 1
+        if d.get("fc_posted") is not None:
+            s.fc_posted = tuple(d["fc_posted"])
         s.reindex()
         s.reset_until()
         return s
@@ -308,6 +332,20 @@ class PoolState:
         self.prio_chips = {}
         self.down = {k for k, c in self.chips.items() if not c.available}
         self.active_milli = sum(j.chips_milli for j in self.jobs.values())
+        self.held_milli = sum(g.chips_milli for g in self.grants.values())
+        self.nodes, self.node_free_counts, self.whole_free_milli = {}, {}, 0
+        for c in self.chips.values():
+            n = self.nodes.get(c.node)
+            if n is None:
+                n = self.nodes[c.node] = [0, 0]
+            n[0] += 1
+            if c.available and not c.jobs:
+                n[1] += 1
+        for reg, free in self.nodes.values():
+            self.node_free_counts[free] = self.node_free_counts.get(free, 0) + 1
+            if free == reg:
+                self.whole_free_milli += reg * 1000
+        self.unplaced_runs = sum(1 for j in self.jobs.values() if j.status == "running" and j.placement is None)
         for j in self.jobs.values():
             if j.status == "pending":
                 self.waiting.setdefault(j.team, {})[j.job_id] = j

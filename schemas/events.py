@@ -92,15 +92,21 @@ def _require_zone(value):
 
 
 Timestamp = Annotated[AwareDatetime, BeforeValidator(_require_zone)]
-# an event's own time: inside the contract's range (grant and burst windows may reach further: they are
-# instants the clock may never reach, and nothing is multiplied by them)
-EventTime = Annotated[Timestamp, Field(ge=MIN_TIME, lt=MAX_TIME)]
+# an event's own time lies in [MIN_TIME, MAX_TIME): schemas.parse checks it after validation (a constraint
+# here would cost a third of the validation); grant and burst windows may reach further: they are instants
+# the clock may never reach, and nothing is multiplied by them
+EventTime = Annotated[Timestamp, WithJsonSchema({"type": "string", "format": "date-time",
+                                                 "formatMinimum": "1970-01-01T00:00:00Z",
+                                                 "formatExclusiveMaximum": "2100-01-01T00:00:00Z"})]
 # ids and names never hold control characters (C0, DEL, C1): a NUL breaks PostgreSQL text, an escape code a
-# terminal; free text (`reason`) may hold tabs and line breaks, no other C0 character
+# terminal; free text (`reason`) may hold tabs and line breaks, no other C0 character. The patterns are in the
+# JSON Schema for producers; schemas.parse checks them (`control_characters`), after validation and only
+# when the message's bytes could hold such a character at all, which keeps them off the common path.
 NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*$"
 TEXT_PATTERN = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f]*$"
-Name = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_CONTROL)]
-Text = Annotated[str, Field(max_length=1024, pattern=TEXT_PATTERN)]
+Name = Annotated[str, Field(min_length=1, max_length=256, json_schema_extra={"pattern": NO_CONTROL})]
+Text = Annotated[str, Field(max_length=1024, json_schema_extra={"pattern": TEXT_PATTERN})]
+TEXT_FIELDS = frozenset({"reason"})  # the free-text fields; every other string of an event is an id or a name
 
 
 def to_milli(chips: Decimal) -> int:
@@ -134,7 +140,7 @@ class _Event(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=False)
 
-    event_id: str = Field(min_length=1, max_length=128, pattern=NO_CONTROL,
+    event_id: str = Field(min_length=1, max_length=128, json_schema_extra={"pattern": NO_CONTROL},
                           description="unique id minted by the producer; re-sending it is a no-op")
     occurred_at: EventTime = Field(description="event time, RFC 3339 with a zone, in [1970-01-01, 2100-01-01)")
     pool: Name = Field(description="capacity domain: one accelerator flavor in one cluster")

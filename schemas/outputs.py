@@ -40,6 +40,9 @@ class DecisionPreempt(_Frozen):
     rule: Literal["reclaim", "priority"]
     beneficiary: JobRef
     victims: list[Victim]
+    checkpoint_by: Optional[Timestamp] = Field(
+        None, description="cooperative preemption: a victim that checkpoints before this instant loses only the "
+                          "work after that checkpoint (the decision's instant + [policy] checkpoint_grace_s)")
     numbers: dict[str, float] = Field(description="the fair-share and quota numbers the rule used")
     message: str = Field(description="one line for people")
 

@@ -158,6 +158,12 @@ class KafkaConnection:
     # --- per client library -----------------------------------------------------------------------------
     def security_settings(self) -> dict[str, Any]:
         """The security keyword arguments shared by kafka-python and aiokafka (no bootstrap)."""
+        if self.sasl_mechanism.startswith("SCRAM") and not self.tls:
+            # kafka-python warns "Exchanging credentials in the clear" on every SCRAM connection without TLS:
+            # SCRAM never sends the password (a salted proof only), so the warning says what does not happen
+            import logging
+
+            logging.getLogger("kafka.net.sasl.scram").setLevel(logging.ERROR)
         out: dict[str, Any] = {"security_protocol": self.security_protocol}
         if self.sasl:
             out.update(sasl_mechanism=self.sasl_mechanism, sasl_plain_username=self.username,

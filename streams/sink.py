@@ -29,6 +29,7 @@ worker can write the output topics (docs/security.md); this check holds without 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import shutil
@@ -147,6 +148,7 @@ ORIGIN_TOPICS = tuple(INPUT_TOPICS) + (getattr(_topics, "TOPIC_LOG", "chipledger
 FORGED_ORIGIN = "forged_origin"
 
 
+@functools.lru_cache(maxsize=65_536)  # pure-Python murmur2: once per pool and partition count, not per item
 def partition_for(pool: str, partitions: int) -> int:
     """The partition Kafka's default partitioner (murmur2, as kafka-python, aiokafka and Java use) gives `pool`."""
     from kafka.partitioner.default import murmur2

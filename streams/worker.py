@@ -85,6 +85,9 @@ class WorkerSettings:
     freeze_gc: bool = False  # run_worker (its own process): gc.freeze() at each checkpoint, see PoolWorker._gc
     full_gc_interval_s: float = 600  # with freeze_gc: how often everything is collected (one longer pause)
     fold_config: FoldConfig = field(default_factory=lambda: DEFAULT_CONFIG)
+    metrics_port: Optional[int] = None  # serve Prometheus /metrics (streams/metrics.py) on this port; 0: any free
+    metrics_host: str = "127.0.0.1"
+    sched_slo_s: int = 600  # [slo] sched_slo_s: the wait SLO counters of /metrics
 
     def connection(self) -> KafkaConnection:
         """The Kafka connection of every client of the worker (Faust's consumer and producer, its admin)."""
@@ -440,6 +443,7 @@ class PoolWorker:
         self._ckpt: Optional[asyncio.Future] = None  # the checkpoint in progress
         self.halted: Callable[[], bool] = lambda: False  # the app: Faust is rebalancing
         self._last_full_gc = float("-inf")
+        self.metrics = None  # a streams.metrics.MetricsCollector fed with every folded record (--metrics-port)
 
     # --- in ---------------------------------------------------------------------------------------------
     def receive(self, event) -> None:
@@ -484,7 +488,11 @@ class PoolWorker:
             n = 0
             for p in todo:
                 pool = p.key.decode("utf-8", "replace")
-                for topic, item in self.fold_one(pool, p):
+                t0 = time.perf_counter_ns()
+                outputs = self.fold_one(pool, p)
+                if self.metrics is not None:
+                    self.metrics.folded(pool, outputs, time.perf_counter_ns() - t0)
+                for topic, item in outputs:
                     out.setdefault((topic, pool), []).append(item)
                 self._unacked.append(p)
                 n += 1
@@ -759,6 +767,28 @@ def make_app(settings: WorkerSettings):
     for t in topics.values():
         make_agent(t, f"sequence_{t.get_topic_name().split('.')[-1]}", sequencer.receive)
     make_agent(log_topic, "fold_log", worker.receive)
+
+    if settings.metrics_port is not None:
+        from streams.metrics import MetricsCollector, bound_port, registry_of, serve
+
+        def lag() -> dict:
+            out = {}  # the inputs the sequencer reads and the log the fold reads
+            for tp, nxt in [*sequencer.received_next.items(), *worker.received_next.items()]:
+                try:
+                    hw = app.consumer.highwater(tp)
+                except Exception:  # noqa: BLE001 - not assigned (any more): no lag to tell
+                    continue
+                if hw is not None:
+                    out[(tp.topic, tp.partition)] = max(0, hw - nxt)
+            return out
+
+        worker.metrics = MetricsCollector(worker.pools, settings.fold_config, settings.sched_slo_s, lag=lag)
+
+        @app.task
+        async def metrics_server():
+            runner = await serve(registry_of(worker.metrics), settings.metrics_host, settings.metrics_port)
+            worker.metrics_port = bound_port(runner)
+            log.warning("worker: /metrics on http://%s:%d/metrics", settings.metrics_host, worker.metrics_port)
 
     @app.task
     async def drain_loop():

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import browser as browser_mod  # noqa: E402  (tests/browser.py)
 import pg  # noqa: E402  (tests/pg.py)
 
 
@@ -33,6 +34,24 @@ def postgres_url():
 
 
 @pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for the session (tests/browser.py). Without chromium and chromedriver: skipped
+    loudly, or a failure with CHIPLEDGER_REQUIRE_CHROMIUM=1."""
+    try:
+        browser_mod.find()
+    except browser_mod.ChromiumUnavailable as err:
+        msg = f"BROWSER TESTS NOT RUN: {err}"
+        if browser_mod.required():
+            pytest.fail(f"{msg} ({browser_mod.REQUIRE_ENV}=1)", pytrace=False)
+        pytest.skip(msg)
+    b = browser_mod.Browser()  # a browser that is installed but does not start is always a failure
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+@pytest.fixture(scope="session")
 def demo_lake_of(tmp_path_factory):
     """`demo_lake_of(days, seed)`: the lake of `chipledger demo --days DAYS --seed SEED`, made once per session (a
     test that changes it works on a copy)."""
@@ -51,3 +70,36 @@ def demo_lake_of(tmp_path_factory):
         return made[days, seed]
 
     return lake
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A real Slurm (slurmctld, slurmdbd on MariaDB, 4 slurmd x 8 fake GPUs) started once for the session by
+    scripts/slurm.sh and stopped at the end (tests/slurm_support.py). Without Slurm installed: skipped loudly,
+    or a failure with CHIPLEDGER_REQUIRE_SLURM=1."""
+    import shutil
+    import tempfile
+
+    import slurm_support
+
+    # not under pytest's basetemp: another pytest session of the same user prunes old basetemps, and the
+    # daemons' state (MariaDB's data, the sockets) must outlive that
+    state_dir = Path(tempfile.mkdtemp(prefix="chipledger-slurm-"))
+    try:
+        cluster = slurm_support.Cluster(state_dir)
+    except slurm_support.SlurmUnavailable as err:
+        msg = f"SLURM TESTS NOT RUN: {err}"
+        shutil.rmtree(state_dir, ignore_errors=True)
+        if slurm_support.required():
+            pytest.fail(f"{msg} ({slurm_support.REQUIRE_ENV}=1)", pytrace=False)
+        pytest.skip(msg)
+    try:
+        cluster.start()
+    except Exception as err:  # installed but would not start: always a failure (the logs are kept)
+        cluster.stop()
+        pytest.fail(f"could not start Slurm: {err}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(state_dir, ignore_errors=True)

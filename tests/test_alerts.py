@@ -1,5 +1,6 @@
 """`chipledger alerts`: the firing burn-rate alerts and the exit status cron and monitoring rely on, on the
-hand-computed lake of tests/test_slo_views.py (burn rates derived in test_burn_alerts_evaluated_at_03_00)."""
+hand-computed lake of tests/test_slo_views.py (burn rates derived in test_burn_alerts_evaluated_at_03_00).
+Exit 0 none firing, 1 tickets only, 2 a page, 3 an error (never one of the firing states)."""
 
 from __future__ import annotations
 
@@ -23,13 +24,18 @@ def alerts(lake, *args):
 
 def test_quiet_at_the_end_of_the_log(lake):
     res = alerts(lake)
-    assert (res.exit_code, res.output) == (0, "no burn-rate alert firing\n")
+    assert res.exit_code == 0, res.output
+    first, second = res.stdout.splitlines()
+    assert first.startswith("evaluated at 2026-11-04T00:00:00Z (newest event 2026-11-04T00:00:00Z, ")
+    assert first.endswith(" s before now; 1 pool(s))")
+    assert second == "no burn-rate alert firing"
 
 
 def test_a_page_exits_2(lake):
     res = alerts(lake, "--at", "2026-11-02T03:00:00Z")
     assert res.exit_code == 2
-    lines = res.output.splitlines()
+    head, *lines = res.output.splitlines()
+    assert head == "evaluated at 2026-11-02T03:00:00Z (newest event 2026-11-04T00:00:00Z, 0 s before --at; 1 pool(s))"
     assert lines[0].startswith("PAGE   page_6h   sched_latency  p/h100: burning 6.0× over 6h and 10.0× over 30m")
     assert [ln.split()[:3] for ln in lines[1:]] == [
         ["TICKET", "ticket_3d", "availability"], ["TICKET", "ticket_3d", "goodput"],
@@ -40,7 +46,10 @@ def test_tickets_only_exit_1(lake):
     # at 06:00 the short page windows (5 and 30 minutes) are empty; the 6-hour ticket window still burns
     res = alerts(lake, "--at", "2026-11-02T06:00:00Z", "--json")
     assert res.exit_code == 1
-    got = json.loads(res.stdout)
+    doc = json.loads(res.stdout)
+    assert (doc["evaluated_at"], doc["newest_event_at"], doc["pools"]) == (
+        "2026-11-02T06:00:00Z", "2026-11-04T00:00:00Z", ["p/h100"])
+    got = doc["firing"]
     # availability no longer: 1,200 chip-s down of 6 x 21,600 in the last 6 hours is 0.93x the budget rate
     assert {(a["severity"], a["slo"]) for a in got} == {("ticket", s) for s in
                                                          ("goodput", "quota_honoured", "sched_latency")}
@@ -51,7 +60,6 @@ def test_tickets_only_exit_1(lake):
 
 
 def test_pool_filter_and_config_targets(lake, tmp_path):
-    assert alerts(lake, "--at", "2026-11-02T03:00:00Z", "--pool", "other/pool").exit_code == 0
     assert alerts(lake, "--at", "2026-11-02T03:00:00Z", "--pool", "p/h100").exit_code == 2
     # a looser latency target: 0.6 of waits late over 6 h is 1.2x of a 50% budget, no longer a page
     cfg = tmp_path / "chipledger.toml"
@@ -61,6 +69,70 @@ def test_pool_filter_and_config_targets(lake, tmp_path):
     assert "ticket_3d sched_latency  p/h100: burning 1.2× over 3d" in res.output
 
 
-def test_bad_instant_is_refused(lake):
+def test_bad_instant_is_an_error(lake):
     res = alerts(lake, "--at", "at noon")
-    assert res.exit_code == 2 and "not an ISO 8601" in res.output
+    assert res.exit_code == 3 and "not an ISO 8601" in res.stderr and res.stdout == ""
+
+
+def error_line(res) -> str:
+    """An error is exit 3, one line on stderr, nothing on stdout (nothing a monitor could read as all clear)."""
+    assert res.exit_code == 3, (res.exit_code, res.output)
+    assert res.stdout == ""
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    return lines[0]
+
+
+def test_unknown_pool_is_an_error(lake):
+    line = error_line(alerts(lake, "--at", "2026-11-02T03:00:00Z", "--pool", "other/pool"))
+    assert line == "error: unknown pool 'other/pool'; the lake knows: p/h100"
+
+
+def test_missing_and_empty_lakes_are_errors(tmp_path):
+    assert "does not exist" in error_line(alerts(tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    assert "the lake has no events" in error_line(alerts(tmp_path / "empty"))
+
+
+def test_usage_errors_are_errors_not_pages(lake):
+    res = alerts(lake, "--no-such-option")
+    assert res.exit_code == 3 and res.stdout == ""
+    assert error_line(alerts(lake, "--max-age", "soon")).endswith("is not a duration (e.g. 90s, 15m, 2h, 1d)")
+
+
+def test_max_age_staleness(lake):
+    # against --at: the newest event (2026-11-04 00:00) is 1 h before 01:00
+    assert alerts(lake, "--at", "2026-11-04T01:00:00Z", "--max-age", "2h").exit_code == 0
+    line = error_line(alerts(lake, "--at", "2026-11-04T01:00:00Z", "--max-age", "30m"))
+    assert line == ("error: stale: the newest event is at 2026-11-04T00:00:00Z, 3,600 s before "
+                    "2026-11-04T01:00:00Z (--at), more than --max-age 1,800 s")
+    # against the wall clock (the lake's events are in the past): stale
+    assert "(now), more than --max-age 86,400 s" in error_line(alerts(lake, "--max-age", "1d"))
+    # the pool's own newest event
+    assert "the newest event of p/h100 is at" in error_line(alerts(lake, "--pool", "p/h100", "--max-age", "1d"))
+
+
+def test_parse_duration():
+    from chipledger.alerts import AlertsError, parse_duration
+
+    assert [parse_duration(t) for t in ("90", "90s", "15m", "2h", "1d", "1w")] == [90, 90, 900, 7200, 86400, 604800]
+    for bad in ("", "1.5h", "-1h", "h", "2 hours"):
+        with pytest.raises(AlertsError):
+            parse_duration(bad)
+
+
+def test_evaluate_returns_the_alerts_and_the_instant(lake):
+    """The evaluation other code calls (e.g. to send to Alertmanager), apart from printing and exit codes."""
+    from datetime import datetime, timezone
+
+    from analytics.views import connect
+    from chipledger.alerts import evaluate
+
+    at = datetime(2026, 11, 2, 3, tzinfo=timezone.utc)
+    ev = evaluate(connect(lake, as_of=at), at=at)
+    assert ev.evaluated_at == at and ev.alerts[0].severity == "page" and len(ev.alerts) == 5
+
+
+def test_report_refuses_an_unknown_pool(lake):
+    res = CliRunner().invoke(app, ["report", "--lake", str(lake), "--pool", "other/pool"])
+    assert res.exit_code == 2 and "unknown pool 'other/pool'; the lake knows: p/h100" in res.stderr

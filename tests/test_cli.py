@@ -203,3 +203,71 @@ def test_schema_export(tmp_path):
     schema = json.loads((tmp_path / "job.submitted.schema.json").read_text())
     assert schema["additionalProperties"] is False
     assert set(schema["required"]) >= {"event_id", "type", "occurred_at", "pool", "source", "job_id", "team", "chips"}
+
+
+def test_waits_fact(ran):
+    """The fold's `waits` (docs/analytics.md): ja1 waits 00:30-00:40 (3 chips over a's 2: not in quota), jb1
+    01:00-01:15 (b's grant starts at 01:00: in quota), ja1 again 02:00-02:10 after its preemption."""
+    _, lake, _ = ran
+    rows = sql(lake, 'SELECT job_id, run_index, kind, chips_milli, began_at, ended_at, "end", in_quota, borrowing '
+                     "FROM waits ORDER BY began_at")
+    assert [tuple(r.values()) for r in rows] == [
+        ("ja1", 0, "first_start", 3000, "2026-11-02T00:30:00Z", "2026-11-02T00:40:00Z", "started", False,
+         False),
+        ("jb1", 0, "first_start", 1000, "2026-11-02T01:00:00Z", "2026-11-02T01:15:00Z", "started", True,
+         False),
+        ("ja1", 1, "restart", 3000, "2026-11-02T02:00:00Z", "2026-11-02T02:10:00Z", "started", False,
+         False),
+    ]
+
+
+def test_free_chips_fact(ran):
+    """The fold's `free_chips`: one row per second the free capacity changed (4 chips on one node n0)."""
+    _, lake, _ = ran
+    rows = sql(lake, "SELECT strftime(\"at\", '%H:%M') AS t, healthy_milli, in_use_milli, free_milli, "
+                     "free_whole_nodes_milli AS whole, largest_startable_milli AS largest FROM free_chips ORDER BY 1")
+    assert [tuple(r.values()) for r in rows] == [
+        ("00:00", 4000, 0, 4000, 4000, 4000),
+        ("00:40", 4000, 3000, 1000, 0, 1000),     # ja1 on c0-c2
+        ("01:15", 4000, 4000, 0, None, None),     # jb1 runs without a placement: which chips are free is unknown
+        ("01:30", 3000, 3000, 0, None, None),     # c1 down under ja1: a is not charged for it
+        ("02:00", 3000, 1000, 2000, None, None),  # ja1 preempted
+        ("02:10", 3000, 4000, 0, None, None),     # ja1 on c0, c2, c3: overcommitted (4 charged on 3)
+        ("02:30", 4000, 4000, 0, None, None),     # c1 healthy again
+        ("02:40", 4000, 3000, 1000, 0, 1000),  # jb1 done: c1 free, n0 not whole (ja1)
+        ("03:00", 4000, 0, 4000, 4000, 4000),
+    ]
+
+
+def test_lake_upgrade_writes_the_facts_by_folding_the_events_again(ran, tmp_path):
+    """A lake written before the fold wrote facts (here: the run's lake without them) gets them from
+    `chipledger lake upgrade`: the same rows the run wrote; a second upgrade has nothing to do."""
+    import shutil
+
+    _, lake, _ = ran
+    old = tmp_path / "old-lake"
+    shutil.copytree(lake, old)
+    for t in ("waits", "free_chips"):
+        shutil.rmtree(old / t)
+    assert sql(old, "SELECT count(*) AS n FROM waits") == [{"n": 0}]
+    res = CliRunner().invoke(app, ["lake", "upgrade", "--lake", str(old)])
+    assert res.exit_code == 0, res.output
+    assert "folded 20 events again: waits 3 rows, free_chips 9 rows" in res.stderr
+    for q in ("SELECT * FROM wait_postings ORDER BY ALL", "SELECT * FROM free_chips ORDER BY ALL"):
+        assert sql(old, q) == sql(lake, q)
+    again = CliRunner().invoke(app, ["lake", "upgrade", "--lake", str(old)])
+    assert again.exit_code == 0 and "nothing to upgrade" in again.stderr
+
+
+def test_lake_cache_is_retired_and_removes_an_old_cache(ran, tmp_path):
+    import shutil
+
+    _, lake, _ = ran
+    copy = tmp_path / "lake"
+    shutil.copytree(lake, copy)
+    (copy / "_cache").mkdir()
+    (copy / "_cache" / "analytics-0123.duckdb").write_bytes(b"old")
+    res = CliRunner().invoke(app, ["lake", "cache", "--lake", str(copy)])
+    assert res.exit_code == 0, res.output
+    assert not (copy / "_cache").exists()
+    assert "the analytics cache is retired" in res.stderr

@@ -21,7 +21,7 @@ from chipledger.demo import write_events
 
 REQUIRE = bool(os.environ.get("CHIPLEDGER_REQUIRE_COMPILED"))
 CHIPLEDGER = str(Path(sys.executable).with_name("chipledger"))
-TABLES = ("journal", "job_runs", "decisions", "balances", "pending", "deadletters", "events")
+TABLES = ("journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips", "deadletters", "events")
 
 
 def _need_compiled():
@@ -72,7 +72,7 @@ def test_compiled_and_plain_python_runs_write_the_same_lake(tmp_path):
         summaries[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summaries["compiled"]["core"] == "compiled"
     assert summaries["python"]["core"].startswith("python (CHIPLEDGER_PURE_PYTHON")
-    assert summaries["compiled"]["dead_letters"] and summaries["compiled"]["accepted"] > 10_000
+    assert summaries["compiled"]["dead_letters"] and summaries["compiled"]["accepted"] > 5_000  # the demo fleet (load 0.45)
     for key in ("lines", "accepted", "duplicates", "late", "dead_letters", "rows_written"):
         assert summaries["compiled"][key] == summaries["python"][key], key
     a, b = _lake_rows(lakes["compiled"]), _lake_rows(lakes["python"])

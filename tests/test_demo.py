@@ -56,3 +56,37 @@ def test_demo_issues_the_first_closed_week_statements(tmp_path):
     written = {p.stem for p in (out / "statements" / "2026-W45").glob("*.json")}
     assert written and written == {t.replace("/", "%2F") for t in teams}
     assert all((out / "statements" / "2026-W45" / f"{t}.html").is_file() for t in written)
+
+
+def test_the_demo_cluster_acts_on_the_ledgers_decisions(demo_lake_of):
+    """The seeded demo a new user runs (`chipledger demo`: seed 7, 14 days): the simulated cluster preempts the
+    victims the ledger's decisions name, with the decision's id, so statements can say which decision and for
+    which team; bursts are approved, cut and denied; the capacity, goodput budgets hold."""
+    con = connect(demo_lake_of(14, 7))
+    with_id, known, preempted = con.execute("""
+        SELECT count(*) FILTER (WHERE body->>'decision_id' IS NOT NULL),
+               count(*) FILTER (WHERE body->>'decision_id' IN (SELECT decision_id FROM decisions)), count(*)
+        FROM events WHERE type = 'job.preempted'""").fetchone()
+    # every named decision exists; the preemptions without one are the cluster's own (chip failures, maintenance)
+    assert with_id == known and with_id >= 0.8 * preempted and with_id > 50
+    # each victim preempted for a decision was one the decision named
+    stray = con.execute("""
+        SELECT count(*) FROM events e WHERE type = 'job.preempted' AND body->>'decision_id' IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM decision_victims v WHERE v.decision_id = e.body->>'decision_id'
+                          AND v.job_id = e.job_id)""").fetchone()[0]
+    assert stray == 0
+    acted = con.execute("SELECT count(*) FROM decision_victims WHERE preempted_at IS NOT NULL").fetchone()[0]
+    assert acted == with_id
+    verdicts = dict(con.execute("SELECT verdict, count(*) FROM decisions WHERE type = 'decision.burst' "
+                                "GROUP BY ALL").fetchall())
+    assert set(verdicts) == {"approved", "partial", "denied"}, verdicts
+    # an approved burst was used: burst chip-seconds in the journal
+    assert con.execute("SELECT sum(amount_mchip_s) FROM journal WHERE account = 'burst'").fetchone()[0] > 0
+    budgets = dict(con.execute("SELECT slo, remaining FROM error_budget WHERE pool IS NULL").fetchall())
+    assert budgets["availability"] > 0 and budgets["goodput"] > 0, budgets
+    # the statements' decision and beneficiary columns are filled
+    from chipledger.statements import compute_statements, parse_period
+
+    sts = compute_statements(con, parse_period("2026-W46"))
+    jobs = [j for st in sts for j in st["preemptions"]["suffered"]["jobs"]]
+    assert sum(1 for j in jobs if j["decision_id"] and j["beneficiary_team"]) >= 0.5 * len(jobs) > 0

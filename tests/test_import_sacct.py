@@ -118,8 +118,8 @@ def test_report_counts(new_york):
     assert report.rows_read == 25
     assert dict(report.skipped) == {"step": 4, "no_gpu": 2, "bad_row": 1, "bad_time": 1}
     assert dict(report.events) == {"pool.configured": 2, "job.submitted": 17, "job.started": 14,
-                                   "job.preempted": 3, "job.finished": 10, "pool.tick": 2}
-    assert report.events_written == len(events) == 48
+                                   "job.preempted": 3, "job.checkpointed": 1, "job.finished": 10, "pool.tick": 2}
+    assert report.events_written == len(events) == 49
     assert report.pools == ["slurm/a100", "slurm/h100"]  # no slurm/cpu: nothing there used a GPU
     assert (report.first_at, report.last_at) == ("2024-03-10T02:58:03Z", "2024-03-10T10:45:00Z")
     notes = " | ".join(report.notes)
@@ -159,7 +159,8 @@ def test_lifecycles(new_york):
     assert kinds["51001"] == [S, R, F]
     assert kinds["51004"] == [S, F]  # cancelled while pending: sacct's Start=End is not a start
     assert kinds["51005"] == [S, R, P]  # PREEMPTED, no later record: back to pending
-    assert kinds["51006"] == [S, R, P, R, F]  # REQUEUED run, then the run that completed
+    # REQUEUED run (an admin's scontrol requeue: checkpointed first, no work lost), then the run that completed
+    assert kinds["51006"] == [S, R, "job.checkpointed", P, R, F]
     assert kinds["51007"] == [S, R, P, R]  # NODE_FAIL run requeued, then still RUNNING (End Unknown)
     assert kinds["51010_3"] == kinds["51010_4"] == kinds["51010_5"] == kinds["51023"] == [S]
     assert kinds["51024"] == [S, R]
@@ -318,7 +319,8 @@ def test_jobs_view(new_york):
     # submitted 01:05 EST, started 03:05 EDT: one hour of queueing
     assert _job(con, "51024")[:3] == (0, None, 3600)
     # requeued once; the first run (23:05:30 → 01:30 EST) was lost work
-    assert _job(con, "51006")[:5] == (1, "succeeded", 30, 2000 * (8670 + 10800), 2000 * 8670)
+    # an admin requeue loses no work (a PREEMPTED run would: 51005)
+    assert _job(con, "51006")[:5] == (1, "succeeded", 30, 2000 * (8670 + 10800), 0)
     assert _job(con, "51005")[:2] == (1, None)  # preempted, not requeued in the file: still pending
     assert _job(con, "51007")[:2] == (1, None)  # node failure, requeued, running at the end
     assert _job(con, "51004")[:3] == (0, "cancelled", None)
@@ -344,4 +346,4 @@ def test_cli_import_sacct(tmp_path):
     res = CliRunner().invoke(app, ["import", "sacct", str(NEW_YORK), "-o", str(out), "--tz", TZ, "--json"])
     assert res.exit_code == 0, res.output
     report = json.loads(res.output.strip().splitlines()[-1])
-    assert report["events_written"] == 48 and report["skipped"]["step"] == 4
+    assert report["events_written"] == 49 and report["skipped"]["step"] == 4

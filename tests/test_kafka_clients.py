@@ -70,7 +70,7 @@ def test_incomplete_settings_are_clear_errors_without_the_secret(tmp_path):
         connection_from_config(_cfg({"CHIPLEDGER_KAFKA_SECURITY_PROTOCOL": "KERBEROS"}).kafka)
     with pytest.raises(KafkaSecurityError, match="sasl_mechanism"):
         connection_from_config(_cfg({"CHIPLEDGER_KAFKA_USERNAME": "u", "CHIPLEDGER_KAFKA_PASSWORD": PW,
-                                     "CHIPLEDGER_KAFKA_SASL_MECHANISM": "PLAIN"}).kafka)
+                                     "CHIPLEDGER_KAFKA_SASL_MECHANISM": "GSSAPI"}).kafka)
     with pytest.raises(KafkaSecurityError, match="is not a file"):
         connection_from_config(_cfg({"CHIPLEDGER_KAFKA_SSL_CAFILE": tmp_path / "ca.pem"}).kafka)
     toml = tmp_path / "c.toml"

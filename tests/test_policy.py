@@ -121,7 +121,8 @@ def test_reclaim_waits_out_the_grace_then_takes_the_lowest_fair_share_borrower()
     assert d.numbers["borrowed_chips[search]"] == 2 and d.numbers["lost_work_chip_s"] == 1120
     assert d.message == ("reclaim: job a1 (2 chips) fits team ads's unused quota but only 0 chips are free; "
                          "preempt 1 job(s) of borrowing team(s) search to free 2 chips (2 needed, 1120 chip-s of "
-                         "work lost)")
+                         "work lost); victims checkpoint by 2026-11-02 08:35:20 UTC")
+    assert d.checkpoint_by == datetime.fromtimestamp(T0 + 2060 + CFG.checkpoint_grace_s, timezone.utc)
     assert d.at == datetime.fromtimestamp(T0 + 2060, timezone.utc)
 
 

@@ -53,12 +53,18 @@ def test_run_writes_decisions_balances_and_reasons_and_why_explains(tmp_path):
     assert con.execute("SELECT decision_id, type, rule, team, beneficiary_job_id, victims, need_chips, "
                        "freed_chips, lost_work_chip_s FROM decisions ORDER BY \"at\"").fetchall() == [
         ("tick-2060:reclaim:a1", "decision.preempt", "reclaim", "org/ads", "a1", 1, 2.0, 2.0, 1120),
-        # nobody acted on it: it timed out at 2660 and was made anew at the next event (4000)
-        ("tick-4000:reclaim:a1", "decision.preempt", "reclaim", "org/ads", "a1", 1, 2.0, 2.0, 5000)]
+        # nobody acted on it: it timed out at 2660 and was made anew at the next event (4000); by then
+        # F_search = 2^(-(16000/28000)/0.25) = 0.205 and F_vision = 2^(-(12000/28000)/0.25) = 0.305 differ by less
+        # than fair_share_tolerance 0.1: one victim class, and vision's v1 (checkpointed at 1990: 2 × 2010 =
+        # 4020 chip-s) loses less than search's s1 (2 × 2500 = 5000)
+        ("tick-4000:reclaim:a1", "decision.preempt", "reclaim", "org/ads", "a1", 1, 2.0, 2.0, 4020)]
+    # the victims' lost work is the estimate at decision time; checkpoint_by = the decision's instant + 60 s
+    assert con.execute("SELECT decision_id, epoch(checkpoint_by - \"at\")::INT FROM decision_victims").fetchall() == [
+        ("tick-2060:reclaim:a1", 60), ("tick-4000:reclaim:a1", 60)]
     assert con.execute("SELECT decision_id, job_id, team, chips, lost_work_chip_s, preemption_count, preempted_at "
                        "FROM decision_victims ORDER BY \"at\"").fetchall() == [
         ("tick-2060:reclaim:a1", "s1", "search", 2.0, 1120, 0, None),
-        ("tick-4000:reclaim:a1", "s1", "search", 2.0, 5000, 0, None)]
+        ("tick-4000:reclaim:a1", "v1", "vision", 2.0, 4020, 0, None)]
     # hour 0 closed at 3600: balances then and at the end of the run (4000)
     rows = con.execute('SELECT team, epoch("at")::BIGINT - ?, nominal_chips, used_chips, borrowed_chips, '
                        'decayed_usage_mchip_s, round(fair_share_factor, 6), round(borrowed_share, 6) '
@@ -126,3 +132,53 @@ def test_policy_settings_from_the_environment_override_the_file(tmp_path):
     assert (fold.preemption_grace_s, fold.min_runtime_s, fold.victim_order, fold.check_invariants) == (
         30, 90, "naive", True)
     assert fold_config(Config()).decay_half_life_s == 7 * 86400
+
+
+def test_why_shows_a_finished_jobs_whole_history_and_pending_shows_the_queue(tmp_path):
+    """a1 waits (reasons recorded at 3600 and 4000: preemption_in_flight), then the cluster preempts s1 for the
+    decision at 4100, a1 starts and finishes at 5000. `why a1` lists every reason it had, its last one too;
+    while it waits (a lake folded up to 4000), `why` gives its place in the queue, the time waited and what
+    would unblock it, and `chipledger pending` lists the queue."""
+    from test_policy import preempted, start
+
+    src, cfg = _write(tmp_path, "preemption_grace_s = 60\nmin_runtime_s = 300\ndecision_timeout_s = 600")
+    waiting_lake, _ = _run(tmp_path, src, cfg, "w")
+    more = [preempted("s1", 4100, decision_id="tick-4000:reclaim:a1"), start("a1", 4100),
+            ev_finished("a1", 5000), tick(8000, eid="tick-8000")]
+    with src.open("a") as f:
+        for e in more:
+            f.write(e.model_dump_json(exclude_none=True) + "\n")
+    lake, _ = _run(tmp_path, src, cfg, "f")
+    res = runner.invoke(app, ["why", "a1", "--lake", str(lake)])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0] == "job a1 (team org/ads, pool us-east1-a/h100): finished"
+    history = lines[lines.index("  reasons recorded while it waited (each change):") + 1:
+                    lines.index("  decisions naming it:")]
+    assert len(history) == 1 and history[-1].startswith("    2026-11-02T09:00:00Z  preemption_in_flight: decision tick-2060:reclaim:a1")
+    ex = json.loads(runner.invoke(app, ["why", "a1", "--lake", str(lake), "--json"]).output)
+    assert [h[1] for h in ex["history"]] == ["preemption_in_flight"] and ex["position"] is None
+
+    res = runner.invoke(app, ["why", "a1", "--lake", str(waiting_lake)])
+    assert "  queue: 1 of 1 pending in the pool, 1 in its team's queue; waiting since 2026-11-02T08:33:20Z " \
+           "(33m 20s)" in res.output
+    assert "  would start when: the cluster preempting the decision's victims" in res.output
+    res = runner.invoke(app, ["pending", "--lake", str(waiting_lake), "--json"])
+    [row] = json.loads(res.output)
+    assert (row["pool"], row["position"], row["team_position"], row["team"], row["job_id"], row["priority"],
+            row["chips"], row["waited_s"], row["reason"]) == (
+        "us-east1-a/h100", 1, 1, "org/ads", "a1", 0, 2.0, 2000, "preemption_in_flight")
+    res = runner.invoke(app, ["pending", "--lake", str(waiting_lake), "--team", "search"])
+    assert res.exit_code == 0 and "no job pending for team search" in res.output
+    res = runner.invoke(app, ["pending", "--lake", str(waiting_lake), "--pool", "nope"])
+    assert res.exit_code == 2 and "unknown pool 'nope'" in res.output
+    # at the end, s1 (preempted for a1) waits again
+    res = runner.invoke(app, ["pending", "--lake", str(lake), "--json"])
+    assert [(r["job_id"], r["team"], r["reason"]) for r in json.loads(res.output)] == [
+        ("s1", "search", "would_borrow")]
+
+
+def ev_finished(jid, at):
+    from test_policy import ev
+
+    return ev("job.finished", at, job_id=jid, outcome="succeeded")

@@ -13,11 +13,13 @@ it (no cycle).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import datetime, timezone
 
 from hypothesis import example, HealthCheck, event, given, settings
 from hypothesis import strategies as st
+import pytest
 
 from ledger import FoldConfig, Fleet, PoolState, check_invariants
 from ledger.policy import decision_of
@@ -27,7 +29,10 @@ T0 = 1_793_606_400
 POOL = "p/h100"
 CFG = FoldConfig(check_invariants=True, preemption_grace_s=30, min_runtime_s=120, max_preemptions=2,
                  preemption_window_s=1800, decision_timeout_s=300)
-SETTINGS = dict(deadline=None, max_examples=150,
+# each property runs with the victim classes of fair_share_tolerance 0 (strict F order), 0.1 (the default) and 1
+# (every borrowing team in one class): 60 examples each
+TOLERANCES = pytest.mark.parametrize("tol", [0.0, 0.1, 1.0])
+SETTINGS = dict(deadline=None, max_examples=60,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -165,10 +170,15 @@ def run_workload(chips, grants, actions, config=CFG) -> Cluster:
     return c
 
 
+def _cfg(tol: float) -> FoldConfig:
+    return dataclasses.replace(CFG, fair_share_tolerance=tol)
+
+
+@TOLERANCES
 @settings(**SETTINGS)
-@given(workloads())
-def test_decisions_respect_protections_and_free_no_more_than_needed(w):
-    c = run_workload(*w)  # the checks run on every decision as it is made
+@given(w=workloads())
+def test_decisions_respect_protections_and_free_no_more_than_needed(tol, w):
+    c = run_workload(*w, config=_cfg(tol))  # the checks run on every decision as it is made
     event(f"preemption decisions: {min(len(c.decisions), 3)}{'+' if len(c.decisions) > 3 else ''}")
     event(f"priority decisions: {min(sum(d.rule == 'priority' for d in c.decisions), 1)}")
 
@@ -199,20 +209,22 @@ IGNORED_COUNT_AFTER_RESTORE = (
 )
 
 
+@TOLERANCES
 @settings(**SETTINGS)
-@given(workloads(), st.integers(0, 10_000))
-@example(IGNORED_COUNT_AFTER_RESTORE, 30)
-def test_same_log_same_decisions_also_split_through_json(w, cut):
-    c = run_workload(*w)
+@given(w=workloads(), cut=st.integers(0, 10_000))
+@example(w=IGNORED_COUNT_AFTER_RESTORE, cut=30)
+def test_same_log_same_decisions_also_split_through_json(tol, w, cut):
+    cfg = _cfg(tol)
+    c = run_workload(*w, config=cfg)
     rows = [d.model_dump() for d in c.decisions]
     log = [parse_payload(d) for d in c.log]
-    again = Fleet(CFG)
+    again = Fleet(cfg)
     assert [decision_of(r).model_dump() for e in log for r in again.apply(e).decisions
             if r[1] == "decision.preempt"] == rows
     k = cut % (len(log) + 1)
-    first = Fleet(CFG)
+    first = Fleet(cfg)
     out = [r for e in log[:k] for r in first.apply(e).decisions]
-    second = Fleet.from_dict(json.loads(json.dumps(first.to_dict())), CFG)
+    second = Fleet.from_dict(json.loads(json.dumps(first.to_dict())), cfg)
     out += [r for e in log[k:] for r in second.apply(e).decisions]
     assert [decision_of(r).model_dump() for r in out if r[1] == "decision.preempt"] == rows
     assert second.to_dict() == again.to_dict()
@@ -228,12 +240,13 @@ TWO_CLAIMS_ON_ONE_CHIP = (6, [("ads", {"chips": 1}), ("org/search", {"chips": 2}
                              ("submit", "ads", 3, 1, False, 30)])
 
 
+@TOLERANCES
 @settings(**SETTINGS)
-@given(workloads())
-@example(TWO_CLAIMS_ON_ONE_CHIP)
-def test_steady_load_settles_without_cycles(w):
+@given(w=workloads())
+@example(w=TWO_CLAIMS_ON_ONE_CHIP)
+def test_steady_load_settles_without_cycles(tol, w):
     chips, grants, actions = w
-    c = run_workload(chips, grants, [a for a in actions if a[0] == "submit"])
+    c = run_workload(chips, grants, [a for a in actions if a[0] == "submit"], config=_cfg(tol))
     # steady load: no new jobs, nothing finishes; the cluster follows every decision and starts what fits
     for _ in range(60):
         c.t += 200

@@ -214,7 +214,33 @@ def fold(events, fleet=None):
 
 def outcome(step):
     return ("dup" if step.duplicate else step.rejection.code.value if step.rejection else "ok",
-            step.applied_at, step.lateness_s, tuple(step.journal), tuple(step.job_runs), tuple(step.decisions))
+            step.applied_at, step.lateness_s, tuple(step.journal), tuple(step.job_runs), tuple(step.decisions),
+            tuple(step.waits), tuple(step.free_chips))
+
+
+def facts(*parts):
+    """The facts as a reader takes them, from `parts` in posting order (lists of steps, and close_facts dicts):
+    each wait's last posting (an open wait posted at a close is superseded by a later posting), and each pool's
+    free chips as a step function (per second the last row; a row repeating the one before it left out)."""
+    rows = []
+    for part in parts:
+        if isinstance(part, dict):
+            rows += [(t, r) for t, rs in part.items() for r in rs]
+        else:
+            rows += [(t, r) for s in part for t in ("waits", "free_chips") for r in getattr(s, t)]
+    waits, points = {}, {}
+    for table, r in rows:
+        if table == "waits":
+            waits[(r.pool, r.job_id, r.submitted_at, r.run_index, r.began_at)] = r
+        else:
+            points.setdefault(r.pool, {})[r.at] = tuple(r[2:])
+    free = {}
+    for pool, by_at in points.items():
+        prev = None
+        for at in sorted(by_at):
+            if by_at[at] != prev:
+                free[(pool, at)] = prev = by_at[at]
+    return waits, free
 
 
 def journal_sums(rows):
@@ -381,14 +407,18 @@ def test_two_halves_equal_one_fold(log, data):
     first, steps_a = fold(events[:k])
     journal = [r for s in steps_a for r in s.journal]
     runs = [r for s in steps_a for r in s.job_runs]
+    parts = [steps_a]
     if close_between:  # a partial close of every pool's books at the split
         for name in sorted(first.pools):
             j, r = close_books(first.pools[name])
             journal += j
             runs += r
+        parts.append(first.close_facts())
     second, steps_b, j, r = fold_and_close(events[k:], carry(first))
     journal += j
     runs += r
+    parts += [steps_b, second.close_facts()]
+    assert facts(*parts) == facts(steps_once, once.close_facts())
 
     # outcomes of every event are the same
     assert [outcome(s)[:3] for s in steps_a + steps_b] == [outcome(s)[:3] for s in steps_once]
@@ -414,7 +444,9 @@ def test_many_closes_equal_one(log, cuts):
     events = parse_all(log)
     _, _, journal_once, runs_once = fold_and_close(events)
     points = sorted({c % (len(events) + 1) for c in cuts})
-    fleet, journal, runs, prev = Fleet(CFG), [], [], 0
+    once, steps_once = fold(events)
+    once.close()
+    fleet, journal, runs, prev, parts = Fleet(CFG), [], [], 0, []
     for p in points + [len(events)]:
         fleet, steps = fold(events[prev:p], fleet)
         journal += [r for s in steps for r in s.journal]
@@ -422,10 +454,12 @@ def test_many_closes_equal_one(log, cuts):
         j, r = fleet.close()
         journal += j
         runs += r
+        parts += [steps, fleet.close_facts()]
         fleet = _carry_fleet(fleet)
         prev = p
     assert journal_sums(journal) == journal_sums(journal_once)
     assert run_sums(runs) == run_sums(runs_once)
+    assert facts(*parts) == facts(steps_once, once.close_facts())
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -144,5 +144,32 @@ def test_report_and_alerts_on_a_lake_without_events(tmp_path):
     res = invoke("report", "--lake", str(tmp_path / "lake"))
     assert res.exit_code == 0, res.output
     assert "error budgets: 30 days to –" in res.output and "no chips registered in the period" in res.output
-    res = invoke("alerts", "--lake", str(tmp_path / "lake"))
-    assert (res.exit_code, res.output) == (0, "no burn-rate alert firing\n")
+    res = invoke("alerts", "--lake", str(tmp_path / "lake"))  # a monitor must not read "all clear" here
+    assert res.exit_code == 3 and res.stdout == "" and "the lake has no events" in res.stderr
+
+
+def test_report_page_puts_the_summary_first_and_marks_what_is_missed(lake, tmp_path):
+    res = invoke("report", "--lake", str(lake), "--out", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    page = (tmp_path / "report.html").read_text()
+    heads = [h.split("</h2>")[0] for h in page.split("<h2>")[1:]]
+    assert heads[0].startswith("Error budgets") and heads[1] == "Burn-rate alerts firing"
+    assert heads[2].startswith("Capacity by account") and heads.index("Availability by day") > 4
+    # quota honoured 50% of a 95% target: attained and the negative budget left are marked
+    row = page.split("<td>quota_honoured</td>")[1].split("</tr>")[0]
+    assert "<td class='bad'>50.000%</td>" in row and "<td class='bad'>-900.0%</td>" in row
+    assert "<td>availability</td><td>99.00%</td><td>99.884%</td>" in page  # met: not marked
+
+
+def test_long_tables_fold_and_charts_read_right():
+    from chipledger import charts
+
+    rows = [[str(i), "x"] for i in range(20)]
+    folded = charts.html_table(["a", "b"], rows, {(3, 1): "bad"})
+    assert folded.startswith("<details><summary>20 rows, 1 missed (show)</summary><table>")
+    assert not charts.html_table(["a"], [["1"]]).startswith("<details>")
+    fig = charts.latency_chart(["g"], [300], [1200], [70_000], threshold_s=600)
+    assert fig.axes[0].get_xscale() == "symlog"  # the 600 s line is visible beside a 70,000 s bar
+    m = [[None] * 24 for _ in range(7)]
+    m[0][0], m[0][1] = 50.0, 60.0
+    assert charts.heatmap_chart(m).axes[0].images[0].norm.vmin == 0  # not 50: the scale starts at zero

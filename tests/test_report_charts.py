@@ -36,3 +36,16 @@ def test_heatmap_shape_and_html_escaping():
     assert image.shape == (7, 24) and image[0, 1] == 4.5 and image.mask[0, 0]
     page = charts.html_page("<T>", [("h & h", charts.html_table(["a<b"], [["x & y"]]))], subtitle="s")
     assert "<title>&lt;T&gt;</title>" in page and "<th>a&lt;b</th>" in page and "<td>x &amp; y</td>" in page
+
+
+def test_capacity_is_charted_per_pool_never_summed():
+    """H100s and TPU cores are different chips: one panel per pool, sharing the time axis."""
+    hours = [T + timedelta(hours=i) for i in range(2)]
+    fig = charts.capacity_charts(hours, {"z/tpu-v5e": {"idle": [8.0, 8.0]},
+                                         "z/h100": {"in_quota": [50.0, 60.0], "idle": [14.0, 4.0]}})
+    assert [ax.get_title() for ax in fig.axes] == ["z/h100", "z/tpu-v5e"]  # largest first
+    h100, tpu = (ax.get_ylim()[1] for ax in fig.axes)
+    assert h100 >= 64 and tpu < 64  # the TPU panel is not drawn on the H100s' scale
+    many = charts.capacity_charts(hours, {f"p{i}": {"idle": [float(i), float(i)]} for i in range(10)}, max_panels=3)
+    assert [ax.get_title() for ax in many.axes] == ["p9", "p8", "p7"]
+    assert "7 more pool(s) not drawn" in many._supxlabel.get_text()

@@ -268,11 +268,11 @@ def test_fragmentation_over_time(slo_lake):
         ("00:00", 6, 6, 6, 0.0),
         ("00:05", 4, 4, 4, 0.0),      # A1 on n0
         ("00:30", 2, 2, 2, 0.0),      # B1 on n1
-        ("01:45", 1, 0, 0, 1.0),      # A3 on c4: only c5 free, on a half-used node
+        ("01:45", 1, 0, 1, 1.0),      # A3 on c4: only c5 free, on a half-used node (a 1-chip job fits)
         ("02:00", 3, 2, 2, 0.3333),   # B1 preempted: n1 whole again, c5 alone
-        ("02:05", 1, 0, 0, 1.0),
+        ("02:05", 1, 0, 1, 1.0),
         ("02:15", 2, 2, 2, 0.0),      # A3 done: n2 whole
-        ("02:20", 1, 0, 0, 1.0),      # c5 in maintenance
+        ("02:20", 1, 0, 1, 1.0),      # c5 in maintenance
         ("02:30", 3, 2, 2, 0.3333),
         ("02:40", 4, 4, 4, 0.0),      # c5 back
         ("02:50", 2, 2, 2, 0.0),
@@ -347,8 +347,8 @@ def test_the_same_sql_on_sqlite_gives_the_same_rows(slo_lake, view):
 
 
 def test_fragmentation_takes_a_chips_last_state_of_a_second(tmp_path):
-    """Two state changes of one chip in the same second: the step after that second has the later one (the segments
-    are ordered by time, then by how long they last: the earlier change of the second lasts no time)."""
+    """Several state changes in the same second: the fold's free_chips keeps the last state of the second, and a
+    second that ends where it began (here 01:00: c0 down and up, c2 up and into maintenance) adds no step."""
     e = [_ev(0, "pool.configured", "00:00", flavor="h100", chips_per_node=2)]
     e += [_ev(f"r{i}", "chip.registered", "00:00", chip_id=f"c{i}", node=f"n{i // 2}") for i in range(4)]
     e += [_ev(1, "chip.state_changed", "00:30", chip_id="c2", state="down"),
@@ -361,13 +361,10 @@ def test_fragmentation_takes_a_chips_last_state_of_a_second(tmp_path):
     f.write_text("".join(json.dumps(x) + "\n" for x in e))
     summary, _ = run_file(f, tmp_path / "lake")
     assert summary.dead_letters == {} and summary.accepted == len(e)
-    duck = connect(tmp_path / "lake", materialize={"calc_chip_segments"}, cache=False)
-    # whatever order the segments of that second are stored in (here: the later change first)
-    duck.execute("SET preserve_insertion_order = true")
-    duck.execute("CREATE OR REPLACE TABLE calc_chip_segments AS SELECT * FROM calc_chip_segments "
-                 "ORDER BY from_s, until_s DESC")
+    duck = connect(tmp_path / "lake", materialize={"calc_free_steps"})
     for con in (duck, mirror(duck)):
-        rows = con.execute("SELECT from_s, free_chips, whole_node_free_chips FROM calc_fragmentation "
+        rows = con.execute("SELECT from_s, until_s, free_milli, free_whole_nodes_milli FROM calc_free_steps "
                            "ORDER BY from_s").fetchall()
         t0 = rows[0][0]
-        assert [(t - t0, free, whole) for t, free, whole in rows] == [(0, 4, 4), (1800, 3, 2), (3600, 3, 2)]
+        assert [(t - t0, u - t0, free, whole) for t, u, free, whole in rows] == [(0, 1800, 4000, 4000),
+                                                                                 (1800, 7200, 3000, 2000)]

@@ -197,7 +197,7 @@ def test_html_and_markdown_structure(books):
     assert "<svg" in html and "<h1>Quota statement: org/alpha, 2026-11-02..2026-11-02</h1>" in html
     md = (folder / "org%2Falpha.md").read_text()
     assert md.startswith("# Quota statement: org/alpha, 2026-11-02..2026-11-02\n")
-    assert "![use against quota](org%2Falpha.svg)" in md and (folder / "org%2Falpha.svg").read_bytes().startswith(b"<?xml")
+    assert "![use against quota](org%252Falpha.svg)" in md and (folder / "org%2Falpha.svg").read_bytes().startswith(b"<?xml")
     assert "| Entitled (quota × time) | 36.0 |" in md
     csv = (folder / "org%2Falpha.csv").read_text().splitlines()
     assert csv[0].startswith("period,team,pool,partial,") and csv[-1].split(",")[2] == "(total)"
@@ -342,4 +342,78 @@ def test_preemption_caused_and_suffered_through_a_decision(tmp_path):
     assert (caused["decision_id"], caused["rule"], caused["job_id"], caused["victims"]) == \
         (decision_id, "reclaim", "jb", 1)
     assert caused["lost_work_mchip_s"] == 4 * 3900 * 1000  # the victim's work at the decision (01:05)
-    assert "| reclaim | jb | 1 |" in (out / "2026-11-02..2026-11-02" / "beta.md").read_text()
+    assert (caused["own_victims"], caused["others_victims"], caused["own_lost_work_mchip_s"],
+            caused["others_lost_work_mchip_s"]) == (0, 1, 0, 4 * 3900 * 1000)
+    assert "| reclaim | jb | 0 | 1 | 0.0 | 4.3 |" in (out / "2026-11-02..2026-11-02" / "beta.md").read_text()
+
+
+def test_preemptions_caused_of_the_teams_own_jobs_are_not_others_work(tmp_path):
+    """alpha holds 2 chips and may not borrow; its 2-chip job a1 (priority 1) runs from 00:00; at 01:00 it
+    submits a2 (2 chips, priority 9): the priority rule preempts alpha's own a1. The statement counts that
+    victim and its lost work (2 chips x 3,900 s at the 01:05 decision) as the team's own, not others'."""
+    d = "2026-11-02T"
+    events = [ev(1, "pool.configured", d + "00:00:00Z", flavor="a100", chips_per_node=2)]
+    events += [ev(2 + n, "chip.registered", d + "00:00:00Z", chip_id=c, node=f"n{n // 2 + 1}")
+               for n, c in enumerate(("c1", "c2", "c3", "c4"))]
+    events += [
+        ev(10, "quota.granted", d + "00:00:00Z", grant_id="g-a", team="alpha", chips=2, borrowing_limit=0),
+        ev(11, "job.submitted", d + "00:00:00Z", job_id="a1", team="alpha", chips=2, priority=1),
+        ev(12, "job.started", d + "00:00:00Z", job_id="a1"),
+        ev(13, "job.submitted", d + "01:00:00Z", job_id="a2", team="alpha", chips=2, priority=9),
+        ev(14, "pool.tick", d + "01:05:00Z"),  # after the grace period: the decision
+        ev(15, "pool.tick", "2026-11-03T00:00:00Z"),
+    ]
+    lake, store = run_fixture(tmp_path, events)
+    out = tmp_path / "out"
+    assert statements(lake, store, out, "--period", "2026-11-02..2026-11-02", "--format", "json,md").exit_code == 0
+    caused = load(out, "2026-11-02..2026-11-02", "alpha")["preemptions"]["caused"]
+    assert caused["decisions"][0]["rule"] == "priority"
+    assert (caused["count"], caused["victims"], caused["own_victims"], caused["others_victims"]) == (1, 1, 1, 0)
+    assert (caused["own_lost_work_mchip_s"], caused["others_lost_work_mchip_s"]) == (2 * 3900 * 1000, 0)
+    md = (out / "2026-11-02..2026-11-02" / "alpha.md").read_text()
+    assert ("1 decisions, 1 victims: 1 of the team's own jobs (2.2 chip-hours of own work lost), 0 of other "
+            "teams' jobs (0.0 chip-hours of others' work lost)") in md
+
+
+def test_chart_per_pool_never_adds_unlike_chips(tmp_path):
+    """gamma holds 4 chips of lab/a100 and uses 1 (under quota there) and borrows 2 TPU chips in lab/tpu where
+    it holds none. Added on one axis that reads 3 chips used against 4 of quota, 2 of them borrowed; per pool
+    it is 1 of 4 in quota on the A100s and 2 borrowed on the TPUs."""
+    d1, d2 = "2026-11-02T", "2026-11-03T"
+    events = []
+    for k, (pool, flavor) in enumerate((("lab/a100", "a100"), ("lab/tpu", "tpu-v5e"))):
+        def pev(i, typ, at, **f):
+            return {**ev(100 * k + i, typ, at, **f), "pool": pool}
+        events += [pev(1, "pool.configured", d1 + "00:00:00Z", flavor=flavor, chips_per_node=4)]
+        events += [pev(2 + n, "chip.registered", d1 + "00:00:00Z", chip_id=f"{flavor}-{n}", node="n1")
+                   for n in range(4)]
+    events += [
+        {**ev(20, "quota.granted", d1 + "00:00:00Z", grant_id="g", team="gamma", chips=4), "pool": "lab/a100"},
+        {**ev(21, "job.submitted", d1 + "00:00:00Z", job_id="ga", team="gamma", chips=1, priority=1),
+         "pool": "lab/a100"},
+        {**ev(22, "job.started", d1 + "00:00:00Z", job_id="ga"), "pool": "lab/a100"},
+        {**ev(120, "job.submitted", d1 + "00:00:00Z", job_id="gt", team="gamma", chips=2, priority=1),
+         "pool": "lab/tpu"},
+        {**ev(121, "job.started", d1 + "00:00:00Z", job_id="gt"), "pool": "lab/tpu"},
+        {**ev(30, "pool.tick", d2 + "00:00:00Z"), "pool": "lab/a100"},
+        {**ev(130, "pool.tick", d2 + "00:00:00Z"), "pool": "lab/tpu"},
+    ]
+    lake, store = run_fixture(tmp_path, events)
+    out = tmp_path / "out"
+    assert statements(lake, store, out, "--period", "2026-11-02..2026-11-02", "--format", "json,html").exit_code == 0
+    st = load(out, "2026-11-02..2026-11-02", "gamma")
+    days = {p["pool"]: p["daily"] for p in st["pools"]}
+    assert days["lab/a100"] == [{"day": "2026-11-02", "entitled_mchip_s": 4 * 86_400_000,
+                                 "in_quota_mchip_s": 86_400_000, "borrowed_mchip_s": 0, "burst_mchip_s": 0}]
+    assert days["lab/tpu"] == [{"day": "2026-11-02", "entitled_mchip_s": 0, "in_quota_mchip_s": 0,
+                                "borrowed_mchip_s": 2 * 86_400_000, "burst_mchip_s": 0}]
+    from chipledger.statements import _chart, chart_svg
+
+    svg = chart_svg(st).decode()
+    fig, arts = _chart(2)
+    assert [a[4].get_text() for a in arts] == ["lab/a100", "lab/tpu"]  # one panel per pool, titled
+    assert ">lab/a100<" in svg and ">lab/tpu<" in svg
+    # the A100 panel: quota line at 4, in quota 1, nothing borrowed; the TPU panel: 2 borrowed, no quota
+    (_, a_patches, a_quota, _, _), (_, t_patches, t_quota, _, _) = arts
+    assert list(a_quota.get_data().values) == [4.0] and list(a_patches[1].get_data().values) == [1.0]
+    assert list(t_quota.get_data().values) == [0.0] and list(t_patches[1].get_data().values) == [2.0]

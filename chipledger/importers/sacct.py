@@ -21,8 +21,13 @@ occurrence; a time in the skipped hour is read with the offset before the change
 
 Requeues: with `-D/--duplicates` every run of a requeued job is its own record with the same JobID (earlier ones
 end REQUEUED, PREEMPTED, NODE_FAIL…; a requeue resets Submit). The records of a JobID are chained into one job:
-submitted once at the first record's Submit, started at each run's Start, and every run but the last ends with
-`job.preempted` (back to pending), so the lifecycle stays legal. The last record decides the outcome.
+submitted once (at the first record's Eligible when the column is there, else its Submit), started at each
+run's Start, and every run but the last goes back to the queue, as `slurm watch` books it (the rules are shared
+with chipledger/slurm/mapping.py): PREEMPTED → `job.preempted`; REQUEUED with the actuator's AdminComment →
+`job.preempted` with its decision id; REQUEUED otherwise (an admin's `scontrol requeue`) → `job.checkpointed`
+then `job.preempted`, so no work is lost. The last record decides the outcome. A dump without any JobID of
+several records may have been made without -D: the report says so loudly. With `cluster` and `nodes` (a
+`sinfo --json` dump) the pools are named and filled as `slurm watch` does; `assoc` adds the GPU quotas.
 
 Ordering: two passes over the file. The first validates and counts rows, finds JobIDs with several records and
 measures how far Submit ever goes back in file order (the reorder window W). The second emits each job's events
@@ -43,21 +48,20 @@ from typing import Iterator, Optional
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from chipledger.importers.base import ImportReport, TraceFormatError, TraceWriter
+from chipledger.slurm.mapping import (ACTIVE, BACK_TO_QUEUE, OUTCOME, PENDING, Assoc, Node, chip_ids, decision_of,
+                                      grants_of, pool_name, pools_of)
 
 SOURCE = "slurm/sacct"
 REQUIRED = ("JobID", "Account", "Partition", "Submit", "Start", "End", "State", "AllocTRES")
-OPTIONAL = ("ReqTRES", "Priority", "Cluster")
+OPTIONAL = ("ReqTRES", "Priority", "Cluster", "Eligible", "AdminComment")
 MAX_ARRAY_EXPAND = 10_000  # pending array tasks listed as one record (`123_[5-10]`) are expanded up to this
 _PRIORITY_MAX = 2**31 - 1
 
-# sacct state (first word; `CANCELLED by 1234` → CANCELLED; `CANCELLED+` when the column was cut) → what it means
-_OUTCOME = {"COMPLETED": "succeeded", "CANCELLED": "cancelled", "REVOKED": "cancelled",
-            **dict.fromkeys(("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-                             "LAUNCH_FAILED", "RECONFIG_FAIL"), "failed")}
-_BACK_TO_QUEUE = frozenset(("PREEMPTED", "REQUEUED"))
-_ACTIVE = frozenset(("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING", "STOPPED",
-                     "POWER_UP_NODE", "UPDATE_DB", "RESIZING"))
-_PENDING = frozenset(("PENDING", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT", "RESV_DEL_HOLD"))
+# sacct states and what they mean: the same tables as `slurm watch` (chipledger/slurm/mapping.py)
+_OUTCOME = OUTCOME
+_BACK_TO_QUEUE = BACK_TO_QUEUE
+_ACTIVE = ACTIVE
+_PENDING = PENDING
 _SHORT = {"CD": "COMPLETED", "CA": "CANCELLED", "F": "FAILED", "TO": "TIMEOUT", "NF": "NODE_FAIL",
           "OOM": "OUT_OF_MEMORY", "BF": "BOOT_FAIL", "DL": "DEADLINE", "PR": "PREEMPTED", "RQ": "REQUEUED",
           "R": "RUNNING", "S": "SUSPENDED", "CG": "COMPLETING", "CF": "CONFIGURING", "RS": "RESIZING",
@@ -94,6 +98,8 @@ class _Record:
     chips_per_node: Optional[int]
     priority: int
     multi_partition: bool
+    eligible: Optional[int] = None  # None: not set (held, never eligible) or no Eligible column
+    admin_comment: str = ""
 
 
 class _Clock:
@@ -213,9 +219,10 @@ class _Columns:
 
 
 class _Parser:
-    def __init__(self, cols: _Columns, clock: _Clock):
+    def __init__(self, cols: _Columns, clock: _Clock, cluster: Optional[str] = None):
         self.cols = cols
         self.clock = clock
+        self.cluster = cluster  # --cluster: pools `<cluster>/<partition>`, as `slurm watch` names them
 
     def records(self, line_no: int, line: str) -> list[_Record]:
         """The job records of one data line, or _Skip with the reason it is left out."""
@@ -264,7 +271,14 @@ class _Parser:
             partition = partition.split(",", 1)[0].strip()
         cl_at = cols.opt["Cluster"]
         cluster = fields[cl_at].strip() if cl_at is not None else ""
-        pool = f"slurm/{cluster}/{partition}" if cluster else f"slurm/{partition}"
+        if self.cluster:
+            pool = pool_name(self.cluster, partition)
+        else:
+            pool = f"slurm/{cluster}/{partition}" if cluster else f"slurm/{partition}"
+        el_at = cols.opt["Eligible"]
+        eligible = clock(fields[el_at]) if el_at is not None else None
+        ac_at = cols.opt["AdminComment"]
+        comment = fields[ac_at].strip() if ac_at is not None else ""
         pr_at = cols.opt["Priority"]
         priority = 0
         if pr_at is not None:
@@ -280,7 +294,7 @@ class _Parser:
         else:
             ids = [raw_id]
         return [_Record(line_no, job_id, team, pool, partition, submit, start, end, state, chips, per_node,
-                        priority, multi) for job_id in ids]
+                        priority, multi, eligible, comment) for job_id in ids]
 
 
 def _lines(path: Path, digest=None) -> Iterator[tuple[int, str]]:
@@ -291,12 +305,12 @@ def _lines(path: Path, digest=None) -> Iterator[tuple[int, str]]:
             yield line_no, raw.decode("utf-8", errors="replace").rstrip("\r\n")
 
 
-def _open(path: Path, clock: _Clock) -> tuple[_Parser, Iterator[tuple[int, str]], object]:
+def _open(path: Path, clock: _Clock, cluster: Optional[str] = None) -> tuple[_Parser, Iterator[tuple[int, str]], object]:
     digest = hashlib.blake2b(digest_size=6)
     lines = _lines(path, digest)
     for _, header in lines:
         if header.strip():
-            return _Parser(_Columns(header, path), clock), lines, digest
+            return _Parser(_Columns(header, path), clock, cluster), lines, digest
     raise TraceFormatError(f"{path}: empty file (expected a `sacct --parsable2` header line)")
 
 
@@ -308,12 +322,14 @@ class _Plan:
         self.window_s = 0
         self.pool_first: dict[str, tuple[int, str]] = {}  # pool → (earliest Submit, flavor)
         self.last_time: Optional[int] = None
+        self.eligible_column = False
 
 
-def _first_pass(path: Path, clock: _Clock, report: ImportReport) -> tuple[_Plan, str]:
-    parser, lines, digest = _open(path, clock)
-    header = parser.cols.header
+def _first_pass(path: Path, clock: _Clock, report: ImportReport, cluster: Optional[str] = None) -> tuple[_Plan, str]:
+    parser, lines, digest = _open(path, clock, cluster)
     plan = _Plan()
+    plan.eligible_column = parser.cols.opt["Eligible"] is not None
+    header = parser.cols.header
     seen: set[int] = set()  # hashes of JobIDs: 8 bytes of key per job, not the whole id
     records_of = plan.records_of
     high = None
@@ -353,26 +369,39 @@ def _first_pass(path: Path, clock: _Clock, report: ImportReport) -> tuple[_Plan,
 class _Emitter:
     """Turns the records of one job (one, or several runs of a requeued job) into a legal event sequence."""
 
-    def __init__(self, writer: TraceWriter, adjust: Counter):
+    def __init__(self, writer: TraceWriter, adjust: Counter, eligible_column: bool = False):
         self.w = writer
         self.adjust = adjust
+        self.eligible_column = eligible_column
 
     def job(self, records: list[_Record]) -> None:
         records.sort(key=lambda r: (r.submit, r.start if r.start is not None else float("inf"), r.line_no))
         w = self.w
         r0 = records[0]
         job_id, pool = r0.job_id, r0.pool
-        w.emit(r0.submit, "job.submitted", pool, job_id=job_id, team=r0.team, chips=r0.chips,
+        first_wait = r0.submit
+        if self.eligible_column:  # the wait starts when Slurm made the job eligible (not while held)
+            if r0.eligible is not None:
+                first_wait = r0.eligible
+            elif r0.start is not None:
+                first_wait = r0.start
+            elif len(records) == 1 and r0.state in _OUTCOME:
+                self.adjust["jobs cancelled while held (never eligible) left out"] += 1
+                return
+            else:
+                self.adjust["held jobs (never eligible) left out"] += 1
+                return
+        w.emit(first_wait, "job.submitted", pool, job_id=job_id, team=r0.team, chips=r0.chips,
                priority=r0.priority, preemptible=True, chips_per_node=r0.chips_per_node)
         if r0.multi_partition:
             self.adjust["pool of a multi-partition pending job taken from its first partition"] += 1
         if len(records) > 1:
             self.adjust["requeued jobs whose runs were chained"] += 1
-        cursor = r0.submit
+        cursor = first_wait
         running = False
         n = len(records)
         for k, r in enumerate(records):
-            if r.submit > cursor:
+            if r.submit > cursor and k > 0:
                 cursor = r.submit
             if r.pool != pool:
                 self.adjust["requeued runs in another partition kept in the first run's pool"] += 1
@@ -386,7 +415,7 @@ class _Emitter:
                 if running:
                     end = r.end if r.end is not None else records[k + 1].submit
                     t = max(end, cursor)
-                    w.emit(t, "job.preempted", pool, job_id=job_id)
+                    self._back_to_queue(t, pool, job_id, r)
                     running, cursor = False, t
                 continue
             outcome = _OUTCOME.get(r.state)
@@ -396,38 +425,124 @@ class _Emitter:
                     continue
                 if r.end < cursor:
                     self.adjust["end before start moved later"] += 1
+                if r.state == "CANCELLED" and running and decision_of(r.admin_comment):
+                    self._back_to_queue(max(r.end, cursor), pool, job_id, r)  # `slurm actuate --action cancel`
                 w.emit(max(r.end, cursor), "job.finished", pool, job_id=job_id, outcome=outcome)
             elif r.state in _BACK_TO_QUEUE and running:
                 if r.end is None:
                     self.adjust["preempted jobs without an End time left running"] += 1
                     continue
-                w.emit(max(r.end, cursor), "job.preempted", pool, job_id=job_id)
+                self._back_to_queue(max(r.end, cursor), pool, job_id, r)
                 self.adjust["jobs preempted and not requeued in the file, left pending"] += 1
             elif r.state in _ACTIVE and not running:
                 self.adjust["active jobs without a Start time left pending"] += 1
 
+    def _back_to_queue(self, t: int, pool: str, job_id: str, r: _Record) -> None:
+        """As `slurm watch` (chipledger/slurm/mapping.py): PREEMPTED → preempted with its work lost; REQUEUED
+        with the actuator's AdminComment → that decision's preemption; REQUEUED otherwise → an admin requeue,
+        checkpointed first so no work is lost."""
+        decision = decision_of(r.admin_comment) if r.state in ("REQUEUED", "CANCELLED") else None
+        if r.state == "REQUEUED" and decision is None:
+            self.w.emit(t, "job.checkpointed", pool, job_id=job_id)
+            self.adjust["admin requeues (scontrol requeue, no work lost)"] += 1
+        self.w.emit(t, "job.preempted", pool, job_id=job_id, decision_id=decision)
 
-def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8) -> ImportReport:
+
+def load_nodes(path: Path) -> list[Node]:
+    """Nodes from a dump of `sinfo --json`, or of `scontrol show node -o` (text, one line a node)."""
+    import json
+
+    from chipledger.slurm.commands import nodes_from_scontrol_text, nodes_from_sinfo_json
+
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise TraceFormatError(f"{path}: {e}") from None
+    if text.lstrip().startswith("NodeName="):
+        return nodes_from_scontrol_text(text)
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise TraceFormatError(f"{path}: neither a `sinfo --json` nor a `scontrol show node -o` dump ({e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
+        raise TraceFormatError(f"{path}: no \"nodes\" list: dump it with `sinfo --json > {Path(path).name}`")
+    return nodes_from_sinfo_json(doc)
+
+
+def load_assocs(path: Path) -> list[Assoc]:
+    """Associations from `sacctmgr -P show assoc format=id,account,user,partition,grptres` (header optional)."""
+    from chipledger.slurm.commands import assocs_from_text
+
+    try:
+        return assocs_from_text(Path(path).read_text())
+    except OSError as e:
+        raise TraceFormatError(f"{path}: {e}") from None
+
+
+def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8, *, cluster: Optional[str] = None,
+                 nodes: Optional[Path] = None, assoc: Optional[Path] = None,
+                 inventory_at: Optional[int] = None, node_events: Optional[Path] = None) -> ImportReport:
     """Import `sacct --parsable2` output into event JSONL at `out` (see the module docstring for the mapping).
 
     `tz`: the IANA zone the timestamps are in (the TZ of the sacct process). `chips_per_node`: GPUs per node,
-    written on each pool's `pool.configured` (sacct does not know it)."""
+    written on each pool's `pool.configured` when there is no inventory. `cluster`: pools are named
+    `<cluster>/<partition>` as `slurm watch` names them. `nodes`: a `sinfo --json` dump: the pools' chips are
+    registered at `inventory_at` (default: the first Submit; sreport counts from when the cluster registered,
+    `sacctmgr show event event=cluster`). `assoc`: a `sacctmgr show assoc` dump: GrpTRES gres/gpu limits of
+    accounts become quota grants at the same instant. `node_events`: a `sacctmgr -n -P show event event=node
+    format=nodename,start,end,state,reason` dump: the nodes' down/drain periods, as chip states."""
     path, out = Path(path), Path(out)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
     if not 1 <= chips_per_node <= 4096:
         raise TraceFormatError(f"chips_per_node must be between 1 and 4096, got {chips_per_node}")
+    if (nodes is not None or assoc is not None) and not cluster:
+        raise TraceFormatError("--nodes and --assoc need --cluster (the pools are named <cluster>/<partition>)")
+    node_list = load_nodes(nodes) if nodes is not None else None
+    assoc_list = load_assocs(assoc) if assoc is not None else None
     clock = _Clock(tz)
     report = ImportReport(source=str(path), output=str(out))
-    plan, digest = _first_pass(path, clock, report)
-    prefix = f"sacct-{hashlib.blake2b(f'{digest}|{tz}|{chips_per_node}'.encode(), digest_size=5).hexdigest()}"
+    plan, digest = _first_pass(path, clock, report, cluster)
+    extra = f"|{cluster}|{inventory_at}|{nodes is not None}|{assoc is not None}" if cluster else ""
+    prefix = f"sacct-{hashlib.blake2b(f'{digest}|{tz}|{chips_per_node}{extra}'.encode(), digest_size=5).hexdigest()}"
 
     writer = TraceWriter(out, report, SOURCE, prefix)
     adjust: Counter = Counter()
-    emitter = _Emitter(writer, adjust)
+    emitter = _Emitter(writer, adjust, plan.eligible_column)
+    first_all = min((f for f, _ in plan.pool_first.values()), default=None)
+    inv_at = inventory_at if inventory_at is not None else first_all
+    specs = pools_of(cluster, node_list) if node_list is not None else {}
+    if node_list is not None and inv_at is not None:
+        for spec in specs.values():
+            writer.emit(inv_at, "pool.configured", spec.pool, flavor=spec.flavor, chips_per_node=spec.chips_per_node)
+            for n in spec.nodes:
+                for c in chip_ids(n):
+                    writer.emit(inv_at, "chip.registered", spec.pool, chip_id=c, node=n.name)
+        if assoc_list is not None:
+            for (assoc_id, pool, team), chips in sorted(grants_of(cluster, specs, assoc_list).items()):
+                writer.emit(inv_at, "quota.granted", pool, grant_id=f"slurm:{cluster}:assoc{assoc_id}:{pool}:v1",
+                            team=team, chips=chips)
+        if node_events is not None:
+            from chipledger.slurm.commands import node_events_from_text
+            from chipledger.slurm.mapping import node_state_events
+
+            try:
+                text = Path(node_events).read_text()
+            except OSError as e:
+                raise TraceFormatError(f"{node_events}: {e}") from None
+            for e in node_state_events(cluster, SOURCE, specs, node_events_from_text(text), since=inv_at):
+                b = e.body
+                writer.emit(e.at, "chip.state_changed", b["pool"], chip_id=b["chip_id"], state=b["state"],
+                            reason=b.get("reason"))
+    elif assoc_list is not None or node_events is not None:
+        raise TraceFormatError("--assoc and --node-events need --nodes: they apply to the pools the nodes make")
     for pool, (first, flavor) in sorted(plan.pool_first.items(), key=lambda kv: (kv[1][0], kv[0])):
+        if pool in specs:
+            if first < inv_at:
+                adjust["jobs submitted before the inventory instant (their chips show as overcommitted)"] += 1
+            continue
         writer.emit(first, "pool.configured", pool, flavor=flavor, chips_per_node=chips_per_node)
-    parser, lines, _ = _open(path, clock)
+    parser, lines, _ = _open(path, clock, cluster)
     header = parser.cols.header
     window = plan.window_s
     records_of = plan.records_of
@@ -464,9 +579,18 @@ def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8
         emitter.job(runs)
     writer.close(plan.last_time)
 
-    if report.pools:
-        report.notes.append(f"{len(report.pools)} pool(s) without chips: sacct has no chip inventory, so running "
-                            f"jobs' chips show as overcommitted (times read in {tz})")
+    bare = [p for p in report.pools if p not in specs]
+    if bare:
+        report.notes.append(f"{len(bare)} pool(s) without chips: sacct has no chip inventory, so running "
+                            f"jobs' chips show as overcommitted (give --nodes, a `sinfo --json` dump; times "
+                            f"read in {tz})")
+    if report.rows_read and not plan.records_of:
+        report.notes.append("WARNING: no job has several records: if this dump was made without -D "
+                            "(--duplicates), every requeued job's earlier runs and every preemption are missing "
+                            "and the GPU-seconds are short; dump with `sacct -a -D -X --parsable2 ...`")
+    if report.rows_read and not plan.eligible_column:
+        report.notes.append("WARNING: no Eligible column: waits are counted from Submit, so held jobs (and "
+                            "jobs cancelled while held) count as pending demand; add Eligible to --format")
     if window:
         report.notes.append(f"input not in Submit order: events held back up to {window} s to keep time order")
     for what, n in sorted(adjust.items()):

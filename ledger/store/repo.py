@@ -8,7 +8,7 @@ from typing import Iterable, Optional
 
 from sqlalchemy import create_engine, delete, inspect, select, text
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session
 
 from ledger.books import BORROWED, BURST, ENTITLED, IDLE, IN_QUOTA, OVERCOMMITTED
@@ -26,6 +26,13 @@ def _utc(epoch_s: Optional[int]) -> Optional[datetime]:
     return None if epoch_s is None else datetime.fromtimestamp(epoch_s, tz=timezone.utc)
 
 
+# the PyPI package of each database driver SQLAlchemy's dialects import
+DRIVER_PACKAGES = {"MySQLdb": "mysqlclient", "pymysql": "PyMySQL", "mysql": "mysql-connector-python",
+                   "psycopg2": "psycopg2-binary", "psycopg": "'psycopg[binary]'", "asyncpg": "asyncpg",
+                   "pg8000": "pg8000", "pyodbc": "pyodbc", "oracledb": "oracledb", "cx_Oracle": "cx_Oracle",
+                   "aiomysql": "aiomysql", "aiosqlite": "aiosqlite"}
+
+
 def open_store(url: str) -> "Store":
     """Open (and create the tables of) the store at a SQLAlchemy URL, e.g. sqlite:///chipledger.db or
     postgresql://user@host/db (psycopg 3)."""
@@ -35,7 +42,16 @@ def open_store(url: str) -> "Store":
         raise StoreError(f"not a database URL: {url!r} ({err})") from None
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
-    engine = create_engine(parsed)
+    try:
+        engine = create_engine(parsed)
+    except ImportError as err:  # the dialect's driver is not installed: name the package that provides it
+        module = (getattr(err, "name", None) or "").split(".")[0]
+        package = DRIVER_PACKAGES.get(module, module or "its driver")
+        raise StoreError(f"store {parsed.drivername}: the database driver is not installed (Python module "
+                         f"{module or '?'}): pip install {package}") from None
+    except NoSuchModuleError:
+        raise StoreError(f"store {url!r}: unknown database kind {parsed.drivername!r} (sqlite:///FILE or "
+                         "postgresql://USER@HOST/DB)") from None
     try:
         Base.metadata.create_all(engine)
         upgrade_tables(engine)

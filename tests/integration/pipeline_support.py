@@ -79,6 +79,8 @@ def lake_tables(lake: Path) -> dict[str, list]:
         "job_runs": "SELECT * FROM job_runs",
         "decisions": "SELECT decision_id, type, pool, \"at\", rule, message, body FROM decision_log",
         "deadletters": "SELECT error_code, detail, event_id, event_type, pool FROM deadletters",
+        "waits": "SELECT * FROM wait_postings",
+        "free_chips": "SELECT * FROM free_chips",
     }
     out = {}
     for name, sql in q.items():

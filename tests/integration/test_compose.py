@@ -1,10 +1,14 @@
 """docker-compose.yml (no Docker engine here): every chipledger command it runs exists in the CLI with those
 options, every CHIPLEDGER_* variable it sets is a configuration key of the right type, and the stack has what
-the deployment needs (KRaft broker, PostgreSQL, topic init before worker and sink)."""
+the deployment needs (KRaft broker, PostgreSQL, users and topic init before worker and sink). Security: SASL on
+every broker listener with the standard authorizer, every Kafka client authenticated as its own principal,
+every secret from the environment (.env.example names them all), nothing published on the host."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import re
 
 import pytest
 import typer
@@ -14,11 +18,35 @@ from chipledger.cli import app
 from chipledger.config import load_config
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
+ENV_EXAMPLE = COMPOSE.parent / ".env.example"
+_VAR = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)(?::?[-?][^}]*)?\}")
+
+
+def _dotenv() -> dict:
+    return dict(line.split("=", 1) for line in ENV_EXAMPLE.read_text().splitlines()
+                if line.strip() and not line.startswith("#"))
+
+
+def _interpolate(value, env: dict):
+    """Compose's ${VAR}, ${VAR:?message}, ${VAR:-default} and $$, as `docker compose config` would."""
+    if isinstance(value, dict):
+        return {k: _interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+    out = _VAR.sub(lambda m: env[m.group(1)], value.replace("$$", "\0"))
+    return out.replace("\0", "$")
 
 
 @pytest.fixture(scope="module")
-def compose() -> dict:
+def compose_raw() -> dict:
     return yaml.safe_load(COMPOSE.read_text())
+
+
+@pytest.fixture(scope="module")
+def compose(compose_raw) -> dict:
+    return _interpolate(compose_raw, _dotenv())
 
 
 def _commands(compose: dict):
@@ -27,6 +55,10 @@ def _commands(compose: dict):
         cmd = list(entry) + list(svc.get("command") or [])
         if cmd and cmd[0] == "chipledger":
             yield name, cmd[1:], svc
+        elif cmd[:2] == ["sh", "-ec"]:  # a script: each of its chipledger lines
+            for line in cmd[2].splitlines():
+                if line.strip().startswith("chipledger "):
+                    yield name, line.split()[1:], svc
 
 
 def check_cli_args(args: list[str]):
@@ -66,7 +98,8 @@ def test_every_chipledger_command_in_compose_exists_with_its_options(compose):
     seen = {}
     for name, args, _ in _commands(compose):
         seen[name] = check_cli_args(args).name or "chipledger"  # the root group has no name
-    assert seen == {"topics": "create", "worker": "worker", "sink": "sink", "emit": "emit", "cli": "chipledger"}
+    assert seen == {"topics": "create", "worker": "worker", "sink": "sink", "emit": "emit", "cli": "chipledger",
+                    "users": "add"}
 
 
 def test_the_checker_refuses_what_the_cli_does_not_have():
@@ -79,13 +112,56 @@ def test_the_checker_refuses_what_the_cli_does_not_have():
 
 
 def test_environment_is_valid_configuration(compose):
+    from streams.clients import connection_from_config
+
+    principals = {}
     for name, _, svc in _commands(compose):
         env = {k: str(v) for k, v in (svc.get("environment") or {}).items()}
         cfg = load_config(env=env)  # unknown keys or wrong types raise
         assert cfg.kafka.bootstrap == "kafka:9092"
-        assert cfg.store.url.startswith("postgresql://") and "@postgres:" in cfg.store.url
+        assert cfg.store.url.startswith("postgresql://chipledger@postgres:")  # the password is PGPASSWORD's
         assert cfg.worker.table_store == "rocksdb" and cfg.lake.path == "/data/lake"
-        assert all(k.startswith("CHIPLEDGER_") for k in env)
+        assert all(k.startswith("CHIPLEDGER_") or k == "PGPASSWORD" for k in env)
+        if name != "cli":  # every Kafka client authenticates, as its own principal
+            conn = connection_from_config(cfg.kafka)
+            assert conn.security_protocol == "SASL_PLAINTEXT" and conn.password
+            principals[name] = conn.username
+    assert principals == {"topics": "kafka-admin", "users": "kafka-admin", "worker": "worker", "sink": "sink",
+                          "emit": "emit"}
+
+
+def test_no_secret_in_the_file_and_nothing_published(compose_raw, compose):
+    text = COMPOSE.read_text()
+    used = set(_VAR.findall(text))
+    assert used <= set(_dotenv()), f"not in .env.example: {used - set(_dotenv())}"
+    assert {"KAFKA_ADMIN_PASSWORD", "POSTGRES_PASSWORD", "CHIPLEDGER_WORKER_PASSWORD"} <= used
+
+    def walk(value, path=""):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                yield from walk(v, f"{path}.{k}")
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                yield from walk(v, f"{path}[{i}]")
+        else:
+            yield path, str(value)
+
+    for path, value in walk(compose_raw):
+        for m in re.finditer(r'password="([^"]*)"', value):
+            assert m.group(1).startswith("${") or m.group(1) == "%s", f"{path}: a password in the file"
+        if re.search(r"PASSWORD$", path.split(".")[-1]):
+            assert value.startswith("${"), f"{path}: a password in the file"
+    for name, svc in compose["services"].items():
+        assert "ports" not in svc, f"{name} publishes a port"
+        assert "network_mode" not in svc
+    kafka = compose["services"]["kafka"]["environment"]
+    assert "PLAINTEXT" not in kafka["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].replace("SASL_PLAINTEXT", "")
+    assert kafka["KAFKA_AUTHORIZER_CLASS_NAME"].endswith("StandardAuthorizer")
+    assert kafka["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+    assert kafka["KAFKA_SUPER_USERS"] == "User:kafka-admin"
+    # the roles the users service gives are the ones docs/security.md names
+    script = compose["services"]["users"]["command"][0]
+    assert "users add worker --role worker" in script and "users add sink --role sink" in script
 
 
 def test_stack_shape(compose):
@@ -94,7 +170,8 @@ def test_stack_shape(compose):
     assert kafka_env["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, one combined node
     assert kafka_env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == 1
     assert s["postgres"]["image"].startswith("postgres:")
-    for svc in ("worker", "sink"):
+    for svc in ("worker", "sink", "emit"):
         assert s[svc]["depends_on"]["topics"]["condition"] == "service_completed_successfully"
+        assert s[svc]["depends_on"]["users"]["condition"] == "service_completed_successfully"
     assert s["sink"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert (COMPOSE.parent / "Dockerfile").is_file()

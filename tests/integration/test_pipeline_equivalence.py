@@ -107,6 +107,19 @@ def test_emit_worker_sink_equals_run(bootstrap, tmp_path):
     open_at_close = Counter({r: n for r, n in run_tables["job_runs"].items() if r[8] is None})
     assert got["job_runs"] == run_tables["job_runs"] - open_at_close
     assert all(r[8] is not None for r in got["job_runs"])
+    # facts: the run's close posts the waits still open (end 'open', ended_at NULL; the worker posts them only when
+    # the hour they began in closes) and each pool's free chips of its last second if not posted yet; the rest equal
+    def ended(rows):
+        return Counter({r: n for r, n in rows.items() if r[10] != "open"})
+
+    assert ended(got["waits"]) == ended(run_tables["waits"]) and len(got["waits"]) > 1000
+    assert got["waits"] - ended(got["waits"]) <= run_tables["waits"] - ended(run_tables["waits"])
+    last = {}
+    for r in run_tables["free_chips"]:
+        last[r[0]] = max(last.get(r[0], r[1]), r[1])
+    closing = Counter({r: n for r, n in run_tables["free_chips"].items() if r[1] == last[r[0]]})
+    assert run_tables["free_chips"] - closing <= got["free_chips"] <= run_tables["free_chips"]
+    assert len(got["free_chips"]) > 1000
     # dead letters: the run's semantic ones, plus the garbage (raw bytes kept)
     want_dl = Counter({r: n for r, n in run_tables["deadletters"].items() if r[0] not in PARSE_CODES})
     got_dl = got["deadletters"]

@@ -1,0 +1,176 @@
+"""`chipledger backtest` (chipledger/backtest.py over chipledger/simcluster.py): a hand-computed replay with exact
+waits, determinism, bad input, HTML escaping, and the command on the real Alibaba openb trace (skipped
+without ../shared)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from chipledger.cli import app
+
+runner = CliRunner()
+T0 = 1_793_606_400  # 2026-11-02T08:00:00Z
+OPENB = Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-gpu-v2023-openb"
+
+
+def iso(off: int) -> str:
+    return datetime.fromtimestamp(T0 + off, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def log(tmp_path: Path, team_a: str = "a", extra=()) -> Path:
+    """4 chips. b1 (team b, 4 chips, preemptible) ran 0-1000 s; a1 (team a, 2 chips) ran 100-150 s."""
+    n = iter(range(1, 10_000))
+    rows = [{"type": "pool.configured", "at": 0, "flavor": "h100", "chips_per_node": 4}]
+    rows += [{"type": "chip.registered", "at": 0, "chip_id": f"c{i}", "node": "n0"} for i in range(4)]
+    rows += [{"type": "job.submitted", "at": 0, "job_id": "b1", "team": "b", "chips": 4, "priority": 0},
+             {"type": "job.started", "at": 0, "job_id": "b1"},
+             {"type": "job.submitted", "at": 100, "job_id": "a1", "team": team_a, "chips": 2, "priority": 0},
+             {"type": "job.started", "at": 100, "job_id": "a1"},
+             {"type": "job.finished", "at": 150, "job_id": "a1", "outcome": "succeeded"},
+             {"type": "job.finished", "at": 1000, "job_id": "b1", "outcome": "succeeded"}]
+    rows += list(extra)
+    lines = []
+    for r in rows:
+        r = dict(r)
+        at = r.pop("at")
+        lines.append(json.dumps({"event_id": f"e{next(n)}", "occurred_at": iso(at), "pool": "p/h100",
+                                 "source": "test", **r}))
+    path = tmp_path / "log.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def configs(tmp_path: Path):
+    alt = tmp_path / "alt.toml"
+    alt.write_text("[policy]\npreemption_grace_s = 60\nmin_runtime_s = 0\n")
+    base = tmp_path / "base.toml"
+    base.write_text("[policy]\npreemption_grace_s = 60\nmin_runtime_s = 0\n")
+    return alt, base
+
+
+def backtest(*args):
+    res = runner.invoke(app, ["backtest", *map(str, args), "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_hand_computed_backtest_exact_waits(tmp_path):
+    alt, base = configs(tmp_path)
+    r = backtest("--events", log(tmp_path), "--config", alt, "--baseline", base, "--quota", "a=4")
+    b, a = r["configs"]["base.toml"], r["configs"]["alt.toml"]
+    # baseline: no quota anywhere, nobody is reclaimed from: a1 waits for b1 to finish at 1000 s
+    assert b["waits_by_team"]["a"] == {"jobs": 1, "p50_s": 900.0, "p90_s": 900.0, "p99_s": 900.0}
+    assert b["waits_by_team"]["b"]["p99_s"] == 0.0
+    assert b["quota_honoured"] is None and b["in_quota_jobs"] == 0 and b["preemptions"] == 0
+    assert b["lost_work_chip_h"] == 0 and b["borrowed_share"] == 1.0
+    # utilisation: b1 4 chips × 1000 s, a1 2 × 50 from 1000 s, over 4 chips × 1050 s
+    assert b["utilisation"] == pytest.approx((4000 + 100) / (4 * 1050))
+    # alt: a=4. a1 fits its quota at 100 s, no chip free: short since 100, grace 60 s; the pool's first quiet
+    # minute ends at 160 s (a tick, as the worker sends): reclaim decision, acted on 10 s later: b1 preempted at
+    # 170 s (4 chips × 170 s lost, no checkpoint), a1 starts at 170 (waited 70 s), finishes at 220; b1 restarts
+    # at 220 and runs its 1000 s again (ends 1220)
+    assert a["waits_by_team"]["a"] == {"jobs": 1, "p50_s": 70.0, "p90_s": 70.0, "p99_s": 70.0}
+    assert a["waits_by_team"]["b"]["p50_s"] == 0.0
+    assert a["quota"] == {"p/h100": {"a": 4.0}}
+    assert a["preemptions"] == 1 and a["decisions"] == 1
+    assert a["lost_work_chip_h"] == pytest.approx(4 * 170 / 3600)
+    assert a["quota_honoured"] == 1.0 and a["in_quota_jobs"] == 1
+    assert a["utilisation"] == pytest.approx((4 * 170 + 2 * 50 + 4 * 1000) / (4 * 1220))
+    assert a["borrowed_share"] == pytest.approx((4 * 170 + 4 * 1000) / (4 * 170 + 2 * 50 + 4 * 1000))
+    # observed: both started at once; fidelity gap = simulated − observed
+    assert r["observed"]["waits_by_pool"]["p/h100"]["p50_s"] == 0.0
+    assert r["fidelity"]["alt.toml"]["p/h100"]["p99_s"] == {"simulated": 70.0, "observed": 0.0, "gap": 70.0}
+
+
+def test_same_inputs_same_report(tmp_path):
+    alt, base = configs(tmp_path)
+    src = log(tmp_path)
+    one = backtest("--events", src, "--config", alt, "--quota", "a=2", "--out", tmp_path / "o1")
+    two = backtest("--events", src, "--config", alt, "--quota", "a=2", "--out", tmp_path / "o2")
+    for r in (one, two):
+        for c in r["configs"].values():
+            c.pop("seconds")
+        r.pop("written")
+    assert one == two
+    page1 = (tmp_path / "o1" / "backtest.html").read_text()
+    assert page1 == (tmp_path / "o2" / "backtest.html").read_text()
+    assert json.loads((tmp_path / "o1" / "backtest.json").read_text())["configs"]["alt.toml"]["quota"] == {
+        "p/h100": {"a": 2.0}}
+
+
+def test_team_names_are_escaped_in_the_page_and_the_table(tmp_path):
+    alt, _ = configs(tmp_path)
+    evil = "<img src=x onerror=alert(1)>$\\alpha$[bold]"
+    src = log(tmp_path, team_a=evil)
+    res = runner.invoke(app, ["backtest", "--events", str(src), "--config", str(alt), "--out", str(tmp_path / "o"),
+                              "--quota", f"{evil}=2"])
+    assert res.exit_code == 0, res.output
+    page = (tmp_path / "o" / "backtest.html").read_text()
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "[bold]" in res.output  # printed as text, not as markup
+
+
+def test_bad_input_is_a_clear_error(tmp_path):
+    alt, _ = configs(tmp_path)
+    src = log(tmp_path)
+    for args, msg in ((["--quota", "a=lots"], "is not a number of chips"), (["--quota", "nope"], "expected team=chips"),
+                      (["--quota", "q/x:a=1"], "no pool 'q/x' in the log"), (["--days", "-1"], "--days must be")):
+        res = runner.invoke(app, ["backtest", "--events", str(src), "--config", str(alt), *args])
+        assert res.exit_code == 1 and msg in res.output, res.output
+    res = runner.invoke(app, ["backtest", "--events", str(tmp_path / "none.jsonl"), "--config", str(alt)])
+    assert res.exit_code == 1 and "cannot read" in res.output
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(src.read_text() + "not json\n" + '{"type": "job.started"}\n')
+    r = backtest("--events", bad, "--config", alt)
+    assert r["invalid_lines"] == 2 and r["first_invalid"].startswith("line 12: not JSON")
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_text("x\n")
+    res = runner.invoke(app, ["backtest", "--events", str(garbage), "--config", str(alt)])
+    assert res.exit_code == 1 and "no valid events" in res.output
+
+
+def test_backtest_on_the_real_openb_trace(tmp_path):
+    if not OPENB.is_dir():
+        pytest.skip(f"{OPENB} not found: the real-trace backtest needs ../shared/traces beside the repository")
+    from chipledger.importers.alibaba_openb import import_alibaba_openb
+
+    events = tmp_path / "openb.jsonl"
+    import_alibaba_openb(OPENB, events)
+    alt = tmp_path / "alt.toml"
+    alt.write_text('[backtest]\nquota = "qos/ls=300,qos/be=50"\n')
+    res = runner.invoke(app, ["backtest", "--events", str(events), "--config", str(alt), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    assert "fidelity: simulated vs observed waits per pool" in res.output
+    r = json.loads((tmp_path / "o" / "backtest.json").read_text())
+    assert r["jobs"] == 7064 and r["invalid_lines"] == 0 and len(r["pools"]) == 7
+    assert sum(p["chips"] for p in r["pools"].values()) == 6212
+    g2 = r["fidelity"]["alt.toml"]["alibaba-openb/g2"]
+    assert g2["p90_s"]["observed"] > 0 and g2["p90_s"]["gap"] == g2["p90_s"]["simulated"] - g2["p90_s"]["observed"]
+    for c in r["configs"].values():
+        assert c["jobs"] == 7064 and 0 < c["utilisation"] < 1
+    assert r["configs"]["alt.toml"]["quota"]["alibaba-openb/g2"] == {"qos/be": 50.0, "qos/ls": 300.0}
+    page = (tmp_path / "o" / "backtest.html").read_text()
+    assert "<svg" in page and "Fidelity" in page
+
+
+def test_the_page_in_chromium_shows_hostile_names_as_text(tmp_path, browser):
+    """The page opened in headless Chromium (the session's `browser` fixture, tests/browser.py): a team name
+    that is markup is shown as text, and no script of it runs."""
+    alt, _ = configs(tmp_path)
+    evil = "<img src=x onerror=\"window.__pwned=1;document.title='pwned'\">"
+    res = runner.invoke(app, ["backtest", "--events", str(log(tmp_path, team_a=evil)), "--config", str(alt),
+                              "--quota", f"{evil}=4", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    driver = browser.open(tmp_path / "o" / "backtest.html")
+    assert browser.alert_text() is None
+    assert driver.execute_script("return window.__pwned === undefined")
+    assert driver.title == "chipledger backtest"
+    assert driver.execute_script("return document.querySelectorAll('img').length") == 0
+    assert driver.execute_script("return document.querySelectorAll('svg').length") >= 2
+    text = driver.execute_script("return document.documentElement.textContent")
+    assert evil in text and "Waits per team" in text and "Fidelity" in text

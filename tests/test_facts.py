@@ -1,0 +1,154 @@
+"""The facts the fold writes (DESIGN §4 "Facts", /docs/analytics.md): `waits` and `free_chips`, hand-computed.
+
+Pool of 8 chips on two nodes of 4 (n1: c1–c4, n2: c5–c8); team a holds 4 chips of quota, team b 2. Times are
+offsets from T0 (tests/test_evolve.py); chips in milli-chips.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ledger import Fleet, FreeChipsRow, PoolState, WaitRow, close_facts, evolve, free_chips_values
+
+from tests.test_evolve import (
+    CFG, POOL, T0, chip, chip_state, configured, finish, grant, preempt, retire, start, submit, tick,
+)
+
+N1 = ["c1", "c2", "c3", "c4"]
+N2 = ["c5", "c6", "c7", "c8"]
+
+
+def _scenario():
+    return [configured(), *[chip(c, node="n1") for c in N1], *[chip(c, node="n2") for c in N2],
+            grant("ga", "a", 4), grant("gb", "b", 2),
+            submit("j1", "a", 4, at=10),                 # fits a's 4 unused chips
+            start("j1", at=20, chip_ids=N1),             # n1 full
+            submit("j2", "a", 2, at=30),                 # a uses its 4: does not fit, not borrowing yet
+            start("j2", at=40, chip_ids=["c5", "c6"]),   # a uses 6 > 4: borrowing
+            submit("j3", "b", 1, at=50),                 # fits b's 2
+            submit("j4", "a", 1, at=50),                 # a is borrowing
+            chip_state("c7", "down", at=60),
+            chip_state("c8", "down", at=60), chip_state("c8", "healthy", at=60),  # undone in the same second
+            preempt("j1", at=70),                        # its own run ended: a uses 2 of 4, j1 (4) does not fit
+            finish("j3", "cancelled", at=80),            # ended while pending
+            tick(90)]
+
+
+def _fold(events):
+    fleet = Fleet(CFG)
+    waits, free = [], []
+    for e in events:
+        step = fleet.apply(e)
+        assert step.applied, (e, step)
+        waits += step.waits
+        free += step.free_chips
+    return fleet, waits, free
+
+
+def _w(job, team, run, kind, chips, began, ended, end, in_quota, borrowing, nominal, used, posted, prio=0):
+    return WaitRow(POOL, job, team, run, kind, prio, chips, T0 + (10 if job == "j1" else 30 if job == "j2" else 50),
+                   T0 + began, None if ended is None else T0 + ended, end, in_quota, borrowing, nominal, used, 0, "",
+                   T0 + posted)
+
+
+def _f(at, registered, healthy, in_use, down, free, whole, largest):
+    return FreeChipsRow(POOL, T0 + at, registered, healthy, in_use, down, free, whole, largest)
+
+
+def test_waits_exact():
+    fleet, waits, _ = _fold(_scenario())
+    assert waits == [
+        _w("j1", "a", 0, "first_start", 4000, 10, 20, "started", True, False, 4000, 0, 20),
+        _w("j2", "a", 0, "first_start", 2000, 30, 40, "started", False, False, 4000, 4000, 40),
+        _w("j3", "b", 0, "first_start", 1000, 50, 80, "finished", True, False, 2000, 0, 80),
+    ]
+    # a close of the books posts the waits still open (j4, and j1's wait for its restart), oldest first
+    fleet.close()
+    assert fleet.close_facts()["waits"] == [
+        _w("j4", "a", 0, "first_start", 1000, 50, None, "open", False, True, 4000, 6000, 90),
+        _w("j1", "a", 1, "restart", 4000, 70, None, "open", False, False, 4000, 2000, 90),
+    ]
+
+
+def test_free_chips_exact_one_row_per_second_the_last():
+    fleet, _, free = _fold(_scenario())
+    assert free == [
+        _f(0, 8000, 8000, 0, 0, 8000, 8000, 8000),      # posted at the first event of a later second
+        _f(20, 8000, 8000, 4000, 0, 4000, 4000, 4000),  # n2 whole; n1 full
+        _f(40, 8000, 8000, 6000, 0, 2000, 0, 2000),     # no whole node; 2 free on n2
+        _f(60, 8000, 7000, 6000, 1000, 1000, 0, 1000),  # c8 down and up again within the second: the last state
+        _f(70, 8000, 7000, 2000, 1000, 5000, 4000, 4000),  # n1 whole again
+    ]
+    fleet.close()
+    assert fleet.close_facts()["free_chips"] == []  # the last change was posted at 80 (j3 changed nothing)
+
+
+def test_a_change_undone_within_its_second_posts_nothing_and_the_close_posts_the_open_second():
+    events = [configured(), chip("c1"), chip("c2"), submit("j", "a", 1, at=5),
+              start("j", at=10, chip_ids=["c1"]), finish("j", at=10)]  # back to what was posted for 0
+    state = None
+    free = []
+    for e in events:
+        state, step = evolve(state, e, CFG)
+        free += step.free_chips
+    assert free == [_f(0, 2000, 2000, 0, 0, 2000, 2000, 2000)] and state.fc_row is None
+    state, step = evolve(state, chip_state("c2", "maintenance", at=20), CFG)
+    assert step.free_chips == [] and state.fc_row is not None  # not final until the second is over
+    assert close_facts(state)["free_chips"] == [_f(20, 2000, 1000, 0, 1000, 1000, 0, 1000)]
+    assert close_facts(state)["free_chips"] == []  # posted once
+
+
+@pytest.mark.parametrize("events, expected", [
+    # a run without a placement: which chips are free is not known (node figures None), the counts are
+    ([start("u", at=2)], (4000, 4000, 1000, 0, 3000, None, None)),
+    # a fractional share keeps its chip from being free; the milli-chips count
+    ([start("u", at=2, chip_ids=["c1", "c2"])], (4000, 4000, 1000, 0, 3000, 2000, 2000)),
+    # a degraded chip is available; a down chip under a job stops its charge
+    ([chip_state("c4", "degraded", at=1), start("u", at=2, chip_ids=["c1", "c2"]), chip_state("c1", "down", at=3)],
+     (4000, 3000, 500, 1000, 2500, 2000, 2000)),
+    # a retired chip leaves its node; its node may become whole again
+    ([start("u", at=2, chip_ids=["c3"]), retire("c3", at=3)], (3000, 3000, 0, 0, 3000, 3000, 3000)),
+    # overcommitted: nothing free
+    ([chip_state("c1", "down", at=1), chip_state("c2", "down", at=1), chip_state("c3", "down", at=1),
+      start("u", at=2)], (4000, 1000, 1000, 3000, 0, None, None)),
+])
+def test_free_chips_values(events, expected):
+    base = [configured(), chip("c1", node="n1"), chip("c2", node="n1"), chip("c3", node="n2"),
+            chip("c4", node="n2"), submit("u", "a", 1, at=1)]
+    state = None
+    for e in base + events:
+        state, step = evolve(state, e, CFG)
+        assert step.applied, (e, step)
+    assert free_chips_values(state) == expected
+    # the same figures after the state is saved and restored (the node counts are derived, rebuilt)
+    again = PoolState.from_dict(json.loads(json.dumps(state.to_dict())))
+    assert free_chips_values(again) == expected
+
+
+def test_a_saved_state_carries_the_open_second_and_the_wait():
+    events = _scenario()
+    cut = events.index(next(e for e in events if e.type == "chip.state_changed"))
+    whole, w_once, f_once = _fold(events)
+    first, w_a, f_a = _fold(events[:cut + 1])
+    carried = Fleet.from_dict(json.loads(json.dumps(first.to_dict())), CFG)
+    waits, free = list(w_a), list(f_a)
+    for e in events[cut + 1:]:
+        step = carried.apply(e)
+        waits += step.waits
+        free += step.free_chips
+    assert (waits, free) == (w_once, f_once)
+    whole.close()
+    carried.close()
+    assert whole.close_facts() == carried.close_facts()
+
+
+def test_a_wait_still_open_when_its_hour_closes_is_posted_open_once():
+    """The worker never closes the books early: a wait that began in an hour and is still open when it closes is
+    posted open then (not again at later hours), and its end later supersedes it."""
+    events = [configured(), chip("c1"), grant("ga", "a", 1), submit("j", "a", 1, at=100), submit("k", "a", 2, at=200),
+              tick(3600 + 5), tick(7200 + 5), start("j", at=7300, chip_ids=["c1"])]
+    _, waits, _ = _fold(events)
+    assert [(w.job_id, w.end, w.posted_at - T0, w.in_quota, w.ended_at) for w in waits] == [
+        ("j", "open", 3600, True, None), ("k", "open", 3600, False, None), ("j", "started", 7300, True, T0 + 7300)]

@@ -1,0 +1,292 @@
+"""`chipledger slurm watch`, `slurm actuate` and `import sacct` against a real Slurm (tests/slurm_support.py).
+
+One workload of real sleep jobs asking for GPUs runs once for the module (about a minute): several accounts, an
+array, a two-node job, a failure, a timeout, a cancel, a job held then cancelled, a QOS preemption with
+REQUEUE, an admin requeue. The watcher polls while it runs and is restarted half-way (a new Watcher on the
+same state file). Then:
+- the books folded from what `slurm watch` sent equal `sreport` per account to the GPU-second, and
+  capacity / idle / down equal `sreport cluster utilization`; the same for `import sacct` on sacct's dump;
+- polling again, or a fresh watcher on the same state, sends no new event; a watcher started from scratch
+  sends the same events;
+- a reclaim decision of the ledger requeues the real victim through `slurm actuate`, and the victim's requeue
+  comes back through `watch` as `job.preempted` carrying the decision's id.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from typer.testing import CliRunner
+
+from chipledger.cli import app
+from chipledger.embedded import run_file
+from chipledger.slurm.actuate import Actuator, decisions_from_lake
+from chipledger.slurm.watch import JsonlSink, Watcher, parse_since
+from ledger.fold import FoldConfig
+
+CLUSTER = "chipledger"
+SETTLE_S = 2
+
+
+def _events(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _hour(t: int) -> int:
+    return t - t % 3600
+
+
+def _iso(t: int) -> str:
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _with_final_ticks(src: Path, dst: Path, at: int) -> Path:
+    """The watcher's events plus the tick it would send at `at` (nothing runs then): the books close there."""
+    evs = _events(src)
+    pools = sorted({e["pool"] for e in evs})
+    ticks = [{"event_id": f"test-close-{p}", "type": "pool.tick", "occurred_at": _iso(at) + "Z", "pool": p,
+              "source": f"{CLUSTER}/slurm"} for p in pools]
+    dst.write_text("".join(json.dumps(e) + "\n" for e in evs + ticks))
+    return dst
+
+
+def _books(lake: Path) -> tuple[dict, dict]:
+    """(GPU-seconds per team, pool accounts in GPU-seconds) from the lake's journal, all pools together."""
+    con = duckdb.connect()
+    rows = con.execute(f"SELECT account, team, sum(amount_mchip_s) FROM read_parquet('{lake}/journal/**/*.parquet') "
+                       f"GROUP BY ALL").fetchall()
+    teams: Counter = Counter()
+    pool: Counter = Counter()
+    for account, team, amount in rows:
+        assert amount % 1000 == 0, (account, team, amount)  # whole GPUs x whole seconds
+        if team is None:
+            pool[account] += amount // 1000
+        elif account in ("in_quota", "borrowed", "burst"):
+            teams[team] += amount // 1000
+    return dict(teams), dict(pool)
+
+
+def _sreport(cluster, start: int, end: int) -> tuple[dict, dict]:
+    cluster.cmd("sacctmgr", "-i", "rollup", _iso(start), _iso(end))
+    util = cluster.cmd("sreport", "-n", "-P", "-t", "seconds", "-T", "gres/gpu", "cluster", "utilization",
+                       f"start={_iso(start)}", f"end={_iso(end)}")
+    (line,) = [x for x in util.splitlines() if x.strip()]
+    _, _, alloc, down, pdown, idle, planned, reported = line.split("|")
+    accounts = cluster.cmd("sreport", "-n", "-P", "-t", "seconds", "-T", "gres/gpu", "cluster",
+                           "AccountUtilizationByUser", f"start={_iso(start)}", f"end={_iso(end)}")
+    used = {}
+    for x in accounts.splitlines():
+        f = x.split("|")
+        if len(f) == 6 and f[2] == "" and f[1] != "root":  # account rows (no user)
+            used[f[1]] = int(f[5])
+    return used, {"allocated": int(alloc), "down": int(down), "planned_down": int(pdown), "idle": int(idle),
+                  "planned": int(planned), "reported": int(reported)}
+
+
+# the ledger's policy in this test: a decision 1 s after a job waits, and any job started 1 s ago may be a victim
+POLICY = FoldConfig(preemption_grace_s=1, min_runtime_s=1)
+# a job that runs long the first time and briefly when Slurm runs it again (requeued or preempted)
+RERUN_SHORT = 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then sleep %d; else sleep %d; fi'
+
+
+def _fold(events: Path, lake: Path):
+    summary, _ = run_file(events, lake, fold_config=POLICY, overwrite=True)
+    assert not summary.dead_letters and summary.late == 0, summary
+    return summary
+
+
+@pytest.fixture(scope="module")
+def workload(slurm, tmp_path_factory):
+    """Runs the jobs while a watcher polls (restarted half-way) and the actuator applies the ledger's reclaim
+    decision; returns what the tests compare. About 90 s: Slurm enforces time limits in whole minutes, so the
+    timeout job runs ~1 minute (the rest runs beside it)."""
+    d = tmp_path_factory.mktemp("slurm-watch")
+    state, out = d / "watch.state", d / "watch.jsonl"
+    since = parse_since("cluster", CLUSTER)
+    w = Watcher(CLUSTER, state, JsonlSink(out), since=since, settle_s=SETTLE_S)
+    w.poll()
+    sb = slurm.sbatch
+    jobs = {}
+    # a100: 16 GPUs (n1, n2)
+    jobs["timeout"] = sb("-A", "vision", "-p", "a100", "--gres=gpu:1", "-t", "1", "--wrap", "sleep 300")
+    jobs["ok"] = sb("-A", "vision", "-p", "a100", "--gres=gpu:2", "--wrap", "sleep 4")
+    jobs["array"] = sb("-A", "speech", "-p", "a100", "-a", "0-3", "--gres=gpu:1", "--wrap", "sleep 3")
+    jobs["fail"] = sb("-A", "nlp", "-p", "a100", "--gres=gpu:1", "--wrap", "sleep 2; exit 3")
+    jobs["cancel"] = sb("-A", "speech", "-p", "a100", "--gres=gpu:2", "--wrap", "sleep 300")
+    jobs["held"] = sb("-A", "vision", "-p", "a100", "--hold", "--gres=gpu:4", "--wrap", "sleep 1")
+    jobs["requeue"] = sb("-A", "vision", "-p", "a100", "--gres=gpu:2", "--wrap", RERUN_SHORT % (2, 300))
+    # h100: 16 GPUs (n3, n4): a two-node job, then a QOS preemption, then the ledger's reclaim
+    jobs["multi"] = sb("-A", "nlp", "-p", "h100", "-N", "2", "--gres=gpu:8", "--wrap", "sleep 3")
+    slurm.wait(lambda: slurm.state(jobs["requeue"]) == "RUNNING" and slurm.state(jobs["cancel"]) == "RUNNING",
+               what="jobs running")
+    time.sleep(2)
+    slurm.cmd("scontrol", "requeue", jobs["requeue"])  # an admin requeue
+    slurm.cmd("scancel", jobs["cancel"])
+    slurm.cmd("scancel", jobs["held"])  # cancelled while held: never eligible
+    w.poll()
+    slurm.wait(lambda: slurm.state(jobs["multi"]) == "", what="two-node job done")
+    jobs["victim"] = sb("-A", "speech", "-p", "h100", "-N", "2", "--gres=gpu:8", "--wrap", RERUN_SHORT % (2, 300))
+    slurm.wait(lambda: slurm.state(jobs["victim"]) == "RUNNING", what="victim running")
+    time.sleep(2)
+    w.poll()
+    jobs["high"] = sb("-A", "nlp", "-p", "h100", "--qos=high", "--gres=gpu:8", "--wrap", "sleep 3")
+    w = Watcher(CLUSTER, state, JsonlSink(out), settle_s=SETTLE_S)  # restarted mid-run
+    slurm.wait(lambda: slurm.state(jobs["victim"]) == "" and slurm.state(jobs["high"]) == "",
+               what="QOS preemption played out")
+    # the ledger's reclaim: speech (no h100 quota) borrows all 16 h100 GPUs; nlp (8 in quota) waits
+    jobs["borrower"] = sb("-A", "speech", "-p", "h100", "-N", "2", "--gres=gpu:8", "--wrap", RERUN_SHORT % (2, 300))
+    slurm.wait(lambda: slurm.state(jobs["borrower"]) == "RUNNING", what="borrower running")
+    time.sleep(2)
+    jobs["reclaimer"] = sb("-A", "nlp", "-p", "h100", "--gres=gpu:8", "--wrap", "sleep 3")
+    decisions = []
+    deadline = time.monotonic() + 60
+    while not decisions:
+        assert time.monotonic() < deadline, "the ledger made no reclaim decision"
+        time.sleep(1)
+        w.poll()
+        _fold(out, d / "decide-lake")
+        decisions = decisions_from_lake(d / "decide-lake")
+    actuated = Actuator(CLUSTER, d / "actuate.state").apply_all(decisions)
+    again = Actuator(CLUSTER, d / "actuate.state").apply_all(decisions)  # restart: applied once
+    slurm.wait(lambda: slurm.state(jobs["borrower"]) == "" and slurm.state(jobs["reclaimer"]) == "",
+               what="reclaim played out")
+    slurm.cmd("scontrol", "update", "nodename=n4", "state=drain", "reason=fan")  # an idle node drained 3 s
+    time.sleep(3)
+    slurm.cmd("scontrol", "update", "nodename=n4", "state=resume")
+    deadline = time.monotonic() + 150
+    while not slurm.queue_empty():
+        assert time.monotonic() < deadline, slurm.cmd("squeue")
+        w.poll()
+        time.sleep(1)
+    time.sleep(SETTLE_S + 2)
+    w.poll()
+    end = int(time.time())
+    return {"dir": d, "state": state, "out": out, "since": since, "jobs": jobs, "end": end,
+            "decisions": decisions, "actuated": actuated, "again": again}
+
+
+def test_watch_sends_each_event_once_and_a_restart_adds_nothing(workload):
+    """Polling again adds only a tick; a watcher started from scratch (the CLI, --once) sends the same events."""
+    evs = _events(workload["out"])
+    ids = [e["event_id"] for e in evs]
+    assert len(ids) == len(set(ids))
+    before = len(evs)
+    again = Watcher(CLUSTER, workload["state"], JsonlSink(workload["out"]), settle_s=SETTLE_S)
+    res = again.poll()
+    assert set(res.by_type) <= {"pool.tick"}, res
+    fresh_out = workload["dir"] / "fresh.jsonl"
+    res = CliRunner().invoke(app, ["slurm", "watch", "--once", "--since", "cluster", "--settle", str(SETTLE_S),
+                                   "--state", str(workload["dir"] / "fresh.state"), "--out", str(fresh_out)])
+    assert res.exit_code == 0, res.output
+
+    def body(es):
+        return sorted(json.dumps(e, sort_keys=True) for e in es if e["type"] != "pool.tick")
+
+    assert body(_events(fresh_out)) == body(evs[:before])
+    assert all(e["source"] == f"{CLUSTER}/slurm" for e in evs)
+
+
+def test_watch_maps_what_slurm_did(workload):
+    jobs = workload["jobs"]
+    evs = [e for e in _events(workload["out"]) if e["type"].startswith("job.")]
+    of = lambda job: [(e["type"], e.get("outcome"), e.get("decision_id")) for e in evs if e["job_id"] == job]
+    assert of(jobs["ok"]) == [("job.submitted", None, None), ("job.started", None, None),
+                              ("job.finished", "succeeded", None)]
+    assert of(jobs["fail"])[-1] == ("job.finished", "failed", None)
+    assert of(jobs["timeout"])[-1] == ("job.finished", "failed", None)
+    assert of(jobs["cancel"])[-1] == ("job.finished", "cancelled", None)
+    assert of(jobs["held"]) == []  # cancelled while held: never demand
+    assert [t for t, _, _ in of(jobs["requeue"])] == ["job.submitted", "job.started", "job.checkpointed",
+                                                       "job.preempted", "job.started", "job.finished"]
+    assert [t for t, _, _ in of(jobs["victim"])] == ["job.submitted", "job.started", "job.preempted",
+                                                      "job.started", "job.finished"]
+    assert {e["job_id"] for e in evs if e["job_id"].startswith(jobs["array"] + "_")} == \
+        {f"{jobs['array']}_{i}" for i in range(4)}
+    multi = [e for e in evs if e["job_id"] == jobs["multi"] and e["type"] == "job.submitted"]
+    assert multi[0]["chips"] == 16 and multi[0]["chips_per_node"] == 8
+    teams = {e["team"] for e in evs if e["type"] == "job.submitted"}
+    assert teams == {"vision", "nlp", "speech"}
+
+
+def test_watch_books_equal_sreport(slurm, workload):
+    d = workload["dir"]
+    start = _hour(workload["since"])
+    end = _hour(workload["end"]) + 3600  # sreport rolls whole hours: close the books at the hour's end
+    events = _with_final_ticks(workload["out"], d / "closed.jsonl", end)
+    _fold(events, d / "lake")
+    teams, pool = _books(d / "lake")
+    used, util = _sreport(slurm, start, end)
+    assert teams == used
+    assert pool["capacity"] == util["reported"]
+    assert pool.get("unavailable", 0) == util["down"] + util["planned_down"]
+    assert util["down"] >= 8 * 3  # n4's 8 GPUs drained for about 3 s
+    print(f"\nsreport: per account {used}, cluster {util}\nledger:  per team {teams}, pool accounts {pool}")
+    assert pool["idle"] == util["idle"] + util["planned"]
+    assert sum(teams.values()) == util["allocated"]
+    assert pool.get("overcommitted", 0) == 0
+
+
+def test_actuate_applies_the_reclaim_and_watch_brings_it_back(workload):
+    jobs = workload["jobs"]
+    (decision,) = workload["decisions"]
+    assert decision["rule"] == "reclaim" and decision["pool"] == f"{CLUSTER}/h100"
+    assert decision["beneficiary"]["job_id"] == jobs["reclaimer"]
+    assert [v["job_id"] for v in decision["victims"]] == [jobs["borrower"]]
+    (done,) = workload["actuated"]
+    assert done.applied == [(jobs["borrower"], "requeue")] and not done.skipped
+    assert [o.skipped for o in workload["again"]] == ["applied before"]
+    evs = [e for e in _events(workload["out"]) if e.get("job_id") == jobs["borrower"]]
+    assert [(e["type"], e.get("decision_id")) for e in evs] == [
+        ("job.submitted", None), ("job.started", None), ("job.preempted", decision["decision_id"]),
+        ("job.started", None), ("job.finished", None)]
+    reclaimer = [e["type"] for e in _events(workload["out"]) if e.get("job_id") == jobs["reclaimer"]]
+    assert reclaimer == ["job.submitted", "job.started", "job.finished"]
+
+
+def test_actuate_cli_dry_run_and_once_per_decision(workload):
+    """The decision was applied (state file): the CLI on the same lake and state applies nothing again."""
+    lake = workload["dir"] / "decide-lake"
+    res = CliRunner().invoke(app, ["slurm", "actuate", "--lake", str(lake), "--state",
+                                   str(workload["dir"] / "actuate.state")])
+    assert res.exit_code == 0, res.output
+    assert "decisions 1 applied 0 gone 0 skipped 1" in res.output
+    res = CliRunner().invoke(app, ["slurm", "actuate", "--lake", str(lake), "--dry-run", "--state",
+                                   str(workload["dir"] / "dry.state")])
+    assert res.exit_code == 0, res.output
+    assert "decisions 1 applied 0 gone 1 skipped 0 (dry run)" in res.output  # the victim is long finished
+
+
+def test_import_sacct_books_equal_sreport(slurm, workload):
+    d = workload["dir"]
+    fmt = "JobID,Account,User,Partition,Submit,Eligible,Start,End,State,AllocTRES,ReqTRES,Priority,AdminComment"
+    (d / "sacct.txt").write_text(slurm.cmd("sacct", "-a", "-D", "-X", "--parsable2", "-S", _iso(workload["since"]),
+                                           f"--format={fmt}"))
+    (d / "sinfo.json").write_text(slurm.cmd("sinfo", "--json"))
+    (d / "assoc.txt").write_text(slurm.cmd("sacctmgr", "-P", "show", "assoc",
+                                           "format=id,account,user,partition,grptres"))
+    (d / "node-events.txt").write_text(slurm.cmd("sacctmgr", "-n", "-P", "show", "event", "event=node",
+                                                 f"start={_iso(workload['since'])}",
+                                                 "format=nodename,start,end,state,reason"))
+    res = CliRunner().invoke(app, ["import", "sacct", str(d / "sacct.txt"), "-o", str(d / "import.jsonl"),
+                                   "--cluster", CLUSTER, "--nodes", str(d / "sinfo.json"), "--assoc",
+                                   str(d / "assoc.txt"), "--inventory-at", str(workload["since"]),
+                                   "--node-events", str(d / "node-events.txt"), "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.output)
+    assert not [n for n in report["notes"] if n.startswith("WARNING")], report["notes"]
+    start = _hour(workload["since"])
+    end = _hour(workload["end"]) + 3600
+    _fold(_with_final_ticks(d / "import.jsonl", d / "import-closed.jsonl", end), d / "import-lake")
+    teams, pool = _books(d / "import-lake")
+    used, util = _sreport(slurm, start, end)
+    assert teams == used
+    assert pool["capacity"] == util["reported"] and pool["idle"] == util["idle"] + util["planned"]
+    assert pool["unavailable"] == util["down"] + util["planned_down"]
+    assert (teams, pool) == _books(d / "lake")  # and the same books as the watcher's

@@ -1,0 +1,376 @@
+"""The Slurm mapping, the watcher and the actuator on outputs captured from a real Slurm 22.05.8 (no Slurm needed).
+
+tests/fixtures/slurm/ holds what scripts/slurm.sh's cluster printed for a small workload (jobs.txt names them):
+job 1 completed; job 2 requeued by an admin (`scontrol requeue`), then completed; job 3 held and cancelled (not
+listed: sacct leaves it out); job 4 preempted by job 7 (QOS high, PreemptMode=REQUEUE), then completed; array
+5_0, 5_1 failed; node n2 drained ("fan") while sinfo.json was taken. Files: sacct.json (`sacct -a -D -X --json`),
+sacct-D.txt (the same records, `--parsable2` with Eligible and AdminComment), sacct-no-D.txt (without -D),
+sinfo.json, squeue.json, assoc.txt (`sacctmgr -P show assoc format=id,account,user,partition,grptres`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from chipledger.importers.sacct import import_sacct
+from chipledger.slurm import commands
+from chipledger.slurm.actuate import Actuator, Ops, decisions_from_jsonl
+from chipledger.slurm.mapping import (Assoc, MapReport, Node, Run, chip_state, decision_of, gpu_limits, gres_gpus,
+                                      grants_of, job_events, node_state_events, pools_of, runs_by_job)
+from chipledger.slurm.watch import Slurm, Watcher, WatchError, _not_in_accounting_yet
+
+FIX = Path(__file__).parent / "fixtures" / "slurm"
+CLUSTER = "chipledger"
+S, R, C, P, F = "job.submitted", "job.started", "job.checkpointed", "job.preempted", "job.finished"
+
+
+def _load(name):
+    return json.loads((FIX / name).read_text())
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return commands.runs_from_sacct_json(_load("sacct.json"))
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    return commands.nodes_from_sinfo_json(_load("sinfo.json"))
+
+
+@pytest.fixture(scope="module")
+def assocs():
+    return commands.assocs_from_text((FIX / "assoc.txt").read_text())
+
+
+def _job_events(runs, **kw):
+    report = MapReport()
+    out = {}
+    for job, rs in runs_by_job(runs).items():
+        out[job] = [(e.body["type"], e.body["occurred_at"], e.body.get("outcome"), e.body.get("decision_id"))
+                    for e in job_events(CLUSTER, f"{CLUSTER}/slurm", rs, report, **kw)]
+    return out, report
+
+
+def test_runs_from_sacct_json(runs):
+    by = runs_by_job(runs)
+    assert sorted(by) == ["1", "2", "4", "5_0", "5_1", "7"]
+    assert [r.state for r in sorted(by["2"], key=lambda r: r.submit)] == ["REQUEUED", "COMPLETED"]
+    r4 = sorted(by["4"], key=lambda r: r.submit)[0]
+    assert (r4.account, r4.partition, r4.gpus, r4.nodes, r4.state, r4.gpu_type) == ("speech", "h100", 16, 2,
+                                                                                    "PREEMPTED", "h100")
+
+
+def test_job_events_tell_requeue_from_preemption(runs):
+    jobs, report = _job_events(runs)
+    kinds = {j: [t for t, _, _, _ in evs] for j, evs in jobs.items()}
+    assert kinds["1"] == [S, R, F]
+    assert kinds["2"] == [S, R, C, P, R, F]  # admin requeue: checkpointed, so no work is lost
+    assert kinds["4"] == [S, R, P, R, F]  # preempted by QOS: its run's work is lost
+    assert jobs["5_0"][-1][2] == "failed"
+    # the requeued run waits from its End; the first wait starts at Eligible (5_0: Submit 11:37:23, Eligible :24)
+    assert jobs["5_0"][0][1] == "2026-12-03T11:37:24Z"
+    assert report.notes["admin requeues (no work lost)"] == 1
+
+
+def test_actuator_mark_makes_the_requeue_a_preemption_of_that_decision(runs):
+    marked = [replace(r, admin_comment="chipledger-preempt:dec-42") if r.job_id == "2" and r.state == "REQUEUED"
+              else r for r in runs]
+    jobs, _ = _job_events(marked)
+    assert [(t, d) for t, _, _, d in jobs["2"]] == [(S, None), (R, None), (P, "dec-42"), (R, None), (F, None)]
+
+
+def test_cancel_by_the_actuator_is_a_preemption_then_the_end():
+    run = Run("9", "speech", "u", "a100", 100, 100, 110, 150, "CANCELLED", 2, 1,
+              admin_comment="chipledger-preempt:dec-7")
+    jobs, _ = _job_events([run])
+    assert [(t, d) for t, _, _, d in jobs["9"]] == [(S, None), (R, None), (P, "dec-7"), (F, None)]
+
+
+def test_held_jobs_are_not_demand():
+    held_cancelled = Run("10", "vision", "u", "a100", 100, None, None, 130, "CANCELLED", 1, 1)
+    held = Run("11", "vision", "u", "a100", 100, None, None, None, "PENDING", 1, 1)
+    later = Run("12", "vision", "u", "a100", 100, 160, None, None, "PENDING", 1, 1)  # --begin / released
+    jobs, report = _job_events([held_cancelled, held, later])
+    assert jobs["10"] == [] and jobs["11"] == []
+    assert jobs["12"] == [(S, "1970-01-01T00:02:40Z", None, None)]
+    assert report.skipped["cancelled_while_held"] == 1
+
+
+def test_since_moves_earlier_times_to_it():
+    run = Run("13", "nlp", "u", "a100", 100, 100, 120, 200, "COMPLETED", 4, 1)
+    jobs, _ = _job_events([run], since=150)
+    assert [t for _, t, _, _ in jobs["13"]] == ["1970-01-01T00:02:30Z"] * 2 + ["1970-01-01T00:03:20Z"]
+
+
+def test_nodes_pools_and_states(nodes):
+    by = {n.name: n for n in nodes}
+    assert (by["n1"].gpus, by["n1"].gpu_type, by["n1"].partitions) == (8, "a100", ("a100",))
+    assert chip_state(by["n2"].states) == "down" and by["n2"].reason == "fan"
+    assert chip_state(by["n1"].states) == "healthy"
+    pools = pools_of(CLUSTER, nodes)
+    assert {p: (s.flavor, s.chips_per_node, len(s.nodes)) for p, s in pools.items()} == {
+        "chipledger/a100": ("a100", 8, 2), "chipledger/h100": ("h100", 8, 2)}
+
+
+def test_scontrol_show_node_text_gives_the_same_nodes(nodes):
+    text_nodes = commands.nodes_from_scontrol_text((FIX / "scontrol-show-node.txt").read_text())
+    by = {n.name: n for n in text_nodes}
+    assert by["n2"].states == ("IDLE", "DRAIN") and by["n2"].reason == "fan failure"
+    assert [(n.name, n.gpus, n.gpu_type, n.partitions) for n in text_nodes] == \
+        [(n.name, n.gpus, n.gpu_type, n.partitions) for n in nodes]
+    shape = lambda ps: {p: (s.flavor, s.chips_per_node, [n.name for n in s.nodes]) for p, s in ps.items()}  # noqa: E731
+    assert shape(pools_of(CLUSTER, text_nodes)) == shape(pools_of(CLUSTER, nodes))
+
+
+@pytest.mark.parametrize("states, chip", [
+    (("IDLE",), "healthy"), (("MIXED",), "healthy"), (("ALLOCATED",), "healthy"), (("IDLE", "DRAIN"), "down"),
+    (("DOWN",), "down"), (("IDLE", "MAINTENANCE"), "maintenance"), (("IDLE", "MAINTENANCE", "DRAIN"), "maintenance"),
+    (("DOWN", "MAINTENANCE"), "down"), (("IDLE", "NOT_RESPONDING"), "down"), (("idle*",), "healthy"),
+])
+def test_chip_state(states, chip):
+    assert chip_state(states) == chip
+
+
+@pytest.mark.parametrize("gres, expected", [
+    ("gpu:a100:8", (8, "a100")), ("gpu:8", (8, "")), ("gpu:a100:8(S:0-1)", (8, "a100")),
+    ("gpu:a100:4,gpu:h100:4", (8, "a100")), ("", (0, "")), ("(null)", (0, "")), ("mps:100", (0, "")),
+])
+def test_gres_gpus(gres, expected):
+    assert gres_gpus(gres) == expected
+
+
+@pytest.mark.parametrize("tres, limits", [
+    ("gres/gpu:a100=4,gres/gpu:h100=8", (("a100", 4), ("h100", 8))), ("cpu=10,gres/gpu=12", (("", 12),)),
+    ("gres/gpu=12,gres/gpu:a100=8", (("a100", 8),)), ("cpu=4", ()), ("", ()),
+])
+def test_gpu_limits(tres, limits):
+    assert gpu_limits(tres) == limits
+
+
+def test_grants_from_associations(nodes, assocs):
+    pools = pools_of(CLUSTER, nodes)
+    assert grants_of(CLUSTER, pools, assocs) == {("3", "chipledger/a100", "vision"): 8,
+                                                 ("4", "chipledger/a100", "nlp"): 4,
+                                                 ("4", "chipledger/h100", "nlp"): 8}
+    untyped = [Assoc("9", "speech", "", "", (("", 4),)), Assoc("10", "speech", "", "h100", (("", 2),)),
+               Assoc("11", "speech", "alice", "", (("a100", 1),))]  # a user's limit is inside the account's
+    report = MapReport()
+    assert grants_of(CLUSTER, pools, untyped, report) == {("10", "chipledger/h100", "speech"): 2}
+    assert report.notes["untyped gres/gpu limits on a cluster of several pools, not mapped"] == 1
+
+
+def test_node_events_to_chip_states(nodes):
+    """`sacctmgr -n -P show event event=node format=nodename,start,end,state,reason` as 22.05.8 prints it."""
+    text = "n2|2026-12-03T11:43:15|2026-12-03T11:43:20|DRAIN|fan\nn4|2026-12-03T11:43:18|Unknown|DOWN|psu\n"
+    evs = commands.node_events_from_text(text)
+    assert evs == [("n2", 1796298195, 1796298200, "DRAIN", "fan"), ("n4", 1796298198, None, "DOWN", "psu")]
+    out = node_state_events(CLUSTER, "s", pools_of(CLUSTER, nodes), evs, since=1796298196)
+    got = sorted({(e.body["chip_id"][:2], e.body["state"], e.at) for e in out})
+    assert got == [("n2", "down", 1796298196), ("n2", "healthy", 1796298200), ("n4", "down", 1796298198)]
+    assert len(out) == 24
+    assert node_state_events(CLUSTER, "s", pools_of(CLUSTER, nodes), evs, since=1796298300)[0].body["chip_id"] == "n4-gpu0"
+
+
+def test_decision_of():
+    assert decision_of("chipledger-preempt:abc-1") == "abc-1"
+    assert decision_of("chipledger-preempt:") is None
+    assert decision_of("rebooted node") is None and decision_of("") is None
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the watcher, on the captured outputs
+# ------------------------------------------------------------------------------------------------------------
+
+class ListSink:
+    def __init__(self):
+        self.events = []
+
+    def send(self, body):
+        self.events.append(body)
+
+    def flush(self):
+        pass
+
+    def close(self):
+        pass
+
+
+class FakeSlurm:
+    def __init__(self, nodes, assocs, runs, registered=1796297700):
+        self.nodes_, self.assocs_, self.runs_, self.queue_ = list(nodes), list(assocs), list(runs), []
+        self.registered = registered
+        self.node_events_ = [("n2", 1796297849, None, "DRAIN", "fan")]  # drained at 11:37:29, still
+
+    def slurm(self):
+        return Slurm(nodes=lambda: self.nodes_, assocs=lambda c: self.assocs_, runs=lambda since: self.runs_,
+                     registered_at=lambda c: self.registered, queue=lambda: self.queue_,
+                     node_events=lambda c, since: self.node_events_)
+
+
+NOW = 1796298000  # 2026-12-03T11:40:00Z, after every captured record (11:37:23 … 11:37:35)
+
+
+def _watcher(tmp_path, fake, sink, now=NOW, since=1796297600):
+    return Watcher(CLUSTER, tmp_path / "w.state", sink, since=since, settle_s=5, slurm=fake.slurm(),
+                   clock=lambda: now)
+
+
+def test_watcher_sends_once_and_restarts_without_repeats(tmp_path, nodes, assocs, runs):
+    fake = FakeSlurm(nodes, assocs, runs)
+    sink = ListSink()
+    res = _watcher(tmp_path, fake, sink).poll()
+    types = [e["type"] for e in sink.events]
+    assert res.by_type["chip.registered"] == 32 and res.by_type["quota.granted"] == 3
+    assert res.by_type["chip.state_changed"] == 8  # n2 is drained (slurmdbd's node event)
+    down = {(e["chip_id"], e["state"], e["occurred_at"], e["reason"]) for e in sink.events
+            if e["type"] == "chip.state_changed"}
+    assert down == {(f"n2-gpu{i}", "down", "2026-12-03T11:37:29Z", "DRAIN: fan") for i in range(8)}
+    assert res.by_type["pool.tick"] == 2 and types[-2:] == ["pool.tick", "pool.tick"]
+    first = [e for e in sink.events if e["type"] in ("pool.configured", "chip.registered", "quota.granted")]
+    assert {e["occurred_at"] for e in first} == {"2026-12-03T11:35:00Z"}  # the cluster's registration
+    assert all(e["source"] == "chipledger/slurm" for e in sink.events)
+    assert len({e["event_id"] for e in sink.events}) == len(sink.events)
+    again = ListSink()
+    _watcher(tmp_path, fake, again, now=NOW + 10).poll()  # a restart, later
+    assert [e["type"] for e in again.events] == ["pool.tick", "pool.tick"]
+    same = ListSink()
+    _watcher(tmp_path, fake, same, now=NOW + 10).poll()  # the same instant again: nothing at all
+    assert same.events == []
+
+
+def test_watcher_turns_limit_and_node_changes_into_events(tmp_path, nodes, assocs, runs):
+    fake = FakeSlurm(nodes, assocs, runs)
+    _watcher(tmp_path, fake, ListSink()).poll()
+    fake.assocs_ = [Assoc("3", "vision", "", "", (("a100", 12),)), *[a for a in assocs if a.account != "vision"]]
+    fake.node_events_ = [("n2", 1796297849, 1796298030, "DRAIN", "fan")]  # resumed at 11:40:30
+    fake.nodes_ = [Node(n.name, n.gpus, n.gpu_type, n.partitions, ("IDLE", "MAINTENANCE") if n.name == "n4"
+                        else ("IDLE",)) for n in nodes]  # n4 in a maintenance reservation
+    sink = ListSink()
+    _watcher(tmp_path, fake, sink, now=NOW + 60).poll()
+    quota = [(e["type"], e["grant_id"], e.get("chips")) for e in sink.events if e["type"].startswith("quota.")]
+    assert quota == [("quota.revoked", "slurm:chipledger:assoc3:chipledger/a100:v1", None),
+                     ("quota.granted", "slurm:chipledger:assoc3:chipledger/a100:v2", 12)]
+    states = {(e["chip_id"], e["state"], e["occurred_at"]) for e in sink.events if e["type"] == "chip.state_changed"}
+    assert states == {(f"n2-gpu{i}", "healthy", "2026-12-03T11:40:30Z") for i in range(8)} | {
+        (f"n4-gpu{i}", "maintenance", "2026-12-03T11:40:55Z") for i in range(8)}
+    # what only the controller shows is stamped with the poll's watermark (now - settle)
+    assert {e["occurred_at"] for e in sink.events if e["type"].startswith("quota.")} == {"2026-12-03T11:40:55Z"}
+
+
+def test_watcher_waits_for_what_accounting_does_not_show_yet(tmp_path, nodes, assocs, runs):
+    """A job the controller started that sacct does not list yet holds the watermark just before its start."""
+    fake = FakeSlurm(nodes, assocs, runs)
+    fake.queue_ = [("99", "RUNNING", NOW - 60, NOW - 50, None)]
+    sink = ListSink()
+    res = _watcher(tmp_path, fake, sink).poll()
+    assert res.watermark == NOW - 51
+    assert _not_in_accounting_yet([("1", "COMPLETED", 1796297843, 1796297844, 1796297847)], runs, NOW) == NOW  # it is there
+    assert _not_in_accounting_yet([("1", "COMPLETED", 1796297843, 1796297844, 1796297849)], runs, NOW) == 1796297848
+    assert _not_in_accounting_yet(commands.queue_from_squeue_json(_load("squeue.json")), runs, NOW) == NOW
+
+
+def test_watcher_state_of_another_cluster_is_refused(tmp_path, nodes, assocs, runs):
+    fake = FakeSlurm(nodes, assocs, runs)
+    _watcher(tmp_path, fake, ListSink()).poll()
+    with pytest.raises(WatchError, match="belongs to cluster"):
+        Watcher("other", tmp_path / "w.state", ListSink(), slurm=fake.slurm())
+    with pytest.raises(WatchError, match="--since"):
+        Watcher(CLUSTER, tmp_path / "none.state", ListSink(), slurm=fake.slurm())
+
+
+def test_the_same_mapping_for_import_sacct(tmp_path, runs):
+    """sacct's text dump of the same records, imported, gives each job the events `slurm watch` gives it."""
+    out = tmp_path / "import.jsonl"
+    report = import_sacct(FIX / "sacct-D.txt", out, cluster=CLUSTER)
+    imported: dict = {}
+    for e in map(json.loads, out.read_text().splitlines()):
+        if "job_id" in e:
+            imported.setdefault(e["job_id"], []).append((e["type"], e["occurred_at"], e.get("outcome"),
+                                                         e.get("decision_id")))
+    watched, _ = _job_events(runs)
+    assert imported == watched
+    assert not any("WARNING" in n for n in report.notes)
+
+
+def test_import_sacct_says_loudly_what_is_missing(tmp_path):
+    report = import_sacct(FIX / "sacct-no-D.txt", tmp_path / "e.jsonl")
+    warnings = [n for n in report.notes if n.startswith("WARNING")]
+    assert len(warnings) == 2 and "-D" in warnings[0] and "Eligible" in warnings[1]
+
+
+def test_import_sacct_with_inventory_and_quotas(tmp_path):
+    out = tmp_path / "e.jsonl"
+    (tmp_path / "ev.txt").write_text("n2|2026-12-03T11:37:29|2026-12-03T11:37:40|DRAIN|fan\n")
+    import_sacct(FIX / "sacct-D.txt", out, cluster=CLUSTER, nodes=FIX / "sinfo.json", assoc=FIX / "assoc.txt",
+                 inventory_at=1796297800, node_events=tmp_path / "ev.txt")
+    text = tmp_path / "text.jsonl"  # the inventory from `scontrol show node -o` instead: the same events
+    import_sacct(FIX / "sacct-D.txt", text, cluster=CLUSTER, nodes=FIX / "scontrol-show-node.txt",
+                 assoc=FIX / "assoc.txt", inventory_at=1796297800, node_events=tmp_path / "ev.txt")
+    strip = lambda p: [{k: v for k, v in json.loads(x).items() if k != "event_id"} for x in p.read_text().splitlines()]  # noqa: E731
+    assert strip(text) == strip(out)
+    evs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert sum(e["type"] == "chip.registered" for e in evs) == 32
+    grants = sorted((e["pool"], e["team"], e["chips"]) for e in evs if e["type"] == "quota.granted")
+    assert grants == [("chipledger/a100", "nlp", 4), ("chipledger/a100", "vision", 8), ("chipledger/h100", "nlp", 8)]
+    assert {e["pool"] for e in evs} == {"chipledger/a100", "chipledger/h100"}
+    states = Counter((e["state"], e["occurred_at"]) for e in evs if e["type"] == "chip.state_changed")
+    assert states == {("down", "2026-12-03T11:37:29Z"): 8, ("healthy", "2026-12-03T11:37:40Z"): 8}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the actuator
+# ------------------------------------------------------------------------------------------------------------
+
+class FakeOps:
+    def __init__(self, states):
+        self.states = dict(states)
+        self.calls = []
+
+    def ops(self):
+        return Ops(job_state=lambda j: self.states.get(j), mark=lambda j, c: self.calls.append(("mark", j, c)),
+                   requeue=lambda j: self.calls.append(("requeue", j)), cancel=lambda j: self.calls.append(("cancel", j)))
+
+
+def _decision(did="d-1", pool="chipledger/h100", victims=("4",)):
+    return {"decision_id": did, "type": "decision.preempt", "pool": pool, "rule": "reclaim",
+            "beneficiary": {"job_id": "7", "team": "nlp"},
+            "victims": [{"job_id": v, "team": "speech", "chips": 16} for v in victims]}
+
+
+def test_actuator_requeues_once_per_decision(tmp_path):
+    fake = FakeOps({"4": "RUNNING"})
+    a = Actuator(CLUSTER, tmp_path / "a.state", ops=fake.ops())
+    out = a.apply(_decision())
+    assert out.applied == [("4", "requeue")]
+    assert fake.calls == [("mark", "4", "chipledger-preempt:d-1"), ("requeue", "4")]
+    again = Actuator(CLUSTER, tmp_path / "a.state", ops=fake.ops())  # restarted
+    assert again.apply(_decision()).skipped == "applied before" and len(fake.calls) == 2
+
+
+def test_actuator_skips_gone_victims_other_clusters_and_dry_runs(tmp_path):
+    logs = []
+    fake = FakeOps({"4": "PENDING", "5": "RUNNING"})
+    a = Actuator(CLUSTER, tmp_path / "a.state", ops=fake.ops(), log=logs.append)
+    out = a.apply(_decision(victims=("4", "6")))
+    assert out.applied == [] and out.gone == [("4", "PENDING"), ("6", None)] and fake.calls == []
+    assert any("gone" in m for m in logs) and any("pending" in m for m in logs)
+    assert a.apply(_decision("d-2", pool="other/h100")).skipped.startswith("pool other/h100 is not")
+    assert a.apply({"decision_id": "b", "type": "decision.burst", "pool": "chipledger/h100"}).skipped
+    dry = Actuator(CLUSTER, tmp_path / "dry.state", ops=fake.ops(), dry_run=True)
+    assert dry.apply(_decision("d-3", victims=("5",))).applied == [("5", "would requeue")]
+    assert fake.calls == [] and not (tmp_path / "dry.state").exists()
+    cancel = Actuator(CLUSTER, tmp_path / "c.state", ops=fake.ops(), action="cancel")
+    cancel.apply(_decision("d-4", victims=("5",)))
+    assert fake.calls == [("mark", "5", "chipledger-preempt:d-4"), ("cancel", "5")]
+
+
+def test_decisions_from_jsonl(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text(json.dumps(_decision()) + "\n\n" + json.dumps({"type": "pool.tick"}) + "\n")
+    assert [d["decision_id"] for d in decisions_from_jsonl(p)] == ["d-1"]
