@@ -1073,7 +1073,7 @@ def worker(
     sequencer_wait_ms: Optional[int] = typer.Option(None, "--sequencer-wait-ms", min=0,
                                                     help="how long a record waits for its producer's previous "
                                                          "record of its pool once the input topics are caught up "
-                                                         "(default [worker] sequencer_wait_ms = 10000)"),
+                                                         "(default [worker] sequencer_wait_ms = 60000)"),
     session_timeout: Optional[float] = typer.Option(None, "--session-timeout", min=1.0,
                                                     help="seconds before a dead worker's pools move to another "
                                                          "(default [worker] session_timeout_s = 6)"),

@@ -131,7 +131,7 @@ class WorkerConfig:
 
     data_dir: str = ".chipledger-worker"  # the worker's table state (rocksdb files)
     table_store: str = "rocksdb"  # rocksdb | memory
-    sequencer_wait_ms: int = 10_000  # how long a record waits for its producer's previous one, topics caught up
+    sequencer_wait_ms: int = 60_000  # how long a record waits for its producer's previous one, topics caught up
     session_timeout_s: float = 6.0  # a dead worker's pools move to another after this (Kafka's minimum: 6 s)
     tick_interval_s: int = 60  # a pool quiet this long gets a pool.tick closing past hours; 0: no ticks
     fetch_max_wait_ms: int = 20  # how long the broker may hold a fetch of the input topics (Faust fixes 1,500)

@@ -130,7 +130,7 @@ class Sequencer:
     `push(pool, tp, offset, stamp, arrived, item)` adds a record (per topic-partition in offset order);
     `release(pool, state, now, caught_up)` pops what may go now, in log order, and updates `state`."""
 
-    def __init__(self, input_topics: Iterable[str] = INPUT_TOPICS, wait_ms: int = 10_000):
+    def __init__(self, input_topics: Iterable[str] = INPUT_TOPICS, wait_ms: int = 60_000):
         self.input_topics = tuple(input_topics)
         self.wait_ms = wait_ms
         self._buf: dict[str, dict[TP, deque]] = {}

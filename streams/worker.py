@@ -75,7 +75,7 @@ class WorkerSettings:
     data_dir: Path = Path(".chipledger-worker")
     table_store: str = "rocksdb"  # rocksdb | memory
     partitions: int = 3
-    sequencer_wait_ms: int = 10_000  # how long a record waits for its predecessor once its topics are caught up
+    sequencer_wait_ms: int = 60_000  # how long a record waits for its predecessor once its topics are caught up
     tick_interval_s: int = 60     # 0: no ticks
     checkpoint_interval_ms: int = 500  # how often handled records are made durable (state written, inputs acked)
     drain_interval_ms: int = 10
