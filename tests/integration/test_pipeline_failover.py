@@ -83,7 +83,11 @@ def test_three_workers_kill9_at_random_and_a_broker_restart_lose_and_double_noth
             def produce():
                 with LedgerProducer(bootstrap, delivery_timeout_ms=300_000) as p:
                     for i in range(0, len(mine), 300):  # about 14k events in 15-20 s
-                        emit_lines(p, mine[i:i + 300], flush_timeout=300)
+                        r = emit_lines(p, mine[i:i + 300], flush_timeout=300)
+                        report["sent"] = report.get("sent", 0) + r.sent
+                        report["failed"] = report.get("failed", 0) + r.failed
+                        if r.first_failure:
+                            report.setdefault("first_failure", r.first_failure)
                         time.sleep(0.3)
                     report["done"] = True
 
@@ -118,8 +122,10 @@ def test_three_workers_kill9_at_random_and_a_broker_restart_lose_and_double_noth
                 sink.poll_once(timeout_ms=200, batch_ms=300)
                 if report.get("done") and not kills and sink.stats.rows["events"] - base >= n:
                     break
-                assert el < 300, f"round {round_} not caught up after 300 s: {sink.stats.as_dict()}"
+                assert el < 300, (f"round {round_} not caught up after 300 s: {sink.stats.as_dict()}; producer: "
+                                  f"{ {k: v for k, v in report.items() if k != 'done'} }")
             producer.join(30)
+            assert report.get("failed", 0) == 0, f"the producer lost records: {report}"
         for _ in range(20):  # the state snapshots follow the rows
             sink.poll_once(timeout_ms=200, batch_ms=200)
     finally:
