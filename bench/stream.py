@@ -1,8 +1,8 @@
-"""Streaming benchmark: events/s through the Faust worker and the sink against a raw aiokafka consumer reading the
-same input topics in the same run, and decision latency (produce -> decision on the output topic) at a steady
-input rate.
+"""Streaming benchmark: events/s through the worker (sequencer + log + fold) and the sink against a raw aiokafka
+consumer, a no-op Faust app and the embedded run of the same events, all in the same run; decision latency
+(produce -> output record) at a steady input rate; and the takeover time after a `kill -9` of one of two workers.
 
-    .venv/bin/python bench/stream.py [--events 60000] [--rate 2000] [--seconds 20] [--bootstrap HOST:PORT]
+    .venv/bin/python bench/stream.py [--events 60000] [--rate 1000] [--seconds 20] [--bootstrap HOST:PORT]
 
 Without --bootstrap it starts its own broker (`chipledger kafka up` machinery) in a temporary folder, on a free
 port, and stops it at the end. Prints the figures; nothing is asserted (docs/benchmarks.md records them).
@@ -15,9 +15,14 @@ port, and stops it at the end. Prints the figures; nothing is asserted (docs/ben
    - pipeline: `chipledger worker` (subprocess, rocksdb table, no ticks) and the sink (in this process) run until
      the sink has written an `events` row for every event; the rate counts from the worker's first output record
      to the sink's last write (the worker's start-up, ~3 s of Faust and table recovery, is reported apart).
+   - embedded: `chipledger run`'s fold (chipledger.embedded.run_file) of the same events into a lake.
 2. latency: the same worker (restarted: it resumes at the end of the log) follows new input while a producer
    sends the scenario's next --rate x --seconds events at --rate events/s; a consumer of the output topics takes, for
    every folded input record, the time from its send to the arrival of its output record; decisions apart.
+3. takeover (on a second broker, 2 partitions, 8 pools): two workers in a new group share the partitions while a
+   producer sends 300 events/s; one is killed
+   with SIGKILL; per input partition, the longest pause of its outputs around the kill is the time the group
+   took to notice (session timeout), rebalance and restore the tables on the survivor; the largest is reported.
 """
 
 from __future__ import annotations
@@ -52,10 +57,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def scenario_lines(seed: int, n: int) -> list[bytes]:
+def scenario_lines(seed: int, n: int, pools: int = 3) -> list[bytes]:
     days = 1
     while True:
-        lines = [line.encode() for line in iter_jsonl(generate(seed=seed, days=days, pools=3, teams=6))]
+        lines = [line.encode() for line in iter_jsonl(generate(seed=seed, days=days, pools=pools, teams=6))]
         if len(lines) >= n or days > 400:
             return lines
         days = max(days + 1, int(days * n / max(1, len(lines))) + 1)
@@ -280,15 +285,76 @@ def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: s
             "mean_ms": statistics.fmean(lat_all) if lat_all else float("nan")}
 
 
+def embedded(lines: list[bytes], work: Path) -> float:
+    from chipledger.embedded import run_file
+
+    path = work / "embedded.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    t0 = time.monotonic()
+    run_file(path, work / "embedded-lake")
+    return time.monotonic() - t0
+
+
+def takeover(bootstrap: str, work: Path, lines: list[bytes], rate: int = 300) -> dict:
+    """Two workers of a new group, a steady stream, kill -9 of one after 12 s: the longest output pause per
+    input partition around the kill (see the module doc)."""
+    import multiprocessing
+
+    from streams.producer import LedgerProducer
+
+    ctx = multiprocessing.get_context("spawn")
+    ready, halt, count = ctx.Event(), ctx.Event(), ctx.Value("q", 0)
+    out_path = work / "takeover-outputs.json"
+    reader = ctx.Process(target=output_consumer, args=(bootstrap, ready, halt, count, str(out_path)), daemon=True)
+    reader.start()
+    if not ready.wait(60):
+        raise RuntimeError("the output consumer did not start")
+    app_id = f"bench-to-{uuid.uuid4().hex[:6]}"
+    procs = [worker_proc(bootstrap, work / f"to-w{k}", app_id, work / f"to-w{k}.log") for k in range(2)]
+    try:
+        time.sleep(12)  # both joined: the partitions are shared
+        p = LedgerProducer(bootstrap, linger_ms=0)
+        t0 = time.monotonic()
+        killed_at = None
+        for i, line in enumerate(lines):
+            delay = t0 + i / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            p.send(line)
+            if killed_at is None and time.monotonic() - t0 >= 10:
+                os.killpg(procs[0].pid, signal.SIGKILL)
+                procs[0].wait()
+                killed_at = time.time()
+        p.flush(60)
+        p.close()
+        time.sleep(5)
+    finally:
+        halt.set()
+        reader.join(60)
+        for pr in procs:
+            stop(pr)
+    got = orjson.loads(out_path.read_bytes()) if out_path.exists() else []
+    by_part: dict[int, list[float]] = {}
+    for topic, origin, now in got:
+        if topic == TOPIC_JOURNAL:
+            by_part.setdefault(origin[1], []).append(now)
+    gaps = {}
+    for part, times in by_part.items():
+        times.sort()
+        spans = [(b - a) for a, b in zip(times, times[1:]) if b >= killed_at and a <= killed_at + 60]
+        gaps[part] = max(spans, default=0.0)
+    return {"gaps_s": gaps, "takeover_s": max(gaps.values(), default=float("nan"))}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=60_000)
-    ap.add_argument("--rate", type=int, default=2000)
+    ap.add_argument("--rate", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--bootstrap")
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
-                    help="pass an option to `chipledger worker`, e.g. --worker-arg=--merge-idle-ms=20")
+                    help="pass an option to `chipledger worker`, e.g. --worker-arg=--sequencer-wait-ms=5000")
     ap.add_argument("--faust-floor", type=int, help=argparse.SUPPRESS)  # child: the no-op Faust app
     ap.add_argument("--app-id", help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -329,11 +395,26 @@ def main(argv=None) -> int:
         print(f"worker + sink: {res['seconds']:.1f} s = {rate:,.0f} events/s (start-up {res['startup_s']:.1f} s, "
               f"total {res['total_s']:.1f} s); ratio to raw: {rate / raw_rate:.3f}x (target >= 0.5x); to the Faust floor: {rate / fl_rate:.2f}x", flush=True)
         print(f"  sink: {res['sink']}", flush=True)
+        emb_s = embedded(lines, tmp)
+        print(f"embedded run (chipledger run's fold, same events): {emb_s:.1f} s = {len(lines) / emb_s:,.0f} "
+              f"events/s; worker + sink / embedded: {rate * emb_s / len(lines):.2f}x", flush=True)
         lat = latency(bootstrap, tmp, args.rate, later, res["app_id"])
         print(f"latency at {args.rate:,} events/s for {args.seconds:g} s ({lat['events']:,} events sent in "
               f"{lat['send_s']:.1f} s): outputs {lat['outputs']:,}: p50 {lat['p50_ms']:.0f} ms, p99 "
               f"{lat['p99_ms']:.0f} ms, max {lat['max_ms']:.0f} ms; decisions {lat['decisions']:,}: p50 "
               f"{lat['dec_p50_ms']:.0f} ms, p99 {lat['dec_p99_ms']:.0f} ms (target p99 < 250 ms)", flush=True)
+        to_lines = scenario_lines(args.seed + 1, 300 * 30, pools=8)[: 300 * 30]  # pools on every partition
+        # on a broker of its own: a new group on this one would fold everything above first
+        second = tmp / "kafka-takeover"
+        bs2 = broker.up(port=free_port(), data_dir=second, timeout_s=180)["bootstrap_servers"]
+        try:
+            create_topics(bs2, partitions=2, timeout_s=60)  # one partition per worker, pools on both
+            to = takeover(bs2, tmp, to_lines)
+        finally:
+            broker.down(second, timeout_s=30)
+        print(f"takeover after kill -9 of one of two workers: {to['takeover_s']:.1f} s (longest output pause per "
+              f"input partition: {', '.join(f'{p}: {g:.1f} s' for p, g in sorted(to['gaps_s'].items()))})",
+              flush=True)
     finally:
         if data_dir is not None:
             broker.down(data_dir, timeout_s=30)

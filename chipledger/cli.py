@@ -27,6 +27,9 @@ topics_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The 
 app.add_typer(topics_app, name="topics")
 lake_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Maintenance of the lake's Parquet files.")
 app.add_typer(lake_app, name="lake")
+log_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                      help="The sequenced log (chipledger.log): the one order the fold reads.")
+app.add_typer(log_app, name="log")
 slo_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The SLOs for Prometheus: rules over /metrics.")
 app.add_typer(slo_app, name="slo")
 grafana_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="A Grafana dashboard over /metrics.")
@@ -1094,9 +1097,13 @@ def worker(
                                             help="the worker's table state (default [worker] data_dir)"),
     table_store: Optional[str] = typer.Option(None, "--table-store", help="rocksdb | memory (default [worker] "
                                                                           "table_store = rocksdb)"),
-    merge_idle_ms: Optional[int] = typer.Option(None, "--merge-idle-ms", min=0,
-                                                help="how long a record waits for a caught-up input topic "
-                                                     "(default [worker] merge_idle_ms = 50)"),
+    sequencer_wait_ms: Optional[int] = typer.Option(None, "--sequencer-wait-ms", min=0,
+                                                    help="how long a record waits for its producer's previous "
+                                                         "record of its pool once the input topics are caught up "
+                                                         "(default [worker] sequencer_wait_ms = 60000)"),
+    session_timeout: Optional[float] = typer.Option(None, "--session-timeout", min=1.0,
+                                                    help="seconds before a dead worker's pools move to another "
+                                                         "(default [worker] session_timeout_s = 6)"),
     tick_interval: Optional[int] = typer.Option(None, "--tick-interval", min=0,
                                                 help="seconds of quiet before a pool gets a pool.tick; 0: none "
                                                      "(default [worker] tick_interval_s = 60)"),
@@ -1116,18 +1123,18 @@ def worker(
 ):
     """Run the Faust worker: fold the input topics with the ledger core and send decisions, lake rows and dead
     letters to the output topics (run `chipledger sink` to write them to the lake and the store)."""
-    from schemas import INPUT_TOPICS, OUTPUT_TOPICS
-    from streams.topics import KafkaSetupError, describe_partitions
+    from schemas import INPUT_TOPICS
+    from streams.topics import ALL_TOPICS, KafkaSetupError, describe_partitions
     from streams.worker import WorkerSettings, run_worker
 
     cfg = _config(config)
     conn = _kafka(cfg, bootstrap, user, password_file, ca_file)
     bootstrap = conn.bootstrap
     try:
-        counts = describe_partitions(conn, tuple(INPUT_TOPICS) + tuple(OUTPUT_TOPICS), timeout_s=timeout)
+        counts = describe_partitions(conn, ALL_TOPICS, timeout_s=timeout)
     except KafkaSetupError as e:
         _fail(str(e), 2)
-    missing = [t for t in tuple(INPUT_TOPICS) + tuple(OUTPUT_TOPICS) if t not in counts]
+    missing = [t for t in ALL_TOPICS if t not in counts]
     if missing:
         _fail(f"topics missing at {bootstrap}: {', '.join(missing)}; create them with `chipledger topics create`", 2)
     store_kind = table_store or cfg.worker.table_store
@@ -1140,7 +1147,8 @@ def worker(
     settings = WorkerSettings(
         bootstrap=bootstrap, kafka=conn, app_id=app_id, data_dir=data_dir or Path(cfg.worker.data_dir), table_store=store_kind,
         partitions=counts[INPUT_TOPICS[0]],
-        merge_idle_ms=cfg.worker.merge_idle_ms if merge_idle_ms is None else merge_idle_ms,
+        sequencer_wait_ms=cfg.worker.sequencer_wait_ms if sequencer_wait_ms is None else sequencer_wait_ms,
+        session_timeout_s=cfg.worker.session_timeout_s if session_timeout is None else session_timeout,
         tick_interval_s=cfg.worker.tick_interval_s if tick_interval is None else tick_interval,
         fetch_max_wait_ms=cfg.worker.fetch_max_wait_ms if fetch_max_wait_ms is None else fetch_max_wait_ms,
         fold_config=fold, metrics_port=metrics_port, metrics_host=metrics_host, sched_slo_s=cfg.slo.sched_slo_s,
@@ -1151,6 +1159,36 @@ def worker(
               f"{settings.data_dir}", highlight=False)
     err.print(f"worker {app_id}: ledger core {ledger.CORE}", highlight=False, soft_wrap=True)
     run_worker(settings, loglevel)
+
+
+@log_app.command("export")
+def log_export(
+    output: Path = typer.Option(..., "-o", "--output", help="the JSONL file to write"),
+    pool: Optional[str] = typer.Option(None, "--pool", help="only this pool's events (default: every pool)"),
+    bootstrap: Optional[str] = BootstrapOpt,
+    config: Optional[Path] = ConfigOpt,
+    timeout: float = KafkaTimeoutOpt,
+    user: Optional[str] = KafkaUserOpt,
+    password_file: Optional[Path] = KafkaPasswordFileOpt,
+    ca_file: Optional[Path] = KafkaCaFileOpt,
+):
+    """Write chipledger.log, in log order, as JSONL: `chipledger run` on the file gives the books the worker
+    folded (docs/streaming.md)."""
+    from streams.log import export_log
+    from streams.topics import KafkaSetupError
+
+    cfg = _config(config)
+    conn = _kafka(cfg, bootstrap, user, password_file, ca_file)
+    try:
+        rep = export_log(conn, output, pool=pool, timeout_s=timeout)
+    except KafkaSetupError as e:
+        _fail(str(e), 2)
+    except OSError as e:
+        _fail(f"cannot write {output}: {e.strerror or e}")
+    err.print(f"log export: {rep.written} events of {len(rep.pools)} pool(s) to {output}"
+              + (f"; {rep.duplicates} logged twice, written once" if rep.duplicates else "")
+              + (f"; {rep.unexportable} empty or multi-line value(s) left out (dead letters of the fold)"
+                 if rep.unexportable else ""), highlight=False, soft_wrap=True)
 
 
 @app.command()

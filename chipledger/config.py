@@ -133,7 +133,8 @@ class WorkerConfig:
 
     data_dir: str = ".chipledger-worker"  # the worker's table state (rocksdb files)
     table_store: str = "rocksdb"  # rocksdb | memory
-    merge_idle_ms: int = 50  # how long a record waits for a caught-up input topic that has nothing of its pool
+    sequencer_wait_ms: int = 60_000  # how long a record waits for its producer's previous one, topics caught up
+    session_timeout_s: float = 6.0  # a dead worker's pools move to another after this (Kafka's minimum: 6 s)
     tick_interval_s: int = 60  # a pool quiet this long gets a pool.tick closing past hours; 0: no ticks
     fetch_max_wait_ms: int = 20  # how long the broker may hold a fetch of the input topics (Faust fixes 1,500)
 
@@ -170,7 +171,9 @@ _TYPES = {"int": int, "str": str, "bool": bool, "float": float}
 _SECRETS = {("kafka", "password")}  # never echoed in an error message
 # keys that moved: (section, key) -> where the value lives now
 _MOVED = {("policy", "capacity_slo_target"): "[slo] availability (the capacity SLO's target: its error budget "
-                                             "gates bursts)"}
+                                             "gates bursts)",
+          ("worker", "merge_idle_ms"): "[worker] sequencer_wait_ms (the sequencer orders by the producers' "
+                                       "headers, not by time: docs/streaming.md)"}
 _SECTION_CLASSES = {"kafka": KafkaConfig, "store": StoreConfig, "lake": LakeConfig, "ledger": LedgerConfig,
                     "slo": SloConfig, "policy": PolicyConfig, "statements": StatementsConfig,
                     "worker": WorkerConfig, "backtest": BacktestConfig}

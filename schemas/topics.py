@@ -8,6 +8,7 @@ TOPIC_CHIPS = "chipledger.chips"
 TOPIC_DECISIONS = "chipledger.decisions"
 TOPIC_JOURNAL = "chipledger.journal"
 TOPIC_DEADLETTER = "chipledger.deadletter"
+TOPIC_LOG = "chipledger.log"  # the sequenced log: a pool's input events in the one order the fold reads
 
 INPUT_TOPICS = (TOPIC_QUOTA, TOPIC_JOBS, TOPIC_CHIPS)
 OUTPUT_TOPICS = (TOPIC_DECISIONS, TOPIC_JOURNAL, TOPIC_DEADLETTER)

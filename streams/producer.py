@@ -12,10 +12,12 @@ Guarantees:
   same event twice, in any input form, gives byte-identical messages (so dedup by body works downstream);
 - acks=all with an idempotent producer (no duplicates or reordering on retries within a partition);
 - topics are never auto-created (they need equal partition counts: `chipledger topics create`);
-- every record carries the headers `chipledger-producer` (an id per LedgerProducer instance) and
-  `chipledger-seq` (a counter per instance, 1, 2, … in send order), and a record timestamp that never goes
-  back within the instance: the worker merges a pool's three input topics by (timestamp, producer, seq), so
-  for one producer the fold order is its send order (see docs/streaming.md).
+- every record carries the headers `chipledger-producer` (an id per LedgerProducer instance),
+  `chipledger-seq` (a counter per instance, 1, 2, … in send order) and `chipledger-prev` (the seq of this
+  instance's previous record of the same pool, 0 for its first): the worker's sequencer releases a record
+  into `chipledger.log` once its predecessor is there, so for one producer the fold order is its send order
+  whatever the timing (see docs/streaming.md and streams/sequencer.py). The record timestamp is the send time
+  (never before the previous record's); it never changes the order.
 
 Transport failures raise `KafkaSetupError` (no broker, topic missing) or resolve the returned future with the
 error (delivery failed after retries).
@@ -62,7 +64,7 @@ DEFAULTS: dict[str, Any] = {
 _GUARANTEES = {"acks": ("all", -1), "enable_idempotence": (True,)}
 _FORBIDDEN = ("key_serializer", "value_serializer", "partitioner", "bootstrap_servers")
 
-from streams.merge import HEADER_PRODUCER, HEADER_SEQ  # noqa: E402 - stamped on every record, read by the merge
+from streams.sequencer import HEADER_PRODUCER, HEADER_PREV, HEADER_SEQ  # noqa: E402 - stamped on every record
 
 
 class InvalidEvent(ValueError):
@@ -127,6 +129,7 @@ class LedgerProducer:
         self.producer_id = uuid.uuid4().hex[:16]
         self._id_header = self.producer_id.encode("ascii")
         self._seq = 0
+        self._prev: dict[bytes, int] = {}  # pool key -> seq of this producer's last record of that pool
         self._last_ms = 0
         self._order = threading.Lock()  # seq, timestamp and hand-over to Kafka in one step: send order = seq order
         if client is not None:
@@ -164,8 +167,13 @@ class LedgerProducer:
                 self._seq += 1
                 # the send time, never before the previous record's (the wall clock may step back)
                 self._last_ms = max(self._last_ms, int(time.time() * 1000))
-                headers = [(HEADER_PRODUCER, self._id_header), (HEADER_SEQ, str(self._seq).encode("ascii"))]
-                return self._producer.send(topic, value=value, key=key, headers=headers, timestamp_ms=self._last_ms)
+                prev = self._prev.get(key, 0)
+                headers = [(HEADER_PRODUCER, self._id_header), (HEADER_SEQ, str(self._seq).encode("ascii")),
+                           (HEADER_PREV, str(prev).encode("ascii"))]
+                future = self._producer.send(topic, value=value, key=key, headers=headers,
+                                             timestamp_ms=self._last_ms)
+                self._prev[key] = self._seq
+                return future
         except KafkaTimeoutError as exc:
             raise KafkaSetupError(
                 f"cannot publish to {topic} at {self.bootstrap}: {exc} (does the topic exist? "

@@ -19,7 +19,9 @@ re-sent one neither.
 
 Before an item counts, its origin must be a position the worker can have folded (`check_origin`): an input
 or log topic, a partition the item's pool hashes to (Kafka's default partitioner, as the producers key by pool),
-an offset below that partition's end, and an output record keyed by the same pool. Any other item is written
+an offset below that partition's end, and an output record keyed by the same pool (a dead letter of the
+sequencer, `"stage": "sequencer"`, is of a record on no pool's partition, so only its topic and offset are
+checked). Any other item is written
 as a dead letter of its own (`forged_origin`, the output record's position, the item's bytes) and moves no
 mark, so no record can make the sink drop the rows the worker sends after it. On a secure broker only the
 worker can write the output topics (docs/security.md); this check holds without authentication too.
@@ -39,16 +41,106 @@ from typing import Callable, Optional
 
 import orjson
 
-from analytics.lake import LEGACY_EVENT_COLUMNS, LakeWriter, complete_event_row
+from analytics.lake import DAY_COLUMN, LEGACY_EVENT_COLUMNS, SCHEMAS, LakeWriter, complete_event_row
 from ledger.state import PoolState
-from schemas import INPUT_TOPICS, OUTPUT_TOPICS
+from schemas import INPUT_TOPICS, OUTPUT_TOPICS, Rejection, RejectionCode
 from schemas import topics as _topics
 from schemas.topics import TOPIC_DEADLETTER, TOPIC_DECISIONS, TOPIC_JOURNAL
 from streams.clients import as_connection
+from streams.rows import deadletter_row
+
+PARTS = 4096  # a mark is input offset * PARTS + part (an item split in parts, see streams.worker.pack_records)
+WHOLE = PARTS - 1
+_DAY_IDX = {t: SCHEMAS[t].get_field_index(DAY_COLUMN[t]) for t in SCHEMAS}
+_WIDTH = {t: len(SCHEMAS[t]) for t in SCHEMAS}
+
+
+class Malformed(ValueError):
+    """An output record the sink cannot write (forged, truncated, of another program): dead-lettered."""
+
+
+def parse_output(raw: bytes) -> tuple[str, str, Optional[str], object]:
+    """(kind, pool, stage, items or state) of an output record, or `Malformed` saying what is wrong. Items are
+    checked for shape: origin [topic, partition, offset], optional part [i, n], tables of known names whose rows
+    have the table's width and an integer day column (the values' types are checked when written)."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise Malformed(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise Malformed("not a JSON object")
+    kind, pool, stage = value.get("kind"), value.get("pool"), value.get("stage")
+    if not isinstance(pool, str):
+        raise Malformed("no string `pool`")
+    if kind == "state":
+        st = value.get("state")
+        if not isinstance(st, dict):
+            raise Malformed("a state record without a `state` object")
+        try:
+            PoolState.from_dict(st)
+        except Exception as exc:  # noqa: BLE001 - whatever a forged state breaks
+            raise Malformed(f"a state that does not load: {type(exc).__name__}: {str(exc)[:200]}") from None
+        return kind, pool, None, st
+    if kind != "rows":
+        raise Malformed(f"`kind` is {str(kind)[:40]!r}, not 'rows' or 'state'")
+    if stage is not None and not isinstance(stage, str):
+        raise Malformed("`stage` is not a string")
+    items = value.get("items")
+    if not isinstance(items, list):
+        raise Malformed("a rows record without an `items` list")
+    return kind, pool, stage, items
+
+
+def item_problem(item) -> Optional[str]:
+    """What is wrong with the shape of one item, or None: origin [topic, partition, offset], optional part
+    [i, n], tables of known names whose rows have the table's width and an integer day column (the values'
+    types are checked when written)."""
+    if not isinstance(item, dict):
+        return "the item is not an object"
+    o = item.get("origin")
+    if not (isinstance(o, list) and len(o) == 3 and isinstance(o[0], str)
+            and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**62 // PARTS for x in o[1:])):
+        return f"origin {str(o)[:80]!r} is not [input topic, partition, offset]"
+    part = item.get("part")
+    if part is not None and not (isinstance(part, list) and len(part) == 2
+                                 and all(isinstance(x, int) and not isinstance(x, bool) for x in part)
+                                 and 0 <= part[0] < part[1] <= WHOLE):
+        return "the item's `part` is not [i, n] with 0 <= i < n < 4096"
+    tables = item.get("tables")
+    if not isinstance(tables, dict):
+        return "the item has no tables of rows"
+    for table, rows in tables.items():
+        if table not in SCHEMAS or not isinstance(rows, list):
+            return f"unknown table {str(table)[:40]!r}"
+        width = _WIDTH[table]
+        for row in rows:
+            if not isinstance(row, list) or not (len(row) == width or (
+                    table == "events" and len(row) == LEGACY_EVENT_COLUMNS)):
+                return f"a {table} row of the wrong width"
+            day = row[_DAY_IDX[table]]
+            if not isinstance(day, int) or isinstance(day, bool):
+                return f"a {table} row whose {DAY_COLUMN[table]} is not an integer"
+    return None
+
+
+def check_types(items) -> None:
+    """Raise `Malformed` when a row's values do not convert to its table's column types."""
+    import pyarrow as pa
+
+    for item in items:
+        for table, rows in item["tables"].items():
+            if table == "events":
+                rows = [complete_event_row(tuple(r)) if len(r) == LEGACY_EVENT_COLUMNS else r for r in rows]
+            for col, f in zip(zip(*rows), SCHEMAS[table]):
+                try:
+                    pa.array(col, type=f.type)
+                except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+                    raise Malformed(f"{table}.{f.name}: {type(exc).__name__}: {str(exc)[:200]}") from None
 
 log = logging.getLogger(__name__)
 
 _SHORT = {TOPIC_JOURNAL: "journal", TOPIC_DECISIONS: "decisions", TOPIC_DEADLETTER: "deadletter"}
+
 
 #: the topics an item's origin may name: the inputs, and the sequenced log (streams/worker.py's sequencer)
 ORIGIN_TOPICS = tuple(INPUT_TOPICS) + (getattr(_topics, "TOPIC_LOG", "chipledger.log"),)
@@ -94,7 +186,7 @@ class KafkaOrigins:
         return end
 
 
-def check_origin(origins, pool: str, origin, out_key=None) -> Optional[str]:
+def check_origin(origins, pool: str, origin, out_key=None, any_partition: bool = False) -> Optional[str]:
     """Why an item of `pool` with `origin` cannot come from the worker, or None when it can. `origins` answers
     `partitions(topic)` and `end_offset(topic, partition, at_least)` (KafkaOrigins), or is None (no broker:
     only what the record itself shows is checked)."""
@@ -104,6 +196,16 @@ def check_origin(origins, pool: str, origin, out_key=None) -> Optional[str]:
     topic, partition, offset = origin
     if topic not in ORIGIN_TOPICS:
         return f"origin topic {topic[:80]!r} is not an input or log topic ({', '.join(ORIGIN_TOPICS)})"
+    if any_partition:  # a sequencer dead letter: a record with no key, or on a partition not its pool's
+        if origins is None:
+            return None
+        n = origins.partitions(topic)
+        if n is None or partition >= n:
+            return f"origin {topic}[{partition}] does not exist"
+        end = origins.end_offset(topic, partition, offset)
+        if end is None or offset >= end:
+            return f"offset {offset} is beyond the end of {topic}[{partition}] (next offset {end})"
+        return None
     if not isinstance(pool, str) or not pool:
         return "the record names no pool"
     if out_key is not None and out_key != pool.encode("utf-8"):
@@ -124,9 +226,10 @@ def check_origin(origins, pool: str, origin, out_key=None) -> Optional[str]:
 
 def mark_consumer(sink: str, out_topic: str, pool: str) -> str:
     """The tracking `consumer` of a mark (kept under the store's 256 characters: long pools are hashed)."""
-    name = f"{sink}@{_SHORT.get(out_topic, out_topic)}/{pool}"
+    short = _SHORT.get(out_topic.split("#")[0], out_topic) + (".seq" if out_topic.endswith("#sequencer") else "")
+    name = f"{sink}@{short}:p/{pool}"
     if len(name) > 200:
-        name = f"{sink}@{_SHORT.get(out_topic, out_topic)}/#" + hashlib.blake2b(pool.encode(), digest_size=16).hexdigest()
+        name = f"{sink}@{short}:p/#" + hashlib.blake2b(pool.encode(), digest_size=16).hexdigest()
     return name
 
 
@@ -137,11 +240,13 @@ class SinkStats:
     rows: Counter = field(default_factory=Counter)
     snapshots: int = 0
     batches: int = 0
+    malformed: int = 0  # records that are not output records (dead-lettered by the sink)
     forged: int = 0  # items whose origin the worker cannot have written (dead-lettered as forged_origin)
 
     def as_dict(self) -> dict:
         return {"records": self.records, "resent_dropped": self.resent_dropped, "rows": dict(sorted(self.rows.items())),
-                "snapshots": self.snapshots, "batches": self.batches, "forged": self.forged}
+                "snapshots": self.snapshots, "batches": self.batches, "malformed": self.malformed,
+                "forged": self.forged}
 
 
 class Sink:
@@ -184,20 +289,13 @@ class Sink:
                 shutil.rmtree(d, ignore_errors=True)
 
     def _connect(self):
-        from kafka import KafkaConsumer, TopicPartition
-        from kafka.errors import KafkaError
+        from kafka import TopicPartition
 
-        from streams.topics import KafkaSetupError, describe_error
+        from streams.topics import KafkaSetupError, kafka_consumer
 
-        try:
-            consumer = KafkaConsumer(**self.connection.kafka_python(), enable_auto_commit=False, group_id=None,
-                                     bootstrap_timeout_ms=max(1, int(self.timeout_s * 1000)),
-                                     client_id=f"chipledger-{self.name}", max_poll_records=self.max_records,
-                                     fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20)
-        except KafkaError as exc:
-            raise KafkaSetupError(f"no Kafka broker answered at {self.connection} within {self.timeout_s:g}s "
-                                  f"({describe_error(exc)}); start one "
-                                  "(`chipledger kafka up`) or pass --bootstrap HOST:PORT") from None
+        consumer = kafka_consumer(self.connection, client_id=f"chipledger-{self.name}", timeout_s=self.timeout_s,
+                                  max_poll_records=self.max_records, fetch_max_bytes=64 << 20,
+                                  max_partition_fetch_bytes=16 << 20)
         tps = []
         for topic in OUTPUT_TOPICS:
             parts = consumer.partitions_for_topic(topic)
@@ -225,9 +323,38 @@ class Sink:
         return m
 
     def handle(self, records: list) -> int:
-        """Write one batch of output records (kafka-python ConsumerRecords, in offset order per partition)."""
+        """Write one batch of output records (kafka-python ConsumerRecords, in offset order per partition). A
+        record that is not a chipledger output record is written as a dead letter of the sink (its raw bytes,
+        the output topic, partition and offset, and what is wrong) and the batch goes on."""
         if not records:
             return 0
+        marks, stats = dict(self._marks), SinkStats(self.stats.records, self.stats.resent_dropped,
+                                                    Counter(self.stats.rows), self.stats.snapshots,
+                                                    self.stats.batches, self.stats.malformed, self.stats.forged)
+        try:
+            return self._handle(records, check=False)
+        except (TypeError, ValueError, OverflowError, KeyError, IndexError) as exc:
+            # a value of the wrong type made it past the shape checks: write the batch again, each record's
+            # values checked first (slower, and only then)
+            log.warning("sink: batch %d failed to write (%s: %s); writing it again with every record checked",
+                        self._batch, type(exc).__name__, str(exc)[:200])
+            shutil.rmtree(self.staging / str(self._batch), ignore_errors=True)
+            self._batch -= 1
+            self._marks, self.stats = marks, stats
+            return self._handle(records, check=True)
+
+    def _malformed(self, writer, rec, why: str) -> None:
+        log.warning("sink: %s[%d]@%d is not a chipledger output record (%s): dead-lettered", rec.topic,
+                    rec.partition, rec.offset, why)
+        raw = rec.value if isinstance(rec.value, bytes) else bytes(rec.value or b"")
+        row = deadletter_row(raw, Rejection(RejectionCode.schema_invalid,
+                                            f"sink: not a chipledger output record: {why}"[:500]),
+                             rec.topic, rec.partition, rec.offset, int((getattr(rec, "timestamp", 0) or 0) // 1000))
+        writer.add("deadletters", row)
+        self.stats.rows["deadletters"] += 1
+        self.stats.malformed += 1
+
+    def _handle(self, records: list, check: bool) -> int:
         self._batch += 1
         stage = self.staging / str(self._batch)
         writer = LakeWriter(stage, f"{self.name}-{self._batch:08d}")
@@ -239,32 +366,31 @@ class Sink:
             positions[(rec.topic, rec.partition)] = rec.offset
             self.stats.records += 1
             try:
-                value = orjson.loads(rec.value)
-                kind = value["kind"]
-            except (orjson.JSONDecodeError, TypeError, KeyError):
-                log.warning("sink: %s[%d]@%d is not a chipledger output record; skipped", rec.topic, rec.partition,
-                            rec.offset)
+                kind, pool, out_stage, payload = parse_output(rec.value if rec.value is not None else b"")
+                if check and kind == "rows":
+                    check_types([it for it in payload if item_problem(it) is None])
+            except Malformed as exc:
+                self._malformed(writer, rec, str(exc))
                 continue
             if kind == "state":
-                snapshots[value["pool"]] = value["state"]
+                snapshots[pool] = payload
                 continue
-            pool = value.get("pool")
-            items = value.get("items")
-            for item in items if isinstance(items, list) else [items]:
-                why = check_origin(self.origins, pool, item.get("origin") if isinstance(item, dict) else None,
-                                   getattr(rec, "key", None))
-                if why is None and not (isinstance(item.get("tables"), dict)
-                                        and all(isinstance(r, list) for r in item["tables"].values())):
-                    why = "the item has no tables of rows"
+            mark_topic = f"{rec.topic}#{out_stage}" if out_stage else rec.topic
+            for item in payload:
+                why = item_problem(item) or check_origin(self.origins, pool, item["origin"],
+                                                         getattr(rec, "key", None),
+                                                         any_partition=out_stage == "sequencer")
                 if why is not None:
                     self._forged(writer, rec, pool, item, why)
                     continue
                 in_topic, in_part, in_offset = item["origin"]
-                key = (rec.topic, pool, in_topic, in_part)
-                if in_offset <= self._mark(key):
+                key = (mark_topic, pool, in_topic, in_part)
+                part = item.get("part")
+                at = in_offset * PARTS + (WHOLE if part is None else part[0])
+                if at <= self._mark(key):
                     self.stats.resent_dropped += 1
                     continue
-                self._marks[key] = marks[key] = in_offset
+                self._marks[key] = marks[key] = at
                 for table, rows in item["tables"].items():
                     for row in rows:
                         if table == "events" and len(row) == LEGACY_EVENT_COLUMNS:

@@ -15,14 +15,22 @@ from __future__ import annotations
 import logging
 
 from schemas import INPUT_TOPICS, OUTPUT_TOPICS
+from schemas.topics import TOPIC_LOG
 from streams.clients import KafkaConnection, as_connection
 
-__all__ = ["KafkaSetupError", "TopicMismatchError", "ALL_TOPICS", "admin_client", "create_topics",
+__all__ = ["KafkaSetupError", "TopicMismatchError", "ALL_TOPICS", "admin_client", "kafka_consumer", "create_topics",
            "describe_partitions", "describe_error"]
 
 log = logging.getLogger(__name__)
 
-ALL_TOPICS = tuple(INPUT_TOPICS) + tuple(OUTPUT_TOPICS)
+ALL_TOPICS = tuple(INPUT_TOPICS) + (TOPIC_LOG,) + tuple(OUTPUT_TOPICS)
+#: the log and the inputs need the same partition count (a pool's partition number is the same in all of them)
+COPARTITIONED = tuple(INPUT_TOPICS) + (TOPIC_LOG,)
+#: topic configs at creation: the log is kept for good (restarts, replicas and audits re-read it); the log and the
+#: outputs take records up to 8 MiB (a log record is an input record plus headers, a dead letter holds an input
+#: record's bytes in base64), so an input the broker accepted can always be logged and dead-lettered
+TOPIC_CONFIGS = {TOPIC_LOG: {"retention.ms": "-1", "retention.bytes": "-1", "max.message.bytes": str(8 << 20)},
+                 **{t: {"max.message.bytes": str(8 << 20)} for t in OUTPUT_TOPICS}}
 
 _UNKNOWN_TOPIC = 3  # UNKNOWN_TOPIC_OR_PARTITION
 _TOPIC_EXISTS = 36  # TOPIC_ALREADY_EXISTS
@@ -47,6 +55,23 @@ def _no_broker(bootstrap, exc: BaseException, timeout_s: float) -> KafkaSetupErr
         f"no Kafka broker answered at {as_connection(bootstrap).describe()} within {timeout_s:g}s ({describe_error(exc)}); "
         "start one (`chipledger kafka up`) or pass --bootstrap HOST:PORT / set CHIPLEDGER_KAFKA_BOOTSTRAP"
     )
+
+
+def kafka_consumer(bootstrap: "str | KafkaConnection", *, client_id: str, timeout_s: float = 30, **settings):
+    """A kafka-python `KafkaConsumer` without a group (the caller assigns partitions and seeks), with the
+    connection's security settings (`bootstrap`: a KafkaConnection or a PLAINTEXT address), or
+    `KafkaSetupError` when no broker answers."""
+    from kafka import KafkaConsumer
+    from kafka.errors import KafkaError
+
+    conn = as_connection(bootstrap)
+    try:
+        return KafkaConsumer(**conn.kafka_python(), enable_auto_commit=False, group_id=None,
+                             bootstrap_timeout_ms=max(1, int(timeout_s * 1000)), client_id=client_id, **settings)
+    except KafkaError as exc:
+        raise _no_broker(bootstrap, exc, timeout_s) from None
+    except ValueError as exc:
+        raise KafkaSetupError(f"bad Kafka bootstrap address {conn.bootstrap!r}: {exc}") from None
 
 
 def admin_client(bootstrap: "str | KafkaConnection", timeout_s: float = 30):
@@ -95,7 +120,7 @@ def describe_partitions(bootstrap: "str | KafkaConnection", topics=ALL_TOPICS, t
 
 
 def _check_inputs(counts: dict[str, int], partitions: int) -> None:
-    wrong = {n: counts[n] for n in INPUT_TOPICS if n in counts and counts[n] != partitions}
+    wrong = {n: counts[n] for n in COPARTITIONED if n in counts and counts[n] != partitions}
     if wrong:
         have = ", ".join(f"{n} has {c}" for n, c in wrong.items())
         raise TopicMismatchError(
@@ -127,7 +152,8 @@ def create_topics(bootstrap: "str | KafkaConnection", partitions: int = 3, repli
         result = {name: "exists" for name in existing}
         missing = [name for name in ALL_TOPICS if name not in existing]
         if missing:
-            spec = {name: {"num_partitions": partitions, "replication_factor": replication} for name in missing}
+            spec = {name: {"num_partitions": partitions, "replication_factor": replication,
+                           **({"configs": TOPIC_CONFIGS[name]} if name in TOPIC_CONFIGS else {})} for name in missing}
             response = admin.create_topics(spec, timeout_ms=ms, raise_errors=False)
             problems: dict[str, list[str]] = {}  # one line per distinct reason, naming its topics
             created, raced = [], []

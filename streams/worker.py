@@ -1,25 +1,30 @@
-"""The Faust worker: folds the input topics with the ledger core and sends the outputs. Glue, no business rules.
+"""The Faust worker: a sequencer and a fold, in one app. Glue, no business rules.
 
-One agent per input topic (quota, jobs, chips) only buffers records in a `streams.merge.Merger`; a drain loop
-releases them per pool in merge order (see streams/merge.py and docs/streaming.md), folds them with
-`ledger.evolve`, and for each batch:
+1. **Sequencer** (`SequencerStage`). One agent per input topic (quota, jobs, chips) buffers records in a
+   `streams.sequencer.Sequencer`; the drain releases them per pool in the one order of streams/sequencer.py
+   (each producer's own send order, from the `chipledger-prev` header) and writes them, byte for byte, to
+   `chipledger.log` (keyed by pool, the input origin and record timestamp in headers). A record with no key,
+   a key that is not its event's pool, or a pool on the wrong partition is a dead letter instead.
+2. **Fold** (`PoolWorker`). One agent reads `chipledger.log`; the drain folds its records in log order with
+   `ledger.evolve` and sends the outputs (lake rows per input record on chipledger.journal, decisions on
+   chipledger.decisions, dead letters on chipledger.deadletter; all keyed by pool, each record below
+   `OUTPUT_RECORD_BYTES`).
 
-sends every output at once (lake rows per input record on chipledger.journal, decisions on
-chipledger.decisions, dead letters on chipledger.deadletter; all keyed by pool). Every `checkpoint_interval_ms`
-it makes the records folded since the last checkpoint durable, in a task beside the drain (which folds on
-meanwhile; one checkpoint at a time), from what it captured at once between two folds:
+Both stages make their work durable the same way, every `checkpoint_interval_ms`, in a task beside the drain
+(which goes on meanwhile; one checkpoint at a time per stage), from what it captured at once between two drains:
 
-1. it waits until Kafka acknowledged every output sent (acks=all);
-2. only then sends the changed pools' state as snapshots for the store, waits for them, and writes each
-   `PoolState` (with the last offset handled per input topic-partition) to the Faust table `pool-state`
-   (rocksdb via rocksdict, or memory), whose changelog Faust flushes before it commits input offsets
-   (faust.transport.consumer.Consumer._commit_offsets: producer.flush(), then commit);
-3. only then acknowledges the input records, so committed offsets never pass a record whose effects are not in
-   Kafka.
+1. wait until Kafka acknowledged everything sent (acks=all): log records, outputs;
+2. the fold only: send the changed pools' state as snapshots for the store and wait for them;
+3. write each changed pool's state to the stage's Faust table (`sequencer-state`: last seq per producer and
+   last offset per input topic-partition; `pool-state`: the `PoolState`), whose changelog Faust flushes before
+   it commits offsets (faust.transport.consumer.Consumer._commit_offsets: producer.flush(), then commit);
+4. only then acknowledge the records, per topic-partition in offset order (`AckGate`), so a committed offset
+   never passes a record whose effects are not in Kafka.
 
-After a crash, records up to the state's positions are skipped; records after them are folded again and their
-outputs sent again with the same content (the sink drops them by origin, see streams/sink.py). A state
-snapshot of each changed pool (for the store's balances) follows its rows on chipledger.journal.
+After a crash, the sequencer drops the records its state says are in the log; a record logged but not yet in
+the state is logged again, and the fold skips it (its input origin is at or below the pool's positions), as it
+skips the log records it folded before the crash. Outputs sent again have the same content (the fold is
+deterministic; the sink drops them by origin, see streams/sink.py).
 
 A timer sends `pool.tick` for quiet pools (see `tick_event`): it only closes hours that are already past.
 """
@@ -44,17 +49,21 @@ from ledger.books import HOUR_S
 from ledger.fold import DEFAULT_CONFIG, FoldConfig, evolve
 from ledger.state import PoolState
 from schemas import INPUT_TOPICS, Rejection, RejectionCode, parse_event
-from schemas.topics import TOPIC_DEADLETTER, TOPIC_DECISIONS, TOPIC_JOURNAL, TOPIC_QUOTA
+from schemas.topics import TOPIC_DEADLETTER, TOPIC_DECISIONS, TOPIC_JOURNAL, TOPIC_LOG, TOPIC_QUOTA
 from streams.clients import KafkaConnection, as_connection
-from streams.merge import HEADER_PRODUCER, HEADER_SEQ, TP, Merger, merge_key
 from streams.rows import deadletter_row, step_rows
+from streams.sequencer import (HEADER_BATCH, HEADER_ORIGIN, HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ,
+                               HEADER_TIMESTAMP, TP, AckGate, Entry, SeqState, Sequencer, batches, key_partition,
+                               pack_batch, stamp_of, unpack_batch)
 
 log = logging.getLogger(__name__)
 
 TABLE_NAME = "pool-state"
+SEQ_TABLE_NAME = "sequencer-state"
 TICK_SOURCE = "chipledger/worker"
+BAD_KEY = getattr(RejectionCode, "bad_key", RejectionCode.schema_invalid)
 
-SendFn = Callable[[str, bytes, bytes], Awaitable[Any]]  # (topic, key, value) -> awaitable delivery
+SendFn = Callable[..., Awaitable[Any]]  # (topic, key, value, headers=None) -> awaitable delivery
 
 
 @dataclass
@@ -66,11 +75,13 @@ class WorkerSettings:
     data_dir: Path = Path(".chipledger-worker")
     table_store: str = "rocksdb"  # rocksdb | memory
     partitions: int = 3
-    merge_idle_ms: int = 50       # how long a head waits for a caught-up topic-partition that has nothing
+    sequencer_wait_ms: int = 60_000  # how long a record waits for its predecessor once its topics are caught up
     tick_interval_s: int = 60     # 0: no ticks
-    checkpoint_interval_ms: int = 500  # how often folded records are made durable (state written, inputs acked)
+    checkpoint_interval_ms: int = 500  # how often handled records are made durable (state written, inputs acked)
     drain_interval_ms: int = 10
     fetch_max_wait_ms: int = 20  # how long the broker may hold a fetch of the input topics (Faust fixes 1,500)
+    session_timeout_s: float = 6.0  # a killed worker's partitions are reassigned after this (Kafka's minimum: 6)
+    heartbeat_interval_s: float = 1.0
     freeze_gc: bool = False  # run_worker (its own process): gc.freeze() at each checkpoint, see PoolWorker._gc
     full_gc_interval_s: float = 600  # with freeze_gc: how often everything is collected (one longer pause)
     fold_config: FoldConfig = field(default_factory=lambda: DEFAULT_CONFIG)
@@ -92,7 +103,7 @@ class WorkerSettings:
 
 @dataclass
 class Pending:
-    """A record waiting in the merge buffer: the Faust event (to ack) and what the fold needs of it."""
+    """A record the fold handles: the Faust event of its log record (to ack), its input origin and bytes."""
 
     event: Any
     topic: str
@@ -102,10 +113,13 @@ class Pending:
     value: bytes
     timestamp_ms: int
     arrived: float
+    last_of_record: bool = True  # the last input record of its log record: acks the log record
 
 
-OUTPUT_ITEMS_MAX = 500  # input records' outputs per output record
-CHECKPOINT_RECORDS_MAX = 50_000  # checkpoint early when this many folded records wait for it
+#: the largest output record the worker writes (the broker's default max.message.bytes is 1 MiB; room is left
+#: for the record's framing). A longer item (a long gap closes many hours) is split into parts.
+OUTPUT_RECORD_BYTES = 900_000
+CHECKPOINT_RECORDS_MAX = 50_000  # checkpoint early when this many handled records wait for it
 
 
 def state_record(pool: str, state_json: bytes) -> bytes:
@@ -113,10 +127,57 @@ def state_record(pool: str, state_json: bytes) -> bytes:
     return b'{"kind":"state","pool":' + orjson.dumps(pool) + b',"state":' + state_json + b"}"
 
 
-def rows_record(pool: str, items: list[dict]) -> bytes:
+def rows_record(pool: str, items: list[dict], stage: Optional[str] = None) -> bytes:
     """The value of an output record: for each of some input records of `pool`, in fold order, its origin
     (input topic, partition, offset) and the lake rows it produced per table."""
-    return orjson.dumps({"kind": "rows", "pool": pool, "items": items})
+    head = {"kind": "rows", "pool": pool}
+    if stage:
+        head["stage"] = stage
+    return orjson.dumps({**head, "items": items})
+
+
+def _item_parts(item: dict, limit: int) -> list[bytes]:
+    """An item as JSON, or, when longer than `limit`, as parts that each carry some of its rows:
+    {"origin", "part": [i, n], "tables": {...}} (the sink writes each part once, see streams/sink.py)."""
+    whole = orjson.dumps(item)
+    if len(whole) <= limit:
+        return [whole]
+    rows = [(t, r, len(orjson.dumps(r)) + 1) for t, rs in item["tables"].items() for r in rs]
+    groups: list[dict[str, list]] = []
+    cur: dict[str, list] = {}
+    size = 0
+    for t, r, n in rows:
+        if cur and size + n + len(t) + 8 > limit:
+            groups.append(cur)
+            cur, size = {}, 0
+        cur.setdefault(t, []).append(r)
+        size += n + len(t) + 8
+    if cur:
+        groups.append(cur)
+    return [orjson.dumps({"origin": item["origin"], "part": [i, len(groups)], "tables": g})
+            for i, g in enumerate(groups)]
+
+
+def pack_records(pool: str, items: list[dict], limit: int = OUTPUT_RECORD_BYTES,
+                 stage: Optional[str] = None) -> list[bytes]:
+    """Output record values for `items` (in order), each at most about `limit` bytes: items are grouped while
+    they fit, and an item longer than that is split across records by `_item_parts`. One row longer than the
+    limit (a dead letter of a huge input) is a record of its own (the output topics accept 8 MiB records)."""
+    head = b'{"kind":"rows","pool":' + orjson.dumps(pool) + (b',"stage":' + orjson.dumps(stage) if stage else b"") \
+        + b',"items":['
+    out: list[bytes] = []
+    cur: list[bytes] = []
+    size = len(head) + 2
+    for item in items:
+        for part in _item_parts(item, limit - len(head) - 2):
+            if cur and size + len(part) + 1 > limit:
+                out.append(head + b",".join(cur) + b"]}")
+                cur, size = [], len(head) + 2
+            cur.append(part)
+            size += len(part) + 1
+    if cur:
+        out.append(head + b",".join(cur) + b"]}")
+    return out
 
 
 def tick_event(pool: str, clock_s: int, elapsed_s: float) -> Optional[dict]:
@@ -136,18 +197,239 @@ def tick_event(pool: str, clock_s: int, elapsed_s: float) -> Optional[dict]:
             "pool": pool, "source": TICK_SOURCE}
 
 
-class PoolWorker:
-    """The worker's state outside Faust: the merge buffers, the live `PoolState`s and the drain.
+def _key_bytes(key) -> Optional[bytes]:
+    if key is None or isinstance(key, bytes):
+        return key
+    return key.encode() if isinstance(key, str) else bytes(key)
 
-    `load(pool, pending)` / `store(pool, json_bytes, pending)` read and write the table; `send(topic, key, value)`
-    sends an output and returns an awaitable of its delivery; `caught_up(tp)` says whether everything up to the
-    high watermark of `tp` was received. They are Faust's in the app, plain functions in unit tests."""
+
+class SequencerStage:
+    """The sequencer outside Faust: buffers, the per-pool `SeqState`, the log writes and their checkpoint.
+
+    `load(pool, event)` / `store(pool, json_bytes, event)` read and write the `sequencer-state` table;
+    `send(topic, key, value, headers)` sends and returns an awaitable delivery; `caught_up(tp)` says whether
+    everything up to the high watermark of `tp` was received."""
 
     def __init__(self, settings: WorkerSettings, *, load, store, send: SendFn, caught_up: Callable[[TP], bool],
                  clock: Callable[[], float] = time.monotonic):
         self.settings = settings
-        self.merger = Merger(INPUT_TOPICS)
+        self.seq = Sequencer(INPUT_TOPICS, wait_ms=settings.sequencer_wait_ms)
         self.load, self.store, self.send, self.caught_up, self.clock = load, store, send, caught_up, clock
+        self.states: dict[str, SeqState] = {}
+        self.gate = AckGate()
+        self.received_next: dict[TP, int] = {}
+        self._touched: dict[str, Any] = {}  # pool -> its last event (table context)
+        self._done: list[tuple[TP, int]] = []  # handled since the last checkpoint
+        self._inflight: list = []
+        self._last_checkpoint = 0.0
+        self._ckpt: Optional[asyncio.Future] = None
+        self.halted: Callable[[], bool] = lambda: False  # the app: Faust is rebalancing
+        self.lock = asyncio.Lock()
+        self._pending_dead: list = []  # (pool, tp, offset, item): sequencer dead letters not sent yet
+        self.counts = {"received": 0, "logged": 0, "log_records": 0, "dropped_logged": 0, "forced": 0, "late": 0,
+                       "dead_letters": 0, "checkpoints": 0}
+
+    def receive(self, event) -> None:
+        m = event.message
+        tp = TP(m.topic, m.partition)
+        if m.offset < self.received_next.get(tp, -1):
+            self._restart_tp(tp, m.offset)
+        self.received_next[tp] = m.offset + 1
+        self.gate.received(tp, m.offset, event)
+        self.counts["received"] += 1
+        key = _key_bytes(m.key)
+        value = m.value if isinstance(m.value, bytes) else (m.value or b"")
+        ts_ms = int(round((m.timestamp or 0) * 1000))
+        why = self._bad_key(key, value, m.partition)
+        if why is not None:
+            self._dead(tp, m.offset, key, value, ts_ms, why)
+            return
+        self.seq.push(key.decode("utf-8"), tp, m.offset, stamp_of(m.headers), self.clock(),
+                      (event, key, value, ts_ms, list(m.headers or ())))
+
+    def _restart_tp(self, tp: TP, offset: int) -> None:
+        """The consumer reads `tp` again from an earlier offset (after a rebalance, Faust seeks to the committed
+        offset; records fetched before it may still have reached the agent after the revoke): forget what is
+        buffered or waits for a checkpoint from `tp`. What was logged is in the state (dropped when read again)."""
+        log.info("sequencer: %s[%d] read again from offset %d", tp.topic, tp.partition, offset)
+        self.seq.drop_tp(tp)
+        self.gate.drop_tp(tp)
+        self._done = [(t, o) for t, o in self._done if t != tp]
+        self._pending_dead = [d for d in self._pending_dead if d[1] != tp]
+
+    def _bad_key(self, key: Optional[bytes], value: bytes, partition: int) -> Optional[str]:
+        """Why a record cannot be sequenced under its key, or None. (A body that does not parse is logged: the
+        fold dead-letters it as `chipledger run` would.)"""
+        if not key:
+            return "the record has no message key (producers key by pool)"
+        try:
+            pool = key.decode("utf-8")
+        except UnicodeDecodeError:
+            return "the message key is not UTF-8 (producers key by pool)"
+        want = key_partition(key, self.settings.partitions)
+        if want != partition:
+            return (f"pool {pool[:200]!r} arrived on partition {partition}, its key's partition is {want} "
+                    "(producers must use the default partitioner)")
+        try:
+            body = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return None
+        if isinstance(body, dict) and isinstance(body.get("pool"), str) and body["pool"] != pool:
+            return f"message key {pool[:200]!r} is not the event's pool {body['pool'][:200]!r} (producers key by pool)"
+        return None
+
+    def _dead(self, tp: TP, offset: int, key: Optional[bytes], value: bytes, ts_ms: int, detail: str) -> None:
+        row = deadletter_row(value, Rejection(BAD_KEY, detail), tp.topic, tp.partition, offset, ts_ms // 1000)
+        pool = (key or b"").decode("utf-8", "replace")
+        item = {"origin": [tp.topic, tp.partition, offset], "tables": {"deadletters": [list(row)]}}
+        self._pending_dead.append((pool, tp, offset, item))
+        self.counts["dead_letters"] += 1
+
+    def _state(self, pool: str, event) -> SeqState:
+        st = self.states.get(pool)
+        if st is None:
+            d = self.load(pool, event)
+            st = self.states[pool] = SeqState.from_dict(d) if d is not None else SeqState()
+        return st
+
+    async def drain(self) -> int:
+        """Send the dead letters and release what the rule allows into the log; start a checkpoint when due."""
+        async with self.lock:
+            return await self._drain()
+
+    async def _drain(self) -> int:
+        now = self.clock()
+        n = 0
+        if self._pending_dead:
+            dead, self._pending_dead = self._pending_dead, []
+            by_pool: dict[str, list] = {}
+            for pool, tp, offset, item in dead:
+                by_pool.setdefault(pool, []).append(item)
+                self._done.append((tp, offset))
+            for pool, items in by_pool.items():
+                for value in pack_records(pool, items, stage="sequencer"):
+                    self._inflight.append(await self.send(TOPIC_DEADLETTER, pool.encode(), value))
+        for pool in self.seq.pools():
+            first = self.seq._buf[pool]
+            event0 = next(q[0].item[0] for q in first.values() if q)
+            state = self._state(pool, event0)
+            entries: list[Entry] = []
+            key = None
+            for r in self.seq.release(pool, state, now, self.caught_up):
+                event, key, value, ts_ms, headers = r.item
+                self._done.append((r.tp, r.offset))
+                n += 1
+                if r.note == "logged":
+                    self.counts["dropped_logged"] += 1
+                    continue
+                if r.note in ("forced", "late"):
+                    self.counts[r.note] += 1
+                    stamp = stamp_of(headers)
+                    log.warning("sequencer: %s[%d]@%d of pool %r (producer %s, seq %s, previous %s) released %s (%s)",
+                                r.tp.topic, r.tp.partition, r.offset, pool, *(stamp or ("-", "-", "-")), r.note,
+                                f"waited {self.settings.sequencer_wait_ms} ms for the previous record, the input "
+                                "topics caught up" if r.note == "forced" else "after its successor was forced")
+                entries.append(Entry(r.tp.topic, r.tp.partition, r.offset, ts_ms, value))
+                self._touched[pool] = event
+                self.counts["logged"] += 1
+            # several records of the pool per log record: the fold's per-record cost of Faust is paid per batch
+            for group in batches(entries):
+                self._inflight.append(await self.send(TOPIC_LOG, key, pack_batch(group), [(HEADER_BATCH, b"1")]))
+                self.counts["log_records"] += 1
+        ckpt = self._ckpt
+        if ckpt is not None and ckpt.done():
+            self._ckpt = None
+            ckpt.result()
+        if self._ckpt is None and self._done and (
+                (now - self._last_checkpoint) * 1000 >= self.settings.checkpoint_interval_ms
+                or len(self._done) >= CHECKPOINT_RECORDS_MAX):
+            inflight, self._inflight = self._inflight, []
+            touched, self._touched = self._touched, {}
+            values = {pool: orjson.dumps(self.states[pool].to_dict()) for pool in touched}
+            done, self._done = self._done, []
+            self._ckpt = asyncio.ensure_future(self._checkpoint(inflight, touched, values, done))
+            self._last_checkpoint = now
+        return n
+
+    async def _checkpoint(self, inflight, touched, values, done) -> None:
+        if inflight:
+            await asyncio.gather(*inflight)
+        if self.halted():  # a rebalance began meanwhile: write and ack nothing (see abandon_checkpoint)
+            return
+        for pool, event in touched.items():
+            self.store(pool, values[pool], event)
+        for tp, offset in done:
+            for ev in self.gate.done(tp, offset):
+                ev.ack()
+        self.counts["checkpoints"] += 1
+
+    async def settle(self) -> None:
+        ckpt, self._ckpt = self._ckpt, None
+        if ckpt is not None:
+            await ckpt
+
+    async def abandon(self) -> None:
+        """Stop the checkpoint in progress before it writes the table or acks (see `abandon_checkpoint`)."""
+        self._ckpt = await abandon_checkpoint(self._ckpt)
+
+    def forget_partitions(self, partitions: set[int]) -> None:
+        for part in partitions:
+            self.seq.drop_partition(part)
+            self.gate.drop_partition(part)
+        for pool in [p for p in self.states if key_partition(p.encode(), self.settings.partitions) in partitions]:
+            del self.states[pool]
+            self._touched.pop(pool, None)
+        self._done = [(tp, o) for tp, o in self._done if tp.partition not in partitions]
+        self._pending_dead = [d for d in self._pending_dead if d[1].partition not in partitions]
+        for tp in [tp for tp in self.received_next if tp.partition in partitions]:
+            del self.received_next[tp]
+
+
+async def abandon_checkpoint(ckpt: Optional[asyncio.Future]) -> None:
+    """Cancel a checkpoint when partitions are revoked, instead of finishing it. A checkpoint finished then would
+    write table values and ack records after Faust flushed its producer for the rebalance: the new owner could
+    restore the table before those changelog writes arrive, while the acks were committed, and take over from a
+    state older than the committed offsets (a record never folded, a predecessor the sequencer never sees).
+    Cancelled at one of its waits, it wrote nothing: the new owner reads its records again (outputs sent again
+    are dropped by the sink, records logged again are skipped by the fold)."""
+    if ckpt is not None and not ckpt.done():
+        ckpt.cancel()
+        try:
+            await ckpt
+        except asyncio.CancelledError:
+            pass
+    elif ckpt is not None and not ckpt.cancelled() and ckpt.exception() is not None:
+        log.warning("worker: the last checkpoint failed: %r", ckpt.exception())
+    return None
+
+
+def _origin(headers) -> Optional[tuple[str, int, int, int]]:
+    """(input topic, partition, offset, record timestamp ms) from a log record's headers."""
+    origin = ts = None
+    for name, value in headers or ():
+        if name == HEADER_ORIGIN:
+            origin = value
+        elif name == HEADER_TIMESTAMP:
+            ts = value
+    try:
+        topic, part, off = origin.decode().rsplit(":", 2)
+        return topic, int(part), int(off), int(ts or 0)
+    except (AttributeError, ValueError, UnicodeDecodeError):
+        return None
+
+
+class PoolWorker:
+    """The fold outside Faust: the records read from `chipledger.log`, the live `PoolState`s and the drain.
+
+    `load(pool, pending)` / `store(pool, json_bytes, pending)` read and write the table; `send(topic, key, value)`
+    sends an output and returns an awaitable of its delivery. They are Faust's in the app, plain functions in
+    unit tests. `fold_one` is the fold of one record: everything a record does goes through it."""
+
+    def __init__(self, settings: WorkerSettings, *, load, store, send: SendFn,
+                 clock: Callable[[], float] = time.monotonic, caught_up=None):
+        self.settings = settings
+        self.queue: list[Pending] = []  # read from the log, not folded yet (log order per partition)
+        self.load, self.store, self.send, self.clock = load, store, send, clock
         self.pools: dict[str, PoolState] = {}  # live states of the pools seen since start
         self.last_applied: dict[str, float] = {}  # pool -> monotonic time of its last handled record
         self._touched: dict[str, Pending] = {}  # pools changed since the last checkpoint -> their last record
@@ -155,32 +437,45 @@ class PoolWorker:
         self._inflight: list = []  # deliveries of the outputs sent since the last checkpoint
         self._last_checkpoint = 0.0
         self.received_next: dict[TP, int] = {}
-        self.counts = {"received": 0, "applied": 0, "duplicates": 0, "dead_letters": 0, "skipped": 0,
+        self.counts = {"received": 0, "not_sequenced": 0, "applied": 0, "duplicates": 0, "dead_letters": 0, "skipped": 0,
                        "ticks": 0, "batches": 0, "checkpoints": 0, "full_collections": 0}
         self._lock = asyncio.Lock()
         self._ckpt: Optional[asyncio.Future] = None  # the checkpoint in progress
+        self.halted: Callable[[], bool] = lambda: False  # the app: Faust is rebalancing
         self._last_full_gc = float("-inf")
         self.metrics = None  # a streams.metrics.MetricsCollector fed with every folded record (--metrics-port)
 
     # --- in ---------------------------------------------------------------------------------------------
     def receive(self, event) -> None:
+        """A record of `chipledger.log`: the input record's bytes, key and origin (headers)."""
         m = event.message
-        tp = TP(m.topic, m.partition)
-        self.received_next[tp] = m.offset + 1
-        ts_ms = int(round((m.timestamp or 0) * 1000))
-        key = m.key if isinstance(m.key, (bytes, type(None))) else str(m.key).encode()
+        ltp = TP(m.topic, m.partition)
+        if m.offset < self.received_next.get(ltp, -1):  # read again from an earlier offset (see SequencerStage)
+            self.queue = [p for p in self.queue if (p.event.message.topic, p.event.message.partition) != ltp]
+            self._unacked = [p for p in self._unacked
+                             if (p.event.message.topic, p.event.message.partition) != ltp]
+        self.received_next[ltp] = m.offset + 1
+        key = _key_bytes(m.key) or b""
         value = m.value if isinstance(m.value, bytes) else (m.value or b"")
-        pool = (key or b"").decode("utf-8", "replace")
-        p = Pending(event, m.topic, m.partition, m.offset, key or b"", value, ts_ms, self.clock())
-        self.merger.push(pool, tp, merge_key(ts_ms, m.topic, m.offset, m.headers), p)
+        if any(name == HEADER_BATCH for name, _ in m.headers or ()):
+            try:
+                entries = unpack_batch(value)
+            except ValueError:
+                entries = None
+            if entries:
+                now = self.clock()
+                for i, e in enumerate(entries):
+                    self.queue.append(Pending(event, e.topic, e.partition, e.offset, key, e.value, e.timestamp_ms,
+                                              now, i == len(entries) - 1))
+                self.counts["received"] += len(entries)
+                return
+        origin = _origin(m.headers)
+        if origin is None:  # not written by the sequencer: folded under the log position itself
+            self.counts["not_sequenced"] += 1
+            origin = (m.topic, m.partition, m.offset, int(round((m.timestamp or 0) * 1000)))
+        topic, part, off, ts_ms = origin
+        self.queue.append(Pending(event, topic, part, off, key, value, ts_ms, self.clock()))
         self.counts["received"] += 1
-
-    def ready(self, partition: int, now: float, oldest: float) -> set:
-        """The input topic-partitions of `partition` that hold nothing more for now: caught up, and the oldest
-        waiting record has waited `merge_idle_ms` (so a record produced just before it had time to arrive)."""
-        if (now - oldest) * 1000 < self.settings.merge_idle_ms:
-            return set()
-        return {tp for tp in self.merger.tps(partition) if self.caught_up(tp)}
 
     # --- drain ------------------------------------------------------------------------------------------
     async def drain(self) -> int:
@@ -188,28 +483,22 @@ class PoolWorker:
         is due and none is in progress (`settle` waits for it). Returns the number of records folded."""
         async with self._lock:
             now = self.clock()
-            released: list[tuple[str, list[Pending]]] = []
-            for pool in self.merger.pools():
-                oldest = min(p.arrived for p in self.merger.heads(pool))
-                items = self.merger.release(pool, self.ready(self.merger.partition_of(pool), now, oldest))
-                if items:
-                    released.append((pool, items))
+            todo, self.queue = self.queue, []
             out: dict[tuple[str, str], list] = {}  # (output topic, pool) -> items, in fold order
             n = 0
-            for pool, items in released:
-                for p in items:
-                    t0 = time.perf_counter_ns()
-                    outputs = self._fold(pool, p, self._touched)
-                    if self.metrics is not None:
-                        self.metrics.folded(pool, outputs, time.perf_counter_ns() - t0)
-                    for topic, item in outputs:
-                        out.setdefault((topic, pool), []).append(item)
-                    self._unacked.append(p)
-                    n += 1
+            for p in todo:
+                pool = p.key.decode("utf-8", "replace")
+                t0 = time.perf_counter_ns()
+                outputs = self.fold_one(pool, p)
+                if self.metrics is not None:
+                    self.metrics.folded(pool, outputs, time.perf_counter_ns() - t0)
+                for topic, item in outputs:
+                    out.setdefault((topic, pool), []).append(item)
+                self._unacked.append(p)
+                n += 1
             for (topic, pool), items in out.items():
-                for i in range(0, len(items), OUTPUT_ITEMS_MAX):
-                    self._inflight.append(await self.send(topic, pool.encode(),
-                                                          rows_record(pool, items[i:i + OUTPUT_ITEMS_MAX])))
+                for value in pack_records(pool, items):
+                    self._inflight.append(await self.send(topic, pool.encode(), value))
             if n:
                 self.counts["batches"] += 1
             ckpt = self._ckpt
@@ -244,6 +533,10 @@ class PoolWorker:
         if ckpt is not None:
             await ckpt
 
+    async def abandon(self) -> None:
+        """Stop the checkpoint in progress before it writes the table or acks (see `abandon_checkpoint`)."""
+        self._ckpt = await abandon_checkpoint(self._ckpt)
+
     def _capture(self) -> tuple[list, dict, dict, list]:
         """What a checkpoint makes durable, taken at once between two folds: the deliveries of the outputs sent so
         far, the states of the pools they changed (as table values), and the input records folded."""
@@ -267,14 +560,18 @@ class PoolWorker:
                      for pool, value in values.items()]
         if snapshots:
             await asyncio.gather(*snapshots)
+        if self.halted():  # a rebalance began meanwhile: write and ack nothing (see abandon_checkpoint)
+            return
         for pool, last in touched.items():
             self.store(pool, values[pool], last)  # a new value: the table's value is never mutated in place
         for p in unacked:
-            p.event.ack()
+            if p.last_of_record:
+                p.event.ack()
         self.counts["checkpoints"] += 1
 
-    def _fold(self, key_pool: str, p: Pending, touched: dict) -> list[tuple[str, dict]]:
-        """Fold one record; returns its outputs as (output topic, item), item = {"origin", "tables"}."""
+    def fold_one(self, key_pool: str, p: Pending) -> list[tuple[str, dict]]:
+        """Fold one log record; returns its outputs as (output topic, item), item = {"origin", "tables"}."""
+        touched = self._touched
         origin = [p.topic, p.partition, p.offset]
         event = parse_event(p.value)
         if isinstance(event, Rejection):
@@ -333,15 +630,14 @@ class PoolWorker:
         return out
 
     def forget_partitions(self, partitions: set[int]) -> None:
-        """Partitions revoked: drop their buffered records and live states (the new owner reads the table)."""
-        gone = [p for p in self.pools if self.merger.partition_of(p) in partitions]
-        for part in partitions:
-            self.merger.drop_partition(part)
+        """Partitions revoked: drop their queued records and live states (the new owner reads the table)."""
+        gone = [p for p in self.pools if key_partition(p.encode(), self.settings.partitions) in partitions]
+        self.queue = [p for p in self.queue if p.event.message.partition not in partitions]
         for pool in gone:
             del self.pools[pool]
             self._touched.pop(pool, None)
         # folded but not checkpointed: the new owner folds them again (the sink drops the re-sent outputs)
-        self._unacked = [p for p in self._unacked if p.partition not in partitions]
+        self._unacked = [p for p in self._unacked if p.event.message.partition not in partitions]
         for tp in [tp for tp in self.received_next if tp[1] in partitions]:
             del self.received_next[tp]
 
@@ -351,6 +647,7 @@ class PoolWorker:
 # -------------------------------------------------------------------------------------------------------------
 
 CONSUMER_MAX_FETCH_BYTES = 8 << 20  # per partition and fetch (Faust's default, 1 MiB, makes more round trips)
+MAX_REQUEST_BYTES = 8 << 20  # a log record (an input up to the broker's limit + headers) or a dead letter of one
 
 
 def faust_settings(settings: WorkerSettings) -> dict:
@@ -366,6 +663,10 @@ def faust_settings(settings: WorkerSettings) -> dict:
         topic_allow_declare=True,
         producer_acks=-1,
         producer_linger_ms=1,
+        producer_max_request_size=MAX_REQUEST_BYTES,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=settings.heartbeat_interval_s,
+        broker_rebalance_timeout=max(10.0, 2 * settings.session_timeout_s),
         broker_commit_every=10_000,
         broker_commit_interval=0.5,
         consumer_max_fetch_size=CONSUMER_MAX_FETCH_BYTES,
@@ -395,7 +696,8 @@ def set_fetch_max_wait(app, ms: int) -> Optional[bool]:
 
 
 def make_app(settings: WorkerSettings):
-    """The Faust app with its agents, table, drain loop and tick timer. Returns (app, PoolWorker)."""
+    """The Faust app with its agents (three input buffers for the sequencer, one log reader for the fold), two
+    tables, the drain loop and the tick timer. Returns (app, PoolWorker); the sequencer is `app.sequencer`."""
     import faust
     from faust.streams import _current_event
 
@@ -404,35 +706,37 @@ def make_app(settings: WorkerSettings):
     app = faust.App(settings.app_id, **faust_settings(settings))
     # bytes in, bytes out (faust picks the raw codec for bytes types): the value is PoolState.to_dict() as JSON
     table = app.Table(TABLE_NAME, partitions=settings.partitions, key_type=bytes, value_type=bytes)
-    topics = {name: app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
-                              value_serializer="raw") for name in INPUT_TOPICS}
+    seq_table = app.Table(SEQ_TABLE_NAME, partitions=settings.partitions, key_type=bytes, value_type=bytes)
+    raw = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+    topics = {name: app.topic(name, **raw) for name in INPUT_TOPICS}
+    log_topic = app.topic(TOPIC_LOG, **raw)
     consumer_positions: dict[TP, int] = {}
 
-    def in_context(p: Pending):
+    def in_context(event):
         # the rocksdb store picks the partition database from the current event: make it the pool's own record
-        return _current_event.set(weakref.ref(p.event))
+        return _current_event.set(weakref.ref(event))
 
-    def load(pool: str, p: Pending):
-        token = in_context(p)
+    def table_get(t, name, pool: str, event):
+        token = in_context(event)
         try:
-            raw = table.get(pool.encode())
+            value = t.get(pool.encode())
         finally:
             _current_event.reset(token)
-        if raw is None:
+        if value is None:
             return None
-        if not isinstance(raw, (bytes, bytearray, memoryview, str)):
-            raise TypeError(f"table {TABLE_NAME} holds a {type(raw).__name__} for {pool!r}, not JSON bytes")
-        return orjson.loads(raw)
+        if not isinstance(value, (bytes, bytearray, memoryview, str)):
+            raise TypeError(f"table {name} holds a {type(value).__name__} for {pool!r}, not JSON bytes")
+        return orjson.loads(value)
 
-    def store(pool: str, value: bytes, p: Pending):
-        token = in_context(p)
+    def table_set(t, pool: str, value: bytes, event):
+        token = in_context(event)
         try:
-            table[pool.encode()] = value
+            t[pool.encode()] = value
         finally:
             _current_event.reset(token)
 
-    async def send(topic: str, key: bytes, value: bytes):
-        return await app.producer.send(topic, key, value, None, None, None)
+    async def send(topic: str, key: bytes, value: bytes, headers=None):
+        return await app.producer.send(topic, key, value, None, None, headers)
 
     def caught_up(tp: TP) -> bool:
         try:
@@ -441,28 +745,35 @@ def make_app(settings: WorkerSettings):
             return False
         if hw is None:
             return False
-        pos = worker.received_next.get(tp, consumer_positions.get(tp))
+        pos = sequencer.received_next.get(tp, consumer_positions.get(tp))
         return pos is not None and pos >= hw
 
-    worker = PoolWorker(settings, load=load, store=store, send=send, caught_up=caught_up)
+    sequencer = SequencerStage(settings, load=lambda pool, ev: table_get(seq_table, SEQ_TABLE_NAME, pool, ev),
+                               store=lambda pool, v, ev: table_set(seq_table, pool, v, ev), send=send,
+                               caught_up=caught_up)
+    worker = PoolWorker(settings, load=lambda pool, p: table_get(table, TABLE_NAME, pool, p.event),
+                        store=lambda pool, v, p: table_set(table, pool, v, p.event), send=send)
     app.chipledger = worker  # for tests and the CLI
+    app.sequencer = sequencer
+    worker.halted = sequencer.halted = lambda: bool(getattr(app, "rebalancing", False))
 
-    def make_agent(topic):
+    def make_agent(topic, name, handler):
         async def agent(stream):
             async for event in stream.noack().events():
-                worker.receive(event)
-        agent.__name__ = agent.__qualname__ = f"buffer_{topic.get_topic_name().split('.')[-1]}"
-        return app.agent(topic, name=agent.__name__)(agent)
+                handler(event)
+        agent.__name__ = agent.__qualname__ = name
+        return app.agent(topic, name=name)(agent)
 
     for t in topics.values():
-        make_agent(t)
+        make_agent(t, f"sequence_{t.get_topic_name().split('.')[-1]}", sequencer.receive)
+    make_agent(log_topic, "fold_log", worker.receive)
 
     if settings.metrics_port is not None:
         from streams.metrics import MetricsCollector, bound_port, registry_of, serve
 
         def lag() -> dict:
-            out = {}
-            for tp, nxt in worker.received_next.items():
+            out = {}  # the inputs the sequencer reads and the log the fold reads
+            for tp, nxt in [*sequencer.received_next.items(), *worker.received_next.items()]:
                 try:
                     hw = app.consumer.highwater(tp)
                 except Exception:  # noqa: BLE001 - not assigned (any more): no lag to tell
@@ -494,16 +805,17 @@ def make_app(settings: WorkerSettings):
                 log.warning("worker: cannot set the input consumer's fetch wait (Faust's consumer is not started, "
                             "or its internals changed); fetches may wait up to 1.5 s")
             try:
-                if worker.merger.buffered:
+                if sequencer.seq.buffered:
                     # positions of the partitions nothing was received from yet: where the consumer started
-                    for tp in worker.merger.tps_buffered():
-                        if tp not in worker.received_next and tp not in consumer_positions:
+                    for tp in sequencer.seq.tps_buffered():
+                        if tp not in sequencer.received_next and tp not in consumer_positions:
                             try:
                                 pos = await app.consumer.position(tp)
                             except Exception:  # noqa: BLE001 - not assigned yet
                                 pos = None
                             if pos is not None:
                                 consumer_positions[tp] = pos
+                await sequencer.drain()
                 await worker.drain()
             except Exception:
                 log.exception("worker drain failed; stopping so that the inputs are folded again after a restart")
@@ -511,7 +823,7 @@ def make_app(settings: WorkerSettings):
             await asyncio.sleep(interval)
 
     if settings.tick_interval_s > 0:
-        ids = {"producer": uuid.uuid4().hex[:16], "seq": 0}
+        ids = {"producer": uuid.uuid4().hex[:16], "seq": 0, "prev": {}}
 
         @app.timer(interval=settings.tick_interval_s)
         async def ticks():
@@ -520,22 +832,29 @@ def make_app(settings: WorkerSettings):
             for tick in worker.due_ticks(worker.clock()):
                 ids["seq"] += 1
                 event = validate(tick)
-                headers = [(HEADER_PRODUCER, ids["producer"].encode()), (HEADER_SEQ, str(ids["seq"]).encode())]
-                await app.producer.send_and_wait(TOPIC_QUOTA, tick["pool"].encode(), canonical_value(event),
-                                                 None, None, headers)
+                key = tick["pool"].encode()
+                headers = [(HEADER_PRODUCER, ids["producer"].encode()), (HEADER_SEQ, str(ids["seq"]).encode()),
+                           (HEADER_PREV, str(ids["prev"].get(key, 0)).encode())]
+                await app.producer.send_and_wait(TOPIC_QUOTA, key, canonical_value(event), None, None, headers)
+                ids["prev"][key] = ids["seq"]
                 worker.counts["ticks"] += 1
                 worker.last_applied[tick["pool"]] = worker.clock()
 
     @app.on_partitions_revoked.connect
     async def on_revoked(app_, revoked, **kwargs):
-        parts = {tp.partition for tp in revoked if tp.topic in INPUT_TOPICS}
-        if parts:
+        seq_parts = {tp.partition for tp in revoked if tp.topic in INPUT_TOPICS}
+        log_parts = {tp.partition for tp in revoked if tp.topic == TOPIC_LOG}
+        if seq_parts:
+            async with sequencer.lock:
+                await sequencer.abandon()  # not finished after Faust's flush: see abandon_checkpoint
+                sequencer.forget_partitions(seq_parts)
+            for tp in list(consumer_positions):
+                if tp.partition in seq_parts:
+                    del consumer_positions[tp]
+        if log_parts:
             async with worker._lock:
-                await worker.settle()  # the checkpoint in progress acknowledges its records while they are ours
-                worker.forget_partitions(parts)
-                for tp in list(consumer_positions):
-                    if tp.partition in parts:
-                        del consumer_positions[tp]
+                await worker.abandon()
+                worker.forget_partitions(log_parts)
 
     return app, worker
 

@@ -10,8 +10,8 @@ import orjson
 
 from analytics.views import connect
 from ledger.store import open_store
-from streams.sink import Sink, mark_consumer
-from streams.worker import rows_record, state_record
+from streams.sink import PARTS, WHOLE, Sink, mark_consumer
+from streams.worker import pack_records, rows_record, state_record
 
 J, D, DL = "chipledger.journal", "chipledger.decisions", "chipledger.deadletter"
 POOL = "lab/a100"
@@ -49,7 +49,8 @@ def test_resent_items_are_dropped_by_origin_and_marks_survive_a_restart(tmp_path
     assert [(r[0].timestamp(), r[2]) for r in rows] == [(H, 1000), (H + 3600, 2000), (H + 7200, 3000)]
     store = sink.store
     assert store.position("sink", J, 0) == 1
-    assert store.position(mark_consumer("sink", J, POOL), "chipledger.jobs", 0) == 2
+    # a mark is input offset * PARTS + part (WHOLE: the item was not split)
+    assert store.position(mark_consumer("sink", J, POOL), "chipledger.jobs", 0) == 2 * PARTS + WHOLE
     # a new sink (restart) knows the marks from the store: a late re-send of item 0 is dropped too
     later = make(tmp_path)
     later.handle([rec(J, 2, rows_record(POOL, [journal_item(0, H, 1000)]))])
@@ -99,11 +100,39 @@ def test_a_batch_staged_but_not_committed_is_discarded_and_a_committed_one_is_pu
     assert [r[2] for r in journal(tmp_path)] == [1000]
 
 
-def test_a_record_that_is_not_an_output_is_skipped_and_its_position_kept(tmp_path):
+def test_a_record_that_is_not_an_output_is_a_dead_letter_of_the_sink_and_the_sink_goes_on(tmp_path):
+    import base64
+
     sink = make(tmp_path)
-    sink.handle([rec(DL, 0, b"garbage"), rec(DL, 1, rows_record(POOL, [{"origin": ["chipledger.jobs", 0, 9],
-                 "tables": {"deadletters": [["chipledger.jobs", 0, 9, H, "not_json", "x", None, None, POOL, "AA=="]]}}]))])
-    assert sink.stats.rows["deadletters"] == 1 and sink.store.position("sink", DL, 0) == 1
+    bad = [b"garbage", b'{"kind":"rows"}', b'{"kind":"rows","pool":"p","items":[{"origin":["t",0,1],'
+                                            b'"tables":{"journal":[[1,2]]}}]}', b'{"kind":"state","pool":"p"}']
+    good = rows_record(POOL, [{"origin": ["chipledger.jobs", 0, 9], "tables": {"deadletters": [
+        ["chipledger.jobs", 0, 9, H, "not_json", "x", None, None, POOL, "AA=="]]}}])
+    sink.handle([rec(DL, i, v) for i, v in enumerate(bad)] + [rec(DL, len(bad), good)])
+    # three are not output records (their raw bytes kept); one has an item of the wrong shape (forged_origin)
+    assert (sink.stats.malformed, sink.stats.forged) == (3, 1) and sink.stats.rows["deadletters"] == len(bad) + 1
+    assert sink.store.position("sink", DL, 0) == len(bad)
+    rows = connect(tmp_path / "lake").execute(
+        "SELECT topic, \"offset\", detail, raw_b64 FROM deadletters WHERE detail LIKE 'sink:%' ORDER BY 2").fetchall()
+    assert [(t, o, base64.b64decode(r)) for t, o, _, r in rows] == [(DL, i, v) for i, v in enumerate(bad) if i != 2]
+    assert "no string `pool`" in rows[1][2]
+    # a value of the wrong type in a row: the batch is written again with every record checked
+    typed = rows_record(POOL, [{"origin": ["chipledger.jobs", 0, 10], "tables": {"journal": [
+        [POOL, H, "idle", None, "not a number"]]}}])
+    sink.handle([rec(J, 0, typed), rec(J, 1, rows_record(POOL, [journal_item(11, H, 5)]))])
+    assert sink.stats.malformed == 4 and [r[2] for r in journal(tmp_path)] == [5]
+
+
+def test_an_item_split_in_parts_is_written_once_part_by_part(tmp_path):
+    rows = [[POOL, H + 3600 * i, "idle", None, 1000 + i] for i in range(3000)]
+    item = {"origin": ["chipledger.quota", 0, 4], "tables": {"journal": rows}}
+    records = pack_records(POOL, [item], limit=20_000)
+    assert len(records) > 5 and all(len(r) <= 20_000 for r in records)
+    sink = make(tmp_path)
+    sink.handle([rec(J, i, v) for i, v in enumerate(records[:3])])
+    # the worker crashed and sends all parts again: the parts written are dropped, the rest written once
+    sink.handle([rec(J, 3 + i, v) for i, v in enumerate(records)])
+    assert sorted(r[2] for r in journal(tmp_path)) == [1000 + i for i in range(3000)]
 
 
 class FakeOrigins:
@@ -145,7 +174,7 @@ def test_forged_origins_are_dead_lettered_and_move_no_mark(tmp_path):
     assert {code for _, code, _ in dl} == {FORGED_ORIGIN} and len(dl) == len(forged)
     assert any("beyond the end of chipledger.jobs" in d for _, _, d in dl)
     assert any("is on partition" in d for _, _, d in dl) and any("not an input or log topic" in d for _, _, d in dl)
-    assert sink.store.position(mark_consumer("sink", J, POOL), "chipledger.jobs", part) == 4
+    assert sink.store.position(mark_consumer("sink", J, POOL), "chipledger.jobs", part) == 4 * PARTS + WHOLE
     # an output record keyed by another pool than it names is refused too
     assert "key" in check_origin(None, POOL, ["chipledger.jobs", part, 1], b"other/pool")
     assert check_origin(None, POOL, ["chipledger.log", 0, 1], POOL.encode()) is None

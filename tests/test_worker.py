@@ -1,5 +1,5 @@
-"""The worker's glue (streams.worker.PoolWorker) without a broker: merge, fold, outputs before state before ack,
-skip after restart, dead letters, ticks. And the Faust agents through agent.test_context() (memory table)."""
+"""The fold's glue (streams.worker.PoolWorker) without a broker: log records in, fold, outputs before state before
+ack, skip after restart, dead letters, output records split below the size limit, ticks."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 
 from chipledger.embedded import run_file
 from schemas import topic_for
-from streams.merge import HEADER_PRODUCER, HEADER_SEQ, TP
 from streams.producer import canonical_value, validate
-from streams.worker import PoolWorker, WorkerSettings, tick_event
+from streams.sequencer import HEADER_ORIGIN, HEADER_TIMESTAMP
+from streams.worker import PoolWorker, WorkerSettings, pack_records, tick_event
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hand.jsonl"
 INVALID = {13, 14, 15}
@@ -27,6 +27,7 @@ class Ev:
     def __init__(self, topic, partition, offset, key, value, ts, headers=None):
         self.message = SimpleNamespace(topic=topic, partition=partition, offset=offset, key=key, value=value,
                                        timestamp=ts, headers=headers)
+        self.in_topic, self.in_offset = topic, offset
         self.acked = False
         self.log = None
 
@@ -37,15 +38,14 @@ class Ev:
 
 
 class Harness:
-    def __init__(self, table=None, idle_ms=0):
+    def __init__(self, table=None):
         self.table = {} if table is None else table
         self.sent: list[tuple[str, bytes, dict]] = []
         self.log: list = []
         self.now = 0.0
         self.gate = None  # a list: deliveries wait in it
-        self.worker = PoolWorker(WorkerSettings(merge_idle_ms=idle_ms, checkpoint_interval_ms=0),
-                                 load=self.load, store=self.store, send=self.send, caught_up=lambda tp: True,
-                                 clock=lambda: self.now)
+        self.worker = PoolWorker(WorkerSettings(checkpoint_interval_ms=0),
+                                 load=self.load, store=self.store, send=self.send, clock=lambda: self.now)
 
     def load(self, pool, p):
         v = self.table.get(pool)
@@ -55,7 +55,7 @@ class Harness:
         self.log.append(("state", pool))
         self.table[pool] = value
 
-    async def send(self, topic, key, value):
+    async def send(self, topic, key, value, headers=None):
         v = orjson.loads(value)
         self.log.append(("send", v["kind"]))
         self.sent.append((topic, key, v))
@@ -66,18 +66,23 @@ class Harness:
             self.gate.append(fut)  # acknowledged when the test says so
         return fut
 
-    def feed(self, lines, pid="p1"):
+    def feed(self, lines):
+        """Log records (as the sequencer writes them) of `lines`, in order, with their input origins."""
         offsets = Counter()
         evs = []
-        for seq, line in enumerate(lines, 1):
+        for i, line in enumerate(lines):
             e = validate(line)
             topic = topic_for(e.type)
-            ev = Ev(topic, 0, offsets[topic], e.pool.encode(), canonical_value(e), 1000.0,
-                    [(HEADER_PRODUCER, pid.encode()), (HEADER_SEQ, str(seq).encode())])
-            ev.log = self.log
+            evs.append(self.log_record(i, topic, 0, offsets[topic], e.pool.encode(), canonical_value(e)))
             offsets[topic] += 1
-            evs.append(ev)
         return evs
+
+    def log_record(self, log_offset, topic, partition, offset, key, value, ts_ms=1_000_000):
+        ev = Ev("chipledger.log", partition, log_offset, key, value, ts_ms / 1000,
+                [(HEADER_ORIGIN, f"{topic}:{partition}:{offset}".encode()), (HEADER_TIMESTAMP, str(ts_ms).encode())])
+        ev.in_topic, ev.in_offset = topic, offset
+        ev.log = self.log
+        return ev
 
     def drain(self) -> int:
         """One drain, then wait for the checkpoint it started (if any)."""
@@ -108,11 +113,8 @@ def _embedded(tmp_path):
 def test_fold_equals_the_embedded_run_and_outputs_go_before_state_before_ack(tmp_path):
     h = Harness()
     evs = h.feed(_valid_lines())
-    # arrival across topics scrambled: all chips first, then jobs, then quota
-    for topic in ("chipledger.chips", "chipledger.jobs", "chipledger.quota"):
-        for ev in evs:
-            if ev.message.topic == topic:
-                h.worker.receive(ev)
+    for ev in evs:
+        h.worker.receive(ev)
     done = h.drain()
     assert done == len(evs) and all(ev.acked for ev in evs)
     # every output is sent before the state snapshots, the snapshots before the table writes, and the table
@@ -139,8 +141,8 @@ def test_fold_equals_the_embedded_run_and_outputs_go_before_state_before_ack(tmp
     ).fetchall())
     assert codes == want
     state = orjson.loads(h.table["lab/a100"])
-    assert state["positions"] == {f"{t}:0": max(ev.message.offset for ev in evs if ev.message.topic == t)
-                                  for t in {ev.message.topic for ev in evs if ev.message.key == b"lab/a100"}}
+    assert state["positions"] == {f"{t}:0": max(ev.in_offset for ev in evs if ev.in_topic == t)
+                                  for t in {ev.in_topic for ev in evs if ev.message.key == b"lab/a100"}}
 
 
 def test_a_restart_skips_what_the_state_already_holds_and_refolds_the_rest():
@@ -161,25 +163,27 @@ def test_a_restart_skips_what_the_state_already_holds_and_refolds_the_rest():
     assert again_rows == [v for _, _, v in first.sent if v["kind"] == "rows" and v["pool"] != "lab/a100"]
 
 
-def test_head_waits_for_a_silent_topic_until_idle_and_caught_up():
-    h = Harness(idle_ms=50)
+def test_a_record_logged_twice_is_folded_once():
+    # the sequencer logs a record again when it crashed between writing it and saving its state
     lines = _valid_lines()
-    evs = h.feed(lines[:1])  # pool.configured on the quota topic
-    h.worker.receive(evs[0])
-    assert h.drain() == 0  # waited 0 ms of 50
-    h.now = 0.049
-    assert h.drain() == 0
-    h.now = 0.050
-    assert h.drain() == 1 and evs[0].acked
+    h = Harness()
+    evs = h.feed(lines)
+    dup = h.feed(lines[:5])
+    for k, ev in enumerate(evs[:5] + dup + evs[5:]):  # log offsets in the order the log holds them
+        ev.message.offset = k
+        h.worker.receive(ev)
+    h.drain()
+    assert h.worker.counts["skipped"] == 5
+    ids = [r[0] for r in h.rows("events")]
+    assert len(ids) == len(set(ids)) == h.worker.counts["applied"]
 
 
 def test_bad_bytes_and_a_key_that_is_not_the_pool_become_dead_letters_with_raw_bytes():
     h = Harness()
-    bad = Ev("chipledger.jobs", 1, 0, b"lab/a100", b"{not json", 1.0)
+    bad = h.log_record(0, "chipledger.jobs", 1, 0, b"lab/a100", b"{not json", 1000)
     other = validate(_valid_lines()[0])
-    wrong = Ev("chipledger.quota", 1, 0, b"someone/else", canonical_value(other), 1.0)
+    wrong = h.log_record(1, "chipledger.quota", 1, 0, b"someone/else", canonical_value(other), 1000)
     for ev in (bad, wrong):
-        ev.log = h.log
         h.worker.receive(ev)
     assert h.drain() == 2 and bad.acked and wrong.acked
     dls = h.rows("deadletters")
@@ -300,3 +304,61 @@ def test_the_drain_folds_on_while_a_checkpoint_waits_and_the_checkpoint_keeps_wh
 
     asyncio.run(go())
     assert h.worker.counts["checkpoints"] == 2
+
+
+def test_the_sequencer_stage_logs_in_send_order_dead_letters_bad_keys_and_acks_in_offset_order():
+    from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, key_partition
+    from streams.worker import SequencerStage
+
+    sent, table, acked = [], {}, []
+
+    async def send(topic, key, value, headers=None):
+        sent.append((topic, key, value, dict(headers or [])))
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+    stage = SequencerStage(WorkerSettings(checkpoint_interval_ms=0, partitions=3),
+                           load=lambda pool, ev: None, store=lambda pool, v, ev: table.__setitem__(pool, v),
+                           send=send, caught_up=lambda tp: True)
+    pool = b"lab/a100"
+    part = key_partition(pool, 3)
+    lines = _valid_lines()[:4]
+    recs = []
+    for seq, line in enumerate(lines, 1):
+        e = validate(line)
+        recs.append((topic_for(e.type), canonical_value(e), seq))
+    offsets = Counter()
+
+    def ev(topic, key, value, partition, headers):
+        e = Ev(topic, partition, offsets[(topic, partition)], key, value, 1.0, headers)
+        offsets[(topic, partition)] += 1
+        e.log = acked
+        return e
+
+    evs = [ev(t, pool, v, part, [(HEADER_PRODUCER, b"p"), (HEADER_SEQ, str(s).encode()),
+                                 (HEADER_PREV, str(s - 1).encode())]) for t, v, s in recs]
+    other = validate(lines[1])
+    bad = [ev("chipledger.jobs", None, canonical_value(other), part, None),  # no key
+           ev("chipledger.jobs", pool, canonical_value(other), (part + 1) % 3, None),  # wrong partition
+           ev("chipledger.jobs", b"someone/else", canonical_value(other), key_partition(b"someone/else", 3), None)]
+    for topic in ("chipledger.chips", "chipledger.jobs", "chipledger.quota"):  # later topics first: they wait
+        for e in evs:
+            if e.message.topic == topic:
+                stage.receive(e)
+    for e in bad:
+        stage.receive(e)
+
+    async def go():
+        await stage.drain()
+        await stage.settle()
+    asyncio.run(go())
+    from streams.sequencer import unpack_batch
+
+    logged = [e for t, _, v, h in sent if t == "chipledger.log" for e in unpack_batch(v)]
+    assert [e.value for e in logged] == [v for _, v, _ in recs]  # send order, several per log record
+    assert (logged[0].topic, logged[0].partition, logged[0].offset) == (recs[0][0], part, 0)
+    dls = [orjson.loads(v) for t, _, v, _ in sent if t == "chipledger.deadletter"]
+    rows = [r for d in dls for it in d["items"] for r in it["tables"]["deadletters"]]
+    assert [r[4] for r in rows] == ["bad_key"] * 3 and all(d["stage"] == "sequencer" for d in dls)
+    assert all(e.acked for e in evs + bad) and orjson.loads(table["lab/a100"])["last"] == {"p": len(recs)}

@@ -1,5 +1,6 @@
-"""The worker's Faust app through agent.test_context() (memory table, no broker): the three agents buffer what
-they receive and the drain folds it into the real Faust table (JSON bytes of PoolState.to_dict())."""
+"""The worker's Faust app through agent.test_context() (memory tables, no broker): the three input agents buffer
+what they receive, the sequencer's drain writes it to the log in send order, the log agent's records are folded
+into the real Faust table (JSON bytes of PoolState.to_dict())."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import orjson
 
 from schemas import topic_for
-from streams.merge import HEADER_PRODUCER, HEADER_SEQ
+from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, key_partition, unpack_batch
 from streams.producer import canonical_value, validate
 from streams.worker import TABLE_NAME, WorkerSettings, make_app
 
@@ -28,20 +29,20 @@ def _events():
 
 def test_agents_buffer_and_the_drain_folds_into_the_faust_table(tmp_path):
     app, worker = make_app(WorkerSettings(table_store="memory", data_dir=tmp_path / "w", tick_interval_s=0,
-                                          checkpoint_interval_ms=0, merge_idle_ms=0))
+                                          checkpoint_interval_ms=0))
     sent = []
 
-    async def send(topic, key, value):
-        sent.append((topic, key, orjson.loads(value)))
+    async def send(topic, key, value, headers=None):
+        sent.append((topic, key, value if topic == "chipledger.log" else orjson.loads(value), headers))
         fut = asyncio.get_running_loop().create_future()
         fut.set_result(None)
         return fut
 
-    worker.send = send
-    worker.caught_up = lambda tp: True
+    worker.send = app.sequencer.send = send
+    app.sequencer.caught_up = lambda tp: True
     table = app.tables[TABLE_NAME]
     agents = {a.channel.get_topic_name(): a for a in app.agents.values()}
-    assert sorted(agents) == ["chipledger.chips", "chipledger.jobs", "chipledger.quota"]
+    assert sorted(agents) == ["chipledger.chips", "chipledger.jobs", "chipledger.log", "chipledger.quota"]
 
     async def run():
         acked = []
@@ -49,19 +50,42 @@ def test_agents_buffer_and_the_drain_folds_into_the_faust_table(tmp_path):
                 agents["chipledger.jobs"].test_context() as j, \
                 agents["chipledger.chips"].test_context() as c:
             by_topic = {"chipledger.quota": q, "chipledger.jobs": j, "chipledger.chips": c}
-            for seq, (topic, key, value, _) in enumerate(_events(), 1):
-                ev = await by_topic[topic].put(value, key=key, partition=0, timestamp=1000.0,
-                                               headers=[(HEADER_PRODUCER, b"p"), (HEADER_SEQ, str(seq).encode())])
-                ev.ack = lambda ev=ev: acked.append(ev.message.offset)
-            assert worker.merger.buffered == len(_events())
+            # sent in reverse topic order per record: the sequencer still logs them in send order
+            evs = _events()
+            puts = []
+            last: dict = {}  # the SDK's chipledger-prev: this producer's previous seq of the same pool
+            for seq, (topic, key, value, _) in enumerate(evs, 1):
+                prev = str(last.get(key, 0)).encode()
+                last[key] = seq
+                puts.append((topic, key, value, [(HEADER_PRODUCER, b"p"), (HEADER_SEQ, str(seq).encode()),
+                                                 (HEADER_PREV, prev)]))
+            for topic in ("chipledger.chips", "chipledger.jobs", "chipledger.quota"):
+                for t, key, value, headers in puts:
+                    if t == topic:
+                        ev = await by_topic[t].put(value, key=key, partition=key_partition(key, 3), timestamp=1000.0,
+                                                   headers=headers)
+                        ev.ack = lambda ev=ev: acked.append(ev.message.offset)
+            assert app.sequencer.seq.buffered == len(evs)
+            assert await app.sequencer.drain() == len(evs)
+            await app.sequencer.settle()
+            logged = [(k, v, h) for t, k, v, h in sent if t == "chipledger.log"]
+            entries = [(k, e.value) for k, v, _ in logged for e in unpack_batch(v)]
+            for pool in {k for _, k, _, _ in evs}:  # each pool's events in send order
+                assert [v for k, v in entries if k == pool] == [value for _, k, value, _ in evs if k == pool]
+            assert len(entries) == len(evs) and len(logged) < len(evs)  # batches of several
+        async with agents["chipledger.log"].test_context() as lg:
+            for key, value, headers in logged:
+                ev = await lg.put(value, key=key, partition=key_partition(key, 3), timestamp=1000.0, headers=headers)
+                ev.ack = lambda ev=ev: acked.append(("log", ev.message.offset))
             done = await worker.drain()
             await worker.settle()
-            return done, acked
+            return done, acked, len(logged)
 
-    done, acked = asyncio.run(run())
-    assert done == len(_events()) and len(acked) == done
+    done, acked, n_logged = asyncio.run(run())
+    assert done == len(_events()) and len(acked) == done + n_logged  # inputs, and each log record once
     state = orjson.loads(table.data[b"lab/a100"])
     assert state["pool"] == "lab/a100" and state["applied"] == worker.counts["applied"] > 0
-    rows = [r for _, _, v in sent if v["kind"] == "rows" for it in v["items"] for r in it["tables"].get("events", [])]
+    out = [v for t, _, v, _ in sent if t != "chipledger.log"]
+    rows = [r for v in out if v["kind"] == "rows" for it in v["items"] for r in it["tables"].get("events", [])]
     assert len(rows) == worker.counts["applied"]
-    assert [v["pool"] for _, _, v in sent if v["kind"] == "state"] == ["lab/a100"]
+    assert [v["pool"] for v in out if v["kind"] == "state"] == ["lab/a100"]

@@ -107,8 +107,8 @@ def test_the_checker_refuses_what_the_cli_does_not_have():
         check_cli_args(["wroker"])
     with pytest.raises(AssertionError, match="has no option --tick"):
         check_cli_args(["worker", "--tick", "5"])
-    with pytest.raises(AssertionError, match="--merge-idle-ms 'soon'"):
-        check_cli_args(["worker", "--merge-idle-ms", "soon"])
+    with pytest.raises(AssertionError, match="--sequencer-wait-ms 'soon'"):
+        check_cli_args(["worker", "--sequencer-wait-ms", "soon"])
 
 
 def test_environment_is_valid_configuration(compose):

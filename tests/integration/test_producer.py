@@ -24,7 +24,7 @@ except ImportError:  # run without an installed package / rootdir on sys.path
 
 from chipledger.cli import app
 from schemas import INPUT_TOPICS, OUTPUT_TOPICS, Rejection, key_for, parse_event, topic_for
-from streams.topics import TopicMismatchError, create_topics, describe_partitions
+from streams.topics import ALL_TOPICS, TopicMismatchError, create_topics, describe_partitions
 
 from kafka_support import check_prerequisites, free_port, start_broker
 
@@ -61,7 +61,7 @@ def test_topics_create_is_idempotent_with_the_asked_partitions(created, bootstra
     first, second = created
     assert first.exit_code == 0, first.output
     assert second.exit_code == 0, second.output
-    names = list(INPUT_TOPICS) + list(OUTPUT_TOPICS)
+    names = list(ALL_TOPICS)  # the inputs, the sequenced log, the outputs
     assert _table(first.stdout) == {name: "created" for name in names}
     assert list(_table(first.stdout)) == names
     assert _table(second.stdout) == {name: "exists" for name in names}
@@ -74,7 +74,7 @@ def test_topics_create_refuses_another_input_partition_count(created, bootstrap)
     res = CliRunner().invoke(app, ["topics", "create", "--bootstrap", bootstrap, "--partitions", "1"])
     assert res.exit_code == 2
     assert "partition count mismatch" in res.stderr and "chipledger.quota has 3" in res.stderr
-    assert describe_partitions(bootstrap) == {n: PARTITIONS for n in list(INPUT_TOPICS) + list(OUTPUT_TOPICS)}
+    assert describe_partitions(bootstrap) == {n: PARTITIONS for n in ALL_TOPICS}
 
 
 def _consume_inputs(bootstrap: str) -> list:

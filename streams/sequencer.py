@@ -1,0 +1,333 @@
+"""The sequencer's rule: the one order of a pool's events, decided once (no Kafka here: pure).
+
+A pool's events arrive on three input topics (quota, jobs, chips), each ordered only within its partition. The
+sequencer buffers each record under its pool (the message key) and input topic-partition, and releases the
+heads of those buffers into `chipledger.log` in an order that depends only on what the records say, never on
+when they arrived or on their record timestamps:
+
+- the producer SDK stamps every record with `chipledger-producer` (an id per producer instance),
+  `chipledger-seq` (1, 2, … per instance, in send order) and `chipledger-prev`: the seq of the same producer's
+  previous record **of the same pool** (0 for its first one). A head is released when its predecessor is
+  in the log already (the pool's state holds the last seq released per producer), so the sequencer knows
+  exactly what it still waits for: for one producer, log order = send order, whatever the timing;
+- a record without these headers (a foreign producer) is released as soon as it is at the head of its buffer:
+  it keeps its place within its topic-partition (offset order), and among the three topics it is placed where
+  the sequencer read it;
+- a head waiting for a predecessor that does not come (its producer died between the two sends, or it was
+  sent without our headers) is released after `wait_ms` once every input topic-partition of the pool's
+  partition is caught up (everything up to its high watermark was read): a logged, *forced* release. A
+  predecessor arriving after that is released when it arrives (it is then a late event for the fold);
+- when several heads may go, the one of the lowest topic rank (quota < jobs < chips) goes first.
+
+Heads are released in offset order per input topic-partition, so "the last offset released per input
+topic-partition" (`SeqState.positions`) says exactly which records are in the log already: after a restart,
+records at or below it are dropped instead of being sequenced twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, NamedTuple, Optional
+
+from schemas.topics import INPUT_TOPICS
+
+HEADER_PRODUCER = "chipledger-producer"
+HEADER_SEQ = "chipledger-seq"
+HEADER_PREV = "chipledger-prev"
+#: headers of a log record: its input record's origin ("topic:partition:offset") and record timestamp (ms)
+HEADER_ORIGIN = "chipledger-origin"
+HEADER_TIMESTAMP = "chipledger-ts"
+
+TOPIC_RANK = {t: i for i, t in enumerate(INPUT_TOPICS)}
+PRODUCERS_KEPT = 1024  # per pool: the producers whose last seq is remembered (most recent first)
+
+
+class TP(NamedTuple):
+    topic: str
+    partition: int
+
+
+class Stamp(NamedTuple):
+    """What the SDK's headers say about a record (None for a foreign record)."""
+
+    producer: str
+    seq: int
+    prev: int
+
+
+def stamp_of(headers: Optional[Iterable[tuple[str, bytes]]]) -> Optional[Stamp]:
+    """The record's stamp from its headers, or None when they are missing or malformed."""
+    producer = seq = prev = None
+    for name, value in headers or ():
+        if name == HEADER_PRODUCER:
+            producer = value
+        elif name == HEADER_SEQ:
+            seq = value
+        elif name == HEADER_PREV:
+            prev = value
+    if not producer or seq is None or prev is None:
+        return None
+    try:
+        s, p = int(seq), int(prev)
+    except (TypeError, ValueError):
+        return None
+    if s < 1 or p < 0 or p >= s:
+        return None
+    pid = producer.decode("utf-8", "replace") if isinstance(producer, (bytes, bytearray)) else str(producer)
+    return Stamp(pid, s, p)
+
+
+@dataclass
+class SeqState:
+    """A pool's sequencer state (kept in the Faust table `sequencer-state`): the last seq released per
+    producer (at most PRODUCERS_KEPT, most recent last) and the last offset released per input topic-partition."""
+
+    last: dict[str, int] = field(default_factory=dict)
+    positions: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"last": self.last, "positions": self.positions}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SeqState":
+        return cls(dict(d.get("last") or {}), dict(d.get("positions") or {}))
+
+    def released(self, tp: TP, offset: int, stamp: Optional[Stamp]) -> None:
+        self.positions[f"{tp.topic}:{tp.partition}"] = offset
+        if stamp is not None:
+            self.last.pop(stamp.producer, None)
+            self.last[stamp.producer] = max(stamp.seq, 0)
+            if len(self.last) > PRODUCERS_KEPT:
+                del self.last[next(iter(self.last))]
+
+    def logged(self, tp: TP, offset: int) -> bool:
+        return self.positions.get(f"{tp.topic}:{tp.partition}", -1) >= offset
+
+
+class Held(NamedTuple):
+    offset: int
+    stamp: Optional[Stamp]
+    arrived: float
+    item: Any
+
+
+class Release(NamedTuple):
+    """One released record: its item, and why it went when it is not the plain rule: "forced" (its predecessor
+    never came), "late" (its successor was forced past it) or "logged" (in the log already: drop, don't send)."""
+
+    item: Any
+    tp: TP
+    offset: int
+    note: Optional[str] = None
+
+
+class Sequencer:
+    """Buffers of input records per pool and input topic-partition, released by the rule of the module doc.
+
+    `push(pool, tp, offset, stamp, arrived, item)` adds a record (per topic-partition in offset order);
+    `release(pool, state, now, caught_up)` pops what may go now, in log order, and updates `state`."""
+
+    def __init__(self, input_topics: Iterable[str] = INPUT_TOPICS, wait_ms: int = 60_000):
+        self.input_topics = tuple(input_topics)
+        self.wait_ms = wait_ms
+        self._buf: dict[str, dict[TP, deque]] = {}
+        self._partition: dict[str, int] = {}
+        self.buffered = 0
+
+    def tps(self, partition: int) -> tuple[TP, ...]:
+        return tuple(TP(t, partition) for t in self.input_topics)
+
+    def push(self, pool: str, tp: TP, offset: int, stamp: Optional[Stamp], arrived: float, item: Any) -> None:
+        """Buffer a record. The caller dead-letters records of a pool on the wrong partition before this."""
+        if tp.topic not in self.input_topics:
+            raise ValueError(f"{tp.topic} is not an input topic")
+        self._partition.setdefault(pool, tp.partition)
+        self._buf.setdefault(pool, {}).setdefault(tp, deque()).append(Held(offset, stamp, arrived, item))
+        self.buffered += 1
+
+    def pools(self) -> list[str]:
+        return list(self._buf)
+
+    def partition_of(self, pool: str) -> Optional[int]:
+        return self._partition.get(pool)
+
+    def tps_buffered(self) -> set[TP]:
+        return {tp for pool in self._buf for tp in self.tps(self._partition[pool])}
+
+    @staticmethod
+    def _may_go(h: Held, state: SeqState) -> Optional[str]:
+        """"ok" / "late" when the head may go by the rule, None when it waits for its predecessor."""
+        s = h.stamp
+        if s is None:
+            return "ok"
+        last = state.last.get(s.producer)
+        if last is None:
+            return "ok" if s.prev == 0 else None
+        if s.prev == last:
+            return "ok"
+        if s.seq <= last:
+            return "late"  # its successor was forced past it
+        return None
+
+    def release(self, pool: str, state: SeqState, now: float, caught_up=lambda tp: True) -> list[Release]:
+        bufs = self._buf.get(pool)
+        if not bufs:
+            return []
+        tps = self.tps(self._partition[pool])
+        out: list[Release] = []
+        while True:
+            go = None
+            waiting = None
+            for tp in tps:
+                q = bufs.get(tp)
+                if not q:
+                    continue
+                h = q[0]
+                if state.logged(tp, h.offset):
+                    go = (tp, "logged")
+                    break
+                why = self._may_go(h, state)
+                if why is not None:
+                    go = (tp, None if why == "ok" else why)
+                    break
+                if waiting is None or h.arrived < bufs[waiting][0].arrived:
+                    waiting = tp
+            if go is None and waiting is not None:
+                h = bufs[waiting][0]
+                if (now - h.arrived) * 1000 >= self.wait_ms and all(caught_up(tp) for tp in tps):
+                    go = (waiting, "forced")
+            if go is None:
+                break
+            tp, note = go
+            h = bufs[tp].popleft()
+            if note != "logged":
+                state.released(tp, h.offset, h.stamp)
+            out.append(Release(h.item, tp, h.offset, note))
+        self.buffered -= len(out)
+        if not any(bufs.values()):
+            del self._buf[pool]
+        return out
+
+    def drop_tp(self, tp: TP) -> int:
+        """Forget the buffered records of one topic-partition (read again from an earlier offset)."""
+        n = 0
+        for pool, bufs in list(self._buf.items()):
+            q = bufs.pop(tp, None)
+            if q:
+                n += len(q)
+            if not any(bufs.values()):
+                del self._buf[pool]
+        self.buffered -= n
+        return n
+
+    def drop_partition(self, partition: int) -> int:
+        """Forget the buffered records of a partition (revoked from this worker); returns how many."""
+        n = 0
+        for pool in [p for p in self._buf if self._partition[p] == partition]:
+            n += sum(len(q) for q in self._buf.pop(pool).values())
+        for pool in [p for p, part in self._partition.items() if part == partition]:
+            del self._partition[pool]
+        self.buffered -= n
+        return n
+
+
+@functools.lru_cache(maxsize=65_536)  # pure-Python murmur2: once per key and partition count, not per record
+def key_partition(key: bytes, partitions: int) -> int:
+    """The partition Kafka's default partitioner (murmur2, as Java's and every SDK's) gives a key."""
+    from kafka.partitioner.default import murmur2
+
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+class AckGate:
+    """Acknowledges a topic-partition's records in offset order only: a record is acked once it and every record
+    received before it on its topic-partition are done. (Faust commits the first run of consecutive acked
+    offsets even when an earlier record is still unacked: faust-streaming 0.15.3 `Consumer._new_offset` checks
+    the head against the committed offset with an off-by-one, and not at all before the first commit; a record
+    held in a buffer while later ones were acked was skipped after a crash.)"""
+
+    def __init__(self):
+        self._order: dict[TP, deque] = {}
+        self._done: dict[TP, set] = {}
+
+    def received(self, tp: TP, offset: int, event) -> None:
+        self._order.setdefault(tp, deque()).append((offset, event))
+
+    def done(self, tp: TP, offset: int) -> list:
+        """Mark a record done; returns the events that may be acked now, in offset order."""
+        self._done.setdefault(tp, set()).add(offset)
+        q, d = self._order.get(tp), self._done[tp]
+        out = []
+        while q and q[0][0] in d:
+            off, ev = q.popleft()
+            d.discard(off)
+            out.append(ev)
+        return out
+
+    def drop_tp(self, tp: TP) -> None:
+        self._order.pop(tp, None)
+        self._done.pop(tp, None)
+
+    def drop_partition(self, partition: int) -> None:
+        for tp in [tp for tp in self._order if tp.partition == partition]:
+            del self._order[tp]
+            self._done.pop(tp, None)
+
+
+# --- log records: several input records of one pool in one Kafka record ---------------------------------------
+
+HEADER_BATCH = "chipledger-batch"  # on a log record whose value is a batch (below); its value: the format, b"1"
+_ENTRY = struct.Struct(">BIqqI")  # topic rank, partition, offset, record timestamp ms, length of the bytes
+LOG_BATCH_BYTES = 512 * 1024  # a batch is closed at this size (one larger record is a batch of its own)
+LOG_BATCH_RECORDS = 1000
+
+
+class Entry(NamedTuple):
+    """One input record in a log record: its origin, record timestamp and bytes (exactly as received)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    value: bytes
+
+
+def pack_batch(entries: Iterable[Entry]) -> bytes:
+    """The value of a log record holding `entries` (in log order): for each, a fixed header and its bytes."""
+    out = []
+    for e in entries:
+        out.append(_ENTRY.pack(TOPIC_RANK[e.topic], e.partition, e.offset, e.timestamp_ms, len(e.value)))
+        out.append(e.value)
+    return b"".join(out)
+
+
+def unpack_batch(value: bytes) -> list[Entry]:
+    """The entries of a log record's value (ValueError when it is not a batch this module wrote)."""
+    out, i, n = [], 0, len(value)
+    view = memoryview(value)
+    while i < n:
+        if i + _ENTRY.size > n:
+            raise ValueError("a truncated log batch")
+        rank, part, off, ts, length = _ENTRY.unpack_from(view, i)
+        i += _ENTRY.size
+        if rank >= len(INPUT_TOPICS) or i + length > n:
+            raise ValueError("a malformed log batch")
+        out.append(Entry(INPUT_TOPICS[rank], part, off, ts, bytes(view[i:i + length])))
+        i += length
+    return out
+
+
+def batches(entries: list[Entry], max_bytes: int = LOG_BATCH_BYTES, max_records: int = LOG_BATCH_RECORDS):
+    """`entries` cut into consecutive groups of at most `max_records` and about `max_bytes`."""
+    cur, size = [], 0
+    for e in entries:
+        if cur and (size + len(e.value) > max_bytes or len(cur) >= max_records):
+            yield cur
+            cur, size = [], 0
+        cur.append(e)
+        size += len(e.value) + _ENTRY.size
+    if cur:
+        yield cur

@@ -1,0 +1,108 @@
+"""The sequencer's rule (streams.sequencer): each producer's send order whatever the arrival order, a bounded wait
+for a predecessor that never comes, foreign records, no record sequenced twice after a restart, acks in order."""
+
+from __future__ import annotations
+
+import random
+
+from streams.sequencer import (HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, TP, AckGate, SeqState, Sequencer,
+                               Stamp, stamp_of)
+
+Q, J, C = (TP("chipledger.quota", 0), TP("chipledger.jobs", 0), TP("chipledger.chips", 0))
+
+
+def test_stamps_from_headers():
+    h = [(HEADER_PRODUCER, b"p1"), (HEADER_SEQ, b"7"), (HEADER_PREV, b"3")]
+    assert stamp_of(h) == Stamp("p1", 7, 3)
+    assert stamp_of(None) is None and stamp_of([(HEADER_PRODUCER, b"p1"), (HEADER_SEQ, b"7")]) is None
+    assert stamp_of([(HEADER_PRODUCER, b"p"), (HEADER_SEQ, b"x"), (HEADER_PREV, b"1")]) is None
+    assert stamp_of([(HEADER_PRODUCER, b"p"), (HEADER_SEQ, b"3"), (HEADER_PREV, b"3")]) is None  # prev < seq
+
+
+def _sends(n, rng, pools=("a", "b")):
+    """One producer's sends: (pool, tp, seq, prev), prev per pool as the SDK stamps it."""
+    last, out = {}, []
+    for seq in range(1, n + 1):
+        pool = rng.choice(pools)
+        out.append((pool, rng.choice((Q, J, C)), seq, last.get(pool, 0)))
+        last[pool] = seq
+    return out
+
+
+def test_one_producers_send_order_whatever_the_arrival_order():
+    for seed in range(20):
+        rng = random.Random(seed)
+        sends = _sends(60, rng)
+        offsets = {}
+        recs = []
+        for pool, tp, seq, prev in sends:
+            offsets[tp] = offsets.get(tp, -1) + 1
+            recs.append((pool, tp, offsets[tp], Stamp("p", seq, prev)))
+        # arrival: per topic-partition in offset order, interleaved at random across them
+        queues = {tp: [r for r in recs if r[1] == tp] for tp in (Q, J, C)}
+        s, states, got = Sequencer(), {"a": SeqState(), "b": SeqState()}, {"a": [], "b": []}
+        while any(queues.values()):
+            tp = rng.choice([t for t in queues if queues[t]])
+            pool, tp, off, st = queues[tp].pop(0)
+            s.push(pool, tp, off, st, 0.0, st.seq)
+            if rng.random() < 0.5:
+                for p in ("a", "b"):
+                    got[p] += [r.item for r in s.release(p, states[p], 0.0, lambda tp: False)]
+        for p in ("a", "b"):
+            got[p] += [r.item for r in s.release(p, states[p], 0.0, lambda tp: False)]
+            assert got[p] == [seq for pool, _, seq, _ in sends if pool == p]
+        assert s.buffered == 0
+
+
+def test_a_predecessor_that_never_comes_is_waited_for_then_released_as_forced_and_late_after():
+    s, st = Sequencer(wait_ms=1000), SeqState()
+    s.push("a", Q, 0, Stamp("p", 1, 0), 0.0, "first")
+    s.push("a", J, 0, Stamp("p", 3, 2), 0.0, "third")  # seq 2 (chips) is not there yet
+    assert [r.item for r in s.release("a", st, 0.5)] == ["first"]
+    assert s.release("a", st, 5.0, caught_up=lambda tp: tp != C) == []  # chips still has records to read
+    assert s.release("a", st, 0.9) == []  # waited 900 ms of 1000
+    (r,) = s.release("a", st, 1.0)
+    assert (r.item, r.note) == ("third", "forced") and st.last == {"p": 3}
+    s.push("a", C, 0, Stamp("p", 2, 1), 2.0, "second")
+    (r,) = s.release("a", st, 2.0)
+    assert (r.item, r.note) == ("second", "late")
+
+
+def test_foreign_records_go_in_offset_order_as_read_and_timestamps_play_no_part():
+    s, st = Sequencer(), SeqState()
+    s.push("a", J, 0, None, 0.0, "j0")
+    s.push("a", Q, 0, None, 0.0, "q0")
+    s.push("a", J, 1, None, 0.0, "j1")
+    # quota (rank 0) first among the heads that may go, then each topic-partition in offset order
+    assert [r.item for r in s.release("a", st, 0.0)] == ["q0", "j0", "j1"]
+
+
+def test_after_a_restart_records_in_the_log_already_are_dropped_not_sequenced_again():
+    s, st = Sequencer(), SeqState()
+    for off, seq in enumerate((1, 2, 3)):
+        s.push("a", J, off, Stamp("p", seq, seq - 1), 0.0, seq)
+    assert [r.item for r in s.release("a", st, 0.0)] == [1, 2, 3]
+    saved = SeqState.from_dict(st.to_dict())
+    s2 = Sequencer()
+    for off, seq in enumerate((1, 2, 3, 4)):  # read again from an older committed offset, plus a new one
+        s2.push("a", J, off, Stamp("p", seq, seq - 1), 0.0, seq)
+    out = s2.release("a", saved, 0.0)
+    assert [(r.item, r.note) for r in out] == [(1, "logged"), (2, "logged"), (3, "logged"), (4, None)]
+
+
+def test_two_producers_of_one_pool_each_keep_their_order():
+    s, st = Sequencer(), SeqState()
+    s.push("a", J, 0, Stamp("p", 2, 1), 0.0, "p2")  # waits for p1 (on quota)
+    s.push("a", J, 1, Stamp("q", 1, 0), 0.0, "q1")  # behind p2 on the same topic-partition
+    assert s.release("a", st, 0.0) == []
+    s.push("a", Q, 0, Stamp("p", 1, 0), 0.0, "p1")
+    assert [r.item for r in s.release("a", st, 0.0)] == ["p1", "p2", "q1"]
+
+
+def test_the_ack_gate_acks_a_topic_partition_in_offset_order_only():
+    g = AckGate()
+    for off in range(4):
+        g.received(J, off, off)
+    assert g.done(J, 1) == [] and g.done(J, 2) == []  # offset 0 is still held (in a buffer)
+    assert g.done(J, 0) == [0, 1, 2]
+    assert g.done(J, 3) == [3]
