@@ -32,14 +32,8 @@ find_driver() {
     command -v chromedriver 2>/dev/null
 }
 
-loud() {
-    {
-        echo "################################################################################"
-        local line
-        for line in "$@"; do echo "## $line"; done
-        echo "################################################################################"
-    } >&2
-}
+# shellcheck source=scripts/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # loud
 
 ensure() {
     if find_browser >/dev/null && find_driver >/dev/null; then

@@ -29,14 +29,8 @@ find_bindir() {
     return 1
 }
 
-loud() {
-    {
-        echo "################################################################################"
-        local line
-        for line in "$@"; do echo "## $line"; done
-        echo "################################################################################"
-    } >&2
-}
+# shellcheck source=scripts/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # loud
 
 # Stop and set to manual start every cluster the package created and started, so nothing we did not start
 # keeps listening on 5432 (and it does not come back at boot).

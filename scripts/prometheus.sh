@@ -23,14 +23,8 @@ missing() {
     echo "${out[*]:-}"
 }
 
-loud() {
-    {
-        echo "################################################################################"
-        local line
-        for line in "$@"; do echo "## $line"; done
-        echo "################################################################################"
-    } >&2
-}
+# shellcheck source=scripts/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # loud
 
 quiesce() {
     if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then

@@ -30,14 +30,8 @@ PACKAGES=(slurm-wlm slurmdbd slurm-client munge mariadb-server)
 NODES=(n1 n2 n3 n4)
 GPUS_PER_NODE=8
 
-loud() {
-    {
-        echo "################################################################################"
-        local line
-        for line in "$@"; do echo "## $line"; done
-        echo "################################################################################"
-    } >&2
-}
+# shellcheck source=scripts/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # loud
 
 installed() {
     local b

@@ -9,14 +9,8 @@
 # (CHIPLEDGER_REQUIRE_VALGRIND=1 makes it a failure). It starts nothing.
 set -uo pipefail
 
-loud() {
-    {
-        echo "################################################################################"
-        local line
-        for line in "$@"; do echo "## $line"; done
-        echo "################################################################################"
-    } >&2
-}
+# shellcheck source=scripts/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # loud
 
 ensure() {
     command -v valgrind >/dev/null 2>&1 && return 0  # already installed: quiet

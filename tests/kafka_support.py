@@ -10,6 +10,7 @@ import importlib.util
 import os
 import shutil
 import socket
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,20 @@ def start_broker(data_dir: Path, port: int) -> dict:
         if broker.status(data_dir):
             broker.down(data_dir)
         pytest.fail(f"could not start Kafka: {exc}", pytrace=False)
+
+
+@contextmanager
+def module_broker(tmp_path_factory, partitions: int):
+    """A broker for a test module with chipledger's topics (`partitions` each), stopped at the end:
+    {"bootstrap", "data_dir", "port"} (the last two to stop and start it again in a test)."""
+    from streams.topics import create_topics
+
+    check_prerequisites()
+    data_dir = tmp_path_factory.mktemp("kafka")
+    port = free_port()
+    info = start_broker(data_dir, port)
+    create_topics(info["bootstrap_servers"], partitions=partitions, timeout_s=60)
+    try:
+        yield {"bootstrap": info["bootstrap_servers"], "data_dir": data_dir, "port": port}
+    finally:
+        broker.down(data_dir, timeout_s=30)

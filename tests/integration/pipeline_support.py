@@ -90,3 +90,16 @@ def lake_tables(lake: Path) -> dict[str, list]:
         except Exception as exc:  # noqa: BLE001 - name the query that failed
             raise AssertionError(f"{name}: {exc}") from exc
     return out
+
+
+def strip_prefix(tables: dict, prefix: str) -> dict:
+    """The rows (Counters of `lake_tables`) whose values name a pool of `prefix`, with the prefix taken out of
+    every string: one run's books in a broker several runs share, comparable with `chipledger run`'s."""
+    out = {}
+    for name, rows in tables.items():
+        c = Counter()
+        for row, n in rows.items():
+            if any(isinstance(v, str) and prefix in v for v in row):
+                c[tuple(v.replace(prefix, "") if isinstance(v, str) else v for v in row)] += n
+        out[name] = c
+    return out

@@ -19,13 +19,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chipledger.embedded import run_file  # noqa: E402
 from chipledger.scenario import generate, write_jsonl  # noqa: E402
-from kafka_support import check_prerequisites, free_port, start_broker  # noqa: E402
+from kafka_support import module_broker  # noqa: E402
 from ledger.store import open_store  # noqa: E402
 from pipeline_support import WorkerProcess, pump  # noqa: E402
 from streams import broker  # noqa: E402
 from streams.producer import LedgerProducer, emit_lines  # noqa: E402
 from streams.sink import Sink  # noqa: E402
-from streams.topics import create_topics  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
@@ -35,13 +34,8 @@ SEED = 23
 
 @pytest.fixture(scope="module")
 def kafka(tmp_path_factory):
-    check_prerequisites()
-    data_dir = tmp_path_factory.mktemp("kafka")
-    port = free_port()
-    info = start_broker(data_dir, port)
-    create_topics(info["bootstrap_servers"], partitions=3, timeout_s=60)
-    yield {"bootstrap": info["bootstrap_servers"], "data_dir": data_dir, "port": port}
-    broker.down(data_dir, timeout_s=30)
+    with module_broker(tmp_path_factory, partitions=3) as kafka:
+        yield kafka
 
 
 def _scan(lake: Path, sql: str):

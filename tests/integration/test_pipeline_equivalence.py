@@ -21,13 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chipledger.cli import app  # noqa: E402
 from chipledger.scenario import corrupt, generate, iter_jsonl  # noqa: E402
-from kafka_support import check_prerequisites, free_port, start_broker  # noqa: E402
+from kafka_support import module_broker  # noqa: E402
 import ledger  # noqa: E402
 from ledger.store import open_store  # noqa: E402
 from pipeline_support import WorkerProcess, lake_tables, pump  # noqa: E402
-from streams import broker  # noqa: E402
 from streams.sink import Sink  # noqa: E402
-from streams.topics import create_topics  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
@@ -36,12 +34,8 @@ PARSE_CODES = {"not_json", "unknown_type", "schema_invalid"}  # refused by emit:
 
 @pytest.fixture(scope="module")
 def bootstrap(tmp_path_factory):
-    check_prerequisites()
-    data_dir = tmp_path_factory.mktemp("kafka")
-    info = start_broker(data_dir, free_port())
-    create_topics(info["bootstrap_servers"], partitions=3, timeout_s=60)
-    yield info["bootstrap_servers"]
-    broker.down(data_dir, timeout_s=30)
+    with module_broker(tmp_path_factory, partitions=3) as kafka:
+        yield kafka["bootstrap"]
 
 
 def test_emit_worker_sink_equals_run(bootstrap, tmp_path):

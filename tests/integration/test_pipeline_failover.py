@@ -22,13 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chipledger.embedded import run_file  # noqa: E402
 from chipledger.scenario import generate, write_jsonl  # noqa: E402
-from kafka_support import check_prerequisites, free_port, start_broker  # noqa: E402
+from kafka_support import module_broker  # noqa: E402
 from ledger.store import open_store  # noqa: E402
-from pipeline_support import WorkerProcess, lake_tables  # noqa: E402
+from pipeline_support import WorkerProcess, lake_tables, strip_prefix  # noqa: E402
 from streams import broker  # noqa: E402
 from streams.producer import LedgerProducer, emit_lines  # noqa: E402
 from streams.sink import Sink  # noqa: E402
-from streams.topics import create_topics  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
@@ -37,24 +36,10 @@ SEEDS = (3, 8)
 
 @pytest.fixture(scope="module")
 def kafka(tmp_path_factory):
-    check_prerequisites()
-    data_dir = tmp_path_factory.mktemp("kafka")
-    port = free_port()
-    info = start_broker(data_dir, port)
-    create_topics(info["bootstrap_servers"], partitions=6, timeout_s=60)
-    yield {"bootstrap": info["bootstrap_servers"], "data_dir": data_dir, "port": port}
-    broker.down(data_dir, timeout_s=30)
+    with module_broker(tmp_path_factory, partitions=6) as kafka:
+        yield kafka
 
 
-def _strip(tables: dict, prefix: str) -> dict:
-    out = {}
-    for name, rows in tables.items():
-        c = Counter()
-        for row, n in rows.items():
-            if any(isinstance(v, str) and prefix in v for v in row):
-                c[tuple(v.replace(prefix, "") if isinstance(v, str) else v for v in row)] += n
-        out[name] = c
-    return out
 
 
 @pytest.mark.timeout(900)
@@ -142,6 +127,6 @@ def test_three_workers_kill9_at_random_and_a_broker_restart_lose_and_double_noth
         (total, distinct), = duckdb.connect().execute(
             f"SELECT count(*), count(DISTINCT event_id) FROM {files} WHERE pool LIKE '{prefix}%'").fetchall()
         assert (total, distinct) == (n, n), f"seed {seed}: {total} event rows, {distinct} distinct, {n} sent"
-        got = _strip(got_all, prefix)
+        got = strip_prefix(got_all, prefix)
         for name in ("events", "journal", "decisions", "job_runs", "deadletters"):
             assert got[name] == want[name], f"seed {seed}: {name} differs from the embedded fold"

@@ -24,13 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hostile_records as H  # noqa: E402
 from chipledger.cli import app  # noqa: E402
-from kafka_support import check_prerequisites, free_port, start_broker  # noqa: E402
+from kafka_support import module_broker  # noqa: E402
 from ledger.store import open_store  # noqa: E402
-from pipeline_support import WorkerProcess, lake_tables  # noqa: E402
-from streams import broker  # noqa: E402
+from pipeline_support import WorkerProcess, lake_tables, strip_prefix  # noqa: E402
 from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ  # noqa: E402
 from streams.sink import Sink  # noqa: E402
-from streams.topics import create_topics  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
@@ -40,12 +38,8 @@ INPUT_LIMIT = 1_000_000  # the input topics keep the broker's default max.messag
 
 @pytest.fixture(scope="module")
 def bootstrap(tmp_path_factory):
-    check_prerequisites()
-    data_dir = tmp_path_factory.mktemp("kafka")
-    info = start_broker(data_dir, free_port())
-    create_topics(info["bootstrap_servers"], partitions=3, timeout_s=60)
-    yield info["bootstrap_servers"]
-    broker.down(data_dir, timeout_s=30)
+    with module_broker(tmp_path_factory, partitions=3) as kafka:
+        yield kafka["bootstrap"]
 
 
 def _renamed(lines, prefix: bytes):
@@ -92,15 +86,6 @@ def _wait(sink, worker, events, dead, timeout_s=120):
         sink.poll_once(timeout_ms=200, batch_ms=300)
 
 
-def _strip(tables, prefix):
-    out = {}
-    for name, rows in tables.items():
-        c = Counter()
-        for row, n in rows.items():
-            if any(isinstance(v, str) and prefix in v for v in row):
-                c[tuple(v.replace(prefix, "") if isinstance(v, str) else v for v in row)] += n
-        out[name] = c
-    return out
 
 
 @pytest.mark.timeout(600)
@@ -144,7 +129,7 @@ def test_hostile_records_backlog_and_live_are_dead_letters_and_the_books_of_the_
 
     con = connect(tmp_path / "lake")
     for prefix in ("bk~", "lv~"):
-        got = _strip(got_all, prefix)
+        got = strip_prefix(got_all, prefix)
         for name in ("events", "journal", "job_runs", "decisions"):
             assert got[name] == want[name], f"{prefix}: {name} differs from run on the valid events"
     # every hostile record is one dead letter with its expected code and the raw bytes it was sent with

@@ -24,13 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chipledger.cli import app  # noqa: E402
 from chipledger.scenario import corrupt, generate, iter_jsonl  # noqa: E402
-from kafka_support import check_prerequisites, free_port, start_broker  # noqa: E402
+from kafka_support import module_broker  # noqa: E402
 from ledger.store import open_store  # noqa: E402
-from pipeline_support import WorkerProcess, lake_tables, pump  # noqa: E402
-from streams import broker  # noqa: E402
+from pipeline_support import WorkerProcess, lake_tables, pump, strip_prefix  # noqa: E402
 from streams.producer import LedgerProducer, emit_lines  # noqa: E402
 from streams.sink import Sink  # noqa: E402
-from streams.topics import create_topics  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
@@ -40,24 +38,10 @@ PARSE_CODES = {"not_json", "unknown_type", "schema_invalid"}  # refused by the p
 
 @pytest.fixture(scope="module")
 def bootstrap(tmp_path_factory):
-    check_prerequisites()
-    data_dir = tmp_path_factory.mktemp("kafka")
-    info = start_broker(data_dir, free_port())
-    create_topics(info["bootstrap_servers"], partitions=3, timeout_s=60)
-    yield info["bootstrap_servers"]
-    broker.down(data_dir, timeout_s=30)
+    with module_broker(tmp_path_factory, partitions=3) as kafka:
+        yield kafka["bootstrap"]
 
 
-def _strip(tables: dict, prefix: str) -> dict:
-    """The rows whose values name a pool of `prefix`, with the prefix taken out of every string."""
-    out = {}
-    for name, rows in tables.items():
-        c = Counter()
-        for row, n in rows.items():
-            if any(isinstance(v, str) and prefix in v for v in row):
-                c[tuple(v.replace(prefix, "") if isinstance(v, str) else v for v in row)] += n
-        out[name] = c
-    return out
 
 
 def _without_open_runs(tables: dict) -> dict:
@@ -110,7 +94,7 @@ def test_live_emit_with_random_pauses_gives_the_books_of_run_every_time(bootstra
 
     got_all = lake_tables(tmp_path / "lake")
     for i in range(RUNS):
-        got = _strip(got_all, f"r{i}~")
+        got = strip_prefix(got_all, f"r{i}~")
         assert got["events"] == want["events"], f"run {i}: events differ"
         assert got["journal"] == want["journal"], f"run {i}: journal differs"
         assert got["decisions"] == want["decisions"], f"run {i}: decisions differ"
