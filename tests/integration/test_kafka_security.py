@@ -75,16 +75,13 @@ def secure(tmp_path_factory):
         if broker.status(data_dir):
             broker.down(data_dir)
         pytest.fail(f"kafka up --secure failed: {res.output}", pytrace=False)
-    info = broker.status(data_dir)
-    s = Secure(info, data_dir, [res.output])
-    create_topics(s.conn(), partitions=3, timeout_s=60)
-    admin = __import__("kafka").KafkaAdminClient(**s.conn().kafka_python())
-    from kafka.admin import NewTopic
-
-    admin.create_topics([NewTopic(LOG_TOPIC, 3, 1)])  # the sequencer's log: its ACLs exist already
-    admin.close()
-    yield s
-    broker.down(data_dir, timeout_s=30)
+    try:
+        info = broker.status(data_dir)
+        s = Secure(info, data_dir, [res.output])
+        create_topics(s.conn(), partitions=3, timeout_s=60)  # with the sequencer's log
+        yield s
+    finally:  # also when the set-up fails: no broker left running
+        broker.down(data_dir, timeout_s=30)
 
 
 def _producer(conn: KafkaConnection):

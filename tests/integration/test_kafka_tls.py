@@ -43,12 +43,14 @@ def tls(tmp_path_factory):
         if broker.status(data_dir):
             broker.down(data_dir)
         pytest.fail(f"kafka up --secure --tls failed: {res.output}", pytrace=False)
-    info = broker.status(data_dir)
-    assert info["security_protocol"] == "SASL_SSL" and Path(info["ca_file"]).is_file()
-    assert "clients trust the CA" in res.output
-    create_topics(local_connection(info), partitions=3, timeout_s=60)
-    yield info
-    broker.down(data_dir, timeout_s=30)
+    try:
+        info = broker.status(data_dir)
+        assert info["security_protocol"] == "SASL_SSL" and Path(info["ca_file"]).is_file()
+        assert "clients trust the CA" in res.output
+        create_topics(local_connection(info), partitions=3, timeout_s=60)
+        yield info
+    finally:  # also when the set-up fails: no broker left running
+        broker.down(data_dir, timeout_s=30)
 
 
 def _as(info, user, **kw) -> KafkaConnection:
