@@ -211,13 +211,19 @@ class Sequencer:
             del self._buf[pool]
         return out
 
-    def drop_tp(self, tp: TP) -> int:
-        """Forget the buffered records of one topic-partition (read again from an earlier offset)."""
+    def drop_tp(self, tp: TP, from_offset: int = 0) -> int:
+        """Forget the buffered records of one topic-partition at or after `from_offset` (it is read again from
+        there: they come again). Those before it stay: they are not read again."""
         n = 0
         for pool, bufs in list(self._buf.items()):
-            q = bufs.pop(tp, None)
+            q = bufs.get(tp)
             if q:
-                n += len(q)
+                keep = deque(h for h in q if h.offset < from_offset)
+                n += len(q) - len(keep)
+                if keep:
+                    bufs[tp] = keep
+                else:
+                    del bufs[tp]
             if not any(bufs.values()):
                 del self._buf[pool]
         self.buffered -= n
@@ -267,9 +273,14 @@ class AckGate:
             out.append(ev)
         return out
 
-    def drop_tp(self, tp: TP) -> None:
-        self._order.pop(tp, None)
-        self._done.pop(tp, None)
+    def drop_tp(self, tp: TP, from_offset: int = 0) -> None:
+        """Forget the records of `tp` at or after `from_offset` (read again from there)."""
+        q = self._order.get(tp)
+        if q is not None:
+            self._order[tp] = deque(e for e in q if e[0] < from_offset)
+        d = self._done.get(tp)
+        if d is not None:
+            self._done[tp] = {o for o in d if o < from_offset}
 
     def drop_partition(self, partition: int) -> None:
         for tp in [tp for tp in self._order if tp.partition == partition]:

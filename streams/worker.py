@@ -16,8 +16,8 @@ Both stages make their work durable the same way, every `checkpoint_interval_ms`
 1. wait until Kafka acknowledged everything sent (acks=all): log records, outputs;
 2. the fold only: send the changed pools' state as snapshots for the store and wait for them;
 3. write each changed pool's state to the stage's Faust table (`sequencer-state`: last seq per producer and
-   last offset per input topic-partition; `pool-state`: the `PoolState`), whose changelog Faust flushes before
-   it commits offsets (faust.transport.consumer.Consumer._commit_offsets: producer.flush(), then commit);
+   last offset per input topic-partition; `pool-state`: the `PoolState`) and wait until Kafka acknowledged
+   those changelog writes (`durable`: Faust's own flush before a commit waits at most 0.1 s for them);
 4. only then acknowledge the records, per topic-partition in offset order (`AckGate`), so a committed offset
    never passes a record whose effects are not in Kafka.
 
@@ -248,14 +248,18 @@ class SequencerStage:
                       (event, key, value, ts_ms, list(m.headers or ())))
 
     def _restart_tp(self, tp: TP, offset: int) -> None:
-        """The consumer reads `tp` again from an earlier offset (after a rebalance, Faust seeks to the committed
-        offset; records fetched before it may still have reached the agent after the revoke): forget what is
-        buffered or waits for a checkpoint from `tp`. What was logged is in the state (dropped when read again)."""
-        log.info("sequencer: %s[%d] read again from offset %d", tp.topic, tp.partition, offset)
-        self.seq.drop_tp(tp)
-        self.gate.drop_tp(tp)
-        self._done = [(t, o) for t, o in self._done if t != tp]
-        self._pending_dead = [d for d in self._pending_dead if d[1] != tp]
+        """The consumer reads `tp` again from an earlier offset (Faust seeks to the committed offset after a
+        rebalance or a recovery, and may deliver the last record it delivered once more): forget what is
+        buffered or waits for a checkpoint from `tp` **at or after that offset** (it comes again). What was
+        received before it stays: it is not read again, and dropping it lost it (its successors then waited for it
+        and went "forced"; the failover test's loss). What was logged is in the state (dropped when read again)."""
+        held = sorted(h.offset for bufs in self.seq._buf.values() for h in bufs.get(tp, ()))
+        log.info("sequencer: %s[%d] read again from offset %d (received up to %d; buffered: %s)", tp.topic,
+                 tp.partition, offset, self.received_next.get(tp, -1) - 1, f"{held[0]}..{held[-1]}" if held else "-")
+        self.seq.drop_tp(tp, offset)
+        self.gate.drop_tp(tp, offset)
+        self._done = [(t, o) for t, o in self._done if t != tp or o < offset]
+        self._pending_dead = [d for d in self._pending_dead if d[1] != tp or d[2] < offset]
 
     def _bad_key(self, key: Optional[bytes], value: bytes, partition: int) -> Optional[str]:
         """Why a record cannot be sequenced under its key, or None. (A body that does not parse is logged: the
@@ -356,8 +360,10 @@ class SequencerStage:
             await asyncio.gather(*inflight)
         if self.halted():  # a rebalance began meanwhile: write and ack nothing (see abandon_checkpoint)
             return
-        for pool, event in touched.items():
-            self.store(pool, values[pool], event)
+        written = [self.store(pool, values[pool], event) for pool, event in touched.items()]
+        await durable(written)
+        if self.halted():  # a rebalance began while the table writes went out: ack nothing
+            return
         for tp, offset in done:
             for ev in self.gate.done(tp, offset):
                 ev.ack()
@@ -383,6 +389,29 @@ class SequencerStage:
         self._pending_dead = [d for d in self._pending_dead if d[1].partition not in partitions]
         for tp in [tp for tp in self.received_next if tp.partition in partitions]:
             del self.received_next[tp]
+
+
+DURABLE_TIMEOUT_S = 120.0  # longer than a producer retries through a broker restart (delivery timeout)
+
+
+async def durable(written: list) -> None:
+    """Wait until the table writes of a checkpoint are in Kafka (`store` returns the changelog deliveries, or
+    None when the table is not Kafka's), before the checkpoint acks its inputs.
+
+    Acks must never run ahead of the table: Faust commits the acked offsets after `producer.flush()`, which waits
+    at most 0.1 s for its send buffer (faust-streaming 0.15 `ProducerBuffer.flush_atmost`) and so may commit
+    offsets whose table values are still in that buffer. A worker killed then (kill -9) loses those values while
+    the offsets stay committed: the next owner takes over from an older state, its sequencer waits for a record
+    it never reads again (released "forced" after `sequencer_wait_ms`) and its fold skips records for good."""
+    pending = [f for w in written if w for f in w]
+    if pending:
+        try:
+            await asyncio.wait_for(asyncio.gather(*pending), DURABLE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            # never ack what may not be in Kafka, and never wait silently: the drain stops the worker on this
+            # (its supervisor restarts it; the records are read again from the committed offsets)
+            raise RuntimeError(f"the table's changelog writes were not acknowledged by Kafka within "
+                               f"{DURABLE_TIMEOUT_S:.0f} s") from None
 
 
 async def abandon_checkpoint(ckpt: Optional[asyncio.Future]) -> None:
@@ -451,9 +480,11 @@ class PoolWorker:
         m = event.message
         ltp = TP(m.topic, m.partition)
         if m.offset < self.received_next.get(ltp, -1):  # read again from an earlier offset (see SequencerStage)
-            self.queue = [p for p in self.queue if (p.event.message.topic, p.event.message.partition) != ltp]
-            self._unacked = [p for p in self._unacked
-                             if (p.event.message.topic, p.event.message.partition) != ltp]
+            def kept(p: Pending) -> bool:  # what comes again is forgotten; what came before it is not read again
+                pm = p.event.message
+                return (pm.topic, pm.partition) != ltp or pm.offset < m.offset
+            self.queue = [p for p in self.queue if kept(p)]
+            self._unacked = [p for p in self._unacked if kept(p)]
         self.received_next[ltp] = m.offset + 1
         key = _key_bytes(m.key) or b""
         value = m.value if isinstance(m.value, bytes) else (m.value or b"")
@@ -562,8 +593,11 @@ class PoolWorker:
             await asyncio.gather(*snapshots)
         if self.halted():  # a rebalance began meanwhile: write and ack nothing (see abandon_checkpoint)
             return
-        for pool, last in touched.items():
-            self.store(pool, values[pool], last)  # a new value: the table's value is never mutated in place
+        # a new value: the table's value is never mutated in place
+        written = [self.store(pool, values[pool], last) for pool, last in touched.items()]
+        await durable(written)
+        if self.halted():  # a rebalance began while the table writes went out: ack nothing
+            return
         for p in unacked:
             if p.last_of_record:
                 p.event.ack()
@@ -728,12 +762,31 @@ def make_app(settings: WorkerSettings):
             raise TypeError(f"table {name} holds a {type(value).__name__} for {pool!r}, not JSON bytes")
         return orjson.loads(value)
 
-    def table_set(t, pool: str, value: bytes, event):
+    def table_set(t, pool: str, value: bytes, event) -> list:
+        """Write the pool's value; returns the changelog deliveries of the write (see `durable`)."""
         token = in_context(event)
         try:
             t[pool.encode()] = value
         finally:
             _current_event.reset(token)
+        sent, changelog_sent[id(t)] = changelog_sent[id(t)], []
+        return sent
+
+    changelog_sent: dict = {}
+
+    def capture_changelog(t) -> None:
+        """Keep the delivery of each changelog write of `t` (Faust's `Table.__setitem__` drops it)."""
+        changelog_sent[id(t)] = []
+        send_changelog = t.send_changelog
+
+        def send_and_keep(*args, **kwargs):
+            fut = send_changelog(*args, **kwargs)
+            changelog_sent[id(t)].append(fut)
+            return fut
+        t.send_changelog = send_and_keep
+
+    capture_changelog(table)
+    capture_changelog(seq_table)
 
     async def send(topic: str, key: bytes, value: bytes, headers=None):
         return await app.producer.send(topic, key, value, None, None, headers)

@@ -362,3 +362,126 @@ def test_the_sequencer_stage_logs_in_send_order_dead_letters_bad_keys_and_acks_i
     rows = [r for d in dls for it in d["items"] for r in it["tables"]["deadletters"]]
     assert [r[4] for r in rows] == ["bad_key"] * 3 and all(d["stage"] == "sequencer" for d in dls)
     assert all(e.acked for e in evs + bad) and orjson.loads(table["lab/a100"])["last"] == {"p": len(recs)}
+
+
+def test_no_input_is_acked_before_the_table_write_is_in_kafka_on_either_stage():
+    """The fold's and the sequencer's checkpoints ack their inputs only once the table's changelog write was
+    delivered (Faust's commit would otherwise commit offsets whose state is still in its send buffer: a kill -9
+    then loses the state and keeps the offsets), and ack nothing when a rebalance began while they waited."""
+    from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, key_partition
+    from streams.worker import SequencerStage
+
+    for halt in (False, True):
+        deliveries: list = []
+
+        def store_later(table, pool, value):
+            table[pool] = value
+            fut = asyncio.get_running_loop().create_future()
+            deliveries.append(fut)
+            return [fut]
+
+        h = Harness()
+        h.worker.store = lambda pool, value, p: store_later(h.table, pool, value)
+        evs = h.feed(_valid_lines()[:5])
+        seq_table, seq_acked = {}, []
+
+        async def send(topic, key, value, headers=None):
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_result(None)
+            return fut
+
+        stage = SequencerStage(WorkerSettings(checkpoint_interval_ms=0, partitions=3),
+                               load=lambda pool, ev: None, store=lambda pool, v, ev: store_later(seq_table, pool, v),
+                               send=send, caught_up=lambda tp: True)
+        part = key_partition(b"lab/a100", 3)
+        inputs, offsets = [], Counter()
+        for s, line in enumerate(_valid_lines()[:3], 1):
+            e = validate(line)
+            topic = topic_for(e.type)
+            ev = Ev(topic, part, offsets[topic], b"lab/a100", canonical_value(e), 1.0,
+                    [(HEADER_PRODUCER, b"p"), (HEADER_SEQ, str(s).encode()), (HEADER_PREV, str(s - 1).encode())])
+            offsets[topic] += 1
+            ev.log = seq_acked
+            inputs.append(ev)
+
+        async def go():
+            for ev in evs:
+                h.worker.receive(ev)
+            for ev in inputs:
+                stage.receive(ev)
+            await h.worker.drain()
+            await stage.drain()
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert h.table and seq_table, "both stages wrote their table"
+            assert not any(ev.acked for ev in evs + inputs), "acked before the changelog write was delivered"
+            if halt:
+                h.worker.halted = stage.halted = lambda: True
+            for fut in deliveries:
+                fut.set_result(None)
+            await h.worker.settle()
+            await stage.settle()
+            if halt:
+                assert not any(ev.acked for ev in evs + inputs), "acked after a rebalance began"
+            else:
+                assert all(ev.acked for ev in evs + inputs)
+        asyncio.run(go())
+
+
+def test_a_topic_partition_read_again_keeps_what_came_before_the_offset_it_restarts_at():
+    """Faust may deliver a record again (its seek to the committed offset after a rebalance or a recovery): the
+    stage forgets only what comes again. Records received before that offset are not read again; forgetting them
+    too made their successors wait for them and go "forced" (the failover test's loss)."""
+    from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, key_partition, unpack_batch
+    from streams.worker import SequencerStage
+
+    sent, acked = [], []
+
+    async def send(topic, key, value, headers=None):
+        sent.append((topic, value))
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+    now = [0.0]
+    stage = SequencerStage(WorkerSettings(checkpoint_interval_ms=0, partitions=3, sequencer_wait_ms=1000),
+                           load=lambda pool, ev: None, store=lambda pool, v, ev: None, send=send,
+                           caught_up=lambda tp: True, clock=lambda: now[0])
+    part = key_partition(b"lab/a100", 3)
+    values = [canonical_value(validate(line)) for line in _valid_lines()[:5]]
+
+    def ev(topic, offset, seq):
+        e = Ev(topic, part, offset, b"lab/a100", values[seq - 1], 1.0,
+               [(HEADER_PRODUCER, b"p"), (HEADER_SEQ, str(seq).encode()), (HEADER_PREV, str(seq - 1).encode())])
+        e.log = acked
+        return e
+
+    jobs = [ev("chipledger.jobs", off, off + 2) for off in range(4)]  # seq 2..5: they wait for seq 1
+
+    async def go():
+        for e in jobs:
+            stage.receive(e)
+        stage.receive(ev("chipledger.jobs", 3, 5))  # the last one delivered again
+        await stage.drain()
+        assert not sent, "seq 2.. went before seq 1"
+        now[0] += 5  # past sequencer_wait_ms: had the stage lost a record, the rest would now go "forced"
+        stage.receive(ev("chipledger.quota", 0, 1))
+        await stage.drain()
+        await stage.settle()
+    asyncio.run(go())
+    logged = [e.value for t, v in sent if t == "chipledger.log" for e in unpack_batch(v)]
+    assert logged == values and stage.counts["forced"] == 0 and stage.counts["late"] == 0
+    assert sorted(a[1:] for a in acked) == sorted([("chipledger.jobs", o) for o in range(4)] + [("chipledger.quota", 0)])
+
+
+def test_the_fold_keeps_the_log_records_before_the_offset_it_reads_again_from():
+    h = Harness()
+    evs = h.feed(_valid_lines()[:6])
+    for ev in evs:
+        h.worker.receive(ev)
+    again = h.feed(_valid_lines()[:6])[4:]  # log offsets 4 and 5 delivered once more
+    for ev in again:
+        h.worker.receive(ev)
+    h.drain()
+    assert [r[0] for r in h.rows("events")] == [validate(line).event_id for line in _valid_lines()[:6]]
+    assert all(ev.acked for ev in evs[:4] + again)

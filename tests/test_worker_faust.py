@@ -12,7 +12,7 @@ import orjson
 from schemas import topic_for
 from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, key_partition, unpack_batch
 from streams.producer import canonical_value, validate
-from streams.worker import TABLE_NAME, WorkerSettings, make_app
+from streams.worker import SEQ_TABLE_NAME, TABLE_NAME, WorkerSettings, make_app
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hand.jsonl"
 
@@ -44,7 +44,18 @@ def test_agents_buffer_and_the_drain_folds_into_the_faust_table(tmp_path):
     agents = {a.channel.get_topic_name(): a for a in app.agents.values()}
     assert sorted(agents) == ["chipledger.chips", "chipledger.jobs", "chipledger.log", "chipledger.quota"]
 
+    async def kafka_delivers_the_changelog():
+        # no broker here: what Faust's send buffer holds (the tables' changelog writes) is acknowledged at once;
+        # the checkpoints ack their inputs only after that (streams.worker.durable)
+        while True:
+            fut = await app.producer.buffer.pending.get()
+            fut.set_result(None)
+            changelog.append(fut.message.channel.get_topic_name())
+
+    changelog: list = []
+
     async def run():
+        deliverer = asyncio.ensure_future(kafka_delivers_the_changelog())
         acked = []
         async with agents["chipledger.quota"].test_context() as q, \
                 agents["chipledger.jobs"].test_context() as j, \
@@ -79,10 +90,12 @@ def test_agents_buffer_and_the_drain_folds_into_the_faust_table(tmp_path):
                 ev.ack = lambda ev=ev: acked.append(("log", ev.message.offset))
             done = await worker.drain()
             await worker.settle()
+            deliverer.cancel()
             return done, acked, len(logged)
 
     done, acked, n_logged = asyncio.run(run())
     assert done == len(_events()) and len(acked) == done + n_logged  # inputs, and each log record once
+    assert sorted(set(changelog)) == sorted(f"{app.conf.id}-{name}-changelog" for name in (TABLE_NAME, SEQ_TABLE_NAME))
     state = orjson.loads(table.data[b"lab/a100"])
     assert state["pool"] == "lab/a100" and state["applied"] == worker.counts["applied"] > 0
     out = [v for t, _, v, _ in sent if t != "chipledger.log"]
