@@ -146,6 +146,22 @@ class Job:
     hol_from: int = -1
     hol_ahead: list = field(default_factory=list)
     hol_blockers: dict = field(default_factory=dict)
+    # throughput (fact `progress`, ledger.fold): the unit's name, the count last reported and the run it was
+    # reported in (0: none in any run), the start of the open interval (instant, count, the run's allocation
+    # then), the count at the last checkpoint (a restart continues from it), the reference rate (units per
+    # chip-second; -1: not known yet) with the healthy stretch gathered for it (rates, seconds), and the chips
+    # held that were not healthy at some instant of the open interval (chip id -> state)
+    unit: str = ""
+    units: int = 0
+    units_run: int = 0
+    units_at: int = 0
+    units_from: int = 0
+    units_alloc_mchip_s: int = 0
+    units_safe: int = 0
+    ref_rate: float = -1.0
+    ref_rates: list = field(default_factory=list)
+    ref_s: int = 0
+    unhealthy: dict = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -305,6 +321,8 @@ class PoolState:
             j.preempted_at = list(j.preempted_at)
             j.hol_ahead = list(j.hol_ahead)
             j.hol_blockers = dict(j.hol_blockers)
+            j.ref_rates = list(j.ref_rates)
+            j.unhealthy = dict(j.unhealthy)
         s.grants = {k: Grant(*v) for k, v in d["grants"].items()}
         s.teams = {k: Team(*v) for k, v in d["teams"].items()}
         s.boundaries = [tuple(b) for b in d["boundaries"]]
@@ -381,6 +399,8 @@ _PLACEMENT = [f.name for f in fields(Job)].index("placement")
 _PREEMPTED_AT = [f.name for f in fields(Job)].index("preempted_at")
 _HOL_AHEAD = [f.name for f in fields(Job)].index("hol_ahead")
 _HOL_BLOCKERS = [f.name for f in fields(Job)].index("hol_blockers")
+_REF_RATES = [f.name for f in fields(Job)].index("ref_rates")
+_UNHEALTHY = [f.name for f in fields(Job)].index("unhealthy")
 
 
 def _job_list(job: Job) -> list:
@@ -390,4 +410,6 @@ def _job_list(job: Job) -> list:
     v[_PREEMPTED_AT] = list(v[_PREEMPTED_AT])
     v[_HOL_AHEAD] = list(v[_HOL_AHEAD])
     v[_HOL_BLOCKERS] = dict(v[_HOL_BLOCKERS])
+    v[_REF_RATES] = list(v[_REF_RATES])
+    v[_UNHEALTHY] = dict(v[_UNHEALTHY])
     return v
