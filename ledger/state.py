@@ -399,6 +399,8 @@ _PLACEMENT = [f.name for f in fields(Job)].index("placement")
 _PREEMPTED_AT = [f.name for f in fields(Job)].index("preempted_at")
 _HOL_AHEAD = [f.name for f in fields(Job)].index("hol_ahead")
 _HOL_BLOCKERS = [f.name for f in fields(Job)].index("hol_blockers")
+_UNIT = [f.name for f in fields(Job)].index("unit")  # the first of the throughput fields (they come last)
+_UNITS_RUN = [f.name for f in fields(Job)].index("units_run")
 _REF_RATES = [f.name for f in fields(Job)].index("ref_rates")
 _UNHEALTHY = [f.name for f in fields(Job)].index("unhealthy")
 
@@ -410,6 +412,8 @@ def _job_list(job: Job) -> list:
     v[_PREEMPTED_AT] = list(v[_PREEMPTED_AT])
     v[_HOL_AHEAD] = list(v[_HOL_AHEAD])
     v[_HOL_BLOCKERS] = dict(v[_HOL_BLOCKERS])
+    if v[_UNITS_RUN] == 0:  # never reported progress: its throughput fields are the defaults, left out (a saved
+        return v[:_UNIT]    # state of a log without progress is the same as before they existed)
     v[_REF_RATES] = list(v[_REF_RATES])
     v[_UNHEALTHY] = dict(v[_UNHEALTHY])
     return v

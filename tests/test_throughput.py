@@ -201,3 +201,20 @@ def test_schema_rejects_bad_counts(bad):
            "source": "s", "job_id": "j", "units": bad, "unit": "step"}
     got = parse_payload(raw)
     assert isinstance(got, Rejection) and got.code == RC.schema_invalid
+
+
+def test_a_saved_state_without_progress_leaves_the_throughput_fields_out():
+    """A log without progress saves the same state as before progress existed (digests over states unchanged)."""
+    from dataclasses import fields
+    from ledger import Job, PoolState
+    f = Fleet(CFG)
+    for e in [*pool(), submit("j", "a", 1, at=1), start("j", at=2), checkpoint("j", at=3), submit("k", "a", 1, at=4),
+              start("k", at=4), progress("k", 5, at=5)]:
+        assert f.apply(e).applied
+    (state,) = f.pools.values()
+    saved = state.to_dict()
+    names = [x.name for x in fields(Job)]
+    assert len(saved["jobs"]["j"]) == names.index("unit")
+    assert len(saved["jobs"]["k"]) == len(names)
+    again = PoolState.from_dict(saved)
+    assert again.jobs["j"] == state.jobs["j"] and again.jobs["k"] == state.jobs["k"]
