@@ -15,6 +15,6 @@ from ledger.fold import (
     evolve, free_chips_values, policy_rows, split_use,
 )
 from ledger.fleet import Fleet
-from ledger.state import Chip, Grant, Job, PoolState, Team
+from ledger.state import Chip, Grant, Job, PoolState, Progress, Team
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -25,7 +25,7 @@ from ledger.books import (
     set_rate,
 )
 from ledger import policy
-from ledger.state import NO_ROWS, Chip, Grant, Job, PoolState, Team, digest_of, fingerprint
+from ledger.state import NO_ROWS, Chip, Grant, Job, PoolState, Progress, Team, digest_of, fingerprint
 
 _new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__ (one per run ended)
 
@@ -610,8 +610,9 @@ def _chip_unhealthy(s: PoolState, chip: Chip, chip_id: str) -> None:
     jobs = s.jobs
     for job_id in chip.jobs:
         job = jobs[job_id]
-        if job.units_run == job.run_index:
-            bad = job.unhealthy
+        pr = job.progress
+        if pr is not None and pr.run == job.run_index:
+            bad = pr.unhealthy
             had = bad.get(chip_id)
             if had is None or _STATE_RANK[had] < _STATE_RANK[state]:
                 bad[chip_id] = state
@@ -651,69 +652,75 @@ def _median(values: list) -> float:
     return float(v[mid]) if n % 2 else (v[mid - 1] + v[mid]) / 2.0
 
 
-def _progress(s: PoolState, job: Job, units: int, t: int, step: Step, config: FoldConfig) -> None:
+def _progress(s: PoolState, job: Job, units: int, t: int, step: Step, config: FoldConfig) -> Progress:
     """A progress report of a running job (its count passed _check_units): close the open interval (a fact row)
     and open the next one. The count is kept whatever the interval: a report in the same second as the previous
-    one closes none (the next interval starts at the earlier report)."""
+    one closes none (the next interval starts at the earlier report). Returns the job's Progress."""
+    pr = job.progress
+    if pr is None:
+        pr = job.progress = Progress()
     alloc = job.run_alloc_mchip_s + job.charged_milli * (t - job.since)
-    if job.units_run != job.run_index:  # the run's first report: its baseline
-        job.units_run = job.run_index
-        job.unhealthy = _unhealthy_now(s, job)
-    elif t > job.units_at:
-        bad = job.unhealthy
+    if pr.run != job.run_index:  # the run's first report: its baseline
+        pr.run = job.run_index
+        pr.unhealthy = _unhealthy_now(s, job)
+    elif t > pr.at:
+        bad = pr.unhealthy
         healthy = not bad
-        charged = alloc - job.units_alloc_mchip_s
-        dt = t - job.units_at
+        charged = alloc - pr.alloc_mchip_s
+        dt = t - pr.at
         rate: Optional[float] = None
         ref: Optional[float] = None
         slow: Optional[bool] = None
         if charged > 0:
-            rate = (units - job.units_from) * MILLI / charged
-            if job.ref_rate >= 0.0:
-                ref = job.ref_rate
+            rate = (units - pr.units_from) * MILLI / charged
+            if pr.ref_rate >= 0.0:
+                ref = pr.ref_rate
                 slow = rate < config.throughput_fraction * ref
             elif healthy:  # the first stretch of healthy intervals gives the job its reference rate
-                job.ref_rates.append(rate)
-                job.ref_s += dt
-                n = len(job.ref_rates)
-                if n >= config.throughput_reference_reports and (job.ref_s >= config.throughput_reference_s
+                pr.ref_rates.append(rate)
+                pr.ref_s += dt
+                n = len(pr.ref_rates)
+                if n >= config.throughput_reference_reports and (pr.ref_s >= config.throughput_reference_s
                                                                  or n >= MAX_REFERENCE_REPORTS):
-                    job.ref_rate = _median(job.ref_rates)
-                    job.ref_rates = []
+                    pr.ref_rate = _median(pr.ref_rates)
+                    pr.ref_rates = []
             else:  # an unhealthy interval ends the stretch: it starts again at the next healthy one
-                if job.ref_rates:
-                    job.ref_rates = []
-                job.ref_s = 0
+                if pr.ref_rates:
+                    pr.ref_rates = []
+                pr.ref_s = 0
         step.rows("progress").append(_new_tuple(ProgressRow, (
-            s.pool, job.job_id, job.team, job.run_index, job.submitted_at, job.unit, job.units_at, t, job.units_from, units,
+            s.pool, job.job_id, job.team, job.run_index, job.submitted_at, pr.unit, pr.at, t, pr.units_from, units,
             job.chips_milli, charged, rate, ref, slow, dt if slow else 0, healthy,
             ",".join(f"{c}:{bad[c]}" for c in sorted(bad)), _held_text(s, job) if slow else "", t)))
         if bad:
-            job.unhealthy = _unhealthy_now(s, job)
+            pr.unhealthy = _unhealthy_now(s, job)
     else:
-        job.units = units
-        return
-    job.units = job.units_from = units
-    job.units_at = t
-    job.units_alloc_mchip_s = alloc
+        pr.units = units
+        return pr
+    pr.units = pr.units_from = units
+    pr.at = t
+    pr.alloc_mchip_s = alloc
+    return pr
 
 
 def _apply_job_progress(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
-    job = s.jobs[e.job_id]
-    if not job.unit:
-        job.unit = e.unit
-    _progress(s, job, e.units, t, step, config)
+    pr = _progress(s, s.jobs[e.job_id], e.units, t, step, config)
+    if not pr.unit:
+        pr.unit = e.unit
 
 
 def _check_units(s: PoolState, e, job: Job):
     """A progress count never goes back within a run, and a restart continues from the last checkpoint's count."""
+    pr = job.progress
+    if pr is None:
+        return None
     units = e.units
-    if job.units_run == job.run_index:
-        if units < job.units:
-            return Rejection(RC.progress_backwards, f"job {e.job_id!r}: units {units} is below {job.units}, the "
-                             f"count it reported at {policy._utc(job.units_at)} UTC in this run")
-    elif units < job.units_safe:
-        return Rejection(RC.progress_backwards, f"job {e.job_id!r}: units {units} is below {job.units_safe}, the "
+    if pr.run == job.run_index:
+        if units < pr.units:
+            return Rejection(RC.progress_backwards, f"job {e.job_id!r}: units {units} is below {pr.units}, the "
+                             f"count it reported at {policy._utc(pr.at)} UTC in this run")
+    elif units < pr.safe:
+        return Rejection(RC.progress_backwards, f"job {e.job_id!r}: units {units} is below {pr.safe}, the "
                          f"count of its last checkpoint: a restarted run continues from there")
     return None
 
@@ -723,9 +730,10 @@ def _check_job_progress(s: PoolState, e):
     if j is None:
         return _unknown_job(s, e)
     if j.status != "running":
-        return Rejection(RC.illegal_transition, f"job {e.job_id!r} is {j.status}, not running ({e.type})")
-    if j.unit and e.unit != j.unit:
-        return Rejection(RC.illegal_transition, f"job {e.job_id!r} reports its progress in {_unit_text(j.unit)}, "
+        return _not_running(e, j)
+    pr = j.progress
+    if pr is not None and pr.unit and e.unit != pr.unit:
+        return Rejection(RC.illegal_transition, f"job {e.job_id!r} reports its progress in {_unit_text(pr.unit)}, "
                          f"not {_unit_text(e.unit)}")
     return _check_units(s, e, j)
 
@@ -735,10 +743,12 @@ def _unit_text(unit: str) -> str:
 
 
 def _check_job_checkpointed(s: PoolState, e):
-    rejection = _check_job_running(s, e)
-    if rejection is None and e.units is not None:
-        return _check_units(s, e, s.jobs[e.job_id])
-    return rejection
+    j = s.jobs.get(e.job_id)
+    if j is None:
+        return _unknown_job(s, e)
+    if j.status != "running":
+        return _not_running(e, j)
+    return None if e.units is None else _check_units(s, e, j)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -830,12 +840,16 @@ def _check_job_started(s: PoolState, e):
     return None
 
 
+def _not_running(e, j: Job) -> Rejection:
+    return Rejection(RC.illegal_transition, f"job {e.job_id!r} is {j.status}, not running ({e.type})")
+
+
 def _check_job_running(s: PoolState, e):
     j = s.jobs.get(e.job_id)
     if j is None:
         return _unknown_job(s, e)
     if j.status != "running":
-        return Rejection(RC.illegal_transition, f"job {e.job_id!r} is {j.status}, not running ({e.type})")
+        return _not_running(e, j)
     return None
 
 
@@ -1390,10 +1404,11 @@ def _apply_job_checkpointed(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     job = s.jobs[e.job_id]
     units = e.units
     if units is not None:  # a progress report too (before the checkpoint's own accrual: it reads the allocation)
-        _progress(s, job, units, t, step, config)
-        job.units_safe = units
-    elif job.units_run == job.run_index:  # the count at the checkpoint is at least the run's last one
-        job.units_safe = job.units
+        _progress(s, job, units, t, step, config).safe = units
+    else:
+        pr = job.progress
+        if pr is not None and pr.run == job.run_index:  # the count at the checkpoint is at least the run's last
+            pr.safe = pr.units
     job.alloc_at_safe_mchip_s = job.run_alloc_mchip_s = job.run_alloc_mchip_s + job.charged_milli * (t - job.since)
     job.since = job.last_safe_at = t
 
