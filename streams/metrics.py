@@ -17,6 +17,7 @@ what the rules of `chipledger slo rules` rate) are made as /work/FACTS.md agrees
 | goodput | allocated chip-seconds (job_runs) | allocated − lost chip-seconds |
 | quota_honoured | waits that fitted their team's unused quota (`in_quota`) and ended | of which started within `sched_slo_s` |
 | sched_latency | waits that ended in a start | of which within `sched_slo_s` |
+| throughput | charged chip-seconds of the judged progress intervals (`progress`, `slow` not null) | of which not slow |
 
 The availability counters are the journal's postings so far (the core's running sum of them, `Books.totals`) plus
 what the open hour accrued up to the pool clock (`Books.accrued`): without the open hour they would move once an
