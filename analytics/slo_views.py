@@ -62,13 +62,12 @@ class SloParams:
             raise ValueError(f"[slo] sched_slo_s must be a positive number of seconds, got {self.sched_slo_s!r}")
         if self.window_days <= 0:
             raise ValueError(f"[slo] window_days must be a positive number of days, got {self.window_days!r}")
-        if not (isinstance(self.throughput_fraction, (int, float)) and 0 < self.throughput_fraction <= 1):
-            raise ValueError(f"[slo] throughput_fraction must be above 0 and at most 1, got {self.throughput_fraction!r}")
-        if self.throughput_reference_s < 0:
-            raise ValueError(f"[slo] throughput_reference_s must not be negative, got {self.throughput_reference_s!r}")
-        if not 1 <= self.throughput_reference_reports <= 256:
-            raise ValueError(f"[slo] throughput_reference_reports must be between 1 and 256, got "
-                             f"{self.throughput_reference_reports!r}")
+        from ledger.fold import FoldConfig  # the fold judges the throughput facts: its check is the one
+
+        try:
+            FoldConfig(**self.fold_kwargs())
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"[slo] {err}") from None
 
     def fold_kwargs(self) -> dict:
         """The settings the fold uses to write the throughput facts (FoldConfig's fields of the same names)."""

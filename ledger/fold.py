@@ -188,17 +188,15 @@ class FoldConfig:
         if self.max_preemptions > MAX_PREEMPTIONS_KEPT:
             raise ValueError(f"max_preemptions must be at most {MAX_PREEMPTIONS_KEPT}, got {self.max_preemptions}")
         for name in ("preemption_grace_s", "min_runtime_s", "preemption_window_s", "decision_timeout_s",
-                     "dedup_window_s", "restart_cost_s", "checkpoint_grace_s"):
+                     "dedup_window_s", "restart_cost_s", "checkpoint_grace_s", "throughput_reference_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         if self.victim_order not in ("goodput", "naive"):
             raise ValueError(f"victim_order must be goodput or naive, got {self.victim_order!r}")
         if not self.fair_share_tolerance >= 0.0:  # also NaN
             raise ValueError(f"fair_share_tolerance must not be negative, got {self.fair_share_tolerance}")
-        if not 0.0 < self.throughput_fraction <= 1.0:
+        if not 0.0 < self.throughput_fraction <= 1.0:  # also NaN
             raise ValueError(f"throughput_fraction must be above 0 and at most 1, got {self.throughput_fraction}")
-        if self.throughput_reference_s < 0:
-            raise ValueError(f"throughput_reference_s must not be negative, got {self.throughput_reference_s}")
         if not 1 <= self.throughput_reference_reports <= MAX_REFERENCE_REPORTS:
             raise ValueError(f"throughput_reference_reports must be between 1 and {MAX_REFERENCE_REPORTS}, got "
                              f"{self.throughput_reference_reports}")
@@ -726,11 +724,10 @@ def _check_units(s: PoolState, e, job: Job):
 
 
 def _check_job_progress(s: PoolState, e):
-    j = s.jobs.get(e.job_id)
-    if j is None:
-        return _unknown_job(s, e)
-    if j.status != "running":
-        return _not_running(e, j)
+    rejection = _check_job_running(s, e)
+    if rejection is not None:
+        return rejection
+    j = s.jobs[e.job_id]
     pr = j.progress
     if pr is not None and pr.unit and e.unit != pr.unit:
         return Rejection(RC.illegal_transition, f"job {e.job_id!r} reports its progress in {_unit_text(pr.unit)}, "
@@ -743,12 +740,10 @@ def _unit_text(unit: str) -> str:
 
 
 def _check_job_checkpointed(s: PoolState, e):
-    j = s.jobs.get(e.job_id)
-    if j is None:
-        return _unknown_job(s, e)
-    if j.status != "running":
-        return _not_running(e, j)
-    return None if e.units is None else _check_units(s, e, j)
+    rejection = _check_job_running(s, e)
+    if rejection is None and e.units is not None:
+        return _check_units(s, e, s.jobs[e.job_id])
+    return rejection
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -840,16 +835,12 @@ def _check_job_started(s: PoolState, e):
     return None
 
 
-def _not_running(e, j: Job) -> Rejection:
-    return Rejection(RC.illegal_transition, f"job {e.job_id!r} is {j.status}, not running ({e.type})")
-
-
 def _check_job_running(s: PoolState, e):
     j = s.jobs.get(e.job_id)
     if j is None:
         return _unknown_job(s, e)
     if j.status != "running":
-        return _not_running(e, j)
+        return Rejection(RC.illegal_transition, f"job {e.job_id!r} is {j.status}, not running ({e.type})")
     return None
 
 
