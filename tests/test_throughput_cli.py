@@ -117,3 +117,17 @@ def test_the_demo_reports_progress_and_names_its_degraded_chips(tmp_path):
     assert t["slow_no_cause"] == 0
     out = cli("report", "--lake", "demo/lake", cwd=tmp_path).stdout
     assert "Throughput of running jobs" in out and ":degraded" in out
+
+
+def test_the_portable_throughput_views_agree_on_sqlite(hand):
+    """slo_throughput and the throughput points of the error budget are portable SQL (analytics/slo_views.py): the
+    same rows on DuckDB and on SQLite over the same base rows."""
+    from analytics.sqlite_mirror import mirror
+    from analytics.views import connect
+
+    duck = connect(hand / "lake")
+    lite = mirror(duck)
+    for sql in ("SELECT pool, team, jobs_reporting, intervals, reported_mchip_s, judged_mchip_s, good_mchip_s, "
+                "slow_mchip_s, slow_s, attainment FROM slo_throughput",
+                "SELECT slo, pool, at_s, good, total FROM calc_sli_points WHERE slo = 'throughput' ORDER BY at_s"):
+        assert duck.execute(sql).fetchall() == lite.execute(sql).fetchall() != []
