@@ -83,6 +83,16 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("in_use_milli", pa.int64()), ("down_milli", pa.int64()), ("free_milli", pa.int64()),
         ("free_whole_nodes_milli", pa.int64()), ("largest_startable_milli", pa.int64()),
     ]),
+    # each interval between two progress reports of a run of a job, posted at the second (ledger.fold ProgressRow):
+    # the throughput SLO's facts
+    "progress": pa.schema([
+        ("pool", pa.string()), ("job_id", pa.string()), ("team", pa.string()), ("run_index", pa.int32()),
+        ("submitted_at", TS), ("unit", pa.string()), ("began_at", TS), ("ended_at", TS), ("units_from", pa.int64()),
+        ("units_to", pa.int64()), ("chips_milli", pa.int64()), ("charged_mchip_s", pa.int64()),
+        ("units_per_chip_s", pa.float64()), ("reference_units_per_chip_s", pa.float64()), ("slow", pa.bool_()),
+        ("slow_s", pa.int64()), ("healthy", pa.bool_()), ("unhealthy_chips", pa.string()),
+        ("held_chips", pa.string()), ("posted_at", TS),
+    ]),
     "deadletters": pa.schema([
         ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()), ("seen_at", TS),
         ("error_code", pa.string()), ("detail", pa.string()), ("event_id", pa.string()),
@@ -114,7 +124,8 @@ def read_parquet_sql(files) -> str:
 
 # the column that decides a row's day partition
 DAY_COLUMN = {"events": "applied_at", "journal": "hour", "job_runs": "posted_at", "decisions": "at",
-              "balances": "at", "pending": "at", "waits": "posted_at", "free_chips": "at", "deadletters": "seen_at"}
+              "balances": "at", "pending": "at", "waits": "posted_at", "free_chips": "at", "progress": "posted_at",
+              "deadletters": "seen_at"}
 
 TABLES = tuple(SCHEMAS)
 # the analytics cache's folder in the lake (analytics/views.py): derived, removed with the lake's tables

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-SLOS = ("availability", "quota_honoured", "sched_latency", "goodput")
+SLOS = ("availability", "quota_honoured", "sched_latency", "goodput", "throughput")
 
 # the SRE workbook's multi-window, multi-burn-rate alerts: (alert, severity, long window, short window, burn rate)
 BURN_RULES = (
@@ -43,8 +43,15 @@ class SloParams:
     quota_honoured: float = 0.95   # share of in-quota submissions started within sched_slo_s
     sched_latency: float = 0.9     # share of scheduling waits (first starts and restarts) within sched_slo_s
     goodput: float = 0.9           # share of allocated chip-seconds not lost to preemptions and failures
+    throughput: float = 0.9        # share of judged running chip-seconds at or above throughput_fraction of the reference
     sched_slo_s: int = 600         # the scheduling-latency threshold, seconds
     window_days: int = 30          # the error budgets' rolling window, days
+    # the throughput facts (the fold judges them: ledger.fold FoldConfig): an interval between two progress reports
+    # is slow below this fraction of the job's reference rate, the median of its first stretch of healthy intervals
+    # lasting throughput_reference_s and counting at least throughput_reference_reports intervals
+    throughput_fraction: float = 0.8
+    throughput_reference_s: int = 1800
+    throughput_reference_reports: int = 3
 
     def __post_init__(self):
         for name in SLOS:
@@ -55,6 +62,18 @@ class SloParams:
             raise ValueError(f"[slo] sched_slo_s must be a positive number of seconds, got {self.sched_slo_s!r}")
         if self.window_days <= 0:
             raise ValueError(f"[slo] window_days must be a positive number of days, got {self.window_days!r}")
+        from ledger.fold import FoldConfig  # the fold judges the throughput facts: its check is the one
+
+        try:
+            FoldConfig(**self.fold_kwargs())
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"[slo] {err}") from None
+
+    def fold_kwargs(self) -> dict:
+        """The settings the fold uses to write the throughput facts (FoldConfig's fields of the same names)."""
+        return {"throughput_fraction": float(self.throughput_fraction),
+                "throughput_reference_s": self.throughput_reference_s,
+                "throughput_reference_reports": self.throughput_reference_reports}
 
     def targets(self) -> list[tuple[str, float]]:
         return [(name, float(getattr(self, name))) for name in SLOS]
@@ -149,6 +168,14 @@ def duckdb_base_views() -> dict[str, str]:
             SELECT pool, epoch("at")::BIGINT AS at_s, registered_milli, healthy_milli, in_use_milli, down_milli,
                    free_milli, free_whole_nodes_milli, largest_startable_milli
             FROM free_chips
+        """,
+        # and each interval between two progress reports of a run (the throughput SLO; `slow` null: not judged)
+        "base_progress": """
+            SELECT pool, job_id, team, run_index, epoch(submitted_at)::BIGINT AS submitted_s, unit,
+                   epoch(began_at)::BIGINT AS began_s, epoch(ended_at)::BIGINT AS ended_s, units_from, units_to,
+                   chips_milli, charged_mchip_s, units_per_chip_s, reference_units_per_chip_s, slow, slow_s, healthy,
+                   unhealthy_chips, held_chips
+            FROM progress
         """,
         "base_journal": f"""
             SELECT pool, epoch(hour)::BIGINT AS hour_s, account, team, amount_mchip_s FROM {journal}
@@ -276,6 +303,26 @@ def slo_views(d: Dialect) -> dict[str, str]:
             UNION ALL
             SELECT 'goodput', pool, ended_s, allocated_mchip_s - lost_mchip_s, allocated_mchip_s
             FROM base_runs WHERE ended_s IS NOT NULL
+            UNION ALL
+            SELECT 'throughput', pool, ended_s, CASE WHEN slow THEN 0 ELSE charged_mchip_s END, charged_mchip_s
+            FROM base_progress WHERE slow IS NOT NULL
+        """,
+        # throughput SLO per pool, team and UTC day (of the intervals' ends): of the chip-seconds of the judged
+        # intervals, the share at or above [slo] throughput_fraction of the job's reference rate. Units are never
+        # added across jobs: only chip-seconds and seconds are
+        "slo_throughput": f"""
+            SELECT pool, team, {d.date('ended_s - ended_s % 86400')} AS day,
+                   count(DISTINCT job_id) AS jobs_reporting, count(*) AS intervals,
+                   CAST(sum(charged_mchip_s) AS BIGINT) AS reported_mchip_s,
+                   CAST(sum(CASE WHEN slow IS NULL THEN 0 ELSE charged_mchip_s END) AS BIGINT) AS judged_mchip_s,
+                   CAST(sum(CASE WHEN slow IS NULL OR slow THEN 0 ELSE charged_mchip_s END) AS BIGINT) AS good_mchip_s,
+                   CAST(sum(CASE WHEN slow THEN charged_mchip_s ELSE 0 END) AS BIGINT) AS slow_mchip_s,
+                   CAST(sum(slow_s) AS BIGINT) AS slow_s,
+                   sum(CASE WHEN slow IS NULL OR slow THEN 0 ELSE charged_mchip_s END) * 1.0
+                     / nullif(sum(CASE WHEN slow IS NULL THEN 0 ELSE charged_mchip_s END), 0) AS attainment,
+                   (SELECT target FROM slo_targets WHERE slo = 'throughput') AS target
+            FROM base_progress
+            GROUP BY pool, team, ended_s - ended_s % 86400
         """,
         # every SLO and pool with something measured, in any window or none
         "calc_slo_keys": """
@@ -310,7 +357,8 @@ def slo_views(d: Dialect) -> dict[str, str]:
                 SELECT slo, NULL, CAST(sum(good) AS BIGINT), CAST(sum(total) AS BIGINT) FROM p GROUP BY slo
             )
             SELECT w.slo, w.pool, {ts(f'as_of_s - {budget_window}')} AS window_start, {ts('as_of_s')} AS window_end,
-                   t.target, CASE WHEN w.slo IN ('availability', 'goodput') THEN 'mchip_s' ELSE 'waits' END AS unit,
+                   t.target, CASE WHEN w.slo IN ('availability', 'goodput', 'throughput') THEN 'mchip_s' ELSE 'waits' END
+                       AS unit,
                    w.good, w.total, w.total - w.good AS bad, w.good * 1.0 / nullif(w.total, 0) AS sli,
                    1 - t.target AS budget, (1 - t.target) * w.total AS allowed_bad,
                    (w.total - w.good) * 1.0 / nullif(w.total, 0) / (1 - t.target) AS consumed,

@@ -128,6 +128,49 @@ DERIVED_VIEWS = {
         FROM job_runs
         GROUP BY GROUPING SETS ((pool), (pool, team), (pool, team, job_id, submitted_at))
     """,
+    # throughput per run of a job, from the fold's `progress` facts (docs/analytics.md, "throughput"): its rate over
+    # the intervals reported, its reference rate, the chip-seconds and seconds below [slo] throughput_fraction of it,
+    # when, how slow at worst, and the chips it held then (those not healthy: the likely cause; all of them). Units
+    # are the job's own (`unit`): never added across jobs
+    "throughput": """
+        WITH r AS (
+            SELECT pool, job_id, submitted_at, run_index, any_value(team) AS team, any_value(unit) AS unit,
+                   min(began_at) AS first_report_at, max(ended_at) AS last_report_at, count(*) AS intervals,
+                   count(slow) AS judged_intervals, max(units_to) - min(units_from) AS units,
+                   sum(charged_mchip_s)::BIGINT AS reported_mchip_s,
+                   (max(units_to) - min(units_from)) * 1000.0 / nullif(sum(charged_mchip_s), 0) AS units_per_chip_s,
+                   max(reference_units_per_chip_s) AS reference_units_per_chip_s,
+                   coalesce(sum(charged_mchip_s) FILTER (WHERE slow IS NOT NULL), 0)::BIGINT AS judged_mchip_s,
+                   coalesce(sum(charged_mchip_s) FILTER (WHERE slow), 0)::BIGINT AS slow_mchip_s,
+                   sum(slow_s)::BIGINT AS slow_s,
+                   min(began_at) FILTER (WHERE slow) AS first_slow_at, max(ended_at) FILTER (WHERE slow) AS last_slow_at,
+                   min(units_per_chip_s / reference_units_per_chip_s) FILTER (WHERE slow) AS slowest_fraction
+            FROM progress GROUP BY pool, job_id, submitted_at, run_index
+        ), c AS (
+            SELECT pool, job_id, submitted_at, run_index,
+                   array_to_string(list_sort(list_distinct(list(u) FILTER (WHERE u IS NOT NULL))), ',')
+                       AS unhealthy_chips_while_slow,
+                   array_to_string(list_sort(list_distinct(list(h) FILTER (WHERE h IS NOT NULL))), ',')
+                       AS chips_held_while_slow
+            FROM (SELECT pool, job_id, submitted_at, run_index,
+                         unnest(CASE WHEN unhealthy_chips = '' THEN [NULL] ELSE string_split(unhealthy_chips, ',') END) AS u,
+                         NULL AS h
+                  FROM progress WHERE slow
+                  UNION ALL
+                  SELECT pool, job_id, submitted_at, run_index, NULL,
+                         unnest(CASE WHEN held_chips = '' THEN [NULL] ELSE string_split(held_chips, ',') END)
+                  FROM progress WHERE slow)
+            GROUP BY pool, job_id, submitted_at, run_index
+        )
+        SELECT r.pool, r.team, r.job_id, r.submitted_at, r.run_index, r.unit, r.first_report_at, r.last_report_at,
+               r.intervals, r.judged_intervals, r.units, r.reported_mchip_s, r.units_per_chip_s,
+               r.reference_units_per_chip_s, r.judged_mchip_s, r.slow_mchip_s, r.slow_s,
+               (r.judged_mchip_s - r.slow_mchip_s) * 1.0 / nullif(r.judged_mchip_s, 0) AS attainment,
+               r.first_slow_at, r.last_slow_at, r.slowest_fraction,
+               coalesce(c.unhealthy_chips_while_slow, '') AS unhealthy_chips_while_slow,
+               coalesce(c.chips_held_while_slow, '') AS chips_held_while_slow
+        FROM r LEFT JOIN c USING (pool, job_id, submitted_at, run_index)
+    """,
     # demand per pool, team and hour: chips running (charged) plus chips of jobs waiting to start
     "demand_hourly": """
         SELECT pool, team, hour,

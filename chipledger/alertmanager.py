@@ -24,6 +24,8 @@ _LOOK = {
     "sched_latency": "chipledger sql \"SELECT job_id, team, reason, message FROM pending WHERE pool = '{pool}'\" "
                      "then chipledger why JOB_ID; chipledger report --pool {pool}",
     "goodput": "chipledger sql \"SELECT * FROM decisions WHERE pool = '{pool}'\"; chipledger report --pool {pool}",
+    "throughput": "chipledger sql \"SELECT job_id, team, slow_s, unhealthy_chips_while_slow FROM throughput WHERE "
+                  "pool = '{pool}' AND slow_s > 0\" then chipledger why JOB_ID; chipledger report --pool {pool}",
 }
 
 

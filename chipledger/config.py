@@ -107,7 +107,7 @@ def fold_config(cfg: "Config", check_invariants: bool = False) -> FoldConfig:
                       check_invariants=check_invariants or cfg.ledger.debug_invariants,
                       hol_blocking=cfg.ledger.hol_blocking,
                       capacity_slo_target=cfg.slo.availability,  # bursts are gated by the capacity SLO's budget
-                      **cfg.policy.fold_kwargs())
+                      **cfg.slo.fold_kwargs(), **cfg.policy.fold_kwargs())
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """`chipledger demo`: a seeded fleet scenario, run end to end on the embedded default, summarized.
 
 The scenario (chipledger.scenario) has several pools of different chips, ten teams with quotas, diurnal
-demand, bursts of submissions, chip failures and repairs, checkpoints and failing jobs; a few deliberately
+demand, bursts of submissions, chip failures and repairs, checkpoints and failing jobs; its training jobs
+report their progress, slowed down by the few chips that degrade (the throughput SLO); a few deliberately
 bad lines show the dead-letter path.
 
 The simulated cluster acts on the ledger's decisions, as a real one would through `chipledger slurm actuate`
@@ -78,7 +79,7 @@ def write_events(path: Path, seed: int, days: float, fold_config: FoldConfig = F
     n = 0
     path.parent.mkdir(parents=True, exist_ok=True)
     events = generate(seed=seed, days=days, follow=LedgerLoop(fold_config), load=DEMO_LOAD,
-                      failure_scale=DEMO_FAILURE_SCALE)
+                      failure_scale=DEMO_FAILURE_SCALE, progress=True)
     lines = (json.dumps(e, separators=(",", ":")) for e in events)
     with open(path, "w") as f:
         for line in corrupt(lines, seed=seed, every=2000):

@@ -97,11 +97,15 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
             marks[i, 2] = "bad"
         if r is not None and r < 0:
             marks[i, 5] = "bad"
+    budget_rows = [[slo, pct(t), pct(sli, 3), f"{num(g, 0)} / {num(tot, 0)} {unit}", pct(c, 1), pct(r, 1)]
+                   for slo, t, sli, g, tot, unit, c, r in budget]
+    if budget and not any(b[0] == "throughput" for b in budget):  # said, not left out: no job reported progress
+        target = con.execute("SELECT target FROM slo_targets WHERE slo = 'throughput'").fetchone()[0]
+        budget_rows.append(["throughput", pct(target), "–", "no progress reported", "–", "–"])
     rep.sections.append(Section(
         f"Error budgets (rolling {window_days} days to {as_of})",
         ["SLO", "target", "attained", "good / total", "budget consumed", "budget left"],
-        [[slo, pct(t), pct(sli, 3), f"{num(g, 0)} / {num(tot, 0)} {unit}", pct(c, 1), pct(r, 1)]
-         for slo, t, sli, g, tot, unit, c, r in budget], marks=marks, summary=True))
+        budget_rows, marks=marks, summary=True))
 
     alerts = _rows(con, f"""
         SELECT severity, alert, slo, pool, burn_rate, long_win, long_burn, short_win, short_burn FROM burn_alerts
@@ -163,6 +167,8 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
                                 note="" if goodput else "no run ended in the period",
                                 marks={(i, 4): "bad" for i, r in enumerate(goodput)
                                        if r[4] is not None and r[5] is not None and r[4] < r[5]}))
+
+    rep.sections.append(throughput_section(con, p, in_pool))
 
     clip_lo = "greatest(from_s, coalesce($since, from_s))"
     clip_hi = "least(until_s, coalesce($until, until_s))"
@@ -233,6 +239,51 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
     for d, h, v in heat:
         rep.heatmap[d][h] = v
     return rep
+
+
+NO_PROGRESS = ("no job reported progress in the period: the throughput SLO needs job.progress events (or "
+               "job.checkpointed with units); the importers and clusters that send none leave it empty")
+
+
+def throughput_rows(con: duckdb.DuckDBPyConnection, p: dict, where: str) -> list[tuple]:
+    """Per pool and team, of the progress intervals that ended in the period and satisfy `where`: jobs reporting,
+    judged chip-hours, slow chip-hours, slow seconds, attainment, target, and the unhealthy chips held while slow
+    (the 3 with the most slow chip-seconds, "chip:state"). Chip-seconds and seconds only: units are never added
+    across jobs."""
+    period = f"{where} AND ($since IS NULL OR ended_s >= $since) AND ($until IS NULL OR ended_s < $until)"
+    rows = _rows(con, f"""
+        SELECT pool, team, count(DISTINCT (job_id, submitted_s)),
+               coalesce(sum(charged_mchip_s) FILTER (WHERE slow IS NOT NULL), 0) / 3.6e6,
+               coalesce(sum(charged_mchip_s) FILTER (WHERE slow), 0) / 3.6e6, coalesce(sum(slow_s), 0),
+               1 - coalesce(sum(charged_mchip_s) FILTER (WHERE slow), 0)
+                   / nullif(sum(charged_mchip_s) FILTER (WHERE slow IS NOT NULL), 0),
+               (SELECT target FROM slo_targets WHERE slo = 'throughput')
+        FROM base_progress WHERE {period} GROUP BY pool, team ORDER BY pool, team""", p)
+    causes: dict = {}
+    for pl, tm, chip in _rows(con, f"""
+            WITH c AS (
+                SELECT pool, team, unnest(string_split(unhealthy_chips, ',')) AS chip, charged_mchip_s
+                FROM base_progress WHERE slow AND unhealthy_chips <> '' AND {period}
+            ), r AS (
+                SELECT pool, team, chip, row_number() OVER (PARTITION BY pool, team
+                                                            ORDER BY sum(charged_mchip_s) DESC, chip) AS rk
+                FROM c GROUP BY pool, team, chip
+            )
+            SELECT pool, team, chip FROM r WHERE rk <= 3 ORDER BY pool, team, rk""", p):
+        causes.setdefault((pl, tm), []).append(chip)
+    return [(*r, ", ".join(causes.get((r[0], r[1]), []))) for r in rows]
+
+
+def throughput_section(con: duckdb.DuckDBPyConnection, p: dict, in_pool: str) -> Section:
+    rows = throughput_rows(con, p, in_pool)
+    return Section(
+        "Throughput of running jobs (share of judged chip time at or above [slo] throughput_fraction of the job's "
+        "reference rate)",
+        ["pool", "team", "jobs reporting", "judged chip-h", "slow chip-h", "slow s", "attained", "target",
+         "unhealthy chips held while slow"],
+        [[pl, tm, num(n), num(j), num(sl), num(s), pct(a), pct(t), c or "–"] for pl, tm, n, j, sl, s, a, t, c in rows],
+        note="" if rows else NO_PROGRESS,
+        marks={(i, 6): "bad" for i, r in enumerate(rows) if r[6] is not None and r[7] is not None and r[6] < r[7]})
 
 
 def _shorten(text: str, n: int = 6) -> str:

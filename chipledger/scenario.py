@@ -27,6 +27,11 @@ How the simulation works (a discrete-event simulation over one heap of future ev
   maintenance a node at a time, and one or two are retired. Jobs on a chip that goes down fail or are
   preempted shortly after; jobs on a node entering maintenance are evicted.
 - Users cancel some jobs, impatient users cancel jobs that wait too long, ~6% of jobs fail.
+- With ``progress``, the training jobs (placed, checkpointing) report their cumulative steps: ``job.progress``
+  at each start (the checkpoint's count: a restart continues from it) and every ``PROGRESS_IV_S``, and
+  ``job.checkpointed`` with ``units``. A job steps at its own speed (±5% per report) and at half of it while
+  it holds a degraded chip (a synchronous job goes at its slowest chip's pace), so the ledger's throughput SLO
+  finds the slow chips. Its own random stream: the rest of the scenario is the same with or without it.
 
 - With ``follow`` (a callable given each event as it is emitted, returning the ledger's decisions as dicts:
   what a cluster's actuator receives from ``chipledger.decisions``), the cluster acts on the ledger instead of
@@ -71,6 +76,8 @@ _STATE_NAMES = ("healthy", "degraded", "down", "maintenance")
 PENDING, RUNNING, DONE = range(3)
 
 _FRACTION_UNIT = 125  # fractional jobs are multiples of 1/8 chip, so a shared chip's free milli is too
+PROGRESS_IV_S = 900    # a training job reports its steps this often (with ``progress``)
+DEGRADED_SPEED = 0.5   # the share of its speed a job keeps while it holds a degraded chip
 
 # (zone, cluster, flavor, chip-id prefix, chips per node, nodes at scale 1, fractional jobs allowed)
 _POOL_TEMPLATES = (
@@ -157,7 +164,8 @@ def _wire_chips(milli: int):
 class _Job:
     __slots__ = ("id", "pool", "team", "milli", "prio", "preemptible", "work", "done", "run_start",
                  "run_done0", "run_end", "ckpt_t", "ckpt_iv", "fail_at", "outcome", "state", "token",
-                 "chips", "seq", "queued", "parked", "n_preempt", "placement", "reclaim_t")
+                 "chips", "seq", "queued", "parked", "n_preempt", "placement", "reclaim_t",
+                 "prog", "spd", "units", "units_t", "units_ckpt", "slow")
 
 
 class _Pool:
@@ -188,7 +196,7 @@ def _shift_whole(p, c: int, d: int) -> None:
 
 class _Sim:
     def __init__(self, seed: int, days: float, start: datetime, pools: int, teams: int, scale: float,
-                 follow=None, load: float = None, failure_scale: float = 1.0):
+                 follow=None, load: float = None, failure_scale: float = 1.0, progress: bool = False):
         if pools < 1 or teams < 1:
             raise ValueError("need at least one pool and one team")
         if days <= 0 or scale <= 0:
@@ -200,6 +208,8 @@ class _Sim:
         self.seed = seed
         self.rng = random.Random(seed)
         self.follow = follow
+        self.progress = progress
+        self.prng = random.Random(seed * 7919 + 17)  # progress only: the rest of the scenario is unchanged by it
         self.load = _TARGET_UTIL if load is None else load
         self.failure_scale = failure_scale
         self.jobs_by_id: dict[str, _Job] = {}  # live jobs, when following the ledger's decisions
@@ -430,7 +440,7 @@ class _Sim:
             j = self.jobs_by_id.get(v.get("job_id"))
             if j is not None and j.state == RUNNING and j.pool is p:
                 if j.ckpt_iv:  # cooperative: a job that checkpoints saves its work when told (checkpoint_by)
-                    self._emit("job.checkpointed", p, p.sched_src, {"job_id": j.id})
+                    self._emit("job.checkpointed", p, p.sched_src, self._ckpt_fields(j))
                     j.done = j.run_done0 + (self.now - j.run_start)
                     j.ckpt_t = self.now
                 self._preempt(j, did)
@@ -681,6 +691,13 @@ class _Sim:
         j.placement = rng.random() >= 0.03
         j.reclaim_t = 0
         j.ckpt_iv = rng.randrange(1800, 7201) if milli >= 1000 and work >= 3600 and rng.random() < 0.85 else 0
+        j.prog = self.progress and j.placement and j.ckpt_iv > 0
+        if j.prog:
+            j.spd = self.prng.uniform(0.5, 4.0)  # steps per second of the whole job
+            j.units = 0.0
+            j.units_t = 0
+            j.units_ckpt = 0
+            j.slow = False
         u = rng.random()
         j.fail_at = None
         if u < 0.065:
@@ -970,6 +987,12 @@ class _Sim:
             self._emit("job.started", p, p.sched_src, {"job_id": j.id, "chip_ids": [ids[c] for c in chips]})
         else:
             self._emit("job.started", p, p.sched_src, {"job_id": j.id})
+        if j.prog:  # a restart continues from the last checkpoint's count
+            j.units = float(j.units_ckpt)
+            j.units_t = t
+            j.slow = any(p.state[c] == DEGRADED for c in chips)
+            self._emit("job.progress", p, p.sched_src, {"job_id": j.id, "units": j.units_ckpt, "unit": "step"})
+            self._at(t + PROGRESS_IV_S, self._report, j, tok)
         remaining = j.work - j.done
         if j.fail_at is not None and j.fail_at - j.done < remaining:
             end = t + j.fail_at - j.done
@@ -1032,11 +1055,33 @@ class _Sim:
             return
         p = j.pool
         t = self.now
-        self._emit("job.checkpointed", p, p.sched_src, {"job_id": j.id})
+        self._emit("job.checkpointed", p, p.sched_src, self._ckpt_fields(j))
         j.done = j.run_done0 + (t - j.run_start)
         j.ckpt_t = t
         if t + j.ckpt_iv < j.run_end:
             self._at(t + j.ckpt_iv, self._ckpt, j, tok)
+
+    def _steps(self, j: _Job) -> int:
+        """Bring a reporting job's step count up to now (at half speed while it holds a degraded chip)."""
+        dt = self.now - j.units_t
+        if dt > 0:
+            j.units += j.spd * (DEGRADED_SPEED if j.slow else 1.0) * dt * self.prng.uniform(0.95, 1.05)
+            j.units_t = self.now
+        return int(j.units)
+
+    def _ckpt_fields(self, j: _Job) -> dict:
+        if not j.prog:
+            return {"job_id": j.id}
+        j.units_ckpt = self._steps(j)
+        return {"job_id": j.id, "units": j.units_ckpt}
+
+    def _report(self, j: _Job, tok: int) -> None:
+        if j.token != tok or j.state != RUNNING:
+            return
+        p = j.pool
+        self._emit("job.progress", p, p.sched_src, {"job_id": j.id, "units": self._steps(j), "unit": "step"})
+        if self.now + PROGRESS_IV_S < j.run_end:
+            self._at(self.now + PROGRESS_IV_S, self._report, j, tok)
 
     def _preempt(self, j: _Job, decision_id: str | None = None) -> None:
         """Running -> pending; work since the last checkpoint is lost; back in the queue after a backoff."""
@@ -1165,7 +1210,15 @@ class _Sim:
         old = p.state[c]
         if old < DOWN <= new:
             self._unusable(p, c)
+        if self.progress:  # the reporting jobs on the chip: their steps so far at the old pace, then the new one
+            for j in p.jobs_on[c]:
+                if j.prog and j.state == RUNNING:
+                    self._steps(j)
         p.state[c] = new
+        if self.progress:
+            for j in p.jobs_on[c]:
+                if j.prog and j.state == RUNNING:
+                    j.slow = any(p.state[x] == DEGRADED for x in j.chips)
         if new < DOWN <= old:
             self._usable(p, c)
         p.tokens[c] += 1
@@ -1276,7 +1329,7 @@ class _Sim:
 
 def generate(seed: int = 7, days: float = 14, start: datetime = datetime(2026, 11, 2, tzinfo=UTC),
              pools: int = 3, teams: int = 10, scale: float = 1.0, *, follow=None, load: float | None = None,
-             failure_scale: float = 1.0) -> Iterator[dict]:
+             failure_scale: float = 1.0, progress: bool = False) -> Iterator[dict]:
     """Yield a fleet scenario as wire-format event dicts (DESIGN §3), in non-decreasing ``occurred_at``.
 
     Deterministic: the same arguments give the same events. Streaming: memory follows the number of chips
@@ -1286,9 +1339,10 @@ def generate(seed: int = 7, days: float = 14, start: datetime = datetime(2026, 1
 
     ``follow(event) -> [decision dicts]``: the cluster acts on the ledger's decisions (see the module's
     docstring). ``load``: the offered load as a fraction of capacity (default ~0.92); ``failure_scale``
-    multiplies the rates of chip failures, degradations and maintenance.
+    multiplies the rates of chip failures, degradations and maintenance. ``progress``: training jobs report their
+    steps (job.progress, job.checkpointed with units), slowed by degraded chips.
     """
-    return _Sim(seed, days, start, pools, teams, scale, follow, load, failure_scale).run()
+    return _Sim(seed, days, start, pools, teams, scale, follow, load, failure_scale, progress).run()
 
 
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode

@@ -13,7 +13,7 @@ and thresholds of the `burn_alerts` view (docs/analytics.md):
   (page_1h, page_6h, ticket_3d, as in `chipledger alerts`), `long_window`, `short_window`, and the `pool` (and
   `team`) of the series.
 
-Availability is a pool's SLO (its chips); quota honoured, scheduling latency and goodput are counted per team
+Availability is a pool's SLO (its chips); quota honoured, scheduling latency, goodput and throughput are counted per team
 and rated per pool and team, so a page names the team whose in-quota jobs do not start.
 """
 
@@ -40,6 +40,7 @@ _DESCRIBE = {
     "quota_honoured": "jobs that fit the team's unused quota do not start within [slo] sched_slo_s",
     "sched_latency": "jobs wait longer than [slo] sched_slo_s to start or restart",
     "goodput": "work is lost to preemptions and failures (allocated chip-seconds since the last checkpoint)",
+    "throughput": "running jobs make progress below [slo] throughput_fraction of their own reference rate",
 }
 _LOOK = {
     "availability": "`chipledger report --pool {{ $labels.pool }}` (availability by day, error budgets); "
@@ -52,6 +53,9 @@ _LOOK = {
                      "`chipledger report --pool {{ $labels.pool }}`",
     "goodput": "`chipledger sql \"SELECT * FROM decisions WHERE pool = '{{ $labels.pool }}'\"` (preemptions and their "
                "victims); `chipledger report --pool {{ $labels.pool }}` (goodput by team)",
+    "throughput": "`chipledger sql \"SELECT job_id, slow_s, slowest_fraction, unhealthy_chips_while_slow FROM throughput "
+                  "WHERE pool = '{{ $labels.pool }}' AND team = '{{ $labels.team }}' AND slow_s > 0\"` then "
+                  "`chipledger why JOB_ID`; `chipledger report --pool {{ $labels.pool }}`",
 }
 
 

@@ -317,6 +317,7 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
     goodput = {team: (int(a), int(lost)) for team, a, lost in _rows(con, """
             SELECT team, sum(allocated_mchip_s)::BIGINT, sum(lost_mchip_s)::BIGINT FROM job_runs
             WHERE posted_at >= ? AND posted_at < ? GROUP BY team""", p)}
+    throughput = _throughput_blocks(con, p, want, slo)
     # scheduling waits that began in the period (first starts and restarts), with their SLO result
     waits: dict[str, list[tuple]] = {}
     for team, kind, quota_class, wait_s, started, result, blocked_mchip_s in _rows(con, """
@@ -390,6 +391,7 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
             },
             "goodput": {"allocated_mchip_s": alloc, "lost_mchip_s": lost, "goodput": _ratio(alloc - lost, alloc),
                         "target": slo.goodput, "met": None if not alloc else (alloc - lost) / alloc >= slo.goodput},
+            "throughput": throughput.get(team) or _throughput_block(None, [], [], slo),
             "scheduling": _scheduling_block(waits.get(team, []), slo),
             "quota_honoured": _quota_block(waits.get(team, []), slo),
             "error_budgets": [{"pool": pl, **b} for pl in team_pools for b in budgets.get(pl, [])],
@@ -398,6 +400,46 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
             "reconciliation": [reconciliation[pl] for pl in team_pools if pl in reconciliation],
         })
     return out
+
+
+def _throughput_blocks(con, p: tuple, want: set, slo: SloParams) -> dict[str, dict]:
+    """Per team, the throughput SLO of the progress intervals that ended in the period: chip time judged against
+    each job's own reference rate, how much of it ran below [slo] throughput_fraction of it, on which unhealthy
+    chips, and the jobs that ran slow longest (chip-seconds and seconds only: units are never added across jobs)."""
+    totals = {team: row for team, *row in _rows(con, """
+            SELECT team, count(DISTINCT (pool, job_id, submitted_at)),
+                   coalesce(sum(charged_mchip_s) FILTER (WHERE slow IS NOT NULL), 0)::BIGINT,
+                   coalesce(sum(charged_mchip_s) FILTER (WHERE slow), 0)::BIGINT, coalesce(sum(slow_s), 0)::BIGINT
+            FROM progress WHERE ended_at >= ? AND ended_at < ? GROUP BY team""", p) if team in want}
+    chips: dict[str, list] = {}
+    for team, pool, chip, mchip_s in _rows(con, """
+            SELECT team, pool, chip, sum(charged_mchip_s)::BIGINT FROM (
+                SELECT team, pool, charged_mchip_s, unnest(string_split(unhealthy_chips, ',')) AS chip
+                FROM progress WHERE slow AND unhealthy_chips <> '' AND ended_at >= ? AND ended_at < ?)
+            GROUP BY ALL ORDER BY team, 4 DESC, pool, chip""", p):
+        if team in want and len(chips.setdefault(team, [])) < TOP_JOBS:
+            name, _, state = chip.rpartition(":")
+            chips[team].append({"pool": pool, "chip_id": name, "state": state, "slow_mchip_s": int(mchip_s)})
+    jobs: dict[str, list] = {}
+    for team, pool, job_id, slow_mchip_s, slow_s, worst in _rows(con, """
+            SELECT team, pool, job_id, sum(charged_mchip_s)::BIGINT, sum(slow_s)::BIGINT,
+                   min(units_per_chip_s / reference_units_per_chip_s)
+            FROM progress WHERE slow AND ended_at >= ? AND ended_at < ?
+            GROUP BY team, pool, job_id, submitted_at ORDER BY team, 4 DESC, pool, job_id""", p):
+        if team in want and len(jobs.setdefault(team, [])) < TOP_JOBS:
+            jobs[team].append({"pool": pool, "job_id": job_id, "slow_mchip_s": int(slow_mchip_s),
+                               "slow_s": int(slow_s), "slowest_fraction": _round(worst)})
+    return {team: _throughput_block(row, chips.get(team, []), jobs.get(team, []), slo) for team, row in totals.items()}
+
+
+def _throughput_block(row: Optional[list], chips: list, jobs: list, slo: SloParams) -> dict:
+    n, judged, slow, slow_s = row if row is not None else (0, 0, 0, 0)
+    judged, slow = int(judged), int(slow)
+    attained = _ratio(judged - slow, judged)
+    return {"jobs_reporting": int(n), "judged_mchip_s": judged, "slow_mchip_s": slow, "slow_chip_h": _chip_h(slow),
+            "slow_s": int(slow_s), "attainment": attained, "target": slo.throughput,
+            "fraction": slo.throughput_fraction, "met": None if attained is None else attained >= slo.throughput,
+            "slow_on_chips": chips, "slow_jobs": jobs}
 
 
 def _daily_rows(days: dict[str, dict[str, int]]) -> list[dict]:

@@ -5,7 +5,9 @@ The reason is the one recorded at the latest close of the books of the job's poo
 the end of a run): see docs/policy.md for every reason. The answer also lists every reason the job had, when
 it changed (a finished job's too), the preemption decisions that named it as beneficiary or victim and, for a
 pending job, its place in the queue (the core's order: highest priority, longest waiting, job id), how long
-it has waited and what would unblock it.
+it has waited and what would unblock it. For a job that reports its progress, each run's throughput against
+the job's reference rate, and when and how much it slowed, with the unhealthy chips it held then (the fold's
+`progress` facts; docs/analytics.md, "throughput").
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ class Explanation:
     waiting_since: Optional[str] = None
     waited_s: Optional[int] = None
     unblock: Optional[str] = None         # pending: what would let it start
+    # progress reported: per run (run, unit, units per chip-second, reference, slow seconds, share of judged chip
+    # time at or above the fraction), and each slow stretch (run, from, until, seconds, worst fraction of the
+    # reference, unhealthy chips held)
+    throughput: list = field(default_factory=list)
+    slowdowns: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -53,6 +60,18 @@ class Explanation:
         if self.decisions:
             out.append("  decisions naming it:")
             out.extend(f"    {at}  {did} ({role}): {message}" for at, did, role, message in self.decisions)
+        if self.throughput:
+            out.append("  throughput (units of the job per chip-second, against its own reference rate):")
+            for run, unit, rate, ref, slow_s, attained in self.throughput:
+                ref_text = f"reference {ref:.4g}" if ref is not None else "reference not known yet"
+                judged = "" if attained is None else f", {100 * attained:.1f}% of its judged chip time at rate"
+                out.append(f"    run {run}: {_rate(rate)} {unit}/chip-s, {ref_text}; slow {_duration(slow_s)}{judged}")
+        if self.slowdowns:
+            out.append("  slowed down:")
+            for run, since, until, secs, worst, chips in self.slowdowns:
+                cause = f"; unhealthy chips held: {chips}" if chips else "; every chip it held was healthy"
+                out.append(f"    run {run}: {since} … {until} ({_duration(secs)}), down to {100 * worst:.0f}% of "
+                           f"its reference rate{cause}")
         return out
 
 
@@ -71,6 +90,10 @@ UNBLOCK = {
     "nothing_to_lend": "other teams' jobs finishing or their quota becoming lendable, or an approved burst",
     "not_recorded": "the next close of the books records its reason (each hour, and at the end of a run)",
 }
+
+
+def _rate(v: Optional[float]) -> str:
+    return "–" if v is None else f"{v:.4g}"
 
 
 def _duration(s: Optional[int]) -> str:
@@ -159,4 +182,37 @@ def explain(con, job_id: str) -> Explanation:
         ex.decisions.append((_fmt(at), did, role, message))
     if ex.status == "pending":
         ex.unblock = UNBLOCK.get(ex.reason or "")
+    _throughput(con, ex)
     return ex
+
+
+def _throughput(con, ex: Explanation) -> None:
+    """The job's throughput per run and its slow stretches (consecutive slow intervals of a run, merged), from its
+    latest submission's progress facts."""
+    key = [ex.job_id, ex.pool]
+    latest = "(SELECT max(submitted_at) FROM progress WHERE job_id = ? AND pool = ?)"
+    for run, unit, rate, ref, slow_s, attained in con.execute(
+            f"""SELECT run_index, unit, units_per_chip_s, reference_units_per_chip_s, slow_s, attainment
+                FROM throughput WHERE job_id = ? AND pool = ? AND submitted_at = {latest} ORDER BY run_index""",
+            key + key).fetchall():
+        ex.throughput.append((int(run), unit, rate, ref, int(slow_s or 0), attained))
+    cur = None
+    for run, began, ended, fraction, chips in con.execute(
+            f"""SELECT run_index, began_at, ended_at, units_per_chip_s / reference_units_per_chip_s, unhealthy_chips
+                FROM progress WHERE job_id = ? AND pool = ? AND submitted_at = {latest} AND slow
+                ORDER BY run_index, began_at""", key + key).fetchall():
+        if cur is not None and cur[0] == run and cur[2] == began:
+            cur[2] = ended
+            cur[3] = min(cur[3], fraction)
+            cur[4].update(c for c in chips.split(",") if c)
+        else:
+            if cur is not None:
+                ex.slowdowns.append(_stretch(cur))
+            cur = [int(run), began, ended, fraction, {c for c in chips.split(",") if c}]
+    if cur is not None:
+        ex.slowdowns.append(_stretch(cur))
+
+
+def _stretch(cur: list) -> tuple:
+    run, began, ended, worst, chips = cur
+    return (run, _fmt(began), _fmt(ended), int((ended - began).total_seconds()), worst, ",".join(sorted(chips)))

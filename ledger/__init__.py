@@ -11,10 +11,10 @@ CORE = _activate(__path__)  # before the core's modules are imported: the compil
 
 from ledger.books import ACCOUNTS, POOL_ACCOUNTS, TEAM_ACCOUNTS, JournalRow, hour_of
 from ledger.fold import (
-    DEFAULT_CONFIG, FoldConfig, FreeChipsRow, JobRunRow, Step, WaitRow, check_invariants, close_books, close_facts,
+    DEFAULT_CONFIG, FoldConfig, FreeChipsRow, JobRunRow, ProgressRow, Step, WaitRow, check_invariants, close_books, close_facts,
     evolve, free_chips_values, policy_rows, split_use,
 )
 from ledger.fleet import Fleet
-from ledger.state import Chip, Grant, Job, PoolState, Team
+from ledger.state import Chip, Grant, Job, PoolState, Progress, Team
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -25,7 +25,7 @@ from ledger.books import (
     set_rate,
 )
 from ledger import policy
-from ledger.state import NO_ROWS, Chip, Grant, Job, PoolState, Team, digest_of, fingerprint
+from ledger.state import NO_ROWS, Chip, Grant, Job, PoolState, Progress, Team, digest_of, fingerprint
 
 _new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__ (one per run ended)
 
@@ -35,6 +35,7 @@ _MILLI_OF: dict = {}  # a job's chips (a Decimal) -> milli-chips; jobs come in f
 DEFAULT_DEDUP_WINDOW_S = 86_400  # event ids are remembered for a day of event time
 DEFAULT_MAX_CLOCK_JUMP_S = 400 * 86_400  # an event further ahead of its pool's clock is `clock_jump`
 MAX_PREEMPTIONS_KEPT = 16  # a job remembers the instants of its last 16 preemptions (anti-thrash)
+MAX_REFERENCE_REPORTS = 256  # a job's reference rate is the median of at most this many intervals (bounded state)
 
 
 class JobRunRow(NamedTuple):
@@ -116,7 +117,7 @@ class Step:
     # they differ (a step is made per event: its construction is two stores)
     __slots__ = ("occurred_s", "applied_at", "__dict__")
     # the output lists, lake table names
-    TABLES = ("journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips")
+    TABLES = ("journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips", "progress")
 
     lateness_s = 0
     duplicate = False
@@ -128,6 +129,7 @@ class Step:
     pending: list = NO_ROWS
     waits: list = NO_ROWS
     free_chips: list = NO_ROWS
+    progress: list = NO_ROWS  # fact rows of the throughput SLO (ProgressRow)
 
     def __init__(self, occurred_s: int = 0, applied_at: Optional[int] = None):
         self.occurred_s = occurred_s
@@ -144,7 +146,8 @@ class Step:
         return (f"Step(occurred_s={self.occurred_s}, applied_at={self.applied_at}, lateness_s={self.lateness_s}, "
                 f"duplicate={self.duplicate}, rejection={self.rejection}, journal={self.journal}, "
                 f"job_runs={self.job_runs}, decisions={self.decisions}, balances={self.balances}, "
-                f"pending={self.pending}, waits={self.waits}, free_chips={self.free_chips})")
+                f"pending={self.pending}, waits={self.waits}, free_chips={self.free_chips}, "
+                f"progress={self.progress})")
 
     @property
     def applied(self) -> bool:
@@ -171,6 +174,12 @@ class FoldConfig:
     capacity_slo_target: float = 0.99    # capacity SLO whose error budget gates bursts
     policy_rows: bool = True             # emit balance and pending-reason rows when an hour closes
     hol_blocking: bool = True            # measure head-of-line blocking (waits.blocked_s / blocked_by; costs per event)
+    # throughput ([slo] throughput_*; docs/analytics.md): an interval between two progress reports is slow when its
+    # units per chip-second are below this fraction of the job's reference rate, the median rate of its first
+    # stretch of healthy intervals lasting throughput_reference_s, of at least throughput_reference_reports intervals
+    throughput_fraction: float = 0.8
+    throughput_reference_s: int = 1800
+    throughput_reference_reports: int = 3
 
     def __post_init__(self):
         for name in ("decay_half_life_s", "candidates_per_team", "max_preemptions", "max_clock_jump_s"):
@@ -179,13 +188,18 @@ class FoldConfig:
         if self.max_preemptions > MAX_PREEMPTIONS_KEPT:
             raise ValueError(f"max_preemptions must be at most {MAX_PREEMPTIONS_KEPT}, got {self.max_preemptions}")
         for name in ("preemption_grace_s", "min_runtime_s", "preemption_window_s", "decision_timeout_s",
-                     "dedup_window_s", "restart_cost_s", "checkpoint_grace_s"):
+                     "dedup_window_s", "restart_cost_s", "checkpoint_grace_s", "throughput_reference_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         if self.victim_order not in ("goodput", "naive"):
             raise ValueError(f"victim_order must be goodput or naive, got {self.victim_order!r}")
         if not self.fair_share_tolerance >= 0.0:  # also NaN
             raise ValueError(f"fair_share_tolerance must not be negative, got {self.fair_share_tolerance}")
+        if not 0.0 < self.throughput_fraction <= 1.0:  # also NaN
+            raise ValueError(f"throughput_fraction must be above 0 and at most 1, got {self.throughput_fraction}")
+        if not 1 <= self.throughput_reference_reports <= MAX_REFERENCE_REPORTS:
+            raise ValueError(f"throughput_reference_reports must be between 1 and {MAX_REFERENCE_REPORTS}, got "
+                             f"{self.throughput_reference_reports}")
         if not 0.0 < self.capacity_slo_target < 1.0:
             raise ValueError(f"capacity_slo_target must be between 0 and 1, got {self.capacity_slo_target}")
 
@@ -552,6 +566,187 @@ def _wait_order(job: Job) -> tuple:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# facts: throughput (job.progress, and job.checkpointed with units; docs/analytics.md, "throughput")
+# ---------------------------------------------------------------------------------------------------------
+
+class ProgressRow(NamedTuple):
+    """A fact (lake table `progress`): one interval between two progress reports of a run of a job, posted at
+    the second report. The first report of a run is its baseline (a start's set-up is not work). The rate is
+    the units done per chip-second the job was charged in the interval; it is judged against the job's
+    reference rate once that is known (`slow` None before: the interval is not judged)."""
+
+    pool: str
+    job_id: str
+    team: str
+    run_index: int
+    submitted_at: int        # tells a job from an earlier one of the same id (as in job_runs and waits)
+    unit: str
+    began_at: int            # the previous report of the run
+    ended_at: int            # this report
+    units_from: int          # cumulative counts at the two reports
+    units_to: int
+    chips_milli: int         # the job's chips
+    charged_mchip_s: int     # chip-seconds the job was charged in the interval (shares on unavailable chips are not)
+    units_per_chip_s: Optional[float]            # None when nothing was charged (every chip it held was down)
+    reference_units_per_chip_s: Optional[float]  # the job's reference rate, None until it is known
+    slow: Optional[bool]     # units_per_chip_s < throughput_fraction × reference; None: not judged
+    slow_s: int              # the interval's seconds when slow, else 0
+    healthy: bool            # every chip it held was healthy throughout (a job without placement: True)
+    unhealthy_chips: str     # the chips it held that were not healthy at some instant, "chip:state", sorted
+    held_chips: str          # when slow: every chip it held with its state now (unhealthy first; at most 16)
+    posted_at: int
+
+
+_STATE_RANK = {"degraded": 1, "maintenance": 2, "down": 3}  # the worst state an unhealthy chip had is kept
+MAX_HELD_LISTED = 16
+
+
+def _chip_unhealthy(s: PoolState, chip: Chip, chip_id: str) -> None:
+    """A chip with jobs on it became degraded, down or in maintenance: each job reporting progress in its run
+    notes it for its open interval (its worst state)."""
+    state = chip.state
+    jobs = s.jobs
+    for job_id in chip.jobs:
+        job = jobs[job_id]
+        pr = job.progress
+        if pr is not None and pr.run == job.run_index:
+            bad = pr.unhealthy
+            had = bad.get(chip_id)
+            if had is None or _STATE_RANK[had] < _STATE_RANK[state]:
+                bad[chip_id] = state
+
+
+def _unhealthy_now(s: PoolState, job: Job) -> dict:
+    """The chips of a job's placement that are not healthy now (chip id -> state)."""
+    out: dict = {}
+    placement = job.placement
+    if placement:
+        chips = s.chips
+        for chip_id in placement:
+            chip = chips.get(chip_id)
+            if chip is not None and chip.state != "healthy" and job.job_id in chip.jobs:
+                out[chip_id] = chip.state
+    return out
+
+
+def _held_text(s: PoolState, job: Job) -> str:
+    placement = job.placement
+    if not placement:
+        return ""
+    chips = s.chips
+    held = [(chip_id, chips[chip_id].state) for chip_id in placement
+            if chip_id in chips and job.job_id in chips[chip_id].jobs]
+    held.sort(key=lambda cs: (cs[1] == "healthy", cs[0]))
+    text = ",".join(f"{c}:{st}" for c, st in held[:MAX_HELD_LISTED])
+    if len(held) > MAX_HELD_LISTED:
+        text += f",+{len(held) - MAX_HELD_LISTED} more"
+    return text
+
+
+def _median(values: list) -> float:
+    v = sorted(values)
+    n = len(v)
+    mid = n // 2
+    return float(v[mid]) if n % 2 else (v[mid - 1] + v[mid]) / 2.0
+
+
+def _progress(s: PoolState, job: Job, units: int, t: int, step: Step, config: FoldConfig) -> Progress:
+    """A progress report of a running job (its count passed _check_units): close the open interval (a fact row)
+    and open the next one. The count is kept whatever the interval: a report in the same second as the previous
+    one closes none (the next interval starts at the earlier report). Returns the job's Progress."""
+    pr = job.progress
+    if pr is None:
+        pr = job.progress = Progress()
+    alloc = job.run_alloc_mchip_s + job.charged_milli * (t - job.since)
+    if pr.run != job.run_index:  # the run's first report: its baseline
+        pr.run = job.run_index
+        pr.unhealthy = _unhealthy_now(s, job)
+    elif t > pr.at:
+        bad = pr.unhealthy
+        healthy = not bad
+        charged = alloc - pr.alloc_mchip_s
+        dt = t - pr.at
+        rate: Optional[float] = None
+        ref: Optional[float] = None
+        slow: Optional[bool] = None
+        if charged > 0:
+            rate = (units - pr.units_from) * MILLI / charged
+            if pr.ref_rate >= 0.0:
+                ref = pr.ref_rate
+                slow = rate < config.throughput_fraction * ref
+            elif healthy:  # the first stretch of healthy intervals gives the job its reference rate
+                pr.ref_rates.append(rate)
+                pr.ref_s += dt
+                n = len(pr.ref_rates)
+                if n >= config.throughput_reference_reports and (pr.ref_s >= config.throughput_reference_s
+                                                                 or n >= MAX_REFERENCE_REPORTS):
+                    pr.ref_rate = _median(pr.ref_rates)
+                    pr.ref_rates = []
+            else:  # an unhealthy interval ends the stretch: it starts again at the next healthy one
+                if pr.ref_rates:
+                    pr.ref_rates = []
+                pr.ref_s = 0
+        step.rows("progress").append(_new_tuple(ProgressRow, (
+            s.pool, job.job_id, job.team, job.run_index, job.submitted_at, pr.unit, pr.at, t, pr.units_from, units,
+            job.chips_milli, charged, rate, ref, slow, dt if slow else 0, healthy,
+            ",".join(f"{c}:{bad[c]}" for c in sorted(bad)), _held_text(s, job) if slow else "", t)))
+        if bad:
+            pr.unhealthy = _unhealthy_now(s, job)
+    else:
+        pr.units = units
+        return pr
+    pr.units = pr.units_from = units
+    pr.at = t
+    pr.alloc_mchip_s = alloc
+    return pr
+
+
+def _apply_job_progress(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
+    pr = _progress(s, s.jobs[e.job_id], e.units, t, step, config)
+    if not pr.unit:
+        pr.unit = e.unit
+
+
+def _check_units(s: PoolState, e, job: Job):
+    """A progress count never goes back within a run, and a restart continues from the last checkpoint's count."""
+    pr = job.progress
+    if pr is None:
+        return None
+    units = e.units
+    if pr.run == job.run_index:
+        if units < pr.units:
+            return Rejection(RC.progress_backwards, f"job {e.job_id!r}: units {units} is below {pr.units}, the "
+                             f"count it reported at {policy._utc(pr.at)} UTC in this run")
+    elif units < pr.safe:
+        return Rejection(RC.progress_backwards, f"job {e.job_id!r}: units {units} is below {pr.safe}, the "
+                         f"count of its last checkpoint: a restarted run continues from there")
+    return None
+
+
+def _check_job_progress(s: PoolState, e):
+    rejection = _check_job_running(s, e)
+    if rejection is not None:
+        return rejection
+    j = s.jobs[e.job_id]
+    pr = j.progress
+    if pr is not None and pr.unit and e.unit != pr.unit:
+        return Rejection(RC.illegal_transition, f"job {e.job_id!r} reports its progress in {_unit_text(pr.unit)}, "
+                         f"not {_unit_text(e.unit)}")
+    return _check_units(s, e, j)
+
+
+def _unit_text(unit: str) -> str:
+    return repr(unit) if len(unit) <= 64 else repr(unit[:64]) + "…"
+
+
+def _check_job_checkpointed(s: PoolState, e):
+    rejection = _check_job_running(s, e)
+    if rejection is None and e.units is not None:
+        return _check_units(s, e, s.jobs[e.job_id])
+    return rejection
+
+
+# ---------------------------------------------------------------------------------------------------------
 # checks: a Rejection, or None when the event may be applied. They never change the state.
 # ---------------------------------------------------------------------------------------------------------
 
@@ -663,7 +858,8 @@ _CHECK = {
     "quota.revoked": _check_quota_revoked,
     "job.submitted": _check_job_submitted,
     "job.started": _check_job_started,
-    "job.checkpointed": _check_job_running,
+    "job.checkpointed": _check_job_checkpointed,
+    "job.progress": _check_job_progress,
     "job.preempted": _check_job_running,
     "job.finished": _check_job_active,
 }
@@ -1000,6 +1196,8 @@ def _apply_chip_state_changed(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     chip = s.chips[e.chip_id]
     was = chip.available
     chip.set_state(e.state)
+    if chip.jobs and e.state != "healthy":  # the throughput fact notes the chips a job held that were not healthy
+        _chip_unhealthy(s, chip, e.chip_id)
     now = chip.available
     if was == now:
         return
@@ -1195,6 +1393,13 @@ def _apply_job_started(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
 
 def _apply_job_checkpointed(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     job = s.jobs[e.job_id]
+    units = e.units
+    if units is not None:  # a progress report too (before the checkpoint's own accrual: it reads the allocation)
+        _progress(s, job, units, t, step, config).safe = units
+    else:
+        pr = job.progress
+        if pr is not None and pr.run == job.run_index:  # the count at the checkpoint is at least the run's last
+            pr.safe = pr.units
     job.alloc_at_safe_mchip_s = job.run_alloc_mchip_s = job.run_alloc_mchip_s + job.charged_milli * (t - job.since)
     job.since = job.last_safe_at = t
 
@@ -1300,6 +1505,7 @@ _APPLY = {
     "job.submitted": _apply_job_submitted,
     "job.started": _apply_job_started,
     "job.checkpointed": _apply_job_checkpointed,
+    "job.progress": _apply_job_progress,
     "job.preempted": _apply_job_preempted,
     "job.finished": _apply_job_finished,
     "burst.requested": _apply_burst_requested,

@@ -146,6 +146,28 @@ class Job:
     hol_from: int = -1
     hol_ahead: list = field(default_factory=list)
     hol_blockers: dict = field(default_factory=dict)
+    progress: Optional["Progress"] = None  # its progress reports (throughput), from its first one on
+
+
+@dataclass(slots=True)
+class Progress:
+    """What the fold keeps of a job's progress reports (fact `progress`, ledger.fold): the unit's name, the count
+    last reported and the run it was reported in, the start of the open interval (instant, count, the run's
+    allocation then), the count at the last checkpoint (a restart continues from it), the reference rate (units
+    per chip-second; -1: not known yet) with the healthy stretch gathered for it (rates, seconds), and the chips
+    held that were not healthy at some instant of the open interval (chip id -> worst state)."""
+
+    unit: str = ""
+    run: int = 0
+    units: int = 0
+    at: int = 0
+    units_from: int = 0
+    alloc_mchip_s: int = 0
+    safe: int = 0
+    ref_rate: float = -1.0
+    ref_rates: list = field(default_factory=list)
+    ref_s: int = 0
+    unhealthy: dict = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -298,7 +320,7 @@ class PoolState:
         s = cls(pool=d["pool"], flavor=d["flavor"], chips_per_node=d["chips_per_node"], clock=d["clock"],
                 books=Books.from_dict(d["pool"], d["books"]))
         s.chips = {k: Chip(node, state, dict(jobs)) for k, (node, state, jobs) in d["chips"].items()}
-        s.jobs = {k: Job(*v) for k, v in d["jobs"].items()}
+        s.jobs = {k: _job_of(v) for k, v in d["jobs"].items()}
         for j in s.jobs.values():
             if j.placement is not None:
                 j.placement = dict(j.placement)
@@ -381,6 +403,7 @@ _PLACEMENT = [f.name for f in fields(Job)].index("placement")
 _PREEMPTED_AT = [f.name for f in fields(Job)].index("preempted_at")
 _HOL_AHEAD = [f.name for f in fields(Job)].index("hol_ahead")
 _HOL_BLOCKERS = [f.name for f in fields(Job)].index("hol_blockers")
+_PROGRESS = [f.name for f in fields(Job)].index("progress")  # the last field
 
 
 def _job_list(job: Job) -> list:
@@ -390,4 +413,21 @@ def _job_list(job: Job) -> list:
     v[_PREEMPTED_AT] = list(v[_PREEMPTED_AT])
     v[_HOL_AHEAD] = list(v[_HOL_AHEAD])
     v[_HOL_BLOCKERS] = dict(v[_HOL_BLOCKERS])
+    pr = v[_PROGRESS]
+    if pr is None:  # never reported progress: left out (a saved state of a log without progress is the same as
+        return v[:_PROGRESS]  # before progress existed)
+    pv = _slots_list(pr)
+    pv[-3] = list(pr.ref_rates)
+    pv[-1] = dict(pr.unhealthy)
+    v[_PROGRESS] = pv
     return v
+
+
+def _job_of(v: list) -> Job:
+    """A job from its saved list (without `progress` when it never reported any)."""
+    if len(v) > _PROGRESS and v[_PROGRESS] is not None:
+        pv = list(v[_PROGRESS])
+        pv[-3] = list(pv[-3])
+        pv[-1] = dict(pv[-1])
+        v = [*v[:_PROGRESS], Progress(*pv)]
+    return Job(*v)

@@ -15,6 +15,7 @@ from schemas.events import (
     JobCheckpointed,
     JobFinished,
     JobPreempted,
+    JobProgress,
     JobStarted,
     JobSubmitted,
     PoolConfigured,

@@ -24,6 +24,7 @@ class RejectionCode(str, Enum):
     unknown_job = "unknown_job"            # a job id that is not active in the pool
     unknown_grant = "unknown_grant"        # a grant id that is not held in the pool
     illegal_transition = "illegal_transition"  # the event is not allowed in the entity's current state
+    progress_backwards = "progress_backwards"  # a progress count below the run's last, or a restart's below its checkpoint's
     over_limit = "over_limit"              # it would take a pool total past its bound (schemas.events.MAX_POOL_*)
     duplicate_conflict = "duplicate_conflict"  # an event id seen before, with a different body
 

@@ -253,9 +253,29 @@ class JobStarted(_Event):
         return self
 
 
+# cumulative work units of a job (steps, samples, tokens): up to 10^18, so a count and its differences stay in int64
+MAX_UNITS = 10**18
+Units = Annotated[int, Field(ge=0, le=MAX_UNITS, strict=True,
+                             description="cumulative work units of the job (steps, samples, tokens) since it "
+                                         "was first started; never goes back within a run, and a restart "
+                                         "continues from the count of the last checkpoint")]
+UnitName = Annotated[str, Field(min_length=1, max_length=64, json_schema_extra={"pattern": NO_CONTROL},
+                                description="the name of the work unit, e.g. step, sample or token")]
+
+
 class JobCheckpointed(_Event):
     type: Literal["job.checkpointed"]
     job_id: Name
+    units: Optional[Units] = None  # the job's count at the checkpoint (a progress report too), when known
+
+
+class JobProgress(_Event):
+    """A running job reports how much work it has done (its throughput SLO, docs/analytics.md)."""
+
+    type: Literal["job.progress"]
+    job_id: Name
+    units: Units
+    unit: UnitName
 
 
 class JobPreempted(_Event):
@@ -273,7 +293,7 @@ class JobFinished(_Event):
 EVENT_MODELS: dict[str, type[_Event]] = {
     m.model_fields["type"].annotation.__args__[0]: m
     for m in (PoolConfigured, PoolTick, ChipRegistered, ChipStateChanged, ChipRetired, QuotaGranted,
-              QuotaRevoked, BurstRequested, JobSubmitted, JobStarted, JobCheckpointed, JobPreempted,
+              QuotaRevoked, BurstRequested, JobSubmitted, JobStarted, JobCheckpointed, JobProgress, JobPreempted,
               JobFinished)
 }
 

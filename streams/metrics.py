@@ -17,6 +17,7 @@ what the rules of `chipledger slo rules` rate) are made as /work/FACTS.md agrees
 | goodput | allocated chip-seconds (job_runs) | allocated − lost chip-seconds |
 | quota_honoured | waits that fitted their team's unused quota (`in_quota`) and ended | of which started within `sched_slo_s` |
 | sched_latency | waits that ended in a start | of which within `sched_slo_s` |
+| throughput | charged chip-seconds of the judged progress intervals (`progress`, `slow` not null) | of which not slow |
 
 The availability counters are the journal's postings so far (the core's running sum of them, `Books.totals`) plus
 what the open hour accrued up to the pool clock (`Books.accrued`): without the open hour they would move once an
@@ -48,6 +49,8 @@ SLO_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "quota_honoured": ("chipledger_in_quota_waits_total", "chipledger_in_quota_waits_honoured_total", ("team",)),
     "sched_latency": ("chipledger_started_waits_total", "chipledger_started_waits_within_slo_total", ("team",)),
     "goodput": ("chipledger_allocated_chip_seconds_total", "chipledger_useful_chip_seconds_total", ("team",)),
+    "throughput": ("chipledger_progress_judged_chip_seconds_total", "chipledger_progress_at_rate_chip_seconds_total",
+                   ("team",)),
 }
 
 #: fold time buckets: powers of two nanoseconds, bucket k holds folds shorter than 2^(FOLD_MIN_BITS + k) ns
@@ -72,6 +75,7 @@ _DC = _columns("decisions", ("type", "rule", "body"), (1, 4, 6))
 _WT = _columns("waits", ("team", "began_at", "ended_at", "end", "in_quota"), (2, 7, 8, 9, 10))
 _FC = _columns("free_chips", ("at", "free_milli", "free_whole_nodes_milli", "largest_startable_milli"),
                (1, 6, 7, 8))
+_PG = _columns("progress", ("team", "charged_mchip_s", "slow"), (2, 11, 14))
 
 
 #: lake tables the counters do not read (the events row: the pool state counts what it applied; the balances and
@@ -96,6 +100,7 @@ class MetricsCollector:
         self.dead: dict = defaultdict(int)            # error code -> dead letters
         self.runs: dict = {}                          # (pool, team) -> [allocated, lost] mchip-s
         self.waits: dict = {}  # (pool, team) -> [in quota, honoured, started, within]
+        self.progress: dict = {}  # (pool, team) -> [judged, at or above the fraction] mchip-s (throughput SLO)
         self.decisions: dict = defaultdict(int)       # (pool, type, rule, verdict) -> decisions
         self.victims: dict = defaultdict(lambda: [0, 0.0])  # (pool, team, rule) -> [victims, lost work chip-s]
         self.free: dict = {}                          # pool -> latest free_chips row
@@ -108,7 +113,8 @@ class MetricsCollector:
         self._decisions_seen: list = []  # (pool, row) not yet aggregated: parsed at the next scrape
         # the events row of every record is not looked at: the pool's state counts what it applied
         self.handlers = {"job_runs": self._job_runs, "deadletters": self._deadletters,
-                         "decisions": self._decisions, "waits": self._waits, "free_chips": self._free_chips}
+                         "decisions": self._decisions, "waits": self._waits, "free_chips": self._free_chips,
+                         "progress": self._progress}
 
     # --- the hot path --------------------------------------------------------------------------------------
     def observe(self, pool: Optional[str], tables: Mapping[str, Iterable[Sequence]]) -> None:
@@ -193,6 +199,20 @@ class MetricsCollector:
                     acc[1] += within
             elif r[iq]:
                 acc[0] += 1
+
+    def _progress(self, pool, rows) -> None:
+        it, ic, islow = _PG
+        acc_of = self.progress
+        for r in rows:
+            slow = r[islow]
+            if slow is None:  # not judged: the job's reference rate is not known yet
+                continue
+            acc = acc_of.get((pool, r[it]))
+            if acc is None:
+                acc = acc_of[(pool, r[it])] = [0, 0]
+            acc[0] += r[ic]
+            if not slow:
+                acc[1] += r[ic]
 
     def _free_chips(self, pool, rows) -> None:
         for r in rows:
@@ -311,6 +331,12 @@ class MetricsCollector:
         yield family("chipledger_lost_chip_seconds_total", "allocated chip-seconds lost to preemptions and failures "
                      "(work since the last checkpoint)", ("pool", "team"),
                      [(k, lost / MILLI) for k, (_, lost) in runs.items()])
+        pg = self.progress
+        yield family(SLO_COUNTERS["throughput"][0], "chip-seconds of the progress intervals judged against their "
+                     "job's reference rate (throughput SLO: total)", ("pool", "team"),
+                     [(k, v[0] / MILLI) for k, v in pg.items()])
+        yield family(SLO_COUNTERS["throughput"][1], "of those, at or above [slo] throughput_fraction of it "
+                     "(throughput SLO: good)", ("pool", "team"), [(k, v[1] / MILLI) for k, v in pg.items()])
         w = self.waits
         for i, (slo, doc) in enumerate((("quota_honoured", "waits that fitted the team's unused quota and ended "
                                          "(quota honoured SLO: total)"),

@@ -3,6 +3,9 @@
     with LedgerProducer("127.0.0.1:9092") as p:
         p.send({"event_id": "e-1", "type": "pool.tick", ...})   # model, dict, JSON str or bytes
         # -> kafka future resolving to RecordMetadata
+        # a training loop reports its cumulative progress (the throughput SLO, docs/events.md "Progress counts"):
+        p.send({"event_id": f"{job}:progress:{step}", "type": "job.progress", "job_id": job, "units": step,
+                "unit": "step", ...})
 
 Guarantees:
 - nothing invalid reaches Kafka: every event is validated with `schemas.parse_event` / `parse_payload` first,

@@ -33,6 +33,10 @@ def test_file_then_environment(tmp_path):
     ("[lakes]\npath = 'x'", "unknown section [lakes]"),
     ("[lake]\nfolder = 'x'", "unknown key 'folder' in [lake]"),
     ("[ledger]\ndedup_window_s = 'a day'", "[ledger] dedup_window_s must be a int"),
+    ("[slo]\nthroughput_fraction = 1.5", "[slo] throughput_fraction must be above 0 and at most 1, got 1.5"),
+    ("[slo]\nthroughput_reference_s = -1", "[slo] throughput_reference_s must not be negative"),
+    ("[slo]\nthroughput_reference_reports = 0", "[slo] throughput_reference_reports must be between 1 and 256"),
+    ("[slo]\nthroughput = 1", "[slo] throughput must be a target between 0 and 1"),
 ])
 def test_bad_files_say_what_is_wrong(tmp_path, text, message):
     f = tmp_path / "c.toml"
@@ -82,3 +86,12 @@ def test_bursts_are_gated_by_the_slo_availability_target(tmp_path):
         load_config(f, env={})
     with pytest.raises(ConfigError, match="CHIPLEDGER_POLICY_CAPACITY_SLO_TARGET"):
         load_config(env={"CHIPLEDGER_POLICY_CAPACITY_SLO_TARGET": "0.9"})
+
+
+def test_the_fold_judges_throughput_with_the_slo_settings(tmp_path):
+    from chipledger.config import fold_config
+
+    f = tmp_path / "c.toml"
+    f.write_text("[slo]\nthroughput_fraction = 0.5\nthroughput_reference_s = 60\n")
+    fc = fold_config(load_config(f, env={"CHIPLEDGER_SLO_THROUGHPUT_REFERENCE_REPORTS": "5"}))
+    assert (fc.throughput_fraction, fc.throughput_reference_s, fc.throughput_reference_reports) == (0.5, 60, 5)

@@ -59,6 +59,7 @@ def submit(jid, team, chips, at=0, **kw): return ev("job.submitted", at, job_id=
 def start(jid, at=0, chip_ids=None, **kw):
     return ev("job.started", at, job_id=jid, **({"chip_ids": chip_ids} if chip_ids is not None else {}), **kw)
 def checkpoint(jid, at=0, **kw): return ev("job.checkpointed", at, job_id=jid, **kw)
+def progress(jid, units, at=0, unit="step", **kw): return ev("job.progress", at, job_id=jid, units=units, unit=unit, **kw)
 def preempt(jid, at=0, **kw): return ev("job.preempted", at, job_id=jid, **kw)
 def finish(jid, outcome="succeeded", at=0, **kw): return ev("job.finished", at, job_id=jid, outcome=outcome, **kw)
 
@@ -201,6 +202,27 @@ CASES = [
     ("checkpoint a preempted job", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), preempt("j1", 7)],
      checkpoint("j1", 10), RC.illegal_transition),
     ("checkpoint an unknown job", BASE(), checkpoint("j9", 10), RC.unknown_job),
+    # progress (docs/events.md, "Progress counts")
+    ("progress", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6)], progress("j1", 0, 10), "applied"),
+    ("progress of a pending job", BASE() + [submit("j1", "ads", 1, 5)], progress("j1", 0, 10), RC.illegal_transition),
+    ("progress of an unknown job", BASE(), progress("j9", 0, 10), RC.unknown_job),
+    ("progress with the same count", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), progress("j1", 7, 7)],
+     progress("j1", 7, 10), "applied"),
+    ("progress going back", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), progress("j1", 7, 7)],
+     progress("j1", 6, 10), RC.progress_backwards),
+    ("progress in another unit", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), progress("j1", 7, 7)],
+     progress("j1", 8, 10, unit="token"), RC.illegal_transition),
+    ("another unit AND going back -> illegal_transition",
+     BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), progress("j1", 7, 7)],
+     progress("j1", 1, 10, unit="token"), RC.illegal_transition),
+    ("checkpoint with units going back", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), progress("j1", 7, 7)],
+     checkpoint("j1", 10, units=3), RC.progress_backwards),
+    ("restart below the checkpoint's count",
+     BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), checkpoint("j1", 7, units=50), preempt("j1", 8),
+               start("j1", 9)], progress("j1", 49, 10), RC.progress_backwards),
+    ("restart below the count before the preemption (work lost, done again)",
+     BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), checkpoint("j1", 7, units=50), progress("j1", 80, 8),
+               preempt("j1", 8), start("j1", 9)], progress("j1", 60, 10), "applied"),
     ("preempt", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6)], preempt("j1", 10, decision_id="d1"), "applied"),
     ("preempt a pending job", BASE() + [submit("j1", "ads", 1, 5)], preempt("j1", 10), RC.illegal_transition),
     ("preempt twice", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), preempt("j1", 7)], preempt("j1", 10),
@@ -275,7 +297,7 @@ def test_outcome(prior, event, expected):
 
 def test_every_core_code_and_event_type_is_in_the_table():
     core_codes = {RC.unknown_pool, RC.unknown_chip, RC.unknown_job, RC.unknown_grant, RC.illegal_transition,
-                  RC.duplicate_conflict}
+                  RC.progress_backwards, RC.duplicate_conflict}
     assert core_codes <= {c[3] for c in CASES}
     from schemas import EVENT_MODELS
     applied_types = {c[2].type for c in CASES if c[3] == "applied"}

@@ -354,3 +354,25 @@ def test_serve_metrics_retries_a_file_caught_mid_write_without_counting_twice(sc
     reg = "chipledger_registered_chip_seconds_total"
     assert by(samples(exposition(registry_of(lm, process=False)).decode()), reg, "pool") == by(
         samples(exposition(registry_of(whole, process=False)).decode()), reg, "pool")
+
+
+def test_progress_facts_make_the_throughput_slo_counters():
+    """The hand-computed log of tests/test_throughput.py, folded and fed to the collector as the worker does:
+    judged chip-seconds are the total, those not slow the good (the same numbers as the throughput error budget)."""
+    from ledger import Fleet
+    from streams.rows import step_rows
+    from tests.test_throughput import CFG, SCENARIO, pool as hand_pool
+
+    fleet = Fleet(CFG)
+    col = MetricsCollector(fleet.pools, CFG, sched_slo_s=600)
+    for e in [*hand_pool(), *(e for e, _ in SCENARIO)]:
+        step = fleet.apply(e)
+        if step.applied:
+            tables: dict = {}
+            for table, row in step_rows(e, step, "file:x", 0, 0):
+                tables.setdefault(table, []).append(row)
+            col.observe(e.pool, tables)
+    s = samples(exposition(registry_of(col, process=False)).decode())
+    pool = "us-east1-a/h100"
+    assert by(s, "chipledger_progress_judged_chip_seconds_total", "pool", "team") == {(pool, "a"): 2150.0}
+    assert by(s, "chipledger_progress_at_rate_chip_seconds_total", "pool", "team") == {(pool, "a"): 1350.0}

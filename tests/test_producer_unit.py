@@ -155,7 +155,22 @@ BAD_INPUTS = [
      RejectionCode.schema_invalid),
     ({"event_id": "x", "type": "pool.tick", "occurred_at": ENV["occurred_at"], "source": "s"},
      RejectionCode.schema_invalid),
+    ({**ENV, "event_id": "x", "type": "job.progress", "job_id": "j", "units": -5, "unit": "step"},
+     RejectionCode.schema_invalid),
+    ({**ENV, "event_id": "x", "type": "job.progress", "job_id": "j", "units": 5}, RejectionCode.schema_invalid),
+    ({**ENV, "event_id": "x", "type": "job.checkpointed", "job_id": "j", "units": 0.5}, RejectionCode.schema_invalid),
 ]
+
+
+def test_progress_is_sent_to_the_jobs_topic_keyed_by_pool():
+    fake = FakeKafka()
+    producer = LedgerProducer("unused:9092", client=fake)
+    producer.send({**ENV, "event_id": "p-1", "type": "job.progress", "job_id": "j", "units": 12_000, "unit": "step"})
+    producer.send({**ENV, "event_id": "c-1", "type": "job.checkpointed", "job_id": "j", "units": 12_500})
+    (t1, k1, v1), (t2, k2, v2) = fake.sent
+    assert (t1, k1, t2, k2) == (TOPIC_JOBS, b"lab/a100", TOPIC_JOBS, b"lab/a100")
+    assert json.loads(v1)["units"] == 12_000 and json.loads(v1)["unit"] == "step"
+    assert json.loads(v2)["units"] == 12_500
 
 
 @pytest.mark.parametrize("bad,code", BAD_INPUTS, ids=[f"{c.value}-{i}" for i, (_, c) in enumerate(BAD_INPUTS)])

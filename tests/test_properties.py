@@ -1,7 +1,8 @@
 """Property tests of the fold on random, plausible event logs (hypothesis).
 
 A strategy builds logs for one or two pools: configuration, chips, grants with and without windows, jobs
-through their lifecycle (placed or not, on down chips, overcommitting), chip failures and retirements,
+through their lifecycle (placed or not, on down chips, overcommitting, reporting progress counts that mostly
+go forward and sometimes back, on checkpoints too), chip failures and retirements,
 revocations, ticks, late timestamps, duplicate and conflicting event ids, invalid transitions and events for
 an unconfigured pool. The generator keeps a rough model of each pool only to make most events plausible;
 the fold alone decides what is valid.
@@ -34,7 +35,7 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Heal
 
 # action -> weight (repeated in the sampled list)
 ACTIONS = {
-    "submit": 6, "start": 7, "checkpoint": 3, "preempt": 3, "finish": 5, "grant": 4, "revoke": 2, "tick": 3,
+    "submit": 6, "start": 7, "checkpoint": 3, "progress": 5, "preempt": 3, "finish": 5, "grant": 4, "revoke": 2, "tick": 3,
     "chip_state": 4, "retire": 1, "register": 1, "burst": 1, "reconfigure": 1, "dup": 2, "conflict": 2,
     "stranger": 1,
 }
@@ -125,7 +126,16 @@ def event_logs(draw, max_steps: int = 45):
             if jid in jobs:
                 jobs[jid]["status"] = "running"
         elif action == "checkpoint":
-            emit(p, "job.checkpointed", t, job_id=any_job("running"))
+            jid = any_job("running")
+            if draw(st.booleans()):
+                emit(p, "job.checkpointed", t, job_id=jid)
+            else:
+                units = _units(draw, jobs.get(jid))
+                emit(p, "job.checkpointed", t, job_id=jid, units=units)
+        elif action == "progress":
+            jid = any_job("running")
+            emit(p, "job.progress", t, job_id=jid, units=_units(draw, jobs.get(jid)),
+                 unit=draw(st.sampled_from(["step"] * 9 + ["token"])))
         elif action == "preempt":
             jid = any_job("running")
             emit(p, "job.preempted", t, job_id=jid, **({"decision_id": "d"} if draw(st.booleans()) else {}))
@@ -200,6 +210,16 @@ def event_logs(draw, max_steps: int = 45):
     return log
 
 
+def _units(draw, job) -> int:
+    """A progress count for a job: mostly ahead of the last one drawn for it (the fold alone decides), sometimes
+    behind it."""
+    last = job.setdefault("units", 0) if job is not None else 0
+    units = max(0, last + draw(st.sampled_from([0, 1, 50, 400, 400, 1000, 5000, -1, -300])))
+    if job is not None and units > last:
+        job["units"] = units
+    return units
+
+
 def parse_all(log):
     events = [parse_payload(d) for d in log]
     for d, e in zip(log, events):
@@ -215,7 +235,7 @@ def fold(events, fleet=None):
 def outcome(step):
     return ("dup" if step.duplicate else step.rejection.code.value if step.rejection else "ok",
             step.applied_at, step.lateness_s, tuple(step.journal), tuple(step.job_runs), tuple(step.decisions),
-            tuple(step.waits), tuple(step.free_chips))
+            tuple(step.waits), tuple(step.free_chips), tuple(step.progress))
 
 
 def facts(*parts):
@@ -420,8 +440,9 @@ def test_two_halves_equal_one_fold(log, data):
     parts += [steps_b, second.close_facts()]
     assert facts(*parts) == facts(steps_once, once.close_facts())
 
-    # outcomes of every event are the same
+    # outcomes of every event are the same, and so are the progress facts (a close of the books changes none)
     assert [outcome(s)[:3] for s in steps_a + steps_b] == [outcome(s)[:3] for s in steps_once]
+    assert [r for s in steps_a + steps_b for r in s.progress] == [r for s in steps_once for r in s.progress]
     assert journal_sums(journal) == journal_sums(journal_once)
     assert run_sums(runs) == run_sums(runs_once)
     assert_conserved(journal)
@@ -484,7 +505,7 @@ def test_generator_reaches_every_outcome():
 
     collect()
     assert {"ok", "dup", "unknown_pool", "unknown_chip", "unknown_job", "unknown_grant", "illegal_transition",
-            "duplicate_conflict"} <= set(seen_codes), seen_codes
-    assert len(seen_types) == 13, seen_types
+            "progress_backwards", "duplicate_conflict"} <= set(seen_codes), seen_codes
+    assert len(seen_types) == 14, seen_types
     assert overcommitted and late
     assert seen_codes["ok"] > sum(v for k, v in seen_codes.items() if k != "ok")  # mostly valid logs

@@ -52,7 +52,8 @@ BODIES = {
     "job.submitted": {"job_id": "j-1", "team": "ads", "chips": 0.5, "priority": 10, "preemptible": False,
                       "chips_per_node": 8},
     "job.started": {"job_id": "j-1", "chip_ids": ["node-1/gpu-0", "node-1/gpu-1"]},
-    "job.checkpointed": {"job_id": "j-1"},
+    "job.checkpointed": {"job_id": "j-1", "units": 1200},
+    "job.progress": {"job_id": "j-1", "units": 1250, "unit": "step"},
     "job.preempted": {"job_id": "j-1", "decision_id": "d-1"},
     "job.finished": {"job_id": "j-1", "outcome": "failed"},
 }
@@ -70,6 +71,7 @@ REQUIRED = {
     "job.submitted": ["job_id", "team", "chips"],
     "job.started": ["job_id"],
     "job.checkpointed": ["job_id"],
+    "job.progress": ["job_id", "units", "unit"],
     "job.preempted": ["job_id"],
     "job.finished": ["job_id", "outcome"],
 }
@@ -92,7 +94,7 @@ def code_of(result):
 
 def test_fixtures_cover_every_event_type():
     assert set(BODIES) == set(EVENT_MODELS) == set(REQUIRED)
-    assert len(EVENT_MODELS) == 13
+    assert len(EVENT_MODELS) == 14
 
 
 # --- valid input -----------------------------------------------------------------------------------------
@@ -272,6 +274,14 @@ def test_envelope_limits_that_pass():
     ("job.started", {"chip_ids": "a"}),
     ("job.started", {"chip_ids": [""]}),
     ("job.checkpointed", {"job_id": ""}),
+    ("job.checkpointed", {"units": -1}),
+    ("job.progress", {"units": -1}),
+    ("job.progress", {"units": 10**18 + 1}),
+    ("job.progress", {"units": 2.5}),
+    ("job.progress", {"units": "12"}),
+    ("job.progress", {"unit": ""}),
+    ("job.progress", {"unit": "u" * 65}),
+    ("job.progress", {"unit": "st\x01ep"}),
 ])
 def test_field_values_are_validated(etype, over):
     assert code_of(parse_payload(wire(etype, **over))) == RC.schema_invalid
@@ -362,7 +372,7 @@ def test_parse_event_never_raises_on_wrong_input_types():
 def test_rejection_precedence_is_the_enum_order():
     order = [RC.bad_key, RC.too_large, RC.not_json, RC.too_deep, RC.unknown_type, RC.schema_invalid,
              RC.unknown_pool, RC.clock_jump, RC.too_late, RC.unknown_chip, RC.unknown_job, RC.unknown_grant,
-             RC.illegal_transition, RC.over_limit, RC.duplicate_conflict]
+             RC.illegal_transition, RC.progress_backwards, RC.over_limit, RC.duplicate_conflict]
     assert list(RC) == order
     assert [c.rank for c in order] == list(range(len(order)))
     assert min([RC.illegal_transition, RC.unknown_chip, RC.unknown_job], key=lambda c: c.rank) == RC.unknown_chip
@@ -383,7 +393,7 @@ def test_rejection_detail_is_short_and_names_the_field():
     ("quota.revoked", TOPIC_QUOTA), ("burst.requested", TOPIC_QUOTA),
     ("chip.registered", TOPIC_CHIPS), ("chip.state_changed", TOPIC_CHIPS), ("chip.retired", TOPIC_CHIPS),
     ("job.submitted", TOPIC_JOBS), ("job.started", TOPIC_JOBS), ("job.checkpointed", TOPIC_JOBS),
-    ("job.preempted", TOPIC_JOBS), ("job.finished", TOPIC_JOBS),
+    ("job.progress", TOPIC_JOBS), ("job.preempted", TOPIC_JOBS), ("job.finished", TOPIC_JOBS),
 ])
 def test_topic_for(etype, topic):
     assert topic_for(etype) == topic

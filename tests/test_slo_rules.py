@@ -32,12 +32,12 @@ def test_the_rule_file_has_every_window_and_alert_and_passes_promtool_check(tmp_
     params = SloParams()
     groups = rule_groups(params)["groups"]
     records = {(r["record"], r["labels"]["slo"]) for g in groups for r in g["rules"] if "record" in r}
-    for slo in ("availability", "quota_honoured", "sched_latency", "goodput"):
+    for slo in ("availability", "quota_honoured", "sched_latency", "goodput", "throughput"):
         for w in ("5m", "30m", "1h", "6h", "3d", "30d"):
             assert (f"chipledger:slo_errors:ratio_rate{w}", slo) in records
     alerts = [r for g in groups for r in g["rules"] if "alert" in r]
     assert {(a["labels"]["slo"], a["labels"]["alert"], a["labels"]["severity"]) for a in alerts} == {
-        (slo, a, sev) for slo in ("availability", "quota_honoured", "sched_latency", "goodput")
+        (slo, a, sev) for slo in ("availability", "quota_honoured", "sched_latency", "goodput", "throughput")
         for a, sev, *_ in BURN_RULES}
     page = next(a for a in alerts if a["labels"]["slo"] == "availability" and a["labels"]["alert"] == "page_1h")
     assert "ratio_rate1h{slo=\"availability\"} >= (14.4 * 0.01)" in page["expr"]
@@ -50,7 +50,7 @@ def test_the_rule_file_has_every_window_and_alert_and_passes_promtool_check(tmp_
     assert yaml.safe_load(out.read_text()) == rule_groups(params)
     check = promtool("check", "rules", str(out))
     assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
-    assert b"SUCCESS: 48 rules found" in check.stdout
+    assert b"SUCCESS: 60 rules found" in check.stdout  # 5 SLOs x (9 recording + 3 alerting)
 
 
 def test_targets_come_from_the_slo_section(tmp_path):
@@ -70,7 +70,8 @@ def test_openslo_documents_name_the_counters_and_the_burn_rate_conditions():
     docs = list(yaml.safe_load_all(openslo(SloParams())))
     slos = [d for d in docs if d["kind"] == "SLO"]
     assert {d["metadata"]["name"] for d in slos} == {"chipledger-availability", "chipledger-quota-honoured",
-                                                     "chipledger-sched-latency", "chipledger-goodput"}
+                                                     "chipledger-sched-latency", "chipledger-goodput",
+                                                     "chipledger-throughput"}
     for d in docs:
         assert d["apiVersion"] == "openslo/v1"
     avail = next(d for d in slos if d["metadata"]["name"] == "chipledger-availability")["spec"]

@@ -81,6 +81,7 @@ def lake_tables(lake: Path) -> dict[str, list]:
         "deadletters": "SELECT error_code, detail, event_id, event_type, pool FROM deadletters",
         "waits": "SELECT * FROM wait_postings",
         "free_chips": "SELECT * FROM free_chips",
+        "progress": "SELECT * FROM progress",
     }
     out = {}
     for name, sql in q.items():

@@ -41,7 +41,8 @@ def bootstrap(tmp_path_factory):
 def test_emit_worker_sink_equals_run(bootstrap, tmp_path):
     events = tmp_path / "fleet.jsonl"
     labels: list = []
-    lines = list(corrupt(iter_jsonl(generate(seed=11, days=2, pools=3, teams=5)), seed=11, every=150, labels=labels))
+    lines = list(corrupt(iter_jsonl(generate(seed=11, days=2, pools=3, teams=5, progress=True)), seed=11, every=150,
+                         labels=labels))
     events.write_text("\n".join(lines) + "\n")
     assert len(lines) > 4000 and {k for _, k in labels} >= {"not_json", "unknown_pool", "duplicate",
                                                              "duplicate_conflict", "illegal_transition"}
@@ -114,6 +115,8 @@ def test_emit_worker_sink_equals_run(bootstrap, tmp_path):
     closing = Counter({r: n for r, n in run_tables["free_chips"].items() if r[1] == last[r[0]]})
     assert run_tables["free_chips"] - closing <= got["free_chips"] <= run_tables["free_chips"]
     assert len(got["free_chips"]) > 1000
+    # the throughput facts (posted at each progress report, never at a close) flow through the sink unchanged
+    assert got["progress"] == run_tables["progress"] and len(got["progress"]) > 500
     # dead letters: the run's semantic ones, plus the garbage (raw bytes kept)
     want_dl = Counter({r: n for r, n in run_tables["deadletters"].items() if r[0] not in PARSE_CODES})
     got_dl = got["deadletters"]
