@@ -12,6 +12,7 @@ A rejected or duplicate event changes nothing but counters.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, insort
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
@@ -482,37 +483,81 @@ def _hol(s: PoolState, t: int) -> None:
     """Head-of-line blocking at t, after the event: each pending job that could start now (policy.could_start)
     and did not accrues blocked seconds from now on, and so do the waiting jobs ahead of it in the pool's queue
     order (priority, then waiting longest, then job id) that could not start (the first 3): they held the chips.
-    A job whose state and blockers did not change keeps accruing from where it began. (No sort: the first three
-    jobs that cannot start are found in one pass, and a job's blockers are those of them ahead of it.)"""
+    A job whose state and blockers did not change keeps accruing from where it began.
+
+    Incremental: a pending job could start iff it has no decision in flight and its chips are at most what its
+    group (team, chips per node) could start with (policy.startable_milli, and whole_nodes_milli for a job asking
+    for chips per node). Only the jobs whose chips lie between a group's figure at the last look and now, the
+    jobs queued since, and those whose decision in flight came or went are looked at; the first three jobs that
+    cannot start are the first of the pool's queue order not among those that can, and the blockers of every job
+    that can start are looked at again only when those three changed."""
     s.hol_sig = (s.run_epoch, s.other_epoch, s.queue_changes, s.capacity_milli)
+    groups = s.hol_groups
+    if groups is None:
+        groups = _hol_index(s)
     ctx = policy.hol_context(s)
+    teams = s.teams
     inflight = s.inflight
-    memo: dict = {}
-    able: list = []
-    stuck: list = []  # (queue key, job id) of the jobs that cannot start
-    for queue in s.waiting.values():
-        for job in queue.values():
-            if job.job_id in inflight:
-                ok = False
-            else:
-                shape = (job.team, job.chips_milli, job.chips_per_node)
-                got = memo.get(shape)
-                if got is None:
-                    got = memo[shape] = policy.could_start(s, job, ctx)
-                ok = got
-            if ok:
-                able.append(job)
-            else:
-                if job.hol_from >= 0:
-                    _hol_accrue(job, t)
-                    job.hol_from = -1
-                    job.hol_ahead = []
-                stuck.append((-job.priority, job.waiting_since, job.job_id))
+    able = s.hol_able
+    most = s.hol_max
+    newly: list = []
+    team_most: dict = {}
+    whole: dict = {}
+    for gkey, members in groups.items():
+        name = gkey[0]
+        m = team_most.get(name)
+        if m is None:
+            m = team_most[name] = policy.startable_milli(s, teams[name], ctx)
+        # a figure below the group's smallest job, or at least its largest, says the same of every job in it
+        if m < members[0][0]:
+            m = -1
+        else:
+            cpn = gkey[1]
+            if cpn is not None:
+                w = whole.get(cpn)
+                if w is None:
+                    w = whole[cpn] = policy.whole_nodes_milli(s, cpn)
+                if w < m:
+                    m = w if w >= members[0][0] else -1
+            if m >= members[-1][0]:
+                m = NEVER
+        old = most.get(gkey)
+        if old == m:
+            continue
+        most[gkey] = m
+        if old is None:
+            lo, hi = 0, len(members)
+        elif old < m:
+            lo, hi = bisect_left(members, (old + 1,)), bisect_left(members, (m + 1,))
+        else:
+            lo, hi = bisect_left(members, (m + 1,)), bisect_left(members, (old + 1,))
+        for i in range(lo, hi):
+            _hol_verdict(s, members[i][2], m, t, newly)
+    if s.hol_new:
+        for job in s.hol_new.values():
+            _hol_verdict(s, job, most[(job.team, job.chips_per_node)], t, newly)
+        s.hol_new = {}
+    if inflight or s.hol_inflight:
+        now = set(inflight)
+        jobs = s.jobs
+        for jid in now ^ s.hol_inflight:
+            job = jobs.get(jid)
+            if job is not None and job.status == "pending":
+                _hol_verdict(s, job, most[(job.team, job.chips_per_node)], t, newly)
+        s.hol_inflight = now
     s.hol_any = bool(able)
     if not able:
+        s.hol_first = None
         return
-    first = heapq.nsmallest(3, stuck) if stuck else stuck
-    for job in able:
+    first: list = []
+    for k in s.hol_order:
+        if k[2] not in able:
+            first.append(k)
+            if len(first) == 3:
+                break
+    todo = newly if first == s.hol_first else list(able.values())
+    s.hol_first = first
+    for job in todo:
         if first:
             key = (-job.priority, job.waiting_since, job.job_id)
             head = [k[2] for k in first if k < key]
@@ -524,6 +569,83 @@ def _hol(s: PoolState, t: int) -> None:
             _hol_accrue(job, t)
         job.hol_from = t
         job.hol_ahead = head
+
+
+def _hol_verdict(s: PoolState, job: Job, most_milli: int, t: int, newly: list) -> None:
+    """Whether the job could start now (at most `most_milli` chips, no decision in flight): one that now can joins
+    `newly` (its blockers are set after), one that no longer can stops accruing."""
+    jid = job.job_id
+    if job.chips_milli <= most_milli and jid not in s.inflight:
+        if jid not in s.hol_able:
+            s.hol_able[jid] = job
+            newly.append(job)
+    elif jid in s.hol_able:
+        del s.hol_able[jid]
+        if job.hol_from >= 0:
+            _hol_accrue(job, t)
+            job.hol_from = -1
+            job.hol_ahead = []
+
+
+def _hol_index(s: PoolState) -> dict:
+    """Build the head-of-line index from the queues (first look, or after a restore): every group is looked at
+    whole at the next look, and every job's blockers."""
+    groups: dict = {}
+    order: list = []
+    able: dict = {}
+    for queue in s.waiting.values():
+        for job in queue.values():
+            gkey = (job.team, job.chips_per_node)
+            g = groups.get(gkey)
+            if g is None:
+                g = groups[gkey] = []
+            g.append((job.chips_milli, job.job_id, job))
+            order.append((-job.priority, job.waiting_since, job.job_id))
+            if job.hol_from >= 0:
+                able[job.job_id] = job
+    for g in groups.values():
+        g.sort(key=_member_key)
+    order.sort()
+    s.hol_groups = groups
+    s.hol_order = order
+    s.hol_max = {}
+    s.hol_able = able
+    s.hol_new = {}
+    s.hol_inflight = set()
+    s.hol_first = None
+    return groups
+
+
+def _member_key(m: tuple) -> tuple:
+    return (m[0], m[1])
+
+
+def _hol_join(s: PoolState, job: Job) -> None:
+    """A job joined a queue (its waiting_since set): into the head-of-line index, looked at at the next look."""
+    groups: Any = s.hol_groups
+    gkey = (job.team, job.chips_per_node)
+    g = groups.get(gkey)
+    if g is None:
+        g = groups[gkey] = []
+    g.insert(bisect_left(g, (job.chips_milli, job.job_id)), (job.chips_milli, job.job_id, job))
+    insort(s.hol_order, (-job.priority, job.waiting_since, job.job_id))
+    s.hol_new[job.job_id] = job
+
+
+def _hol_leave(s: PoolState, job: Job) -> None:
+    """A job left its queue: out of the head-of-line index (its wait was posted with its blocked seconds)."""
+    groups: Any = s.hol_groups
+    gkey = (job.team, job.chips_per_node)
+    g = groups[gkey]
+    del g[bisect_left(g, (job.chips_milli, job.job_id))]
+    if not g:
+        del groups[gkey]
+        s.hol_max.pop(gkey, None)
+    order = s.hol_order
+    del order[bisect_left(order, (-job.priority, job.waiting_since, job.job_id))]
+    jid = job.job_id
+    s.hol_able.pop(jid, None)
+    s.hol_new.pop(jid, None)
 
 
 def _hol_accrue(job: Job, t: int) -> None:
@@ -930,6 +1052,8 @@ def _enqueue(state: PoolState, job: Job, t: int) -> None:
     if q is None:
         q = state.waiting[name] = {}
     q[job.job_id] = job
+    if state.hol_groups is not None:
+        _hol_join(state, job)
     sizes = state.pending_sizes
     sizes[milli] = sizes.get(milli, 0) + 1
     heads = state.heads.get(name)
@@ -953,6 +1077,8 @@ def _dequeue(state: PoolState, job: Job, t: int, step: Step, run_index: int, end
     _pending_demand(state, name, -1, -milli, t)
     job_id = job.job_id
     del state.waiting[name][job_id]
+    if state.hol_groups is not None:
+        _hol_leave(state, job)
     sizes = state.pending_sizes
     n = sizes[milli] - 1
     if n:
@@ -1387,3 +1513,21 @@ def check_invariants(s: PoolState) -> None:
             if j.status == "pending":
                 why = policy.pending_reason(s, j, s.clock, DEFAULT_CONFIG, ctx)[0]
                 assert policy.could_start(s, j, ctx) == (why in policy.STARTABLE), (j.job_id, why)
+        if s.hol_groups is not None:  # head-of-line blocking is measured: its index against a look from scratch
+            _check_hol(s, ctx)
+
+
+def _check_hol(s: PoolState, ctx) -> None:
+    """The jobs that accrue head-of-line blocking are those that could start, each with the first three jobs
+    ahead of it in the pool's queue order that could not (what _hol keeps incrementally, computed whole)."""
+    pending = [j for j in s.jobs.values() if j.status == "pending"]
+    stuck = sorted((-j.priority, j.waiting_since, j.job_id) for j in pending if not policy.could_start(s, j, ctx))
+    first = stuck[:3]
+    for j in pending:
+        ok = policy.could_start(s, j, ctx)
+        assert (j.hol_from >= 0) == ok == (j.job_id in s.hol_able), (j.job_id, j.hol_from, ok)
+        if ok:
+            key = (-j.priority, j.waiting_since, j.job_id)
+            assert j.hol_ahead == [k[2] for k in first if k < key], (j.job_id, j.hol_ahead, first)
+    assert len(s.hol_able) == sum(1 for j in pending if j.hol_from >= 0)
+    assert s.hol_order == sorted((-j.priority, j.waiting_since, j.job_id) for j in pending)

@@ -228,3 +228,21 @@ def test_hol_blocking_from_the_config(tmp_path):
 
     assert fold_config(load_config(None, env={})).hol_blocking is True
     assert fold_config(load_config(None, env={"CHIPLEDGER_LEDGER_HOL_BLOCKING": "false"})).hol_blocking is False
+
+
+def test_hol_a_job_asking_for_whole_nodes_could_start_when_a_node_is_free():
+    """A job of 4 chips at 4 per node needs a node with every chip free: free chips on two half-free nodes do not
+    make it startable; the node freed whole does (the head-of-line index keeps this per chips per node)."""
+    events = [configured(), *[chip(c, node="n1") for c in N1], *[chip(c, node="n2") for c in N2],
+              grant("ga", "a", 8),
+              submit("r1", "a", 2, at=0), start("r1", at=0, chip_ids=["c1", "c2"]),
+              submit("r2", "a", 2, at=0), start("r2", at=0, chip_ids=["c5", "c6"]),   # 4 free, on no whole node
+              submit("w", "a", 4, at=10, chips_per_node=4),
+              submit("s", "a", 1, at=20),                                           # could start at once
+              start("s", at=30, chip_ids=["c3"]),
+              finish("r2", at=100),                                                 # n2 whole: w could start
+              start("w", at=160, chip_ids=N2), tick(200)]
+    _, waits, _ = _fold(events)
+    got = {w.job_id: (w.blocked_s, w.blocked_by) for w in waits if w.end == "started"}
+    assert got == {"r1": (0, ""), "r2": (0, ""), "s": (10, "w"), "w": (60, "")}
+
