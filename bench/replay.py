@@ -19,8 +19,9 @@
 The fold runs compiled (mypyc) when `make` built it, else as plain Python (ledger/_compiled.py); the bench
 prints which. CHIPLEDGER_PURE_PYTHON=1 measures the plain Python core.
 4. With `--digest N`: folds the first N events of the bench file (no timing) and prints a sha256 over every
-   step's outputs in order (journal rows, job runs, decisions, balances, pending rows, dead letters, and when
-   and how late each event was applied), then the closed books and the final state: two versions of the fold
+   step's outputs in order (each list of `Step.TABLES`: journal rows, job runs, decisions, balances, pending rows,
+   the facts; dead letters, and when and how late each event was applied), then the closed books and the final
+   state: two versions of the fold
    that print the same digest gave identical outputs.
 5. Peak RSS: runs the embedded run on 1M and 5M events, each in a fresh child process, and reports
    ru_maxrss and the pool state sizes (target: memory follows active jobs and chips, not history).
@@ -304,7 +305,7 @@ def fold_digest(path: Path, n: int) -> tuple[str, int]:
     the policy rows at the end and the final state of every pool. Returns (hex digest, lines folded)."""
     import hashlib
 
-    from ledger import Fleet
+    from ledger import Fleet, Step
     from schemas import Rejection, parse_event
 
     h = hashlib.sha256()
@@ -324,7 +325,7 @@ def fold_digest(path: Path, n: int) -> tuple[str, int]:
                 upd(repr(("dead", step.rejection.code.value, step.rejection.detail)).encode())
                 continue
             upd(repr(("step", step.occurred_s, step.applied_at, step.lateness_s, step.duplicate)).encode())
-            for table in ("journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips"):
+            for table in Step.TABLES:
                 for row in getattr(step, table):
                     upd(repr((table, tuple(row))).encode())
     journal, runs = fleet.close()

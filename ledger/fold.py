@@ -97,6 +97,42 @@ class FreeChipsRow(NamedTuple):
     largest_startable_milli: Optional[int]  # max(free_whole_nodes, the most free chips on one node)
 
 
+class ChipStateRow(NamedTuple):
+    """A fact (lake table `chip_states`): a chip's registration and state from `at` on, posted at each chip event
+    (registered, state changed, retired). `seq` orders a pool's rows of one second: the pool's events applied
+    before this one."""
+
+    pool: str
+    chip_id: str
+    node: str
+    at: int
+    seq: int
+    state: str        # healthy | degraded | down | maintenance | retired
+    registered: bool
+    available: bool   # registered and healthy or degraded: its chip-seconds count as healthy
+
+
+class GrantIntervalRow(NamedTuple):
+    """A fact (lake table `grant_intervals`): one incarnation of a grant (a `quota.granted` the pool holds), in
+    effect from `effective_from` until `effective_until` (None: until revoked). Posted when granted, with the end
+    it was granted for; when it ends earlier (amended by a re-grant of its id, or revoked) its end is posted
+    (`ended` true, `granted_at` and `effective_from` None): the earlier end holds (before the incarnation took
+    effect, it never was)."""
+
+    pool: str
+    grant_id: str
+    team: str
+    version: int          # the incarnation: unique in the pool (a re-grant of the id is a new one)
+    chips_milli: int
+    borrowing_limit_milli: Optional[int]
+    lending_limit_milli: Optional[int]
+    granted_at: Optional[int]
+    effective_from: Optional[int]   # max(granted_at, the grant's effective_from)
+    effective_until: Optional[int]
+    ended: bool
+    posted_at: int
+
+
 STARTED = "started"
 FINISHED = "finished"
 OPEN = "open"
@@ -117,7 +153,8 @@ class Step:
     # they differ (a step is made per event: its construction is two stores)
     __slots__ = ("occurred_s", "applied_at", "__dict__")
     # the output lists, lake table names
-    TABLES = ("journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips")
+    TABLES = ("journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips", "chip_states",
+              "grant_intervals")
 
     lateness_s = 0
     duplicate = False
@@ -129,6 +166,8 @@ class Step:
     pending: list = NO_ROWS
     waits: list = NO_ROWS
     free_chips: list = NO_ROWS
+    chip_states: list = NO_ROWS
+    grant_intervals: list = NO_ROWS
 
     def __init__(self, occurred_s: int = 0, applied_at: Optional[int] = None):
         self.occurred_s = occurred_s
@@ -145,7 +184,8 @@ class Step:
         return (f"Step(occurred_s={self.occurred_s}, applied_at={self.applied_at}, lateness_s={self.lateness_s}, "
                 f"duplicate={self.duplicate}, rejection={self.rejection}, journal={self.journal}, "
                 f"job_runs={self.job_runs}, decisions={self.decisions}, balances={self.balances}, "
-                f"pending={self.pending}, waits={self.waits}, free_chips={self.free_chips})")
+                f"pending={self.pending}, waits={self.waits}, free_chips={self.free_chips}, "
+                f"chip_states={self.chip_states}, grant_intervals={self.grant_intervals})")
 
     @property
     def applied(self) -> bool:
@@ -1116,16 +1156,18 @@ def _apply_pool_tick(s, e, t, step, config=DEFAULT_CONFIG):
 
 
 def _apply_chip_registered(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
-    s.chips[e.chip_id] = Chip(e.node)
+    chip = s.chips[e.chip_id] = Chip(e.node)
     s.capacity_milli += MILLI
     _node_change(s, e.node, 1, 1)
     _retally_pool(s, t)
+    _post_chip_state(s, e.chip_id, chip, t, step)
 
 
 def _apply_chip_state_changed(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     chip = s.chips[e.chip_id]
     was = chip.available
     chip.set_state(e.state)
+    _post_chip_state(s, e.chip_id, chip, t, step)
     now = chip.available
     if was == now:
         return
@@ -1147,6 +1189,7 @@ def _apply_chip_state_changed(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
 
 def _apply_chip_retired(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     chip = s.chips.pop(e.chip_id)
+    _post_chip_state(s, e.chip_id, None, t, step, chip.node)
     s.capacity_milli -= MILLI
     _node_change(s, chip.node, -1, -1 if chip.available and not chip.jobs else 0)
     s.run_epoch += 1
@@ -1161,6 +1204,36 @@ def _apply_chip_retired(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     _retally_pool(s, t)
 
 
+def _post_chip_state(s: PoolState, chip_id: str, chip: Optional[Chip], t: int, step: Step, node: str = "") -> None:
+    """The chip's registration and state from t on (fact `chip_states`); `chip` None: retired from `node`."""
+    if chip is None:
+        row = (s.pool, chip_id, node, t, s.applied, "retired", False, False)
+    else:
+        row = (s.pool, chip_id, chip.node, t, s.applied, chip.state, True, chip.available)
+    step.rows("chip_states").append(_new_tuple(ChipStateRow, row))
+
+
+def _post_grant(s: PoolState, g: Grant, t: int, step: Step) -> None:
+    """A grant the pool holds from t, in effect from max(t, effective_from) until its effective_until (fact
+    `grant_intervals`). Never empty: a grant is held only while its effective_until is ahead of the clock, and
+    the schema has it after effective_from."""
+    start = t if g.effective_from is None or g.effective_from < t else g.effective_from
+    step.rows("grant_intervals").append(_grant_row(s, g, t, start, g.effective_until, False, t))
+
+
+def _post_grant_end(s: PoolState, g: Grant, t: int, step: Step) -> None:
+    """A grant held until t (revoked, or amended by a re-grant of its id) ends at t, before the end it was granted
+    for (a grant's effective_until passes before any event at or after it): the end of its incarnation."""
+    step.rows("grant_intervals").append(_grant_row(s, g, None, None, t, True, t))
+
+
+def _grant_row(s: PoolState, g: Grant, granted: Optional[int], start: Optional[int], until: Optional[int],
+               ended: bool, t: int) -> GrantIntervalRow:
+    return _new_tuple(GrantIntervalRow, (s.pool, g.grant_id, g.team, g.version, g.chips_milli,
+                                         g.borrowing_limit_milli, g.lending_limit_milli, granted, start, until,
+                                         ended, t))
+
+
 def _ts(ts) -> Optional[int]:
     return None if ts is None else epoch_s(ts)
 
@@ -1173,6 +1246,7 @@ def _apply_quota_granted(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     old = s.grants.pop(e.grant_id, None)
     if old is not None:
         s.held_milli -= old.chips_milli
+        _post_grant_end(s, old, t, step)
     if old is not None:  # a re-grant under the same id amends the grant
         _deactivate(s, old, t)
     # versions are unique in the pool, not per grant: a grant id revoked and granted anew must not match the
@@ -1186,6 +1260,7 @@ def _apply_quota_granted(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
         return  # already over: nothing to hold
     s.grants[g.grant_id] = g
     s.held_milli += g.chips_milli
+    _post_grant(s, g, t, step)
     if g.effective_from is None or g.effective_from <= t:
         _grant_on(s, g.grant_id, version, t)
     else:
@@ -1207,6 +1282,7 @@ def _deactivate(s: PoolState, g: Grant, t: int) -> None:
 def _apply_quota_revoked(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     g = s.grants.pop(e.grant_id)  # the check saw it held at t
     s.held_milli -= g.chips_milli
+    _post_grant_end(s, g, t, step)
     _deactivate(s, g, t)
 
 

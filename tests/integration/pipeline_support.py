@@ -81,6 +81,8 @@ def lake_tables(lake: Path) -> dict[str, list]:
         "deadletters": "SELECT error_code, detail, event_id, event_type, pool FROM deadletters",
         "waits": "SELECT * FROM wait_postings",
         "free_chips": "SELECT * FROM free_chips",
+        "chip_states": "SELECT * FROM chip_state_changes",
+        "grant_intervals": "SELECT * FROM grant_postings",
     }
     out = {}
     for name, sql in q.items():

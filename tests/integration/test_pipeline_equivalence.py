@@ -114,6 +114,9 @@ def test_emit_worker_sink_equals_run(bootstrap, tmp_path):
     closing = Counter({r: n for r, n in run_tables["free_chips"].items() if r[1] == last[r[0]]})
     assert run_tables["free_chips"] - closing <= got["free_chips"] <= run_tables["free_chips"]
     assert len(got["free_chips"]) > 1000
+    # chip states and grant intervals are posted at the events themselves, never at a close: equal
+    for t in ("chip_states", "grant_intervals"):
+        assert got[t] == run_tables[t] and len(got[t]) > 0, t
     # dead letters: the run's semantic ones, plus the garbage (raw bytes kept)
     want_dl = Counter({r: n for r, n in run_tables["deadletters"].items() if r[0] not in PARSE_CODES})
     got_dl = got["deadletters"]
