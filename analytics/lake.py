@@ -93,6 +93,18 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("slow_s", pa.int64()), ("healthy", pa.bool_()), ("unhealthy_chips", pa.string()),
         ("held_chips", pa.string()), ("posted_at", TS),
     ]),
+    # each chip event's result: the chip's registration and state from `at` on (seq orders a pool's rows of a second)
+    "chip_states": pa.schema([
+        ("pool", pa.string()), ("chip_id", pa.string()), ("node", pa.string()), ("at", TS), ("seq", pa.int64()),
+        ("state", pa.string()), ("registered", pa.bool_()), ("available", pa.bool_()),
+    ]),
+    # each incarnation of a grant, posted when granted and, ended early (amended, revoked), its end
+    "grant_intervals": pa.schema([
+        ("pool", pa.string()), ("grant_id", pa.string()), ("team", pa.string()), ("version", pa.int64()),
+        ("chips_milli", pa.int64()), ("borrowing_limit_milli", pa.int64()), ("lending_limit_milli", pa.int64()),
+        ("granted_at", TS), ("effective_from", TS), ("effective_until", TS), ("ended", pa.bool_()),
+        ("posted_at", TS),
+    ]),
     "deadletters": pa.schema([
         ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()), ("seen_at", TS),
         ("error_code", pa.string()), ("detail", pa.string()), ("event_id", pa.string()),
@@ -125,7 +137,7 @@ def read_parquet_sql(files) -> str:
 # the column that decides a row's day partition
 DAY_COLUMN = {"events": "applied_at", "journal": "hour", "job_runs": "posted_at", "decisions": "at",
               "balances": "at", "pending": "at", "waits": "posted_at", "free_chips": "at", "progress": "posted_at",
-              "deadletters": "seen_at"}
+              "chip_states": "at", "grant_intervals": "posted_at", "deadletters": "seen_at"}
 
 TABLES = tuple(SCHEMAS)
 # the analytics cache's folder in the lake (analytics/views.py): derived, removed with the lake's tables

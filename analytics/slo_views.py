@@ -5,7 +5,7 @@ The views are built in three layers:
 - `base_*`: the lake tables with times as integer epoch seconds (`*_s`) and the fields the SLOs need pulled
   out of each event's canonical JSON. They are engine-specific: `duckdb_base_views()` defines them over the
   lake views; the benchmark loads the same rows into SQLite tables of the same names.
-- `calc_*`: the computation (quota in effect, scheduling waits, chip states, window sums), in SQL that runs
+- `calc_*`: the computation (step functions made intervals, SLO classes, window sums), in SQL that runs
   unchanged on DuckDB and SQLite (window functions, CASE, integer epoch arithmetic; no engine-only function),
   so the benchmark compares the same SQL on both.
 - the user views (`slo_quota_honoured`, `slo_sched_latency`, `fragmentation`, `error_budget`, `burn_alerts`,
@@ -142,14 +142,6 @@ def duckdb_base_views() -> dict[str, str]:
                    epoch(effective_until)::BIGINT AS effective_until_s, chip_ids
             FROM {event_log}
         """,
-        # the pools' own events (chips, quotas; not jobs', which the SLO views read from base_jobs, base_runs and
-        # base_placements) in the order they were applied
-        "base_events": f"""
-            SELECT pool, type, at_s,
-                   row_number() OVER (PARTITION BY pool ORDER BY at_s, topic, "partition", "offset") AS seq,
-                   chip_id, node, state, grant_id, team, chips_milli, effective_from_s, effective_until_s
-            FROM {event_rows} WHERE type NOT LIKE 'job.%'
-        """,
         # each pool's clock: its last event applied
         "base_pool_end": f"SELECT pool, max(at_s) AS end_s FROM {event_rows} GROUP BY pool",
         # the fold's facts: each wait (its last posting), with times in epoch seconds and its end split out
@@ -176,6 +168,18 @@ def duckdb_base_views() -> dict[str, str]:
                    chips_milli, charged_mchip_s, units_per_chip_s, reference_units_per_chip_s, slow, slow_s, healthy,
                    unhealthy_chips, held_chips
             FROM progress
+        """,
+        # each chip's registration and state from at_s on (seq orders a pool's rows of one second)
+        "base_chip_states": """
+            SELECT pool, chip_id, epoch("at")::BIGINT AS at_s, seq, CASE WHEN registered THEN 1 ELSE 0 END AS registered,
+                   CASE WHEN available THEN 1 ELSE 0 END AS available
+            FROM chip_state_changes
+        """,
+        # each posting of a grant's incarnation (`version`): when granted, and its end when it ended early
+        "base_grant_postings": """
+            SELECT pool, grant_id, team, version, chips_milli, epoch(effective_from)::BIGINT AS from_s,
+                   epoch(effective_until)::BIGINT AS until_s
+            FROM grant_postings
         """,
         "base_journal": f"""
             SELECT pool, epoch(hour)::BIGINT AS hour_s, account, team, amount_mchip_s FROM {journal}
@@ -219,22 +223,15 @@ def slo_views(d: Dialect) -> dict[str, str]:
                    f.free_whole_nodes_milli, f.largest_startable_milli
             FROM base_free_chips f JOIN calc_pool_end e ON e.pool = f.pool
         """,
-        # one row per incarnation of a grant (a quota.granted event): in effect from max(granted, effective_from)
-        # until the next grant or revocation of the same id, or effective_until, whichever comes first
-        "calc_grants": f"""
-            WITH g AS (
-                SELECT pool, grant_id, team, type, chips_milli, at_s, effective_from_s, effective_until_s,
-                       lead(at_s) OVER (PARTITION BY pool, grant_id ORDER BY at_s, seq) AS next_s
-                FROM base_events WHERE type IN ('quota.granted', 'quota.revoked')
-            ), b AS (
-                SELECT pool, grant_id, team, chips_milli,
-                       {d.greatest('at_s', 'coalesce(effective_from_s, at_s)')} AS from_s,
-                       CASE WHEN next_s IS NULL THEN effective_until_s
-                            WHEN effective_until_s IS NULL THEN next_s
-                            ELSE {d.least('next_s', 'coalesce(effective_until_s, next_s)')} END AS until_s
-                FROM g WHERE type = 'quota.granted'
-            )
-            SELECT * FROM b WHERE until_s IS NULL OR until_s > from_s
+        # one row per incarnation of a grant, from the fold's grant_intervals: the interval it was granted for, cut
+        # at the end it was given earlier (an amendment or a revocation), if any: the earlier end (min ignores
+        # the null of an open end). An incarnation revoked before it took effect is left out
+        "calc_grants": """
+            SELECT * FROM (
+                SELECT pool, grant_id, max(team) AS team, max(chips_milli) AS chips_milli, min(from_s) AS from_s,
+                       min(until_s) AS until_s
+                FROM base_grant_postings GROUP BY pool, grant_id, version
+            ) g WHERE from_s IS NOT NULL AND (until_s IS NULL OR until_s > from_s)
         """,
         "calc_waits": """
             SELECT w.*, n.as_of_s, n.sched_slo_s,
@@ -269,19 +266,13 @@ def slo_views(d: Dialect) -> dict[str, str]:
         """,
         # nearest-rank percentiles: the smallest wait with at least p of the waits at or below it
         "slo_sched_latency": sched_latency_sql(),
-        # each chip's registration and state as intervals [from_s, until_s); the last one ends at the pool's end
-        "calc_chip_segments": f"""
-            WITH h AS (
-                SELECT pool, chip_id, at_s, type, state,
-                       lead(at_s) OVER (PARTITION BY pool, chip_id ORDER BY at_s, seq) AS next_s
-                FROM base_events WHERE type IN ('chip.registered', 'chip.state_changed', 'chip.retired')
-            )
-            SELECT h.pool, chip_id, at_s AS from_s, coalesce(next_s, e.end_s) AS until_s,
-                   CASE WHEN type = 'chip.retired' THEN 0 ELSE 1 END AS registered,
-                   CASE WHEN type = 'chip.registered' THEN 1
-                        WHEN type = 'chip.state_changed' AND state IN ('healthy', 'degraded') THEN 1
-                        ELSE 0 END AS usable
-            FROM h JOIN calc_pool_end e ON e.pool = h.pool
+        # each chip's registration and state as intervals [from_s, until_s), from the fold's chip_states: each row
+        # holds until the chip's next one, the last until the pool's last event
+        "calc_chip_segments": """
+            SELECT c.pool, chip_id, at_s AS from_s,
+                   coalesce(lead(at_s) OVER (PARTITION BY c.pool, chip_id ORDER BY at_s, seq), e.end_s) AS until_s,
+                   registered, available AS usable
+            FROM base_chip_states c JOIN calc_pool_end e ON e.pool = c.pool
         """,
         "chip_states": f"""
             SELECT pool, chip_id, {ts('from_s')} AS valid_from, {ts('until_s')} AS valid_until,

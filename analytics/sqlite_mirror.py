@@ -13,12 +13,12 @@ import duckdb
 
 from analytics.slo_views import SQLITE, duckdb_base_views, slo_views
 
-# base_event_rows holds lists (placements), which SQLite cannot; the views read base_events instead
+# base_event_rows holds lists (placements), which SQLite cannot; the portable views do not read it
 BASE_TABLES = tuple(v for v in duckdb_base_views() if v != "base_event_rows") + ("slo_targets", "slo_settings")
 
 # indexes SQLite needs for the joins of the portable views (DuckDB hashes them instead)
 _INDEXES = (
-    "CREATE INDEX base_events_type ON base_events (type, pool)",
+    "CREATE INDEX base_chip_states_chip ON base_chip_states (pool, chip_id, at_s, seq)",
     "CREATE INDEX base_free_chips_at ON base_free_chips (pool, at_s)",
 )
 

@@ -194,7 +194,7 @@ MATERIALIZED_CALC = frozenset({"calc_free_steps"})
 LAZY_BASE = frozenset({"base_event_rows"})
 
 _RAW_VIEW_NAMES = {"journal": "journal_postings", "events": "event_log", "waits": "wait_postings",
-                   **POLICY_RAW_VIEW_NAMES}
+                   "chip_states": "chip_state_changes", "grant_intervals": "grant_postings", **POLICY_RAW_VIEW_NAMES}
 
 
 def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] = None,
@@ -209,8 +209,9 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     connection costs more up front and each SLO view less (`chipledger report` queries them all). A collection of
     names materializes just those base tables and intermediates (what a caller reading a few views needs).
 
-    Every view is an aggregation of the lake's rows and the fold's facts (`waits`, `free_chips`): nothing of the
-    core's state is rebuilt in SQL, so no view needs a cache (docs/analytics.md, docs/benchmarks.md)."""
+    Every view is an aggregation of the lake's rows and the fold's facts (`waits`, `free_chips`, `chip_states`,
+    `grant_intervals`): nothing of the core's state is rebuilt in SQL, so no view needs a cache (docs/analytics.md,
+    docs/benchmarks.md)."""
     con = duckdb.connect(database)
     con.execute("SET enable_progress_bar = false")  # DuckDB would draw it in stdout, amid csv or json
     con.execute("SET TimeZone = 'UTC'")

@@ -1,7 +1,7 @@
 """Benchmark: the embedded fold against parsing + validating the same file alone, in the same run.
 
     .venv/bin/python bench/replay.py [--events 1000000] [--rss 1000000,5000000] [--out bench/out] [--opcodes N]
-                                     [--instructions N]
+                                     [--instructions N] [--hol-off]
 
 1. Generates a seeded scenario file of N events (scale fixed, days chosen to reach N, so the event rate per
    day stays the same and only the length of history grows).
@@ -19,8 +19,9 @@
 The fold runs compiled (mypyc) when `make` built it, else as plain Python (ledger/_compiled.py); the bench
 prints which. CHIPLEDGER_PURE_PYTHON=1 measures the plain Python core.
 4. With `--digest N`: folds the first N events of the bench file (no timing) and prints a sha256 over every
-   step's outputs in order (journal rows, job runs, decisions, balances, pending rows, dead letters, and when
-   and how late each event was applied), then the closed books and the final state: two versions of the fold
+   step's outputs in order (each list of `Step.TABLES`: journal rows, job runs, decisions, balances, pending rows,
+   the facts; dead letters, and when and how late each event was applied), then the closed books and the final
+   state: two versions of the fold
    that print the same digest gave identical outputs.
 5. Peak RSS: runs the embedded run on 1M and 5M events, each in a fresh child process, and reports
    ru_maxrss and the pool state sizes (target: memory follows active jobs and chips, not history).
@@ -32,6 +33,9 @@ prints which. CHIPLEDGER_PURE_PYTHON=1 measures the plain Python core.
    run; the phases' costs are the differences: validation = validate - setup, fold alone = parse + fold -
    validate, lake writer = embedded run - parse + fold (rows, canonical JSON, Arrow, Parquet, close-of-books
    rows).
+7. With `--hol-off`: the fold is also timed (alternating with the others) and, with `--instructions`, counted with
+   `[ledger] hol_blocking = false`, and the cost of head-of-line blocking printed as the ratio of the fold alone
+   with it to the fold alone without it (CPU time and instructions).
 """
 
 from __future__ import annotations
@@ -86,15 +90,15 @@ def time_validate(path: Path) -> tuple[float, int, float]:
     return time.perf_counter() - t0, n, time.process_time() - c0
 
 
-def time_fold(path: Path) -> tuple[float, int, float]:
+def time_fold(path: Path, hol_blocking: bool = True) -> tuple[float, int, float]:
     """(wall seconds, lines, CPU seconds of this process)."""
     import gc
 
     from chipledger.embedded import GC_FREEZE_MASK
-    from ledger import Fleet
+    from ledger import Fleet, FoldConfig
     from schemas import Rejection, parse_event
 
-    fleet = Fleet()
+    fleet = Fleet(FoldConfig(hol_blocking=hol_blocking))
     c0 = time.process_time()
     t0 = time.perf_counter()
     n = 0
@@ -172,6 +176,7 @@ def count_opcodes(path: Path, skip: int, n: int) -> tuple[float, dict]:
 
 
 PHASES = ("setup", "validate", "fold", "embedded")
+HOL_OFF_PHASE = "fold_hol_off"  # the fold with [ledger] hol_blocking = false (--hol-off)
 
 
 def instruction_tool() -> Optional[str]:
@@ -209,7 +214,7 @@ def child_phase(phase: str, sample: str, lake: str) -> None:
     import gc
 
     from chipledger.embedded import GC_FREEZE_MASK, run_file
-    from ledger import Fleet
+    from ledger import Fleet, FoldConfig
     from schemas import Rejection, parse_event
 
     with open(sample, "rb") as f:
@@ -217,8 +222,8 @@ def child_phase(phase: str, sample: str, lake: str) -> None:
     if phase == "validate":
         for line in lines:
             parse_event(line)
-    elif phase == "fold":
-        fleet = Fleet()
+    elif phase in ("fold", HOL_OFF_PHASE):
+        fleet = Fleet(FoldConfig(hol_blocking=phase == "fold"))
         for n, line in enumerate(lines, 1):
             if not n & GC_FREEZE_MASK:
                 gc.freeze()
@@ -231,10 +236,11 @@ def child_phase(phase: str, sample: str, lake: str) -> None:
     print(len(lines))
 
 
-def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2) -> dict:
+def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2, hol_off: bool = False) -> dict:
     """Instructions each phase executes over the events of `sample`, one child process per phase (see 6. in the
     module's text). Returns {"tool", "events", "setup", "validate", "fold", "embedded" (the raw totals), and the
-    derived "validation", "fold_alone", "lake_writer"}. Raises RuntimeError when no tool can count here."""
+    derived "validation", "fold_alone", "lake_writer"}; with `hol_off` also "fold_hol_off" and "fold_alone_hol_off"
+    (the fold with [ledger] hol_blocking = false). Raises RuntimeError when no tool can count here."""
     tool = tool or instruction_tool()
     if tool is None:
         raise RuntimeError("cannot count instructions: `perf stat -e instructions` has no hardware counter here "
@@ -264,13 +270,16 @@ def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2) 
             return count, int(p.stdout.strip().splitlines()[-1])
 
         # the counts are per process, so two children at a time (this machine has 2 cores) change nothing
+        phases = (*PHASES, HOL_OFF_PHASE) if hol_off else PHASES
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            for phase, (count, events) in zip(PHASES, pool.map(run, PHASES)):
+            for phase, (count, events) in zip(phases, pool.map(run, phases)):
                 out[phase] = count
                 out["events"] = events
     out["validation"] = out["validate"] - out["setup"]
     out["fold_alone"] = out["fold"] - out["validate"]
     out["lake_writer"] = out["embedded"] - out["fold"]
+    if hol_off:
+        out["fold_alone_hol_off"] = out[HOL_OFF_PHASE] - out["validate"]
     return out
 
 
@@ -285,6 +294,10 @@ def print_instructions(c: dict) -> None:
         print(f"  {label:<12} {c[key]:>16,}  {per:>9,.0f} per event  validation/this {v / per if per else 0:.2f}")
     e = (c["embedded"] - c["setup"]) / n
     print(f"  embedded run {c['embedded'] - c['setup']:>16,}  {e:>9,.0f} per event  validation/this {v / e:.2f}")
+    if "fold_alone_hol_off" in c:
+        off = c["fold_alone_hol_off"]
+        print(f"  fold alone, hol_blocking = false {off:>16,}  {off / n:>9,.0f} per event; head-of-line blocking "
+              f"costs x{c['fold_alone'] / off:.2f} (fold alone with it / without it)")
 
 
 def fold_digest(path: Path, n: int) -> tuple[str, int]:
@@ -292,7 +305,7 @@ def fold_digest(path: Path, n: int) -> tuple[str, int]:
     the policy rows at the end and the final state of every pool. Returns (hex digest, lines folded)."""
     import hashlib
 
-    from ledger import Fleet
+    from ledger import Fleet, Step
     from schemas import Rejection, parse_event
 
     h = hashlib.sha256()
@@ -312,7 +325,7 @@ def fold_digest(path: Path, n: int) -> tuple[str, int]:
                 upd(repr(("dead", step.rejection.code.value, step.rejection.detail)).encode())
                 continue
             upd(repr(("step", step.occurred_s, step.applied_at, step.lateness_s, step.duplicate)).encode())
-            for table in ("journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips"):
+            for table in Step.TABLES:
                 for row in getattr(step, table):
                     upd(repr((table, tuple(row))).encode())
     journal, runs = fleet.close()
@@ -343,6 +356,9 @@ def main() -> int:
     ap.add_argument("--phase-child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--instructions", type=int, default=0, metavar="N",
                     help="also count instructions per phase over the first N events (perf, else valgrind)")
+    ap.add_argument("--hol-off", action="store_true",
+                    help="also time (and count) the fold with [ledger] hol_blocking = false: the cost of head-of-line "
+                         "blocking")
     ap.add_argument("--opcodes", type=int, default=0, metavar="N",
                     help="also count the fold's Python opcodes per event over N events after the first 20,000")
     args = ap.parse_args()
@@ -382,10 +398,13 @@ def main() -> int:
     path = files[args.events]
     # alternate the runs and keep the best of each: this machine's speed drifts by +-20% over minutes, and
     # the ratio should compare like with like
-    v_s = f_s = e_s = v_cpu = f_cpu = float("inf")
+    v_s = f_s = e_s = v_cpu = f_cpu = h_s = h_cpu = float("inf")
     for _ in range(args.repeat):
         v, n, vc = time_validate(path)
         f, _, fc = time_fold(path)
+        if args.hol_off:
+            h, _, hc = time_fold(path, hol_blocking=False)
+            h_s, h_cpu = min(h_s, h), min(h_cpu, hc)
         e, summary, state = time_embedded(path, out / "lake")
         v_s, f_s, e_s = min(v_s, v), min(f_s, f), min(e_s, e)
         v_cpu, f_cpu = min(v_cpu, vc), min(f_cpu, fc)
@@ -400,6 +419,9 @@ def main() -> int:
     # inflates the long runs (parse + fold) more than the short one (validate only) in wall time
     print(f"  in CPU time: validate only {v_cpu:.2f} s, parse + fold {f_cpu:.2f} s, fold alone {f_cpu - v_cpu:.2f} s  "
           f"ratio {v_cpu / (f_cpu - v_cpu):.2f}")
+    if args.hol_off:
+        print(f"  hol_blocking = false: parse + fold {h_s:.2f} s, CPU {h_cpu:.2f} s, fold alone {h_cpu - v_cpu:.2f} s; "
+              f"head-of-line blocking costs x{(f_cpu - v_cpu) / (h_cpu - v_cpu):.2f} of the fold alone (CPU)")
     print(f"  embedded run (with lake): {e_s:7.2f} s  {e_rate:>10,.0f} events/s  ratio {e_rate / v_rate:.2f}")
     print(f"  accepted {summary['accepted']:,}, dead letters {sum(summary['dead_letters'].values()):,}, "
           f"rows {summary['rows_written']}")
@@ -415,7 +437,7 @@ def main() -> int:
             g.writelines(islice(f, args.instructions))
         t0 = time.perf_counter()
         try:
-            c = count_instructions(sample)
+            c = count_instructions(sample, hol_off=args.hol_off)
         except RuntimeError as err:
             print(f"\ninstructions: {err}", file=sys.stderr)
             return 2

@@ -23,7 +23,7 @@ from schemas import Rejection
 from schemas.parse import parse_payload
 
 #: the lake tables the fold writes as facts (a lake without them is upgraded by folding its events again)
-FACT_TABLES = ("waits", "free_chips")
+FACT_TABLES = ("waits", "free_chips", "chip_states", "grant_intervals")
 
 
 def missing_fact_tables(lake: Path) -> list[str]:

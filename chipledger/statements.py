@@ -35,7 +35,7 @@ MCHIP_S_PER_CHIP_H = 3_600_000
 TEAM_ACCOUNTS = ("entitled", "in_quota", "borrowed", "burst", "pending")
 UTC = timezone.utc
 # the SLO base tables and intermediates the statements read (sched_waits, error_budget), computed once per issue
-STATEMENT_TABLES = ("base_runs", "base_events", "base_pool_end", "base_waits", "calc_free_steps", "calc_waits",
+STATEMENT_TABLES = ("base_runs", "base_pool_end", "base_waits", "calc_free_steps", "calc_waits",
                     "calc_sli_points", "calc_slo_window")
 
 

@@ -11,8 +11,8 @@ CORE = _activate(__path__)  # before the core's modules are imported: the compil
 
 from ledger.books import ACCOUNTS, POOL_ACCOUNTS, TEAM_ACCOUNTS, JournalRow, hour_of
 from ledger.fold import (
-    DEFAULT_CONFIG, FoldConfig, FreeChipsRow, JobRunRow, ProgressRow, Step, WaitRow, check_invariants, close_books, close_facts,
-    evolve, free_chips_values, policy_rows, split_use,
+    DEFAULT_CONFIG, ChipStateRow, FoldConfig, FreeChipsRow, GrantIntervalRow, JobRunRow, ProgressRow, Step, WaitRow,
+    check_invariants, close_books, close_facts, evolve, free_chips_values, policy_rows, split_use,
 )
 from ledger.fleet import Fleet
 from ledger.state import Chip, Grant, Job, PoolState, Progress, Team

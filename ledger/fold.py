@@ -12,6 +12,7 @@ A rejected or duplicate event changes nothing but counters.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, insort
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
@@ -97,6 +98,42 @@ class FreeChipsRow(NamedTuple):
     largest_startable_milli: Optional[int]  # max(free_whole_nodes, the most free chips on one node)
 
 
+class ChipStateRow(NamedTuple):
+    """A fact (lake table `chip_states`): a chip's registration and state from `at` on, posted at each chip event
+    (registered, state changed, retired). `seq` orders a pool's rows of one second: the pool's events applied
+    before this one."""
+
+    pool: str
+    chip_id: str
+    node: str
+    at: int
+    seq: int
+    state: str        # healthy | degraded | down | maintenance | retired
+    registered: bool
+    available: bool   # registered and healthy or degraded: its chip-seconds count as healthy
+
+
+class GrantIntervalRow(NamedTuple):
+    """A fact (lake table `grant_intervals`): one incarnation of a grant (a `quota.granted` the pool holds), in
+    effect from `effective_from` until `effective_until` (None: until revoked). Posted when granted, with the end
+    it was granted for; when it ends earlier (amended by a re-grant of its id, or revoked) its end is posted
+    (`ended` true, `granted_at` and `effective_from` None): the earlier end holds (before the incarnation took
+    effect, it never was)."""
+
+    pool: str
+    grant_id: str
+    team: str
+    version: int          # the incarnation: unique in the pool (a re-grant of the id is a new one)
+    chips_milli: int
+    borrowing_limit_milli: Optional[int]
+    lending_limit_milli: Optional[int]
+    granted_at: Optional[int]
+    effective_from: Optional[int]   # max(granted_at, the grant's effective_from)
+    effective_until: Optional[int]
+    ended: bool
+    posted_at: int
+
+
 STARTED = "started"
 FINISHED = "finished"
 OPEN = "open"
@@ -117,7 +154,8 @@ class Step:
     # they differ (a step is made per event: its construction is two stores)
     __slots__ = ("occurred_s", "applied_at", "__dict__")
     # the output lists, lake table names
-    TABLES = ("journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips", "progress")
+    TABLES = ("journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips", "progress",
+              "chip_states", "grant_intervals")
 
     lateness_s = 0
     duplicate = False
@@ -130,6 +168,8 @@ class Step:
     waits: list = NO_ROWS
     free_chips: list = NO_ROWS
     progress: list = NO_ROWS  # fact rows of the throughput SLO (ProgressRow)
+    chip_states: list = NO_ROWS
+    grant_intervals: list = NO_ROWS
 
     def __init__(self, occurred_s: int = 0, applied_at: Optional[int] = None):
         self.occurred_s = occurred_s
@@ -147,7 +187,8 @@ class Step:
                 f"duplicate={self.duplicate}, rejection={self.rejection}, journal={self.journal}, "
                 f"job_runs={self.job_runs}, decisions={self.decisions}, balances={self.balances}, "
                 f"pending={self.pending}, waits={self.waits}, free_chips={self.free_chips}, "
-                f"progress={self.progress})")
+                f"progress={self.progress}, chip_states={self.chip_states}, "
+                f"grant_intervals={self.grant_intervals})")
 
     @property
     def applied(self) -> bool:
@@ -496,37 +537,81 @@ def _hol(s: PoolState, t: int) -> None:
     """Head-of-line blocking at t, after the event: each pending job that could start now (policy.could_start)
     and did not accrues blocked seconds from now on, and so do the waiting jobs ahead of it in the pool's queue
     order (priority, then waiting longest, then job id) that could not start (the first 3): they held the chips.
-    A job whose state and blockers did not change keeps accruing from where it began. (No sort: the first three
-    jobs that cannot start are found in one pass, and a job's blockers are those of them ahead of it.)"""
+    A job whose state and blockers did not change keeps accruing from where it began.
+
+    Incremental: a pending job could start iff it has no decision in flight and its chips are at most what its
+    group (team, chips per node) could start with (policy.startable_milli, and whole_nodes_milli for a job asking
+    for chips per node). Only the jobs whose chips lie between a group's figure at the last look and now, the
+    jobs queued since, and those whose decision in flight came or went are looked at; the first three jobs that
+    cannot start are the first of the pool's queue order not among those that can, and the blockers of every job
+    that can start are looked at again only when those three changed."""
     s.hol_sig = (s.run_epoch, s.other_epoch, s.queue_changes, s.capacity_milli)
+    groups = s.hol_groups
+    if groups is None:
+        groups = _hol_index(s)
     ctx = policy.hol_context(s)
+    teams = s.teams
     inflight = s.inflight
-    memo: dict = {}
-    able: list = []
-    stuck: list = []  # (queue key, job id) of the jobs that cannot start
-    for queue in s.waiting.values():
-        for job in queue.values():
-            if job.job_id in inflight:
-                ok = False
-            else:
-                shape = (job.team, job.chips_milli, job.chips_per_node)
-                got = memo.get(shape)
-                if got is None:
-                    got = memo[shape] = policy.could_start(s, job, ctx)
-                ok = got
-            if ok:
-                able.append(job)
-            else:
-                if job.hol_from >= 0:
-                    _hol_accrue(job, t)
-                    job.hol_from = -1
-                    job.hol_ahead = []
-                stuck.append((-job.priority, job.waiting_since, job.job_id))
+    able = s.hol_able
+    most = s.hol_max
+    newly: list = []
+    team_most: dict = {}
+    whole: dict = {}
+    for gkey, members in groups.items():
+        name = gkey[0]
+        m = team_most.get(name)
+        if m is None:
+            m = team_most[name] = policy.startable_milli(s, teams[name], ctx)
+        # a figure below the group's smallest job, or at least its largest, says the same of every job in it
+        if m < members[0][0]:
+            m = -1
+        else:
+            cpn = gkey[1]
+            if cpn is not None:
+                w = whole.get(cpn)
+                if w is None:
+                    w = whole[cpn] = policy.whole_nodes_milli(s, cpn)
+                if w < m:
+                    m = w if w >= members[0][0] else -1
+            if m >= members[-1][0]:
+                m = NEVER
+        old = most.get(gkey)
+        if old == m:
+            continue
+        most[gkey] = m
+        if old is None:
+            lo, hi = 0, len(members)
+        elif old < m:
+            lo, hi = bisect_left(members, (old + 1,)), bisect_left(members, (m + 1,))
+        else:
+            lo, hi = bisect_left(members, (m + 1,)), bisect_left(members, (old + 1,))
+        for i in range(lo, hi):
+            _hol_verdict(s, members[i][2], m, t, newly)
+    if s.hol_new:
+        for job in s.hol_new.values():
+            _hol_verdict(s, job, most[(job.team, job.chips_per_node)], t, newly)
+        s.hol_new = {}
+    if inflight or s.hol_inflight:
+        now = set(inflight)
+        jobs = s.jobs
+        for jid in now ^ s.hol_inflight:
+            job = jobs.get(jid)
+            if job is not None and job.status == "pending":
+                _hol_verdict(s, job, most[(job.team, job.chips_per_node)], t, newly)
+        s.hol_inflight = now
     s.hol_any = bool(able)
     if not able:
+        s.hol_first = None
         return
-    first = heapq.nsmallest(3, stuck) if stuck else stuck
-    for job in able:
+    first: list = []
+    for k in s.hol_order:
+        if k[2] not in able:
+            first.append(k)
+            if len(first) == 3:
+                break
+    todo = newly if first == s.hol_first else list(able.values())
+    s.hol_first = first
+    for job in todo:
         if first:
             key = (-job.priority, job.waiting_since, job.job_id)
             head = [k[2] for k in first if k < key]
@@ -538,6 +623,83 @@ def _hol(s: PoolState, t: int) -> None:
             _hol_accrue(job, t)
         job.hol_from = t
         job.hol_ahead = head
+
+
+def _hol_verdict(s: PoolState, job: Job, most_milli: int, t: int, newly: list) -> None:
+    """Whether the job could start now (at most `most_milli` chips, no decision in flight): one that now can joins
+    `newly` (its blockers are set after), one that no longer can stops accruing."""
+    jid = job.job_id
+    if job.chips_milli <= most_milli and jid not in s.inflight:
+        if jid not in s.hol_able:
+            s.hol_able[jid] = job
+            newly.append(job)
+    elif jid in s.hol_able:
+        del s.hol_able[jid]
+        if job.hol_from >= 0:
+            _hol_accrue(job, t)
+            job.hol_from = -1
+            job.hol_ahead = []
+
+
+def _hol_index(s: PoolState) -> dict:
+    """Build the head-of-line index from the queues (first look, or after a restore): every group is looked at
+    whole at the next look, and every job's blockers."""
+    groups: dict = {}
+    order: list = []
+    able: dict = {}
+    for queue in s.waiting.values():
+        for job in queue.values():
+            gkey = (job.team, job.chips_per_node)
+            g = groups.get(gkey)
+            if g is None:
+                g = groups[gkey] = []
+            g.append((job.chips_milli, job.job_id, job))
+            order.append((-job.priority, job.waiting_since, job.job_id))
+            if job.hol_from >= 0:
+                able[job.job_id] = job
+    for g in groups.values():
+        g.sort(key=_member_key)
+    order.sort()
+    s.hol_groups = groups
+    s.hol_order = order
+    s.hol_max = {}
+    s.hol_able = able
+    s.hol_new = {}
+    s.hol_inflight = set()
+    s.hol_first = None
+    return groups
+
+
+def _member_key(m: tuple) -> tuple:
+    return (m[0], m[1])
+
+
+def _hol_join(s: PoolState, job: Job) -> None:
+    """A job joined a queue (its waiting_since set): into the head-of-line index, looked at at the next look."""
+    groups: Any = s.hol_groups
+    gkey = (job.team, job.chips_per_node)
+    g = groups.get(gkey)
+    if g is None:
+        g = groups[gkey] = []
+    g.insert(bisect_left(g, (job.chips_milli, job.job_id)), (job.chips_milli, job.job_id, job))
+    insort(s.hol_order, (-job.priority, job.waiting_since, job.job_id))
+    s.hol_new[job.job_id] = job
+
+
+def _hol_leave(s: PoolState, job: Job) -> None:
+    """A job left its queue: out of the head-of-line index (its wait was posted with its blocked seconds)."""
+    groups: Any = s.hol_groups
+    gkey = (job.team, job.chips_per_node)
+    g = groups[gkey]
+    del g[bisect_left(g, (job.chips_milli, job.job_id))]
+    if not g:
+        del groups[gkey]
+        s.hol_max.pop(gkey, None)
+    order = s.hol_order
+    del order[bisect_left(order, (-job.priority, job.waiting_since, job.job_id))]
+    jid = job.job_id
+    s.hol_able.pop(jid, None)
+    s.hol_new.pop(jid, None)
 
 
 def _hol_accrue(job: Job, t: int) -> None:
@@ -1126,6 +1288,8 @@ def _enqueue(state: PoolState, job: Job, t: int) -> None:
     if q is None:
         q = state.waiting[name] = {}
     q[job.job_id] = job
+    if state.hol_groups is not None:
+        _hol_join(state, job)
     sizes = state.pending_sizes
     sizes[milli] = sizes.get(milli, 0) + 1
     heads = state.heads.get(name)
@@ -1149,6 +1313,8 @@ def _dequeue(state: PoolState, job: Job, t: int, step: Step, run_index: int, end
     _pending_demand(state, name, -1, -milli, t)
     job_id = job.job_id
     del state.waiting[name][job_id]
+    if state.hol_groups is not None:
+        _hol_leave(state, job)
     sizes = state.pending_sizes
     n = sizes[milli] - 1
     if n:
@@ -1186,10 +1352,11 @@ def _apply_pool_tick(s, e, t, step, config=DEFAULT_CONFIG):
 
 
 def _apply_chip_registered(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
-    s.chips[e.chip_id] = Chip(e.node)
+    chip = s.chips[e.chip_id] = Chip(e.node)
     s.capacity_milli += MILLI
     _node_change(s, e.node, 1, 1)
     _retally_pool(s, t)
+    _post_chip_state(s, e.chip_id, chip, t, step)
 
 
 def _apply_chip_state_changed(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
@@ -1198,6 +1365,7 @@ def _apply_chip_state_changed(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     chip.set_state(e.state)
     if chip.jobs and e.state != "healthy":  # the throughput fact notes the chips a job held that were not healthy
         _chip_unhealthy(s, chip, e.chip_id)
+    _post_chip_state(s, e.chip_id, chip, t, step)
     now = chip.available
     if was == now:
         return
@@ -1219,6 +1387,7 @@ def _apply_chip_state_changed(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
 
 def _apply_chip_retired(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     chip = s.chips.pop(e.chip_id)
+    _post_chip_state(s, e.chip_id, None, t, step, chip.node)
     s.capacity_milli -= MILLI
     _node_change(s, chip.node, -1, -1 if chip.available and not chip.jobs else 0)
     s.run_epoch += 1
@@ -1233,6 +1402,36 @@ def _apply_chip_retired(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     _retally_pool(s, t)
 
 
+def _post_chip_state(s: PoolState, chip_id: str, chip: Optional[Chip], t: int, step: Step, node: str = "") -> None:
+    """The chip's registration and state from t on (fact `chip_states`); `chip` None: retired from `node`."""
+    if chip is None:
+        row = (s.pool, chip_id, node, t, s.applied, "retired", False, False)
+    else:
+        row = (s.pool, chip_id, chip.node, t, s.applied, chip.state, True, chip.available)
+    step.rows("chip_states").append(_new_tuple(ChipStateRow, row))
+
+
+def _post_grant(s: PoolState, g: Grant, t: int, step: Step) -> None:
+    """A grant the pool holds from t, in effect from max(t, effective_from) until its effective_until (fact
+    `grant_intervals`). Never empty: a grant is held only while its effective_until is ahead of the clock, and
+    the schema has it after effective_from."""
+    start = t if g.effective_from is None or g.effective_from < t else g.effective_from
+    step.rows("grant_intervals").append(_grant_row(s, g, t, start, g.effective_until, False, t))
+
+
+def _post_grant_end(s: PoolState, g: Grant, t: int, step: Step) -> None:
+    """A grant held until t (revoked, or amended by a re-grant of its id) ends at t, before the end it was granted
+    for (a grant's effective_until passes before any event at or after it): the end of its incarnation."""
+    step.rows("grant_intervals").append(_grant_row(s, g, None, None, t, True, t))
+
+
+def _grant_row(s: PoolState, g: Grant, granted: Optional[int], start: Optional[int], until: Optional[int],
+               ended: bool, t: int) -> GrantIntervalRow:
+    return _new_tuple(GrantIntervalRow, (s.pool, g.grant_id, g.team, g.version, g.chips_milli,
+                                         g.borrowing_limit_milli, g.lending_limit_milli, granted, start, until,
+                                         ended, t))
+
+
 def _ts(ts) -> Optional[int]:
     return None if ts is None else epoch_s(ts)
 
@@ -1245,6 +1444,7 @@ def _apply_quota_granted(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     old = s.grants.pop(e.grant_id, None)
     if old is not None:
         s.held_milli -= old.chips_milli
+        _post_grant_end(s, old, t, step)
     if old is not None:  # a re-grant under the same id amends the grant
         _deactivate(s, old, t)
     # versions are unique in the pool, not per grant: a grant id revoked and granted anew must not match the
@@ -1258,6 +1458,7 @@ def _apply_quota_granted(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
         return  # already over: nothing to hold
     s.grants[g.grant_id] = g
     s.held_milli += g.chips_milli
+    _post_grant(s, g, t, step)
     if g.effective_from is None or g.effective_from <= t:
         _grant_on(s, g.grant_id, version, t)
     else:
@@ -1279,6 +1480,7 @@ def _deactivate(s: PoolState, g: Grant, t: int) -> None:
 def _apply_quota_revoked(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     g = s.grants.pop(e.grant_id)  # the check saw it held at t
     s.held_milli -= g.chips_milli
+    _post_grant_end(s, g, t, step)
     _deactivate(s, g, t)
 
 
@@ -1593,3 +1795,21 @@ def check_invariants(s: PoolState) -> None:
             if j.status == "pending":
                 why = policy.pending_reason(s, j, s.clock, DEFAULT_CONFIG, ctx)[0]
                 assert policy.could_start(s, j, ctx) == (why in policy.STARTABLE), (j.job_id, why)
+        if s.hol_groups is not None:  # head-of-line blocking is measured: its index against a look from scratch
+            _check_hol(s, ctx)
+
+
+def _check_hol(s: PoolState, ctx) -> None:
+    """The jobs that accrue head-of-line blocking are those that could start, each with the first three jobs
+    ahead of it in the pool's queue order that could not (what _hol keeps incrementally, computed whole)."""
+    pending = [j for j in s.jobs.values() if j.status == "pending"]
+    stuck = sorted((-j.priority, j.waiting_since, j.job_id) for j in pending if not policy.could_start(s, j, ctx))
+    first = stuck[:3]
+    for j in pending:
+        ok = policy.could_start(s, j, ctx)
+        assert (j.hol_from >= 0) == ok == (j.job_id in s.hol_able), (j.job_id, j.hol_from, ok)
+        if ok:
+            key = (-j.priority, j.waiting_since, j.job_id)
+            assert j.hol_ahead == [k[2] for k in first if k < key], (j.job_id, j.hol_ahead, first)
+    assert len(s.hol_able) == sum(1 for j in pending if j.hol_from >= 0)
+    assert s.hol_order == sorted((-j.priority, j.waiting_since, j.job_id) for j in pending)

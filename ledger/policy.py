@@ -386,12 +386,20 @@ _new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__
 class _Context:
     """Pool-wide numbers shared by the reasons of many jobs at one instant."""
 
-    def __init__(self, state: PoolState, limits):
+    def __init__(self, state: PoolState, limits, lenders: Optional[list] = None):
         self.limits = limits
         self.free, self.promised = unpromised_free(state)  # as the rules count them (evaluate)
-        self.guarded = {name: guarded_milli(tm, limits.get(name, (None, None))[1])
-                        for name, tm in state.teams.items()}
-        self.guarded_total = sum(self.guarded.values())
+        # only a team with a lending limit keeps unused quota from others (guarded_milli is 0 for the rest)
+        if lenders is None:
+            lenders = [(n, v[1]) for n, v in limits.items() if v[1] is not None]
+        teams = state.teams
+        guarded: dict[str, int] = {}
+        total = 0
+        for name, llim in lenders:
+            g = guarded[name] = guarded_milli(teams[name], llim)
+            total += g
+        self.guarded = guarded
+        self.guarded_total = total
         self._node_free: Optional[dict[str, int]] = None
         self._state = state
 
@@ -406,21 +414,55 @@ class _Context:
         return self._node_free
 
 
+def whole_nodes_milli(state: PoolState, cpn: int) -> int:
+    """The most chips a job asking for `cpn` chips per node could be placed on now: `cpn` per node on the nodes'
+    free chips (available, nothing placed; counted by the fold per count of free chips). A job needs
+    ceil(chips / cpn) such node slots, which is to say at most this many chips."""
+    return sum(c * (k // cpn) for k, c in state.node_free_counts.items()) * cpn * MILLI
+
+
 def _on_whole_nodes(job: Job, ctx: _Context) -> bool:
     """Whether the free chips can hold the job at its chips per node (True for jobs that do not ask)."""
     cpn = job.chips_per_node
-    if cpn is None:
-        return True
-    need_nodes = -(-job.chips_milli // (cpn * MILLI))
-    # the nodes' free chips (available, nothing placed), counted by the fold per count of free chips
-    return sum(c * (k // cpn) for k, c in ctx._state.node_free_counts.items()) >= need_nodes
+    return cpn is None or job.chips_milli <= whole_nodes_milli(ctx._state, cpn)
 
 
 STARTABLE = (READY, WOULD_BORROW)  # the reasons of a job that could start now (head-of-line blocking: ledger.fold)
 
 
+def cached_limits(state: PoolState) -> tuple[dict, list]:
+    """(team_limits, [(team, lending limit)] of the teams with one), kept until grants or bursts change."""
+    cached = state.limits_cache
+    if cached is not None and cached[0] == state.quota_epoch:
+        return cached[1], cached[2]
+    limits = team_limits(state)
+    lenders = [(n, v[1]) for n, v in limits.items() if v[1] is not None]
+    state.limits_cache = (state.quota_epoch, limits, lenders)
+    return limits, lenders
+
+
 def hol_context(state: PoolState) -> _Context:
-    return _Context(state, team_limits(state))
+    limits, lenders = cached_limits(state)
+    return _Context(state, limits, lenders)
+
+
+def startable_milli(state: PoolState, tm: Team, ctx: _Context) -> int:
+    """The most chips a pending job of team `tm` (no decision in flight for it) could start with now, whole
+    nodes aside: a job of at most this many chips could start. Within its unused quota it needs free chips; beyond
+    it, room under its borrowing limit and free chips other teams do not guard. (The two ranges meet: when the
+    second reaches beyond the unused quota, the free chips cover all of the first.)"""
+    free = ctx.free
+    unused = unused_quota(state, tm)
+    beyond = free - (ctx.guarded_total - ctx.guarded.get(tm.name, 0))
+    blim = ctx.limits.get(tm.name, (None, None))[0]
+    if blim is not None:
+        borrowed, _ = borrowed_of(tm)
+        room = blim - borrowed + (unused if unused > 0 else 0)
+        if room < beyond:
+            beyond = room
+    if beyond > unused:
+        return beyond
+    return unused if unused < free else free
 
 
 def could_start(state: PoolState, job: Job, ctx: _Context) -> bool:
@@ -428,18 +470,7 @@ def could_start(state: PoolState, job: Job, ctx: _Context) -> bool:
     sentences; check_invariants asserts that both agree)."""
     if job.job_id in state.inflight:
         return False
-    tm = state.teams[job.team]
-    chips = job.chips_milli
-    free = ctx.free
-    unused = unused_quota(state, tm)
-    if chips <= unused:
-        return chips <= free and _on_whole_nodes(job, ctx)
-    borrow = chips - max(unused, 0)
-    blim = ctx.limits.get(job.team, (None, None))[0]
-    borrowed, _ = borrowed_of(tm)
-    if blim is not None and borrowed + borrow > blim:
-        return False
-    if chips > free - (ctx.guarded_total - ctx.guarded.get(job.team, 0)):
+    if job.chips_milli > startable_milli(state, state.teams[job.team], ctx):
         return False
     return _on_whole_nodes(job, ctx)
 
@@ -599,14 +630,7 @@ def evaluate(state: PoolState, trigger_id: str, t: int, step, config, only=None)
     # free chips that decisions in flight count on for their beneficiaries are not free for another job: two
     # decisions never count the same free chips (as two jobs never claim the same unused quota)
     free, held = unpromised_free(state)
-    cached = state.limits_cache
-    if cached is not None and cached[0] == state.quota_epoch:
-        limits = cached[1]
-        lenders = cached[2]
-    else:
-        limits = team_limits(state)
-        lenders = [(n, v[1]) for n, v in limits.items() if v[1] is not None]
-        state.limits_cache = (state.quota_epoch, limits, lenders)
+    limits, lenders = cached_limits(state)
     k = state.heads_k = config.candidates_per_team
     if only is None:
         work: list = []

@@ -253,6 +253,17 @@ class PoolState:
     queue_changes: int = 0  # jobs joined or left a queue (derived; with run_epoch and other_epoch: when to look again)
     hol_sig: Optional[tuple] = None  # those counters at the last look at head-of-line blocking (derived)
     hol_any: bool = True  # some pending job could start at the last look (derived: after a restore, look)
+    # the head-of-line index (ledger.fold._hol; derived, built at the first look, None until then and after a
+    # restore): pending jobs per (team, chips per node) sorted by (chips, job id), every pending job's queue key
+    # sorted, the most chips each group could start with at the last look, the jobs that could start then, the
+    # jobs queued since, the decisions in flight then and the first three jobs that could not start then
+    hol_groups: Optional[dict] = None
+    hol_order: list = field(default_factory=list)
+    hol_max: dict = field(default_factory=dict)
+    hol_able: dict = field(default_factory=dict)
+    hol_new: dict = field(default_factory=dict)
+    hol_inflight: set = field(default_factory=set)
+    hol_first: Optional[list] = None
 
     def __post_init__(self):
         self.reset_until()
@@ -363,6 +374,7 @@ class PoolState:
     def reindex(self) -> None:
         """Rebuild the derived job indexes from `jobs`."""
         self.waiting, self.running_jobs, self.pending_sizes, self.heads = {}, {}, {}, {}
+        self.hol_groups = None  # rebuilt at the next look
         self.prio_chips = {}
         self.down = {k for k, c in self.chips.items() if not c.available}
         self.active_milli = sum(j.chips_milli for j in self.jobs.values())

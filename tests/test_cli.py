@@ -247,13 +247,17 @@ def test_lake_upgrade_writes_the_facts_by_folding_the_events_again(ran, tmp_path
     _, lake, _ = ran
     old = tmp_path / "old-lake"
     shutil.copytree(lake, old)
-    for t in ("waits", "free_chips"):
+    for t in ("waits", "free_chips", "chip_states", "grant_intervals"):
         shutil.rmtree(old / t)
     assert sql(old, "SELECT count(*) AS n FROM waits") == [{"n": 0}]
+    assert sql(old, "SELECT count(*) AS n FROM chip_states") == [{"n": 0}]
     res = CliRunner().invoke(app, ["lake", "upgrade", "--lake", str(old)])
     assert res.exit_code == 0, res.output
-    assert "folded 20 events again: waits 3 rows, free_chips 9 rows" in res.stderr
-    for q in ("SELECT * FROM wait_postings ORDER BY ALL", "SELECT * FROM free_chips ORDER BY ALL"):
+    assert ("folded 20 events again: waits 3 rows, free_chips 9 rows, chip_states 6 rows, grant_intervals 2 rows"
+            in res.stderr)
+    for q in ("SELECT * FROM wait_postings ORDER BY ALL", "SELECT * FROM free_chips ORDER BY ALL",
+              "SELECT * FROM chip_state_changes ORDER BY ALL", "SELECT * FROM grant_postings ORDER BY ALL",
+              "SELECT * FROM chip_states ORDER BY ALL", "SELECT * FROM grant_intervals ORDER BY ALL"):
         assert sql(old, q) == sql(lake, q)
     again = CliRunner().invoke(app, ["lake", "upgrade", "--lake", str(old)])
     assert again.exit_code == 0 and "nothing to upgrade" in again.stderr

@@ -21,7 +21,8 @@ from chipledger.demo import write_events
 
 REQUIRE = bool(os.environ.get("CHIPLEDGER_REQUIRE_COMPILED"))
 CHIPLEDGER = str(Path(sys.executable).with_name("chipledger"))
-TABLES = ("journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips", "deadletters", "events")
+TABLES = ("journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips", "chip_states",
+          "grant_intervals", "deadletters", "events")
 
 
 def _need_compiled():

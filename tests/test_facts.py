@@ -1,4 +1,5 @@
-"""The facts the fold writes (DESIGN §4 "Facts", /docs/analytics.md): `waits` and `free_chips`, hand-computed.
+"""The facts the fold writes (DESIGN §4 "Facts", docs/analytics.md): `waits`, `free_chips`, `chip_states` and
+`grant_intervals`, hand-computed.
 
 Pool of 8 chips on two nodes of 4 (n1: c1–c4, n2: c5–c8); team a holds 4 chips of quota, team b 2. Times are
 offsets from T0 (tests/test_evolve.py); chips in milli-chips.
@@ -13,7 +14,7 @@ import pytest
 from ledger import Fleet, FreeChipsRow, PoolState, WaitRow, close_facts, evolve, free_chips_values
 
 from tests.test_evolve import (
-    CFG, POOL, T0, chip, chip_state, configured, finish, grant, preempt, retire, start, submit, tick,
+    CFG, POOL, T0, chip, chip_state, configured, finish, grant, preempt, retire, revoke, start, submit, tick,
 )
 
 N1 = ["c1", "c2", "c3", "c4"]
@@ -228,3 +229,95 @@ def test_hol_blocking_from_the_config(tmp_path):
 
     assert fold_config(load_config(None, env={})).hol_blocking is True
     assert fold_config(load_config(None, env={"CHIPLEDGER_LEDGER_HOL_BLOCKING": "false"})).hol_blocking is False
+
+
+def test_hol_a_job_asking_for_whole_nodes_could_start_when_a_node_is_free():
+    """A job of 4 chips at 4 per node needs a node with every chip free: free chips on two half-free nodes do not
+    make it startable; the node freed whole does (the head-of-line index keeps this per chips per node)."""
+    events = [configured(), *[chip(c, node="n1") for c in N1], *[chip(c, node="n2") for c in N2],
+              grant("ga", "a", 8),
+              submit("r1", "a", 2, at=0), start("r1", at=0, chip_ids=["c1", "c2"]),
+              submit("r2", "a", 2, at=0), start("r2", at=0, chip_ids=["c5", "c6"]),   # 4 free, on no whole node
+              submit("w", "a", 4, at=10, chips_per_node=4),
+              submit("s", "a", 1, at=20),                                           # could start at once
+              start("s", at=30, chip_ids=["c3"]),
+              finish("r2", at=100),                                                 # n2 whole: w could start
+              start("w", at=160, chip_ids=N2), tick(200)]
+    _, waits, _ = _fold(events)
+    got = {w.job_id: (w.blocked_s, w.blocked_by) for w in waits if w.end == "started"}
+    assert got == {"r1": (0, ""), "r2": (0, ""), "s": (10, "w"), "w": (60, "")}
+
+
+def test_chip_states_one_row_per_chip_event():
+    """Each chip event posts the chip's registration and state from then on; `seq` (the pool's events applied
+    before) orders the rows of one second."""
+    from ledger import ChipStateRow
+
+    events = [configured(), chip("c1", node="n1"), chip("c2", node="n2", at=5),
+              chip_state("c1", "degraded", at=10), chip_state("c1", "down", at=10), chip_state("c1", "healthy", at=20),
+              retire("c2", at=30), chip("c2", node="n3", at=40), tick(50)]
+    fleet = Fleet(CFG)
+    rows = [r for e in events for r in fleet.apply(e).chip_states]
+    assert rows == [
+        ChipStateRow(POOL, "c1", "n1", T0, 1, "healthy", True, True),
+        ChipStateRow(POOL, "c2", "n2", T0 + 5, 2, "healthy", True, True),
+        ChipStateRow(POOL, "c1", "n1", T0 + 10, 3, "degraded", True, True),
+        ChipStateRow(POOL, "c1", "n1", T0 + 10, 4, "down", True, False),
+        ChipStateRow(POOL, "c1", "n1", T0 + 20, 5, "healthy", True, True),
+        ChipStateRow(POOL, "c2", "n2", T0 + 30, 6, "retired", False, False),
+        ChipStateRow(POOL, "c2", "n3", T0 + 40, 7, "healthy", True, True),
+    ]
+
+
+def test_grant_intervals_posted_when_granted_and_when_ended_early():
+    """A held grant is posted when granted (from max(granted, effective_from), to the end it asked for); an
+    amendment or a revocation posts its earlier end; a grant already over when granted is never posted."""
+    from ledger import GrantIntervalRow
+
+    def at(s):
+        return T0 + s
+
+    events = [configured(), chip("c1"),
+              grant("g1", "a", 2, at=10),                                             # open-ended, from 10
+              grant("g2", "b", 1, at=10, effective_from=100, effective_until=200),
+              grant("g1", "a", 4, at=50, borrowing_limit=1),                          # amends g1 at 50
+              grant("g3", "b", 1, at=60, effective_from=0, effective_until=30),       # over: not held nor posted
+              grant("g4", "c", 1, at=80, effective_from=500),
+              revoke("g4", at=90),                                                    # before it took effect
+              tick(400)]
+    fleet = Fleet(CFG)
+    rows = [r for e in events for r in fleet.apply(e).grant_intervals]
+    v = [r.version for r in rows]
+    assert rows == [
+        GrantIntervalRow(POOL, "g1", "a", v[0], 2000, None, None, at(10), at(10), None, False, at(10)),
+        GrantIntervalRow(POOL, "g2", "b", v[1], 1000, None, None, at(10), at(100), at(200), False, at(10)),
+        GrantIntervalRow(POOL, "g1", "a", v[0], 2000, None, None, None, None, at(50), True, at(50)),
+        GrantIntervalRow(POOL, "g1", "a", v[3], 4000, 1000, None, at(50), at(50), None, False, at(50)),
+        GrantIntervalRow(POOL, "g4", "c", v[4], 1000, None, None, at(80), at(500), None, False, at(80)),
+        GrantIntervalRow(POOL, "g4", "c", v[4], 1000, None, None, None, None, at(90), True, at(90)),
+    ]
+    assert len(set(v[0:2] + v[3:5])) == 4  # each incarnation its own version
+
+
+def test_chip_states_and_grant_intervals_views_from_the_facts(tmp_path):
+    """The views `chip_states` (intervals, the last until the pool's last event) and `grant_intervals` (an
+    incarnation's interval cut at its earlier end; one revoked before it took effect left out) aggregate the facts."""
+    from analytics.views import connect
+    from chipledger.embedded import run_file
+
+    events = [configured(), chip("c1"), grant("g1", "a", 2, at=0), grant("g2", "b", 1, at=5, effective_from=50),
+              chip_state("c1", "down", at=10), grant("g1", "a", 3, at=20), chip_state("c1", "healthy", at=30),
+              revoke("g2", at=40), tick(60)]
+    f = tmp_path / "events.jsonl"
+    f.write_text("".join(e.model_dump_json() + "\n" for e in events))
+    summary, _ = run_file(f, tmp_path / "lake")
+    assert summary.accepted == len(events)
+    con = connect(tmp_path / "lake")
+    states = con.execute("SELECT epoch(valid_from)::BIGINT - $t0, epoch(valid_until)::BIGINT - $t0, duration_s, "
+                         "registered, available "
+                         "FROM chip_states ORDER BY valid_from", {"t0": T0}).fetchall()
+    assert states == [(0, 10, 10, True, True), (10, 30, 20, True, False), (30, 60, 30, True, True)]
+    grants = con.execute("SELECT grant_id, chips_milli, epoch(effective_from)::BIGINT - $t0, "
+                         "epoch(effective_until)::BIGINT - $t0 "
+                         "FROM grant_intervals ORDER BY effective_from", {"t0": T0}).fetchall()
+    assert grants == [("g1", 2000, 0, 20), ("g1", 3000, 20, None)]

@@ -82,6 +82,8 @@ def lake_tables(lake: Path) -> dict[str, list]:
         "waits": "SELECT * FROM wait_postings",
         "free_chips": "SELECT * FROM free_chips",
         "progress": "SELECT * FROM progress",
+        "chip_states": "SELECT * FROM chip_state_changes",
+        "grant_intervals": "SELECT * FROM grant_postings",
     }
     out = {}
     for name, sql in q.items():

@@ -117,6 +117,9 @@ def test_emit_worker_sink_equals_run(bootstrap, tmp_path):
     assert len(got["free_chips"]) > 1000
     # the throughput facts (posted at each progress report, never at a close) flow through the sink unchanged
     assert got["progress"] == run_tables["progress"] and len(got["progress"]) > 500
+    # chip states and grant intervals are posted at the events themselves, never at a close: equal
+    for t in ("chip_states", "grant_intervals"):
+        assert got[t] == run_tables[t] and len(got[t]) > 0, t
     # dead letters: the run's semantic ones, plus the garbage (raw bytes kept)
     want_dl = Counter({r: n for r, n in run_tables["deadletters"].items() if r[0] not in PARSE_CODES})
     got_dl = got["deadletters"]
