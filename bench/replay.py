@@ -171,7 +171,7 @@ def count_opcodes(path: Path, skip: int, n: int) -> tuple[float, dict]:
     return total / max(len(events), 1), {k: v[0] / v[1] for k, v in by_type.items()}
 
 
-PHASES = ("setup", "validate", "fold", "embedded")
+PHASES = ("setup", "validate", "fold", "embedded", "embedded_inline")
 
 
 def instruction_tool() -> Optional[str]:
@@ -228,6 +228,8 @@ def child_phase(phase: str, sample: str, lake: str) -> None:
         fleet.close()
     elif phase == "embedded":
         run_file(Path(sample), Path(lake), overwrite=True)
+    elif phase == "embedded_inline":
+        run_file(Path(sample), Path(lake), overwrite=True, events_process=False)
     print(len(lines))
 
 
@@ -246,31 +248,44 @@ def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2) 
     out: dict = {"tool": tool, "core": ledger.CORE}
     with tempfile.TemporaryDirectory(prefix="chipledger-icount-") as tmp:
 
-        def run(phase: str) -> tuple[int, int]:
+        def run(phase: str) -> tuple[int, int, int]:
             log = Path(tmp) / f"{phase}.log"
             child = [sys.executable, str(Path(__file__).resolve()), "--phase-child", phase, str(sample),
                      str(Path(tmp) / f"lake-{phase}")]
-            if tool == "perf":
+            if tool == "perf":  # counts the processes the run forks too (perf's default)
                 cmd = ["perf", "stat", "-x,", "-e", "instructions:u", "-o", str(log), "--", *child]
+            else:  # one log per process (%p): the run's own, and the events process it forks
+                cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                       f"--log-file={tmp}/{phase}.%p.log", *child]
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            stdout, stderr = p.communicate()
+            forked = 0
+            if tool == "perf":
+                text = log.read_text() if log.exists() else ""
+                count = _perf_count(text)
             else:
-                cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", f"--log-file={log}",
-                       *child]
-            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            text = log.read_text() if log.exists() else ""
-            count = _perf_count(text) if tool == "perf" else _callgrind_count(text)
+                own = Path(tmp) / f"{phase}.{p.pid}.log"
+                text = own.read_text() if own.exists() else ""
+                count = _callgrind_count(text)
+                for other in Path(tmp).glob(f"{phase}.*.log"):
+                    if other != own:
+                        forked += _callgrind_count(other.read_text()) or 0
             if p.returncode != 0 or count is None:
                 raise RuntimeError(f"{tool} on phase {phase} failed (exit {p.returncode}): "
-                                   f"{(p.stderr or text).strip()[-2000:]}")
-            return count, int(p.stdout.strip().splitlines()[-1])
+                                   f"{(stderr or text).strip()[-2000:]}")
+            return count, forked, int(stdout.strip().splitlines()[-1])
 
         # the counts are per process, so two children at a time (this machine has 2 cores) change nothing
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            for phase, (count, events) in zip(PHASES, pool.map(run, PHASES)):
+            for phase, (count, forked, events) in zip(PHASES, pool.map(run, PHASES)):
                 out[phase] = count
+                out[f"{phase}_forked"] = forked
                 out["events"] = events
     out["validation"] = out["validate"] - out["setup"]
     out["fold_alone"] = out["fold"] - out["validate"]
-    out["lake_writer"] = out["embedded"] - out["fold"]
+    out["lake_writer"] = out["embedded"] - out["fold"]  # in the run's process (the events table is elsewhere)
+    out["events_process"] = out["embedded_forked"]
+    out["lake_writer_inline"] = out["embedded_inline"] - out["fold"]  # the whole lake in the run's process
     return out
 
 
@@ -280,11 +295,19 @@ def print_instructions(c: dict) -> None:
     v = c["validation"] / n
     print(f"\ninstructions ({name}), first {n:,} events, one child process per phase; ledger core: {c['core']}")
     print(f"  setup (imports, read the sample): {c['setup']:>16,}")
-    for label, key in (("validation", "validation"), ("fold alone", "fold_alone"), ("lake writer", "lake_writer")):
+    rows = [("validation", "validation"), ("fold alone", "fold_alone"),
+            ("lake writer, all in the run's process", "lake_writer_inline")]
+    if c["tool"] == "callgrind":
+        rows += [("lake writer, the run's process (events table forked)", "lake_writer"),
+                 ("events process (forked: parse + events table)", "events_process")]
+    for label, key in rows:
         per = c[key] / n
-        print(f"  {label:<12} {c[key]:>16,}  {per:>9,.0f} per event  validation/this {v / per if per else 0:.2f}")
-    e = (c["embedded"] - c["setup"]) / n
-    print(f"  embedded run {c['embedded'] - c['setup']:>16,}  {e:>9,.0f} per event  validation/this {v / e:.2f}")
+        print(f"  {label:<54} {c[key]:>16,}  {per:>9,.0f} per event  validation/this {v / per if per else 0:.2f}")
+    for label, key in (("embedded run, lake in the run's process", "embedded_inline"),
+                       ("embedded run, the run's process" if c["tool"] == "callgrind" else "embedded run, all processes",
+                        "embedded")):
+        e = (c[key] - c["setup"]) / n
+        print(f"  {label:<54} {c[key] - c['setup']:>16,}  {e:>9,.0f} per event  validation/this {v / e:.2f}")
 
 
 def fold_digest(path: Path, n: int) -> tuple[str, int]:
