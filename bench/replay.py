@@ -1,7 +1,7 @@
 """Benchmark: the embedded fold against parsing + validating the same file alone, in the same run.
 
     .venv/bin/python bench/replay.py [--events 1000000] [--rss 1000000,5000000] [--out bench/out] [--opcodes N]
-                                     [--instructions N]
+                                     [--instructions N] [--inline]
 
 1. Generates a seeded scenario file of N events (scale fixed, days chosen to reach N, so the event rate per
    day stays the same and only the length of history grows).
@@ -10,8 +10,10 @@
    read each line and `parse_event` it (the baseline); (b) parse + `Fleet.apply` (with the embedded run's
    periodic `gc.freeze`), from which the fold's own
    cost is derived as (b) - (a); (c) the embedded run: `run_file` (parse, fold, lake writes, close of the
-   books). Prints events/s for each and its ratio to the
-   baseline (target: the fold >= 0.5 x the validation-only rate).
+   books; the `events` table written by its forked events process), with the CPU time of the run's process and
+   of the events process; with `--inline` also (d) the embedded run with the whole lake in its own process
+   (`events_process=False`). Prints events/s for each and its ratio to the baseline (targets: the fold alone
+   and the embedded run >= 0.5 x the validation-only rate).
 3. With `--opcodes N`: the Python opcodes the fold executes per event over N events (after the first 20,000),
    by event type: a count the machine's load does not change, to compare two versions of the fold. Only the
    plain Python core runs opcodes: run it with CHIPLEDGER_PURE_PYTHON=1.
@@ -112,18 +114,24 @@ def time_fold(path: Path) -> tuple[float, int, float]:
     return dt, n, cpu
 
 
-def time_embedded(path: Path, lake: Path) -> tuple[float, dict, dict]:
+def time_embedded(path: Path, lake: Path, events_process: bool = True) -> tuple[float, dict, dict]:
+    """(wall seconds, the run's summary, the state's sizes and "cpu_s" / "events_cpu_s": CPU seconds of the
+    run's process and of the events process it forks)."""
     from chipledger.embedded import run_file
 
+    before = os.times()
     t0 = time.perf_counter()
-    summary, fleet = run_file(path, lake, overwrite=True)
+    summary, fleet = run_file(path, lake, overwrite=True, events_process=events_process)
     dt = time.perf_counter() - t0
+    after = os.times()
     state = {
         "pools": len(fleet.pools),
         "chips": sum(len(s.chips) for s in fleet.pools.values()),
         "active_jobs": sum(len(s.jobs) for s in fleet.pools.values()),
         "dedup_ids": sum(len(s.dedup) for s in fleet.pools.values()),
         "accounts": sum(len(s.books.accounts) for s in fleet.pools.values()),
+        "cpu_s": after.user + after.system - before.user - before.system,
+        "events_cpu_s": after.children_user + after.children_system - before.children_user - before.children_system,
     }
     return dt, summary.as_dict(), state
 
@@ -348,10 +356,13 @@ def fold_digest(path: Path, n: int) -> tuple[str, int]:
 
 
 def child_rss(path: str, lake: str) -> None:
-    """Run in a fresh process: the embedded run, then print peak RSS and state sizes as JSON."""
+    """Run in a fresh process: the embedded run, then print peak RSS (its own, and the largest of the processes
+    it forked: the events process) and state sizes as JSON."""
     dt, summary, state = time_embedded(Path(path), Path(lake))
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"seconds": dt, "lines": summary["lines"], "peak_rss_mib": rss_kib / 1024, **state}))
+    forked_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    print(json.dumps({"seconds": dt, "lines": summary["lines"], "peak_rss_mib": rss_kib / 1024,
+                      "events_process_rss_mib": forked_kib / 1024, **state}))
 
 
 def main() -> int:
@@ -366,6 +377,8 @@ def main() -> int:
     ap.add_argument("--phase-child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--instructions", type=int, default=0, metavar="N",
                     help="also count instructions per phase over the first N events (perf, else valgrind)")
+    ap.add_argument("--inline", action="store_true",
+                    help="also time the embedded run with the whole lake written in its own process (no events process)")
     ap.add_argument("--opcodes", type=int, default=0, metavar="N",
                     help="also count the fold's Python opcodes per event over N events after the first 20,000")
     args = ap.parse_args()
@@ -405,13 +418,17 @@ def main() -> int:
     path = files[args.events]
     # alternate the runs and keep the best of each: this machine's speed drifts by +-20% over minutes, and
     # the ratio should compare like with like
-    v_s = f_s = e_s = v_cpu = f_cpu = float("inf")
+    v_s = f_s = e_s = i_s = v_cpu = f_cpu = e_cpu = e2_cpu = i_cpu = float("inf")
     for _ in range(args.repeat):
         v, n, vc = time_validate(path)
         f, _, fc = time_fold(path)
         e, summary, state = time_embedded(path, out / "lake")
         v_s, f_s, e_s = min(v_s, v), min(f_s, f), min(e_s, e)
         v_cpu, f_cpu = min(v_cpu, vc), min(f_cpu, fc)
+        e_cpu, e2_cpu = min(e_cpu, state["cpu_s"]), min(e2_cpu, state["events_cpu_s"])
+        if args.inline:
+            i, _, istate = time_embedded(path, out / "lake-inline", events_process=False)
+            i_s, i_cpu = min(i_s, i), min(i_cpu, istate["cpu_s"])
     v_rate, f_rate, e_rate = n / v_s, n / f_s, n / e_s
     fold_alone_rate = n / (f_s - v_s)  # the fold's own cost: (parse + fold) - (parse alone)
     print(f"\n{n:,} events (best of {args.repeat} alternating runs each)")
@@ -423,7 +440,13 @@ def main() -> int:
     # inflates the long runs (parse + fold) more than the short one (validate only) in wall time
     print(f"  in CPU time: validate only {v_cpu:.2f} s, parse + fold {f_cpu:.2f} s, fold alone {f_cpu - v_cpu:.2f} s  "
           f"ratio {v_cpu / (f_cpu - v_cpu):.2f}")
-    print(f"  embedded run (with lake): {e_s:7.2f} s  {e_rate:>10,.0f} events/s  ratio {e_rate / v_rate:.2f}")
+    print(f"  embedded run (with lake): {e_s:7.2f} s  {e_rate:>10,.0f} events/s  ratio {e_rate / v_rate:.2f}  "
+          f"(target >= 0.50)")
+    print(f"    in CPU time: the run's process {e_cpu:.2f} s (ratio {v_cpu / e_cpu:.2f}), its events process "
+          f"{e2_cpu:.2f} s")
+    if args.inline:
+        print(f"  embedded run, lake in one process: {i_s:7.2f} s  {n / i_s:>10,.0f} events/s  ratio "
+              f"{n / i_s / v_rate:.2f}; CPU {i_cpu:.2f} s (ratio {v_cpu / i_cpu:.2f})")
     print(f"  accepted {summary['accepted']:,}, dead letters {sum(summary['dead_letters'].values()):,}, "
           f"rows {summary['rows_written']}")
 
@@ -454,12 +477,14 @@ def main() -> int:
     if results:
         print("\npeak RSS of the embedded run (fresh process each)")
         for r in results:
-            print(f"  {r['lines']:>10,} events: {r['peak_rss_mib']:7.1f} MiB peak RSS, {r['seconds']:6.1f} s; state at "
+            print(f"  {r['lines']:>10,} events: {r['peak_rss_mib']:7.1f} MiB peak RSS (the events process "
+                  f"{r['events_process_rss_mib']:.1f} MiB), {r['seconds']:6.1f} s; state at "
                   f"end: {r['active_jobs']:,} active jobs, {r['chips']:,} chips, {r['dedup_ids']:,} ids in the "
                   f"dedup window")
         if len(results) >= 2:
             a, b = results[0], results[-1]
-            print(f"  RSS ratio {b['lines'] / a['lines']:.0f}x events: {b['peak_rss_mib'] / a['peak_rss_mib']:.2f}x")
+            print(f"  RSS ratio {b['lines'] / a['lines']:.0f}x events: {b['peak_rss_mib'] / a['peak_rss_mib']:.2f}x "
+                  f"(events process {b['events_process_rss_mib'] / a['events_process_rss_mib']:.2f}x)")
     return 0
 
 
