@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import orjson
 import pyarrow as pa
@@ -151,17 +152,40 @@ EVENT_FIELDS: tuple[str, ...] = tuple(SCHEMAS["events"].names[SCHEMAS["events"].
 LEGACY_EVENT_COLUMNS = len(SCHEMAS["events"]) - len(EVENT_FIELDS)
 
 
+# where each typed field comes from: the event's own field of that name, converted for the lake (chips as integer
+# milli-chips, timestamps as epoch seconds, the placement as a list)
+_FIELD_SOURCES: dict[str, tuple[str, str]] = {
+    "chips_milli": ("chips", "to_milli"), "effective_from": ("effective_from", "epoch_s"),
+    "effective_until": ("effective_until", "epoch_s"), "chip_ids": ("chip_ids", "list"),
+}
+
+
+def _fields_of(cls) -> Callable[[dict], tuple]:
+    """A function from an event's `__dict__` to its typed fields, made once per event class: it reads only the
+    fields the class has (most have two or three of the fourteen) and puts constant nulls for the others, so the
+    embedded run pays a tuple per event, not fourteen look-ups."""
+    parts = []
+    for column in EVENT_FIELDS:
+        name, convert = _FIELD_SOURCES.get(column, (column, ""))
+        if name not in cls.model_fields:
+            parts.append("None")
+        elif convert:
+            parts.append(f"(None if d[{name!r}] is None else {convert}(d[{name!r}]))")
+        else:
+            parts.append(f"d[{name!r}]")
+    return eval(f"lambda d: ({', '.join(parts)},)", {"to_milli": to_milli, "epoch_s": epoch_s, "list": list})
+
+
+_FIELDS_BY_CLASS: dict[type, Callable[[dict], tuple]] = {}
+
+
 def event_fields(e) -> tuple:
     """The typed fields of a parsed event, in the order of EVENT_FIELDS (null where its type has no such
     field): chips as integer milli-chips, timestamps as epoch seconds, the placement as a list."""
-    g = e.__dict__.get
-    chips = g("chips")
-    eff_from, eff_until = g("effective_from"), g("effective_until")
-    chip_ids = g("chip_ids")
-    return (g("job_id"), g("team"), g("chip_id"), g("node"), g("state"), g("grant_id"), g("request_id"),
-            None if chips is None else to_milli(chips), g("priority"), g("preemptible"), g("outcome"),
-            None if eff_from is None else epoch_s(eff_from), None if eff_until is None else epoch_s(eff_until),
-            None if chip_ids is None else list(chip_ids))
+    fields = _FIELDS_BY_CLASS.get(type(e))
+    if fields is None:
+        fields = _FIELDS_BY_CLASS[type(e)] = _fields_of(type(e))
+    return fields(e.__dict__)
 
 
 def complete_event_row(row: tuple) -> tuple:
@@ -200,46 +224,79 @@ class LakeError(RuntimeError):
     pass
 
 
+# files a LakeWriter may have in its writing threads at once (each at most `flush_rows` rows, as Arrow columns)
+WRITES_IN_FLIGHT = 2
+
+
 class LakeWriter:
     """Buffers rows (tuples in schema column order, timestamps as epoch seconds) and writes Parquet files.
 
     Files are named `part-<run_id>-<seq>.parquet` so two runs never overwrite each other; `run_id` is chosen
-    by the caller (deterministic for the embedded run, so the same input gives the same file names)."""
+    by the caller (deterministic for the embedded run, so the same input gives the same file names).
+
+    A file's rows become Arrow columns in the caller's thread, then the Parquet encoding and compression (which
+    Arrow does without holding the GIL) run in a thread of their own while the caller goes on, at most
+    WRITES_IN_FLIGHT files at a time (a further file waits for the oldest), so memory stays bounded.
+    What the files hold does not depend on it (names and contents are fixed before the thread starts); a write
+    that failed raises at the next write or at `close`."""
 
     def __init__(self, root: Path, run_id: str, flush_rows: int = 250_000):
         self.root = Path(root)
         self.run_id = run_id
         self.flush_rows = flush_rows
         self._rows: dict[tuple[str, int], list] = {}  # (table, day number since the epoch) -> rows
+        # each table's latest buffer, (day, rows): rows come in (nearly) time order, so most rows go there
+        self._latest: dict[str, tuple[int, list]] = {}
         self._day_idx = {t: SCHEMAS[t].get_field_index(DAY_COLUMN[t]) for t in SCHEMAS}
         self._seq: dict[tuple[str, int], int] = defaultdict(int)
         self.written: dict[str, int] = defaultdict(int)
+        self._writing: list[threading.Thread] = []  # the files being written, oldest first
+        self._failed: Optional[BaseException] = None
 
     def add(self, table: str, row: tuple) -> None:
-        key = (table, row[self._day_idx[table]] // 86400)
-        buf = self._rows.get(key)
-        if buf is None:
-            buf = self._rows[key] = []
-            # rows come in (nearly) time order: a new day means older days of this table are done; write
-            # them so memory holds about two days, not the whole history
-            stale = [k for k in self._rows if k[0] == table and k[1] < key[1] - 1]
-            for k in stale:
-                self._write(k)
+        day = row[self._day_idx[table]] // 86400
+        latest = self._latest.get(table)
+        if latest is not None and latest[0] == day:
+            buf = latest[1]
+        else:
+            key = (table, day)
+            buf = self._rows.get(key)
+            if buf is None:
+                buf = self._rows[key] = []
+                # a new day means older days of this table are done; write them so memory holds about two
+                # days, not the whole history
+                stale = [k for k in self._rows if k[0] == table and k[1] < day - 1]
+                for k in stale:
+                    self._write(k)
+            self._latest[table] = (day, buf)
         buf.append(row)
         if len(buf) >= self.flush_rows:
-            self._write(key)
+            self._write((table, day))
 
     def extend(self, table: str, rows: Iterable[tuple]) -> None:
+        """`add` each row (the rows of one table: those of the latest day go straight to its buffer)."""
+        idx, last = self._day_idx[table], self.flush_rows - 1
+        latest = self._latest.get(table)
         for row in rows:
-            self.add(table, row)
+            if latest is not None and latest[0] == row[idx] // 86400 and len(latest[1]) < last:
+                latest[1].append(row)
+            else:
+                self.add(table, row)
+                latest = self._latest.get(table)
 
     def close(self) -> dict[str, int]:
-        for key in sorted(self._rows):
-            self._write(key)
+        try:
+            for key in sorted(self._rows):
+                self._write(key)
+        finally:
+            self.wait()
         return dict(self.written)
 
     def _write(self, key: tuple[str, int]) -> None:
         rows = self._rows.pop(key, None)
+        latest = self._latest.get(key[0])
+        if latest is not None and latest[1] is rows:
+            del self._latest[key[0]]
         if not rows:
             return
         table, day = key[0], day_of(key[1] * 86400)
@@ -249,8 +306,31 @@ class LakeWriter:
         out.mkdir(parents=True, exist_ok=True)
         self._seq[key] += 1
         path = out / f"part-{self.run_id}-{self._seq[key]:04d}.parquet"
-        pq.write_table(pa.Table.from_arrays(arrays, schema=schema), path, compression="zstd")
         self.written[table] += len(rows)
+        data = pa.Table.from_arrays(arrays, schema=schema)
+        del rows, arrays
+        while len(self._writing) >= WRITES_IN_FLIGHT:
+            self._join_oldest()
+        thread = threading.Thread(target=self._write_file, args=(data, path), name="lake-writer")
+        thread.start()
+        self._writing.append(thread)
+
+    def _write_file(self, data: pa.Table, path: Path) -> None:
+        try:
+            pq.write_table(data, path, compression="zstd")
+        except BaseException as exc:  # raised in the caller's thread by wait
+            self._failed = exc
+
+    def wait(self) -> None:
+        """Wait for the files being written, if any (raising a LakeError when a write failed)."""
+        while self._writing:
+            self._join_oldest()
+
+    def _join_oldest(self) -> None:
+        self._writing.pop(0).join()
+        if self._failed is not None:
+            exc, self._failed = self._failed, None
+            raise LakeError(f"writing a lake file failed: {exc}") from exc
 
 
 def lake_has_data(root: Path) -> bool:

@@ -1,7 +1,7 @@
 """Benchmark: the embedded fold against parsing + validating the same file alone, in the same run.
 
     .venv/bin/python bench/replay.py [--events 1000000] [--rss 1000000,5000000] [--out bench/out] [--opcodes N]
-                                     [--instructions N] [--hol-off]
+                                     [--instructions N] [--hol-off] [--inline]
 
 1. Generates a seeded scenario file of N events (scale fixed, days chosen to reach N, so the event rate per
    day stays the same and only the length of history grows).
@@ -10,8 +10,10 @@
    read each line and `parse_event` it (the baseline); (b) parse + `Fleet.apply` (with the embedded run's
    periodic `gc.freeze`), from which the fold's own
    cost is derived as (b) - (a); (c) the embedded run: `run_file` (parse, fold, lake writes, close of the
-   books). Prints events/s for each and its ratio to the
-   baseline (target: the fold >= 0.5 x the validation-only rate).
+   books; the `events` table written by its forked events process), with the CPU time of the run's process and
+   of the events process; with `--inline` also (d) the embedded run with the whole lake in its own process
+   (`events_process=False`). Prints events/s for each and its ratio to the baseline (targets: the fold alone
+   and the embedded run >= 0.5 x the validation-only rate).
 3. With `--opcodes N`: the Python opcodes the fold executes per event over N events (after the first 20,000),
    by event type: a count the machine's load does not change, to compare two versions of the fold. Only the
    plain Python core runs opcodes: run it with CHIPLEDGER_PURE_PYTHON=1.
@@ -116,18 +118,24 @@ def time_fold(path: Path, hol_blocking: bool = True) -> tuple[float, int, float]
     return dt, n, cpu
 
 
-def time_embedded(path: Path, lake: Path) -> tuple[float, dict, dict]:
+def time_embedded(path: Path, lake: Path, events_process: bool = True) -> tuple[float, dict, dict]:
+    """(wall seconds, the run's summary, the state's sizes and "cpu_s" / "events_cpu_s": CPU seconds of the
+    run's process and of the events process it forks)."""
     from chipledger.embedded import run_file
 
+    before = os.times()
     t0 = time.perf_counter()
-    summary, fleet = run_file(path, lake, overwrite=True)
+    summary, fleet = run_file(path, lake, overwrite=True, events_process=events_process)
     dt = time.perf_counter() - t0
+    after = os.times()
     state = {
         "pools": len(fleet.pools),
         "chips": sum(len(s.chips) for s in fleet.pools.values()),
         "active_jobs": sum(len(s.jobs) for s in fleet.pools.values()),
         "dedup_ids": sum(len(s.dedup) for s in fleet.pools.values()),
         "accounts": sum(len(s.books.accounts) for s in fleet.pools.values()),
+        "cpu_s": after.user + after.system - before.user - before.system,
+        "events_cpu_s": after.children_user + after.children_system - before.children_user - before.children_system,
     }
     return dt, summary.as_dict(), state
 
@@ -175,7 +183,7 @@ def count_opcodes(path: Path, skip: int, n: int) -> tuple[float, dict]:
     return total / max(len(events), 1), {k: v[0] / v[1] for k, v in by_type.items()}
 
 
-PHASES = ("setup", "validate", "fold", "embedded")
+PHASES = ("setup", "validate", "fold", "embedded", "embedded_inline")
 HOL_OFF_PHASE = "fold_hol_off"  # the fold with [ledger] hol_blocking = false (--hol-off)
 
 
@@ -233,6 +241,8 @@ def child_phase(phase: str, sample: str, lake: str) -> None:
         fleet.close()
     elif phase == "embedded":
         run_file(Path(sample), Path(lake), overwrite=True)
+    elif phase == "embedded_inline":
+        run_file(Path(sample), Path(lake), overwrite=True, events_process=False)
     print(len(lines))
 
 
@@ -252,32 +262,45 @@ def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2, 
     out: dict = {"tool": tool, "core": ledger.CORE}
     with tempfile.TemporaryDirectory(prefix="chipledger-icount-") as tmp:
 
-        def run(phase: str) -> tuple[int, int]:
+        def run(phase: str) -> tuple[int, int, int]:
             log = Path(tmp) / f"{phase}.log"
             child = [sys.executable, str(Path(__file__).resolve()), "--phase-child", phase, str(sample),
                      str(Path(tmp) / f"lake-{phase}")]
-            if tool == "perf":
+            if tool == "perf":  # counts the processes the run forks too (perf's default)
                 cmd = ["perf", "stat", "-x,", "-e", "instructions:u", "-o", str(log), "--", *child]
+            else:  # one log per process (%p): the run's own, and the events process it forks
+                cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                       f"--log-file={tmp}/{phase}.%p.log", *child]
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            stdout, stderr = p.communicate()
+            forked = 0
+            if tool == "perf":
+                text = log.read_text() if log.exists() else ""
+                count = _perf_count(text)
             else:
-                cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", f"--log-file={log}",
-                       *child]
-            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            text = log.read_text() if log.exists() else ""
-            count = _perf_count(text) if tool == "perf" else _callgrind_count(text)
+                own = Path(tmp) / f"{phase}.{p.pid}.log"
+                text = own.read_text() if own.exists() else ""
+                count = _callgrind_count(text)
+                for other in Path(tmp).glob(f"{phase}.*.log"):
+                    if other != own:
+                        forked += _callgrind_count(other.read_text()) or 0
             if p.returncode != 0 or count is None:
                 raise RuntimeError(f"{tool} on phase {phase} failed (exit {p.returncode}): "
-                                   f"{(p.stderr or text).strip()[-2000:]}")
-            return count, int(p.stdout.strip().splitlines()[-1])
+                                   f"{(stderr or text).strip()[-2000:]}")
+            return count, forked, int(stdout.strip().splitlines()[-1])
 
         # the counts are per process, so two children at a time (this machine has 2 cores) change nothing
         phases = (*PHASES, HOL_OFF_PHASE) if hol_off else PHASES
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            for phase, (count, events) in zip(phases, pool.map(run, phases)):
+            for phase, (count, forked, events) in zip(phases, pool.map(run, phases)):
                 out[phase] = count
+                out[f"{phase}_forked"] = forked
                 out["events"] = events
     out["validation"] = out["validate"] - out["setup"]
     out["fold_alone"] = out["fold"] - out["validate"]
-    out["lake_writer"] = out["embedded"] - out["fold"]
+    out["lake_writer"] = out["embedded"] - out["fold"]  # in the run's process (the events table is elsewhere)
+    out["events_process"] = out["embedded_forked"]
+    out["lake_writer_inline"] = out["embedded_inline"] - out["fold"]  # the whole lake in the run's process
     if hol_off:
         out["fold_alone_hol_off"] = out[HOL_OFF_PHASE] - out["validate"]
     return out
@@ -289,11 +312,19 @@ def print_instructions(c: dict) -> None:
     v = c["validation"] / n
     print(f"\ninstructions ({name}), first {n:,} events, one child process per phase; ledger core: {c['core']}")
     print(f"  setup (imports, read the sample): {c['setup']:>16,}")
-    for label, key in (("validation", "validation"), ("fold alone", "fold_alone"), ("lake writer", "lake_writer")):
+    rows = [("validation", "validation"), ("fold alone", "fold_alone"),
+            ("lake writer, all in the run's process", "lake_writer_inline")]
+    if c["tool"] == "callgrind":
+        rows += [("lake writer, the run's process (events table forked)", "lake_writer"),
+                 ("events process (forked: parse + events table)", "events_process")]
+    for label, key in rows:
         per = c[key] / n
-        print(f"  {label:<12} {c[key]:>16,}  {per:>9,.0f} per event  validation/this {v / per if per else 0:.2f}")
-    e = (c["embedded"] - c["setup"]) / n
-    print(f"  embedded run {c['embedded'] - c['setup']:>16,}  {e:>9,.0f} per event  validation/this {v / e:.2f}")
+        print(f"  {label:<54} {c[key]:>16,}  {per:>9,.0f} per event  validation/this {v / per if per else 0:.2f}")
+    for label, key in (("embedded run, lake in the run's process", "embedded_inline"),
+                       ("embedded run, the run's process" if c["tool"] == "callgrind" else "embedded run, all processes",
+                        "embedded")):
+        e = (c[key] - c["setup"]) / n
+        print(f"  {label:<54} {c[key] - c['setup']:>16,}  {e:>9,.0f} per event  validation/this {v / e:.2f}")
     if "fold_alone_hol_off" in c:
         off = c["fold_alone_hol_off"]
         print(f"  fold alone, hol_blocking = false {off:>16,}  {off / n:>9,.0f} per event; head-of-line blocking "
@@ -338,10 +369,13 @@ def fold_digest(path: Path, n: int) -> tuple[str, int]:
 
 
 def child_rss(path: str, lake: str) -> None:
-    """Run in a fresh process: the embedded run, then print peak RSS and state sizes as JSON."""
+    """Run in a fresh process: the embedded run, then print peak RSS (its own, and the largest of the processes
+    it forked: the events process) and state sizes as JSON."""
     dt, summary, state = time_embedded(Path(path), Path(lake))
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"seconds": dt, "lines": summary["lines"], "peak_rss_mib": rss_kib / 1024, **state}))
+    forked_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    print(json.dumps({"seconds": dt, "lines": summary["lines"], "peak_rss_mib": rss_kib / 1024,
+                      "events_process_rss_mib": forked_kib / 1024, **state}))
 
 
 def main() -> int:
@@ -359,6 +393,8 @@ def main() -> int:
     ap.add_argument("--hol-off", action="store_true",
                     help="also time (and count) the fold with [ledger] hol_blocking = false: the cost of head-of-line "
                          "blocking")
+    ap.add_argument("--inline", action="store_true",
+                    help="also time the embedded run with the whole lake written in its own process (no events process)")
     ap.add_argument("--opcodes", type=int, default=0, metavar="N",
                     help="also count the fold's Python opcodes per event over N events after the first 20,000")
     args = ap.parse_args()
@@ -398,7 +434,7 @@ def main() -> int:
     path = files[args.events]
     # alternate the runs and keep the best of each: this machine's speed drifts by +-20% over minutes, and
     # the ratio should compare like with like
-    v_s = f_s = e_s = v_cpu = f_cpu = h_s = h_cpu = float("inf")
+    v_s = f_s = e_s = i_s = v_cpu = f_cpu = e_cpu = e2_cpu = i_cpu = h_s = h_cpu = float("inf")
     for _ in range(args.repeat):
         v, n, vc = time_validate(path)
         f, _, fc = time_fold(path)
@@ -408,6 +444,10 @@ def main() -> int:
         e, summary, state = time_embedded(path, out / "lake")
         v_s, f_s, e_s = min(v_s, v), min(f_s, f), min(e_s, e)
         v_cpu, f_cpu = min(v_cpu, vc), min(f_cpu, fc)
+        e_cpu, e2_cpu = min(e_cpu, state["cpu_s"]), min(e2_cpu, state["events_cpu_s"])
+        if args.inline:
+            i, _, istate = time_embedded(path, out / "lake-inline", events_process=False)
+            i_s, i_cpu = min(i_s, i), min(i_cpu, istate["cpu_s"])
     v_rate, f_rate, e_rate = n / v_s, n / f_s, n / e_s
     fold_alone_rate = n / (f_s - v_s)  # the fold's own cost: (parse + fold) - (parse alone)
     print(f"\n{n:,} events (best of {args.repeat} alternating runs each)")
@@ -422,7 +462,13 @@ def main() -> int:
     if args.hol_off:
         print(f"  hol_blocking = false: parse + fold {h_s:.2f} s, CPU {h_cpu:.2f} s, fold alone {h_cpu - v_cpu:.2f} s; "
               f"head-of-line blocking costs x{(f_cpu - v_cpu) / (h_cpu - v_cpu):.2f} of the fold alone (CPU)")
-    print(f"  embedded run (with lake): {e_s:7.2f} s  {e_rate:>10,.0f} events/s  ratio {e_rate / v_rate:.2f}")
+    print(f"  embedded run (with lake): {e_s:7.2f} s  {e_rate:>10,.0f} events/s  ratio {e_rate / v_rate:.2f}  "
+          f"(target >= 0.50)")
+    print(f"    in CPU time: the run's process {e_cpu:.2f} s (ratio {v_cpu / e_cpu:.2f}), its events process "
+          f"{e2_cpu:.2f} s")
+    if args.inline:
+        print(f"  embedded run, lake in one process: {i_s:7.2f} s  {n / i_s:>10,.0f} events/s  ratio "
+              f"{n / i_s / v_rate:.2f}; CPU {i_cpu:.2f} s (ratio {v_cpu / i_cpu:.2f})")
     print(f"  accepted {summary['accepted']:,}, dead letters {sum(summary['dead_letters'].values()):,}, "
           f"rows {summary['rows_written']}")
 
@@ -453,12 +499,14 @@ def main() -> int:
     if results:
         print("\npeak RSS of the embedded run (fresh process each)")
         for r in results:
-            print(f"  {r['lines']:>10,} events: {r['peak_rss_mib']:7.1f} MiB peak RSS, {r['seconds']:6.1f} s; state at "
+            print(f"  {r['lines']:>10,} events: {r['peak_rss_mib']:7.1f} MiB peak RSS (the events process "
+                  f"{r['events_process_rss_mib']:.1f} MiB), {r['seconds']:6.1f} s; state at "
                   f"end: {r['active_jobs']:,} active jobs, {r['chips']:,} chips, {r['dedup_ids']:,} ids in the "
                   f"dedup window")
         if len(results) >= 2:
             a, b = results[0], results[-1]
-            print(f"  RSS ratio {b['lines'] / a['lines']:.0f}x events: {b['peak_rss_mib'] / a['peak_rss_mib']:.2f}x")
+            print(f"  RSS ratio {b['lines'] / a['lines']:.0f}x events: {b['peak_rss_mib'] / a['peak_rss_mib']:.2f}x "
+                  f"(events process {b['events_process_rss_mib'] / a['events_process_rss_mib']:.2f}x)")
     return 0
 
 

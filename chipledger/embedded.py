@@ -10,20 +10,24 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import multiprocessing
+import os
 import time
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional
 
-from analytics.lake import LakeWriter, clear_lake, lake_has_data
+from analytics.lake import TABLES, LakeWriter, clear_lake, lake_has_data
 from analytics.lake_rows import read_rows
 import ledger
 from ledger import Fleet, FoldConfig
 from schemas import Rejection, parse_event
 from schemas.parse import DEFAULT_MAX_EVENT_BYTES, size_rejection
-from streams.rows import close_rows, deadletter_row, event_row, step_rows  # noqa: F401 (event_row: re-export)
+from streams.rows import (applied_event_row, close_rows, deadletter_row, event_row,  # noqa: F401 (event_row: re-export)
+                          output_lists)
 
 ProgressFn = Callable[[int], None]  # called with bytes read so far
 
@@ -116,11 +120,146 @@ def _lines(f, max_bytes: int):
         yield head, read, size_rejection(size, max_bytes, digest.hexdigest())
 
 
+def _raw(line: bytes, offset: int) -> bytes:
+    """The message of a line: without its end, and without a UTF-8 byte order mark at the start of the file."""
+    raw = line.rstrip(b"\r\n")
+    if offset == 1 and raw.startswith(UTF8_BOM):
+        raw = raw[3:]
+    return raw
+
+
+class _EventsHere:
+    """The `events` rows written by the run's own lake writer, in this process (where there is no fork)."""
+
+    def __init__(self, writer: LakeWriter, topic: str):
+        self.add = writer.add
+        self.topic = topic
+        self.rows = 0
+
+    def applied(self, event, step, offset: int) -> None:
+        self.add("events", applied_event_row(event, step.occurred_s, step.applied_at, step.lateness_s, self.topic,
+                                             0, offset))
+        self.rows += 1
+
+    def close(self) -> int:
+        return self.rows
+
+    def stop(self) -> None:
+        pass
+
+
+# the events process: what the fold said about each applied event, sent in batches of this many events
+EVENTS_BATCH = 4096
+
+
+class _EventsProcess:
+    """The `events` table written by a second process, beside the fold: it reads the same file, parses the lines
+    the fold applied (the same pure `parse_event`, so the same events) and writes their rows, each with the
+    event time, the applied time and the lateness the fold sent for it. The run's process sends those three
+    numbers and the line number per applied event (32 bytes) instead of building the row, its canonical JSON and
+    its Arrow columns: on a machine with two cores the lake's largest table is written while the fold goes on.
+    The files are the ones the run's own writer would write (same names, same rows in the same order)."""
+
+    def __init__(self, events_path: Path, lake: Path, run_id: str, topic: str, max_event_bytes: int):
+        ctx = multiprocessing.get_context("fork")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_events_child, name="chipledger-events",
+                                 args=(events_path, lake, run_id, topic, max_event_bytes, child), daemon=True)
+        self._proc.start()
+        child.close()
+        self._batch = array("q")
+        self.rows = 0
+
+    def applied(self, event, step, offset: int) -> None:
+        batch = self._batch
+        batch.extend((offset, step.occurred_s, step.applied_at, step.lateness_s))
+        if len(batch) >= 4 * EVENTS_BATCH:
+            self._send()
+
+    def _send(self) -> None:
+        self.rows += len(self._batch) // 4
+        try:
+            self._conn.send_bytes(self._batch.tobytes())
+        except (BrokenPipeError, ConnectionResetError):
+            raise RunError(self._failure()) from None
+        self._batch = array("q")
+
+    def close(self) -> int:
+        """Send what is left, wait for the process to write its files, return the rows it wrote."""
+        self._send()
+        try:
+            self._conn.send_bytes(b"")  # the end
+            status, what = self._conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            raise RunError(self._failure()) from None
+        self._proc.join()
+        if status != "ok":
+            raise RunError(f"writing the lake's events table failed: {what}")
+        if what != self.rows:
+            raise RunError(f"the events process wrote {what} rows, the run applied {self.rows}")
+        return what
+
+    def _failure(self) -> str:
+        self._proc.join(timeout=5)
+        return f"the process writing the lake's events table stopped (exit code {self._proc.exitcode})"
+
+    def stop(self) -> None:
+        """End the process if it is still running (the run failed before `close`)."""
+        if self._proc.is_alive():
+            self._proc.terminate()
+        self._proc.join()
+        self._conn.close()
+
+
+def _events_child(events_path: Path, lake: Path, run_id: str, topic: str, max_event_bytes: int, conn) -> None:
+    """The events process's work (see _EventsProcess): read batches of (line number, event time, applied time,
+    lateness) until an empty one, write those lines' rows, answer ("ok", rows written) or ("error", why)."""
+    gc.freeze()  # what came with the fork (the run's modules and state) is not this process's garbage
+    writer = LakeWriter(lake, run_id)
+    rows = 0
+    try:
+        with open(events_path, "rb") as f:
+            lines = enumerate(_lines(f, max_event_bytes), start=1)
+            while True:
+                batch = array("q")
+                batch.frombytes(conn.recv_bytes())
+                if not batch:
+                    break
+                for i in range(0, len(batch), 4):
+                    offset = batch[i]
+                    for n, (line, _, _) in lines:
+                        if n == offset:
+                            break
+                    event = parse_event(_raw(line, offset), max_event_bytes)
+                    writer.add("events", applied_event_row(event, batch[i + 1], batch[i + 2], batch[i + 3], topic, 0,
+                                                           offset))
+                    rows += 1
+                    if not rows & GC_FREEZE_MASK:
+                        gc.freeze()
+        writer.close()
+        conn.send(("ok", rows))
+    except Exception as exc:  # told to the run, which fails with it
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+def _events_table(events_path: Path, lake: Path, run_id: str, topic: str, max_event_bytes: int,
+                  writer: LakeWriter, events_process: bool):
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if events_process and "fork" in multiprocessing.get_all_start_methods() and (cores or 1) > 1:
+        return _EventsProcess(events_path, lake, run_id, topic, max_event_bytes)
+    return _EventsHere(writer, topic)
+
+
 def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldConfig(), overwrite: bool = False,
              progress: Optional[ProgressFn] = None, store=None,
-             max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> tuple[RunSummary, Fleet]:
+             max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+             events_process: bool = True) -> tuple[RunSummary, Fleet]:
     """Fold `events_path` into a fresh lake at `lake`, then save balances to `store` (a ledger.store.Store).
-    `max_event_bytes` is [ledger] max_event_bytes: a longer line is a `too_large` dead letter."""
+    `max_event_bytes` is [ledger] max_event_bytes: a longer line is a `too_large` dead letter. With
+    `events_process` (and where processes can fork, with more than one core) the `events` table is written by a
+    second process beside the fold (_EventsProcess); the lake is the same either way."""
     events_path, lake = Path(events_path), Path(lake)
     if not events_path.is_file():
         raise RunError(f"events file {events_path} does not exist")
@@ -138,7 +277,8 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
     seen_clock = 0  # the latest event time applied so far: when a dead letter was seen, in event time
     early: list = []  # dead letters before any event was applied: stamped with the first applied time
     read_bytes = 0
-    add = writer.add
+    add, extend = writer.add, writer.extend
+    events = _events_table(events_path, lake, run_id, topic, max_event_bytes, writer, events_process)
 
     def dead(row: tuple) -> None:
         if seen_clock:
@@ -159,9 +299,7 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
                     summary.dead_letters[too_large.code.value] += 1
                     _note_line(summary, too_large.code.value, offset)
                     continue
-                raw = line.rstrip(b"\r\n")
-                if offset == 1 and raw.startswith(UTF8_BOM):
-                    raw = raw[3:]
+                raw = _raw(line, offset)
                 if not raw.strip():
                     summary.blank += 1
                     continue
@@ -190,16 +328,22 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
                         early.clear()
                 if step.lateness_s:
                     summary.late += 1
-                for table, row in step_rows(event, step, topic, 0, offset):
-                    add(table, row)
+                events.applied(event, step, offset)
+                for table, rows in output_lists(step):
+                    extend(table, rows)
+        events_written = events.close()
     finally:
+        events.stop()
         gc.unfreeze()  # what the run froze may be collected again (the caller keeps the fleet or drops it)
     summary.lines = offset if read_bytes else 0
     for row in early:  # no event was applied at all: the dead letters keep time 0 (1970-01-01)
         add("deadletters", row)
     for table, row in close_rows(*fleet.close(), {**fleet.policy_rows(), **fleet.close_facts()}):
         add(table, row)
-    summary.rows_written = writer.close()
+    written = writer.close()
+    if events_written:
+        written["events"] = events_written
+    summary.rows_written = {t: written[t] for t in TABLES if t in written}  # in lake table order
     summary.pools = len(fleet.pools)
     summary.seconds = time.monotonic() - started
     if progress is not None:

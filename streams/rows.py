@@ -24,12 +24,25 @@ STEP_TABLES: tuple[str, ...] = tuple(t for t in SCHEMAS if t not in ("events", "
                                      and t in Step.TABLES)
 
 
+def canonical_json(e) -> str:
+    """The event's canonical JSON: `e.model_dump_json(exclude_none=True)`, by the model's serializer directly
+    (the same bytes without pydantic's per-call Python wrapper: this runs once per event)."""
+    return e.__pydantic_serializer__.to_json(e, exclude_none=True).decode()
+
+
 def event_row(e, step, topic: str, partition: int, offset: int) -> tuple:
     """The lake row of an applied event (column order of analytics.lake.SCHEMAS['events']). The body is the
     event's canonical JSON: exactly what was folded (a message with a repeated key, say, was read one way);
     the typed fields after it are taken from the same parsed event."""
-    return (e.event_id, e.type, e.pool, e.source, step.occurred_s, step.applied_at, step.lateness_s,
-            topic, partition, offset, e.model_dump_json(exclude_none=True), *event_fields(e))
+    return applied_event_row(e, step.occurred_s, step.applied_at, step.lateness_s, topic, partition, offset)
+
+
+def applied_event_row(e, occurred_s: int, applied_at: int, lateness_s: int, topic: str, partition: int,
+                      offset: int) -> tuple:
+    """`event_row` given what the fold's step said about the event: when it occurred, when it was applied, how
+    late (the embedded run's events process has these numbers, not the step)."""
+    return (e.event_id, e.type, e.pool, e.source, occurred_s, applied_at, lateness_s,
+            topic, partition, offset, canonical_json(e), *event_fields(e))
 
 
 def deadletter_row(raw: bytes, rejection: Rejection, topic: str, partition: int, offset: int, seen_at: int,
@@ -54,11 +67,18 @@ def step_rows(event, step: Step, topic: str, partition: int, offset: int) -> lis
     """(table, row) pairs of an applied step, in the order they are written: the event, then each output list
     of the step in lake table order (journal, job_runs, decisions, and whatever the core adds)."""
     out = [("events", event_row(event, step, topic, partition, offset))]
-    for table in STEP_TABLES:
-        rows = getattr(step, table)
-        if rows:
-            out.extend((table, row) for row in rows)
+    for table, rows in output_lists(step):
+        out.extend([(table, row) for row in rows])
     return out
+
+
+def output_lists(step: Step) -> list[tuple[str, list]]:
+    """(table, rows) of each output list of the step that has rows (every table but `events`), in lake table
+    order."""
+    made = step.__dict__  # the output lists the fold gave rows (the others are Step's shared empty default)
+    if not made:
+        return []
+    return [(table, rows) for table in STEP_TABLES if (rows := made.get(table))]
 
 
 def close_rows(journal: list, job_runs: list, others: Optional[dict[str, list]] = None) -> list[tuple[str, tuple]]:

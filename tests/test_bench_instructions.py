@@ -1,7 +1,7 @@
 """bench/replay.py's instruction counts (perf stat where the kernel gives a hardware counter, else valgrind's
 callgrind): each phase, run in its own child process on the same tiny sample, gives a positive count. Without
 perf's counter and without valgrind: skipped loudly, or a failure with CHIPLEDGER_REQUIRE_VALGRIND=1 (CI).
-Under valgrind this takes about a minute (four Python processes, mostly their imports)."""
+Under valgrind this takes about a minute (five Python processes, mostly their imports)."""
 
 from __future__ import annotations
 
@@ -37,10 +37,14 @@ def test_instruction_counts_per_phase(tmp_path):
     written = write_jsonl(islice(generate(seed=replay.SEED, days=1, scale=replay.SCALE), 300), sample)
     c = replay.count_instructions(sample, tool)
     assert c["tool"] == tool and c["events"] == written == 300
-    for key in ("setup", "validate", "fold", "embedded", "validation", "fold_alone", "lake_writer"):
+    for key in ("setup", "validate", "fold", "embedded", "embedded_inline", "validation", "fold_alone", "lake_writer",
+                "lake_writer_inline"):
         assert isinstance(c[key], int) and c[key] > 0, (key, c)
     # each phase does strictly more than the one before it on the same sample
     assert c["setup"] < c["validate"] < c["fold"] < c["embedded"]
+    assert c["fold"] < c["embedded_inline"]
+    if tool == "callgrind":  # one count per process: the events table's process is counted apart
+        assert c["events_process"] > 0
 
 
 def test_no_tool_is_a_clear_error(tmp_path, monkeypatch):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from analytics.lake import LakeWriter, SCHEMAS, lake_has_data
+import pytest
+
+from analytics.lake import LakeError, LakeWriter, SCHEMAS, lake_has_data
 from analytics.views import connect, view_names
 
 DAY = 86_400
@@ -18,7 +20,9 @@ def test_rows_land_in_day_partitions_and_old_days_are_written_early(tmp_path):
     for day in range(5):
         for h in range(24):
             w.add("journal", journal_row(T0 + day * DAY + h * 3600))
-    # before close, every day older than the newest two is already on disk
+    # before close, every day older than the newest two is already written (the last one may still be in its
+    # writing thread: wait() waits for it)
+    w.wait()
     on_disk = sorted(p.parent.name for p in (tmp_path / "journal").rglob("*.parquet"))
     assert on_disk == ["day=2026-11-02", "day=2026-11-03", "day=2026-11-04"]
     assert w.close() == {"journal": 120}
@@ -52,3 +56,12 @@ def test_empty_lake_has_every_view(tmp_path):
     assert "error_code" in [d[0] for d in con.execute("SELECT * FROM deadletters").description]
     assert set(SCHEMAS) == {"events", "journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips",
                             "progress", "chip_states", "grant_intervals", "deadletters"}
+
+
+def test_a_file_that_cannot_be_written_fails_the_close_not_silently(tmp_path):
+    # the Parquet write runs in the writer's thread: its failure must still reach the caller
+    (tmp_path / "journal" / "day=2026-11-02" / "part-run1-0001.parquet").mkdir(parents=True)  # a folder in its way
+    w = LakeWriter(tmp_path, "run1")
+    w.add("journal", journal_row(T0))
+    with pytest.raises(LakeError, match="part-run1-0001.parquet"):
+        w.close()

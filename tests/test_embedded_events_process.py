@@ -1,0 +1,63 @@
+"""The embedded run's events process (chipledger/embedded.py, _EventsProcess): the `events` table written by a
+second process beside the fold gives the very files the run's own writer gives, bad lines, duplicates and late
+events included, and a failure of that process fails the run instead of leaving a lake without events."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+
+import pytest
+
+from analytics.lake import TABLES
+from chipledger.demo import write_events
+from chipledger.embedded import RunError, run_file
+
+pytestmark = pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork here")
+
+
+def _with_bad_lines(path):
+    """A seeded fleet's file with a byte order mark, a duplicate, a conflicting duplicate, a late event and
+    lines that are not events, spread through it."""
+    lines = path.read_bytes().splitlines()
+    first = json.loads(lines[40])
+    late = {**json.loads(lines[300]), "event_id": "late-1", "type": "pool.tick"}
+    late = {k: late[k] for k in ("event_id", "type", "occurred_at", "pool", "source")}
+    bad = [b"not json", b'{"type": "job.started"}', lines[40], json.dumps({**first, "source": "x"}).encode(),
+           json.dumps(late).encode(), b"", b"[1, 2]"]
+    out = [b"\xef\xbb\xbf" + lines[0]]
+    for i, line in enumerate(lines[1:], 1):
+        out.append(line)
+        if i % 500 == 0:
+            out.append(bad[(i // 500) % len(bad)])
+    path.write_bytes(b"\n".join(out) + b"\n")
+
+
+def _files(lake):
+    return {str(p.relative_to(lake)): p.read_bytes() for p in sorted(lake.rglob("*.parquet"))}
+
+
+def test_the_events_process_writes_the_files_the_run_would(tmp_path):
+    events = tmp_path / "events.jsonl"
+    write_events(events, seed=3, days=3)
+    _with_bad_lines(events)
+    (a, _), (b, _) = (run_file(events, tmp_path / f"lake-{how}", events_process=how == "process")
+                      for how in ("process", "here"))
+    assert a.accepted > 3_000 and a.dead_letter_total >= 5 and a.duplicates >= 1
+    assert a.rows_written == b.rows_written and list(a.rows_written) == [t for t in TABLES if t in a.rows_written]
+    assert (a.accepted, a.duplicates, a.dead_letters, a.late) == (b.accepted, b.duplicates, b.dead_letters, b.late)
+    fa, fb = _files(tmp_path / "lake-process"), _files(tmp_path / "lake-here")
+    assert any(name.startswith("events/") for name in fa)
+    assert fa.keys() == fb.keys()
+    assert [name for name in fa if fa[name] != fb[name]] == []
+
+
+def test_a_failed_events_process_fails_the_run(tmp_path):
+    events = tmp_path / "events.jsonl"
+    write_events(events, seed=3, days=1)
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    (lake / "events").write_text("a file where the events table's folder would go")
+    with pytest.raises(RunError, match="events table failed"):
+        run_file(events, lake)
+    assert multiprocessing.active_children() == []  # nothing left running
