@@ -155,10 +155,13 @@ def decision_of(admin_comment: str) -> Optional[str]:
 
 
 def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, since: int = 0,
-               pools: Optional[set] = None) -> list[Event]:
+               pools: Optional[set] = None, *, eligible: bool = True) -> list[Event]:
     """The events of one job from all its runs (any order; chained by Submit). `since`: nothing earlier is
     written (times before it are moved to it). `pools`: the pools that exist (None: any); a job of another
-    partition is skipped as `no_pool`."""
+    partition is skipped as `no_pool`. `eligible=False` (a sacct dump without the Eligible column): the first
+    wait starts at Submit. Times out of order in the records (a Start before Submit or before the previous
+    run's End, an End before Start) are moved later and counted in `report.notes`. This is the one walk over
+    a job's runs: `slurm watch` and `import sacct` both call it."""
     runs = sorted(runs, key=lambda r: (r.submit, r.start if r.start is not None else 2**62))
     r0 = runs[0]
     job = r0.job_id
@@ -169,7 +172,7 @@ def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, si
     if pools is not None and pool not in pools:
         report.skipped["no_pool"] += 1
         return []
-    first_wait = r0.eligible
+    first_wait = r0.eligible if eligible else r0.submit
     if first_wait is None:
         if r0.start is not None:
             first_wait = r0.start  # should not happen: a run that started was eligible
@@ -179,6 +182,8 @@ def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, si
         else:
             report.notes["held jobs (not eligible yet) not submitted"] += 1
             return []
+    if len(runs) > 1:
+        report.notes["requeued jobs whose runs were chained"] += 1
     key0 = r0.submit
     per_node = r0.gpus // r0.nodes if r0.nodes and r0.gpus % r0.nodes == 0 else None
     out: list[Event] = []
@@ -190,7 +195,11 @@ def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, si
     n = len(runs)
     for k, r in enumerate(runs):
         key = r.submit
+        if k > 0 and r.submit > cursor:  # a requeued run waits from its own Submit (the requeue)
+            cursor = r.submit
         if r.start is not None and r.state not in PENDING:
+            if since <= r.start < cursor:
+                report.notes["start before submit (or before the previous run's end) moved later"] += 1
             t = max(r.start, cursor)
             out.append(_ev(t, RANK_START, "job.started", pool, source, _id(cluster, job, key, "started"),
                            job_id=job))
@@ -207,14 +216,22 @@ def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, si
             if r.end is None:
                 report.notes["jobs in a final state without an End time left active"] += 1
                 continue
+            if since <= r.end < cursor:
+                report.notes["end before start moved later"] += 1
             if r.state == "CANCELLED" and running and decision_of(r.admin_comment):  # `slurm actuate --action cancel`
                 out += _back_to_queue(cluster, source, pool, job, r, max(r.end, cursor), report)
             out.append(_ev(max(r.end, cursor), RANK_FREE, "job.finished", pool, source,
                            _id(cluster, job, key, "finished"), job_id=job, outcome=outcome))
-        elif r.state in BACK_TO_QUEUE and running and r.end is not None:
+        elif r.state in BACK_TO_QUEUE and running:
             # the last record ended PREEMPTED/REQUEUED and no next run is recorded (PreemptMode=CANCEL, or
             # the next record not written yet): back to the queue
+            if r.end is None:
+                report.notes["preempted jobs without an End time left running"] += 1
+                continue
             out += _back_to_queue(cluster, source, pool, job, r, max(r.end, cursor), report)
+            report.notes["jobs preempted and not requeued (yet), left pending"] += 1
+        elif r.state in ACTIVE and not running:
+            report.notes["active jobs without a Start time left pending"] += 1
     return out
 
 
