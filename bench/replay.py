@@ -203,6 +203,21 @@ def _callgrind_count(text: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
+def counted(tool: str, child: list[str], log: Path, env: dict, what: str) -> tuple[int, str]:
+    """Run the command `child` under `tool` ('perf' or 'callgrind'): (instructions it executed, its stdout).
+    bench/metrics.py counts its phases with it too."""
+    if tool == "perf":
+        cmd = ["perf", "stat", "-x,", "-e", "instructions:u", "-o", str(log), "--", *child]
+    else:
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", f"--log-file={log}", *child]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    text = log.read_text() if log.exists() else ""
+    count = _perf_count(text) if tool == "perf" else _callgrind_count(text)
+    if p.returncode != 0 or count is None:
+        raise RuntimeError(f"{tool} on phase {what} failed (exit {p.returncode}): {(p.stderr or text).strip()[-2000:]}")
+    return count, p.stdout
+
+
 def child_phase(phase: str, sample: str, lake: str) -> None:
     """Run in a child process under the counting tool: every phase imports the same modules and reads the sample
     into memory, then does its phase's work (nothing for 'setup')."""
@@ -247,21 +262,10 @@ def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2) 
     with tempfile.TemporaryDirectory(prefix="chipledger-icount-") as tmp:
 
         def run(phase: str) -> tuple[int, int]:
-            log = Path(tmp) / f"{phase}.log"
             child = [sys.executable, str(Path(__file__).resolve()), "--phase-child", phase, str(sample),
                      str(Path(tmp) / f"lake-{phase}")]
-            if tool == "perf":
-                cmd = ["perf", "stat", "-x,", "-e", "instructions:u", "-o", str(log), "--", *child]
-            else:
-                cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", f"--log-file={log}",
-                       *child]
-            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            text = log.read_text() if log.exists() else ""
-            count = _perf_count(text) if tool == "perf" else _callgrind_count(text)
-            if p.returncode != 0 or count is None:
-                raise RuntimeError(f"{tool} on phase {phase} failed (exit {p.returncode}): "
-                                   f"{(p.stderr or text).strip()[-2000:]}")
-            return count, int(p.stdout.strip().splitlines()[-1])
+            count, stdout = counted(tool, child, Path(tmp) / f"{phase}.log", env, phase)
+            return count, int(stdout.strip().splitlines()[-1])
 
         # the counts are per process, so two children at a time (this machine has 2 cores) change nothing
         with ThreadPoolExecutor(max_workers=jobs) as pool:
