@@ -417,6 +417,13 @@ def load_nodes(path: Path) -> list[Node]:
     return nodes_from_sinfo_json(doc)
 
 
+def _read(path: Path) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as e:
+        raise TraceFormatError(f"{path}: {e}") from None
+
+
 def load_assocs(path: Path) -> list[Assoc]:
     """Associations from `sacctmgr -P show assoc format=id,account,user,partition,grptres` (header optional)."""
     from chipledger.slurm.commands import assocs_from_text
@@ -429,7 +436,8 @@ def load_assocs(path: Path) -> list[Assoc]:
 
 def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8, *, cluster: Optional[str] = None,
                  nodes: Optional[Path] = None, assoc: Optional[Path] = None,
-                 inventory_at: Optional[int] = None, node_events: Optional[Path] = None) -> ImportReport:
+                 inventory_at: Optional[int] = None, node_events: Optional[Path] = None,
+                 reservations: Optional[Path] = None) -> ImportReport:
     """Import `sacct --parsable2` output into event JSONL at `out` (see the module docstring for the mapping).
 
     `tz`: the IANA zone the timestamps are in (the TZ of the sacct process). `chips_per_node`: GPUs per node,
@@ -438,7 +446,9 @@ def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8
     registered at `inventory_at` (default: the first Submit; sreport counts from when the cluster registered,
     `sacctmgr show event event=cluster`). `assoc`: a `sacctmgr show assoc` dump: GrpTRES gres/gpu limits of
     accounts become quota grants at the same instant. `node_events`: a `sacctmgr -n -P show event event=node
-    format=nodename,start,end,state,reason` dump: the nodes' down/drain periods, as chip states."""
+    format=nodename,start,end,state,reason` dump: the nodes' down/drain periods, as chip states. `reservations`: a
+    `sacctmgr -n -P show reservation format=name,nodenames,start,end,flags` dump: maintenance reservations (MAINT),
+    as chip states `maintenance` from their start to their end."""
     path, out = Path(path), Path(out)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
@@ -452,6 +462,8 @@ def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8
     report = ImportReport(source=str(path), output=str(out))
     plan, digest = _first_pass(path, clock, report, cluster)
     extra = f"|{cluster}|{inventory_at}|{nodes is not None}|{assoc is not None}" if cluster else ""
+    if reservations is not None:
+        extra += "|reservations"
     prefix = f"sacct-{hashlib.blake2b(f'{digest}|{tz}|{chips_per_node}{extra}'.encode(), digest_size=5).hexdigest()}"
 
     writer = TraceWriter(out, report, SOURCE, prefix)
@@ -470,20 +482,19 @@ def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8
             for (assoc_id, pool, team), chips in sorted(grants_of(cluster, specs, assoc_list).items()):
                 writer.emit(inv_at, "quota.granted", pool, grant_id=f"slurm:{cluster}:assoc{assoc_id}:{pool}:v1",
                             team=team, chips=chips)
-        if node_events is not None:
-            from chipledger.slurm.commands import node_events_from_text
+        if node_events is not None or reservations is not None:
+            from chipledger.slurm.commands import node_events_from_text, reservations_from_text
             from chipledger.slurm.mapping import node_state_events
 
-            try:
-                text = Path(node_events).read_text()
-            except OSError as e:
-                raise TraceFormatError(f"{node_events}: {e}") from None
-            for e in node_state_events(cluster, SOURCE, specs, node_events_from_text(text), since=inv_at):
+            down = node_events_from_text(_read(node_events)) if node_events is not None else []
+            maint = reservations_from_text(_read(reservations)) if reservations is not None else []
+            for e in node_state_events(cluster, SOURCE, specs, down, since=inv_at, maintenance=maint):
                 b = e.body
                 writer.emit(e.at, "chip.state_changed", b["pool"], chip_id=b["chip_id"], state=b["state"],
                             reason=b.get("reason"))
-    elif assoc_list is not None or node_events is not None:
-        raise TraceFormatError("--assoc and --node-events need --nodes: they apply to the pools the nodes make")
+    elif assoc_list is not None or node_events is not None or reservations is not None:
+        raise TraceFormatError("--assoc, --node-events and --reservations need --nodes: they apply to the pools "
+                               "the nodes make")
     for pool, (first, flavor) in sorted(plan.pool_first.items(), key=lambda kv: (kv[1][0], kv[0])):
         if pool in specs:
             if first < inv_at:

@@ -250,28 +250,64 @@ def _back_to_queue(cluster: str, source: str, pool: str, job: str, r: Run, t: in
     return out
 
 
-def node_state_events(cluster: str, source: str, pools: dict, events: Iterable[tuple], since: int = 0) -> list[Event]:
-    """Chip states from slurmdbd's node events (`sacctmgr show event event=node`: a node DOWN, DRAIN, FAIL… from
-    its start to its end, exactly the periods sreport counts as Down): `down` at the start, `healthy` at the end
-    (unless another event of the node starts then). Events before `since` are cut there."""
+def node_state_events(cluster: str, source: str, pools: dict, events: Iterable[tuple], since: int = 0,
+                      maintenance: Iterable[tuple] = ()) -> list[Event]:
+    """Chip states from what slurmdbd recorded, to the second, for each node:
+
+    - `events`: node events (`sacctmgr show event event=node`: a node DOWN, DRAIN, FAIL… from its start to its
+      end, exactly the periods sreport counts as Down) as (node, start, end or None, state, reason);
+    - `maintenance`: maintenance reservations (`sacctmgr show reservation`, flag MAINT without IGNORE_JOBS: the
+      periods sreport counts as PLND Down) as (node, start, end or None, reservation name).
+
+    Per node, at every start and end: `down` while a node event is open, else `maintenance` while a maintenance
+    reservation covers the node, else `healthy`; a `chip.state_changed` for each of its GPUs whenever that state
+    (or its reason) changes. Periods before `since` are cut there."""
     chips_of = {n.name: (spec.pool, chip_ids(n)) for spec in pools.values() for n in spec.nodes}
     by_node: dict[str, list] = {}
     for node, start, end, state, reason in events:
         if node in chips_of and (end is None or end > since):
-            by_node.setdefault(node, []).append((max(start, since), end, state, reason))
+            by_node.setdefault(node, []).append((max(start, since), end, 0, (f"{state}: {reason}" if reason else state)))
+    for node, start, end, name in maintenance:
+        if node in chips_of and (end is None or end > since) and (end is None or end > start):
+            by_node.setdefault(node, []).append((max(start, since), end, 1, f"MAINT reservation {name}"))
     out = []
-    for node, evs in by_node.items():
+    for node, periods in sorted(by_node.items()):
         pool, chips = chips_of[node]
-        evs.sort(key=lambda e: (e[0], e[1] if e[1] is not None else 2**62))
-        starts = {e[0] for e in evs}
-        for start, end, state, reason in evs:
+        instants = sorted({p[0] for p in periods} | {p[1] for p in periods if p[1] is not None})
+        have = ("healthy", None)
+        for t in instants:
+            open_ = [p for p in periods if p[0] <= t and (p[1] is None or p[1] > t)]
+            if open_:
+                kind = min(p[2] for p in open_)  # a node down in a maintenance reservation is down
+                latest = max((p for p in open_ if p[2] == kind), key=lambda p: p[0])
+                want = ("down" if kind == 0 else "maintenance", latest[3][:200])
+            else:
+                want = ("healthy", None)
+            if want == have:
+                continue
             for c in chips:
-                out.append(_ev(start, RANK_CHIP, "chip.state_changed", pool, source, _id(cluster, c, "down", start),
-                               chip_id=c, state="down", reason=(f"{state}: {reason}" if reason else state)[:200]))
-            if end is not None and end not in starts:
-                for c in chips:
-                    out.append(_ev(end, RANK_CHIP, "chip.state_changed", pool, source,
-                                   _id(cluster, c, "healthy", end), chip_id=c, state="healthy"))
+                out.append(_ev(t, RANK_CHIP, "chip.state_changed", pool, source, _id(cluster, c, want[0], t),
+                               chip_id=c, state=want[0], reason=want[1]))
+            have = want
+    return out
+
+
+def hostnames(expr: str) -> list[str]:
+    """Slurm's hostlist syntax, as `scontrol show hostnames` expands it: `n1,n[3-4]`, `gpu[01-02,7]x` →
+    each name (zero padding kept)."""
+    out: list[str] = []
+    for m in re.finditer(r"([^,\[]*)(?:\[([^\]]*)\])?([^,\[]*)", expr or ""):
+        prefix, ranges, suffix = m.group(1), m.group(2), m.group(3)
+        if ranges is None:
+            if prefix + suffix:
+                out.append(prefix + suffix)
+            continue
+        for item in ranges.split(","):
+            lo, _, hi = item.partition("-")
+            hi = hi or lo
+            if not (lo.isdigit() and hi.isdigit()):
+                continue
+            out += [f"{prefix}{i:0{len(lo)}d}{suffix}" for i in range(int(lo), int(hi) + 1)]
     return out
 
 
