@@ -2,10 +2,11 @@
 
 One workload of real sleep jobs asking for GPUs runs once for the module (about a minute): several accounts, an
 array, a two-node job, a failure, a timeout, a cancel, a job held then cancelled, a QOS preemption with
-REQUEUE, an admin requeue. The watcher polls while it runs and is restarted half-way (a new Watcher on the
-same state file). Then:
-- the books folded from what `slurm watch` sent equal `sreport` per account to the GPU-second, and
-  capacity / idle / down equal `sreport cluster utilization`; the same for `import sacct` on sacct's dump;
+REQUEUE, an admin requeue, a node drained and a maintenance reservation. The watcher polls while it runs and is
+restarted half-way (a new Watcher on the same state file). Then:
+- the books folded from what `slurm watch` sent equal `sreport` per account and per partition to the
+  GPU-second, and capacity / idle / down / maintenance (PLND Down, in node-seconds) equal `sreport cluster
+  utilization`; the same for `import sacct` on sacct's dump;
 - polling again, or a fresh watcher on the same state, sends no new event; a watcher started from scratch
   sends the same events;
 - a reclaim decision of the ledger requeues the real victim through `slurm actuate`, and the victim's requeue
