@@ -15,7 +15,7 @@ cost of one scrape (`collect` of every family) at the end, min of 20. Figures go
 
 With `--instructions N`: the same two loops over the first N events, each in its own child process under
 `perf stat -e instructions:u` (where the kernel gives a hardware counter) or valgrind's callgrind (total Ir),
-plus a `setup` child that only imports and parses the events (bench/replay.py's `counted`): a figure the
+plus a `setup` child that only imports and parses the events (bench/replay.py's `count_phases`): a figure the
 machine's load does not change. Reported: the instructions of the fold without and with the collector (each
 minus setup), their ratio, and the collector's instructions per event.
 """
@@ -26,12 +26,9 @@ import argparse
 import gc
 import importlib.util
 import itertools
-import os
 import statistics
 import sys
-import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,19 +85,9 @@ def count_instructions(n: int, seed: int, tool=None) -> dict:
     if tool is None:
         raise RuntimeError("cannot count instructions: no hardware counter for `perf stat -e instructions` and no "
                            "valgrind (Debian package valgrind; scripts/valgrind.sh ensure)")
-    env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict layouts in every child
     out: dict = {"tool": tool, "core": ledger.CORE}
-    with tempfile.TemporaryDirectory(prefix="chipledger-metrics-icount-") as tmp:
-
-        def run(phase: str):
-            child = [sys.executable, str(Path(__file__).resolve()), "--phase-child", phase, str(n), str(seed)]
-            count, stdout = replay.counted(tool, child, Path(tmp) / f"{phase}.log", env, phase)
-            return count, int(stdout.strip().splitlines()[-1])
-
-        with ThreadPoolExecutor(max_workers=2) as pool:  # the counts are per process: load changes nothing
-            for phase, (count, events) in zip(PHASES, pool.map(run, PHASES)):
-                out[phase] = count
-                out["events"] = events
+    out.update(replay.count_phases(tool, PHASES, lambda phase, tmp: [
+        sys.executable, str(Path(__file__).resolve()), "--phase-child", phase, str(n), str(seed)]))
     out["fold_without"] = out["without"] - out["setup"]
     out["fold_with"] = out["with"] - out["setup"]
     out["collector"] = out["with"] - out["without"]

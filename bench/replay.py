@@ -204,8 +204,7 @@ def _callgrind_count(text: str) -> Optional[int]:
 
 
 def counted(tool: str, child: list[str], log: Path, env: dict, what: str) -> tuple[int, str]:
-    """Run the command `child` under `tool` ('perf' or 'callgrind'): (instructions it executed, its stdout).
-    bench/metrics.py counts its phases with it too."""
+    """Run the command `child` under `tool` ('perf' or 'callgrind'): (instructions it executed, its stdout)."""
     if tool == "perf":
         cmd = ["perf", "stat", "-x,", "-e", "instructions:u", "-o", str(log), "--", *child]
     else:
@@ -216,6 +215,25 @@ def counted(tool: str, child: list[str], log: Path, env: dict, what: str) -> tup
     if p.returncode != 0 or count is None:
         raise RuntimeError(f"{tool} on phase {what} failed (exit {p.returncode}): {(p.stderr or text).strip()[-2000:]}")
     return count, p.stdout
+
+
+def count_phases(tool: str, phases, child_argv, jobs: int = 2) -> dict:
+    """{phase: instructions, "events": the count the last child printed}: `child_argv(phase, tmp dir)` run under
+    `tool` for each phase, `jobs` at a time (the counts are per process, so two children at a time on this
+    2-core machine change nothing). bench/metrics.py counts its phases with it too."""
+    env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict layouts in every child
+    out: dict = {}
+    with tempfile.TemporaryDirectory(prefix="chipledger-icount-") as tmp:
+
+        def run(phase: str) -> tuple[int, int]:
+            count, stdout = counted(tool, child_argv(phase, tmp), Path(tmp) / f"{phase}.log", env, phase)
+            return count, int(stdout.strip().splitlines()[-1])
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            for phase, (count, events) in zip(phases, pool.map(run, phases)):
+                out[phase] = count
+                out["events"] = events
+    return out
 
 
 def child_phase(phase: str, sample: str, lake: str) -> None:
@@ -255,23 +273,12 @@ def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2) 
         raise RuntimeError("cannot count instructions: `perf stat -e instructions` has no hardware counter here "
                            "(or perf is missing: Debian package linux-perf) and valgrind is not installed "
                            "(Debian package valgrind)")
-    env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict layouts in every child
     import ledger
 
     out: dict = {"tool": tool, "core": ledger.CORE}
-    with tempfile.TemporaryDirectory(prefix="chipledger-icount-") as tmp:
-
-        def run(phase: str) -> tuple[int, int]:
-            child = [sys.executable, str(Path(__file__).resolve()), "--phase-child", phase, str(sample),
-                     str(Path(tmp) / f"lake-{phase}")]
-            count, stdout = counted(tool, child, Path(tmp) / f"{phase}.log", env, phase)
-            return count, int(stdout.strip().splitlines()[-1])
-
-        # the counts are per process, so two children at a time (this machine has 2 cores) change nothing
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            for phase, (count, events) in zip(PHASES, pool.map(run, PHASES)):
-                out[phase] = count
-                out["events"] = events
+    me = str(Path(__file__).resolve())
+    out.update(count_phases(tool, PHASES, lambda phase, tmp: [sys.executable, me, "--phase-child", phase, str(sample),
+                                                               str(Path(tmp) / f"lake-{phase}")], jobs))
     out["validation"] = out["validate"] - out["setup"]
     out["fold_alone"] = out["fold"] - out["validate"]
     out["lake_writer"] = out["embedded"] - out["fold"]
