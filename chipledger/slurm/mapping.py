@@ -38,11 +38,6 @@ ACTIVE = frozenset(("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STAGE_
 PENDING = frozenset(("PENDING", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT", "RESV_DEL_HOLD"))
 KNOWN_STATES = frozenset(OUTCOME) | BACK_TO_QUEUE | ACTIVE | PENDING
 
-# node state words (sinfo/scontrol, base state and flags) → chip state; first match in this order wins
-_NODE_STATES = (("down", ("DOWN", "FAIL", "FAILING", "NOT_RESPONDING", "INVAL", "FUTURE", "POWERED_DOWN",
-                          "POWER_DOWN", "POWERING_DOWN", "REBOOT_ISSUED", "REBOOT_REQUESTED")),
-                ("maintenance", ("MAINTENANCE", "MAINT", "RESERVED_MAINT")),
-                ("down", ("DRAIN", "DRAINED", "DRAINING")))
 _PRIORITY_MAX = 2**31 - 1
 
 
@@ -117,14 +112,6 @@ def pool_name(cluster: str, partition: str) -> str:
 def state_word(text: str) -> str:
     """`CANCELLED by 1234` → CANCELLED; `CANCELLED+` (cut column) → CANCELLED."""
     return text.strip().split(" ", 1)[0].rstrip("+").upper()
-
-
-def chip_state(states: Iterable[str]) -> str:
-    words = {s.upper().rstrip("*~#$@%!^-+") for s in states}
-    for chip, names in _NODE_STATES:
-        if words.intersection(names):
-            return chip
-    return "healthy"
 
 
 def chip_ids(node: Node) -> list[str]:
