@@ -7,8 +7,8 @@ same events are folded `--repeat` times each way, timed in CPU time (time.proces
 
 - **without** (the baseline): what the worker does per record minus its I/O: `Fleet.apply` and the lake rows of
   the step (`streams.rows.step_rows`, grouped by table as the worker sends them);
-- **with**: the same plus the worker's hook: a `perf_counter_ns` read after each fold and
-  `MetricsCollector.folded_batch` with every 256 records' tables (the worker hands it each drain's records).
+- **with**: the same plus the worker's hook: two `perf_counter_ns` reads around the fold and
+  `MetricsCollector.folded` with the record's tables.
 
 Reported: min and median seconds of each, the ratio with / without (of the mins and of the medians), and the
 cost of one scrape (`collect` of every family) at the end, min of 20. Figures go in docs/benchmarks.md.
@@ -42,17 +42,15 @@ from streams.metrics import MetricsCollector, exposition, registry_of  # noqa: E
 from streams.rows import step_rows  # noqa: E402
 
 
-BATCH = 256  # records per batch handed to the collector, as the worker hands it a drain's records
-
-
 def fold(events, with_metrics: bool) -> tuple[float, MetricsCollector, Fleet]:
     fleet = Fleet(FoldConfig())
     col = MetricsCollector(fleet.pools, fleet.config)
     apply, perf = fleet.apply, time.perf_counter_ns
     gc.collect()
     t0 = time.process_time()
-    stamps, batch = [perf()], []
     for offset, e in enumerate(events):
+        if with_metrics:
+            t1 = perf()
         step = apply(e)
         if not step.applied:
             continue
@@ -60,14 +58,8 @@ def fold(events, with_metrics: bool) -> tuple[float, MetricsCollector, Fleet]:
         for table, row in step_rows(e, step, "bench", 0, offset):
             tables.setdefault(table, []).append(list(row))
         outputs = [("chipledger.journal", {"origin": None, "tables": tables})]  # as the worker sends them
-        if with_metrics:  # as streams/worker.py's drain: a clock read after each fold, the batch at its end
-            stamps.append(perf())
-            batch.append((e.pool, outputs))
-            if len(batch) == BATCH:
-                col.folded_batch(batch, stamps)
-                stamps, batch = [perf()], []
-    if batch:
-        col.folded_batch(batch, stamps)
+        if with_metrics:
+            col.folded(e.pool, outputs, perf() - t1)
     return time.process_time() - t0, col, fleet
 
 

@@ -486,21 +486,16 @@ class PoolWorker:
             todo, self.queue = self.queue, []
             out: dict[tuple[str, str], list] = {}  # (output topic, pool) -> items, in fold order
             n = 0
-            # /metrics: one clock read after each fold, the batch handed to the collector once (folded_batch)
-            stamps = [time.perf_counter_ns()] if self.metrics is not None else None
-            folded = []
             for p in todo:
                 pool = p.key.decode("utf-8", "replace")
+                t0 = time.perf_counter_ns()
                 outputs = self.fold_one(pool, p)
-                if stamps is not None:
-                    stamps.append(time.perf_counter_ns())
-                    folded.append((pool, outputs))
+                if self.metrics is not None:
+                    self.metrics.folded(pool, outputs, time.perf_counter_ns() - t0)
                 for topic, item in outputs:
                     out.setdefault((topic, pool), []).append(item)
                 self._unacked.append(p)
                 n += 1
-            if folded:
-                self.metrics.folded_batch(folded, stamps)
             for (topic, pool), items in out.items():
                 for value in pack_records(pool, items):
                     self._inflight.append(await self.send(topic, pool.encode(), value))
