@@ -216,6 +216,53 @@ def _callgrind_count(text: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
+def counted(tool: str, child: list[str], log: Path, env: dict, what: str) -> tuple[int, int, str]:
+    """Run the command `child` under `tool` ('perf' or 'callgrind'): (instructions its own process executed, those
+    of the processes it forked (callgrind, one log per process; perf counts them in the first figure), its stdout)."""
+    if tool == "perf":  # counts the processes the run forks too (perf's default)
+        cmd = ["perf", "stat", "-x,", "-e", "instructions:u", "-o", str(log), "--", *child]
+    else:  # one log per process (%p): the run's own, and the events process it forks
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+               f"--log-file={log.with_suffix('')}.%p.log", *child]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    stdout, stderr = p.communicate()
+    forked = 0
+    if tool == "perf":
+        text = log.read_text() if log.exists() else ""
+        count = _perf_count(text)
+    else:
+        own = log.with_suffix("").with_name(f"{log.stem}.{p.pid}.log")
+        text = own.read_text() if own.exists() else ""
+        count = _callgrind_count(text)
+        for other in log.parent.glob(f"{log.stem}.*.log"):
+            if other != own:
+                forked += _callgrind_count(other.read_text()) or 0
+    if p.returncode != 0 or count is None:
+        raise RuntimeError(f"{tool} on phase {what} failed (exit {p.returncode}): {(stderr or text).strip()[-2000:]}")
+    return count, forked, stdout
+
+
+def count_phases(tool: str, phases, child_argv, jobs: int = 2) -> dict:
+    """{phase: instructions, phase_forked: those of the processes it forked, "events": the count the last child
+    printed}: `child_argv(phase, tmp dir)` run under `tool` for each phase, `jobs` at a time (the counts are per
+    process, so two children at a time on this 2-core machine change nothing). bench/metrics.py counts its phases
+    with it too."""
+    env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict layouts in every child
+    out: dict = {}
+    with tempfile.TemporaryDirectory(prefix="chipledger-icount-") as tmp:
+
+        def run(phase: str) -> tuple[int, int, int]:
+            count, forked, stdout = counted(tool, child_argv(phase, tmp), Path(tmp) / f"{phase}.log", env, phase)
+            return count, forked, int(stdout.strip().splitlines()[-1])
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            for phase, (count, forked, events) in zip(phases, pool.map(run, phases)):
+                out[phase] = count
+                out[f"{phase}_forked"] = forked
+                out["events"] = events
+    return out
+
+
 def child_phase(phase: str, sample: str, lake: str) -> None:
     """Run in a child process under the counting tool: every phase imports the same modules and reads the sample
     into memory, then does its phase's work (nothing for 'setup')."""
@@ -256,46 +303,13 @@ def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2, 
         raise RuntimeError("cannot count instructions: `perf stat -e instructions` has no hardware counter here "
                            "(or perf is missing: Debian package linux-perf) and valgrind is not installed "
                            "(Debian package valgrind)")
-    env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict layouts in every child
     import ledger
 
     out: dict = {"tool": tool, "core": ledger.CORE}
-    with tempfile.TemporaryDirectory(prefix="chipledger-icount-") as tmp:
-
-        def run(phase: str) -> tuple[int, int, int]:
-            log = Path(tmp) / f"{phase}.log"
-            child = [sys.executable, str(Path(__file__).resolve()), "--phase-child", phase, str(sample),
-                     str(Path(tmp) / f"lake-{phase}")]
-            if tool == "perf":  # counts the processes the run forks too (perf's default)
-                cmd = ["perf", "stat", "-x,", "-e", "instructions:u", "-o", str(log), "--", *child]
-            else:  # one log per process (%p): the run's own, and the events process it forks
-                cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-                       f"--log-file={tmp}/{phase}.%p.log", *child]
-            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-            stdout, stderr = p.communicate()
-            forked = 0
-            if tool == "perf":
-                text = log.read_text() if log.exists() else ""
-                count = _perf_count(text)
-            else:
-                own = Path(tmp) / f"{phase}.{p.pid}.log"
-                text = own.read_text() if own.exists() else ""
-                count = _callgrind_count(text)
-                for other in Path(tmp).glob(f"{phase}.*.log"):
-                    if other != own:
-                        forked += _callgrind_count(other.read_text()) or 0
-            if p.returncode != 0 or count is None:
-                raise RuntimeError(f"{tool} on phase {phase} failed (exit {p.returncode}): "
-                                   f"{(stderr or text).strip()[-2000:]}")
-            return count, forked, int(stdout.strip().splitlines()[-1])
-
-        # the counts are per process, so two children at a time (this machine has 2 cores) change nothing
-        phases = (*PHASES, HOL_OFF_PHASE) if hol_off else PHASES
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            for phase, (count, forked, events) in zip(phases, pool.map(run, phases)):
-                out[phase] = count
-                out[f"{phase}_forked"] = forked
-                out["events"] = events
+    me = str(Path(__file__).resolve())
+    phases = (*PHASES, HOL_OFF_PHASE) if hol_off else PHASES
+    out.update(count_phases(tool, phases, lambda phase, tmp: [sys.executable, me, "--phase-child", phase, str(sample),
+                                                               str(Path(tmp) / f"lake-{phase}")], jobs))
     out["validation"] = out["validate"] - out["setup"]
     out["fold_alone"] = out["fold"] - out["validate"]
     out["lake_writer"] = out["embedded"] - out["fold"]  # in the run's process (the events table is elsewhere)

@@ -640,6 +640,9 @@ def import_sacct_cmd(src: Path = typer.Argument(..., help="output of sacct --par
                      node_events: Optional[Path] = typer.Option(None, help="`sacctmgr -n -P show event event=node "
                                                                 "format=nodename,start,end,state,reason` dump: "
                                                                 "down/drain periods (needs --nodes)"),
+                     reservations: Optional[Path] = typer.Option(None, help="`sacctmgr -n -P show reservation "
+                                                                 "format=name,nodenames,start,end,flags` dump: "
+                                                                 "maintenance periods (needs --nodes)"),
                      as_json: bool = JsonOpt):
     """Slurm accounting (sacct -D --parsable2): Account → team, Partition → pool, GPU TRES → chips."""
     at = None
@@ -651,7 +654,7 @@ def import_sacct_cmd(src: Path = typer.Argument(..., help="output of sacct --par
         except WatchError as e:
             _fail(str(e).replace("--since", "--inventory-at"), 2)
     _import("sacct", src, out, as_json, tz=tz, chips_per_node=chips_per_node, cluster=cluster, nodes=nodes,
-            assoc=assoc, inventory_at=at, node_events=node_events)
+            assoc=assoc, inventory_at=at, node_events=node_events, reservations=reservations)
 
 
 DataDirOpt = typer.Option(Path(".kafka"), "--data-dir", help="broker config, data and log folder")

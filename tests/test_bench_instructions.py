@@ -52,3 +52,22 @@ def test_no_tool_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(replay, "instruction_tool", lambda: None)
     with pytest.raises(RuntimeError, match="cannot count instructions.*valgrind"):
         replay.count_instructions(tmp_path / "none.jsonl")
+
+
+def test_metrics_collector_instruction_counts():
+    """bench/metrics.py --instructions: the fold without and with the /metrics collector, each phase in its own
+    child on the same events; the counts are positive and each loop costs more than parsing alone."""
+    replay = _replay()
+    tool = replay.instruction_tool()
+    if tool is None:
+        msg = "INSTRUCTION COUNT TEST NOT RUN: no perf counter and no valgrind (scripts/valgrind.sh ensure)"
+        if os.environ.get("CHIPLEDGER_REQUIRE_VALGRIND") == "1":
+            pytest.fail(f"{msg} (CHIPLEDGER_REQUIRE_VALGRIND=1)", pytrace=False)
+        pytest.skip(msg)
+    spec = importlib.util.spec_from_file_location("bench_metrics", ROOT / "bench" / "metrics.py")
+    metrics = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(metrics)
+    c = metrics.count_instructions(300, 11, tool)
+    assert c["tool"] == tool and c["events"] == 300
+    assert c["setup"] < c["without"] and c["setup"] < c["with"]
+    assert c["fold_without"] == c["without"] - c["setup"] and c["collector"] == c["with"] - c["without"]

@@ -2,10 +2,11 @@
 
 One workload of real sleep jobs asking for GPUs runs once for the module (about a minute): several accounts, an
 array, a two-node job, a failure, a timeout, a cancel, a job held then cancelled, a QOS preemption with
-REQUEUE, an admin requeue. The watcher polls while it runs and is restarted half-way (a new Watcher on the
-same state file). Then:
-- the books folded from what `slurm watch` sent equal `sreport` per account to the GPU-second, and
-  capacity / idle / down equal `sreport cluster utilization`; the same for `import sacct` on sacct's dump;
+REQUEUE, an admin requeue, a node drained and a maintenance reservation. The watcher polls while it runs and is
+restarted half-way (a new Watcher on the same state file). Then:
+- the books folded from what `slurm watch` sent equal `sreport` per account and per partition to the
+  GPU-second, and capacity / idle / down / maintenance (PLND Down, in node-seconds) equal `sreport cluster
+  utilization`; the same for `import sacct` on sacct's dump;
 - polling again, or a fresh watcher on the same state, sends no new event; a watcher started from scratch
   sends the same events;
 - a reclaim decision of the ledger requeues the real victim through `slurm actuate`, and the victim's requeue
@@ -73,12 +74,46 @@ def _books(lake: Path) -> tuple[dict, dict]:
     return dict(teams), dict(pool)
 
 
+def _books_by_pool(lake: Path) -> dict:
+    """GPU-seconds per (partition, team) from the lake's journal."""
+    con = duckdb.connect()
+    rows = con.execute(f"SELECT pool, team, sum(amount_mchip_s) FROM read_parquet('{lake}/journal/**/*.parquet') "
+                       f"WHERE account IN ('in_quota', 'borrowed', 'burst') GROUP BY ALL").fetchall()
+    return {(pool.split("/", 1)[1], team): amount // 1000 for pool, team, amount in rows if amount}
+
+
+def _sreport_by_partition(cluster, start: int, end: int) -> dict:
+    """GPU-seconds per (partition, account) from `sreport job SizesByAccount Partitions=P FlatView` (sreport's
+    cluster reports have no partition; its job reports do)."""
+    out = {}
+    for part in ("a100", "h100"):
+        text = cluster.cmd("sreport", "-n", "-P", "-t", "seconds", "-T", "gres/gpu", "job", "SizesByAccount",
+                           f"Partitions={part}", "FlatView", "grouping=1000000", f"start={_iso(start)}",
+                           f"end={_iso(end)}")
+        for x in text.splitlines():
+            f = x.split("|")
+            if len(f) >= 4 and f[1]:
+                used = sum(int(v) for v in f[2:-1])
+                if used:
+                    out[(part, f[1])] = used
+    return out
+
+
 def _sreport(cluster, start: int, end: int) -> tuple[dict, dict]:
     cluster.cmd("sacctmgr", "-i", "rollup", _iso(start), _iso(end))
     util = cluster.cmd("sreport", "-n", "-P", "-t", "seconds", "-T", "gres/gpu", "cluster", "utilization",
                        f"start={_iso(start)}", f"end={_iso(end)}")
     (line,) = [x for x in util.splitlines() if x.strip()]
     _, _, alloc, down, pdown, idle, planned, reported = line.split("|")
+    # a maintenance reservation holds a node's CPUs only (22.05 reservations carry no gres TRES), so sreport
+    # counts it as PLND Down in cpu and as Idle in gres/gpu: the ledger's maintenance is compared in node-seconds
+    cpu = cluster.cmd("sreport", "-n", "-P", "-t", "seconds", "-T", "cpu", "cluster", "utilization",
+                      f"start={_iso(start)}", f"end={_iso(end)}")
+    (cpu_line,) = [x for x in cpu.splitlines() if x.strip()]
+    node = dict(kv.split("=", 1) for kv in cluster.cmd("scontrol", "-o", "show", "node", "n4").split() if "=" in kv)
+    cpus, gpus = int(node["CPUTot"]), int(node["Gres"].split("(")[0].rsplit(":", 1)[1])
+    pdown_cpu = int(cpu_line.split("|")[4])
+    assert pdown_cpu % cpus == 0, (pdown_cpu, cpus)
     accounts = cluster.cmd("sreport", "-n", "-P", "-t", "seconds", "-T", "gres/gpu", "cluster",
                            "AccountUtilizationByUser", f"start={_iso(start)}", f"end={_iso(end)}")
     used = {}
@@ -87,7 +122,28 @@ def _sreport(cluster, start: int, end: int) -> tuple[dict, dict]:
         if len(f) == 6 and f[2] == "" and f[1] != "root":  # account rows (no user)
             used[f[1]] = int(f[5])
     return used, {"allocated": int(alloc), "down": int(down), "planned_down": int(pdown), "idle": int(idle),
-                  "planned": int(planned), "reported": int(reported)}
+                  "planned": int(planned), "reported": int(reported),
+                  "maintenance_gpu_s": pdown_cpu // cpus * gpus}  # n4's node-seconds in PLND Down x its GPUs
+
+
+def _hold_offs(dump: Path) -> list[tuple[str, str, int, int]]:
+    """(job, state of the earlier run, seconds from its End to the next run's Eligible, GPUs) for each requeue in a
+    `sacct -D --parsable2` dump: the time Slurm holds a requeued job back (cred_expire) while the ledger,
+    which has no "held" state, counts it as pending demand."""
+    lines = dump.read_text().splitlines()
+    cols = lines[0].split("|")
+    runs: dict = {}
+    for x in lines[1:]:
+        r = dict(zip(cols, x.split("|")))
+        runs.setdefault(r["JobID"], []).append(r)
+    out = []
+    for job, rs in runs.items():
+        rs.sort(key=lambda r: r["Submit"])
+        for a, b in zip(rs, rs[1:]):
+            gap = datetime.fromisoformat(b["Eligible"]) - datetime.fromisoformat(a["End"])
+            gpus = int(next(kv.split("=")[1] for kv in a["AllocTRES"].split(",") if kv.startswith("gres/gpu=")))
+            out.append((job, a["State"].split()[0], int(gap.total_seconds()), gpus))
+    return out
 
 
 # the ledger's policy in this test: a decision 1 s after a job waits, and any job started 1 s ago may be a victim
@@ -160,6 +216,11 @@ def workload(slurm, tmp_path_factory):
     slurm.cmd("scontrol", "update", "nodename=n4", "state=drain", "reason=fan")  # an idle node drained 3 s
     time.sleep(3)
     slurm.cmd("scontrol", "update", "nodename=n4", "state=resume")
+    # a maintenance reservation on the idle n4 for about 3 s (planned for 10 minutes, ended early)
+    slurm.cmd("scontrol", "create", "reservation", "reservationname=chipledger-maint", "starttime=now",
+              "duration=10", "nodes=n4", "flags=maint", "users=root")
+    time.sleep(3)
+    slurm.cmd("scontrol", "delete", "reservationname=chipledger-maint")
     deadline = time.monotonic() + 150
     while not slurm.queue_empty():
         assert time.monotonic() < deadline, slurm.cmd("squeue")
@@ -225,10 +286,16 @@ def test_watch_books_equal_sreport(slurm, workload):
     used, util = _sreport(slurm, start, end)
     assert teams == used
     assert pool["capacity"] == util["reported"]
-    assert pool.get("unavailable", 0) == util["down"] + util["planned_down"]
-    assert util["down"] >= 8 * 3  # n4's 8 GPUs drained for about 3 s
     print(f"\nsreport: per account {used}, cluster {util}\nledger:  per team {teams}, pool accounts {pool}")
-    assert pool["idle"] == util["idle"] + util["planned"]
+    by_part, sreport_by_part = _books_by_pool(d / "lake"), _sreport_by_partition(slurm, start, end)
+    print(f"per partition and account: sreport {sorted(sreport_by_part.items())}\n"
+          f"                           ledger  {sorted(by_part.items())}")
+    assert by_part == sreport_by_part
+    maint = util["maintenance_gpu_s"]
+    assert maint >= 8 * 2 and util["planned_down"] == 0  # n4's 8 GPUs in maintenance for about 3 s
+    assert pool.get("unavailable", 0) == util["down"] + maint  # maintenance to the second it began and ended
+    assert util["down"] >= 8 * 3  # n4's 8 GPUs drained for about 3 s
+    assert pool["idle"] + maint == util["idle"] + util["planned"]
     assert sum(teams.values()) == util["allocated"]
     assert pool.get("overcommitted", 0) == 0
 
@@ -268,16 +335,22 @@ def test_import_sacct_books_equal_sreport(slurm, workload):
     fmt = "JobID,Account,User,Partition,Submit,Eligible,Start,End,State,AllocTRES,ReqTRES,Priority,AdminComment"
     (d / "sacct.txt").write_text(slurm.cmd("sacct", "-a", "-D", "-X", "--parsable2", "-S", _iso(workload["since"]),
                                            f"--format={fmt}"))
+    print(f"\nrequeue hold-offs (End of a run to Eligible of the next; pending demand in the ledger): "
+          f"{_hold_offs(d / 'sacct.txt')}")
     (d / "sinfo.json").write_text(slurm.cmd("sinfo", "--json"))
     (d / "assoc.txt").write_text(slurm.cmd("sacctmgr", "-P", "show", "assoc",
                                            "format=id,account,user,partition,grptres"))
     (d / "node-events.txt").write_text(slurm.cmd("sacctmgr", "-n", "-P", "show", "event", "event=node",
                                                  f"start={_iso(workload['since'])}",
                                                  "format=nodename,start,end,state,reason"))
+    (d / "reservations.txt").write_text(slurm.cmd("sacctmgr", "-n", "-P", "show", "reservation",
+                                                  f"start={_iso(workload['since'])}",
+                                                  "format=name,nodenames,start,end,flags"))
     res = CliRunner().invoke(app, ["import", "sacct", str(d / "sacct.txt"), "-o", str(d / "import.jsonl"),
                                    "--cluster", CLUSTER, "--nodes", str(d / "sinfo.json"), "--assoc",
                                    str(d / "assoc.txt"), "--inventory-at", str(workload["since"]),
-                                   "--node-events", str(d / "node-events.txt"), "--json"])
+                                   "--node-events", str(d / "node-events.txt"),
+                                   "--reservations", str(d / "reservations.txt"), "--json"])
     assert res.exit_code == 0, res.output
     report = json.loads(res.output)
     assert not [n for n in report["notes"] if n.startswith("WARNING")], report["notes"]
@@ -287,6 +360,7 @@ def test_import_sacct_books_equal_sreport(slurm, workload):
     teams, pool = _books(d / "import-lake")
     used, util = _sreport(slurm, start, end)
     assert teams == used
-    assert pool["capacity"] == util["reported"] and pool["idle"] == util["idle"] + util["planned"]
-    assert pool["unavailable"] == util["down"] + util["planned_down"]
+    maint = util["maintenance_gpu_s"]
+    assert pool["capacity"] == util["reported"] and pool["idle"] + maint == util["idle"] + util["planned"]
+    assert pool["unavailable"] == util["down"] + maint
     assert (teams, pool) == _books(d / "lake")  # and the same books as the watcher's

@@ -20,8 +20,8 @@ import pytest
 from chipledger.importers.sacct import import_sacct
 from chipledger.slurm import commands
 from chipledger.slurm.actuate import Actuator, Ops, decisions_from_jsonl
-from chipledger.slurm.mapping import (Assoc, MapReport, Node, Run, chip_state, decision_of, gpu_limits, gres_gpus,
-                                      grants_of, job_events, node_state_events, pools_of, runs_by_job)
+from chipledger.slurm.mapping import (Assoc, MapReport, Node, Run, decision_of, gpu_limits, gres_gpus,
+                                      grants_of, hostnames, job_events, node_state_events, pools_of, runs_by_job)
 from chipledger.slurm.watch import Slurm, Watcher, WatchError, _not_in_accounting_yet
 
 FIX = Path(__file__).parent / "fixtures" / "slurm"
@@ -111,8 +111,8 @@ def test_since_moves_earlier_times_to_it():
 def test_nodes_pools_and_states(nodes):
     by = {n.name: n for n in nodes}
     assert (by["n1"].gpus, by["n1"].gpu_type, by["n1"].partitions) == (8, "a100", ("a100",))
-    assert chip_state(by["n2"].states) == "down" and by["n2"].reason == "fan"
-    assert chip_state(by["n1"].states) == "healthy"
+    assert "DRAIN" in by["n2"].states and by["n2"].reason == "fan"
+    assert "DRAIN" not in by["n1"].states
     pools = pools_of(CLUSTER, nodes)
     assert {p: (s.flavor, s.chips_per_node, len(s.nodes)) for p, s in pools.items()} == {
         "chipledger/a100": ("a100", 8, 2), "chipledger/h100": ("h100", 8, 2)}
@@ -126,15 +126,6 @@ def test_scontrol_show_node_text_gives_the_same_nodes(nodes):
         [(n.name, n.gpus, n.gpu_type, n.partitions) for n in nodes]
     shape = lambda ps: {p: (s.flavor, s.chips_per_node, [n.name for n in s.nodes]) for p, s in ps.items()}  # noqa: E731
     assert shape(pools_of(CLUSTER, text_nodes)) == shape(pools_of(CLUSTER, nodes))
-
-
-@pytest.mark.parametrize("states, chip", [
-    (("IDLE",), "healthy"), (("MIXED",), "healthy"), (("ALLOCATED",), "healthy"), (("IDLE", "DRAIN"), "down"),
-    (("DOWN",), "down"), (("IDLE", "MAINTENANCE"), "maintenance"), (("IDLE", "MAINTENANCE", "DRAIN"), "maintenance"),
-    (("DOWN", "MAINTENANCE"), "down"), (("IDLE", "NOT_RESPONDING"), "down"), (("idle*",), "healthy"),
-])
-def test_chip_state(states, chip):
-    assert chip_state(states) == chip
 
 
 @pytest.mark.parametrize("gres, expected", [
@@ -177,6 +168,33 @@ def test_node_events_to_chip_states(nodes):
     assert node_state_events(CLUSTER, "s", pools_of(CLUSTER, nodes), evs, since=1796298300)[0].body["chip_id"] == "n4-gpu0"
 
 
+def test_maintenance_reservations_to_chip_states(nodes):
+    """`sacctmgr -n -P show reservation format=name,nodenames,start,end,flags` as 22.05.8 prints it: MAINT
+    reservations (not IGNORE_JOBS) are maintenance from their start to their end, to the second; a node down
+    inside one is down, then in maintenance again until the reservation ends."""
+    text = ("mx|n4|2026-12-03T11:40:00|2026-12-03T11:40:30|MAINT,SPEC_NODES\n"
+            "m2|n[1-2]|2026-12-03T11:41:00|Unknown|MAINT\n"
+            "ij|n3|2026-12-03T11:40:00|2026-12-03T11:50:00|MAINT,IGNORE_JOBS\n"  # jobs run on: not PLND Down
+            "big|n3|2026-12-03T11:40:00|2026-12-03T11:50:00|SPEC_NODES\n")  # an ordinary reservation
+    maint = commands.reservations_from_text(text)
+    assert maint == [("n4", 1796298000, 1796298030, "mx"), ("n1", 1796298060, None, "m2"),
+                     ("n2", 1796298060, None, "m2")]
+    down = [("n4", 1796298010, 1796298020, "DOWN", "psu")]
+    out = node_state_events(CLUSTER, "s", pools_of(CLUSTER, nodes), down, since=0, maintenance=maint)
+    n4 = [(e.at, e.body["state"], e.body.get("reason")) for e in out if e.body["chip_id"] == "n4-gpu0"]
+    assert n4 == [(1796298000, "maintenance", "MAINT reservation mx"), (1796298010, "down", "DOWN: psu"),
+                  (1796298020, "maintenance", "MAINT reservation mx"), (1796298030, "healthy", None)]
+    assert {(e.body["chip_id"][:2], e.body["state"], e.at) for e in out if e.body["chip_id"][:2] != "n4"} == \
+        {("n1", "maintenance", 1796298060), ("n2", "maintenance", 1796298060)}
+    assert len({e.body["event_id"] for e in out}) == len(out) == 4 * 8 + 2 * 8
+
+
+def test_hostnames():
+    assert hostnames("n4") == ["n4"]
+    assert hostnames("n[1-2],gpu[08-10,3]x") == ["n1", "n2", "gpu08x", "gpu09x", "gpu10x", "gpu3x"]
+    assert hostnames("") == []
+
+
 def test_decision_of():
     assert decision_of("chipledger-preempt:abc-1") == "abc-1"
     assert decision_of("chipledger-preempt:") is None
@@ -206,11 +224,13 @@ class FakeSlurm:
         self.nodes_, self.assocs_, self.runs_, self.queue_ = list(nodes), list(assocs), list(runs), []
         self.registered = registered
         self.node_events_ = [("n2", 1796297849, None, "DRAIN", "fan")]  # drained at 11:37:29, still
+        self.reservations_ = []
 
     def slurm(self):
         return Slurm(nodes=lambda: self.nodes_, assocs=lambda c: self.assocs_, runs=lambda since: self.runs_,
                      registered_at=lambda c: self.registered, queue=lambda: self.queue_,
-                     node_events=lambda c, since: self.node_events_)
+                     node_events=lambda c, since: self.node_events_,
+                     reservations=lambda c, since: self.reservations_)
 
 
 NOW = 1796298000  # 2026-12-03T11:40:00Z, after every captured record (11:37:23 … 11:37:35)
@@ -250,7 +270,8 @@ def test_watcher_turns_limit_and_node_changes_into_events(tmp_path, nodes, assoc
     fake.assocs_ = [Assoc("3", "vision", "", "", (("a100", 12),)), *[a for a in assocs if a.account != "vision"]]
     fake.node_events_ = [("n2", 1796297849, 1796298030, "DRAIN", "fan")]  # resumed at 11:40:30
     fake.nodes_ = [Node(n.name, n.gpus, n.gpu_type, n.partitions, ("IDLE", "MAINTENANCE") if n.name == "n4"
-                        else ("IDLE",)) for n in nodes]  # n4 in a maintenance reservation
+                        else ("IDLE",)) for n in nodes]  # n4 in a maintenance reservation since 11:40:40
+    fake.reservations_ = [("n4", 1796298040, 1796298340, "maint")]  # (planned to end at 11:45:40)
     sink = ListSink()
     _watcher(tmp_path, fake, sink, now=NOW + 60).poll()
     quota = [(e["type"], e["grant_id"], e.get("chips")) for e in sink.events if e["type"].startswith("quota.")]
@@ -258,7 +279,7 @@ def test_watcher_turns_limit_and_node_changes_into_events(tmp_path, nodes, assoc
                      ("quota.granted", "slurm:chipledger:assoc3:chipledger/a100:v2", 12)]
     states = {(e["chip_id"], e["state"], e["occurred_at"]) for e in sink.events if e["type"] == "chip.state_changed"}
     assert states == {(f"n2-gpu{i}", "healthy", "2026-12-03T11:40:30Z") for i in range(8)} | {
-        (f"n4-gpu{i}", "maintenance", "2026-12-03T11:40:55Z") for i in range(8)}
+        (f"n4-gpu{i}", "maintenance", "2026-12-03T11:40:40Z") for i in range(8)}  # to the second it began
     # what only the controller shows is stamped with the poll's watermark (now - settle)
     assert {e["occurred_at"] for e in sink.events if e["type"].startswith("quota.")} == {"2026-12-03T11:40:55Z"}
 

@@ -22,8 +22,8 @@ occurrence; a time in the skipped hour is read with the offset before the change
 Requeues: with `-D/--duplicates` every run of a requeued job is its own record with the same JobID (earlier ones
 end REQUEUED, PREEMPTED, NODE_FAIL…; a requeue resets Submit). The records of a JobID are chained into one job:
 submitted once (at the first record's Eligible when the column is there, else its Submit), started at each
-run's Start, and every run but the last goes back to the queue, as `slurm watch` books it (the rules are shared
-with chipledger/slurm/mapping.py): PREEMPTED → `job.preempted`; REQUEUED with the actuator's AdminComment →
+run's Start, and every run but the last goes back to the queue, as `slurm watch` books it: the records become
+`Run`s and go through the watcher's own walk, chipledger/slurm/mapping.job_events (one rule, one place): PREEMPTED → `job.preempted`; REQUEUED with the actuator's AdminComment →
 `job.preempted` with its decision id; REQUEUED otherwise (an admin's `scontrol requeue`) → `job.checkpointed`
 then `job.preempted`, so no work is lost. The last record decides the outcome. A dump without any JobID of
 several records may have been made without -D: the report says so loudly. With `cluster` and `nodes` (a
@@ -48,8 +48,8 @@ from typing import Iterator, Optional
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from chipledger.importers.base import ImportReport, TraceFormatError, TraceWriter
-from chipledger.slurm.mapping import (ACTIVE, BACK_TO_QUEUE, OUTCOME, PENDING, Assoc, Node, chip_ids, decision_of,
-                                      grants_of, pool_name, pools_of)
+from chipledger.slurm.mapping import (KNOWN_STATES, PENDING, Assoc, MapReport, Node, Run, chip_ids, grants_of,
+                                      job_events, pool_name, pools_of)
 
 SOURCE = "slurm/sacct"
 REQUIRED = ("JobID", "Account", "Partition", "Submit", "Start", "End", "State", "AllocTRES")
@@ -57,17 +57,14 @@ OPTIONAL = ("ReqTRES", "Priority", "Cluster", "Eligible", "AdminComment")
 MAX_ARRAY_EXPAND = 10_000  # pending array tasks listed as one record (`123_[5-10]`) are expanded up to this
 _PRIORITY_MAX = 2**31 - 1
 
-# sacct states and what they mean: the same tables as `slurm watch` (chipledger/slurm/mapping.py)
-_OUTCOME = OUTCOME
-_BACK_TO_QUEUE = BACK_TO_QUEUE
-_ACTIVE = ACTIVE
-_PENDING = PENDING
+# sacct's short state names; what each state means is in chipledger/slurm/mapping.py, as for `slurm watch`
 _SHORT = {"CD": "COMPLETED", "CA": "CANCELLED", "F": "FAILED", "TO": "TIMEOUT", "NF": "NODE_FAIL",
           "OOM": "OUT_OF_MEMORY", "BF": "BOOT_FAIL", "DL": "DEADLINE", "PR": "PREEMPTED", "RQ": "REQUEUED",
           "R": "RUNNING", "S": "SUSPENDED", "CG": "COMPLETING", "CF": "CONFIGURING", "RS": "RESIZING",
           "PD": "PENDING", "RV": "REVOKED", "SE": "SPECIAL_EXIT", "RH": "REQUEUE_HOLD", "RF": "REQUEUE_FED",
           "SO": "STAGE_OUT", "ST": "STOPPED"}
-_KNOWN_STATES = frozenset(_OUTCOME) | _BACK_TO_QUEUE | _ACTIVE | _PENDING
+_LEFT_OUT = {"cancelled_while_held": "jobs cancelled while held (never eligible) left out"}
+_ENVELOPE = frozenset(("event_id", "type", "occurred_at", "pool", "source"))  # the writer sets these itself
 
 _ABSENT_TIME = frozenset(("", "unknown", "none", "n/a", "invalid"))
 _JOB_ID = re.compile(r"(\d+)(?:_(\d+|\[([0-9,\-:%]*)\]))?(\+\d+)?")
@@ -88,14 +85,15 @@ class _Record:
     line_no: int
     job_id: str
     team: str
-    pool: str
-    flavor: str
+    pool: str  # pool_name(prefix, flavor)
+    flavor: str  # the partition (the first of a multi-partition pending job)
+    prefix: str  # what the pool is named under: the cluster (--cluster), else `slurm` or `slurm/<Cluster column>`
     submit: int
     start: Optional[int]  # None: never allocated (pending, or ended before it started)
     end: Optional[int]
     state: str
     chips: int
-    chips_per_node: Optional[int]
+    nodes: Optional[int]
     priority: int
     multi_partition: bool
     eligible: Optional[int] = None  # None: not set (held, never eligible) or no Eligible column
@@ -191,7 +189,7 @@ def _array_tasks(spec: str) -> list[int]:
 def _state(text: str) -> str:
     word = text.strip().split(" ", 1)[0].rstrip("+").upper()
     word = _SHORT.get(word, word)
-    if word not in _KNOWN_STATES:
+    if word not in KNOWN_STATES:
         raise _Skip("unknown_state")
     return word
 
@@ -264,17 +262,15 @@ class _Parser:
             chips, nodes = _gpus(req)
         if chips <= 0:
             raise _Skip("no_gpu")
-        if state in _PENDING:
+        if state in PENDING:
             start = end = None
         multi = "," in partition
         if multi:  # a pending job submitted to several partitions lists them all until it starts
             partition = partition.split(",", 1)[0].strip()
         cl_at = cols.opt["Cluster"]
         cluster = fields[cl_at].strip() if cl_at is not None else ""
-        if self.cluster:
-            pool = pool_name(self.cluster, partition)
-        else:
-            pool = f"slurm/{cluster}/{partition}" if cluster else f"slurm/{partition}"
+        prefix = self.cluster or (f"slurm/{cluster}" if cluster else "slurm")
+        pool = pool_name(prefix, partition)
         el_at = cols.opt["Eligible"]
         eligible = clock(fields[el_at]) if el_at is not None else None
         ac_at = cols.opt["AdminComment"]
@@ -285,7 +281,6 @@ class _Parser:
             p = fields[pr_at].strip()
             if p.lstrip("-").isdigit():
                 priority = max(-_PRIORITY_MAX - 1, min(_PRIORITY_MAX, int(p)))
-        per_node = chips // nodes if nodes and chips % nodes == 0 else None
         if m.group(3) is not None:  # `123_[5-10]`: pending tasks not yet split off
             base = m.group(1)
             ids = [f"{base}_{t}{m.group(4) or ''}" for t in _array_tasks(m.group(3))]
@@ -293,7 +288,7 @@ class _Parser:
                 raise _Skip("bad_job_id")
         else:
             ids = [raw_id]
-        return [_Record(line_no, job_id, team, pool, partition, submit, start, end, state, chips, per_node,
+        return [_Record(line_no, job_id, team, pool, partition, prefix, submit, start, end, state, chips, nodes,
                         priority, multi, eligible, comment) for job_id in ids]
 
 
@@ -367,85 +362,38 @@ def _first_pass(path: Path, clock: _Clock, report: ImportReport, cluster: Option
 
 
 class _Emitter:
-    """Turns the records of one job (one, or several runs of a requeued job) into a legal event sequence."""
+    """Hands the records of one job (one, or several runs of a requeued job) to the mapping `slurm watch` uses
+    (chipledger/slurm/mapping.job_events: the one walk over a job's runs) and schedules its events."""
 
     def __init__(self, writer: TraceWriter, adjust: Counter, eligible_column: bool = False):
         self.w = writer
         self.adjust = adjust
         self.eligible_column = eligible_column
+        self.mapped = MapReport()  # what the mapping adjusted or left out, merged into the notes at the end
 
     def job(self, records: list[_Record]) -> None:
         records.sort(key=lambda r: (r.submit, r.start if r.start is not None else float("inf"), r.line_no))
-        w = self.w
         r0 = records[0]
-        job_id, pool = r0.job_id, r0.pool
-        first_wait = r0.submit
-        if self.eligible_column:  # the wait starts when Slurm made the job eligible (not while held)
-            if r0.eligible is not None:
-                first_wait = r0.eligible
-            elif r0.start is not None:
-                first_wait = r0.start
-            elif len(records) == 1 and r0.state in _OUTCOME:
-                self.adjust["jobs cancelled while held (never eligible) left out"] += 1
-                return
-            else:
-                self.adjust["held jobs (never eligible) left out"] += 1
-                return
-        w.emit(first_wait, "job.submitted", pool, job_id=job_id, team=r0.team, chips=r0.chips,
-               priority=r0.priority, preemptible=True, chips_per_node=r0.chips_per_node)
+        runs = [Run(r.job_id, r.team, "", r.flavor, r.submit, r.eligible, r.start, r.end, r.state, r.chips, r.nodes,
+                    r.priority, r.admin_comment) for r in records]
+        events = job_events(r0.prefix, SOURCE, runs, self.mapped, eligible=self.eligible_column)
+        if not events:
+            return
         if r0.multi_partition:
             self.adjust["pool of a multi-partition pending job taken from its first partition"] += 1
-        if len(records) > 1:
-            self.adjust["requeued jobs whose runs were chained"] += 1
-        cursor = first_wait
-        running = False
-        n = len(records)
-        for k, r in enumerate(records):
-            if r.submit > cursor and k > 0:
-                cursor = r.submit
-            if r.pool != pool:
+        for r in records[1:]:
+            if r.pool != r0.pool:
                 self.adjust["requeued runs in another partition kept in the first run's pool"] += 1
-            if r.start is not None:
-                if r.start < cursor:
-                    self.adjust["start before submit (or before the previous run's end) moved later"] += 1
-                t = max(r.start, cursor)
-                w.emit(t, "job.started", pool, job_id=job_id)
-                running, cursor = True, t
-            if k < n - 1:  # an earlier run of a requeued job: back to the queue, whatever its state says
-                if running:
-                    end = r.end if r.end is not None else records[k + 1].submit
-                    t = max(end, cursor)
-                    self._back_to_queue(t, pool, job_id, r)
-                    running, cursor = False, t
-                continue
-            outcome = _OUTCOME.get(r.state)
-            if outcome is not None:
-                if r.end is None:
-                    self.adjust["jobs in a final state without an End time left active"] += 1
-                    continue
-                if r.end < cursor:
-                    self.adjust["end before start moved later"] += 1
-                if r.state == "CANCELLED" and running and decision_of(r.admin_comment):
-                    self._back_to_queue(max(r.end, cursor), pool, job_id, r)  # `slurm actuate --action cancel`
-                w.emit(max(r.end, cursor), "job.finished", pool, job_id=job_id, outcome=outcome)
-            elif r.state in _BACK_TO_QUEUE and running:
-                if r.end is None:
-                    self.adjust["preempted jobs without an End time left running"] += 1
-                    continue
-                self._back_to_queue(max(r.end, cursor), pool, job_id, r)
-                self.adjust["jobs preempted and not requeued in the file, left pending"] += 1
-            elif r.state in _ACTIVE and not running:
-                self.adjust["active jobs without a Start time left pending"] += 1
+        emit = self.w.emit
+        for e in events:
+            fields = {k: v for k, v in e.body.items() if k not in _ENVELOPE}
+            emit(e.at, e.body["type"], e.body["pool"], **fields)
 
-    def _back_to_queue(self, t: int, pool: str, job_id: str, r: _Record) -> None:
-        """As `slurm watch` (chipledger/slurm/mapping.py): PREEMPTED → preempted with its work lost; REQUEUED
-        with the actuator's AdminComment → that decision's preemption; REQUEUED otherwise → an admin requeue,
-        checkpointed first so no work is lost."""
-        decision = decision_of(r.admin_comment) if r.state in ("REQUEUED", "CANCELLED") else None
-        if r.state == "REQUEUED" and decision is None:
-            self.w.emit(t, "job.checkpointed", pool, job_id=job_id)
-            self.adjust["admin requeues (scontrol requeue, no work lost)"] += 1
-        self.w.emit(t, "job.preempted", pool, job_id=job_id, decision_id=decision)
+    def notes(self) -> None:
+        """The mapping's counts, into the import's notes."""
+        for reason, n in self.mapped.skipped.items():
+            self.adjust[_LEFT_OUT.get(reason, f"jobs left out ({reason})")] += n
+        self.adjust.update(self.mapped.notes)
 
 
 def load_nodes(path: Path) -> list[Node]:
@@ -469,6 +417,13 @@ def load_nodes(path: Path) -> list[Node]:
     return nodes_from_sinfo_json(doc)
 
 
+def _read(path: Path) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as e:
+        raise TraceFormatError(f"{path}: {e}") from None
+
+
 def load_assocs(path: Path) -> list[Assoc]:
     """Associations from `sacctmgr -P show assoc format=id,account,user,partition,grptres` (header optional)."""
     from chipledger.slurm.commands import assocs_from_text
@@ -481,7 +436,8 @@ def load_assocs(path: Path) -> list[Assoc]:
 
 def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8, *, cluster: Optional[str] = None,
                  nodes: Optional[Path] = None, assoc: Optional[Path] = None,
-                 inventory_at: Optional[int] = None, node_events: Optional[Path] = None) -> ImportReport:
+                 inventory_at: Optional[int] = None, node_events: Optional[Path] = None,
+                 reservations: Optional[Path] = None) -> ImportReport:
     """Import `sacct --parsable2` output into event JSONL at `out` (see the module docstring for the mapping).
 
     `tz`: the IANA zone the timestamps are in (the TZ of the sacct process). `chips_per_node`: GPUs per node,
@@ -490,7 +446,9 @@ def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8
     registered at `inventory_at` (default: the first Submit; sreport counts from when the cluster registered,
     `sacctmgr show event event=cluster`). `assoc`: a `sacctmgr show assoc` dump: GrpTRES gres/gpu limits of
     accounts become quota grants at the same instant. `node_events`: a `sacctmgr -n -P show event event=node
-    format=nodename,start,end,state,reason` dump: the nodes' down/drain periods, as chip states."""
+    format=nodename,start,end,state,reason` dump: the nodes' down/drain periods, as chip states. `reservations`: a
+    `sacctmgr -n -P show reservation format=name,nodenames,start,end,flags` dump: maintenance reservations (MAINT),
+    as chip states `maintenance` from their start to their end."""
     path, out = Path(path), Path(out)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
@@ -504,6 +462,8 @@ def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8
     report = ImportReport(source=str(path), output=str(out))
     plan, digest = _first_pass(path, clock, report, cluster)
     extra = f"|{cluster}|{inventory_at}|{nodes is not None}|{assoc is not None}" if cluster else ""
+    if reservations is not None:
+        extra += "|reservations"
     prefix = f"sacct-{hashlib.blake2b(f'{digest}|{tz}|{chips_per_node}{extra}'.encode(), digest_size=5).hexdigest()}"
 
     writer = TraceWriter(out, report, SOURCE, prefix)
@@ -522,20 +482,19 @@ def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8
             for (assoc_id, pool, team), chips in sorted(grants_of(cluster, specs, assoc_list).items()):
                 writer.emit(inv_at, "quota.granted", pool, grant_id=f"slurm:{cluster}:assoc{assoc_id}:{pool}:v1",
                             team=team, chips=chips)
-        if node_events is not None:
-            from chipledger.slurm.commands import node_events_from_text
+        if node_events is not None or reservations is not None:
+            from chipledger.slurm.commands import node_events_from_text, reservations_from_text
             from chipledger.slurm.mapping import node_state_events
 
-            try:
-                text = Path(node_events).read_text()
-            except OSError as e:
-                raise TraceFormatError(f"{node_events}: {e}") from None
-            for e in node_state_events(cluster, SOURCE, specs, node_events_from_text(text), since=inv_at):
+            down = node_events_from_text(_read(node_events)) if node_events is not None else []
+            maint = reservations_from_text(_read(reservations)) if reservations is not None else []
+            for e in node_state_events(cluster, SOURCE, specs, down, since=inv_at, maintenance=maint):
                 b = e.body
                 writer.emit(e.at, "chip.state_changed", b["pool"], chip_id=b["chip_id"], state=b["state"],
                             reason=b.get("reason"))
-    elif assoc_list is not None or node_events is not None:
-        raise TraceFormatError("--assoc and --node-events need --nodes: they apply to the pools the nodes make")
+    elif assoc_list is not None or node_events is not None or reservations is not None:
+        raise TraceFormatError("--assoc, --node-events and --reservations need --nodes: they apply to the pools "
+                               "the nodes make")
     for pool, (first, flavor) in sorted(plan.pool_first.items(), key=lambda kv: (kv[1][0], kv[0])):
         if pool in specs:
             if first < inv_at:
@@ -578,6 +537,7 @@ def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8
     for runs in waiting.values():  # only if two JobIDs shared a hash in the first pass
         emitter.job(runs)
     writer.close(plan.last_time)
+    emitter.notes()
 
     bare = [p for p in report.pools if p not in specs]
     if bare:

@@ -275,6 +275,34 @@ def node_events(cluster: str, since: int) -> list[tuple[str, int, Optional[int],
                                       f"start={utc_text(since)}", "format=nodename,start,end,state,reason"]))
 
 
+def reservations_from_text(text: str) -> list[tuple[str, int, Optional[int], str]]:
+    """Maintenance periods (node, start, end or None, reservation name) from `sacctmgr -n -P show reservation
+    format=name,nodenames,start,end,flags`: the reservations flagged MAINT and not IGNORE_JOBS (those sreport
+    counts as PLND Down), one row per node of each."""
+    from chipledger.slurm.mapping import hostnames
+
+    out = []
+    for line in text.splitlines():
+        f = line.split("|")
+        if len(f) < 5 or not f[0].strip() or f[0].strip().lower() == "name":
+            continue
+        flags = {x.strip().upper() for x in f[4].split(",")}
+        if "MAINT" not in flags or "IGNORE_JOBS" in flags:
+            continue
+        start = parse_utc(f[2])
+        if start is None:
+            continue
+        end = parse_utc(f[3])
+        out += [(node, start, end, f[0].strip()) for node in hostnames(f[1].strip())]
+    return out
+
+
+def reservations(cluster: str, since: int) -> list[tuple[str, int, Optional[int], str]]:
+    """Maintenance reservations slurmdbd recorded (sreport's PLND Down), with their exact start and end."""
+    return reservations_from_text(run(["sacctmgr", "-n", "-P", "show", "reservation", f"clusters={cluster}",
+                                       f"start={utc_text(since)}", "format=name,nodenames,start,end,flags"]))
+
+
 def requeue(job_id: str) -> None:
     run(["scontrol", "requeue", job_id])
 

@@ -38,11 +38,6 @@ ACTIVE = frozenset(("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STAGE_
 PENDING = frozenset(("PENDING", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT", "RESV_DEL_HOLD"))
 KNOWN_STATES = frozenset(OUTCOME) | BACK_TO_QUEUE | ACTIVE | PENDING
 
-# node state words (sinfo/scontrol, base state and flags) → chip state; first match in this order wins
-_NODE_STATES = (("down", ("DOWN", "FAIL", "FAILING", "NOT_RESPONDING", "INVAL", "FUTURE", "POWERED_DOWN",
-                          "POWER_DOWN", "POWERING_DOWN", "REBOOT_ISSUED", "REBOOT_REQUESTED")),
-                ("maintenance", ("MAINTENANCE", "MAINT", "RESERVED_MAINT")),
-                ("down", ("DRAIN", "DRAINED", "DRAINING")))
 _PRIORITY_MAX = 2**31 - 1
 
 
@@ -119,14 +114,6 @@ def state_word(text: str) -> str:
     return text.strip().split(" ", 1)[0].rstrip("+").upper()
 
 
-def chip_state(states: Iterable[str]) -> str:
-    words = {s.upper().rstrip("*~#$@%!^-+") for s in states}
-    for chip, names in _NODE_STATES:
-        if words.intersection(names):
-            return chip
-    return "healthy"
-
-
 def chip_ids(node: Node) -> list[str]:
     return [f"{node.name}-gpu{i}" for i in range(node.gpus)]
 
@@ -155,10 +142,13 @@ def decision_of(admin_comment: str) -> Optional[str]:
 
 
 def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, since: int = 0,
-               pools: Optional[set] = None) -> list[Event]:
+               pools: Optional[set] = None, *, eligible: bool = True) -> list[Event]:
     """The events of one job from all its runs (any order; chained by Submit). `since`: nothing earlier is
     written (times before it are moved to it). `pools`: the pools that exist (None: any); a job of another
-    partition is skipped as `no_pool`."""
+    partition is skipped as `no_pool`. `eligible=False` (a sacct dump without the Eligible column): the first
+    wait starts at Submit. Times out of order in the records (a Start before Submit or before the previous
+    run's End, an End before Start) are moved later and counted in `report.notes`. This is the one walk over
+    a job's runs: `slurm watch` and `import sacct` both call it."""
     runs = sorted(runs, key=lambda r: (r.submit, r.start if r.start is not None else 2**62))
     r0 = runs[0]
     job = r0.job_id
@@ -169,7 +159,7 @@ def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, si
     if pools is not None and pool not in pools:
         report.skipped["no_pool"] += 1
         return []
-    first_wait = r0.eligible
+    first_wait = r0.eligible if eligible else r0.submit
     if first_wait is None:
         if r0.start is not None:
             first_wait = r0.start  # should not happen: a run that started was eligible
@@ -179,6 +169,8 @@ def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, si
         else:
             report.notes["held jobs (not eligible yet) not submitted"] += 1
             return []
+    if len(runs) > 1:
+        report.notes["requeued jobs whose runs were chained"] += 1
     key0 = r0.submit
     per_node = r0.gpus // r0.nodes if r0.nodes and r0.gpus % r0.nodes == 0 else None
     out: list[Event] = []
@@ -190,7 +182,11 @@ def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, si
     n = len(runs)
     for k, r in enumerate(runs):
         key = r.submit
+        if k > 0 and r.submit > cursor:  # a requeued run waits from its own Submit (the requeue)
+            cursor = r.submit
         if r.start is not None and r.state not in PENDING:
+            if since <= r.start < cursor:
+                report.notes["start before submit (or before the previous run's end) moved later"] += 1
             t = max(r.start, cursor)
             out.append(_ev(t, RANK_START, "job.started", pool, source, _id(cluster, job, key, "started"),
                            job_id=job))
@@ -207,14 +203,22 @@ def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, si
             if r.end is None:
                 report.notes["jobs in a final state without an End time left active"] += 1
                 continue
+            if since <= r.end < cursor:
+                report.notes["end before start moved later"] += 1
             if r.state == "CANCELLED" and running and decision_of(r.admin_comment):  # `slurm actuate --action cancel`
                 out += _back_to_queue(cluster, source, pool, job, r, max(r.end, cursor), report)
             out.append(_ev(max(r.end, cursor), RANK_FREE, "job.finished", pool, source,
                            _id(cluster, job, key, "finished"), job_id=job, outcome=outcome))
-        elif r.state in BACK_TO_QUEUE and running and r.end is not None:
+        elif r.state in BACK_TO_QUEUE and running:
             # the last record ended PREEMPTED/REQUEUED and no next run is recorded (PreemptMode=CANCEL, or
             # the next record not written yet): back to the queue
+            if r.end is None:
+                report.notes["preempted jobs without an End time left running"] += 1
+                continue
             out += _back_to_queue(cluster, source, pool, job, r, max(r.end, cursor), report)
+            report.notes["jobs preempted and not requeued (yet), left pending"] += 1
+        elif r.state in ACTIVE and not running:
+            report.notes["active jobs without a Start time left pending"] += 1
     return out
 
 
@@ -233,28 +237,64 @@ def _back_to_queue(cluster: str, source: str, pool: str, job: str, r: Run, t: in
     return out
 
 
-def node_state_events(cluster: str, source: str, pools: dict, events: Iterable[tuple], since: int = 0) -> list[Event]:
-    """Chip states from slurmdbd's node events (`sacctmgr show event event=node`: a node DOWN, DRAIN, FAIL… from
-    its start to its end, exactly the periods sreport counts as Down): `down` at the start, `healthy` at the end
-    (unless another event of the node starts then). Events before `since` are cut there."""
+def node_state_events(cluster: str, source: str, pools: dict, events: Iterable[tuple], since: int = 0,
+                      maintenance: Iterable[tuple] = ()) -> list[Event]:
+    """Chip states from what slurmdbd recorded, to the second, for each node:
+
+    - `events`: node events (`sacctmgr show event event=node`: a node DOWN, DRAIN, FAIL… from its start to its
+      end, exactly the periods sreport counts as Down) as (node, start, end or None, state, reason);
+    - `maintenance`: maintenance reservations (`sacctmgr show reservation`, flag MAINT without IGNORE_JOBS: the
+      periods sreport counts as PLND Down) as (node, start, end or None, reservation name).
+
+    Per node, at every start and end: `down` while a node event is open, else `maintenance` while a maintenance
+    reservation covers the node, else `healthy`; a `chip.state_changed` for each of its GPUs whenever that state
+    (or its reason) changes. Periods before `since` are cut there."""
     chips_of = {n.name: (spec.pool, chip_ids(n)) for spec in pools.values() for n in spec.nodes}
     by_node: dict[str, list] = {}
     for node, start, end, state, reason in events:
         if node in chips_of and (end is None or end > since):
-            by_node.setdefault(node, []).append((max(start, since), end, state, reason))
+            by_node.setdefault(node, []).append((max(start, since), end, 0, (f"{state}: {reason}" if reason else state)))
+    for node, start, end, name in maintenance:
+        if node in chips_of and (end is None or end > since) and (end is None or end > start):
+            by_node.setdefault(node, []).append((max(start, since), end, 1, f"MAINT reservation {name}"))
     out = []
-    for node, evs in by_node.items():
+    for node, periods in sorted(by_node.items()):
         pool, chips = chips_of[node]
-        evs.sort(key=lambda e: (e[0], e[1] if e[1] is not None else 2**62))
-        starts = {e[0] for e in evs}
-        for start, end, state, reason in evs:
+        instants = sorted({p[0] for p in periods} | {p[1] for p in periods if p[1] is not None})
+        have = ("healthy", None)
+        for t in instants:
+            open_ = [p for p in periods if p[0] <= t and (p[1] is None or p[1] > t)]
+            if open_:
+                kind = min(p[2] for p in open_)  # a node down in a maintenance reservation is down
+                latest = max((p for p in open_ if p[2] == kind), key=lambda p: p[0])
+                want = ("down" if kind == 0 else "maintenance", latest[3][:200])
+            else:
+                want = ("healthy", None)
+            if want == have:
+                continue
             for c in chips:
-                out.append(_ev(start, RANK_CHIP, "chip.state_changed", pool, source, _id(cluster, c, "down", start),
-                               chip_id=c, state="down", reason=(f"{state}: {reason}" if reason else state)[:200]))
-            if end is not None and end not in starts:
-                for c in chips:
-                    out.append(_ev(end, RANK_CHIP, "chip.state_changed", pool, source,
-                                   _id(cluster, c, "healthy", end), chip_id=c, state="healthy"))
+                out.append(_ev(t, RANK_CHIP, "chip.state_changed", pool, source, _id(cluster, c, want[0], t),
+                               chip_id=c, state=want[0], reason=want[1]))
+            have = want
+    return out
+
+
+def hostnames(expr: str) -> list[str]:
+    """Slurm's hostlist syntax, as `scontrol show hostnames` expands it: `n1,n[3-4]`, `gpu[01-02,7]x` →
+    each name (zero padding kept)."""
+    out: list[str] = []
+    for m in re.finditer(r"([^,\[]*)(?:\[([^\]]*)\])?([^,\[]*)", expr or ""):
+        prefix, ranges, suffix = m.group(1), m.group(2), m.group(3)
+        if ranges is None:
+            if prefix + suffix:
+                out.append(prefix + suffix)
+            continue
+        for item in ranges.split(","):
+            lo, _, hi = item.partition("-")
+            hi = hi or lo
+            if not (lo.isdigit() and hi.isdigit()):
+                continue
+            out += [f"{prefix}{i:0{len(lo)}d}{suffix}" for i in range(int(lo), int(hi) + 1)]
     return out
 
 

@@ -1,7 +1,9 @@
 """`chipledger slurm watch`: poll a live Slurm and send what happened as chipledger events, exactly once.
 
-Each poll reads the controller's nodes (`sinfo --json`), the associations' GPU limits (`sacctmgr show assoc`)
-and every run of every job active since the start (`sacct -a -D -X --json`), maps them with
+Each poll reads the controller's nodes (`sinfo --json`), the associations' GPU limits (`sacctmgr show assoc`),
+every run of every job active since the start (`sacct -a -D -X --json`), and the nodes' down periods and
+maintenance reservations slurmdbd recorded with their exact start and end (`sacctmgr show event event=node`,
+`sacctmgr show reservation`: what sreport counts as Down and PLND Down), maps them with
 chipledger/slurm/mapping.py, and sends the events not sent before whose instant is at or before the
 *watermark* (now − `settle_s`: accounting records reach slurmdbd a moment after they happen, so an instant is
 only final once it is a little in the past). Events go out in (time, rank) order, followed by one `pool.tick`
@@ -11,7 +13,7 @@ The state file (JSON, replaced atomically after every poll) is the cursor: the w
 sent (pruned once they are older than the look-back and Slurm no longer lists them), the inventory, chip
 states and grants seen. Events from accounting are recomputed from Slurm at every poll and carry ids derived
 from Slurm's own, so a repeated poll or a restarted watcher sends nothing new; changes only the controller
-knows (a node drained, a limit changed) are stamped with the watermark of the poll that saw them (so they are
+knows (a node added, a limit changed) are stamped with the watermark of the poll that saw them (so they are
 at most `settle_s` plus one interval late) and kept in the state until sent. The watermark is also held
 just before any instant the controller's queue (`squeue --json`) shows but accounting does not list yet. If the watcher dies between sending and saving, the next poll sends the same events again with the same
 ids and bodies: the ledger drops them as duplicates.
@@ -28,7 +30,7 @@ from typing import Callable, Optional
 
 from chipledger.slurm import commands
 from chipledger.slurm.mapping import (ACTIVE, BACK_TO_QUEUE, OUTCOME, RANK_CHIP, RANK_REGISTER, RANK_QUOTA, RANK_TICK, Event, MapReport, PoolSpec, chip_ids,
-                                      chip_state, grants_of, inventory_events, job_events, node_state_events,
+                                      grants_of, inventory_events, job_events, node_state_events,
                                       pools_of, runs_by_job,
                                       _ev, _id)
 
@@ -50,6 +52,7 @@ class Slurm:
     queue: Callable = commands.queue
     registered_at: Callable = commands.cluster_registered_at
     node_events: Callable = commands.node_events
+    reservations: Callable = commands.reservations
 
 
 @dataclass
@@ -166,16 +169,16 @@ class Watcher:
             watermark = prev
         nodes = self.slurm.nodes()
         pools = pools_of(self.cluster, nodes)
-        # a change only the controller shows (a node drained, a limit changed) is stamped with this poll's
+        # a change only the controller shows (a node added, a limit changed) is stamped with this poll's
         # watermark: the instant up to which this poll sends, so it goes out now and in order
         observed_at = max(watermark, since) if prev is not None else None
         self._inventory(pools, observed_at)
-        self._chip_states(pools, observed_at)
         self._grants(pools, observed_at, report)
         candidates = [Event(x["at"], x["rank"], x["body"]) for x in st["pending"]]
         if st["inventory_at"] is not None:
             candidates += node_state_events(self.cluster, self.source, pools,
-                                            self.slurm.node_events(self.cluster, lookback), st["inventory_at"])
+                                            self.slurm.node_events(self.cluster, lookback), st["inventory_at"],
+                                            self.slurm.reservations(self.cluster, lookback))
         known = set(st["pools"])
         submitted_jobs = {k.split(":", 3)[2] for k in st["sent"] if k.endswith(":submitted")}
         for job_id, job_runs in runs_by_job(runs).items():
@@ -240,21 +243,6 @@ class Watcher:
                 for c in sorted(have - set(now_chips)):
                     self._pending(at, RANK_CHIP, "chip.retired", p, _id(self.cluster, c, "retired", at), chip_id=c)
                 st["pools"][p] = now_chips
-
-    def _chip_states(self, pools: dict[str, PoolSpec], observed_at: Optional[int]) -> None:
-        """Maintenance from the controller's MAINT flag (a maintenance reservation), stamped when seen; down and
-        back come from slurmdbd's node events with their exact times (node_state_events)."""
-        st = self.state
-        at = observed_at if observed_at is not None else st["inventory_at"]
-        for p, spec in pools.items():
-            for n in spec.nodes:
-                want = "maintenance" if chip_state(n.states) == "maintenance" else "healthy"
-                for c in chip_ids(n):
-                    have = st["chips"].get(c, "healthy")
-                    if want != have:
-                        self._pending(at, RANK_CHIP, "chip.state_changed", p, _id(self.cluster, c, want, at),
-                                      chip_id=c, state=want, reason=(n.reason or ",".join(n.states))[:200] or None)
-                        st["chips"][c] = want
 
     def _grants(self, pools: dict[str, PoolSpec], observed_at: Optional[int], report: MapReport) -> None:
         st = self.state
