@@ -223,6 +223,7 @@ class SequencerStage:
         self._inflight: list = []
         self._last_checkpoint = 0.0
         self._ckpt: Optional[asyncio.Future] = None
+        self._captured: tuple[list, dict] = ([], {})  # the deliveries and pools of the last checkpoint started
         self.halted: Callable[[], bool] = lambda: False  # the app: Faust is rebalancing
         self.lock = asyncio.Lock()
         self._pending_dead: list = []  # (pool, tp, offset, item): sequencer dead letters not sent yet
@@ -254,8 +255,8 @@ class SequencerStage:
         received before it stays: it is not read again, and dropping it lost it (its successors then waited for it
         and went "forced"; the failover test's loss). What was logged is in the state (dropped when read again)."""
         held = sorted(h.offset for bufs in self.seq._buf.values() for h in bufs.get(tp, ()))
-        log.info("sequencer: %s[%d] read again from offset %d (received up to %d; buffered: %s)", tp.topic,
-                 tp.partition, offset, self.received_next.get(tp, -1) - 1, f"{held[0]}..{held[-1]}" if held else "-")
+        log.warning("sequencer: %s[%d] read again from offset %d (received up to %d; buffered: %s)", tp.topic,
+                    tp.partition, offset, self.received_next.get(tp, -1) - 1, f"{held[0]}..{held[-1]}" if held else "-")
         self.seq.drop_tp(tp, offset)
         self.gate.drop_tp(tp, offset)
         self._done = [(t, o) for t, o in self._done if t != tp or o < offset]
@@ -325,6 +326,9 @@ class SequencerStage:
                 n += 1
                 if r.note == "logged":
                     self.counts["dropped_logged"] += 1
+                    # its seq is in the live state, maybe not yet in the table (a checkpoint stopped by a rebalance
+                    # wrote nothing): the checkpoint that acks it writes the state first
+                    self._touched[pool] = event
                     continue
                 if r.note in ("forced", "late"):
                     self.counts[r.note] += 1
@@ -351,13 +355,14 @@ class SequencerStage:
             touched, self._touched = self._touched, {}
             values = {pool: orjson.dumps(self.states[pool].to_dict()) for pool in touched}
             done, self._done = self._done, []
+            self._captured = (inflight, touched)
             self._ckpt = asyncio.ensure_future(self._checkpoint(inflight, touched, values, done))
             self._last_checkpoint = now
         return n
 
     async def _checkpoint(self, inflight, touched, values, done) -> None:
         if inflight:
-            await asyncio.gather(*inflight)
+            await asyncio.shield(asyncio.gather(*inflight))  # a rebalance's cancel must not cancel deliveries
         if self.halted():  # a rebalance began meanwhile: write and ack nothing (see abandon_checkpoint)
             return
         written = [self.store(pool, values[pool], event) for pool, event in touched.items()]
@@ -377,6 +382,7 @@ class SequencerStage:
     async def abandon(self) -> None:
         """Stop the checkpoint in progress before it writes the table or acks (see `abandon_checkpoint`)."""
         self._ckpt = await abandon_checkpoint(self._ckpt)
+        carry_back(self)
 
     def forget_partitions(self, partitions: set[int]) -> None:
         for part in partitions:
@@ -406,12 +412,26 @@ async def durable(written: list) -> None:
     pending = [f for w in written if w for f in w]
     if pending:
         try:
-            await asyncio.wait_for(asyncio.gather(*pending), DURABLE_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.shield(asyncio.gather(*pending)), DURABLE_TIMEOUT_S)
         except asyncio.TimeoutError:
             # never ack what may not be in Kafka, and never wait silently: the drain stops the worker on this
             # (its supervisor restarts it; the records are read again from the committed offsets)
             raise RuntimeError(f"the table's changelog writes were not acknowledged by Kafka within "
                                f"{DURABLE_TIMEOUT_S:.0f} s") from None
+
+
+def carry_back(stage) -> None:
+    """After a checkpoint stopped by a rebalance (cancelled, or returned without writing): what it captured goes
+    back to the next checkpoint. The live states of the pools whose partitions stay here are kept, and they hold
+    the records that checkpoint did not make durable: the next checkpoint must write those pools' states and
+    wait for those outputs before it acks anything, even when the records read again are all dropped as already
+    done (else their offsets are committed while the table holds an older state, and a kill -9 then loses them).
+    Pools of revoked partitions are dropped after this (`forget_partitions`)."""
+    inflight, touched = stage._captured
+    stage._captured = ([], {})
+    stage._inflight[:0] = inflight
+    for pool, last in touched.items():
+        stage._touched.setdefault(pool, last)
 
 
 async def abandon_checkpoint(ckpt: Optional[asyncio.Future]) -> None:
@@ -470,6 +490,7 @@ class PoolWorker:
                        "ticks": 0, "batches": 0, "checkpoints": 0, "full_collections": 0}
         self._lock = asyncio.Lock()
         self._ckpt: Optional[asyncio.Future] = None  # the checkpoint in progress
+        self._captured: tuple[list, dict] = ([], {})  # the deliveries and pools of the last checkpoint started
         self.halted: Callable[[], bool] = lambda: False  # the app: Faust is rebalancing
         self._last_full_gc = float("-inf")
         self.metrics = None  # a streams.metrics.MetricsCollector fed with every folded record (--metrics-port)
@@ -539,7 +560,9 @@ class PoolWorker:
             if self._ckpt is None and self._unacked and (
                     (now - self._last_checkpoint) * 1000 >= self.settings.checkpoint_interval_ms
                     or len(self._unacked) >= CHECKPOINT_RECORDS_MAX):
-                self._ckpt = asyncio.ensure_future(self._checkpoint(*self._capture()))
+                captured = self._capture()
+                self._captured = (captured[0], captured[1])
+                self._ckpt = asyncio.ensure_future(self._checkpoint(*captured))
                 self._last_checkpoint = now
                 if self.settings.freeze_gc:
                     self._gc(now)
@@ -567,6 +590,7 @@ class PoolWorker:
     async def abandon(self) -> None:
         """Stop the checkpoint in progress before it writes the table or acks (see `abandon_checkpoint`)."""
         self._ckpt = await abandon_checkpoint(self._ckpt)
+        carry_back(self)
 
     def _capture(self) -> tuple[list, dict, dict, list]:
         """What a checkpoint makes durable, taken at once between two folds: the deliveries of the outputs sent so
@@ -584,7 +608,7 @@ class PoolWorker:
         It runs beside the drain, which keeps folding and sending (one checkpoint at a time, in order): what it
         makes durable was captured at once by `_capture`, so records folded meanwhile wait for the next one."""
         if inflight:
-            await asyncio.gather(*inflight)
+            await asyncio.shield(asyncio.gather(*inflight))  # a rebalance's cancel must not cancel deliveries
         # the snapshot for the store first: a crash between it and the table write folds the records again and
         # sends the same state again, while the other order could leave the store behind the table for good
         snapshots = [await self.send(TOPIC_JOURNAL, pool.encode(), state_record(pool, value))
@@ -621,7 +645,12 @@ class PoolWorker:
                 state = self.pools[key_pool] = PoolState.from_dict(d)
         tpk = f"{p.topic}:{p.partition}"
         if state is not None and state.positions.get(tpk, -1) >= p.offset:
-            self.counts["skipped"] += 1  # folded before a restart: its effects are in the state and in Kafka
+            self.counts["skipped"] += 1  # folded before: its effects are in the live state and were sent
+            # ... but maybe not yet in the table: a checkpoint stopped by a rebalance wrote nothing, and the live
+            # state of a pool whose partition stayed here is kept. The checkpoint that acks the record writes the
+            # state first (else the offset is committed while the table holds an older state: a kill -9 then
+            # makes the next owner skip the record for good, an event lost)
+            touched[key_pool] = p
             return []
         new, step = evolve(state, event, self.settings.fold_config, p.value)
         self.last_applied[key_pool] = self.clock()

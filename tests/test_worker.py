@@ -485,3 +485,97 @@ def test_the_fold_keeps_the_log_records_before_the_offset_it_reads_again_from():
     h.drain()
     assert [r[0] for r in h.rows("events")] == [validate(line).event_id for line in _valid_lines()[:6]]
     assert all(ev.acked for ev in evs[:4] + again)
+
+
+@pytest.mark.parametrize("abandoned", [True, False], ids=["checkpoint-cancelled", "checkpoint-returned-halted"])
+def test_records_read_again_after_a_checkpoint_a_rebalance_stopped_are_acked_only_once_their_state_is_written(
+        abandoned):
+    """A rebalance stops a checkpoint before it writes the table (cancelled by `abandon`, or returning on `halted`);
+    the pool's partition stays here, so its live state keeps the records that checkpoint did not make durable.
+    Faust then reads them again from the committed offset and both stages drop them as already done. They must
+    not be acked before a table write that holds them: acking them alone committed their offsets over an older
+    table state, and a kill -9 then made the next owner skip them for good (the failover test's lost events and
+    its "forced" release)."""
+    from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, SeqState, key_partition
+    from streams.worker import SequencerStage
+    from ledger.state import PoolState
+
+    h = Harness()
+    lines = _valid_lines()[:6]
+    seq_table: dict = {}
+    seq_log: list = []
+
+    async def send(topic, key, value, headers=None):
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+    def seq_store(pool, value, ev):
+        seq_log.append(("state", pool))
+        seq_table[pool] = value
+
+    stage = SequencerStage(WorkerSettings(checkpoint_interval_ms=0, partitions=3),
+                           load=lambda pool, ev: None, store=seq_store, send=send, caught_up=lambda tp: True)
+    part = key_partition(b"lab/a100", 3)
+
+    def inputs():
+        evs, offsets = [], Counter()
+        for s, line in enumerate(lines, 1):
+            e = validate(line)
+            topic = topic_for(e.type)
+            ev = Ev(topic, part, offsets[topic], b"lab/a100", canonical_value(e), 1.0,
+                    [(HEADER_PRODUCER, b"p"), (HEADER_SEQ, str(s).encode()), (HEADER_PREV, str(s - 1).encode())])
+            offsets[topic] += 1
+            ev.log = seq_log
+            evs.append(ev)
+        return evs
+
+    async def go():
+        first, first_in = h.feed(lines), inputs()
+        for ev in first:
+            h.worker.receive(ev)
+        for ev in first_in:
+            stage.receive(ev)
+        h.worker.halted = stage.halted = lambda: True  # a rebalance begins as the checkpoints start
+        if abandoned:
+            h.gate = []  # the fold's outputs not acknowledged by Kafka yet when the rebalance cancels
+        await h.worker.drain()
+        await stage.drain()
+        if abandoned:
+            await asyncio.sleep(0)
+            await h.worker.abandon()
+            await stage.abandon()
+            held, h.gate = h.gate, None
+            assert held and not any(f.done() for f in held), "the cancel must not cancel the deliveries"
+        else:
+            await h.worker.settle()
+            await stage.settle()
+        assert not h.table and not seq_table and not any(ev.acked for ev in first + first_in)
+        h.worker.halted = stage.halted = lambda: False  # the same partitions assigned here again
+        again, again_in = h.feed(lines), inputs()  # read again from the committed offsets (none)
+        for ev in again:
+            h.worker.receive(ev)
+        for ev in again_in:
+            stage.receive(ev)
+        await h.worker.drain()
+        await stage.drain()
+        if abandoned:  # the next checkpoint waits for the outputs the cancelled one did not see delivered
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert not any(ev.acked for ev in again), "acked before the earlier outputs were delivered"
+            for f in held:
+                f.set_result(None)
+        await h.worker.settle()
+        await stage.settle()
+        return again, again_in
+
+    again, again_in = asyncio.run(go())
+    assert h.worker.counts["skipped"] == len(lines) and stage.counts["dropped_logged"] == len(lines)
+    assert all(ev.acked for ev in again + again_in)
+    # the tables hold what the acks committed: a next owner neither skips nor refolds anything
+    assert orjson.loads(h.table["lab/a100"]) == h.worker.pools["lab/a100"].to_dict()
+    assert PoolState.from_dict(orjson.loads(h.table["lab/a100"])).positions == h.worker.pools["lab/a100"].positions
+    assert SeqState.from_dict(orjson.loads(seq_table["lab/a100"])).last == {"p": len(lines)}
+    for log in (h.log, seq_log):  # each stage: its state written before its first ack
+        kinds = [entry[0] for entry in log]
+        assert "state" in kinds and kinds.index("state") < kinds.index("ack")
