@@ -223,7 +223,7 @@ class SequencerStage:
         self._inflight: list = []
         self._last_checkpoint = 0.0
         self._ckpt: Optional[asyncio.Future] = None
-        self._captured: tuple[list, dict] = ([], {})  # the deliveries and pools of the last checkpoint started
+        self._captured: tuple[list, dict, list] = ([], {}, [])  # what the last checkpoint started took (carry_back)
         self.halted: Callable[[], bool] = lambda: False  # the app: Faust is rebalancing
         self.lock = asyncio.Lock()
         self._pending_dead: list = []  # (pool, tp, offset, item): sequencer dead letters not sent yet
@@ -355,7 +355,7 @@ class SequencerStage:
             touched, self._touched = self._touched, {}
             values = {pool: orjson.dumps(self.states[pool].to_dict()) for pool in touched}
             done, self._done = self._done, []
-            self._captured = (inflight, touched)
+            self._captured = (inflight, touched, done)
             self._ckpt = asyncio.ensure_future(self._checkpoint(inflight, touched, values, done))
             self._last_checkpoint = now
         return n
@@ -364,11 +364,11 @@ class SequencerStage:
         if inflight:
             await asyncio.shield(asyncio.gather(*inflight))  # a rebalance's cancel must not cancel deliveries
         if self.halted():  # a rebalance began meanwhile: write and ack nothing (see abandon_checkpoint)
-            return
+            return carry_back(self)
         written = [self.store(pool, values[pool], event) for pool, event in touched.items()]
         await durable(written)
         if self.halted():  # a rebalance began while the table writes went out: ack nothing
-            return
+            return carry_back(self)
         for tp, offset in done:
             for ev in self.gate.done(tp, offset):
                 ev.ack()
@@ -383,6 +383,12 @@ class SequencerStage:
         """Stop the checkpoint in progress before it writes the table or acks (see `abandon_checkpoint`)."""
         self._ckpt = await abandon_checkpoint(self._ckpt)
         carry_back(self)
+
+    def live_pools(self) -> dict:
+        return self.states
+
+    def acks_pending(self) -> list:
+        return self._done
 
     def forget_partitions(self, partitions: set[int]) -> None:
         for part in partitions:
@@ -421,17 +427,24 @@ async def durable(written: list) -> None:
 
 
 def carry_back(stage) -> None:
-    """After a checkpoint stopped by a rebalance (cancelled, or returned without writing): what it captured goes
-    back to the next checkpoint. The live states of the pools whose partitions stay here are kept, and they hold
-    the records that checkpoint did not make durable: the next checkpoint must write those pools' states and
-    wait for those outputs before it acks anything, even when the records read again are all dropped as already
-    done (else their offsets are committed while the table holds an older state, and a kill -9 then loses them).
-    Pools of revoked partitions are dropped after this (`forget_partitions`)."""
-    inflight, touched = stage._captured
-    stage._captured = ([], {})
+    """What a checkpoint stopped by a rebalance (cancelled by `abandon`, or returning on `halted`) took goes back to
+    the next checkpoint: the deliveries it had not seen acknowledged, the pools whose states it did not write, the
+    records it did not ack. Faust does not revoke the partitions that stay with the worker, so the live states of
+    their pools are kept, holding records no table write holds yet; and Faust may or may not read those records
+    again (a record read again is dropped as already done, and forgotten from these lists: `receive`). So the next
+    checkpoint writes those pools' states and waits for those outputs before it acks anything; else offsets were
+    committed over an older table state (Faust commits past a record never acked once a later one is acked), and
+    a kill -9 made the next owner skip records for good. Pools of revoked partitions are dropped after this
+    (`forget_partitions`), and a pool no longer live is not carried."""
+    inflight, touched, acks = stage._captured
+    stage._captured = ([], {}, [])
     stage._inflight[:0] = inflight
+    live = stage.live_pools()
     for pool, last in touched.items():
-        stage._touched.setdefault(pool, last)
+        if pool in live:
+            stage._touched.setdefault(pool, last)
+    pending = stage.acks_pending()
+    pending[:0] = acks
 
 
 async def abandon_checkpoint(ckpt: Optional[asyncio.Future]) -> None:
@@ -490,7 +503,7 @@ class PoolWorker:
                        "ticks": 0, "batches": 0, "checkpoints": 0, "full_collections": 0}
         self._lock = asyncio.Lock()
         self._ckpt: Optional[asyncio.Future] = None  # the checkpoint in progress
-        self._captured: tuple[list, dict] = ([], {})  # the deliveries and pools of the last checkpoint started
+        self._captured: tuple[list, dict, list] = ([], {}, [])  # what the last checkpoint started took (carry_back)
         self.halted: Callable[[], bool] = lambda: False  # the app: Faust is rebalancing
         self._last_full_gc = float("-inf")
         self.metrics = None  # a streams.metrics.MetricsCollector fed with every folded record (--metrics-port)
@@ -561,7 +574,7 @@ class PoolWorker:
                     (now - self._last_checkpoint) * 1000 >= self.settings.checkpoint_interval_ms
                     or len(self._unacked) >= CHECKPOINT_RECORDS_MAX):
                 captured = self._capture()
-                self._captured = (captured[0], captured[1])
+                self._captured = (captured[0], captured[1], captured[3])
                 self._ckpt = asyncio.ensure_future(self._checkpoint(*captured))
                 self._last_checkpoint = now
                 if self.settings.freeze_gc:
@@ -616,12 +629,12 @@ class PoolWorker:
         if snapshots:
             await asyncio.gather(*snapshots)
         if self.halted():  # a rebalance began meanwhile: write and ack nothing (see abandon_checkpoint)
-            return
+            return carry_back(self)
         # a new value: the table's value is never mutated in place
         written = [self.store(pool, values[pool], last) for pool, last in touched.items()]
         await durable(written)
         if self.halted():  # a rebalance began while the table writes went out: ack nothing
-            return
+            return carry_back(self)
         for p in unacked:
             if p.last_of_record:
                 p.event.ack()
@@ -691,6 +704,12 @@ class PoolWorker:
                 if tick is not None:
                     out.append(tick)
         return out
+
+    def live_pools(self) -> dict:
+        return self.pools
+
+    def acks_pending(self) -> list:
+        return self._unacked
 
     def forget_partitions(self, partitions: set[int]) -> None:
         """Partitions revoked: drop their queued records and live states (the new owner reads the table)."""
