@@ -224,6 +224,7 @@ class SequencerStage:
         self._last_checkpoint = 0.0
         self._ckpt: Optional[asyncio.Future] = None
         self._captured: tuple[list, dict, list] = ([], {}, [])  # what the last checkpoint started took (carry_back)
+        self._reread: dict[TP, int] = {}  # topic-partition -> lowest offset read again since that checkpoint began
         self.halted: Callable[[], bool] = lambda: False  # the app: Faust is rebalancing
         self.lock = asyncio.Lock()
         self._pending_dead: list = []  # (pool, tp, offset, item): sequencer dead letters not sent yet
@@ -257,6 +258,7 @@ class SequencerStage:
         held = sorted(h.offset for bufs in self.seq._buf.values() for h in bufs.get(tp, ()))
         log.warning("sequencer: %s[%d] read again from offset %d (received up to %d; buffered: %s)", tp.topic,
                     tp.partition, offset, self.received_next.get(tp, -1) - 1, f"{held[0]}..{held[-1]}" if held else "-")
+        self._reread[tp] = min(offset, self._reread.get(tp, offset))
         self.seq.drop_tp(tp, offset)
         self.gate.drop_tp(tp, offset)
         self._done = [(t, o) for t, o in self._done if t != tp or o < offset]
@@ -355,7 +357,7 @@ class SequencerStage:
             touched, self._touched = self._touched, {}
             values = {pool: orjson.dumps(self.states[pool].to_dict()) for pool in touched}
             done, self._done = self._done, []
-            self._captured = (inflight, touched, done)
+            self._captured, self._reread = (inflight, touched, done), {}
             self._ckpt = asyncio.ensure_future(self._checkpoint(inflight, touched, values, done))
             self._last_checkpoint = now
         return n
@@ -389,6 +391,10 @@ class SequencerStage:
 
     def acks_pending(self) -> list:
         return self._done
+
+    @staticmethod
+    def ack_position(item) -> tuple[TP, int]:
+        return item
 
     def forget_partitions(self, partitions: set[int]) -> None:
         for part in partitions:
@@ -443,8 +449,12 @@ def carry_back(stage) -> None:
     for pool, last in touched.items():
         if pool in live:
             stage._touched.setdefault(pool, last)
-    pending = stage.acks_pending()
-    pending[:0] = acks
+    reread = stage._reread  # a record read again since the capture comes again: its old ack must not go too
+
+    def kept(item) -> bool:
+        tp, offset = stage.ack_position(item)
+        return offset < reread.get(tp, offset + 1)
+    stage.acks_pending()[:0] = [a for a in acks if kept(a)]
 
 
 async def abandon_checkpoint(ckpt: Optional[asyncio.Future]) -> None:
@@ -504,6 +514,7 @@ class PoolWorker:
         self._lock = asyncio.Lock()
         self._ckpt: Optional[asyncio.Future] = None  # the checkpoint in progress
         self._captured: tuple[list, dict, list] = ([], {}, [])  # what the last checkpoint started took (carry_back)
+        self._reread: dict[TP, int] = {}  # log topic-partition -> lowest offset read again since that checkpoint began
         self.halted: Callable[[], bool] = lambda: False  # the app: Faust is rebalancing
         self._last_full_gc = float("-inf")
         self.metrics = None  # a streams.metrics.MetricsCollector fed with every folded record (--metrics-port)
@@ -514,6 +525,7 @@ class PoolWorker:
         m = event.message
         ltp = TP(m.topic, m.partition)
         if m.offset < self.received_next.get(ltp, -1):  # read again from an earlier offset (see SequencerStage)
+            self._reread[ltp] = min(m.offset, self._reread.get(ltp, m.offset))
             def kept(p: Pending) -> bool:  # what comes again is forgotten; what came before it is not read again
                 pm = p.event.message
                 return (pm.topic, pm.partition) != ltp or pm.offset < m.offset
@@ -574,7 +586,7 @@ class PoolWorker:
                     (now - self._last_checkpoint) * 1000 >= self.settings.checkpoint_interval_ms
                     or len(self._unacked) >= CHECKPOINT_RECORDS_MAX):
                 captured = self._capture()
-                self._captured = (captured[0], captured[1], captured[3])
+                self._captured, self._reread = (captured[0], captured[1], captured[3]), {}
                 self._ckpt = asyncio.ensure_future(self._checkpoint(*captured))
                 self._last_checkpoint = now
                 if self.settings.freeze_gc:
@@ -710,6 +722,11 @@ class PoolWorker:
 
     def acks_pending(self) -> list:
         return self._unacked
+
+    @staticmethod
+    def ack_position(item: Pending) -> tuple[TP, int]:
+        m = item.event.message
+        return TP(m.topic, m.partition), m.offset
 
     def forget_partitions(self, partitions: set[int]) -> None:
         """Partitions revoked: drop their queued records and live states (the new owner reads the table)."""
