@@ -3,6 +3,7 @@ consumer, a no-op Faust app and the embedded run of the same events, all in the 
 (produce -> output record) at a steady input rate; and the takeover time after a `kill -9` of one of two workers.
 
     .venv/bin/python bench/stream.py [--events 60000] [--rate 1000] [--seconds 20] [--bootstrap HOST:PORT]
+    .venv/bin/python bench/stream.py --events 40000 --metrics-compare 3   # /metrics' cost (issue 20) only
 
 Without --bootstrap it starts its own broker (`chipledger kafka up` machinery) in a temporary folder, on a free
 port, and stops it at the end. Prints the figures; nothing is asserted (docs/benchmarks.md records them).
@@ -23,6 +24,10 @@ port, and stops it at the end. Prints the figures; nothing is asserted (docs/ben
    producer sends 300 events/s; one is killed
    with SIGKILL; per input partition, the longest pause of its outputs around the kill is the time the group
    took to notice (session timeout), rebalance and restore the tables on the survivor; the largest is reported.
+
+--metrics-compare N replaces all of that by N pipeline runs each way, alternating, of the worker with and without
+`--metrics-port` (scraped every 5 s, and once at the end): the worker's CPU seconds (from /proc, from its first output
+to the sink's last write: start-up left out) and the pipeline's wall time, min and median, and their ratios.
 """
 
 from __future__ import annotations
@@ -148,11 +153,11 @@ def faust_floor_child(bootstrap: str, total: int, app_id: str, work: Path) -> No
 WORKER_ARGS: list[str] = []  # more `chipledger worker` options (--worker-arg)
 
 
-def worker_proc(bootstrap: str, data_dir: Path, app_id: str, log: Path) -> subprocess.Popen:
+def worker_proc(bootstrap: str, data_dir: Path, app_id: str, log: Path, more: tuple = ()) -> subprocess.Popen:
     out = open(log, "ab")
     return subprocess.Popen([sys.executable, "-m", "chipledger.cli", "worker", "--bootstrap", bootstrap, "--data-dir",
                              str(data_dir), "--app-id", app_id, "--tick-interval", "0", "--loglevel", "warning",
-                             *WORKER_ARGS],
+                             *WORKER_ARGS, *more],
                             stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
 
 
@@ -166,15 +171,35 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def pipeline(bootstrap: str, work: Path, total_events: int) -> dict:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process (Linux /proc/PID/stat), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def scrape(url: str) -> int:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return len(r.read())
+
+
+def pipeline(bootstrap: str, work: Path, total_events: int, *, metrics_port: int | None = None,
+             scrape_every_s: float = 5.0) -> dict:
+    """Worker + sink over the input topics from their beginning (a new group). With `metrics_port` the worker
+    serves /metrics there and this process scrapes it every `scrape_every_s` (as Prometheus would)."""
     from ledger.store import open_store
     from streams.sink import Sink
 
-    sink = Sink(work / "lake", open_store(f"sqlite:///{work / 'sink.db'}"), bootstrap=bootstrap, name="bench")
+    run = work / f"run-{uuid.uuid4().hex[:6]}"
+    run.mkdir(parents=True)
+    sink = Sink(run / "lake", open_store(f"sqlite:///{run / 'sink.db'}"), bootstrap=bootstrap, name="bench")
     t_start = time.monotonic()
     app_id = f"bench-{uuid.uuid4().hex[:6]}"
-    proc = worker_proc(bootstrap, work / "worker", app_id, work / "worker.log")
+    more = ("--metrics-port", str(metrics_port)) if metrics_port is not None else ()
+    proc = worker_proc(bootstrap, run / "worker", app_id, work / "worker.log", more)
     first = None
+    scrapes, next_scrape = 0, time.monotonic() + scrape_every_s
     try:
         deadline = time.monotonic() + 900
         while sink.stats.rows["events"] < total_events:
@@ -184,12 +209,42 @@ def pipeline(bootstrap: str, work: Path, total_events: int) -> dict:
                 raise RuntimeError(f"pipeline too slow: {sink.stats.as_dict()}")
             if sink.poll_once(timeout_ms=100) and first is None:
                 first = time.monotonic()
+                cpu_first = cpu_seconds(proc.pid)
+            if metrics_port is not None and first is not None and time.monotonic() >= next_scrape:
+                scrape(f"http://127.0.0.1:{metrics_port}/metrics")
+                scrapes += 1
+                next_scrape = time.monotonic() + scrape_every_s
         last = time.monotonic()
+        if metrics_port is not None:  # one more at the end: the collector saw every record
+            size = scrape(f"http://127.0.0.1:{metrics_port}/metrics")
+            assert size > 0
+            scrapes += 1
+        cpu = cpu_seconds(proc.pid) - cpu_first
     finally:
         stop(proc)
         sink.close()
-    return {"startup_s": first - t_start, "seconds": last - first, "total_s": last - t_start,
-            "sink": sink.stats.as_dict(), "app_id": app_id}
+    return {"startup_s": first - t_start, "seconds": last - first, "total_s": last - t_start, "worker_cpu_s": cpu,
+            "scrapes": scrapes, "sink": sink.stats.as_dict(), "app_id": app_id, "data_dir": run / "worker"}
+
+
+def metrics_compare(bootstrap: str, work: Path, total_events: int, repeat: int) -> dict:
+    """The worker with and without /metrics (issue 20), `repeat` runs each, alternating, same events: the
+    worker's CPU seconds from its first output to the sink's last write (start-up left out) and the pipeline's
+    wall time over the same span."""
+    runs: dict[str, list[dict]] = {"without": [], "with": []}
+    for i in range(repeat):
+        for mode in (("without", "with") if i % 2 == 0 else ("with", "without")):
+            r = pipeline(bootstrap, work, total_events, metrics_port=free_port() if mode == "with" else None)
+            runs[mode].append(r)
+            print(f"  {mode:>7} /metrics: worker CPU {r['worker_cpu_s']:.2f} s, worker + sink {r['seconds']:.1f} s"
+                  + (f" ({r['scrapes']} scrapes)" if mode == "with" else ""), flush=True)
+    out = {}
+    for key in ("worker_cpu_s", "seconds"):
+        w = sorted(r[key] for r in runs["with"])
+        wo = sorted(r[key] for r in runs["without"])
+        out[key] = {"without": (wo[0], statistics.median(wo)), "with": (w[0], statistics.median(w)),
+                    "ratio": (w[0] / wo[0], statistics.median(w) / statistics.median(wo))}
+    return out
 
 
 def output_consumer(bootstrap: str, ready, halt, count, out_path: str) -> None:
@@ -221,7 +276,7 @@ def output_consumer(bootstrap: str, ready, halt, count, out_path: str) -> None:
     Path(out_path).write_bytes(orjson.dumps(got))
 
 
-def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: str) -> dict:
+def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: str, data_dir: Path) -> dict:
     """Produce at `rate` events/s for `seconds` while the worker of the throughput run (same app id and table
     state: it resumes at the end of the log) follows; latency of every output, taken by a consumer of the output
     topics in another process."""
@@ -236,7 +291,7 @@ def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: s
     reader.start()
     if not ready.wait(60):
         raise RuntimeError("the output consumer did not start")
-    proc = worker_proc(bootstrap, work / "worker", app_id, work / "worker-lat.log")
+    proc = worker_proc(bootstrap, data_dir, app_id, work / "worker-lat.log")
     sent_at: dict[tuple, float] = {}  # (topic, partition, offset) -> send wall time (s)
     lat_all: list[float] = []
     lat_dec: list[float] = []
@@ -355,6 +410,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
                     help="pass an option to `chipledger worker`, e.g. --worker-arg=--sequencer-wait-ms=5000")
+    ap.add_argument("--metrics-compare", type=int, metavar="N",
+                    help="only compare the worker with and without /metrics (scraped every 5 s), N runs each")
     ap.add_argument("--faust-floor", type=int, help=argparse.SUPPRESS)  # child: the no-op Faust app
     ap.add_argument("--app-id", help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -383,6 +440,14 @@ def main(argv=None) -> int:
               f"broker {bootstrap}", flush=True)
         emit_s = emit(bootstrap, lines)
         print(f"emit (LedgerProducer, kafka-python): {emit_s:.1f} s = {len(lines) / emit_s:,.0f} events/s", flush=True)
+        if args.metrics_compare:
+            cmp = metrics_compare(bootstrap, tmp, len(lines), args.metrics_compare)
+            for key, label in (("worker_cpu_s", "worker CPU"), ("seconds", "worker + sink wall")):
+                c = cmp[key]
+                print(f"{label}: without /metrics min {c['without'][0]:.2f} / median {c['without'][1]:.2f} s; with "
+                      f"min {c['with'][0]:.2f} / median {c['with'][1]:.2f} s; ratio with/without min "
+                      f"{c['ratio'][0]:.3f} / median {c['ratio'][1]:.3f}", flush=True)
+            return 0
         raw_s = asyncio.run(raw_read(bootstrap, len(lines)))
         raw_rate = len(lines) / raw_s
         print(f"raw aiokafka consumer: {raw_s:.2f} s = {raw_rate:,.0f} events/s", flush=True)
@@ -398,7 +463,7 @@ def main(argv=None) -> int:
         emb_s = embedded(lines, tmp)
         print(f"embedded run (chipledger run's fold, same events): {emb_s:.1f} s = {len(lines) / emb_s:,.0f} "
               f"events/s; worker + sink / embedded: {rate * emb_s / len(lines):.2f}x", flush=True)
-        lat = latency(bootstrap, tmp, args.rate, later, res["app_id"])
+        lat = latency(bootstrap, tmp, args.rate, later, res["app_id"], res["data_dir"])
         print(f"latency at {args.rate:,} events/s for {args.seconds:g} s ({lat['events']:,} events sent in "
               f"{lat['send_s']:.1f} s): outputs {lat['outputs']:,}: p50 {lat['p50_ms']:.0f} ms, p99 "
               f"{lat['p99_ms']:.0f} ms, max {lat['max_ms']:.0f} ms; decisions {lat['decisions']:,}: p50 "
