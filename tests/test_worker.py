@@ -102,6 +102,24 @@ def _valid_lines():
     return [line for i, line in enumerate(FIXTURE.read_bytes().splitlines(), 1) if i not in INVALID]
 
 
+def _stamped_inputs(lines, log, pool=b"lab/a100"):
+    """Input records of `lines` (one pool) as a LedgerProducer sends them: producer "p", seq 1.., each naming its
+    previous seq; offsets per input topic; their acks go to `log`."""
+    from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, key_partition
+
+    part = key_partition(pool, 3)
+    evs, offsets = [], Counter()
+    for s, line in enumerate(lines, 1):
+        e = validate(line)
+        topic = topic_for(e.type)
+        ev = Ev(topic, part, offsets[topic], pool, canonical_value(e), 1.0,
+                [(HEADER_PRODUCER, b"p"), (HEADER_SEQ, str(s).encode()), (HEADER_PREV, str(s - 1).encode())])
+        offsets[topic] += 1
+        ev.log = log
+        evs.append(ev)
+    return evs
+
+
 def _embedded(tmp_path):
     summary, fleet = run_file(FIXTURE, tmp_path / "lake")
     import duckdb
@@ -369,7 +387,6 @@ def test_no_input_is_acked_before_the_table_write_is_in_kafka_on_either_stage():
     """The fold's and the sequencer's checkpoints ack their inputs only once the table's changelog write was
     delivered (Faust's commit would otherwise commit offsets whose state is still in its send buffer: a kill -9
     then loses the state and keeps the offsets), and ack nothing when a rebalance began while they waited."""
-    from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, key_partition
     from streams.worker import SequencerStage
 
     for halt in (False, True):
@@ -394,16 +411,7 @@ def test_no_input_is_acked_before_the_table_write_is_in_kafka_on_either_stage():
         stage = SequencerStage(WorkerSettings(checkpoint_interval_ms=0, partitions=3),
                                load=lambda pool, ev: None, store=lambda pool, v, ev: store_later(seq_table, pool, v),
                                send=send, caught_up=lambda tp: True)
-        part = key_partition(b"lab/a100", 3)
-        inputs, offsets = [], Counter()
-        for s, line in enumerate(_valid_lines()[:3], 1):
-            e = validate(line)
-            topic = topic_for(e.type)
-            ev = Ev(topic, part, offsets[topic], b"lab/a100", canonical_value(e), 1.0,
-                    [(HEADER_PRODUCER, b"p"), (HEADER_SEQ, str(s).encode()), (HEADER_PREV, str(s - 1).encode())])
-            offsets[topic] += 1
-            ev.log = seq_acked
-            inputs.append(ev)
+        inputs = _stamped_inputs(_valid_lines()[:3], seq_acked)
 
         async def go():
             for ev in evs:
@@ -497,7 +505,7 @@ def test_records_read_again_after_a_checkpoint_a_rebalance_stopped_are_acked_onl
     not be acked before a table write that holds them: acking them alone committed their offsets over an older
     table state, and a kill -9 then made the next owner skip them for good (the failover test's lost events and
     its "forced" release)."""
-    from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, SeqState, key_partition
+    from streams.sequencer import SeqState
     from streams.worker import SequencerStage
     from ledger.state import PoolState
 
@@ -517,19 +525,9 @@ def test_records_read_again_after_a_checkpoint_a_rebalance_stopped_are_acked_onl
 
     stage = SequencerStage(WorkerSettings(checkpoint_interval_ms=0, partitions=3),
                            load=lambda pool, ev: None, store=seq_store, send=send, caught_up=lambda tp: True)
-    part = key_partition(b"lab/a100", 3)
 
     def inputs():
-        evs, offsets = [], Counter()
-        for s, line in enumerate(lines, 1):
-            e = validate(line)
-            topic = topic_for(e.type)
-            ev = Ev(topic, part, offsets[topic], b"lab/a100", canonical_value(e), 1.0,
-                    [(HEADER_PRODUCER, b"p"), (HEADER_SEQ, str(s).encode()), (HEADER_PREV, str(s - 1).encode())])
-            offsets[topic] += 1
-            ev.log = seq_log
-            evs.append(ev)
-        return evs
+        return _stamped_inputs(lines, seq_log)
 
     async def go():
         first, first_in = h.feed(lines), inputs()
