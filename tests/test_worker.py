@@ -120,6 +120,16 @@ def _stamped_inputs(lines, log, pool=b"lab/a100"):
     return evs
 
 
+async def _receive_and_drain(worker, log_records, stage, inputs):
+    """The fold receives its log records and the sequencer its inputs; then one drain of each."""
+    for ev in log_records:
+        worker.receive(ev)
+    for ev in inputs:
+        stage.receive(ev)
+    await worker.drain()
+    await stage.drain()
+
+
 def _embedded(tmp_path):
     summary, fleet = run_file(FIXTURE, tmp_path / "lake")
     import duckdb
@@ -414,12 +424,7 @@ def test_no_input_is_acked_before_the_table_write_is_in_kafka_on_either_stage():
         inputs = _stamped_inputs(_valid_lines()[:3], seq_acked)
 
         async def go():
-            for ev in evs:
-                h.worker.receive(ev)
-            for ev in inputs:
-                stage.receive(ev)
-            await h.worker.drain()
-            await stage.drain()
+            await _receive_and_drain(h.worker, evs, stage, inputs)
             for _ in range(20):
                 await asyncio.sleep(0)
             assert h.table and seq_table, "both stages wrote their table"
@@ -552,12 +557,7 @@ def test_records_read_again_after_a_checkpoint_a_rebalance_stopped_are_acked_onl
         assert not h.table and not seq_table and not any(ev.acked for ev in first + first_in)
         h.worker.halted = stage.halted = lambda: False  # the same partitions assigned here again
         again, again_in = h.feed(lines), inputs()  # read again from the committed offsets (none)
-        for ev in again:
-            h.worker.receive(ev)
-        for ev in again_in:
-            stage.receive(ev)
-        await h.worker.drain()
-        await stage.drain()
+        await _receive_and_drain(h.worker, again, stage, again_in)
         if abandoned:  # the next checkpoint waits for the outputs the cancelled one did not see delivered
             for _ in range(20):
                 await asyncio.sleep(0)
