@@ -749,68 +749,6 @@ CONSUMER_MAX_FETCH_BYTES = 8 << 20  # per partition and fetch (Faust's default, 
 MAX_REQUEST_BYTES = 8 << 20  # a log record (an input up to the broker's limit + headers) or a dead letter of one
 
 
-def older_state(value: bytes, current: bytes) -> bool:
-    """Whether a table value (a `PoolState` or `SeqState` as JSON, each with `positions`: the last input offset it
-    holds per input topic-partition, which only grow) is strictly older than `current`: no position ahead of it,
-    one behind. Values that cannot be read, or that neither precedes the other, are not called older."""
-    try:
-        new_pos, cur_pos = orjson.loads(value).get("positions"), orjson.loads(current).get("positions")
-    except (orjson.JSONDecodeError, AttributeError, TypeError):
-        return False
-    if not isinstance(new_pos, dict) or not isinstance(cur_pos, dict):
-        return False
-    behind = False
-    for tp, off in new_pos.items():
-        cur = cur_pos.get(tp)
-        if cur is None or off > cur:
-            return False
-        behind = behind or off < cur
-    return behind or len(cur_pos) > len(new_pos)
-
-
-def newest_only(batch: list, current: Callable[[Any], Optional[bytes]]) -> tuple[list, int]:
-    """The changelog records of a recovery batch, less those whose value is older than the key's value so far
-    (`current(key)` before the batch, then the batch's own), and how many were left out."""
-    kept, latest, dropped = [], {}, 0
-    for ev in batch:
-        key, value = ev.key, ev.message.value
-        cur = latest[key] if key in latest else current(key)
-        if value is not None and cur is not None and older_state(value, cur):
-            dropped += 1
-            continue
-        kept.append(ev)
-        latest[key] = value
-    return kept, dropped
-
-
-def keep_newest_on_recovery(t) -> None:
-    """A table's recovery from its changelog keeps a pool's newest state, not the last one written.
-
-    Kafka does not fence a worker that lost a partition: a table write it had put in Faust's send buffer before the
-    rebalance can reach the changelog after the new owner's own writes (Faust's flush on revoke gives up after
-    0.1 s). Restored in changelog order, that older state would win, and the owner after the next takeover would
-    start from a state behind the committed offsets: the sequencer waits for a predecessor it never reads again
-    (`sequencer_wait_ms`, then `forced`), the fold skips log records for good. States only move forward
-    (`positions`), so an older one arriving later is left out (counted in `t.stale_changelog_records`)."""
-    apply = t.apply_changelog_batch
-    t.stale_changelog_records = 0
-
-    def current(key):
-        try:
-            return t.data.get(key)
-        except Exception:  # noqa: BLE001 - a store that cannot look up outside an event: keep changelog order
-            return None
-
-    def apply_newest(batch):
-        kept, dropped = newest_only(list(batch), current)
-        if dropped:
-            t.stale_changelog_records += dropped
-            log.warning("worker: table %s: %d changelog record(s) older than the state before them left out of the "
-                        "recovery (a write of a worker that had lost the partition)", t.name, dropped)
-        apply(kept)
-    t.apply_changelog_batch = apply_newest
-
-
 def faust_settings(settings: WorkerSettings) -> dict:
     """The `faust.App` settings of the worker (bench/stream.py measures a no-op app with the same ones)."""
     conn = settings.connection()
@@ -914,8 +852,6 @@ def make_app(settings: WorkerSettings):
 
     capture_changelog(table)
     capture_changelog(seq_table)
-    keep_newest_on_recovery(table)
-    keep_newest_on_recovery(seq_table)
 
     async def send(topic: str, key: bytes, value: bytes, headers=None):
         return await app.producer.send(topic, key, value, None, None, headers)

@@ -7,7 +7,6 @@ import asyncio
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
-from uuid import uuid4
 
 import orjson
 import pytest
@@ -652,36 +651,3 @@ def test_records_read_again_while_a_stopped_checkpoint_waited_are_acked_once_by_
 
     asyncio.run(go())
     assert not any(ev.acked for ev in old) and all(ev.acked for ev in new)
-
-
-def test_a_tables_recovery_keeps_a_pools_newest_state_when_an_older_write_reaches_the_changelog_last():
-    """Kafka does not fence a worker that lost its partition: a state write still in its send buffer can land in
-    the changelog after the new owner's writes. The recovery must not take it for the newest state (the owner after
-    the next takeover would start behind the committed offsets: a stall, then `forced`, or records skipped)."""
-    import faust
-
-    from streams.worker import keep_newest_on_recovery, older_state
-
-    def state(**positions):
-        return orjson.dumps({"positions": {f"chipledger.{k}:2": v for k, v in positions.items()}, "last": {}})
-
-    assert older_state(state(jobs=28, chips=5), state(jobs=40, chips=5))
-    assert older_state(state(jobs=28), state(jobs=28, chips=1))  # a topic-partition it has not seen yet
-    assert not older_state(state(jobs=40, chips=5), state(jobs=28, chips=5))
-    assert not older_state(state(jobs=28, chips=5), state(jobs=28, chips=5))  # the same: not older
-    assert not older_state(state(jobs=40, chips=1), state(jobs=28, chips=5))  # neither precedes: changelog order
-    assert not older_state(b"{not json", state(jobs=1))
-
-    app = faust.App(f"t-{uuid4().hex[:6]}", broker="memory://", store="memory://")
-    t = app.Table("pool-state", partitions=3, key_type=bytes, value_type=bytes)
-    keep_newest_on_recovery(t)
-
-    def rec(key, value, offset):
-        return SimpleNamespace(key=key, value=value, message=SimpleNamespace(key=key, value=value, partition=2,
-                                                                            offset=offset))
-
-    newer, older, newest = state(jobs=40, chips=5), state(jobs=28, chips=5), state(jobs=41, chips=6)
-    t.apply_changelog_batch([rec(b"p", newer, 0), rec(b"q", older, 1), rec(b"p", older, 2)])
-    assert t.data[b"p"] == newer and t.data[b"q"] == older and t.stale_changelog_records == 1
-    t.apply_changelog_batch([rec(b"p", older, 3), rec(b"p", newest, 4)])  # against the value before the batch too
-    assert t.data[b"p"] == newest and t.stale_changelog_records == 2
