@@ -125,17 +125,21 @@ def test_a_row_of_an_earlier_worker_is_completed_from_its_body():
     assert complete_event_row(complete_event_row(row)[:25]) == complete_event_row(row)
 
 
-def test_the_sink_completes_rows_of_an_earlier_worker(tmp_path):
-    body = json.dumps({"event_id": "e1", "type": "job.finished", **ENV, "job_id": "j", "outcome": "cancelled"})
-    item = {"origin": ["chipledger.jobs", 0, 0],
-            "tables": {"events": [["e1", "job.finished", "lab/a100", "src", T_S, T_S, 0, "chipledger.jobs", 0, 0,
-                                   body]]}}
+def _through_a_sink(tmp_path, rows):
+    """A connection to the lake a sink wrote from one output item carrying these `events` rows."""
+    item = {"origin": ["chipledger.jobs", 0, 0], "tables": {"events": rows}}
     sink = Sink(tmp_path / "lake", open_store(f"sqlite:///{tmp_path / 'store.db'}"), name="sink",
                 consumer=object())
     sink.handle([SimpleNamespace(topic="chipledger.journal", partition=0, offset=0,
                                  value=rows_record("lab/a100", [item]))])
-    assert connect(tmp_path / "lake").execute("SELECT job_id, outcome, team FROM events").fetchall() == [
-        ("j", "cancelled", None)]
+    return connect(tmp_path / "lake")
+
+
+def test_the_sink_completes_rows_of_an_earlier_worker(tmp_path):
+    body = json.dumps({"event_id": "e1", "type": "job.finished", **ENV, "job_id": "j", "outcome": "cancelled"})
+    con = _through_a_sink(tmp_path, [["e1", "job.finished", "lab/a100", "src", T_S, T_S, 0, "chipledger.jobs", 0, 0,
+                                      body]])
+    assert con.execute("SELECT job_id, outcome, team FROM events").fetchall() == [("j", "cancelled", None)]
 
 
 def test_the_sink_completes_rows_of_a_worker_before_the_user_field(tmp_path):
@@ -144,21 +148,8 @@ def test_the_sink_completes_rows_of_a_worker_before_the_user_field(tmp_path):
     body = json.dumps({"event_id": "e1", "type": "job.submitted", **ENV, "job_id": "j", "team": "a", "chips": 2})
     row = ["e1", "job.submitted", "lab/a100", "src", T_S, T_S, 0, "chipledger.jobs", 0, 0, body,
            "j", "a", None, None, None, None, None, 2000, 0, True, None, None, None, None]
-    item = {"origin": ["chipledger.jobs", 0, 0], "tables": {"events": [row]}}
-    sink = Sink(tmp_path / "lake", open_store(f"sqlite:///{tmp_path / 'store.db'}"), name="sink",
-                consumer=object())
-    sink.handle([SimpleNamespace(topic="chipledger.journal", partition=0, offset=0,
-                                 value=rows_record("lab/a100", [item]))])
-    assert connect(tmp_path / "lake").execute('SELECT job_id, team, "user" FROM events').fetchall() == [
-        ("j", "a", None)]
-
-
-def _run_lake(tmp_path, fixture):
-    lake = tmp_path / "lake"
-    res = CliRunner().invoke(app, ["run", "--events", str(fixture), "--lake", str(lake), "--store",
-                                   f"sqlite:///{tmp_path / 's.db'}"])
-    assert res.exit_code == 0, res.output
-    return lake
+    con = _through_a_sink(tmp_path, [row])
+    assert con.execute('SELECT job_id, team, "user" FROM events').fetchall() == [("j", "a", None)]
 
 
 def test_events_files_before_the_user_field_open_as_they_are_and_upgrade(tmp_path):
@@ -168,7 +159,10 @@ def test_events_files_before_the_user_field_open_as_they_are_and_upgrade(tmp_pat
     with_user = [json.dumps({**json.loads(x), "user": "alice"}) if '"job.submitted"' in x else x for x in lines]
     fixture = tmp_path / "users.jsonl"
     fixture.write_text("\n".join(with_user) + "\n")
-    lake = _run_lake(tmp_path, fixture)
+    lake = tmp_path / "lake"
+    res = CliRunner().invoke(app, ["run", "--events", str(fixture), "--lake", str(lake), "--store",
+                                   f"sqlite:///{tmp_path / 's.db'}"])
+    assert res.exit_code == 0, res.output
     query = 'SELECT event_id, team, "user" FROM events WHERE type = \'job.submitted\' ORDER BY event_id'
     assert connect(lake).execute(query).fetchall() == [("h-008", "a", "alice"), ("h-010", "b", "alice")]
     want_all = connect(lake).execute('SELECT * EXCLUDE ("user") FROM events ORDER BY "offset"').fetchall()
