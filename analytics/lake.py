@@ -177,8 +177,8 @@ _FIELD_SOURCES: dict[str, tuple[str, str]] = {
 
 def _fields_of(cls) -> Callable[[dict], tuple]:
     """A function from an event's `__dict__` to its typed fields, made once per event class: it reads only the
-    fields the class has (most have two or three of the fourteen) and puts constant nulls for the others, so the
-    embedded run pays a tuple per event, not fourteen look-ups."""
+    fields the class has (most have two or three of the fifteen) and puts constant nulls for the others, so the
+    embedded run pays a tuple per event, not fifteen look-ups."""
     parts = []
     for column in EVENT_FIELDS:
         name, convert = _FIELD_SOURCES.get(column, (column, ""))
