@@ -40,6 +40,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("chips_milli", pa.int64()), ("priority", pa.int64()), ("preemptible", pa.bool_()),
         ("outcome", pa.string()), ("effective_from", TS), ("effective_until", TS),
         ("chip_ids", pa.list_(pa.string())),
+        # added later (LATER_EVENT_FIELDS): files and rows of earlier versions end before it
+        ("user", pa.string()),
     ]),
     "journal": pa.schema([
         ("pool", pa.string()), ("hour", TS), ("account", pa.string()), ("team", pa.string()),
@@ -127,12 +129,14 @@ def empty_view_sql(table: str) -> str:
     return f"SELECT {cols} WHERE false"
 
 
-def read_parquet_sql(files) -> str:
-    """A query over a table's files, given as a glob or a list of paths (in `day=` folders; the day left out)."""
+def read_parquet_sql(files, union_by_name: bool = False) -> str:
+    """A query over a table's files, given as a glob or a list of paths (in `day=` folders; the day left out).
+    `union_by_name`: the files may lack columns of later versions (null there; see `events_view_sql`)."""
     def quoted(p) -> str:
         return "'" + str(p).replace("'", "''") + "'"
     source = quoted(files) if isinstance(files, str) else "[" + ", ".join(map(quoted, files)) + "]"
-    return f"SELECT * EXCLUDE (day) FROM read_parquet({source}, hive_partitioning = true, union_by_name = false)"
+    by_name = "true" if union_by_name else "false"
+    return f"SELECT * EXCLUDE (day) FROM read_parquet({source}, hive_partitioning = true, union_by_name = {by_name})"
 
 
 # the column that decides a row's day partition
@@ -151,6 +155,17 @@ EVENT_FIELDS: tuple[str, ...] = tuple(SCHEMAS["events"].names[SCHEMAS["events"].
 #: an events row as written before the typed fields existed (up to `body`)
 LEGACY_EVENT_COLUMNS = len(SCHEMAS["events"]) - len(EVENT_FIELDS)
 
+#: typed fields added after the first typed layout, oldest first (optional fields the contract gained later, with
+#: schema_version unchanged): an events file or row of an earlier version ends before one of them. No earlier
+#: version can have written such a field (its parser refused unknown fields), so those files are read with it null
+#: (no upgrade needed: `events_view_sql`), and rows of an earlier worker are completed from their body
+LATER_EVENT_FIELDS: tuple[str, ...] = ("user",)
+#: the width of an events file or row of the first typed layout (before LATER_EVENT_FIELDS)
+FIRST_TYPED_EVENT_COLUMNS = len(SCHEMAS["events"]) - len(LATER_EVENT_FIELDS)
+#: the widths of events rows an earlier worker sends: without the typed fields, then without each later one
+EARLIER_EVENT_WIDTHS = frozenset({LEGACY_EVENT_COLUMNS,
+                                  *range(FIRST_TYPED_EVENT_COLUMNS, len(SCHEMAS["events"]))})
+
 
 # where each typed field comes from: the event's own field of that name, converted for the lake (chips as integer
 # milli-chips, timestamps as epoch seconds, the placement as a list)
@@ -162,8 +177,8 @@ _FIELD_SOURCES: dict[str, tuple[str, str]] = {
 
 def _fields_of(cls) -> Callable[[dict], tuple]:
     """A function from an event's `__dict__` to its typed fields, made once per event class: it reads only the
-    fields the class has (most have two or three of the fourteen) and puts constant nulls for the others, so the
-    embedded run pays a tuple per event, not fourteen look-ups."""
+    fields the class has (most have two or three of the fifteen) and puts constant nulls for the others, so the
+    embedded run pays a tuple per event, not fifteen look-ups."""
     parts = []
     for column in EVENT_FIELDS:
         name, convert = _FIELD_SOURCES.get(column, (column, ""))
@@ -189,12 +204,14 @@ def event_fields(e) -> tuple:
 
 
 def complete_event_row(row: tuple) -> tuple:
-    """An events row without the typed fields (sent by a worker of an earlier version) with them taken from its
-    body, the event's canonical JSON; a body that is not a valid event leaves them null."""
-    if len(row) != LEGACY_EVENT_COLUMNS:
+    """An events row sent by a worker of an earlier version (without the typed fields, or without the later ones)
+    with the fields it lacks taken from its body, the event's canonical JSON; a body that is not a valid event
+    leaves them null."""
+    if len(row) not in EARLIER_EVENT_WIDTHS:
+        widths = " or ".join(str(w) for w in sorted(EARLIER_EVENT_WIDTHS))
         raise LakeError(f"an events row has {len(row)} columns; expected {len(SCHEMAS['events'])} "
-                        f"(or {LEGACY_EVENT_COLUMNS} without the typed fields)")
-    return (*row, *body_fields(row[-1]))
+                        f"(or {widths}, as earlier versions wrote them)")
+    return (*row, *body_fields(row[LEGACY_EVENT_COLUMNS - 1])[len(row) - LEGACY_EVENT_COLUMNS:])
 
 
 def body_fields(body) -> tuple:
@@ -354,36 +371,57 @@ def table_files(root: Path, table: str) -> Optional[str]:
     return None
 
 
-def check_events_files(root: Path) -> None:
+def check_events_files(root: Path) -> frozenset:
     """Raise a LakeError naming the first `events` file written without the typed fields (by an earlier
-    version of chipledger): the views read them, and the file's rows are still there to be written again."""
+    version of chipledger): the views read them, and the file's rows are still there to be written again.
+    Returns the widths (numbers of columns) of the files: files of the first typed layout, without the later
+    fields (LATER_EVENT_FIELDS), are read as they are (`events_view_sql`)."""
     want = len(SCHEMAS["events"])
+    widths = set()
     for path in sorted((Path(root) / "events").rglob("*.parquet")):
         n = pq.read_metadata(path).num_columns
-        if n != want:
+        if not FIRST_TYPED_EVENT_COLUMNS <= n <= want:
             raise LakeError(f"{path}: an events file with {n} columns, expected {want} (written by an earlier "
                             f"version, without the typed event fields); add them with `chipledger lake upgrade "
                             f"--lake {root}` (or write the lake again with `chipledger run --overwrite`)")
+        widths.add(n)
+    return frozenset(widths)
+
+
+def events_view_sql(files, widths: frozenset) -> str:
+    """The query over the `events` files, whose `widths` check_events_files returned: as every other table when
+    all have every column (the common case: nothing more to read); else by name, a later field null in the
+    files written before it (and, when no file has it yet, a null column of its type)."""
+    full = len(SCHEMAS["events"])
+    if min(widths, default=full) == full:
+        return read_parquet_sql(files)
+    sql = read_parquet_sql(files, union_by_name=True)
+    absent = list(SCHEMAS["events"])[max(widths):]
+    if absent:
+        nulls = ", ".join(f'NULL::{DUCK_TYPES[f.type]} AS "{f.name}"' for f in absent)
+        sql = f"SELECT *, {nulls} FROM ({sql})"
+    return sql
 
 
 def upgrade_events_files(root: Path) -> list[Path]:
-    """Give the `events` files written by an earlier version (without the typed fields) their typed fields, taken
-    from each row's body, and return them. Each file is written anew beside itself and renamed over itself, so a
-    reader sees the old file or the new one, never both, and an interrupted upgrade can simply be run again."""
+    """Give the `events` files written by an earlier version (without the typed fields, or without the later ones)
+    the fields they lack, taken from each row's body, and return them. Each file is written anew beside itself and
+    renamed over itself, so a reader sees the old file or the new one, never both, and an interrupted upgrade can
+    simply be run again."""
     schema = SCHEMAS["events"]
-    legacy_names = schema.names[:LEGACY_EVENT_COLUMNS]
     done = []
     for path in sorted((Path(root) / "events").rglob("*.parquet")):
-        if pq.read_metadata(path).num_columns == len(schema):
+        n = pq.read_metadata(path).num_columns
+        if n == len(schema):
             continue
         old = pq.read_table(path, partitioning=None)
-        if old.schema.names != legacy_names:
+        if n not in EARLIER_EVENT_WIDTHS or old.schema.names != schema.names[:n]:
             raise LakeError(f"{path}: not an events file of chipledger (columns {old.schema.names})")
-        fields = [body_fields(b) for b in old.column("body").to_pylist()]
-        columns = list(zip(*fields)) if fields else [()] * len(EVENT_FIELDS)
-        typed = [pa.array(list(col), type=schema.field(name).type) for col, name in zip(columns, EVENT_FIELDS)]
-        new = pa.Table.from_arrays([*old.cast(pa.schema(list(schema)[:LEGACY_EVENT_COLUMNS])).columns, *typed],
-                                   schema=schema)
+        lacking = schema.names[n:]
+        fields = [body_fields(b)[n - LEGACY_EVENT_COLUMNS:] for b in old.column("body").to_pylist()]
+        columns = list(zip(*fields)) if fields else [()] * len(lacking)
+        typed = [pa.array(list(col), type=schema.field(name).type) for col, name in zip(columns, lacking)]
+        new = pa.Table.from_arrays([*old.cast(pa.schema(list(schema)[:n])).columns, *typed], schema=schema)
         tmp = path.with_name(f".{path.name}.upgrading")  # not *.parquet: no reader globs it
         pq.write_table(new, tmp, compression="zstd")
         os.replace(tmp, path)

@@ -12,7 +12,8 @@ from typing import Collection, Optional, Union
 
 import duckdb
 
-from analytics.lake import EVENT_FIELDS, SCHEMAS, check_events_files, empty_view_sql, read_parquet_sql, table_files
+from analytics.lake import (EVENT_FIELDS, SCHEMAS, check_events_files, empty_view_sql, events_view_sql, read_parquet_sql,
+                            table_files)
 from analytics.policy_views import POLICY_RAW_VIEW_NAMES, POLICY_VIEWS
 from analytics.slo_views import (DUCKDB, SloParams, duckdb_base_views, job_run_totals_sql, journal_sql,
                                  settings_rows, slo_views)
@@ -22,7 +23,7 @@ from analytics.slo_views import (DUCKDB, SloParams, duckdb_base_views, job_run_t
 DERIVED_VIEWS = {
     # every applied event, with the typed fields of its type (written by the lake writer from the parsed event)
     "events": """
-        SELECT event_id, type, pool, source, occurred_at, applied_at, lateness_s, team, job_id, chip_id, grant_id,
+        SELECT event_id, type, pool, source, occurred_at, applied_at, lateness_s, team, "user", job_id, chip_id, grant_id,
                request_id, chips_milli, priority, preemptible, state, outcome, topic, "partition", "offset", body
         FROM base_event_log
     """,
@@ -70,7 +71,7 @@ DERIVED_VIEWS = {
                               ROWS UNBOUNDED PRECEDING) AS submission
             FROM events WHERE job_id IS NOT NULL
         ), sub AS (
-            SELECT pool, job_id, submission, team, chips_milli, priority, preemptible,
+            SELECT pool, job_id, submission, team, "user", chips_milli, priority, preemptible,
                    applied_at AS submitted_at
             FROM e WHERE type = 'job.submitted'
         ), ev AS (
@@ -85,7 +86,7 @@ DERIVED_VIEWS = {
                    sum(lost_mchip_s)::BIGINT AS lost_mchip_s
             FROM job_runs GROUP BY pool, job_id, submitted_at
         )
-        SELECT sub.job_id, sub.pool, sub.team, sub.chips_milli / 1000.0 AS chips, sub.chips_milli,
+        SELECT sub.job_id, sub.pool, sub.team, sub."user", sub.chips_milli / 1000.0 AS chips, sub.chips_milli,
                coalesce(sub.priority, 0) AS priority, coalesce(sub.preemptible, true) AS preemptible,
                sub.submitted_at, ev.first_started_at, ev.finished_at, ev.outcome,
                coalesce(ev.preemptions, 0)::BIGINT AS preemptions,
@@ -94,6 +95,20 @@ DERIVED_VIEWS = {
         FROM sub LEFT JOIN ev USING (pool, job_id, submission)
                  LEFT JOIN runs ON runs.pool = sub.pool AND runs.job_id = sub.job_id
                                AND runs.submitted_at = sub.submitted_at
+    """,
+    # chip-seconds allocated per pool, team and user: the runs' allocation (`job_runs`, the core's) summed by the
+    # `user` of the job's submission (its key: pool, job id, submission time, as in `jobs`); null user: not given
+    "usage_by_user": """
+        WITH sub AS (
+            SELECT pool, job_id, applied_at AS submitted_at, arg_max("user", "offset") AS "user"
+            FROM events WHERE type = 'job.submitted' GROUP BY ALL
+        )
+        SELECT r.pool, r.team, sub."user", count(DISTINCT (r.job_id, r.submitted_at)) AS jobs,
+               count(DISTINCT (r.job_id, r.submitted_at, r.run_index)) AS runs,
+               sum(r.allocated_mchip_s)::BIGINT AS allocated_mchip_s, sum(r.lost_mchip_s)::BIGINT AS lost_mchip_s,
+               sum(r.allocated_mchip_s) / 3.6e6 AS allocated_chip_h
+        FROM job_runs r LEFT JOIN sub ON sub.pool = r.pool AND sub.job_id = r.job_id AND sub.submitted_at = r.submitted_at
+        GROUP BY r.pool, r.team, sub."user"
     """,
     # capacity SLO: of the chip-seconds registered, the share available (healthy or degraded), per UTC day
     "slo_capacity": """
@@ -193,6 +208,7 @@ MATERIALIZED_CALC = frozenset({"calc_free_steps"})
 # (a few columns, filtered by type) by the few base tables that need it than to copy into memory
 LAZY_BASE = frozenset({"base_event_rows"})
 
+_TYPED_COLUMNS = ", ".join(f'"{f}"' for f in EVENT_FIELDS)  # quoted: `user` is a keyword in SQL
 _RAW_VIEW_NAMES = {"journal": "journal_postings", "events": "event_log", "waits": "wait_postings",
                    "chip_states": "chip_state_changes", "grant_intervals": "grant_postings", **POLICY_RAW_VIEW_NAMES}
 
@@ -223,13 +239,12 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
         if glob is None:
             sql = empty_view_sql(table)
         else:
-            if table == "events":
-                check_events_files(lake)
-            sql = read_parquet_sql(glob)
+            # events files of the first typed layout lack the later fields: read by name, null there
+            sql = events_view_sql(glob, check_events_files(lake)) if table == "events" else read_parquet_sql(glob)
         if table == "events":
             # the table as stored (typed fields included) for the views; event_log without the typed fields
             con.execute(f'CREATE OR REPLACE VIEW "base_event_log" AS {sql}')
-            sql = f'SELECT * EXCLUDE ({", ".join(EVENT_FIELDS)}) FROM base_event_log'
+            sql = f"SELECT * EXCLUDE ({_TYPED_COLUMNS}) FROM base_event_log"
         con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')
     for name, sql in DERIVED_VIEWS.items():
         con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')

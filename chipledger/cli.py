@@ -394,9 +394,9 @@ def lake_upgrade(
     config: Optional[Path] = ConfigOpt,
 ):
     """Bring a lake written by an earlier chipledger up to this version's tables, in place: `events` files gain
-    the typed event fields, taken from each row's JSON body, and the fact tables the fold now writes (`waits`,
-    `free_chips`) are written by folding the lake's events again (with this config's [ledger] and [policy]).
-    Safe to run again, and while readers are open."""
+    the typed event fields they lack (all of them, or the later `user`), taken from each row's JSON body, and the
+    fact tables the fold now writes (`waits`, `free_chips`) are written by folding the lake's events again (with
+    this config's [ledger] and [policy]). Safe to run again, and while readers are open."""
     from analytics.lake import LakeError, upgrade_events_files
     from chipledger.config import fold_config
     from chipledger.refold import missing_fact_tables, refold_facts

@@ -235,6 +235,10 @@ class JobSubmitted(_Event):
     priority: int = Field(0, ge=-(2**31), le=2**31 - 1, strict=True, description="higher wins")
     preemptible: bool = Field(True, strict=True)
     chips_per_node: Optional[int] = Field(None, ge=1, le=4096, strict=True)
+    # who submitted it, inside its team (Slurm's User, a login): for per-user books; absent = unknown. Optional
+    # and additive (schema_version stays 1): the core never reads it, analytics does (`usage_by_user`)
+    user: Optional[Name] = Field(None, description="the user who submitted the job (e.g. a Unix login); "
+                                                   "absent = unknown")
 
     @property
     def chips_milli(self) -> int:

@@ -4,8 +4,10 @@
 # nodes of 8 fake GPUs each, two partitions of two GPU types, everything on loopback / unix sockets.
 #
 #   bash scripts/slurm.sh ensure   install the Debian packages when missing (only as root with apt-get;
-#                                  otherwise say loudly what to install). Always exits 0: whether a missing
-#                                  Slurm is a skip or a failure is the tests' decision (CHIPLEDGER_REQUIRE_SLURM=1).
+#                                  otherwise say loudly what to install), and create the test's Unix users
+#                                  (TEST_USERS: system accounts, no home, no login shell) when missing. Always
+#                                  exits 0: whether a missing Slurm is a skip or a failure is the tests' decision
+#                                  (CHIPLEDGER_REQUIRE_SLURM=1).
 #   bash scripts/slurm.sh start    write the configs into $CHIPLEDGER_SLURM_DIR and start munged, mariadbd,
 #                                  slurmdbd, slurmctld and slurmd x4; then create the accounts, QOS and
 #                                  associations (see `setup` below). Prints `export SLURM_CONF=...`.
@@ -29,6 +31,9 @@ CLUSTER=${CHIPLEDGER_SLURM_CLUSTER:-chipledger}
 PACKAGES=(slurm-wlm slurmdbd slurm-client munge mariadb-server)
 NODES=(n1 n2 n3 n4)
 GPUS_PER_NODE=8
+# Unix users whose jobs the tests submit as root with `sbatch --uid` (per-user books against sreport): jobs run as
+# them, so they must exist on this host; their associations are in the account vision (setup_accounts)
+TEST_USERS=(alice bob)
 
 # shellcheck source=scripts/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # loud
@@ -40,7 +45,18 @@ installed() {
     done
 }
 
+ensure_users() {  # as root: create the missing TEST_USERS (system accounts, no home, no login shell)
+    local u
+    [[ $(id -u) -eq 0 ]] || return 0
+    for u in "${TEST_USERS[@]}"; do
+        id -u "$u" >/dev/null 2>&1 && continue
+        useradd --system --no-create-home --shell /usr/sbin/nologin "$u" \
+            || loud "slurm.sh: could not create the test user $u (useradd failed): its jobs cannot run"
+    done
+}
+
 ensure() {
+    ensure_users
     installed && return 0
     if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
         echo "slurm.sh: installing Slurm from Debian packages (${PACKAGES[*]})..." >&2
@@ -185,6 +201,7 @@ EOF
 
 start() {
     installed || { loud "Slurm is not installed: run \`bash scripts/slurm.sh ensure\` as root first."; return 1; }
+    ensure_users
     stop quiet
     rm -rf "$DIR"
     mkdir -p "$DIR"
@@ -230,14 +247,18 @@ all_idle() {
     [[ "$states" == "idle " ]]
 }
 
-# Accounts (lower-case: Slurm lower-cases them), their GPU quotas as GrpTRES, one user per account (root runs
-# the test jobs, with --account), and QOS `high` that preempts `normal` by requeue.
+# Accounts (lower-case: Slurm lower-cases them), their GPU quotas as GrpTRES, root in every account (it runs
+# most test jobs, with --account), the TEST_USERS in vision (jobs submitted for them with `sbatch --uid`), and QOS
+# `high` that preempts `normal` by requeue.
 setup_accounts() {
     sacctmgr -i add qos high Priority=1000 Preempt=normal PreemptMode=requeue >/dev/null
     sacctmgr -i add account vision,nlp,speech Cluster="$CLUSTER" >/dev/null
     sacctmgr -i modify account vision set GrpTRES=gres/gpu:a100=8 >/dev/null
     sacctmgr -i modify account nlp set GrpTRES=gres/gpu:a100=4,gres/gpu:h100=8 >/dev/null
     sacctmgr -i add user root Account=vision,nlp,speech QOS=normal,high DefaultQOS=normal >/dev/null
+    local users
+    users=$(IFS=,; echo "${TEST_USERS[*]}")
+    sacctmgr -i add user "$users" Account=vision QOS=normal DefaultQOS=normal >/dev/null
 }
 
 stop_group() {  # pid files of daemons stopped together: TERM all, wait up to 10 s, then KILL what is left

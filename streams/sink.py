@@ -41,7 +41,7 @@ from typing import Callable, Optional
 
 import orjson
 
-from analytics.lake import DAY_COLUMN, LEGACY_EVENT_COLUMNS, SCHEMAS, LakeWriter, complete_event_row
+from analytics.lake import DAY_COLUMN, EARLIER_EVENT_WIDTHS, SCHEMAS, LakeWriter, complete_event_row
 from ledger.state import PoolState
 from schemas import INPUT_TOPICS, OUTPUT_TOPICS, Rejection, RejectionCode
 from schemas import topics as _topics
@@ -115,7 +115,7 @@ def item_problem(item) -> Optional[str]:
         width = _WIDTH[table]
         for row in rows:
             if not isinstance(row, list) or not (len(row) == width or (
-                    table == "events" and len(row) == LEGACY_EVENT_COLUMNS)):
+                    table == "events" and len(row) in EARLIER_EVENT_WIDTHS)):
                 return f"a {table} row of the wrong width"
             day = row[_DAY_IDX[table]]
             if not isinstance(day, int) or isinstance(day, bool):
@@ -130,7 +130,7 @@ def check_types(items) -> None:
     for item in items:
         for table, rows in item["tables"].items():
             if table == "events":
-                rows = [complete_event_row(tuple(r)) if len(r) == LEGACY_EVENT_COLUMNS else r for r in rows]
+                rows = [complete_event_row(tuple(r)) if len(r) in EARLIER_EVENT_WIDTHS else r for r in rows]
             for col, f in zip(zip(*rows), SCHEMAS[table]):
                 try:
                     pa.array(col, type=f.type)
@@ -393,7 +393,7 @@ class Sink:
                 self._marks[key] = marks[key] = at
                 for table, rows in item["tables"].items():
                     for row in rows:
-                        if table == "events" and len(row) == LEGACY_EVENT_COLUMNS:
+                        if table == "events" and len(row) in EARLIER_EVENT_WIDTHS:
                             row = complete_event_row(row)  # from a worker of an earlier version
                         writer.add(table, tuple(row))
                     self.stats.rows[table] += len(rows)

@@ -203,6 +203,9 @@ def test_schema_export(tmp_path):
     schema = json.loads((tmp_path / "job.submitted.schema.json").read_text())
     assert schema["additionalProperties"] is False
     assert set(schema["required"]) >= {"event_id", "type", "occurred_at", "pool", "source", "job_id", "team", "chips"}
+    assert "user" not in schema["required"]  # optional, added later: earlier producers' events stay valid
+    user = [s for s in schema["properties"]["user"]["anyOf"] if s.get("type") == "string"][0]
+    assert user["minLength"] == 1 and user["maxLength"] == 256 and user["pattern"] == "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
 
 
 def test_waits_fact(ran):

@@ -117,7 +117,7 @@ def test_ids_reject_control_characters(field, char):
     d[field] = f"a{char}b"
     rej = parse_payload(d)
     assert rej.code == RC.schema_invalid and "control characters" in rej.detail
-    for name in ("job_id", "team"):
+    for name in ("job_id", "team", "user"):
         assert parse_payload({**d, field: "ok", name: f"x{char}"}).code == RC.schema_invalid
     assert parse_payload({**d, field: "ok/ü ラボ \"quoted\" 🚀"}).type == "job.submitted"  # not ASCII-only
 

@@ -50,7 +50,7 @@ def test_empty_lake_has_every_view(tmp_path):
     for name in view_names():
         assert con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0] == 0, name
     cols = [d[0] for d in con.execute("SELECT * FROM jobs").description]
-    assert cols == ["job_id", "pool", "team", "chips", "chips_milli", "priority", "preemptible", "submitted_at",
+    assert cols == ["job_id", "pool", "team", "user", "chips", "chips_milli", "priority", "preemptible", "submitted_at",
                     "first_started_at",
                     "finished_at", "outcome", "preemptions", "allocated_mchip_s", "lost_mchip_s"]
     assert "error_code" in [d[0] for d in con.execute("SELECT * FROM deadletters").description]

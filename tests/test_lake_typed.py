@@ -30,7 +30,7 @@ T_S = 1_793_577_600
 ENV = {"occurred_at": T, "pool": "lab/a100", "source": "lab/kueue"}
 # the typed fields, timestamps as epoch seconds
 COLS = ", ".join(f'epoch("{f}")::BIGINT' if f.startswith("effective_") else f'"{f}"' for f in EVENT_FIELDS)
-NONE14 = (None,) * 14
+NONE15 = (None,) * 15
 
 
 def ev(**kw):
@@ -41,31 +41,34 @@ def ev(**kw):
 
 def test_the_typed_fields_follow_the_body():
     assert EVENT_FIELDS == ("job_id", "team", "chip_id", "node", "state", "grant_id", "request_id", "chips_milli",
-                            "priority", "preemptible", "outcome", "effective_from", "effective_until", "chip_ids")
+                            "priority", "preemptible", "outcome", "effective_from", "effective_until", "chip_ids",
+                            "user")
     assert SCHEMAS["events"].names[:LEGACY_EVENT_COLUMNS][-1] == "body"
 
 
 @pytest.mark.parametrize("payload, want", [
-    ({"type": "pool.tick"}, NONE14),
+    ({"type": "pool.tick"}, NONE15),
     ({"type": "chip.registered", "chip_id": "c0", "node": "n0"},
-     (None, None, "c0", "n0", None, None, None, None, None, None, None, None, None, None)),
+     (None, None, "c0", "n0", None, None, None, None, None, None, None, None, None, None, None)),
     ({"type": "chip.state_changed", "chip_id": "c1", "state": "down", "reason": "XID 79"},
-     (None, None, "c1", None, "down", None, None, None, None, None, None, None, None, None)),
+     (None, None, "c1", None, "down", None, None, None, None, None, None, None, None, None, None)),
     # chips 2.5 = 2500 milli-chips; the window in epoch seconds
     ({"type": "quota.granted", "grant_id": "g", "team": "a", "chips": 2.5, "effective_from": "2026-11-02T01:00:00Z",
       "effective_until": "2026-11-03T00:00:00+01:00"},
-     (None, "a", None, None, None, "g", None, 2500, None, None, None, T_S + 3600, T_S + 23 * 3600, None)),
+     (None, "a", None, None, None, "g", None, 2500, None, None, None, T_S + 3600, T_S + 23 * 3600, None, None)),
     ({"type": "burst.requested", "request_id": "r1", "team": "b", "chips": 4, "window_start": T,
       "window_end": "2026-11-02T02:00:00Z"},
-     (None, "b", None, None, None, None, "r1", 4000, None, None, None, None, None, None)),
+     (None, "b", None, None, None, None, "r1", 4000, None, None, None, None, None, None, None)),
     # defaults of a submission are its values (priority 0, preemptible)
     ({"type": "job.submitted", "job_id": "j", "team": "a", "chips": 0.125},
-     ("j", "a", None, None, None, None, None, 125, 0, True, None, None, None, None)),
+     ("j", "a", None, None, None, None, None, 125, 0, True, None, None, None, None, None)),
+    ({"type": "job.submitted", "job_id": "j", "team": "a", "chips": 1, "user": "alice"},
+     ("j", "a", None, None, None, None, None, 1000, 0, True, None, None, None, None, "alice")),
     ({"type": "job.started", "job_id": "j", "chip_ids": ["c2", "c0"]},
-     ("j", None, None, None, None, None, None, None, None, None, None, None, None, ["c2", "c0"])),
-    ({"type": "job.started", "job_id": "j"}, ("j",) + (None,) * 13),
+     ("j", None, None, None, None, None, None, None, None, None, None, None, None, ["c2", "c0"], None)),
+    ({"type": "job.started", "job_id": "j"}, ("j",) + (None,) * 14),
     ({"type": "job.finished", "job_id": "j", "outcome": "failed"},
-     ("j", None, None, None, None, None, None, None, None, None, "failed", None, None, None)),
+     ("j", None, None, None, None, None, None, None, None, None, "failed", None, None, None, None)),
 ])
 def test_event_fields(payload, want):
     assert event_fields(ev(**payload)) == want
@@ -80,23 +83,23 @@ def test_an_embedded_run_writes_the_typed_fields(tmp_path):
     rows = con.execute(f'SELECT event_id, {COLS} FROM base_event_log ORDER BY "offset"').fetchall()
     n = None
     want = [
-        ("h-001",) + NONE14,
-        *[(f"h-00{i + 2}", n, n, f"c{i}", "n0", n, n, n, n, n, n, n, n, n, n) for i in range(4)],
-        ("h-006", n, "a", n, n, n, "g-a", n, 2000, n, n, n, n, n, n),
-        ("h-007", n, "b", n, n, n, "g-b", n, 1000, n, n, n, T_S + 3600, n, n),  # effective_from 01:00
-        ("h-008", "ja1", "a", n, n, n, n, n, 3000, 10, True, n, n, n, n),
-        ("h-009", "ja1", n, n, n, n, n, n, n, n, n, n, n, n, ["c0", "c1", "c2"]),
-        ("h-010", "jb1", "b", n, n, n, n, n, 1000, 5, False, n, n, n, n),
-        ("h-015", "jb1", n, n, n, n, n, n, n, n, n, n, n, n, n),  # started without a placement
-        ("h-016", n, n, "c1", n, "down", n, n, n, n, n, n, n, n, n),
-        ("h-017", "ja1") + (n,) * 13,
-        ("h-018", "ja1") + (n,) * 13,
-        ("h-019", "ja1", n, n, n, n, n, n, n, n, n, n, n, n, ["c0", "c2", "c3"]),
-        ("h-020", n, n, "c1", n, "healthy", n, n, n, n, n, n, n, n, n),
-        ("h-021", "ja1") + (n,) * 13,
-        ("h-022", "jb1", n, n, n, n, n, n, n, n, n, "succeeded", n, n, n),
-        ("h-023", "ja1", n, n, n, n, n, n, n, n, n, "failed", n, n, n),
-        ("h-024",) + NONE14,
+        ("h-001",) + NONE15,
+        *[(f"h-00{i + 2}", n, n, f"c{i}", "n0", n, n, n, n, n, n, n, n, n, n, n) for i in range(4)],
+        ("h-006", n, "a", n, n, n, "g-a", n, 2000, n, n, n, n, n, n, n),
+        ("h-007", n, "b", n, n, n, "g-b", n, 1000, n, n, n, T_S + 3600, n, n, n),  # effective_from 01:00
+        ("h-008", "ja1", "a", n, n, n, n, n, 3000, 10, True, n, n, n, n, n),  # submitted without a user
+        ("h-009", "ja1", n, n, n, n, n, n, n, n, n, n, n, n, ["c0", "c1", "c2"], n),
+        ("h-010", "jb1", "b", n, n, n, n, n, 1000, 5, False, n, n, n, n, n),
+        ("h-015", "jb1", n, n, n, n, n, n, n, n, n, n, n, n, n, n),  # started without a placement
+        ("h-016", n, n, "c1", n, "down", n, n, n, n, n, n, n, n, n, n),
+        ("h-017", "ja1") + (n,) * 14,
+        ("h-018", "ja1") + (n,) * 14,
+        ("h-019", "ja1", n, n, n, n, n, n, n, n, n, n, n, n, ["c0", "c2", "c3"], n),
+        ("h-020", n, n, "c1", n, "healthy", n, n, n, n, n, n, n, n, n, n),
+        ("h-021", "ja1") + (n,) * 14,
+        ("h-022", "jb1", n, n, n, n, n, n, n, n, n, "succeeded", n, n, n, n),
+        ("h-023", "ja1", n, n, n, n, n, n, n, n, n, "failed", n, n, n, n),
+        ("h-024",) + NONE15,
     ]
     assert rows == want
     # the events view shows them under the same names; event_log is the table without them
@@ -109,25 +112,80 @@ def test_a_row_of_an_earlier_worker_is_completed_from_its_body():
     body = json.dumps({"event_id": "e1", "type": "job.submitted", **ENV, "job_id": "j", "team": "a", "chips": 2})
     row = ("e1", "job.submitted", "lab/a100", "lab/kueue", T_S, T_S, 0, "t", 0, 7, body)
     assert complete_event_row(row) == row + ("j", "a", None, None, None, None, None, 2000, 0, True, None, None,
-                                             None, None)
+                                             None, None, None)
     # a body that is not an event (not JSON, or no type) leaves the fields null; a row of another shape is refused
-    assert complete_event_row(row[:-1] + ("{}",))[LEGACY_EVENT_COLUMNS:] == NONE14
-    assert complete_event_row(row[:-1] + ("not json",))[LEGACY_EVENT_COLUMNS:] == NONE14
-    with pytest.raises(LakeError, match="expected 25"):
+    assert complete_event_row(row[:-1] + ("{}",))[LEGACY_EVENT_COLUMNS:] == NONE15
+    assert complete_event_row(row[:-1] + ("not json",))[LEGACY_EVENT_COLUMNS:] == NONE15
+    with pytest.raises(LakeError, match="expected 26 .or 11 or 25"):
         complete_event_row(row[:5])
+    # a row of the first typed layout (25 columns, before `user`): the later field from the body
+    with_user = json.dumps({**json.loads(body), "user": "alice"})
+    typed = complete_event_row(row[:-1] + (with_user,))[:25]
+    assert complete_event_row(typed) == typed + ("alice",)
+    assert complete_event_row(complete_event_row(row)[:25]) == complete_event_row(row)
 
 
-def test_the_sink_completes_rows_of_an_earlier_worker(tmp_path):
-    body = json.dumps({"event_id": "e1", "type": "job.finished", **ENV, "job_id": "j", "outcome": "cancelled"})
-    item = {"origin": ["chipledger.jobs", 0, 0],
-            "tables": {"events": [["e1", "job.finished", "lab/a100", "src", T_S, T_S, 0, "chipledger.jobs", 0, 0,
-                                   body]]}}
+def _through_a_sink(tmp_path, rows):
+    """A connection to the lake a sink wrote from one output item carrying these `events` rows."""
+    item = {"origin": ["chipledger.jobs", 0, 0], "tables": {"events": rows}}
     sink = Sink(tmp_path / "lake", open_store(f"sqlite:///{tmp_path / 'store.db'}"), name="sink",
                 consumer=object())
     sink.handle([SimpleNamespace(topic="chipledger.journal", partition=0, offset=0,
                                  value=rows_record("lab/a100", [item]))])
-    assert connect(tmp_path / "lake").execute("SELECT job_id, outcome, team FROM events").fetchall() == [
-        ("j", "cancelled", None)]
+    return connect(tmp_path / "lake")
+
+
+def test_the_sink_completes_rows_of_an_earlier_worker(tmp_path):
+    body = json.dumps({"event_id": "e1", "type": "job.finished", **ENV, "job_id": "j", "outcome": "cancelled"})
+    con = _through_a_sink(tmp_path, [["e1", "job.finished", "lab/a100", "src", T_S, T_S, 0, "chipledger.jobs", 0, 0,
+                                      body]])
+    assert con.execute("SELECT job_id, outcome, team FROM events").fetchall() == [("j", "cancelled", None)]
+
+
+def test_the_sink_completes_rows_of_a_worker_before_the_user_field(tmp_path):
+    """A worker of the first typed layout sends 25 columns (no `user`): the sink takes it from the body (null:
+    that worker's parser refused the field)."""
+    body = json.dumps({"event_id": "e1", "type": "job.submitted", **ENV, "job_id": "j", "team": "a", "chips": 2})
+    row = ["e1", "job.submitted", "lab/a100", "src", T_S, T_S, 0, "chipledger.jobs", 0, 0, body,
+           "j", "a", None, None, None, None, None, 2000, 0, True, None, None, None, None]
+    con = _through_a_sink(tmp_path, [row])
+    assert con.execute('SELECT job_id, team, "user" FROM events').fetchall() == [("j", "a", None)]
+
+
+def test_events_files_before_the_user_field_open_as_they_are_and_upgrade(tmp_path):
+    """Files of the first typed layout (25 columns, written before `user`) open without an upgrade, `user` null,
+    alone or beside files with it; `lake upgrade` adds the column (from the bodies) in place."""
+    lines = (ROOT / "tests/fixtures/hand.jsonl").read_text().splitlines()
+    with_user = [json.dumps({**json.loads(x), "user": "alice"}) if '"job.submitted"' in x else x for x in lines]
+    fixture = tmp_path / "users.jsonl"
+    fixture.write_text("\n".join(with_user) + "\n")
+    lake = tmp_path / "lake"
+    res = CliRunner().invoke(app, ["run", "--events", str(fixture), "--lake", str(lake), "--store",
+                                   f"sqlite:///{tmp_path / 's.db'}"])
+    assert res.exit_code == 0, res.output
+    query = 'SELECT event_id, team, "user" FROM events WHERE type = \'job.submitted\' ORDER BY event_id'
+    assert connect(lake).execute(query).fetchall() == [("h-008", "a", "alice"), ("h-010", "b", "alice")]
+    want_all = connect(lake).execute('SELECT * EXCLUDE ("user") FROM events ORDER BY "offset"').fetchall()
+    (only,) = (lake / "events").rglob("*.parquet")
+    t = pq.read_table(only, partitioning=None)
+    # split in two: the rows up to h-009 as the first typed layout wrote them (no `user`), the rest as now
+    old, new = t.slice(0, 9), t.slice(9)
+    assert old.column("event_id").to_pylist()[-2:] == ["h-008", "h-009"]
+    files = [only.with_name("part-old-0001.parquet"), only]
+    pq.write_table(old.select(t.schema.names[:25]), files[0])
+    pq.write_table(new, files[1])
+    assert connect(lake).execute('SELECT * EXCLUDE ("user") FROM events ORDER BY "offset"').fetchall() == want_all
+    assert connect(lake).execute(query).fetchall() == [("h-008", "a", None), ("h-010", "b", "alice")]
+    pq.write_table(new.select(t.schema.names[:25]), files[1])  # every file of the earlier layout
+    assert connect(lake).execute(query).fetchall() == [("h-008", "a", None), ("h-010", "b", None)]
+    assert connect(lake).execute('SELECT DISTINCT "user" FROM usage_by_user').fetchall() == [(None,)]
+
+    up = CliRunner().invoke(app, ["lake", "upgrade", "--lake", str(lake)])
+    assert up.exit_code == 0, up.output
+    assert sorted(up.stdout.split()) == sorted(str(f) for f in files)
+    assert all(pq.read_metadata(f).num_columns == 26 for f in files)
+    # from the bodies: these were written with a user (a real file of the earlier layout never has one)
+    assert connect(lake).execute(query).fetchall() == [("h-008", "a", "alice"), ("h-010", "b", "alice")]
 
 
 def test_events_files_of_an_earlier_version_are_refused_clearly(tmp_path):
@@ -137,7 +195,7 @@ def test_events_files_of_an_earlier_version_are_refused_clearly(tmp_path):
     row = ["e1", "pool.tick", "p", "s", T_S, T_S, 0, "t", 0, 0, "{}"]
     pq.write_table(pa.Table.from_arrays([pa.array([v], type=f.type) for v, f in zip(row, legacy)], schema=legacy),
                    out / "part-old-0001.parquet")
-    with pytest.raises(LakeError, match=r"part-old-0001.parquet: an events file with 11 columns, expected 25 .*"
+    with pytest.raises(LakeError, match=r"part-old-0001.parquet: an events file with 11 columns, expected 26 .*"
                                         r"chipledger lake upgrade --lake .*chipledger run --overwrite"):
         check_events_files(tmp_path)
     with pytest.raises(LakeError, match="earlier version"):
@@ -154,7 +212,7 @@ def test_lake_upgrade_gives_files_of_an_earlier_version_their_typed_fields_in_pl
     want = connect(lake).execute(query).fetchall()
     typed_want = connect(lake).execute(f"SELECT {COLS} FROM base_event_log ORDER BY \"offset\"").fetchall()
     files = sorted((lake / "events").rglob("*.parquet"))
-    assert files and any(v != NONE14 for v in typed_want)
+    assert files and any(v != NONE15 for v in typed_want)
     for f in files:  # as an earlier version wrote them: no typed fields
         t = pq.read_table(f, partitioning=None)
         pq.write_table(t.select(t.schema.names[:LEGACY_EVENT_COLUMNS]), f)

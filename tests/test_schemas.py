@@ -50,7 +50,7 @@ BODIES = {
                         "window_start": "2026-11-02T10:00:00Z", "window_end": "2026-11-02T12:00:00Z",
                         "reason": "launch"},
     "job.submitted": {"job_id": "j-1", "team": "ads", "chips": 0.5, "priority": 10, "preemptible": False,
-                      "chips_per_node": 8},
+                      "chips_per_node": 8, "user": "alice"},
     "job.started": {"job_id": "j-1", "chip_ids": ["node-1/gpu-0", "node-1/gpu-1"]},
     "job.checkpointed": {"job_id": "j-1", "units": 1200},
     "job.progress": {"job_id": "j-1", "units": 1250, "unit": "step"},
@@ -269,6 +269,9 @@ def test_envelope_limits_that_pass():
     ("job.submitted", {"priority": 1.5}),
     ("job.submitted", {"priority": 2**31}),
     ("job.submitted", {"chips_per_node": 0}),
+    ("job.submitted", {"user": ""}),
+    ("job.submitted", {"user": "u" * 257}),
+    ("job.submitted", {"user": 1000}),
     ("job.started", {"chip_ids": []}),
     ("job.started", {"chip_ids": ["a", "b", "a"]}),
     ("job.started", {"chip_ids": "a"}),
@@ -285,6 +288,14 @@ def test_envelope_limits_that_pass():
 ])
 def test_field_values_are_validated(etype, over):
     assert code_of(parse_payload(wire(etype, **over))) == RC.schema_invalid
+
+
+def test_the_user_of_a_submission_is_optional():
+    """`user` came later, optional (schema_version stays 1): a submission without it is as valid as before."""
+    assert parse_payload(wire("job.submitted")).user == "alice"
+    old = parse_payload(without(wire("job.submitted"), "user"))
+    assert old.user is None and old.schema_version == 1
+    assert "user" not in old.model_dump(exclude_none=True)
 
 
 @pytest.mark.parametrize("state", ["healthy", "degraded", "down", "maintenance"])

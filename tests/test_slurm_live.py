@@ -1,11 +1,12 @@
 """`chipledger slurm watch`, `slurm actuate` and `import sacct` against a real Slurm (tests/slurm_support.py).
 
-One workload of real sleep jobs asking for GPUs runs once for the module (about a minute): several accounts, an
+One workload of real sleep jobs asking for GPUs runs once for the module (about a minute): several accounts, jobs
+of three Unix users in one account (root's, and alice's and bob's submitted by root with `sbatch --uid`), an
 array, a two-node job, a failure, a timeout, a cancel, a job held then cancelled, a QOS preemption with
 REQUEUE, an admin requeue, a node drained and a maintenance reservation. The watcher polls while it runs and is
 restarted half-way (a new Watcher on the same state file). Then:
-- the books folded from what `slurm watch` sent equal `sreport` per account and per partition to the
-  GPU-second, and capacity / idle / down / maintenance (PLND Down, in node-seconds) equal `sreport cluster
+- the books folded from what `slurm watch` sent equal `sreport` per account, per account and user
+  (`usage_by_user`) and per partition to the GPU-second, and capacity / idle / down / maintenance (PLND Down, in node-seconds) equal `sreport cluster
   utilization`; the same for `import sacct` on sacct's dump;
 - polling again, or a fresh watcher on the same state, sends no new event; a watcher started from scratch
   sends the same events;
@@ -74,6 +75,20 @@ def _books(lake: Path) -> tuple[dict, dict]:
     return dict(teams), dict(pool)
 
 
+def _books_by_user(lake: Path) -> dict:
+    """GPU-seconds per (team, user) from `chipledger sql` over the view usage_by_user, all pools together."""
+    res = CliRunner().invoke(app, ["sql", "--lake", str(lake), "--format", "json",
+                                   'SELECT team, "user", sum(allocated_mchip_s)::BIGINT AS mchip_s '
+                                   'FROM usage_by_user GROUP BY ALL'])
+    assert res.exit_code == 0, res.output
+    out = {}
+    for r in json.loads(res.stdout):
+        assert r["mchip_s"] % 1000 == 0, r  # whole GPUs x whole seconds
+        if r["mchip_s"]:
+            out[(r["team"], r["user"])] = r["mchip_s"] // 1000
+    return out
+
+
 def _books_by_pool(lake: Path) -> dict:
     """GPU-seconds per (partition, team) from the lake's journal."""
     con = duckdb.connect()
@@ -99,7 +114,8 @@ def _sreport_by_partition(cluster, start: int, end: int) -> dict:
     return out
 
 
-def _sreport(cluster, start: int, end: int) -> tuple[dict, dict]:
+def _sreport(cluster, start: int, end: int) -> tuple[dict, dict, dict]:
+    """(GPU-seconds per account, GPU-seconds per (account, user), cluster utilization) over [start, end)."""
     cluster.cmd("sacctmgr", "-i", "rollup", _iso(start), _iso(end))
     util = cluster.cmd("sreport", "-n", "-P", "-t", "seconds", "-T", "gres/gpu", "cluster", "utilization",
                        f"start={_iso(start)}", f"end={_iso(end)}")
@@ -116,12 +132,14 @@ def _sreport(cluster, start: int, end: int) -> tuple[dict, dict]:
     assert pdown_cpu % cpus == 0, (pdown_cpu, cpus)
     accounts = cluster.cmd("sreport", "-n", "-P", "-t", "seconds", "-T", "gres/gpu", "cluster",
                            "AccountUtilizationByUser", f"start={_iso(start)}", f"end={_iso(end)}")
-    used = {}
+    used, by_user = {}, {}
     for x in accounts.splitlines():
-        f = x.split("|")
+        f = x.split("|")  # cluster|account|login|proper name|TRES|used
         if len(f) == 6 and f[2] == "" and f[1] != "root":  # account rows (no user)
             used[f[1]] = int(f[5])
-    return used, {"allocated": int(alloc), "down": int(down), "planned_down": int(pdown), "idle": int(idle),
+        elif len(f) == 6 and f[2] and int(f[5]):  # user rows
+            by_user[(f[1], f[2])] = int(f[5])
+    return used, by_user, {"allocated": int(alloc), "down": int(down), "planned_down": int(pdown), "idle": int(idle),
                   "planned": int(planned), "reported": int(reported),
                   "maintenance_gpu_s": pdown_cpu // cpus * gpus}  # n4's node-seconds in PLND Down x its GPUs
 
@@ -173,6 +191,9 @@ def workload(slurm, tmp_path_factory):
     # a100: 16 GPUs (n1, n2)
     jobs["timeout"] = sb("-A", "vision", "-p", "a100", "--gres=gpu:1", "-t", "1", "--wrap", "sleep 300")
     jobs["ok"] = sb("-A", "vision", "-p", "a100", "--gres=gpu:2", "--wrap", "sleep 4")
+    # two other Unix users' jobs in vision (scripts/slurm.sh creates them), submitted for them by root
+    jobs["alice"] = sb("--uid=alice", "-A", "vision", "-p", "a100", "--gres=gpu:2", "--wrap", "sleep 3")
+    jobs["bob"] = sb("--uid=bob", "-A", "vision", "-p", "a100", "--gres=gpu:1", "--wrap", "sleep 5")
     jobs["array"] = sb("-A", "speech", "-p", "a100", "-a", "0-3", "--gres=gpu:1", "--wrap", "sleep 3")
     jobs["fail"] = sb("-A", "nlp", "-p", "a100", "--gres=gpu:1", "--wrap", "sleep 2; exit 3")
     jobs["cancel"] = sb("-A", "speech", "-p", "a100", "--gres=gpu:2", "--wrap", "sleep 300")
@@ -274,6 +295,9 @@ def test_watch_maps_what_slurm_did(workload):
     assert multi[0]["chips"] == 16 and multi[0]["chips_per_node"] == 8
     teams = {e["team"] for e in evs if e["type"] == "job.submitted"}
     assert teams == {"vision", "nlp", "speech"}
+    users = {e["job_id"]: e.get("user") for e in evs if e["type"] == "job.submitted"}
+    assert users[jobs["alice"]] == "alice" and users[jobs["bob"]] == "bob" and users[jobs["ok"]] == "root"
+    assert set(users.values()) == {"root", "alice", "bob"}
 
 
 def test_watch_books_equal_sreport(slurm, workload):
@@ -283,10 +307,15 @@ def test_watch_books_equal_sreport(slurm, workload):
     events = _with_final_ticks(workload["out"], d / "closed.jsonl", end)
     _fold(events, d / "lake")
     teams, pool = _books(d / "lake")
-    used, util = _sreport(slurm, start, end)
+    used, by_user, util = _sreport(slurm, start, end)
     assert teams == used
     assert pool["capacity"] == util["reported"]
     print(f"\nsreport: per account {used}, cluster {util}\nledger:  per team {teams}, pool accounts {pool}")
+    users = _books_by_user(d / "lake")
+    print(f"per account and user: sreport {sorted(by_user.items())}\n"
+          f"                      ledger  {sorted(users.items())}")
+    assert users == by_user
+    assert {u for (a, u) in users if a == "vision"} == {"root", "alice", "bob"}
     by_part, sreport_by_part = _books_by_pool(d / "lake"), _sreport_by_partition(slurm, start, end)
     print(f"per partition and account: sreport {sorted(sreport_by_part.items())}\n"
           f"                           ledger  {sorted(by_part.items())}")
@@ -358,8 +387,9 @@ def test_import_sacct_books_equal_sreport(slurm, workload):
     end = _hour(workload["end"]) + 3600
     _fold(_with_final_ticks(d / "import.jsonl", d / "import-closed.jsonl", end), d / "import-lake")
     teams, pool = _books(d / "import-lake")
-    used, util = _sreport(slurm, start, end)
+    used, by_user, util = _sreport(slurm, start, end)
     assert teams == used
+    assert _books_by_user(d / "import-lake") == by_user == _books_by_user(d / "lake")
     maint = util["maintenance_gpu_s"]
     assert pool["capacity"] == util["reported"] and pool["idle"] + maint == util["idle"] + util["planned"]
     assert pool["unavailable"] == util["down"] + maint

@@ -92,6 +92,23 @@ def test_cancel_by_the_actuator_is_a_preemption_then_the_end():
     assert [(t, d) for t, _, _, d in jobs["9"]] == [(S, None), (R, None), (P, "dec-7"), (F, None)]
 
 
+def test_the_submission_carries_the_user_and_ids_do_not_depend_on_it(runs):
+    """Slurm's User is the submission's `user` (per-user books); the event ids stay those derived from Slurm's ids,
+    so events a watcher sent before `user` existed are not sent again."""
+    r = Run("9", "speech", "alice", "a100", 100, 100, 110, 150, "COMPLETED", 2, 1)
+    with_user = job_events(CLUSTER, f"{CLUSTER}/slurm", [r], MapReport())
+    without = job_events(CLUSTER, f"{CLUSTER}/slurm", [replace(r, user="")], MapReport())
+    assert [e.body["event_id"] for e in with_user] == [e.body["event_id"] for e in without] == [
+        "slurm:chipledger:9:100:submitted", "slurm:chipledger:9:100:started", "slurm:chipledger:9:100:finished"]
+    assert with_user[0].body["user"] == "alice" and "user" not in without[0].body
+    assert all("user" not in e.body for e in with_user[1:])  # only the submission says who
+    # a requeued job: the user of its first run; the fixture's jobs all ran as root
+    by = runs_by_job(runs)
+    for job, rs in by.items():
+        (sub,) = [e.body for e in job_events(CLUSTER, "s", rs, MapReport()) if e.body["type"] == S]
+        assert sub["user"] == "root" and sub["event_id"] == f"slurm:{CLUSTER}:{job}:{min(x.submit for x in rs)}:submitted"
+
+
 def test_held_jobs_are_not_demand():
     held_cancelled = Run("10", "vision", "u", "a100", 100, None, None, 130, "CANCELLED", 1, 1)
     held = Run("11", "vision", "u", "a100", 100, None, None, None, "PENDING", 1, 1)
@@ -317,6 +334,9 @@ def test_the_same_mapping_for_import_sacct(tmp_path, runs):
     watched, _ = _job_events(runs)
     assert imported == watched
     assert not any("WARNING" in n for n in report.notes)
+    # the User column is each submission's user, as the watcher reads it from sacct --json
+    users = {e["job_id"]: e.get("user") for e in map(json.loads, out.read_text().splitlines()) if e["type"] == S}
+    assert users == {r.job_id: r.user for r in runs} and set(users.values()) == {"root"}
 
 
 def test_import_sacct_says_loudly_what_is_missing(tmp_path):

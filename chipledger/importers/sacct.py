@@ -3,12 +3,13 @@
 Input: the output of, for example,
 
     TZ=UTC sacct -a -D -X --parsable2 -S 2024-03-01 -E 2024-04-01 \\
-        --format=JobID,Account,Partition,Submit,Start,End,State,AllocTRES,ReqTRES,Priority
+        --format=JobID,Account,User,Partition,Submit,Eligible,Start,End,State,AllocTRES,ReqTRES,Priority,AdminComment
 
 (`|`-separated, one header line; `--parsable` with its trailing `|` is read too). Required columns: JobID,
 Account, Partition, Submit, Start, End, State, AllocTRES. Optional: ReqTRES (the GPUs of jobs that never got an
 allocation: pending, or cancelled while pending; without it such jobs are skipped as `no_tres`), Priority,
-Cluster (pools become `slurm/<cluster>/<partition>`); User, QOS and any other column are read and ignored.
+Cluster (pools become `slurm/<cluster>/<partition>`), Eligible, AdminComment, User (each job's `user`, for per-user
+books); QOS and any other column are read and ignored.
 
 Mapping (docs/importers.md has the full table): Account → team; Partition → pool `slurm/<partition>`
 (`pool.configured` with flavor = partition and the `chips_per_node` argument); GPUs in the TRES (`gres/gpu=N`, or
@@ -53,7 +54,7 @@ from chipledger.slurm.mapping import (KNOWN_STATES, PENDING, Assoc, MapReport, N
 
 SOURCE = "slurm/sacct"
 REQUIRED = ("JobID", "Account", "Partition", "Submit", "Start", "End", "State", "AllocTRES")
-OPTIONAL = ("ReqTRES", "Priority", "Cluster", "Eligible", "AdminComment")
+OPTIONAL = ("ReqTRES", "Priority", "Cluster", "Eligible", "AdminComment", "User")
 MAX_ARRAY_EXPAND = 10_000  # pending array tasks listed as one record (`123_[5-10]`) are expanded up to this
 _PRIORITY_MAX = 2**31 - 1
 
@@ -98,6 +99,7 @@ class _Record:
     multi_partition: bool
     eligible: Optional[int] = None  # None: not set (held, never eligible) or no Eligible column
     admin_comment: str = ""
+    user: str = ""  # '' without a User column
 
 
 class _Clock:
@@ -275,6 +277,8 @@ class _Parser:
         eligible = clock(fields[el_at]) if el_at is not None else None
         ac_at = cols.opt["AdminComment"]
         comment = fields[ac_at].strip() if ac_at is not None else ""
+        us_at = cols.opt["User"]
+        user = fields[us_at].strip() if us_at is not None else ""
         pr_at = cols.opt["Priority"]
         priority = 0
         if pr_at is not None:
@@ -289,7 +293,7 @@ class _Parser:
         else:
             ids = [raw_id]
         return [_Record(line_no, job_id, team, pool, partition, prefix, submit, start, end, state, chips, nodes,
-                        priority, multi, eligible, comment) for job_id in ids]
+                        priority, multi, eligible, comment, user) for job_id in ids]
 
 
 def _lines(path: Path, digest=None) -> Iterator[tuple[int, str]]:
@@ -318,12 +322,14 @@ class _Plan:
         self.pool_first: dict[str, tuple[int, str]] = {}  # pool → (earliest Submit, flavor)
         self.last_time: Optional[int] = None
         self.eligible_column = False
+        self.user_column = False
 
 
 def _first_pass(path: Path, clock: _Clock, report: ImportReport, cluster: Optional[str] = None) -> tuple[_Plan, str]:
     parser, lines, digest = _open(path, clock, cluster)
     plan = _Plan()
     plan.eligible_column = parser.cols.opt["Eligible"] is not None
+    plan.user_column = parser.cols.opt["User"] is not None
     header = parser.cols.header
     seen: set[int] = set()  # hashes of JobIDs: 8 bytes of key per job, not the whole id
     records_of = plan.records_of
@@ -374,8 +380,8 @@ class _Emitter:
     def job(self, records: list[_Record]) -> None:
         records.sort(key=lambda r: (r.submit, r.start if r.start is not None else float("inf"), r.line_no))
         r0 = records[0]
-        runs = [Run(r.job_id, r.team, "", r.flavor, r.submit, r.eligible, r.start, r.end, r.state, r.chips, r.nodes,
-                    r.priority, r.admin_comment) for r in records]
+        runs = [Run(r.job_id, r.team, r.user, r.flavor, r.submit, r.eligible, r.start, r.end, r.state, r.chips,
+                    r.nodes, r.priority, r.admin_comment) for r in records]
         events = job_events(r0.prefix, SOURCE, runs, self.mapped, eligible=self.eligible_column)
         if not events:
             return
@@ -551,6 +557,9 @@ def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8
     if report.rows_read and not plan.eligible_column:
         report.notes.append("WARNING: no Eligible column: waits are counted from Submit, so held jobs (and "
                             "jobs cancelled while held) count as pending demand; add Eligible to --format")
+    if report.rows_read and not plan.user_column:
+        report.notes.append("no User column: jobs are submitted without a user (usage_by_user has none); add User "
+                            "to --format for per-user books")
     if window:
         report.notes.append(f"input not in Submit order: events held back up to {window} s to keep time order")
     for what, n in sorted(adjust.items()):

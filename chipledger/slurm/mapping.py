@@ -16,6 +16,8 @@ events, and a watcher that restarts sends nothing new (docs/slurm.md has the tab
   admin requeue, booked as `job.checkpointed` then `job.preempted` at its End, so it loses no work. Any other
   state of an earlier run (NODE_FAIL, BOOT_FAIL… with requeue) → `job.preempted` with its work lost.
 - The last record decides the outcome (`job.finished`), or the job is still pending/running.
+- The job's `User` (of its first run) is the submission's `user`: per-user books (`usage_by_user`) compare with
+  `sreport cluster AccountUtilizationByUser`. Ids do not depend on it.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class Run:
 
     job_id: str  # as Slurm prints it: 123, 123_4, 123+0
     account: str
-    user: str
+    user: str  # the login the job runs as ('' when not known: `job.submitted` without `user`)
     partition: str
     submit: int
     eligible: Optional[int]
@@ -177,7 +179,7 @@ def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, si
     cursor = max(first_wait, since)
     out.append(_ev(cursor, RANK_SUBMIT, "job.submitted", pool, source, _id(cluster, job, key0, "submitted"),
                    job_id=job, team=r0.account, chips=r0.gpus, priority=clamp_priority(r0.priority),
-                   preemptible=True, chips_per_node=per_node))
+                   preemptible=True, chips_per_node=per_node, user=r0.user or None))
     running = False
     n = len(runs)
     for k, r in enumerate(runs):
