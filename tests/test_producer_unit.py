@@ -251,7 +251,8 @@ def test_canonical_value_reparses_to_an_equal_model(raw):
     ts=st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2099, 12, 31),  # below MAX_TIME
                     timezones=st.sampled_from([timezone.utc, timezone(timedelta(hours=5, minutes=30)),
                                                timezone(timedelta(hours=-8))])),
-    text=st.text(st.characters(blacklist_categories=("Cc",)), max_size=20),  # ids hold no control characters
+    # ids hold no control characters; lone surrogates (Cs) are not text JSON can carry (orjson refuses them)
+    text=st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=20),
 )
 def test_canonical_value_roundtrip_property(milli, ts, text):
     event = QuotaGranted(event_id="e" + text[:100], type="quota.granted", occurred_at=ts, pool="p" + text,
