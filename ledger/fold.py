@@ -136,6 +136,7 @@ class GrantIntervalRow(NamedTuple):
 
 STARTED = "started"
 FINISHED = "finished"
+HELD = "held"  # a job's status between a job.preempted with held and its job.released: neither running nor pending
 OPEN = "open"
 NEVER = 1 << 62
 
@@ -338,6 +339,8 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     # asked for (grace end, timeout, a protection ending) has come; never without pending jobs
     if state.pending_sizes:
         trigger = _TRIGGER.get(etype)
+        if trigger is _JOB and state.jobs[event.job_id].status != "pending":
+            trigger = None  # held (job.preempted with held): no new demand to look at
         if trigger is _ALL or state.policy_full:
             state.policy_full = False
             policy.evaluate(state, event_id, t, step, config)
@@ -975,7 +978,7 @@ def _check_job_submitted(s: PoolState, e):
 
 
 def _unknown_job(s: PoolState, e) -> Rejection:
-    return Rejection(RC.unknown_job, f"job {e.job_id!r} is not pending or running in pool {s.pool!r}")
+    return Rejection(RC.unknown_job, f"job {e.job_id!r} is not pending, held or running in pool {s.pool!r}")
 
 
 def _check_job_started(s: PoolState, e):
@@ -1006,6 +1009,16 @@ def _check_job_running(s: PoolState, e):
     return None
 
 
+def _check_job_held(s: PoolState, e):
+    j = s.jobs.get(e.job_id)
+    if j is None:
+        return _unknown_job(s, e)
+    if j.status != HELD:
+        return Rejection(RC.illegal_transition, f"job {e.job_id!r} is {j.status}, not held (job.released releases "
+                         f"a job.preempted with held)")
+    return None
+
+
 def _check_job_active(s: PoolState, e):
     if e.job_id not in s.jobs:
         return _unknown_job(s, e)
@@ -1023,6 +1036,7 @@ _CHECK = {
     "job.checkpointed": _check_job_checkpointed,
     "job.progress": _check_job_progress,
     "job.preempted": _check_job_running,
+    "job.released": _check_job_held,
     "job.finished": _check_job_active,
 }
 
@@ -1267,14 +1281,10 @@ def _pending_demand(state: PoolState, name: str, jobs: int, milli: int, t: int) 
     set_rate(h[4], rate, t)
 
 
-def _enqueue(state: PoolState, job: Job, t: int) -> None:
-    """The job starts waiting: its chips join its team's pending demand and the policy's queue of the team; the
-    wait notes whether it fits the team's unused nominal quota and whether the team borrows (fact `waits`)."""
-    name = job.team
-    milli = job.chips_milli
-    _pending_demand(state, name, 1, milli, t)
+def _wait_begins(state: PoolState, job: Job, t: int) -> None:
+    """A wait of the job begins at t (fact `waits`): it notes its team's nominal quota and use then."""
     job.waiting_since = t
-    team = state.teams[name]
+    team = state.teams[job.team]
     job.wait_nominal_milli = team.nominal_milli
     job.wait_used_milli = team.use_milli
     job.hol_s = 0
@@ -1283,6 +1293,15 @@ def _enqueue(state: PoolState, job: Job, t: int) -> None:
         job.hol_ahead = []
     if job.hol_blockers:
         job.hol_blockers = {}
+
+
+def _enqueue(state: PoolState, job: Job, t: int) -> None:
+    """The job starts waiting: its chips join its team's pending demand and the policy's queue of the team; the
+    wait notes whether it fits the team's unused nominal quota and whether the team borrows (fact `waits`)."""
+    name = job.team
+    milli = job.chips_milli
+    _pending_demand(state, name, 1, milli, t)
+    _wait_begins(state, job, t)
     state.queue_changes += 1
     q = state.waiting.get(name)
     if q is None:
@@ -1524,13 +1543,18 @@ def _apply_job_started(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     job = s.jobs[e.job_id]
     name = job.team
     team = s.teams[name]
+    held = job.status == HELD
     job.status = "running"
     job.run_index += 1
     job.run_started_at = job.last_safe_at = job.since = t
     if job.first_started_at is None:
         job.first_started_at = t
     job.run_alloc_mchip_s = job.run_posted_mchip_s = job.alloc_at_safe_mchip_s = 0
-    _dequeue(s, job, t, step, job.run_index - 1, STARTED)
+    if held:  # started as it was released: a wait of 0 s (it was never pending), posted like any other
+        _wait_begins(s, job, t)
+        step.rows("waits").append(_wait_row(s, job, job.run_index - 1, t, STARTED, t))
+    else:
+        _dequeue(s, job, t, step, job.run_index - 1, STARTED)
     team.running += 1
     s.run_epoch += 1
     te = s.team_epoch
@@ -1670,21 +1694,32 @@ def _run_row(s: PoolState, job: Job, t: int, ended_at, reason, amount: int, lost
 def _apply_job_preempted(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     job = s.jobs[e.job_id]
     _end_run(s, job, t, "preempted", step)
-    job.status = "pending"
     job.preemptions += 1
     job.preempted_at.append(t)
     if len(job.preempted_at) > MAX_PREEMPTIONS_KEPT:  # only the last max_preemptions matter
         del job.preempted_at[0]
-    _enqueue(s, job, t)
+    if e.held:  # back in the queue but not eligible yet: no demand and no wait until its job.released
+        job.status = HELD
+    else:
+        job.status = "pending"
+        _enqueue(s, job, t)
+
+
+def _apply_job_released(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
+    job = s.jobs[e.job_id]
+    job.status = "pending"
+    _enqueue(s, job, t)  # its wait begins now (fact `waits`: began_at is the release)
 
 
 def _apply_job_finished(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     job = s.jobs.pop(e.job_id)
     s.active_milli -= job.chips_milli
-    if job.status == "running":
+    status = job.status
+    if status == "running":
         _end_run(s, job, t, e.outcome, step)
-    else:
+    elif status == "pending":
         _dequeue(s, job, t, step, job.run_index, FINISHED)
+    # held (cancelled before it was eligible again): it was no demand and had no wait, so nothing is posted
 
 
 # events after which preemption is looked at (when jobs are pending; docs/policy.md): new demand (a job
@@ -1693,7 +1728,7 @@ def _apply_job_finished(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
 # leaves is seen at the next of these, or when an instant the policy asked for comes.
 _ALL = "all"  # every queue's head
 _JOB = "job"  # the job of the event
-_TRIGGER = {"job.submitted": _JOB, "job.preempted": _JOB, "chip.state_changed": _ALL, "chip.retired": _ALL,
+_TRIGGER = {"job.submitted": _JOB, "job.preempted": _JOB, "job.released": _JOB, "chip.state_changed": _ALL, "chip.retired": _ALL,
             "quota.granted": _ALL, "quota.revoked": _ALL, "burst.requested": _ALL, "pool.tick": _ALL}
 
 _APPLY = {
@@ -1709,6 +1744,7 @@ _APPLY = {
     "job.checkpointed": _apply_job_checkpointed,
     "job.progress": _apply_job_progress,
     "job.preempted": _apply_job_preempted,
+    "job.released": _apply_job_released,
     "job.finished": _apply_job_finished,
     "burst.requested": _apply_burst_requested,
 }
@@ -1764,6 +1800,7 @@ def check_invariants(s: PoolState) -> None:
             pc.setdefault(j.team, {})
             pc[j.team][j.priority] = pc[j.team].get(j.priority, 0) + j.chips_milli
     assert pc == {k: v for k, v in s.prio_chips.items() if v}, (pc, s.prio_chips)
+    assert all(j.status in ("pending", "running", HELD) for j in s.jobs.values())
     queued = {(j.team, j.job_id) for j in s.jobs.values() if j.status == "pending"}
     assert queued == {(t, jid) for t, q in s.waiting.items() for jid in q}, "policy queue index out of date"
     running = {(j.team, j.job_id) for j in s.jobs.values() if j.status == "running"}

@@ -122,7 +122,7 @@ class Job:
     preemptible: bool
     chips_per_node: Optional[int]
     submitted_at: int
-    status: str = "pending"  # pending | running (finished jobs leave the state)
+    status: str = "pending"  # pending | running | held (not eligible yet: no demand, no wait); finished jobs leave
     first_started_at: Optional[int] = None
     run_index: int = 0        # how many times it has started
     run_started_at: int = 0   # start of the current (or last) run
@@ -396,7 +396,7 @@ class PoolState:
             if j.status == "pending":
                 self.waiting.setdefault(j.team, {})[j.job_id] = j
                 self.pending_sizes[j.chips_milli] = self.pending_sizes.get(j.chips_milli, 0) + 1
-            else:
+            elif j.status == "running":
                 self.running_jobs.setdefault(j.team, {})[j.job_id] = j
                 if j.preemptible:
                     pc = self.prio_chips.setdefault(j.team, {})

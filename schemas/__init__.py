@@ -16,6 +16,7 @@ from schemas.events import (
     JobFinished,
     JobPreempted,
     JobProgress,
+    JobReleased,
     JobStarted,
     JobSubmitted,
     PoolConfigured,

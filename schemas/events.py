@@ -286,6 +286,19 @@ class JobPreempted(_Event):
     type: Literal["job.preempted"]
     job_id: Name
     decision_id: Optional[Name] = None
+    # back in the queue but not eligible to start yet (a scheduler's hold-off after a requeue: Slurm's next
+    # Eligible): the job is held, neither running nor pending demand, until a `job.released` (or it starts or
+    # finishes). Optional and additive (schema_version stays 1): absent or false = pending at once, as before
+    held: Optional[bool] = Field(None, strict=True,
+                                 description="true: the job is back in the queue but not eligible yet (held) "
+                                             "until its job.released; absent or false: pending at once")
+
+
+class JobReleased(_Event):
+    """A held job (`job.preempted` with `held`) is eligible again: from now on it is pending demand and waits."""
+
+    type: Literal["job.released"]
+    job_id: Name
 
 
 class JobFinished(_Event):
@@ -298,7 +311,7 @@ EVENT_MODELS: dict[str, type[_Event]] = {
     m.model_fields["type"].annotation.__args__[0]: m
     for m in (PoolConfigured, PoolTick, ChipRegistered, ChipStateChanged, ChipRetired, QuotaGranted,
               QuotaRevoked, BurstRequested, JobSubmitted, JobStarted, JobCheckpointed, JobProgress, JobPreempted,
-              JobFinished)
+              JobReleased, JobFinished)
 }
 
 Event = Annotated[Union[tuple(EVENT_MODELS.values())], Field(discriminator="type")]

@@ -62,6 +62,7 @@ def checkpoint(jid, at=0, **kw): return ev("job.checkpointed", at, job_id=jid, *
 def progress(jid, units, at=0, unit="step", **kw): return ev("job.progress", at, job_id=jid, units=units, unit=unit, **kw)
 def preempt(jid, at=0, **kw): return ev("job.preempted", at, job_id=jid, **kw)
 def finish(jid, outcome="succeeded", at=0, **kw): return ev("job.finished", at, job_id=jid, outcome=outcome, **kw)
+def release(jid, at=0, **kw): return ev("job.released", at, job_id=jid, **kw)
 
 
 def fold(events, config=CFG):
@@ -111,7 +112,7 @@ CASES = [
         ("chip.retired", retire("c1")), ("quota.granted", grant("g", "ads", 1)), ("quota.revoked", revoke("g")),
         ("burst.requested", burst("b", "ads", 1)), ("job.submitted", submit("j", "ads", 1)),
         ("job.started", start("j")), ("job.checkpointed", checkpoint("j")), ("job.preempted", preempt("j")),
-        ("job.finished", finish("j"))]],
+        ("job.released", release("j")), ("job.finished", finish("j"))]],
 
     # --- chips -------------------------------------------------------------------------------------------
     ("register a chip", BASE(), chip("c9", 10), "applied"),
@@ -228,6 +229,34 @@ CASES = [
     ("preempt twice", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), preempt("j1", 7)], preempt("j1", 10),
      RC.illegal_transition),
     ("preempt an unknown job", BASE(), preempt("j9", 10), RC.unknown_job),
+    # held: back in the queue but not eligible yet (job.preempted with held), until job.released
+    ("preempt and hold", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6)], preempt("j1", 10, held=True), "applied"),
+    ("preempt with held false (pending at once)", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6)],
+     preempt("j1", 10, held=False), "applied"),
+    ("preempt a held job", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), preempt("j1", 7, held=True)],
+     preempt("j1", 10, held=True), RC.illegal_transition),
+    ("release a held job", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), preempt("j1", 7, held=True)],
+     release("j1", 10), "applied"),
+    ("release twice", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), preempt("j1", 7, held=True),
+                                release("j1", 8)], release("j1", 10), RC.illegal_transition),
+    ("release a pending job", BASE() + [submit("j1", "ads", 1, 5)], release("j1", 10), RC.illegal_transition),
+    ("release a job preempted without held", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), preempt("j1", 7)],
+     release("j1", 10), RC.illegal_transition),
+    ("release a running job", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6)], release("j1", 10),
+     RC.illegal_transition),
+    ("release an unknown job", BASE(), release("j9", 10), RC.unknown_job),
+    ("release a finished job", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), preempt("j1", 7, held=True),
+                                          finish("j1", "cancelled", 8)], release("j1", 10), RC.unknown_job),
+    ("start a held job (released as it starts)",
+     BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), preempt("j1", 7, held=True)], start("j1", 10), "applied"),
+    *[(f"finish a held job: {o}", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), preempt("j1", 7, held=True)],
+       finish("j1", o, 10), "applied") for o in ("succeeded", "failed", "cancelled")],
+    ("checkpoint a held job", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), preempt("j1", 7, held=True)],
+     checkpoint("j1", 10), RC.illegal_transition),
+    ("progress of a held job", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), preempt("j1", 7, held=True)],
+     progress("j1", 0, 10), RC.illegal_transition),
+    ("submit a held job id again", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6), preempt("j1", 7, held=True)],
+     submit("j1", "ads", 1, 10), RC.illegal_transition),
     *[(f"finish a running job: {o}", BASE() + [submit("j1", "ads", 1, 5), start("j1", 6)], finish("j1", o, 10),
        "applied") for o in ("succeeded", "failed", "cancelled")],
     *[(f"finish a pending job: {o}", BASE() + [submit("j1", "ads", 1, 5)], finish("j1", o, 10), "applied")

@@ -35,7 +35,8 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Heal
 
 # action -> weight (repeated in the sampled list)
 ACTIONS = {
-    "submit": 6, "start": 7, "checkpoint": 3, "progress": 5, "preempt": 3, "finish": 5, "grant": 4, "revoke": 2, "tick": 3,
+    "submit": 6, "start": 7, "checkpoint": 3, "progress": 5, "preempt": 3, "release": 1, "finish": 5, "grant": 4,
+    "revoke": 2, "tick": 3,
     "chip_state": 4, "retire": 1, "register": 1, "burst": 1, "reconfigure": 1, "dup": 2, "conflict": 2,
     "stranger": 1,
 }
@@ -83,7 +84,7 @@ def event_logs(draw, max_steps: int = 45):
             t -= draw(st.sampled_from([1, 60, 1000, 4000]))
         action = draw(st.sampled_from(ACTION_LIST))
         jobs = m["jobs"]
-        if action in ("start", "checkpoint", "preempt", "finish") and not jobs and draw(st.integers(0, 3)):
+        if action in ("start", "checkpoint", "preempt", "release", "finish") and not jobs and draw(st.integers(0, 3)):
             action = "submit"
 
         def any_job(status=None):
@@ -111,7 +112,7 @@ def event_logs(draw, max_steps: int = 45):
                  priority=draw(st.integers(-2, 5)), preemptible=draw(st.booleans()))
             jobs.setdefault(jid, {"chips": chips, "status": "pending"})
         elif action == "start":
-            jid = any_job("pending")
+            jid = any_job(draw(st.sampled_from(["pending"] * 6 + ["held"])))
             fields = {}
             how = draw(st.sampled_from(["none", "place", "place", "short", "bad"]))
             need = -(-int(jobs.get(jid, {"chips": 1})["chips"] * 1000) // 1000)
@@ -138,11 +139,18 @@ def event_logs(draw, max_steps: int = 45):
                  unit=draw(st.sampled_from(["step"] * 9 + ["token"])))
         elif action == "preempt":
             jid = any_job("running")
-            emit(p, "job.preempted", t, job_id=jid, **({"decision_id": "d"} if draw(st.booleans()) else {}))
+            held = draw(st.sampled_from([None, None, False, True, True]))  # held: not eligible until released
+            emit(p, "job.preempted", t, job_id=jid, **({"decision_id": "d"} if draw(st.booleans()) else {}),
+                 **({} if held is None else {"held": held}))
             if jid in jobs:
+                jobs[jid]["status"] = "held" if held else "pending"
+        elif action == "release":
+            jid = any_job("held")
+            emit(p, "job.released", t, job_id=jid)
+            if jid in jobs and jobs[jid]["status"] == "held":
                 jobs[jid]["status"] = "pending"
         elif action == "finish":
-            jid = any_job("running")
+            jid = any_job(draw(st.sampled_from(["running"] * 6 + ["held"])))
             emit(p, "job.finished", t, job_id=jid, outcome=draw(st.sampled_from(["succeeded", "failed", "cancelled"])))
             jobs.pop(jid, None)
         elif action == "grant":
@@ -375,7 +383,7 @@ def _assert_no_negatives(s: PoolState) -> None:
         if job.status == "running":
             assert job.run_started_at is not None and job.since >= job.run_started_at
         else:
-            assert job.status == "pending" and job.charged_milli == 0
+            assert job.status in ("pending", "held") and job.charged_milli == 0
     for acc in s.books.accounts.values():
         assert min(acc) >= 0
     assert all(v >= 0 for v in s.books.totals.values())
@@ -506,6 +514,6 @@ def test_generator_reaches_every_outcome():
     collect()
     assert {"ok", "dup", "unknown_pool", "unknown_chip", "unknown_job", "unknown_grant", "illegal_transition",
             "progress_backwards", "duplicate_conflict"} <= set(seen_codes), seen_codes
-    assert len(seen_types) == 14, seen_types
+    assert len(seen_types) == 15, seen_types
     assert overcommitted and late
     assert seen_codes["ok"] > sum(v for k, v in seen_codes.items() if k != "ok")  # mostly valid logs

@@ -54,7 +54,8 @@ BODIES = {
     "job.started": {"job_id": "j-1", "chip_ids": ["node-1/gpu-0", "node-1/gpu-1"]},
     "job.checkpointed": {"job_id": "j-1", "units": 1200},
     "job.progress": {"job_id": "j-1", "units": 1250, "unit": "step"},
-    "job.preempted": {"job_id": "j-1", "decision_id": "d-1"},
+    "job.preempted": {"job_id": "j-1", "decision_id": "d-1", "held": True},
+    "job.released": {"job_id": "j-1"},
     "job.finished": {"job_id": "j-1", "outcome": "failed"},
 }
 
@@ -73,6 +74,7 @@ REQUIRED = {
     "job.checkpointed": ["job_id"],
     "job.progress": ["job_id", "units", "unit"],
     "job.preempted": ["job_id"],
+    "job.released": ["job_id"],
     "job.finished": ["job_id", "outcome"],
 }
 
@@ -94,7 +96,7 @@ def code_of(result):
 
 def test_fixtures_cover_every_event_type():
     assert set(BODIES) == set(EVENT_MODELS) == set(REQUIRED)
-    assert len(EVENT_MODELS) == 14
+    assert len(EVENT_MODELS) == 15
 
 
 # --- valid input -----------------------------------------------------------------------------------------
@@ -404,7 +406,7 @@ def test_rejection_detail_is_short_and_names_the_field():
     ("quota.revoked", TOPIC_QUOTA), ("burst.requested", TOPIC_QUOTA),
     ("chip.registered", TOPIC_CHIPS), ("chip.state_changed", TOPIC_CHIPS), ("chip.retired", TOPIC_CHIPS),
     ("job.submitted", TOPIC_JOBS), ("job.started", TOPIC_JOBS), ("job.checkpointed", TOPIC_JOBS),
-    ("job.progress", TOPIC_JOBS), ("job.preempted", TOPIC_JOBS), ("job.finished", TOPIC_JOBS),
+    ("job.progress", TOPIC_JOBS), ("job.preempted", TOPIC_JOBS), ("job.released", TOPIC_JOBS), ("job.finished", TOPIC_JOBS),
 ])
 def test_topic_for(etype, topic):
     assert topic_for(etype) == topic

@@ -1,0 +1,99 @@
+"""The held state (ledger/fold.py): a job back in the queue but not eligible yet (`job.preempted` with `held`,
+until `job.released`) is neither running nor pending: no pending demand, no wait, no candidate for decisions.
+Hand-computed books and facts, exact to the milli-chip-second (times are offsets from T0, the start of an hour).
+"""
+
+from __future__ import annotations
+
+import json
+
+from ledger import PoolState, check_invariants, close_books
+from ledger.books import PENDING
+from ledger.fold import close_facts, policy_rows
+
+from tests.test_evolve import H, H0, POOL, T0, chip, configured, finish, fold, grant, hour_rows, preempt, run, \
+    start, submit, tick, ev
+from tests.test_policy import Run, grant as pgrant, pool as ppool, run as prun, submit as psubmit, tick as ptick, \
+    ev as pev
+
+
+def release(jid, at=0, **kw):
+    return ev("job.released", at, job_id=jid, **kw)
+
+
+def _waits(steps, state=None):
+    rows = [w for s in steps for w in s.waits]
+    if state is not None:
+        rows += close_facts(state)["waits"]
+    return [(w.job_id, w.run_index, w.kind, w.began_at - T0, None if w.ended_at is None else w.ended_at - T0, w.end)
+            for w in rows]
+
+
+BASE = [configured(0), chip("c1"), chip("c2"), grant("g", "ads", 2)]
+
+
+def test_the_hold_off_is_not_pending_demand_and_the_wait_begins_at_the_release():
+    state, steps, books, runs = run(BASE + [
+        submit("j", "ads", 2), start("j", 100), preempt("j", 1000, held=True), release("j", 1300), start("j", 1500),
+        finish("j", "succeeded", 2000), tick(H)])
+    # pending: 2000 × 100 before the first start + 2000 × 200 from the release to the restart; the 300 s held
+    # between the preemption and the release are not demand (without `held` they would be: 2000 × 600)
+    assert hour_rows(books, H0)[(PENDING, "ads")] == 2000 * 300
+    assert _waits(steps) == [("j", 0, "first_start", 0, 100, "started"), ("j", 1, "restart", 1300, 1500, "started")]
+    assert [(r.run_index, r.started_at - T0, r.ended_at - T0, r.end_reason) for r in runs] == [
+        (1, 100, 1000, "preempted"), (2, 1500, 2000, "succeeded")]
+
+
+def test_a_held_job_cancelled_before_its_release_leaves_no_pending_demand_and_no_wait():
+    state, steps, books, runs = run(BASE + [
+        submit("j", "ads", 2), start("j", 100), preempt("j", 1000, held=True), finish("j", "cancelled", 1500),
+        tick(H)])
+    assert hour_rows(books, H0)[(PENDING, "ads")] == 2000 * 100  # the first wait only
+    assert _waits(steps) == [("j", 0, "first_start", 0, 100, "started")]
+    assert "j" not in state.jobs and [r.end_reason for r in runs] == ["preempted"]
+    assert steps[-2].waits == [] and steps[-2].job_runs == []  # the cancel posts nothing
+
+
+def test_a_held_job_started_without_a_release_waited_zero_seconds():
+    state, steps, books, runs = run(BASE + [
+        submit("j", "ads", 2), start("j", 100), preempt("j", 1000, held=True), start("j", 1400),
+        finish("j", "succeeded", 2000), tick(H)])
+    assert hour_rows(books, H0)[(PENDING, "ads")] == 2000 * 100
+    assert _waits(steps) == [("j", 0, "first_start", 0, 100, "started"), ("j", 1, "restart", 1400, 1400, "started")]
+
+
+def test_a_held_job_is_in_no_queue_count_or_fact_and_round_trips():
+    fleet, steps = fold(BASE + [submit("j", "ads", 2), start("j", 100), preempt("j", 1000, held=True),
+                                submit("k", "ads", 1, 1100)])
+    s = fleet.pools[POOL]
+    team = s.teams["ads"]
+    assert s.jobs["j"].status == "held" and s.jobs["j"].preemptions == 1
+    assert (team.pending, team.pending_milli, team.running) == (1, 1000, 0)  # k alone waits
+    assert set(s.waiting["ads"]) == {"k"} and s.pending_sizes == {1000: 1}
+    assert s.active_milli == 3000  # a held job is still the pool's (bounds: docs/events.md, Limits)
+    balances, pending = policy_rows(s)
+    assert [p.job_id for p in pending] == ["k"]
+    assert [(w[0], w[5]) for w in _waits([], s)] == [("k", "open")]  # the open waits: k's, not the held job's
+    again = PoolState.from_dict(json.loads(json.dumps(s.to_dict())))
+    check_invariants(again)
+    assert again.jobs["j"].status == "held" and "j" not in again.waiting.get("ads", {})
+    assert "j" not in again.running_jobs.get("ads", {})
+    step = fleet.apply(release("j", 1200))
+    assert step.applied and (team.pending, team.pending_milli) == (2, 3000)
+    journal, _ = close_books(s, T0 + H)
+    # pending: k 1000 × (3600 − 1100), j 2000 × 100 then 2000 × (3600 − 1200)
+    assert sum(r.amount_mchip_s for r in journal if r.account == PENDING) == 1000 * 2500 + 2000 * 100 + 2000 * 2400
+
+
+def test_a_held_job_is_no_candidate_for_a_reclaim_until_released():
+    """8 chips; ads 4, search 2, vision 2. ads's a1 is preempted and held at 1000; vision takes the 2 chips it
+    freed (borrowing 2, as search does). While a1 is held no reclaim is decided for it; released at 2000, it fits
+    ads's unused quota, nothing is free, and after the grace (60 s) the reclaim comes."""
+    r = Run(ppool() + [pgrant("ads", 4), pgrant("search", 2), pgrant("vision", 2)]
+            + prun("a1", "ads", 2) + prun("s1", "search", 2) + prun("s2", "search", 2) + prun("v1", "vision", 2))
+    assert r.apply([pev("job.preempted", 1000, job_id="a1", held=True)] + prun("v2", "vision", 2, 1001)) == []
+    assert r.apply([ptick(1100), ptick(1500), ptick(1999)]) == []
+    assert r.state.short_since == {} and r.state.wakes == {}
+    assert r.apply(pev("job.released", 2000, job_id="a1")) == []  # short since 2000: grace until 2060
+    [d] = r.apply(ptick(2060, eid="tick-2060"))
+    assert (d.rule, d.beneficiary.job_id) == ("reclaim", "a1")
