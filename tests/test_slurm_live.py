@@ -3,13 +3,18 @@
 One workload of real sleep jobs asking for GPUs runs once for the module (about a minute): several accounts, jobs
 of three Unix users in one account (root's, and alice's and bob's submitted by root with `sbatch --uid`), an
 array, a two-node job, a failure, a timeout, a cancel, a job held then cancelled, a QOS preemption with
-REQUEUE, an admin requeue, a node drained and a maintenance reservation. The watcher polls while it runs and is
+REQUEUE, an admin requeue, a requeued job cancelled during its hold-off, a node drained and a maintenance
+reservation. The watcher polls while it runs and is
 restarted half-way (a new Watcher on the same state file). Then:
 - the books folded from what `slurm watch` sent equal `sreport` per account, per account and user
   (`usage_by_user`) and per partition to the GPU-second, and capacity / idle / down / maintenance (PLND Down, in node-seconds) equal `sreport cluster
   utilization`; the same for `import sacct` on sacct's dump;
 - polling again, or a fresh watcher on the same state, sends no new event; a watcher started from scratch
   sends the same events;
+- a requeued job is held from its End to its next run's Eligible (`job.preempted` with `held`, `job.released`):
+  the ledger's pending demand per account equals what Slurm's own Eligible gives (Start − Eligible of each run,
+  × GPUs), without the hold-offs, and each restart's wait (fact `waits`) begins at Slurm's Eligible; a job
+  cancelled while held is no demand;
 - a reclaim decision of the ledger requeues the real victim through `slurm actuate`, and the victim's requeue
   comes back through `watch` as `job.preempted` carrying the decision's id.
 """
@@ -144,24 +149,70 @@ def _sreport(cluster, start: int, end: int) -> tuple[dict, dict, dict]:
                   "maintenance_gpu_s": pdown_cpu // cpus * gpus}  # n4's node-seconds in PLND Down x its GPUs
 
 
-def _hold_offs(dump: Path) -> list[tuple[str, str, int, int]]:
-    """(job, state of the earlier run, seconds from its End to the next run's Eligible, GPUs) for each requeue in a
-    `sacct -D --parsable2` dump: the time Slurm holds a requeued job back (cred_expire) while the ledger,
-    which has no "held" state, counts it as pending demand."""
+SACCT_FORMAT = "JobID,Account,User,Partition,Submit,Eligible,Start,End,State,AllocTRES,ReqTRES,Priority,AdminComment"
+
+
+def _sacct_dump(slurm, workload) -> Path:
+    """`sacct -a -D -X --parsable2` of the run (every run of every job), written once into the workload's dir."""
+    path = workload["dir"] / "sacct.txt"
+    if not path.exists():
+        path.write_text(slurm.cmd("sacct", "-a", "-D", "-X", "--parsable2", "-S", _iso(workload["since"]),
+                                  f"--format={SACCT_FORMAT}"))
+    return path
+
+
+def _dump_runs(dump: Path) -> dict:
+    """job id -> its runs (dicts of the dump's columns) in Submit order."""
     lines = dump.read_text().splitlines()
     cols = lines[0].split("|")
     runs: dict = {}
     for x in lines[1:]:
         r = dict(zip(cols, x.split("|")))
         runs.setdefault(r["JobID"], []).append(r)
-    out = []
-    for job, rs in runs.items():
+    for rs in runs.values():
         rs.sort(key=lambda r: r["Submit"])
+    return runs
+
+
+def _epoch(text: str):
+    if text in ("", "Unknown", "None"):
+        return None
+    return int(datetime.fromisoformat(text).replace(tzinfo=timezone.utc).timestamp())
+
+
+def _gpus(run: dict) -> int:
+    tres = run["AllocTRES"] or run["ReqTRES"]
+    return int(next((kv.split("=")[1] for kv in tres.split(",") if kv.startswith("gres/gpu=")), 0))
+
+
+def _hold_offs(dump: Path) -> list[tuple[str, str, int, int]]:
+    """(job, state of the earlier run, seconds from its End to the next run's Eligible, GPUs) for each requeue in a
+    `sacct -D --parsable2` dump: the time Slurm holds a requeued job back (cred_expire), in which the ledger
+    holds it too (`job.preempted` with `held`): not pending demand."""
+    out = []
+    for job, rs in _dump_runs(dump).items():
         for a, b in zip(rs, rs[1:]):
-            gap = datetime.fromisoformat(b["Eligible"]) - datetime.fromisoformat(a["End"])
-            gpus = int(next(kv.split("=")[1] for kv in a["AllocTRES"].split(",") if kv.startswith("gres/gpu=")))
-            out.append((job, a["State"].split()[0], int(gap.total_seconds()), gpus))
+            gap = _epoch(b["Eligible"]) - _epoch(a["End"])
+            out.append((job, a["State"].split()[0], gap, _gpus(a)))
     return out
+
+
+def _eligible_demand(dump: Path) -> tuple[dict, dict]:
+    """From Slurm's own Eligible: GPU-seconds each account's jobs waited while eligible (each run, from its
+    Eligible to its Start, or to its End when it ended without starting after it was eligible), and each run's
+    (job, index in Submit order) -> Eligible. A run cancelled while held (End at or before Eligible) waited 0."""
+    demand: Counter = Counter()
+    eligible = {}
+    for job, rs in _dump_runs(dump).items():
+        for k, r in enumerate(rs):
+            el, start, end = _epoch(r["Eligible"]), _epoch(r["Start"]), _epoch(r["End"])
+            if el is None or not _gpus(r):
+                continue
+            eligible[(job, k)] = el
+            until = start if start is not None else end
+            if until is not None and until > el:
+                demand[r["Account"]] += (until - el) * _gpus(r)
+    return dict(demand), eligible
 
 
 # the ledger's policy in this test: a decision 1 s after a job waits, and any job started 1 s ago may be a victim
@@ -199,14 +250,18 @@ def workload(slurm, tmp_path_factory):
     jobs["cancel"] = sb("-A", "speech", "-p", "a100", "--gres=gpu:2", "--wrap", "sleep 300")
     jobs["held"] = sb("-A", "vision", "-p", "a100", "--hold", "--gres=gpu:4", "--wrap", "sleep 1")
     jobs["requeue"] = sb("-A", "vision", "-p", "a100", "--gres=gpu:2", "--wrap", RERUN_SHORT % (2, 300))
+    jobs["requeue_cancel"] = sb("-A", "speech", "-p", "a100", "--gres=gpu:1", "--wrap", "sleep 300")
     # h100: 16 GPUs (n3, n4): a two-node job, then a QOS preemption, then the ledger's reclaim
     jobs["multi"] = sb("-A", "nlp", "-p", "h100", "-N", "2", "--gres=gpu:8", "--wrap", "sleep 3")
-    slurm.wait(lambda: slurm.state(jobs["requeue"]) == "RUNNING" and slurm.state(jobs["cancel"]) == "RUNNING",
+    slurm.wait(lambda: all(slurm.state(jobs[j]) == "RUNNING" for j in ("requeue", "cancel", "requeue_cancel")),
                what="jobs running")
     time.sleep(2)
     slurm.cmd("scontrol", "requeue", jobs["requeue"])  # an admin requeue
+    slurm.cmd("scontrol", "requeue", jobs["requeue_cancel"])  # requeued, then cancelled in its hold-off (6 s)
     slurm.cmd("scancel", jobs["cancel"])
     slurm.cmd("scancel", jobs["held"])  # cancelled while held: never eligible
+    time.sleep(2)  # (cancelled in the second of its requeue, 22.05 writes no record of the cancel)
+    slurm.cmd("scancel", jobs["requeue_cancel"])
     w.poll()
     slurm.wait(lambda: slurm.state(jobs["multi"]) == "", what="two-node job done")
     jobs["victim"] = sb("-A", "speech", "-p", "h100", "-N", "2", "--gres=gpu:8", "--wrap", RERUN_SHORT % (2, 300))
@@ -286,9 +341,15 @@ def test_watch_maps_what_slurm_did(workload):
     assert of(jobs["cancel"])[-1] == ("job.finished", "cancelled", None)
     assert of(jobs["held"]) == []  # cancelled while held: never demand
     assert [t for t, _, _ in of(jobs["requeue"])] == ["job.submitted", "job.started", "job.checkpointed",
-                                                       "job.preempted", "job.started", "job.finished"]
+                                                       "job.preempted", "job.released", "job.started",
+                                                       "job.finished"]
     assert [t for t, _, _ in of(jobs["victim"])] == ["job.submitted", "job.started", "job.preempted",
-                                                      "job.started", "job.finished"]
+                                                      "job.released", "job.started", "job.finished"]
+    # requeued, then cancelled in its hold-off: held from the requeue to the cancel, never released
+    assert of(jobs["requeue_cancel"]) == [("job.submitted", None, None), ("job.started", None, None),
+                                          ("job.checkpointed", None, None), ("job.preempted", None, None),
+                                          ("job.finished", "cancelled", None)]
+    assert all(e.get("held") is True for e in evs if e["type"] == "job.preempted")
     assert {e["job_id"] for e in evs if e["job_id"].startswith(jobs["array"] + "_")} == \
         {f"{jobs['array']}_{i}" for i in range(4)}
     multi = [e for e in evs if e["job_id"] == jobs["multi"] and e["type"] == "job.submitted"]
@@ -329,6 +390,31 @@ def test_watch_books_equal_sreport(slurm, workload):
     assert pool.get("overcommitted", 0) == 0
 
 
+def test_pending_demand_and_waits_begin_at_slurms_eligible(slurm, workload):
+    """The hold-off of each requeue (End to the next Eligible) is no demand: the ledger's `pending` account per
+    team equals the GPU-seconds Slurm's own Eligible gives, and each restart's wait begins at that Eligible."""
+    d = workload["dir"]
+    dump = _sacct_dump(slurm, workload)
+    holds = _hold_offs(dump)
+    expected, eligible = _eligible_demand(dump)
+    con = duckdb.connect()
+    rows = con.execute(f"SELECT team, sum(amount_mchip_s) FROM read_parquet('{d}/lake/journal/**/*.parquet') "
+                       f"WHERE account = 'pending' GROUP BY ALL").fetchall()
+    pending = {team: amount // 1000 for team, amount in rows if amount}
+    held = sum(s * g for _, _, s, g in holds)
+    print(f"\nrequeue hold-offs (End of a run to Eligible of the next; held, not pending demand): {holds}, "
+          f"{held} GPU-seconds\npending GPU-seconds per account: from Slurm's Eligible {expected}, ledger {pending}")
+    assert len(holds) >= 4 and held > 0  # the admin requeue, the requeue then cancel, the QOS preemption, the reclaim
+    assert pending == expected
+    waits = con.execute(f"SELECT DISTINCT job_id, run_index, epoch(began_at)::BIGINT, epoch(ended_at)::BIGINT "
+                        f"FROM read_parquet('{d}/lake/waits/**/*.parquet') WHERE \"end\" <> 'open'").fetchall()
+    restarts = {(j, k): (b, e) for j, k, b, e in waits if k > 0}
+    assert restarts and len(restarts) == len(holds) - 1  # the job cancelled while held waited for no restart
+    for (job, k), (began, _) in restarts.items():
+        assert began == eligible[(job, k)], (job, k, began, eligible[(job, k)])
+    assert not [w for w in waits if w[0] == workload["jobs"]["requeue_cancel"] and w[1] > 0]
+
+
 def test_actuate_applies_the_reclaim_and_watch_brings_it_back(workload):
     jobs = workload["jobs"]
     (decision,) = workload["decisions"]
@@ -341,7 +427,7 @@ def test_actuate_applies_the_reclaim_and_watch_brings_it_back(workload):
     evs = [e for e in _events(workload["out"]) if e.get("job_id") == jobs["borrower"]]
     assert [(e["type"], e.get("decision_id")) for e in evs] == [
         ("job.submitted", None), ("job.started", None), ("job.preempted", decision["decision_id"]),
-        ("job.started", None), ("job.finished", None)]
+        ("job.released", None), ("job.started", None), ("job.finished", None)]
     reclaimer = [e["type"] for e in _events(workload["out"]) if e.get("job_id") == jobs["reclaimer"]]
     assert reclaimer == ["job.submitted", "job.started", "job.finished"]
 
@@ -361,11 +447,7 @@ def test_actuate_cli_dry_run_and_once_per_decision(workload):
 
 def test_import_sacct_books_equal_sreport(slurm, workload):
     d = workload["dir"]
-    fmt = "JobID,Account,User,Partition,Submit,Eligible,Start,End,State,AllocTRES,ReqTRES,Priority,AdminComment"
-    (d / "sacct.txt").write_text(slurm.cmd("sacct", "-a", "-D", "-X", "--parsable2", "-S", _iso(workload["since"]),
-                                           f"--format={fmt}"))
-    print(f"\nrequeue hold-offs (End of a run to Eligible of the next; pending demand in the ledger): "
-          f"{_hold_offs(d / 'sacct.txt')}")
+    _sacct_dump(slurm, workload)
     (d / "sinfo.json").write_text(slurm.cmd("sinfo", "--json"))
     (d / "assoc.txt").write_text(slurm.cmd("sacctmgr", "-P", "show", "assoc",
                                            "format=id,account,user,partition,grptres"))

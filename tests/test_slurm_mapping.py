@@ -20,13 +20,14 @@ import pytest
 from chipledger.importers.sacct import import_sacct
 from chipledger.slurm import commands
 from chipledger.slurm.actuate import Actuator, Ops, decisions_from_jsonl
-from chipledger.slurm.mapping import (Assoc, MapReport, Node, Run, decision_of, gpu_limits, gres_gpus,
+from chipledger.slurm.mapping import (Assoc, MapReport, Node, Run, chip_ids, decision_of, gpu_limits, gres_gpus,
                                       grants_of, hostnames, job_events, node_state_events, pools_of, runs_by_job)
 from chipledger.slurm.watch import Slurm, Watcher, WatchError, _not_in_accounting_yet
 
 FIX = Path(__file__).parent / "fixtures" / "slurm"
 CLUSTER = "chipledger"
 S, R, C, P, F = "job.submitted", "job.started", "job.checkpointed", "job.preempted", "job.finished"
+L = "job.released"
 
 
 def _load(name):
@@ -70,19 +71,62 @@ def test_job_events_tell_requeue_from_preemption(runs):
     jobs, report = _job_events(runs)
     kinds = {j: [t for t, _, _, _ in evs] for j, evs in jobs.items()}
     assert kinds["1"] == [S, R, F]
-    assert kinds["2"] == [S, R, C, P, R, F]  # admin requeue: checkpointed, so no work is lost
-    assert kinds["4"] == [S, R, P, R, F]  # preempted by QOS: its run's work is lost
+    assert kinds["2"] == [S, R, C, P, L, R, F]  # admin requeue: checkpointed, so no work is lost
+    assert kinds["4"] == [S, R, P, L, R, F]  # preempted by QOS: its run's work is lost
     assert jobs["5_0"][-1][2] == "failed"
-    # the requeued run waits from its End; the first wait starts at Eligible (5_0: Submit 11:37:23, Eligible :24)
+    # the first wait starts at Eligible (5_0: Submit 11:37:23, Eligible :24)
     assert jobs["5_0"][0][1] == "2026-12-03T11:37:24Z"
     assert report.notes["admin requeues (no work lost)"] == 1
+    # a requeued job is held from its End until the next run's Eligible (End + cred_expire + 1 s), then waits
+    by = {j: sorted(rs, key=lambda r: r.submit) for j, rs in runs_by_job(runs).items()}
+    for job in ("2", "4"):
+        first, second = by[job]
+        times = {t: at for t, at, _, _ in jobs[job]}
+        assert times[P] == commands.utc_text(first.end) + "Z" and times[L] == commands.utc_text(second.eligible) + "Z"
+        assert second.eligible > first.end  # the hold-off Slurm imposes, which is not demand
+
+
+def test_a_requeued_job_is_held_until_its_next_eligible_and_ids_are_stable():
+    first = Run("20", "vision", "u", "a100", 100, 100, 110, 150, "PREEMPTED", 2, 1)
+    second = Run("20", "vision", "u", "a100", 150, 171, 180, 200, "COMPLETED", 2, 1)
+    evs = job_events(CLUSTER, "s", [second, first], MapReport())
+    assert [(e.body["type"], e.at, e.body.get("held"), e.body["event_id"]) for e in evs] == [
+        (S, 100, None, "slurm:chipledger:20:100:submitted"), (R, 110, None, "slurm:chipledger:20:100:started"),
+        (P, 150, True, "slurm:chipledger:20:100:preempted"), (L, 171, None, "slurm:chipledger:20:150:released"),
+        (R, 180, None, "slurm:chipledger:20:150:started"), (F, 200, None, "slurm:chipledger:20:150:finished")]
+    # before the next run is in accounting, the preemption is the same event (same id, same body): held
+    before = job_events(CLUSTER, "s", [first], MapReport())
+    assert [e.body for e in before] == [e.body for e in evs[:3]]
+    # a next run still pending with its Eligible to come: the release is its Eligible
+    pending = replace(second, start=None, end=None, state="PENDING")
+    assert [(e.body["type"], e.at) for e in job_events(CLUSTER, "s", [first, pending], MapReport())][3:] == [(L, 171)]
+    # a dump without the Eligible column: pending at once, as before (no held, no release)
+    flat = job_events(CLUSTER, "s", [first, second], MapReport(), eligible=False)
+    assert [e.body["type"] for e in flat] == [S, R, P, R, F] and "held" not in flat[2].body
+
+
+def test_a_requeued_job_cancelled_while_held_is_never_demand_again():
+    """Measured on Slurm 22.05: `scontrol requeue` (or requeuehold) then `scancel` within the hold-off: the next
+    run's record has its Eligible after its End and no Start. Held from the requeue to the cancel: no release."""
+    first = Run("21", "vision", "u", "a100", 100, 100, 110, 150, "REQUEUED", 1, 1)
+    cancelled = Run("21", "vision", "u", "a100", 150, 156, None, 151, "CANCELLED", 1, 1)
+    report = MapReport()
+    evs = job_events(CLUSTER, "s", [first, cancelled], report)
+    assert [(e.body["type"], e.at) for e in evs] == [(S, 100), (R, 110), (C, 150), (P, 150), (F, 151)]
+    assert evs[3].body["held"] is True and evs[4].body["outcome"] == "cancelled"
+    assert report.notes["requeued runs never eligible (held, then ended): no demand"] == 1
+    # cancelled at the very second it would have become eligible: never eligible either (a release at that
+    # second would come after the finish)
+    at_eligible = replace(cancelled, end=156)
+    assert L not in [e.body["type"] for e in job_events(CLUSTER, "s", [first, at_eligible], MapReport())]
 
 
 def test_actuator_mark_makes_the_requeue_a_preemption_of_that_decision(runs):
     marked = [replace(r, admin_comment="chipledger-preempt:dec-42") if r.job_id == "2" and r.state == "REQUEUED"
               else r for r in runs]
     jobs, _ = _job_events(marked)
-    assert [(t, d) for t, _, _, d in jobs["2"]] == [(S, None), (R, None), (P, "dec-42"), (R, None), (F, None)]
+    assert [(t, d) for t, _, _, d in jobs["2"]] == [(S, None), (R, None), (P, "dec-42"), (L, None), (R, None),
+                                                   (F, None)]
 
 
 def test_cancel_by_the_actuator_is_a_preemption_then_the_end():
@@ -415,3 +459,25 @@ def test_decisions_from_jsonl(tmp_path):
     p = tmp_path / "d.jsonl"
     p.write_text(json.dumps(_decision()) + "\n\n" + json.dumps({"type": "pool.tick"}) + "\n")
     assert [d["decision_id"] for d in decisions_from_jsonl(p)] == ["d-1"]
+
+
+def test_a_future_node_stays_in_the_inventory(nodes):
+    """Measured on Slurm 22.05.8: `scontrol update nodename=n4 state=future` leaves n4 in the cluster's TRES and
+    records a DOWN node event ("Set to State=FUTURE": sreport counts it as Down); sinfo stops listing it and
+    `scontrol -F -o show node` shows it as below. The watcher keeps its GPUs (down for that event), not retired."""
+    line = ("NodeName=n4 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=16 CPUTot=16 Gres=gpu:h100:8 "
+            "NodeAddr=127.0.0.1 RealMemory=64000 State=FUTURE ThreadsPerCore=1 Partitions=h100  "
+            "CfgTRES=cpu=16,mem=62.50G,billing=16,gres/gpu=8,gres/gpu:h100=8 AllocTRES=")
+    future = commands.nodes_from_scontrol_text(line)
+    assert [(n.name, n.gpus, n.states, n.partitions) for n in future] == [("n4", 8, ("FUTURE",), ("h100",))]
+    listed = [n for n in nodes if n.name != "n4"]  # what sinfo shows while n4 is FUTURE
+    both = commands.with_future(listed, future)
+    def chips(ns):
+        return {p: [c for n in spec.nodes for c in chip_ids(n)] for p, spec in pools_of(CLUSTER, ns).items()}
+
+    assert chips(both) == chips(nodes)  # the same pools and chips as before
+    assert commands.with_future(nodes, future) == nodes  # a node sinfo lists is taken from sinfo
+    evs = node_state_events(CLUSTER, "s", pools_of(CLUSTER, both),
+                            [("n4", 1000, None, "DOWN", "Set to State=FUTURE")])
+    assert {(e.body["chip_id"], e.body["state"], e.body["reason"]) for e in evs} == {
+        (f"n4-gpu{i}", "down", "DOWN: Set to State=FUTURE") for i in range(8)}

@@ -10,6 +10,10 @@ events, and a watcher that restarts sends nothing new (docs/slurm.md has the tab
   requeued job is its own record (same job id; Slurm resets Submit on requeue), chained here in Submit order.
 - The first wait starts at `Eligible` (not Submit): a held job (`--hold`, `--begin`, a dependency) is not
   demand until Slurm makes it eligible, and a job cancelled while held (never eligible) writes nothing.
+- A run Slurm sent back to the queue is `job.preempted` with `held`: Slurm holds a requeued job back until its
+  next run's `Eligible` (End + cred_expire + 1 s), and `job.released` at that Eligible makes it demand again (the
+  wait begins there). A next run that ended before it was eligible (cancelled while held) has no release: the
+  job goes from held to `job.finished`, never pending. Both ids derive from the runs' Submit (stable).
 - A run that ended PREEMPTED → `job.preempted` (the run's work is lost). A run that ended REQUEUED is an
   `scontrol requeue`: when its AdminComment carries the actuator's mark (`chipledger-preempt:<decision id>`,
   set by `slurm actuate` just before it requeues) it is that decision's `job.preempted`; otherwise it is an
@@ -184,7 +188,7 @@ def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, si
     n = len(runs)
     for k, r in enumerate(runs):
         key = r.submit
-        if k > 0 and r.submit > cursor:  # a requeued run waits from its own Submit (the requeue)
+        if not eligible and k > 0 and r.submit > cursor:  # without Eligible: a requeued run waits from its Submit
             cursor = r.submit
         if r.start is not None and r.state not in PENDING:
             if since <= r.start < cursor:
@@ -195,10 +199,19 @@ def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, si
             running, cursor = True, t
         if k < n - 1:  # an earlier run: Slurm requeued it
             if running:
-                end = r.end if r.end is not None else runs[k + 1].submit
+                nxt = runs[k + 1]
+                end = r.end if r.end is not None else nxt.submit
                 t = max(end, cursor)
-                out += _back_to_queue(cluster, source, pool, job, r, t, report)
+                out += _back_to_queue(cluster, source, pool, job, r, t, report, held=eligible)
                 running, cursor = False, t
+                if eligible:  # held until the next run's Eligible: then it is demand again
+                    released = released_at(nxt)
+                    if released is None:
+                        report.notes["requeued runs never eligible (held, then ended): no demand"] += 1
+                    else:
+                        cursor = max(released, t)
+                        out.append(_ev(cursor, RANK_SUBMIT, "job.released", pool, source,
+                                       _id(cluster, job, nxt.submit, "released"), job_id=job))
             continue
         outcome = OUTCOME.get(r.state)
         if outcome is not None:
@@ -217,16 +230,32 @@ def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, si
             if r.end is None:
                 report.notes["preempted jobs without an End time left running"] += 1
                 continue
-            out += _back_to_queue(cluster, source, pool, job, r, max(r.end, cursor), report)
-            report.notes["jobs preempted and not requeued (yet), left pending"] += 1
+            out += _back_to_queue(cluster, source, pool, job, r, max(r.end, cursor), report, held=eligible)
+            report.notes["jobs preempted and not requeued (yet), held until their next run is recorded"
+                         if eligible else "jobs preempted and not requeued (yet), left pending"] += 1
         elif r.state in ACTIVE and not running:
             report.notes["active jobs without a Start time left pending"] += 1
     return out
 
 
-def _back_to_queue(cluster: str, source: str, pool: str, job: str, r: Run, t: int, report: MapReport) -> list[Event]:
+def released_at(run: Run) -> Optional[int]:
+    """When a requeued job's next run became eligible (`job.released`): its Eligible (its Start, if earlier);
+    None when it never was: no Eligible, or it ended (cancelled while held) at or before its Eligible."""
+    e = run.eligible
+    if e is None:
+        return None
+    if run.start is not None:
+        return min(e, run.start)
+    if run.end is not None and run.end <= e:
+        return None
+    return e
+
+
+def _back_to_queue(cluster: str, source: str, pool: str, job: str, r: Run, t: int, report: MapReport,
+                   held: bool = False) -> list[Event]:
     """A run Slurm sent back to the queue at `t`: preempted (PREEMPTED, or REQUEUED by the actuator: its
-    decision id), or requeued by an admin (checkpointed first: no work lost)."""
+    decision id), or requeued by an admin (checkpointed first: no work lost). `held`: the job is held until its
+    next run's Eligible (`job.released`): Slurm does not start a requeued job before then."""
     out = []
     key = r.submit
     decision = decision_of(r.admin_comment) if r.state in ("REQUEUED", "CANCELLED") else None
@@ -235,7 +264,7 @@ def _back_to_queue(cluster: str, source: str, pool: str, job: str, r: Run, t: in
                        _id(cluster, job, key, "requeued-checkpoint"), job_id=job))
         report.notes["admin requeues (no work lost)"] += 1
     out.append(_ev(t, RANK_FREE, "job.preempted", pool, source, _id(cluster, job, key, r.state.lower()),
-                   job_id=job, decision_id=decision))
+                   job_id=job, decision_id=decision, held=True if held else None))
     return out
 
 

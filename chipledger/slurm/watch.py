@@ -284,7 +284,9 @@ def _not_in_accounting_yet(queued, runs, now: int) -> int:
         elif state in ACTIVE and start is not None and start <= now:
             if not any(r.start == start for r in known):
                 hold = min(hold, start - 1)
-        elif eligible is not None and eligible <= now and not known:
+        elif eligible is not None and eligible <= now and not any(r.eligible == eligible for r in known):
+            # a job eligible (a first submission, or a requeued run's Eligible: its `job.released`) whose run
+            # accounting does not list yet
             hold = min(hold, eligible - 1)
     return hold
 
