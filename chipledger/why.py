@@ -157,10 +157,17 @@ def explain(con, job_id: str) -> Explanation:
     else:
         ex.pool, ex.team = job[0], job[1]
         last = con.execute(
-            "SELECT type FROM events WHERE job_id = ? AND pool = ? ORDER BY applied_at DESC, \"offset\" DESC LIMIT 1",
-            [job_id, ex.pool]).fetchone()
-        ex.status = {"job.finished": "finished", "job.preempted": "pending", "job.submitted": "pending"}.get(
-            last[0] if last else "", "running")
+            "SELECT type, body->>'$.held', applied_at FROM events WHERE job_id = ? AND pool = ? "
+            "ORDER BY applied_at DESC, \"offset\" DESC LIMIT 1", [job_id, ex.pool]).fetchone()
+        kind = last[0] if last else ""
+        if kind == "job.preempted" and last[1] == "true":
+            kind = "held"
+        ex.status = {"job.finished": "finished", "job.preempted": "pending", "job.submitted": "pending",
+                     "job.released": "pending", "held": "held"}.get(kind, "running")
+        if ex.status == "held":
+            ex.as_of, ex.reason = _fmt(last[2]), "held"
+            ex.message = ("back in the queue but not eligible yet (job.preempted with held): not pending demand "
+                          "and not waiting until its job.released")
         if ex.status == "pending":
             ex.reason = "not_recorded"
             ex.message = ("pending, but no reason was recorded after its last event: reasons are recorded at "

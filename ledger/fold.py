@@ -71,7 +71,7 @@ class WaitRow(NamedTuple):
     priority: int
     chips_milli: int
     submitted_at: int
-    began_at: int    # the submission or the preemption
+    began_at: int    # the submission, the preemption, or the release of a held job
     ended_at: Optional[int]
     end: str         # started | finished | open
     in_quota: bool   # it fitted its team's unused nominal quota (nominal - use) when it began
@@ -339,8 +339,8 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     # asked for (grace end, timeout, a protection ending) has come; never without pending jobs
     if state.pending_sizes:
         trigger = _TRIGGER.get(etype)
-        if trigger is _JOB and state.jobs[event.job_id].status != "pending":
-            trigger = None  # held (job.preempted with held): no new demand to look at
+        if trigger is _JOB and etype == "job.preempted" and event.held:
+            trigger = None  # held: no new demand to look at (its job.released is)
         if trigger is _ALL or state.policy_full:
             state.policy_full = False
             policy.evaluate(state, event_id, t, step, config)

@@ -97,3 +97,42 @@ def test_a_held_job_is_no_candidate_for_a_reclaim_until_released():
     assert r.apply(pev("job.released", 2000, job_id="a1")) == []  # short since 2000: grace until 2060
     [d] = r.apply(ptick(2060, eid="tick-2060"))
     assert (d.rule, d.beneficiary.job_id) == ("reclaim", "a1")
+
+
+def test_cli_run_books_a_held_job_and_why_says_it_is_held(tmp_path):
+    """As a user meets it: `chipledger run` on a JSONL with a requeue held for 300 s, `chipledger sql` over the
+    lake's `waits` and journal, and `chipledger why` on the job while held and after its release."""
+    from typer.testing import CliRunner
+
+    from chipledger.cli import app
+
+    def write(events, name):
+        path = tmp_path / name
+        path.write_text("".join(e.model_dump_json(exclude_none=True) + "\n" for e in events))
+        return path
+
+    held = BASE + [submit("j", "ads", 2), start("j", 100), preempt("j", 1000, held=True, eid="held-j")]
+    later = [release("j", 1300), start("j", 1500, eid="restart-j"), finish("j", "succeeded", 2000), tick(H)]
+    runner = CliRunner()
+    lake = tmp_path / "lake-held"
+    res = runner.invoke(app, ["run", "--events", str(write(held + [tick(1200)], "held.jsonl")), "--lake", str(lake),
+                              "--check-invariants"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["why", "j", "--lake", str(lake)])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines()[0] == f"job j (team ads, pool {POOL}): held"
+    assert "held: back in the queue but not eligible yet" in res.output
+    lake = tmp_path / "lake-all"
+    res = runner.invoke(app, ["run", "--events", str(write(held + later, "all.jsonl")), "--lake", str(lake),
+                              "--check-invariants"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["sql", "--lake", str(lake), "--format", "json",
+                              "SELECT run_index, epoch(began_at)::BIGINT - %d AS began, epoch(ended_at)::BIGINT - %d "
+                              "AS ended FROM waits WHERE job_id = 'j' ORDER BY run_index" % (T0, T0)])
+    assert res.exit_code == 0, res.output
+    assert [(r["run_index"], r["began"], r["ended"]) for r in json.loads(res.stdout)] == [(0, 0, 100), (1, 1300, 1500)]
+    res = runner.invoke(app, ["sql", "--lake", str(lake), "--format", "json",
+                              "SELECT sum(amount_mchip_s)::BIGINT AS p FROM journal WHERE account = 'pending'"])
+    assert json.loads(res.stdout) == [{"p": 2000 * 300}]
+    res = runner.invoke(app, ["why", "j", "--lake", str(lake)])
+    assert res.output.splitlines()[0] == f"job j (team ads, pool {POOL}): finished"

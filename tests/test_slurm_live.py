@@ -3,8 +3,8 @@
 One workload of real sleep jobs asking for GPUs runs once for the module (about a minute): several accounts, jobs
 of three Unix users in one account (root's, and alice's and bob's submitted by root with `sbatch --uid`), an
 array, a two-node job, a failure, a timeout, a cancel, a job held then cancelled, a QOS preemption with
-REQUEUE, an admin requeue, a requeued job cancelled during its hold-off, a node drained and a maintenance
-reservation. The watcher polls while it runs and is
+REQUEUE, an admin requeue, a requeued job cancelled during its hold-off, a node drained, a maintenance
+reservation and the node set to FUTURE. The watcher polls while it runs and is
 restarted half-way (a new Watcher on the same state file). Then:
 - the books folded from what `slurm watch` sent equal `sreport` per account, per account and user
   (`usage_by_user`) and per partition to the GPU-second, and capacity / idle / down / maintenance (PLND Down, in node-seconds) equal `sreport cluster
@@ -297,6 +297,12 @@ def workload(slurm, tmp_path_factory):
               "duration=10", "nodes=n4", "flags=maint", "users=root")
     time.sleep(3)
     slurm.cmd("scontrol", "delete", "reservationname=chipledger-maint")
+    # n4 out of service for about 3 s (FUTURE): sinfo stops listing it, slurmdbd records it DOWN (sreport: Down)
+    slurm.cmd("scontrol", "update", "nodename=n4", "state=future")
+    time.sleep(1)
+    w.poll()  # while sinfo does not list n4: its GPUs stay registered (down), not retired
+    time.sleep(2)
+    slurm.cmd("scontrol", "update", "nodename=n4", "state=resume")
     deadline = time.monotonic() + 150
     while not slurm.queue_empty():
         assert time.monotonic() < deadline, slurm.cmd("squeue")
@@ -350,6 +356,11 @@ def test_watch_maps_what_slurm_did(workload):
                                           ("job.checkpointed", None, None), ("job.preempted", None, None),
                                           ("job.finished", "cancelled", None)]
     assert all(e.get("held") is True for e in evs if e["type"] == "job.preempted")
+    # n4 set to FUTURE for a while: down (its node event), never retired
+    chips = [e for e in _events(workload["out"]) if e["type"].startswith("chip.")]
+    assert not [e for e in chips if e["type"] == "chip.retired"]
+    future = {e["chip_id"] for e in chips if e.get("reason") == "DOWN: Set to State=FUTURE" and e["state"] == "down"}
+    assert future == {f"n4-gpu{i}" for i in range(8)}
     assert {e["job_id"] for e in evs if e["job_id"].startswith(jobs["array"] + "_")} == \
         {f"{jobs['array']}_{i}" for i in range(4)}
     multi = [e for e in evs if e["job_id"] == jobs["multi"] and e["type"] == "job.submitted"]
@@ -384,7 +395,7 @@ def test_watch_books_equal_sreport(slurm, workload):
     maint = util["maintenance_gpu_s"]
     assert maint >= 8 * 2 and util["planned_down"] == 0  # n4's 8 GPUs in maintenance for about 3 s
     assert pool.get("unavailable", 0) == util["down"] + maint  # maintenance to the second it began and ended
-    assert util["down"] >= 8 * 3  # n4's 8 GPUs drained for about 3 s
+    assert util["down"] >= 8 * 3 * 2  # n4's 8 GPUs drained for about 3 s, then FUTURE for about 3 s
     assert pool["idle"] + maint == util["idle"] + util["planned"]
     assert sum(teams.values()) == util["allocated"]
     assert pool.get("overcommitted", 0) == 0
