@@ -481,3 +481,22 @@ def test_a_future_node_stays_in_the_inventory(nodes):
                             [("n4", 1000, None, "DOWN", "Set to State=FUTURE")])
     assert {(e.body["chip_id"], e.body["state"], e.body["reason"]) for e in evs} == {
         (f"n4-gpu{i}", "down", "DOWN: Set to State=FUTURE") for i in range(8)}
+
+
+def test_a_powered_down_node_is_down_for_its_node_event(nodes):
+    """Measured on Slurm 22.05.8 with power saving (SuspendProgram/ResumeProgram set): `scontrol update
+    nodename=n3 state=power_down` gives the node event below (`IDLE~`), ended by `state=power_up`; sreport counted
+    its 8 GPUs x 16 s as Down. A resume that times out gives a `DOWN~` event: down again."""
+    text = ("n3|2026-12-04T12:06:08|2026-12-04T12:06:24|IDLE~|Powered down after SuspendTimeout\n"
+            "n3|2026-12-04T12:06:57|Unknown|DOWN~|ResumeTimeout reached\n")
+    events = commands.node_events_from_text(text)
+    evs = node_state_events(CLUSTER, "s", pools_of(CLUSTER, nodes), events)
+    by_time = {}
+    for e in evs:
+        assert e.body["chip_id"].startswith("n3-gpu")
+        by_time.setdefault(e.body["occurred_at"], set()).add((e.body["state"], e.body.get("reason")))
+    assert by_time == {
+        "2026-12-04T12:06:08Z": {("down", "IDLE~: Powered down after SuspendTimeout")},
+        "2026-12-04T12:06:24Z": {("healthy", None)},
+        "2026-12-04T12:06:57Z": {("down", "DOWN~: ResumeTimeout reached")}}
+    assert len(evs) == 3 * 8
