@@ -782,8 +782,9 @@ class _Candidates:
     the victim choice weighs; key orders a group by lowest priority, then least cost, then most recently
     started, then job id (the naive order: lowest priority, most recently started)."""
 
-    def __init__(self, state: PoolState, teams, t: int, fs, config, pred=None):
+    def __init__(self, state: PoolState, teams, t: int, fs, config, pred=None, ben_id: str = ""):
         self.state, self.t, self.fs, self.config, self.pred = state, t, fs, config, pred
+        self.ben_id = ben_id  # a job that displaced this beneficiary recently is protected from it (Job.displaced)
         self.wake = NEVER
         if config.victim_order == "naive":
             self.plan = [list(teams)]
@@ -795,7 +796,7 @@ class _Candidates:
         may hold thousands of running jobs, and the lowest priority usually covers the need."""
         # protected_until, lost_work_mchip_s and the order key written out: this loop runs over every running
         # job of the candidate teams for each decision
-        state, t, config, pred = self.state, self.t, self.config, self.pred
+        state, t, config, pred, ben_id = self.state, self.t, self.config, self.pred, self.ben_id
         naive = config.victim_order == "naive"
         min_runtime = config.min_runtime_s
         max_pre = config.max_preemptions
@@ -821,6 +822,9 @@ class _Candidates:
                             w = recent[-max_pre] + window
                             if w > until:
                                 until = w
+                        displaced = job.displaced
+                        if displaced and ben_id in displaced and displaced[ben_id] > until:
+                            until = displaced[ben_id]  # it was given the chips taken from the beneficiary
                         if until > t:
                             if until < self.wake:
                                 self.wake = until
@@ -1001,18 +1005,19 @@ def _reclaim_victims(state: PoolState, ben: Job, need: int, t: int, fs, config) 
     exact = config.victim_order != "naive"
     chosen = []
     if ordinary:
-        cands = _Candidates(state, sorted(ordinary), t, fs, config)
+        cands = _Candidates(state, sorted(ordinary), t, fs, config, ben_id=ben.job_id)
         chosen = _select(cands, need, ordinary, exact)
         if chosen:
             return chosen, NEVER, cands.plan
-    cands = _Candidates(state, sorted(with_burst), t, fs, config)
+    cands = _Candidates(state, sorted(with_burst), t, fs, config, ben_id=ben.job_id)
     chosen = _select(cands, need, with_burst, exact)
     return chosen, (NEVER if chosen else cands.wake), cands.plan
 
 
 def _priority_victims(state: PoolState, ben: Job, need: int, t: int, fs, config) -> tuple[list, int, list]:
     """Lower-priority jobs of the beneficiary's own team."""
-    cands = _Candidates(state, [ben.team], t, fs, config, pred=lambda j: j.priority < ben.priority)
+    cands = _Candidates(state, [ben.team], t, fs, config, pred=lambda j: j.priority < ben.priority,
+                        ben_id=ben.job_id)
     chosen = _select(cands, need, {ben.team: NEVER}, config.victim_order != "naive")
     return chosen, (NEVER if chosen else cands.wake), cands.plan
 
@@ -1032,6 +1037,11 @@ def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, 
                         "lost_work_chip_s": lost // MILLI,
                         "preemption_count": sum(1 for p in job.preempted_at if p > t - config.preemption_window_s)})
         state.marked[job.job_id] = ben.job_id
+    # the victims may not take the chips back from this job for a preemption window (no cycle)
+    displaced = {k: u for k, u in ben.displaced.items() if u > t} if ben.displaced else {}
+    for v in victims:
+        displaced[v["job_id"]] = t + config.preemption_window_s
+    ben.displaced = displaced
     tm = state.teams[ben.team]
     numbers = {
         "need_chips": need / MILLI, "free_chips": free / MILLI, "freed_chips": freed / MILLI,

@@ -147,6 +147,11 @@ class Job:
     hol_ahead: list = field(default_factory=list)
     hol_blockers: dict = field(default_factory=dict)
     progress: Optional["Progress"] = None  # its progress reports (throughput), from its first one on
+    # jobs preempted for this one (it was their decision's beneficiary) -> until when this job is protected from
+    # being preempted for them (decision time + preemption_window_s): a decision never undoes the one before it
+    # (no cycle: A taken from for B, then B for A). Saved apart from the job's list (PoolState.to_dict
+    # "displaced"), so states saved before it still load
+    displaced: dict = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -293,6 +298,7 @@ class PoolState:
             "clock": self.clock, "books": self.books.to_dict(),
             "chips": {k: [c.node, c.state, dict(c.jobs)] for k, c in self.chips.items()},
             "jobs": {k: _job_list(j) for k, j in self.jobs.items()},
+            "displaced": {k: dict(j.displaced) for k, j in self.jobs.items() if j.displaced},
             "grants": {k: _slots_list(g) for k, g in self.grants.items()},
             "teams": {k: _slots_list(t) for k, t in self.teams.items()},
             "boundaries": [list(b) for b in self.boundaries], "seq": self.seq,
@@ -332,6 +338,8 @@ class PoolState:
                 books=Books.from_dict(d["pool"], d["books"]))
         s.chips = {k: Chip(node, state, dict(jobs)) for k, (node, state, jobs) in d["chips"].items()}
         s.jobs = {k: _job_of(v) for k, v in d["jobs"].items()}
+        for k, displaced in (d.get("displaced") or {}).items():  # absent in states saved before it
+            s.jobs[k].displaced = dict(displaced)
         for j in s.jobs.values():
             if j.placement is not None:
                 j.placement = dict(j.placement)
@@ -415,11 +423,11 @@ _PLACEMENT = [f.name for f in fields(Job)].index("placement")
 _PREEMPTED_AT = [f.name for f in fields(Job)].index("preempted_at")
 _HOL_AHEAD = [f.name for f in fields(Job)].index("hol_ahead")
 _HOL_BLOCKERS = [f.name for f in fields(Job)].index("hol_blockers")
-_PROGRESS = [f.name for f in fields(Job)].index("progress")  # the last field
+_PROGRESS = [f.name for f in fields(Job)].index("progress")  # the last field of the saved list (displaced is saved apart)
 
 
 def _job_list(job: Job) -> list:
-    v = _slots_list(job)
+    v = _slots_list(job)[:_PROGRESS + 1]
     if v[_PLACEMENT] is not None:  # a copy: a snapshot must not change as the fold goes on
         v[_PLACEMENT] = dict(v[_PLACEMENT])
     v[_PREEMPTED_AT] = list(v[_PREEMPTED_AT])
