@@ -208,6 +208,32 @@ def test_hol_blocking_view(tmp_path):
     assert rows == [(POOL, "a", 2, 2, 130, 70 * 1000 + 60 * 4000, "big")]
 
 
+def test_waits_view_keeps_each_waits_last_posting(tmp_path):
+    """`waits` over the postings as stored (several files, in any order): every posting of an end as it is, and of
+    the open postings the latest of each wait with no end posted; two waits under one key (a job id submitted,
+    cancelled while pending and submitted again in the same second) both listed."""
+    from analytics.lake import LakeWriter
+    from analytics.views import connect
+
+    def w(job, run, began, end, posted, ended=None, sub=0):
+        return WaitRow(POOL, job, "a", run, "first_start" if run == 0 else "restart", 0, 1000, T0 + sub,
+                       T0 + began, None if ended is None else T0 + ended, end, True, False, 1000, 0, 0, "", T0 + posted)
+
+    later = [w("a", 0, 0, "started", 7300, ended=7300), w("b", 0, 0, "open", 7200), w("r", 1, 4000, "open", 7200),
+             w("d", 0, 5, "started", 5, ended=5, sub=5)]
+    earlier = [w("a", 0, 0, "open", 3600), w("a", 0, 0, "open", 7200), w("b", 0, 0, "open", 3600),
+               w("c", 0, 0, "started", 100, ended=100), w("d", 0, 5, "finished", 5, ended=5, sub=5),
+               w("r", 0, 0, "started", 10, ended=10)]
+    for run_id, rows in (("2", later), ("1", earlier)):  # the later postings in the file written first
+        writer = LakeWriter(tmp_path / "lake", run_id)
+        writer.extend("waits", rows)
+        writer.close()
+    got = connect(tmp_path / "lake").execute(
+        'SELECT job_id, run_index, "end", epoch(posted_at)::BIGINT - ? FROM waits ORDER BY ALL', [T0]).fetchall()
+    assert got == [("a", 0, "started", 7300), ("b", 0, "open", 7200), ("c", 0, "started", 100),
+                   ("d", 0, "finished", 5), ("d", 0, "started", 5), ("r", 0, "started", 10), ("r", 1, "open", 7200)]
+
+
 def test_a_chip_registered_makes_a_waiting_job_startable():
     """Capacity added (a chip registered) is looked at like chips freed: the job could start from then on."""
     events = [configured(), chip("c1"), grant("ga", "a", 2), submit("j", "a", 2, at=10), chip("c2", at=40),
