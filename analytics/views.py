@@ -241,14 +241,18 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     con.execute("SET TimeZone = 'UTC'")
     con.execute("SET parquet_metadata_cache = true")  # views over views bind the same files many times
     con.execute("SET preserve_insertion_order = false")
+    # a materializing connection is a snapshot of the lake at connect (its tables are computed then): its views read
+    # the files there then, listed, which binds much faster than a glob over hundreds of day folders. A plain
+    # connection (`chipledger sql`'s shell, say) reads globs: it sees the files written while it is open
+    listed = bool(materialize)
     for table in SCHEMAS:
         name = _RAW_VIEW_NAMES.get(table, table)
-        glob = table_files(lake, table)
-        if glob is None:
+        files = table_files(lake, table, listed=listed)
+        if files is None:
             sql = empty_view_sql(table)
         else:
             # events files of the first typed layout lack the later fields: read by name, null there
-            sql = events_view_sql(glob, check_events_files(lake)) if table == "events" else read_parquet_sql(glob)
+            sql = events_view_sql(files, check_events_files(lake)) if table == "events" else read_parquet_sql(files)
         if table == "events":
             # the table as stored (typed fields included) for the views; event_log without the typed fields
             con.execute(f'CREATE OR REPLACE VIEW "base_event_log" AS {sql}')

@@ -234,6 +234,28 @@ def test_waits_view_keeps_each_waits_last_posting(tmp_path):
                    ("d", 0, "finished", 5), ("d", 0, "started", 5), ("r", 0, "started", 10), ("r", 1, "open", 7200)]
 
 
+def test_a_materializing_connection_reads_the_files_there_at_connect(tmp_path):
+    """connect(materialize=...) is a snapshot (its views read the files listed at connect); a plain connection reads
+    globs and sees the files written while it is open."""
+    from analytics.lake import LakeWriter, table_files
+    from analytics.views import connect
+
+    def write(run_id, job):
+        writer = LakeWriter(tmp_path / "lake", run_id)
+        writer.extend("waits", [WaitRow(POOL, job, "a", 0, "first_start", 0, 1000, T0, T0, T0 + 5, "started", True,
+                                        False, 1000, 0, 0, "", T0 + 5)])
+        writer.close()
+
+    write("1", "x")
+    assert table_files(tmp_path / "lake", "waits", listed=True) == [
+        str(p) for p in sorted((tmp_path / "lake" / "waits").rglob("*.parquet"))]
+    assert table_files(tmp_path / "lake", "free_chips", listed=True) is None
+    snapshot, live = connect(tmp_path / "lake", materialize=True), connect(tmp_path / "lake")
+    write("2", "y")
+    assert snapshot.execute("SELECT job_id FROM waits").fetchall() == [("x",)]
+    assert live.execute("SELECT job_id FROM waits ORDER BY 1").fetchall() == [("x",), ("y",)]
+
+
 def test_a_chip_registered_makes_a_waiting_job_startable():
     """Capacity added (a chip registered) is looked at like chips freed: the job could start from then on."""
     events = [configured(), chip("c1"), grant("ga", "a", 2), submit("j", "a", 2, at=10), chip("c2", at=40),
