@@ -15,9 +15,10 @@ The facts (`waits`, `free_chips`) are then written the way `chipledger lake upgr
 generated events with the core (chipledger/refold.py), timed apart.
 
 Timed, in one process (there is no analytics cache: the views aggregate the facts):
-- DuckDB: `connect(lake, materialize=True)` (reads the base tables it keeps in memory out of Parquet once and
-  computes the shared intermediates), then each report view computed in full (`CREATE TABLE … AS SELECT * FROM
-  view`), then `chipledger report`'s queries (`build_report`) as a whole. Target: every view <= 2 s at 10M events.
+- DuckDB: `connect(lake, materialize=True)` (computes the intermediates several report views share, straight from
+  the Parquet files, once: analytics.views.MATERIALIZED), then each report view computed in full (`CREATE TABLE …
+  AS SELECT * FROM view`), then `chipledger report`'s queries (`build_report`) as a whole. Target: every view
+  <= 2 s at 10M events. `--repeat N`: N passes (a new connection each), the minimum of each figure printed.
 - SQLite (the in-run baseline): the same base rows copied in (not timed as part of the ratio), the same
   portable SQL views (analytics/slo_views.py), each computed the same way. Ratio = SQLite / DuckDB on the
   views both run (target >= 10x).
@@ -26,6 +27,7 @@ Timed, in one process (there is no analytics cache: the views aggregate the fact
 from __future__ import annotations
 
 import argparse
+import resource
 import shutil
 import sys
 import time
@@ -369,7 +371,7 @@ def main() -> None:
                     help="time each engine this many times over the same lake and print the minimum of each figure")
     ap.add_argument("--sqlite-max-events", type=int, default=1_000_000,
                     help="run the SQLite baseline on the same rows up to this size; above it, on a lake of this "
-                         "size generated the same way (SQLite needs hours for the fragmentation view at 10M)")
+                         "size generated the same way (SQLite needs hours for the fragmentation view at 10M); 0: none")
     args = ap.parse_args()
 
     def lake_of(n: int) -> Path:
@@ -391,7 +393,10 @@ def main() -> None:
     same = args.events <= args.sqlite_max_events
     print(f"== {args.events:,} events" + (": DuckDB and SQLite" if same else ": DuckDB"))
     run_engines(lake_of(args.events), sqlite=same, repeat=args.repeat)
-    if not same:
+    # with --reuse, the views' (and SQLite's copy's) peak; else the generator's and the fold's too
+    peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    print(f"peak resident memory of this process so far: {peak_gib:.2f} GiB")
+    if not same and args.sqlite_max_events > 0:
         print(f"== the SQLite baseline: {args.sqlite_max_events:,} events, both engines on the same rows")
         run_engines(lake_of(args.sqlite_max_events), sqlite=True, repeat=args.repeat)
 
