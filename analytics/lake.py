@@ -13,7 +13,7 @@ import threading
 from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Union
 
 import orjson
 import pyarrow as pa
@@ -363,9 +363,13 @@ def clear_lake(root: Path) -> None:
             shutil.rmtree(root / t)
 
 
-def table_files(root: Path, table: str) -> Optional[str]:
-    """A glob for the table's files, or None when the table has none yet."""
+def table_files(root: Path, table: str, listed: bool = False) -> Optional[Union[str, list[str]]]:
+    """A glob for the table's files, or None when the table has none yet. `listed`: the files there now, by name,
+    instead of a glob (a view over a list binds without listing the folders again: a view over views over a table of
+    hundreds of day files is bound many times; but it does not see files written later)."""
     base = Path(root) / table
+    if listed:
+        return sorted(str(p) for p in base.rglob("*.parquet")) or None
     if base.exists() and next(base.rglob("*.parquet"), None) is not None:
         return str(base / "**" / "*.parquet")
     return None

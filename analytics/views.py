@@ -29,12 +29,18 @@ DERIVED_VIEWS = {
     """,
     # the books: postings summed per (pool, hour, account, team)
     "journal": journal_sql(),
-    # a fact of the fold: each wait of a job to be started, its last posting (a wait still open at a close of the
-    # books is posted with end 'open' and superseded by the posting of its end)
+    # a fact of the fold: each wait of a job to be started, its last posting. The fold posts a wait's end once, and
+    # a wait still open at a close of the books with end 'open' (superseded by the posting of its end): so every
+    # posting of an end is a wait's last, and of the open postings only the latest of a wait that has no end yet
+    # (a join of the open postings alone, not a window over every posting)
     "waits": """
-        SELECT * FROM wait_postings
-        QUALIFY row_number() OVER (PARTITION BY pool, job_id, submitted_at, run_index
-                                   ORDER BY ("end" <> 'open') DESC, posted_at DESC) = 1
+        SELECT * FROM wait_postings WHERE "end" <> 'open'
+        UNION ALL
+        SELECT * FROM (
+            SELECT o.* FROM (SELECT * FROM wait_postings WHERE "end" = 'open') o
+            ANTI JOIN (SELECT pool, job_id, submitted_at, run_index FROM wait_postings WHERE "end" <> 'open') e
+                 USING (pool, job_id, submitted_at, run_index)
+        ) QUALIFY row_number() OVER (PARTITION BY pool, job_id, submitted_at, run_index ORDER BY posted_at DESC) = 1
     """,
     # head-of-line blocking per pool and team, from the waits: the chip-seconds its jobs could have started and did
     # not (blocked_s × chips), the waits and jobs that were, and the waiting jobs ahead of them that held the chips
@@ -133,15 +139,20 @@ DERIVED_VIEWS = {
         FROM journal GROUP BY pool, hour
     """,
     # goodput = (allocated - lost) / allocated, per job, per team and per pool (`level` says which), from the
-    # runs (a job that never ran has nothing allocated: no goodput)
+    # runs (a job that never ran has nothing allocated: no goodput). The teams' sums are summed from the jobs', the
+    # pools' from the teams' (the same integers as grouping sets over the runs, one pass over them instead of three)
     "goodput": """
-        SELECT CASE WHEN GROUPING(team) = 1 THEN 'pool' WHEN GROUPING(job_id) = 1 THEN 'team' ELSE 'job' END
-                   AS level,
-               pool, team, job_id,
-               sum(allocated_mchip_s)::BIGINT AS allocated_mchip_s, sum(lost_mchip_s)::BIGINT AS lost_mchip_s,
-               (sum(allocated_mchip_s) - sum(lost_mchip_s)) / nullif(sum(allocated_mchip_s), 0) AS goodput
-        FROM job_runs
-        GROUP BY GROUPING SETS ((pool), (pool, team), (pool, team, job_id, submitted_at))
+        WITH j AS (
+            SELECT pool, team, job_id, sum(allocated_mchip_s) AS a, sum(lost_mchip_s) AS l
+            FROM job_runs GROUP BY pool, team, job_id, submitted_at
+        ), t AS (
+            SELECT pool, team, sum(a) AS a, sum(l) AS l FROM j GROUP BY pool, team
+        )
+        SELECT level, pool, team, job_id, a::BIGINT AS allocated_mchip_s, l::BIGINT AS lost_mchip_s,
+               (a - l) / nullif(a, 0) AS goodput
+        FROM (SELECT 'job' AS level, pool, team, job_id, a, l FROM j
+              UNION ALL SELECT 'team', pool, team, NULL, a, l FROM t
+              UNION ALL SELECT 'pool', pool, NULL, NULL, sum(a), sum(l) FROM t GROUP BY pool)
     """,
     # throughput per run of a job, from the fold's `progress` facts (docs/analytics.md, "throughput"): its rate over
     # the intervals reported, its reference rate, the chip-seconds and seconds below [slo] throughput_fraction of it,
@@ -200,13 +211,15 @@ DERIVED_VIEWS = {
 }
 
 
-# the intermediate SLO results that several views read: tables, computed once, when `connect(materialize=True)`.
-# The ones that depend on the settings (calc_waits, calc_sli_points, calc_slo_window: cheap over these) stay views
-MATERIALIZED_CALC = frozenset({"calc_free_steps"})
-
-# base tables left as views even with `materialize=True`: every event's row is cheaper to read again from Parquet
-# (a few columns, filtered by type) by the few base tables that need it than to copy into memory
-LAZY_BASE = frozenset({"base_event_rows"})
+# what `connect(materialize=True)` computes once, as tables: the intermediate results that several report views
+# (and `chipledger report`'s own queries) read, straight from the lake's files. The base tables under them stay
+# views, read once by the intermediate that needs them (the columns it needs), not copied into memory first:
+# each pool's clock (base_pool_end, read by several), the free-capacity step function, the waits with their SLO
+# class (calc_waits), the SLI points, the error budgets' and burn rates' window sums and their keys, the demand
+# slots. The settings (slo_settings, slo_targets) are those given to `connect`: a table computed from them does not
+# follow a later change of them (connect again; without `materialize` every view follows them)
+MATERIALIZED = frozenset({"base_pool_end", "calc_free_steps", "calc_waits", "calc_sli_points", "calc_slo_keys",
+                          "calc_slo_window", "calc_demand_slots"})
 
 _TYPED_COLUMNS = ", ".join(f'"{f}"' for f in EVENT_FIELDS)  # quoted: `user` is a keyword in SQL
 _RAW_VIEW_NAMES = {"journal": "journal_postings", "events": "event_log", "waits": "wait_postings",
@@ -220,10 +233,10 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
 
     `slo` sets the targets and thresholds the SLO views use (tables `slo_targets`, `slo_settings`; defaults
     when None); `as_of` is the instant error budgets and burn rates are evaluated at (default: the latest event
-    applied). With `materialize`, the base tables of the SLO views are read from the Parquet files once, into
-    memory, and the intermediate results several SLO views share are computed once (`MATERIALIZED_CALC`): the
-    connection costs more up front and each SLO view less (`chipledger report` queries them all). A collection of
-    names materializes just those base tables and intermediates (what a caller reading a few views needs).
+    applied). With `materialize`, the intermediate results several SLO views share are computed once from the
+    Parquet files, into memory (`MATERIALIZED`): the connection costs more up front and each SLO view less
+    (`chipledger report` queries them all). A collection of names materializes just those base tables and
+    intermediates (what a caller reading a few views needs).
 
     Every view is an aggregation of the lake's rows and the fold's facts (`waits`, `free_chips`, `chip_states`,
     `grant_intervals`): nothing of the core's state is rebuilt in SQL, so no view needs a cache (docs/analytics.md,
@@ -233,14 +246,18 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     con.execute("SET TimeZone = 'UTC'")
     con.execute("SET parquet_metadata_cache = true")  # views over views bind the same files many times
     con.execute("SET preserve_insertion_order = false")
+    # a materializing connection is a snapshot of the lake at connect (its tables are computed then): its views read
+    # the files there then, listed, which binds much faster than a glob over hundreds of day folders. A plain
+    # connection (`chipledger sql`'s shell, say) reads globs: it sees the files written while it is open
+    listed = bool(materialize)
     for table in SCHEMAS:
         name = _RAW_VIEW_NAMES.get(table, table)
-        glob = table_files(lake, table)
-        if glob is None:
+        files = table_files(lake, table, listed=listed)
+        if files is None:
             sql = empty_view_sql(table)
         else:
             # events files of the first typed layout lack the later fields: read by name, null there
-            sql = events_view_sql(glob, check_events_files(lake)) if table == "events" else read_parquet_sql(glob)
+            sql = events_view_sql(files, check_events_files(lake)) if table == "events" else read_parquet_sql(files)
         if table == "events":
             # the table as stored (typed fields included) for the views; event_log without the typed fields
             con.execute(f'CREATE OR REPLACE VIEW "base_event_log" AS {sql}')
@@ -256,7 +273,7 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     con.execute("INSERT INTO slo_settings VALUES (?, ?, ?)", settings)
     base = duckdb_base_views()
     if materialize is True:
-        tables = (set(base) - LAZY_BASE) | MATERIALIZED_CALC
+        tables = set(MATERIALIZED)
     else:
         tables = set(materialize or ())
     for name, sql in (*base.items(), *slo_views(DUCKDB).items()):

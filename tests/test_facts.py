@@ -208,6 +208,54 @@ def test_hol_blocking_view(tmp_path):
     assert rows == [(POOL, "a", 2, 2, 130, 70 * 1000 + 60 * 4000, "big")]
 
 
+def test_waits_view_keeps_each_waits_last_posting(tmp_path):
+    """`waits` over the postings as stored (several files, in any order): every posting of an end as it is, and of
+    the open postings the latest of each wait with no end posted; two waits under one key (a job id submitted,
+    cancelled while pending and submitted again in the same second) both listed."""
+    from analytics.lake import LakeWriter
+    from analytics.views import connect
+
+    def w(job, run, began, end, posted, ended=None, sub=0):
+        return WaitRow(POOL, job, "a", run, "first_start" if run == 0 else "restart", 0, 1000, T0 + sub,
+                       T0 + began, None if ended is None else T0 + ended, end, True, False, 1000, 0, 0, "", T0 + posted)
+
+    later = [w("a", 0, 0, "started", 7300, ended=7300), w("b", 0, 0, "open", 7200), w("r", 1, 4000, "open", 7200),
+             w("d", 0, 5, "started", 5, ended=5, sub=5)]
+    earlier = [w("a", 0, 0, "open", 3600), w("a", 0, 0, "open", 7200), w("b", 0, 0, "open", 3600),
+               w("c", 0, 0, "started", 100, ended=100), w("d", 0, 5, "finished", 5, ended=5, sub=5),
+               w("r", 0, 0, "started", 10, ended=10)]
+    for run_id, rows in (("2", later), ("1", earlier)):  # the later postings in the file written first
+        writer = LakeWriter(tmp_path / "lake", run_id)
+        writer.extend("waits", rows)
+        writer.close()
+    got = connect(tmp_path / "lake").execute(
+        'SELECT job_id, run_index, "end", epoch(posted_at)::BIGINT - ? FROM waits ORDER BY ALL', [T0]).fetchall()
+    assert got == [("a", 0, "started", 7300), ("b", 0, "open", 7200), ("c", 0, "started", 100),
+                   ("d", 0, "finished", 5), ("d", 0, "started", 5), ("r", 0, "started", 10), ("r", 1, "open", 7200)]
+
+
+def test_a_materializing_connection_reads_the_files_there_at_connect(tmp_path):
+    """connect(materialize=...) is a snapshot (its views read the files listed at connect); a plain connection reads
+    globs and sees the files written while it is open."""
+    from analytics.lake import LakeWriter, table_files
+    from analytics.views import connect
+
+    def write(run_id, job):
+        writer = LakeWriter(tmp_path / "lake", run_id)
+        writer.extend("waits", [WaitRow(POOL, job, "a", 0, "first_start", 0, 1000, T0, T0, T0 + 5, "started", True,
+                                        False, 1000, 0, 0, "", T0 + 5)])
+        writer.close()
+
+    write("1", "x")
+    assert table_files(tmp_path / "lake", "waits", listed=True) == [
+        str(p) for p in sorted((tmp_path / "lake" / "waits").rglob("*.parquet"))]
+    assert table_files(tmp_path / "lake", "free_chips", listed=True) is None
+    snapshot, live = connect(tmp_path / "lake", materialize=True), connect(tmp_path / "lake")
+    write("2", "y")
+    assert snapshot.execute("SELECT job_id FROM waits").fetchall() == [("x",)]
+    assert live.execute("SELECT job_id FROM waits ORDER BY 1").fetchall() == [("x",), ("y",)]
+
+
 def test_a_chip_registered_makes_a_waiting_job_startable():
     """Capacity added (a chip registered) is looked at like chips freed: the job could start from then on."""
     events = [configured(), chip("c1"), grant("ga", "a", 2), submit("j", "a", 2, at=10), chip("c2", at=40),
