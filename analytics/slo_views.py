@@ -70,8 +70,10 @@ class SloParams:
             raise ValueError(f"[slo] {err}") from None
 
     def fold_kwargs(self) -> dict:
-        """The settings the fold uses to write the throughput facts (FoldConfig's fields of the same names)."""
-        return {"throughput_fraction": float(self.throughput_fraction),
+        """The settings the fold uses to write the throughput facts and count the wait SLOs (FoldConfig's fields of
+        the same names)."""
+        return {"sched_slo_s": self.sched_slo_s,  # the wait SLOs' counters (PoolState.wait_counts)
+                "throughput_fraction": float(self.throughput_fraction),
                 "throughput_reference_s": self.throughput_reference_s,
                 "throughput_reference_reports": self.throughput_reference_reports}
 

@@ -345,9 +345,11 @@ def print_instructions(c: dict) -> None:
               f"costs x{c['fold_alone'] / off:.2f} (fold alone with it / without it)")
 
 
-def fold_digest(path: Path, n: int) -> tuple[str, int]:
+def fold_digest(path: Path, n: int) -> tuple[str, int, str]:
     """sha256 over everything the fold put out for the first n lines of `path`, in order, then the closed books,
-    the policy rows at the end and the final state of every pool. Returns (hex digest, lines folded)."""
+    the policy rows at the end and the final state of every pool without its monotonic counters; and a sha256 of
+    the counters alone (PoolState.counters_dict; added with issue #20, kept apart so that the first digest
+    compares with the runs before them). Returns (hex digest, lines folded, counters' hex digest)."""
     import hashlib
 
     from ledger import Fleet, Step
@@ -378,8 +380,12 @@ def fold_digest(path: Path, n: int) -> tuple[str, int]:
                         *fleet.close_facts().items()):
         for row in rows:
             upd(repr(("close", table, tuple(row))).encode())
-    upd(json.dumps(fleet.to_dict(), sort_keys=True).encode())
-    return h.hexdigest(), lines
+    states = fleet.to_dict()
+    counters = {}
+    for pool, d in states.items():
+        counters[pool] = d.pop("counters")
+    upd(json.dumps(states, sort_keys=True).encode())
+    return h.hexdigest(), lines, hashlib.sha256(json.dumps(counters, sort_keys=True).encode()).hexdigest()
 
 
 def child_rss(path: str, lake: str) -> None:
@@ -430,9 +436,9 @@ def main() -> int:
         if not p.exists():  # kept with --out: the same seeded file either way
             make_file(p, args.events, per_day)
         t0 = time.process_time()
-        digest, lines = fold_digest(p, args.digest)
+        digest, lines, counters = fold_digest(p, args.digest)
         print(f"digest of the fold's outputs and final state, first {lines:,} lines of {p}: {digest} "
-              f"({time.process_time() - t0:.1f} s CPU)")
+              f"({time.process_time() - t0:.1f} s CPU); of the states' counters: {counters}")
         return 0
     print(f"scenario: seed {SEED}, scale {SCALE}, {per_day:,.0f} events/day; ledger core: {ledger.CORE}")
     sizes = sorted({args.events, *(int(s) for s in args.rss.split(",") if s)})

@@ -1154,7 +1154,7 @@ def worker(
         session_timeout_s=cfg.worker.session_timeout_s if session_timeout is None else session_timeout,
         tick_interval_s=cfg.worker.tick_interval_s if tick_interval is None else tick_interval,
         fetch_max_wait_ms=cfg.worker.fetch_max_wait_ms if fetch_max_wait_ms is None else fetch_max_wait_ms,
-        fold_config=fold, metrics_port=metrics_port, metrics_host=metrics_host, sched_slo_s=cfg.slo.sched_slo_s,
+        fold_config=fold, metrics_port=metrics_port, metrics_host=metrics_host,
     )
     import ledger
 
@@ -1299,7 +1299,7 @@ def serve_metrics(
     from chipledger.monitoring import LakeMetrics, run_server
 
     cfg = _config(config)
-    lm = LakeMetrics(_lake_dir(lake, cfg), fold_config(cfg), cfg.slo.sched_slo_s)
+    lm = LakeMetrics(_lake_dir(lake, cfg), fold_config(cfg))
     try:
         n = lm.poll()
     except Exception as e:  # noqa: BLE001 - a lake that cannot be read: say which and why

@@ -1,10 +1,10 @@
 """`chipledger serve-metrics --lake LAKE`: the worker's `/metrics` for an embedded lake.
 
 The lake's `events` table is the log as applied (each event's canonical JSON, in the order `applied_at, topic,
-partition, offset`, the views' order): folding it again with the ledger core gives the pools' states and every row
-the run wrote, so the collector (streams/metrics.py) is fed exactly as the worker feeds it, one folded event at a
-time, and its gauges are the states' balances. Dead letters are not in the log: their counter is fed from the
-lake's `deadletters` rows. The fold uses the configuration's [ledger] and [policy], as `chipledger run` does.
+partition, offset`, the views' order): folding it again with the ledger core gives the pools' states as the run
+had them, with the counters the core keeps in them, so the collector (streams/metrics.py) reads the same states
+the worker's does. Dead letters are not in the log: their counter is fed from the lake's `deadletters` rows. The
+fold uses the configuration's [ledger], [policy] and [slo] (sched_slo_s), as `chipledger run` does.
 
 The lake is followed: at each poll the files added since (what the sink or a day rolling over leaves) are folded
 on; a file that disappeared or changed (`chipledger run --overwrite`) makes the whole lake be folded again (the
@@ -21,11 +21,10 @@ from typing import Optional
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from analytics.lake import SCHEMAS, check_events_files
+from analytics.lake import check_events_files
 from ledger import Fleet
 from schemas import Rejection, parse_event
 from streams.metrics import MetricsCollector, bound_port, registry_of, serve
-from streams.rows import step_rows
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +34,16 @@ _EVENT_COLUMNS = ["pool", "applied_at", "topic", "partition", "offset", "body"]
 class LakeMetrics:
     """A fleet folded from a lake's `events` rows and the collector it feeds; `poll()` folds the files added."""
 
-    def __init__(self, lake: Path, fold_config, sched_slo_s: int = 600):
+    def __init__(self, lake: Path, fold_config):
         self.lake = Path(lake)
         self.fold_config = fold_config
-        self.sched_slo_s = sched_slo_s
         self.skipped = 0  # event rows that did not fold again (not valid, or rejected: a lake from another config)
         self._reset()
 
     def _reset(self) -> None:
         self.fleet = Fleet(self.fold_config)
-        self.collector = MetricsCollector(self.fleet.pools, self.fold_config, self.sched_slo_s)
+        # the dead letters are the lake's rows (the events folded again are the applied ones)
+        self.collector = MetricsCollector(self.fleet.pools, self.fold_config, states_dead_letters=False)
         self.seen: dict[Path, tuple[int, int]] = {}  # file -> (size, mtime_ns) folded
 
     def collect(self):  # the registry's collector: the current one (a rebuild makes a new one)
@@ -77,13 +76,10 @@ class LakeMetrics:
         n = self._fold([pq.read_table(p, columns=_EVENT_COLUMNS, partitioning=None) for p in new_events])
         for p in new_events:
             self.seen[p] = now[p]
-        code = SCHEMAS["deadletters"].get_field_index("error_code")
         for p in new_dead:
             t = pq.read_table(p, columns=["error_code"], partitioning=None)
             for c in t.column(0).to_pylist():
-                row = [None] * len(SCHEMAS["deadletters"])
-                row[code] = c
-                self.collector.observe(None, {"deadletters": [row]})
+                self.collector.dead_letter(c)
             self.seen[p] = now[p]
         return n
 
@@ -97,21 +93,16 @@ class LakeMetrics:
         t = t.sort_by([("applied_at", "ascending"), ("topic", "ascending"), ("partition", "ascending"),
                        ("offset", "ascending")])
         cols = [t.column(c).to_pylist() for c in _EVENT_COLUMNS]
-        observe, apply = self.collector.observe, self.fleet.apply
+        apply = self.fleet.apply
         n = 0
         for pool, _, topic, partition, offset, body in zip(*cols):
             event = parse_event(body.encode())
             if isinstance(event, Rejection):
                 self.skipped += 1
                 continue
-            step = apply(event)
-            if not step.applied:
+            if not apply(event).applied:
                 self.skipped += 1
                 continue
-            tables: dict[str, list] = {}
-            for table, row in step_rows(event, step, topic, partition, offset):
-                tables.setdefault(table, []).append(row)
-            observe(pool, tables)
             n += 1
         if self.skipped:
             log.warning("serve-metrics: %d event rows of %s did not fold again (a lake written with another "

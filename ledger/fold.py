@@ -222,9 +222,12 @@ class FoldConfig:
     throughput_fraction: float = 0.8
     throughput_reference_s: int = 1800
     throughput_reference_reports: int = 3
+    # [slo] sched_slo_s: a wait that ends in a start within this many seconds is good for the wait SLOs (the
+    # counters of PoolState.wait_counts)
+    sched_slo_s: int = 600
 
     def __post_init__(self):
-        for name in ("decay_half_life_s", "candidates_per_team", "max_preemptions", "max_clock_jump_s"):
+        for name in ("decay_half_life_s", "candidates_per_team", "max_preemptions", "max_clock_jump_s", "sched_slo_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_preemptions > MAX_PREEMPTIONS_KEPT:
@@ -294,26 +297,23 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     # re-sent one whose id was forgotten, and one far ahead of the clock would close years of hours
     clock = state.clock
     if t < clock - config.dedup_window_s:
-        state.rejected += 1
-        step.rejection = _too_late(state, t, config)
+        _reject(state, step, _too_late(state, t, config))
         return state, step
     if t - clock > config.max_clock_jump_s:
-        state.rejected += 1
-        step.rejection = Rejection(RC.clock_jump, f"event time {policy._utc(t)} UTC is {t - clock} s ahead of the "
+        _reject(state, step, Rejection(RC.clock_jump, f"event time {policy._utc(t)} UTC is {t - clock} s ahead of the "
                                    f"pool clock {policy._utc(clock)} UTC, more than [ledger] max_clock_jump_s "
-                                   f"({config.max_clock_jump_s} s)")
+                                   f"({config.max_clock_jump_s} s)"))
         return state, step
     check = _CHECK.get(etype)
     if check is not None:
         rejection = check(state, event)
         if rejection is not None or seen is not None:
-            state.rejected += 1
-            step.rejection = rejection or Rejection(RC.duplicate_conflict,
-                                                    f"event_id {event_id!r} was seen before with a different body")
+            _reject(state, step, rejection or Rejection(RC.duplicate_conflict,
+                                                        f"event_id {event_id!r} was seen before with a different body"))
             return state, step
     elif seen is not None:
-        state.rejected += 1
-        step.rejection = Rejection(RC.duplicate_conflict, f"event_id {event_id!r} was seen before with a different body")
+        _reject(state, step, Rejection(RC.duplicate_conflict,
+                                       f"event_id {event_id!r} was seen before with a different body"))
         return state, step
 
     if t < clock:
@@ -390,6 +390,15 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     if config.check_invariants:
         check_invariants(state)
     return state, step
+
+
+def _reject(state: PoolState, step: Step, rejection: Rejection) -> None:
+    """The event is rejected (a dead letter): counted in the pool's state, by code."""
+    state.rejected += 1
+    code = rejection.code.value
+    rc = state.rejection_counts
+    rc[code] = rc.get(code, 0) + 1
+    step.rejection = rejection
 
 
 def _too_late(state: PoolState, t: int, config: FoldConfig) -> Rejection:
@@ -851,6 +860,13 @@ def _progress(s: PoolState, job: Job, units: int, t: int, step: Step, config: Fo
                 if pr.ref_rates:
                     pr.ref_rates = []
                 pr.ref_s = 0
+        if slow is not None:  # judged: counted for the throughput SLO (PoolState.progress_counts)
+            pc = s.progress_counts.get(job.team)
+            if pc is None:
+                pc = s.progress_counts[job.team] = [0, 0]
+            pc[0] += charged
+            if not slow:
+                pc[1] += charged
         step.rows("progress").append(_new_tuple(ProgressRow, (
             s.pool, job.job_id, job.team, job.run_index, job.submitted_at, pr.unit, pr.at, t, pr.units_from, units,
             job.chips_milli, charged, rate, ref, slow, dt if slow else 0, healthy,
@@ -1322,11 +1338,30 @@ def _enqueue(state: PoolState, job: Job, t: int) -> None:
             heads.sort(key=policy.queue_key)
 
 
-def _dequeue(state: PoolState, job: Job, t: int, step: Step, run_index: int, end: str) -> None:
+def _count_wait(state: PoolState, job: Job, row, t: int, end: str, config: FoldConfig) -> None:
+    """Count a wait that ended (its row posted) for the wait SLOs (PoolState.wait_counts: in quota, honoured,
+    started, within sched_slo_s)."""
+    wc = state.wait_counts.get(job.team)
+    if wc is None:
+        wc = state.wait_counts[job.team] = [0, 0, 0, 0]
+    if end == STARTED:
+        within = 1 if t - job.waiting_since <= config.sched_slo_s else 0
+        wc[2] += 1
+        wc[3] += within
+        if row[11]:  # in_quota
+            wc[0] += 1
+            wc[1] += within
+    elif row[11]:
+        wc[0] += 1
+
+
+def _dequeue(state: PoolState, job: Job, t: int, step: Step, run_index: int, end: str, config: FoldConfig) -> None:
     """The job stops waiting (it started or finished): its chips leave its team's pending demand and queue, and
-    its wait is posted (fact `waits`)."""
-    step.rows("waits").append(_wait_row(state, job, run_index, t, end, t))
+    its wait is posted (fact `waits`) and counted for the wait SLOs (PoolState.wait_counts)."""
+    row = _wait_row(state, job, run_index, t, end, t)
+    step.rows("waits").append(row)
     state.queue_changes += 1
+    _count_wait(state, job, row, t, end, config)
     name = job.team
     milli = job.chips_milli
     _pending_demand(state, name, -1, -milli, t)
@@ -1508,6 +1543,7 @@ def _apply_burst_requested(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     s.team(e.team)
     decision, reservation = policy.decide_burst(s, e, t, config)
     step.rows("decisions").append(policy.decision_row(decision, t))
+    policy.count_decision(s, "burst", decision.rule, decision.verdict)
     if reservation is not None and e.request_id not in s.bursts:  # a request id is decided once
         s.bursts[e.request_id] = reservation
         start, end = reservation[2], reservation[3]
@@ -1550,11 +1586,13 @@ def _apply_job_started(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     if job.first_started_at is None:
         job.first_started_at = t
     job.run_alloc_mchip_s = job.run_posted_mchip_s = job.alloc_at_safe_mchip_s = 0
-    if held:  # started as it was released: a wait of 0 s (it was never pending), posted like any other
+    if held:  # started as it was released: a wait of 0 s (it was never pending), posted and counted like any other
         _wait_begins(s, job, t)
-        step.rows("waits").append(_wait_row(s, job, job.run_index - 1, t, STARTED, t))
+        row = _wait_row(s, job, job.run_index - 1, t, STARTED, t)
+        step.rows("waits").append(row)
+        _count_wait(s, job, row, t, STARTED, config)
     else:
-        _dequeue(s, job, t, step, job.run_index - 1, STARTED)
+        _dequeue(s, job, t, step, job.run_index - 1, STARTED, config)
     team.running += 1
     s.run_epoch += 1
     te = s.team_epoch
@@ -1638,10 +1676,17 @@ def _end_run(s: PoolState, job: Job, t: int, reason: str, step: Step) -> None:
     lost = alloc - job.alloc_at_safe_mchip_s if reason == "preempted" or reason == "failed" else 0
     name = job.team
     job_id = job.job_id
+    amount = alloc - job.run_posted_mchip_s
     row = _new_tuple(JobRunRow, (s.pool, job_id, name, job.run_index, job.chips_milli, job.priority,
-                                 job.submitted_at, job.run_started_at, t, reason, alloc - job.run_posted_mchip_s,
-                                 lost, t))
+                                 job.submitted_at, job.run_started_at, t, reason, amount, lost, t))
     step.rows("job_runs").append(row)
+    # the goodput counters count the whole run as it ends (its row holds only what a close of the books had not
+    # posted yet), so that allocated - lost never goes back
+    rc = s.run_counts.get(name)
+    if rc is None:
+        rc = s.run_counts[name] = [0, 0]
+    rc[0] += alloc
+    rc[1] += lost
     team = s.teams[name]
     if charged:
         job.charged_milli = 0
@@ -1718,7 +1763,7 @@ def _apply_job_finished(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     if status == "running":
         _end_run(s, job, t, e.outcome, step)
     elif status == "pending":
-        _dequeue(s, job, t, step, job.run_index, FINISHED)
+        _dequeue(s, job, t, step, job.run_index, FINISHED, config)
     # held (cancelled before it was eligible again): it was no demand and had no wait, so nothing is posted
 
 
@@ -1826,6 +1871,7 @@ def check_invariants(s: PoolState) -> None:
     assert counts == s.node_free_counts, (counts, s.node_free_counts)
     assert s.whole_free_milli == sum(MILLI * r for r, f in nodes.values() if r == f)
     assert s.unplaced_runs == sum(1 for j in s.jobs.values() if j.status == "running" and j.placement is None)
+    _check_counters(s)
     if s.pending_sizes:
         ctx = policy.hol_context(s)
         for j in s.jobs.values():
@@ -1834,6 +1880,26 @@ def check_invariants(s: PoolState) -> None:
                 assert policy.could_start(s, j, ctx) == (why in policy.STARTABLE), (j.job_id, why)
         if s.hol_groups is not None:  # head-of-line blocking is measured: its index against a look from scratch
             _check_hol(s, ctx)
+
+
+def _check_counters(s: PoolState) -> None:
+    """The monotonic counters: good never above total, nothing negative, every dead letter of the pool counted."""
+    for team, (quota, honoured, started, within) in s.wait_counts.items():
+        assert 0 <= honoured <= quota and 0 <= within <= started and honoured <= within, (team, quota, honoured,
+                                                                                          started, within)
+    for team, (alloc, lost) in s.run_counts.items():
+        assert 0 <= lost <= alloc, (team, alloc, lost)
+    for team, (judged, at_rate) in s.progress_counts.items():
+        assert 0 <= at_rate <= judged, (team, judged, at_rate)
+    for key, n in s.decision_counts.items():
+        assert n > 0, key
+    victims = 0
+    for key, (n, lost) in s.victim_counts.items():
+        assert n > 0 and lost >= 0, (key, n, lost)
+        victims += n
+    assert victims == 0 or s.decision_counts, "victims without a preemption decision"
+    # equal but for a state saved before the counters existed (its earlier rejections have no code)
+    assert sum(s.rejection_counts.values()) <= s.rejected, (s.rejection_counts, s.rejected)
 
 
 def _check_hol(s: PoolState, ctx) -> None:

@@ -1106,7 +1106,23 @@ def _emit(state: PoolState, trigger_id: str, rule: str, ben: Job, chosen: list, 
             "checkpoint_by": _iso(t + config.checkpoint_grace_s), "numbers": numbers, "message": message}
     step.rows("decisions").append(DecisionRow(decision_id, "decision.preempt", state.pool, t, rule, message,
                                       orjson.dumps(body).decode()))
+    count_decision(state, "preempt", rule, "")
+    vc = state.victim_counts
+    for v in victims:
+        key = (v["team"], rule)
+        acc = vc.get(key)
+        if acc is None:
+            acc = vc[key] = [0, 0]
+        acc[0] += 1
+        acc[1] += v["lost_work_chip_s"]
     return expires
+
+
+def count_decision(state: PoolState, kind: str, rule: str, verdict: str) -> None:
+    """A decision written: counted by (type, rule, verdict) in the pool's state (PoolState.decision_counts)."""
+    key = (kind, rule, verdict)
+    dc = state.decision_counts
+    dc[key] = dc.get(key, 0) + 1
 
 
 def _drop_inflight(state: PoolState, ben_id: str) -> None:

@@ -269,6 +269,23 @@ class PoolState:
     hol_new: dict = field(default_factory=dict)
     hol_inflight: set = field(default_factory=set)
     hol_first: Optional[list] = None
+    # --- monotonic counters (DESIGN §4 "Facts": good and total events per SLO, what Prometheus rates; /metrics
+    # reads them at a scrape, streams/metrics.py). Updated where the fold writes the rows they count, never reset,
+    # carried by to_dict/from_dict: a restarted worker continues them. Integers; milli-chip-seconds.
+    # team -> [waits ended that fitted its unused quota, of which started within sched_slo_s, waits ended in a
+    # start, of which within sched_slo_s] (from the `waits` rows the fold posts as a wait ends)
+    wait_counts: dict = field(default_factory=dict)
+    # team -> [allocated, lost] mchip-s of the runs that ended (a run's whole allocation, its `job_runs` rows)
+    run_counts: dict = field(default_factory=dict)
+    # team -> [charged mchip-s of the judged `progress` intervals, of which not slow]
+    progress_counts: dict = field(default_factory=dict)
+    # (type without "decision.", rule, verdict or "") -> decisions written
+    decision_counts: dict = field(default_factory=dict)
+    # (victim's team, rule) -> [victims named by preemption decisions, their lost work in chip-seconds]
+    victim_counts: dict = field(default_factory=dict)
+    # rejection code -> events of this pool the fold rejected (dead letters; those made before a pool is known,
+    # or by the stream edge, are counted where they are made)
+    rejection_counts: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.reset_until()
@@ -317,6 +334,18 @@ class PoolState:
             "pool_marks": list(self.pool_marks),
             "fc_row": None if self.fc_row is None else list(self.fc_row),
             "fc_posted": None if self.fc_posted is None else list(self.fc_posted),
+            "counters": self.counters_dict(),
+        }
+
+    def counters_dict(self) -> dict:
+        """The monotonic counters, JSON-ready (tuple keys as lists)."""
+        return {
+            "waits": {k: list(v) for k, v in self.wait_counts.items()},
+            "runs": {k: list(v) for k, v in self.run_counts.items()},
+            "progress": {k: list(v) for k, v in self.progress_counts.items()},
+            "decisions": [[k[0], k[1], k[2], n] for k, n in self.decision_counts.items()],
+            "victims": [[k[0], k[1], v[0], v[1]] for k, v in self.victim_counts.items()],
+            "rejections": dict(self.rejection_counts),
         }
 
     def _dedup_list(self) -> list:
@@ -375,6 +404,14 @@ class PoolState:
             s.fc_due = s.fc_row[1] + 1
         if d.get("fc_posted") is not None:
             s.fc_posted = tuple(d["fc_posted"])
+        c = d.get("counters")
+        if c is not None:  # a state saved before the counters existed starts them at zero
+            s.wait_counts = {k: list(v) for k, v in c["waits"].items()}
+            s.run_counts = {k: list(v) for k, v in c["runs"].items()}
+            s.progress_counts = {k: list(v) for k, v in c["progress"].items()}
+            s.decision_counts = {(k[0], k[1], k[2]): k[3] for k in c["decisions"]}
+            s.victim_counts = {(k[0], k[1]): [k[2], k[3]] for k in c["victims"]}
+            s.rejection_counts = dict(c["rejections"])
         s.reindex()
         s.reset_until()
         return s

@@ -1,20 +1,25 @@
 """Prometheus metrics of the pools a process folds: the worker's `/metrics` (`chipledger worker --metrics-port`)
 and `chipledger serve-metrics` over an embedded lake (chipledger/monitoring.py) use this one collector.
 
-It owns no rule. It is fed, once per folded record, the lake rows the core wrote for it (`observe`: (pool,
-{table: rows}) as streams/rows.py makes them) and adds them up into counters; at a scrape it reads the gauges
-from the live `PoolState`s through the functions the store's balances are made with (ledger/store/repo.py) and
-the core's read-only pending reasons (`ledger.fold.policy_rows`), so the gauges are the ledger's balances.
+It owns no rule and does nothing while the pools fold. At a scrape it reads everything from the live `PoolState`s:
+the counters the core keeps there (DESIGN §4 "Facts": monotonic counters of good and total events per SLO,
+decisions, victims, dead letters, events applied; ledger/state.py, updated where the fold writes the rows they
+count, carried by the state's snapshot so a restarted worker continues them) and the gauges, through the
+functions the store's balances are made with (ledger/store/repo.py) and the core's read-only pending reasons
+(`ledger.fold.policy_rows`), so the gauges are the ledger's balances. What the fold of the pools does not see is
+handed in by its caller, never per record: dead letters made before a pool state (not JSON, not valid, a pool
+never configured, a key that is not the event's pool: `dead_letter`) and the fold time of each drain
+(`fold_batch`).
 
 Naming follows Prometheus' conventions: the `chipledger_` prefix, base units (chips, not milli-chips; seconds;
 chip-seconds), `_total` for counters, labels `pool`, `flavor`, `team` and a few closed sets (SLO, account,
 reason, rule, verdict, dead-letter code), never a job id. The SLO counters (good and total events per SLO,
-what the rules of `chipledger slo rules` rate) are made as /work/FACTS.md agrees:
+what the rules of `chipledger slo rules` rate) are, as /work/FACTS.md agrees:
 
 | SLO | total | good |
 |---|---|---|
 | availability | registered chip-seconds (journal `capacity`) | available chip-seconds (`capacity` − `unavailable`) |
-| goodput | allocated chip-seconds (job_runs) | allocated − lost chip-seconds |
+| goodput | allocated chip-seconds of ended runs (a run's whole allocation, as it ends) | allocated − lost chip-seconds |
 | quota_honoured | waits that fitted their team's unused quota (`in_quota`) and ended | of which started within `sched_slo_s` |
 | sched_latency | waits that ended in a start | of which within `sched_slo_s` |
 | throughput | charged chip-seconds of the judged progress intervals (`progress`, `slow` not null) | of which not slow |
@@ -23,22 +28,18 @@ The availability counters are the journal's postings so far (the core's running 
 what the open hour accrued up to the pool clock (`Books.accrued`): without the open hour they would move once an
 hour, and a 5-minute window would see nothing between two closes.
 
-The hot path (`observe`) touches dicts only (no locks, no label lookups); everything is turned into metric
-families when Prometheus scrapes (`collect`), which must run in the thread that folds (the worker's event loop;
-`serve` is an aiohttp server in that loop).
+`collect` must run in the thread that folds (the worker's event loop; `serve` is an aiohttp server in that loop),
+so that it reads the states between two folds.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Callable, Iterable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional
 
-import orjson
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-
-from analytics.lake import SCHEMAS
 
 MILLI = 1000.0
 
@@ -53,170 +54,51 @@ SLO_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                    ("team",)),
 }
 
-#: fold time buckets: powers of two nanoseconds, bucket k holds folds shorter than 2^(FOLD_MIN_BITS + k) ns
-#: (1 µs … 1 s; a fold step takes microseconds, a close of an hour milliseconds), found with int.bit_length
+#: fold time buckets: powers of two nanoseconds, bucket k holds records folded in less than 2^(FOLD_MIN_BITS + k)
+#: ns each (1 µs … 1 s; a fold step takes microseconds, a close of an hour milliseconds), found with int.bit_length
 FOLD_MIN_BITS = 10
 FOLD_BUCKETS_N = 21
 
 
-def _columns(table: str, names: Sequence[str], default: Sequence[int]) -> tuple[int, ...]:
-    """The positions of columns in a lake table's rows (from analytics.lake.SCHEMAS; `default` is the agreed column
-    order of a fact table the schemas do not declare yet)."""
-    schema = SCHEMAS.get(table)
-    if schema is None:
-        return tuple(default)
-    return tuple(schema.get_field_index(n) for n in names)
-
-
-_JR = _columns("job_runs", ("team", "allocated_mchip_s", "lost_mchip_s"), (2, 10, 11))
-_DL = _columns("deadletters", ("error_code",), (4,))
-_DC = _columns("decisions", ("type", "rule", "body"), (1, 4, 6))
-# the fact tables of /work/FACTS.md (the core writes them as lake rows)
-_WT = _columns("waits", ("team", "began_at", "ended_at", "end", "in_quota"), (2, 7, 8, 9, 10))
-_FC = _columns("free_chips", ("at", "free_milli", "free_whole_nodes_milli", "largest_startable_milli"),
-               (1, 6, 7, 8))
-_PG = _columns("progress", ("team", "charged_mchip_s", "slow"), (2, 11, 14))
-
-
-#: lake tables the counters do not read (the events row: the pool state counts what it applied; the balances and
-#: pending rows: the gauges read the states)
-_NOT_COUNTED = frozenset({"events", "journal", "balances", "pending"})
-
-
 class MetricsCollector:
-    """Counters from the rows fed to `observe`; gauges from `states` (pool -> PoolState, read at each scrape).
+    """Counters and gauges read from `states` (pool -> PoolState) at each scrape.
 
-    `fold_config` is the FoldConfig the pools are folded with (the pending reasons depend on it); `sched_slo_s`
-    the scheduling-latency threshold of the wait SLOs ([slo] sched_slo_s); `lag` an optional callable giving the
-    consumer lag per (topic, partition) at scrape time."""
+    `fold_config` is the FoldConfig the pools are folded with (the pending reasons depend on it; its `sched_slo_s`
+    is the threshold of the pending-over-SLO gauge); `lag` an optional callable giving the consumer lag per (topic,
+    partition) at scrape time. `states_dead_letters`: whether the states' own rejection counters are dead letters
+    of this process (the worker: yes; serve-metrics, which folds only the events a run applied and reads the dead
+    letters from the lake's rows: no)."""
 
-    def __init__(self, states: Mapping, fold_config, sched_slo_s: int = 600,
-                 lag: Optional[Callable[[], Mapping[tuple[str, int], int]]] = None, wall=time.time):
+    def __init__(self, states: Mapping, fold_config,
+                 lag: Optional[Callable[[], Mapping[tuple[str, int], int]]] = None, wall=time.time,
+                 states_dead_letters: bool = True):
         self.states = states
         self.fold_config = fold_config
-        self.sched_slo_s = sched_slo_s
         self.lag = lag
         self.wall = wall
-        self.dead: dict = defaultdict(int)            # error code -> dead letters
-        self.runs: dict = {}                          # (pool, team) -> [allocated, lost] mchip-s
-        self.waits: dict = {}  # (pool, team) -> [in quota, honoured, started, within]
-        self.progress: dict = {}  # (pool, team) -> [judged, at or above the fraction] mchip-s (throughput SLO)
-        self.decisions: dict = defaultdict(int)       # (pool, type, rule, verdict) -> decisions
-        self.victims: dict = defaultdict(lambda: [0, 0.0])  # (pool, team, rule) -> [victims, lost work chip-s]
-        self.free: dict = {}                          # pool -> latest free_chips row
+        self.states_dead_letters = states_dead_letters
+        self.dead: dict = defaultdict(int)  # error code -> dead letters made outside a pool state (`dead_letter`)
         # staleness: the wall time of the scrape that first saw a pool's events count move (not a clock read per
         # event: the scrape interval is the resolution Prometheus has anyway)
         self.last_fold: dict = {}                     # pool -> wall time
         self._seen_counts: dict = {}                  # pool -> events applied at the last scrape
         self.fold_buckets = [0] * (FOLD_BUCKETS_N + 1)  # the last: longer than the largest bound
         self.fold_sum_ns = 0
-        self._decisions_seen: list = []  # (pool, row) not yet aggregated: parsed at the next scrape
-        # the events row of every record is not looked at: the pool's state counts what it applied
-        self.handlers = {"job_runs": self._job_runs, "deadletters": self._deadletters,
-                         "decisions": self._decisions, "waits": self._waits, "free_chips": self._free_chips,
-                         "progress": self._progress}
 
-    # --- the hot path --------------------------------------------------------------------------------------
-    def observe(self, pool: Optional[str], tables: Mapping[str, Iterable[Sequence]]) -> None:
-        """Add one folded record's lake rows ({table: rows})."""
-        handlers = self.handlers
-        for table, rows in tables.items():
-            h = handlers.get(table)
-            if h is not None:
-                h(pool, rows)
-
-    def folded(self, pool: str, outputs: Iterable[tuple[str, Mapping]], fold_ns: int) -> None:
-        """The worker's hook: one record's outputs as the worker sends them ((topic, {"tables": …}) pairs) and how
-        long its fold took, in nanoseconds (time.perf_counter_ns). Written for speed: it runs for every record."""
-        k = fold_ns.bit_length() - FOLD_MIN_BITS
-        self.fold_buckets[k if 0 <= k <= FOLD_BUCKETS_N else (0 if k < 0 else FOLD_BUCKETS_N)] += 1
+    # --- what the folding caller hands in (never per record) ------------------------------------------------
+    def fold_batch(self, records: int, fold_ns: int) -> None:
+        """A drain folded `records` input records in `fold_ns` nanoseconds (two clock reads around the drain's
+        fold loop): each record is counted in the histogram at the batch's mean time per record."""
+        if records <= 0:
+            return
+        k = (fold_ns // records).bit_length() - FOLD_MIN_BITS
+        self.fold_buckets[k if 0 <= k <= FOLD_BUCKETS_N else (0 if k < 0 else FOLD_BUCKETS_N)] += records
         self.fold_sum_ns += fold_ns
-        for _, item in outputs:
-            tables = item["tables"]
-            if len(tables) == 1 and "events" in tables:
-                continue  # a record that put out only its events row: nothing to count
-            for table, rows in tables.items():
-                if table in _NOT_COUNTED:
-                    continue
-                if table == "free_chips":
-                    self.free[pool] = rows[-1]
-                elif table == "waits":
-                    self._waits(pool, rows)
-                elif table == "job_runs":
-                    self._job_runs(pool, rows)
-                else:
-                    h = self.handlers.get(table)
-                    if h is not None:
-                        h(pool, rows)
 
-    def _job_runs(self, pool, rows) -> None:
-        it, ia, il = _JR
-        runs = self.runs
-        for r in rows:
-            acc = runs.get((pool, r[it]))
-            if acc is None:
-                acc = runs[(pool, r[it])] = [0, 0]
-            acc[0] += r[ia]
-            acc[1] += r[il]
-
-    def _deadletters(self, pool, rows) -> None:
-        i = _DL[0]
-        for r in rows:
-            self.dead[(r[i],)] += 1
-
-    def _decisions(self, pool, rows) -> None:
-        self._decisions_seen.extend((pool, r) for r in rows)
-
-    def _count_decisions(self) -> None:
-        """Aggregate the decisions seen since the last scrape (their JSON is read here, not in the fold's path)."""
-        seen, self._decisions_seen = self._decisions_seen, []
-        it, ir, ib = _DC
-        for pool, r in seen:
-            body = orjson.loads(r[ib])
-            kind = r[it].removeprefix("decision.")
-            self.decisions[(pool, kind, r[ir], body.get("verdict") or "")] += 1
-            for v in body.get("victims") or ():
-                acc = self.victims[(pool, v.get("team") or "", r[ir])]
-                acc[0] += 1
-                acc[1] += float(v.get("lost_work_chip_s") or 0)
-
-    def _waits(self, pool, rows) -> None:
-        it, ib, ie, iend, iq = _WT
-        for r in rows:
-            end = r[iend]
-            if end == "open":
-                continue
-            waits = self.waits
-            acc = waits.get((pool, r[it]))
-            if acc is None:
-                acc = waits[(pool, r[it])] = [0, 0, 0, 0]
-            if end == "started":
-                within = r[ie] - r[ib] <= self.sched_slo_s
-                acc[2] += 1
-                acc[3] += within
-                if r[iq]:
-                    acc[0] += 1
-                    acc[1] += within
-            elif r[iq]:
-                acc[0] += 1
-
-    def _progress(self, pool, rows) -> None:
-        it, ic, islow = _PG
-        acc_of = self.progress
-        for r in rows:
-            slow = r[islow]
-            if slow is None:  # not judged: the job's reference rate is not known yet
-                continue
-            acc = acc_of.get((pool, r[it]))
-            if acc is None:
-                acc = acc_of[(pool, r[it])] = [0, 0]
-            acc[0] += r[ic]
-            if not slow:
-                acc[1] += r[ic]
-
-    def _free_chips(self, pool, rows) -> None:
-        for r in rows:
-            self.free[pool] = r
+    def dead_letter(self, code: str, n: int = 1) -> None:
+        """`n` dead letters of `code` that no pool state counted (bad input caught before the fold, a pool never
+        configured; serve-metrics: the lake's `deadletters` rows)."""
+        self.dead[code] += n
 
     # --- the scrape -----------------------------------------------------------------------------------------
     def collect(self):
@@ -255,6 +137,7 @@ class MetricsCollector:
             ("team_pending_jobs_over_slo", "pending jobs waiting longer than [slo] sched_slo_s now (the wait SLOs "
              "count a wait when it ends)", T),
         )}
+        sched_slo_s = self.fold_config.sched_slo_s
         for name in sorted(self.states):
             s = self.states[name]
             pl = [name, s.flavor]
@@ -266,10 +149,10 @@ class MetricsCollector:
             g["pool_idle_chips"].add_metric(pl, pb.idle_milli / MILLI)
             g["pool_overcommitted_chips"].add_metric(pl, pb.overcommitted_milli / MILLI)
             g["pool_clock_timestamp_seconds"].add_metric([name], s.clock)
-            free = self.free.get(name)
+            free = s.fc_posted  # the values of the latest free_chips row the fold posted (registered … largest)
             if free is not None:
-                for gauge, i in zip(("pool_free_chips", "pool_free_whole_node_chips",
-                                     "pool_largest_startable_job_chips"), _FC[1:]):
+                for gauge, i in (("pool_free_chips", 4), ("pool_free_whole_node_chips", 5),
+                                 ("pool_largest_startable_job_chips", 6)):
                     if free[i] is not None:  # null while a run without a placement goes: not known then
                         g[gauge].add_metric(pl, free[i] / MILLI)
             for tb in _team_rows(s):
@@ -287,7 +170,7 @@ class MetricsCollector:
             late: dict = defaultdict(int)
             for row in policy_rows(s, self.fold_config)[1]:
                 by_reason[(row.team, row.reason)] += row.chips_milli
-                if s.clock - row.waiting_since > self.sched_slo_s:
+                if s.clock - row.waiting_since > sched_slo_s:
                     late[row.team] += 1
             for team in sorted(s.teams):
                 g["team_pending_jobs_over_slo"].add_metric(pl + [team], late[team])
@@ -319,40 +202,47 @@ class MetricsCollector:
                 m.add_metric([str(k) for k in key], value)
             return m
 
+        states = sorted(self.states.items())
         yield family("chipledger_events_applied_total", "events applied (the pool's own count: since the pool "
-                     "was configured)", ("pool",), [((p,), s.applied) for p, s in self.states.items()])
+                     "was configured)", ("pool",), [((p,), s.applied) for p, s in states])
+        dead = defaultdict(int, self.dead)
+        if self.states_dead_letters:
+            for _, s in states:
+                for code, n in s.rejection_counts.items():
+                    dead[code] += n
         yield family("chipledger_dead_letters_total", "input not applied, by dead-letter code", ("code",),
-                     self.dead.items())
-        runs = self.runs
+                     [((code,), n) for code, n in dead.items()])
+        runs = [((p, team), v) for p, s in states for team, v in s.run_counts.items()]
         yield family(SLO_COUNTERS["goodput"][0], "allocated chip-seconds of ended runs (goodput SLO: total)",
-                     ("pool", "team"), [(k, a / MILLI) for k, (a, _) in runs.items()])
+                     ("pool", "team"), [(k, a / MILLI) for k, (a, _) in runs])
         yield family(SLO_COUNTERS["goodput"][1], "allocated minus lost chip-seconds (goodput SLO: good)",
-                     ("pool", "team"), [(k, (a - lost) / MILLI) for k, (a, lost) in runs.items()])
+                     ("pool", "team"), [(k, (a - lost) / MILLI) for k, (a, lost) in runs])
         yield family("chipledger_lost_chip_seconds_total", "allocated chip-seconds lost to preemptions and failures "
                      "(work since the last checkpoint)", ("pool", "team"),
-                     [(k, lost / MILLI) for k, (_, lost) in runs.items()])
-        pg = self.progress
+                     [(k, lost / MILLI) for k, (_, lost) in runs])
+        pg = [((p, team), v) for p, s in states for team, v in s.progress_counts.items()]
         yield family(SLO_COUNTERS["throughput"][0], "chip-seconds of the progress intervals judged against their "
                      "job's reference rate (throughput SLO: total)", ("pool", "team"),
-                     [(k, v[0] / MILLI) for k, v in pg.items()])
+                     [(k, v[0] / MILLI) for k, v in pg])
         yield family(SLO_COUNTERS["throughput"][1], "of those, at or above [slo] throughput_fraction of it "
-                     "(throughput SLO: good)", ("pool", "team"), [(k, v[1] / MILLI) for k, v in pg.items()])
-        w = self.waits
+                     "(throughput SLO: good)", ("pool", "team"), [(k, v[1] / MILLI) for k, v in pg])
+        w = [((p, team), v) for p, s in states for team, v in s.wait_counts.items()]
         for i, (slo, doc) in enumerate((("quota_honoured", "waits that fitted the team's unused quota and ended "
                                          "(quota honoured SLO: total)"),
                                         ("quota_honoured", "of those, started within [slo] sched_slo_s "
                                          "(quota honoured SLO: good)"),
                                         ("sched_latency", "waits that ended in a start (latency SLO: total)"),
                                         ("sched_latency", "of those, within [slo] sched_slo_s (latency SLO: good)"))):
-            yield family(SLO_COUNTERS[slo][i % 2], doc, ("pool", "team"), [(k, v[i]) for k, v in w.items()])
-        self._count_decisions()
+            yield family(SLO_COUNTERS[slo][i % 2], doc, ("pool", "team"), [(k, v[i]) for k, v in w])
         yield family("chipledger_decisions_total", "decisions, by type (preempt, burst), rule and verdict (bursts)",
-                     ("pool", "type", "rule", "verdict"), self.decisions.items())
+                     ("pool", "type", "rule", "verdict"),
+                     [((p, *k), n) for p, s in states for k, n in s.decision_counts.items()])
+        victims = [((p, *k), v) for p, s in states for k, v in s.victim_counts.items()]
         yield family("chipledger_preemption_victims_total", "jobs named as victims of a preemption decision, by "
-                     "their team", ("pool", "team", "rule"), [(k, v[0]) for k, v in self.victims.items()])
+                     "their team", ("pool", "team", "rule"), [(k, v[0]) for k, v in victims])
         yield family("chipledger_preemption_lost_work_chip_seconds_total", "work the victims stood to lose when "
                      "the decision was made (chip-seconds since their last checkpoint)", ("pool", "team", "rule"),
-                     [(k, v[1]) for k, v in self.victims.items()])
+                     [(k, float(v[1])) for k, v in victims])
 
     def _health(self):
         now = self.wall()
@@ -367,7 +257,8 @@ class MetricsCollector:
         for pool, t in sorted(self.last_fold.items()):
             last.add_metric([pool], t)
         yield last
-        h = HistogramMetricFamily("chipledger_fold_duration_seconds", "time to fold one input record")
+        h = HistogramMetricFamily("chipledger_fold_duration_seconds", "time to fold one input record (each drain's "
+                                  "fold time spread evenly over its records)")
         cum, buckets = 0, []
         for k, n in enumerate(self.fold_buckets):
             cum += n

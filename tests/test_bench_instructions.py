@@ -55,8 +55,9 @@ def test_no_tool_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_metrics_collector_instruction_counts():
-    """bench/metrics.py --instructions: the fold without and with the /metrics collector, each phase in its own
-    child on the same events; the counts are positive and each loop costs more than parsing alone."""
+    """bench/metrics.py --instructions: the fold alone, and the worker's path without and with /metrics (and with
+    scrapes), each phase in its own child on the same events; each loop costs more than parsing alone, the worker's
+    path more than the fold alone, and scrapes more than none."""
     replay = _replay()
     tool = replay.instruction_tool()
     if tool is None:
@@ -69,5 +70,6 @@ def test_metrics_collector_instruction_counts():
     spec.loader.exec_module(metrics)
     c = metrics.count_instructions(300, 11, tool)
     assert c["tool"] == tool and c["events"] == 300
-    assert c["setup"] < c["without"] and c["setup"] < c["with"]
-    assert c["fold_without"] == c["without"] - c["setup"] and c["collector"] == c["with"] - c["without"]
+    assert c["setup"] < c["fold"] < c["without"] and c["setup"] < c["with"] < c["scrapes"]
+    assert c["without_net"] == c["without"] - c["setup"] and c["metrics"] == c["with"] - c["without"]
+    assert c["scrape"] == (c["scrapes"] - c["with"]) // metrics.SCRAPES_COUNTED > 0

@@ -62,6 +62,16 @@ def test_a_held_job_started_without_a_release_waited_zero_seconds():
     assert _waits(steps) == [("j", 0, "first_start", 0, 100, "started"), ("j", 1, "restart", 1400, 1400, "started")]
 
 
+
+def test_a_wait_from_held_is_counted_for_the_wait_slos_like_its_row():
+    """The 0-second wait of a held job started without a release is posted and counted (PoolState.wait_counts:
+    in quota, honoured, started, within sched_slo_s); a held job cancelled is neither."""
+    state, steps, books, runs = run(BASE + [
+        submit("j", "ads", 2), start("j", 100), preempt("j", 1000, held=True), start("j", 1400),
+        preempt("j", 1500, held=True), finish("j", "cancelled", 1600), tick(H)])
+    assert len(_waits(steps)) == 2
+    assert state.wait_counts["ads"] == [2, 2, 2, 2]
+
 def test_a_held_job_is_in_no_queue_count_or_fact_and_round_trips():
     fleet, steps = fold(BASE + [submit("j", "ads", 2), start("j", 100), preempt("j", 1000, held=True),
                                 submit("k", "ads", 1, 1100)])

@@ -1,6 +1,7 @@
-"""/metrics (streams/metrics.py): its counters are the sums of the lake's rows, its gauges the store's balances;
-names and labels follow Prometheus' conventions and pass `promtool check metrics`; serve-metrics follows a lake
-that grows; the worker's hook feeds the same collector the same way."""
+"""/metrics (streams/metrics.py): its counters (kept by the core in the pool states) are the sums of the lake's
+rows, its gauges the store's balances; names and labels follow Prometheus' conventions and pass `promtool check
+metrics`; serve-metrics follows a lake that grows; the worker's collector reads the same states, and a restarted
+worker continues its counters."""
 
 from __future__ import annotations
 
@@ -205,7 +206,7 @@ def test_serve_metrics_follows_files_added_to_the_lake_and_refolds_when_one_chan
     assert lm.poll() == n1 + n2
 
 
-def test_the_worker_hook_feeds_the_same_counters_and_gauges(tmp_path):
+def test_the_worker_reads_the_same_counters_and_gauges(tmp_path):
     from tests.test_worker import Harness, _valid_lines
 
     h = Harness()
@@ -219,15 +220,82 @@ def test_the_worker_hook_feeds_the_same_counters_and_gauges(tmp_path):
     lm.poll()
     lake = samples(exposition(registry_of(lm, process=False)).decode())
 
-    def core(s):  # what both fold the same way (the worker's dead letters are its own semantic rejections)
+    def core(s):  # what both fold the same way
         return {k: v for k, v in s.items() if not k[0].startswith(("chipledger_fold_", "chipledger_dead_",
                                                                     "chipledger_pool_last_fold"))}
 
     assert core(worker) == core(lake)
+    # the fold time: one observation per record folded, made once per drain
     fold = by(worker, "chipledger_fold_duration_seconds_count")
     assert fold[()] == h.worker.counts["applied"] + h.worker.counts["dead_letters"] + h.worker.counts["duplicates"]
-    assert by(worker, "chipledger_dead_letters_total", "code")  # the fixture's unknown_job, illegal transitions…
+    assert by(worker, "chipledger_fold_duration_seconds_sum")[()] > 0
+    # dead letters: the fixture's semantic rejections (counted by the pool state) and those of a pool never
+    # configured (counted by the worker): the lake's deadletters rows but for the lines not valid (not fed here)
+    dead = Counter((r[4],) for r in read_rows(tmp_path / "lake", "deadletters"))
+    invalid = {("not_json",): 1, ("schema_invalid",): 1, ("unknown_type",): 1}
+    assert {k: n for k, n in invalid.items() if dead[k] == n} == invalid
+    got = by(worker, "chipledger_dead_letters_total", "code")
+    assert got == {k: n for k, n in dead.items() if k not in invalid} and got[("unknown_pool",)] >= 1
     assert set(by(worker, "chipledger_pool_last_fold_timestamp_seconds", "pool")) == {("lab/a100",)}
+    # bytes that are not JSON: counted by the worker (no pool state sees them)
+    h.worker.receive(h.log_record(10_000, "chipledger.jobs", 0, 10_000, b"lab/a100", b"{not json"))
+    assert h.drain() == 1
+    again = samples(exposition(registry_of(h.worker.metrics, process=False)).decode())
+    assert by(again, "chipledger_dead_letters_total", "code") == {**got, ("not_json",): 1}
+    assert by(again, "chipledger_fold_duration_seconds_count")[()] == fold[()] + 1
+
+
+def _counters(s: dict) -> dict:
+    """The counters of an exposition, as tests/metrics_oracle.py gives them."""
+    from tests.metrics_oracle import rows_counters  # noqa: F401 - the shape: {name: {label values: value}}
+    from tests.test_counters import _LABELS
+
+    return {name: by(s, name, *labels) for name, labels in _LABELS.items()}
+
+
+def test_a_restarted_worker_continues_its_counters_and_they_equal_the_embedded_runs_lake(tmp_path):
+    """Half of a seeded scenario (with preemptions, bursts and rejected events) through one worker; a restart from
+    its table (a new process: a new collector) and the whole scenario again (the first half is skipped by the
+    state's positions): /metrics continues the counters, and they are what the embedded run of the same events
+    wrote to its lake (the counters added up from the lake's rows, tests/metrics_oracle.py)."""
+    import json
+
+    from tests.metrics_oracle import lake_counters
+    from tests.test_worker import Harness
+
+    events = outage_events(days=2, outage_at_h=20)
+    fin = next(e for e in events if e["type"] == "job.finished")
+    events.insert(events.index(fin) + 1, {**fin, "event_id": "never-submitted", "job_id": "nobody"})
+    lines = [json.dumps(e).encode() for e in events]
+    half = len(lines) // 2
+
+    first = Harness()
+    first.worker.metrics = MetricsCollector(first.worker.pools, first.worker.settings.fold_config)
+    for ev in first.feed(lines)[:half]:
+        first.worker.receive(ev)
+    first.drain()
+    before = _counters(samples(exposition(registry_of(first.worker.metrics, process=False)).decode()))
+
+    again = Harness(table=dict(first.table))  # the restart: the table as the first worker's checkpoint left it
+    again.worker.metrics = MetricsCollector(again.worker.pools, again.worker.settings.fold_config)
+    for ev in again.feed(lines):
+        again.worker.receive(ev)
+    again.drain()
+    assert again.worker.counts["skipped"] == half
+    after = _counters(samples(exposition(registry_of(again.worker.metrics, process=False)).decode()))
+    for name, values in before.items():  # nothing went back to zero
+        for k, v in values.items():
+            assert after[name][k] >= v, (name, k)
+    assert after["chipledger_events_applied_total"] != before["chipledger_events_applied_total"]
+
+    src = tmp_path / "events.jsonl"
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    run_file(src, tmp_path / "lake", fold_config=again.worker.settings.fold_config)
+    want = lake_counters(tmp_path / "lake")
+    assert want["chipledger_decisions_total"] and sum(want["chipledger_lost_chip_seconds_total"].values()) > 0
+    assert want["chipledger_dead_letters_total"] == {("unknown_job",): 1}
+    for name, values in after.items():
+        assert values == pytest.approx(want.get(name, {})), name
 
 
 def test_serve_metrics_and_alerts_say_clearly_what_is_wrong(tmp_path):
@@ -264,53 +332,32 @@ def test_alertmanager_payload_has_the_labels_of_the_prometheus_rules():
     assert send("http://127.0.0.1:1", []) == 0  # nothing to send: no request
 
 
-FACT_COLUMNS = {  # /work/FACTS.md: the agreed columns of the fact tables (analytics.lake.SCHEMAS once they exist)
-    "waits": ("pool", "job_id", "team", "run_index", "kind", "priority", "chips_milli", "began_at", "ended_at", "end",
-              "in_quota", "borrowing", "blocked_s", "blocked_by", "posted_at"),
-    "free_chips": ("pool", "at", "registered_milli", "healthy_milli", "in_use_milli", "down_milli", "free_milli",
-                   "free_whole_nodes_milli", "largest_startable_milli"),
-}
+def test_wait_and_free_chip_facts_make_the_wait_slo_counters_and_the_fragmentation_gauges():
+    """The waits of tests/test_counters.py, folded: what /metrics shows of them, and the free chips of the pool's
+    latest free_chips fact."""
+    from ledger import Fleet
+    from tests.test_counters import _waits_scenario
+    from tests.test_evolve import POOL as pool, T0, chip_state, tick
 
-
-def fact_row(table: str, **values) -> list:
-    from analytics.lake import SCHEMAS
-
-    names = SCHEMAS[table].names if table in SCHEMAS else FACT_COLUMNS[table]
-    return [values.get(n) for n in names]
-
-
-def test_wait_and_free_chip_facts_make_the_wait_slo_counters_and_the_fragmentation_gauges(tmp_path):
-    run_file(FIXTURE, tmp_path / "lake")
-    lm = LakeMetrics(tmp_path / "lake", FoldConfig(), sched_slo_s=600)
-    lm.poll()
-    col, pool = MetricsCollector(lm.fleet.pools, FoldConfig(), sched_slo_s=600), "lab/a100"  # only the rows below
-
-    def wait(team, began, ended, end, in_quota):
-        return fact_row("waits", pool=pool, job_id="j", team=team, run_index=0, kind="first_start", priority=0,
-                        chips_milli=1000, began_at=began, ended_at=ended, end=end, in_quota=in_quota,
-                        borrowing=not in_quota, blocked_s=0, blocked_by="", posted_at=ended or began)
-
-    col.observe(pool, {"waits": [
-        wait("a", 0, 600, "started", True),      # in quota, started within sched_slo_s: honoured, within
-        wait("a", 0, 601, "started", True),      # in quota, late
-        wait("a", 0, 100, "finished", True),     # in quota, ended while pending: counts for quota, not honoured
-        wait("a", 0, None, "open", True),        # still open: counts for neither
-        wait("b", 0, 30, "started", False),      # borrowing: latency only
-    ]})
-    col.observe(pool, {"free_chips": [
-        fact_row("free_chips", pool=pool, at=10, registered_milli=4000, healthy_milli=3000, in_use_milli=1000,
-                 down_milli=1000, free_milli=2000, free_whole_nodes_milli=0, largest_startable_milli=1500),
-        fact_row("free_chips", pool=pool, at=20, registered_milli=4000, healthy_milli=4000, in_use_milli=1500,
-                 down_milli=0, free_milli=2500, free_whole_nodes_milli=1000, largest_startable_milli=2000),
-    ]})
+    fleet = Fleet(FoldConfig(sched_slo_s=600))
+    col = MetricsCollector(fleet.pools, fleet.config)
+    free = []
+    for e in [*_waits_scenario(), chip_state("c8", "down", at=710)]:
+        step = fleet.apply(e)
+        assert step.applied
+        free += step.free_chips
     s = samples(exposition(registry_of(col, process=False)).decode())
     assert by(s, "chipledger_in_quota_waits_total", "pool", "team") == {(pool, "a"): 3, (pool, "b"): 0}
     assert by(s, "chipledger_in_quota_waits_honoured_total", "pool", "team") == {(pool, "a"): 1, (pool, "b"): 0}
     assert by(s, "chipledger_started_waits_total", "pool", "team") == {(pool, "a"): 2, (pool, "b"): 1}
     assert by(s, "chipledger_started_waits_within_slo_total", "pool", "team") == {(pool, "a"): 1, (pool, "b"): 1}
-    assert by(s, "chipledger_pool_free_chips", "pool") == {(pool,): 2.5}  # the latest row
-    assert by(s, "chipledger_pool_free_whole_node_chips", "pool") == {(pool,): 1.0}
-    assert by(s, "chipledger_pool_largest_startable_job_chips", "pool") == {(pool,): 2.0}
+    # the latest free_chips row posted (the one of second 710 is posted by the next event of a later second)
+    last = free[-1]
+    assert last.at < T0 + 710 and by(s, "chipledger_pool_free_chips", "pool") == {(pool,): last.free_milli / 1000}
+    assert "chipledger_pool_free_whole_node_chips" not in {k[0] for k in s}  # runs without a placement: not known
+    fleet.apply(tick(720))
+    s = samples(exposition(registry_of(col, process=False)).decode())
+    assert by(s, "chipledger_pool_free_chips", "pool") == {(pool,): 4.0}  # 8 - 1 down - 3 running
 
 
 def test_a_scrape_changes_nothing_the_fold_does():
@@ -357,21 +404,15 @@ def test_serve_metrics_retries_a_file_caught_mid_write_without_counting_twice(sc
 
 
 def test_progress_facts_make_the_throughput_slo_counters():
-    """The hand-computed log of tests/test_throughput.py, folded and fed to the collector as the worker does:
+    """The hand-computed log of tests/test_throughput.py, folded; the collector reads the pool's counters:
     judged chip-seconds are the total, those not slow the good (the same numbers as the throughput error budget)."""
     from ledger import Fleet
-    from streams.rows import step_rows
     from tests.test_throughput import CFG, SCENARIO, pool as hand_pool
 
     fleet = Fleet(CFG)
-    col = MetricsCollector(fleet.pools, CFG, sched_slo_s=600)
+    col = MetricsCollector(fleet.pools, CFG)
     for e in [*hand_pool(), *(e for e, _ in SCENARIO)]:
-        step = fleet.apply(e)
-        if step.applied:
-            tables: dict = {}
-            for table, row in step_rows(e, step, "file:x", 0, 0):
-                tables.setdefault(table, []).append(row)
-            col.observe(e.pool, tables)
+        fleet.apply(e)
     s = samples(exposition(registry_of(col, process=False)).decode())
     pool = "us-east1-a/h100"
     assert by(s, "chipledger_progress_judged_chip_seconds_total", "pool", "team") == {(pool, "a"): 2150.0}

@@ -337,6 +337,10 @@ def test_conservation_signs_and_inert_rejections(log):
                 counter = "duplicates" if step.duplicate else "rejected"
                 assert after[counter] == before[counter] + 1
                 before[counter] += 1
+                if not step.duplicate:  # a dead letter: counted by code too (/metrics)
+                    rejections = before["counters"]["rejections"]
+                    code = step.rejection.code.value
+                    rejections[code] = rejections.get(code, 0) + 1
                 assert after == before
         if e.pool == STRANGER:
             assert step.rejection is not None and step.rejection.code == RC.unknown_pool

@@ -21,7 +21,6 @@ from chipledger.slo_rules import ALERT_NAME, BURN_RULES, openslo, prometheus_rul
 from ledger import Fleet, FoldConfig
 from schemas import parse_event
 from streams.metrics import SLO_COUNTERS, MetricsCollector
-from streams.rows import step_rows
 from tests.monitoring_scenario import outage_events
 from tests.prom_support import promtool
 
@@ -88,13 +87,14 @@ def test_openslo_documents_name_the_counters_and_the_burn_rate_conditions():
 
 # --- promtool test rules over a seeded scenario ---------------------------------------------------------------
 
-def _sample(events: list[dict], fold: FoldConfig, sched_slo_s: int):
-    """Fold the events with the collector, with a pool.tick at every minute of event time; after each tick sample
-    the SLO counters. Returns (series: {(name, labels)} -> values per minute, minutes)."""
+def _sample(events: list[dict], fold: FoldConfig):
+    """Fold the events, with a pool.tick at every minute of event time; after each tick sample the SLO counters
+    (the collector reads them from the pool states). Returns (series: {(name, labels)} -> values per minute,
+    minutes)."""
     from schemas.events import epoch_s
 
     fleet = Fleet(fold)
-    col = MetricsCollector(fleet.pools, fold, sched_slo_s)
+    col = MetricsCollector(fleet.pools, fold)
     wanted = {n for total, good, _ in SLO_COUNTERS.values() for n in (total, good)}
     series: dict = {}
     pool = events[0]["pool"]
@@ -119,9 +119,7 @@ def _sample(events: list[dict], fold: FoldConfig, sched_slo_s: int):
 
         e = pe(json.dumps({"event_id": f"tick-{t}", "type": "pool.tick", "pool": pool, "source": "test/tick",
                            "occurred_at": f"{_iso(t)}"}).encode())
-        step = fleet.apply(e)
-        assert step.applied
-        col.observe(pool, _tables(e, step))
+        assert fleet.apply(e).applied
 
     for e in parsed:
         t = epoch_s(e.occurred_at)
@@ -129,9 +127,7 @@ def _sample(events: list[dict], fold: FoldConfig, sched_slo_s: int):
             tick(t0 + minute * STEP_S)
             sample()
             minute += 1
-        step = fleet.apply(e)
-        if step.applied:
-            col.observe(e.pool, _tables(e, step))
+        fleet.apply(e)
     return series, minute
 
 
@@ -139,13 +135,6 @@ def _iso(t: int) -> str:
     from datetime import datetime, timezone
 
     return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _tables(e, step) -> dict:
-    tables: dict = {}
-    for table, row in step_rows(e, step, "test", 0, 0):
-        tables.setdefault(table, []).append(row)
-    return tables
 
 
 _MIN = {"5m": 5, "30m": 30, "1h": 60, "6h": 360, "3d": 4320}
@@ -171,9 +160,9 @@ def _render(text: str, labels: dict) -> str:
 
 def test_promtool_finds_each_alert_firing_when_it_should_and_quiet_when_it_should(tmp_path):
     params = SloParams()
-    fold = FoldConfig(capacity_slo_target=params.availability)
+    fold = FoldConfig(capacity_slo_target=params.availability, sched_slo_s=params.sched_slo_s)
     events = outage_events()
-    series, minutes = _sample(events, fold, params.sched_slo_s)
+    series, minutes = _sample(events, fold)
     rules = rule_groups(params)
     alerts = {(r["labels"]["slo"], r["labels"]["alert"]): r for g in rules["groups"] for r in g["rules"] if "alert" in r}
     sp = {s.slo: s for s in specs(params)}
