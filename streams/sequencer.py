@@ -98,8 +98,10 @@ class SeqState:
     def released(self, tp: TP, offset: int, stamp: Optional[Stamp]) -> None:
         self.positions[f"{tp.topic}:{tp.partition}"] = offset
         if stamp is not None:
-            self.last.pop(stamp.producer, None)
-            self.last[stamp.producer] = max(stamp.seq, 0)
+            # the highest seq released: a record released `late` (below it) must not lower it, or its producer's
+            # next record (whose predecessor is that highest one) would wait again and go `forced` again
+            last = self.last.pop(stamp.producer, 0)
+            self.last[stamp.producer] = max(stamp.seq, last)
             if len(self.last) > PRODUCERS_KEPT:
                 del self.last[next(iter(self.last))]
 

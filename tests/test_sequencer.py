@@ -66,6 +66,10 @@ def test_a_predecessor_that_never_comes_is_waited_for_then_released_as_forced_an
     s.push("a", C, 0, Stamp("p", 2, 1), 2.0, "second")
     (r,) = s.release("a", st, 2.0)
     assert (r.item, r.note) == ("second", "late")
+    # the late record does not lower the last seq: the producer's next record (after 3) goes at once, not forced
+    assert st.last == {"p": 3}
+    s.push("a", J, 1, Stamp("p", 4, 3), 2.0, "fourth")
+    assert [(r.item, r.note) for r in s.release("a", st, 2.0, caught_up=lambda tp: False)] == [("fourth", None)]
 
 
 def test_foreign_records_go_in_offset_order_as_read_and_timestamps_play_no_part():
