@@ -110,3 +110,39 @@ def test_the_ack_gate_acks_a_topic_partition_in_offset_order_only():
     assert g.done(J, 1) == [] and g.done(J, 2) == []  # offset 0 is still held (in a buffer)
     assert g.done(J, 0) == [0, 1, 2]
     assert g.done(J, 3) == [3]
+
+
+def test_the_intake_holds_records_after_a_hole_until_the_holes_records_are_read():
+    from streams.sequencer import Intake
+
+    it = Intake()
+    assert it.arrive(J, 0, "j0") == ["j0"] and it.arrive(J, 1, "j1") == ["j1"]
+    assert it.arrive(J, 3, "j3") == [] and it.arrive(J, 5, "j5") == []  # 2 and 4 never handed over
+    assert it.missing() == {J: (2, 5)} and it.holds(J) and not it.holds(Q)
+    assert it.fill(J, [(2, "j2*")]) == [] and it.missing() == {J: (4, 5)}  # 4 still missing: wait
+    assert it.fill(J, [(3, "j3*"), (4, "j4*")]) == ["j2*", "j3", "j4*", "j5"]  # handed-over records are kept
+    assert it.arrive(J, 6, "j6") == ["j6"] and not it.missing()
+
+
+def test_the_intake_checks_the_start_and_a_partition_not_read_to_its_end():
+    from streams.sequencer import Intake
+
+    it = Intake(check_start=True)
+    assert it.arrive(J, 7, "j7") == [] and it.unstarted() == {J}
+    assert it.start(J, 5) == [] and it.missing() == {J: (5, 7)}  # committed at 5: 5 and 6 were skipped
+    assert it.fill(J, [(5, "j5"), (6, "j6")]) == ["j5", "j6", "j7"]
+    assert it.arrive(Q, 0, "q0") == [] and it.start(Q, 0) == ["q0"]  # started where it was committed
+    it.stalled(Q, 3)  # the end is at 3, nothing came after q0
+    assert it.missing() == {Q: (1, 3)} and it.fill(Q, [(1, "q1"), (2, "q2")]) == ["q1", "q2"]
+    it.restart(Q, 1)  # Faust hands them over after all: read again
+    assert it.arrive(Q, 1, "q1") == ["q1"]
+
+
+def test_the_intake_forgets_a_hole_when_the_partition_is_read_again_from_before_it():
+    from streams.sequencer import Intake
+
+    it = Intake()
+    it.arrive(J, 0, "j0")
+    assert it.arrive(J, 4, "j4") == []
+    it.restart(J, 1)  # a seek to the committed offset: everything from 1 comes again
+    assert not it.missing() and it.arrive(J, 1, "j1") == ["j1"]

@@ -651,3 +651,87 @@ def test_records_read_again_while_a_stopped_checkpoint_waited_are_acked_once_by_
 
     asyncio.run(go())
     assert not any(ev.acked for ev in old) and all(ev.acked for ev in new)
+
+
+def test_records_faust_skipped_are_read_directly_and_sequenced_in_order_with_no_commit_past_them():
+    """Faust's stream skips (and acks) a record it dequeues while the consumer's generation changed or its flow
+    is suspended, and does not deliver it again (the failover test: `jobs[5]@1673` never reached the sequencer, its
+    successor waited 60 s and went `forced`). The stage sees the hole in the offsets, and at the start of an
+    assignment the one between the committed offset and its first record, reads those records itself, and commits
+    nothing past a record it has not handled."""
+    from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, TP, key_partition, unpack_batch
+    from streams.worker import SequencerStage
+
+    sent, committed, reads = [], [], []
+
+    async def send(topic, key, value, headers=None):
+        sent.append((topic, value))
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+    part = key_partition(b"lab/a100", 3)
+    values = [canonical_value(validate(line)) for line in _valid_lines()[:6]]
+
+    def ev(topic, offset, seq):
+        e = Ev(topic, part, offset, b"lab/a100", values[seq - 1], 1.0,
+               [(HEADER_PRODUCER, b"p"), (HEADER_SEQ, str(seq).encode()), (HEADER_PREV, str(seq - 1).encode())])
+        e.log = []
+        return e
+
+    # in Kafka: quota@0 = seq 1, jobs@0..4 = seq 2..6
+    kafka = {("chipledger.quota", 0): ev("chipledger.quota", 0, 1)}
+    kafka.update({("chipledger.jobs", off): ev("chipledger.jobs", off, off + 2) for off in range(5)})
+
+    async def fetch(tp, lo, hi):
+        reads.append((tp.topic, lo, hi))
+        return [kafka[(tp.topic, o)] for o in range(lo, hi) if (tp.topic, o) in kafka]
+
+    async def start_offsets(tps):  # the group's committed offsets: nothing committed yet
+        return {tp: 0 for tp in tps}
+
+    async def commit(events):
+        committed.extend((e.message.topic, e.message.offset) for e in events)
+
+    now = [0.0]
+    stage = SequencerStage(WorkerSettings(checkpoint_interval_ms=0, partitions=3, sequencer_wait_ms=1000),
+                           load=lambda pool, e: None, store=lambda pool, v, e: None, send=send,
+                           caught_up=lambda tp: True, clock=lambda: now[0], commit=commit, fetch=fetch,
+                           start_offsets=start_offsets)
+
+    async def go():
+        # Faust hands over jobs@1, jobs@3, jobs@4 and quota@0: jobs@0 (before the first record) and jobs@2 (a hole)
+        # were skipped
+        for topic, off in (("chipledger.jobs", 1), ("chipledger.jobs", 3), ("chipledger.quota", 0),
+                           ("chipledger.jobs", 4)):
+            stage.receive(kafka[(topic, off)])
+        now[0] += 5  # past sequencer_wait_ms: a record lost for good would now let its successor go "forced"
+        await stage.drain()
+        await stage.settle()
+    asyncio.run(go())
+    logged = [e.value for t, v in sent if t == "chipledger.log" for e in unpack_batch(v)]
+    assert logged == values and stage.counts["forced"] == 0 and stage.counts["late"] == 0
+    assert reads == [("chipledger.jobs", 0, 4)]  # both holes at once (what Faust handed over is kept)
+    assert stage.counts["read_directly"] == 2
+    # every record committed once, per topic-partition in offset order: none passed before it was handled
+    assert [o for t, o in committed if t == "chipledger.jobs"] == [0, 1, 2, 3, 4]
+    assert [o for t, o in committed if t == "chipledger.quota"] == [0]
+    assert not stage.intake.holds(TP("chipledger.jobs", part))
+
+
+def test_the_fold_reads_a_log_record_faust_skipped_and_folds_everything_once_in_log_order():
+    h = Harness()
+    evs = h.feed(_valid_lines()[:6])
+    reads = []
+
+    async def fetch(tp, lo, hi):
+        reads.append((lo, hi))
+        return [e for e in evs if lo <= e.message.offset < hi]
+
+    h.worker.fetch = fetch
+    for ev in evs[:2] + evs[4:]:  # log offsets 2 and 3 never handed over
+        h.worker.receive(ev)
+    h.drain()
+    assert reads == [(2, 5)]  # up to the last record held after the hole
+    assert [r[0] for r in h.rows("events")] == [validate(line).event_id for line in _valid_lines()[:6]]
+    assert all(ev.acked for ev in evs) and h.worker.counts["read_directly"] == 2
