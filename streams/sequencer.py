@@ -213,24 +213,6 @@ class Sequencer:
             del self._buf[pool]
         return out
 
-    def drop_tp(self, tp: TP, from_offset: int = 0) -> int:
-        """Forget the buffered records of one topic-partition at or after `from_offset` (it is read again from
-        there: they come again). Those before it stay: they are not read again."""
-        n = 0
-        for pool, bufs in list(self._buf.items()):
-            q = bufs.get(tp)
-            if q:
-                keep = deque(h for h in q if h.offset < from_offset)
-                n += len(q) - len(keep)
-                if keep:
-                    bufs[tp] = keep
-                else:
-                    del bufs[tp]
-            if not any(bufs.values()):
-                del self._buf[pool]
-        self.buffered -= n
-        return n
-
     def drop_partition(self, partition: int) -> int:
         """Forget the buffered records of a partition (revoked from this worker); returns how many."""
         n = 0
@@ -275,15 +257,6 @@ class AckGate:
             out.append(ev)
         return out
 
-    def drop_tp(self, tp: TP, from_offset: int = 0) -> None:
-        """Forget the records of `tp` at or after `from_offset` (read again from there)."""
-        q = self._order.get(tp)
-        if q is not None:
-            self._order[tp] = deque(e for e in q if e[0] < from_offset)
-        d = self._done.get(tp)
-        if d is not None:
-            self._done[tp] = {o for o in d if o < from_offset}
-
     def drop_partition(self, partition: int) -> None:
         for tp in [tp for tp in self._order if tp.partition == partition]:
             del self._order[tp]
@@ -305,9 +278,9 @@ class Intake:
     offset and its first record, or at the end, as a partition not read to its high watermark), holds the records
     after the hole, and reads the hole's records from Kafka itself (`missing` says which, `fill` takes them).
 
-    `arrive(tp, offset, item)` returns the items that may be handled now, in offset order. With `check_start`, the
-    first records of a topic-partition are held until `start(tp, offset)` says where the consumer started (the
-    committed offset); records before `start`'s offset that arrive are handled too (read again)."""
+    `arrive(tp, offset, item)` returns the items that may be handled now, in offset order (a record below `next` is
+    one the caller has: delivered again, dropped). With `check_start`, the first records of a topic-partition are
+    held until `start(tp, offset)` says where the consumer started (the committed offset)."""
 
     def __init__(self, check_start: bool = False):
         self.check_start = check_start
@@ -327,7 +300,7 @@ class Intake:
                 return []
             return [item]
         if offset < nxt:
-            raise ValueError(f"{tp} read again from {offset}: call restart first")
+            raise ValueError(f"{tp}: offset {offset} delivered again (the caller drops what it has)")
         if offset > nxt and tp not in self._lo and tp not in self._unstarted:
             self._lo[tp] = nxt  # a hole: [nxt, offset) were never handed to us
         self.next[tp] = offset + 1
@@ -336,23 +309,6 @@ class Intake:
             self._until.pop(tp, None)
             return []
         return [item]
-
-    def restart(self, tp: TP, offset: int) -> None:
-        """The consumer reads `tp` again from `offset` (below `next`): held records at or after it come again."""
-        held = [h for h in self._held.get(tp, ()) if h[0] < offset]
-        if held:
-            self._held[tp] = held
-        else:
-            self._held.pop(tp, None)
-        lo = self._lo.get(tp)
-        if lo is not None and offset <= lo:
-            del self._lo[tp]
-            self._until.pop(tp, None)
-        if tp in self._unstarted and not held:
-            self.next.pop(tp, None)  # its first record comes again: held until `start` as before
-            self._unstarted.discard(tp)
-        else:
-            self.next[tp] = offset
 
     def start(self, tp: TP, offset: int) -> list:
         """Where the consumer started reading `tp` (its committed offset, or the partition's first offset): a hole

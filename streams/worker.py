@@ -298,12 +298,11 @@ class SequencerStage(Continuity):
         self._last_checkpoint = 0.0
         self._ckpt: Optional[asyncio.Future] = None
         self._captured: tuple[list, dict, list] = ([], {}, [])  # what the last checkpoint started took (carry_back)
-        self._reread: dict[TP, int] = {}  # topic-partition -> lowest offset read again since that checkpoint began
         self.halted: Callable[[], bool] = lambda: False  # the app: Faust is rebalancing
         self.lock = asyncio.Lock()
         self._pending_dead: list = []  # (pool, tp, offset, item): sequencer dead letters not sent yet
         self.counts = {"received": 0, "logged": 0, "log_records": 0, "dropped_logged": 0, "forced": 0, "late": 0,
-                       "dead_letters": 0, "checkpoints": 0}
+                       "dead_letters": 0, "checkpoints": 0, "delivered_again": 0}
         self._init_continuity(fetch, start_offsets, end_of)
 
     def receive(self, event) -> None:
@@ -311,7 +310,8 @@ class SequencerStage(Continuity):
         m = event.message
         tp = TP(m.topic, m.partition)
         if m.offset < self.intake.next.get(tp, -1):
-            self._restart_tp(tp, m.offset)
+            self.counts["delivered_again"] += 1  # Faust's seek to the committed offset: a record this stage has
+            return                               # (handled, or held after a hole); handled once, committed once
         for ev in self._arrive(tp, m.offset, event):
             self._handle(ev)
 
@@ -330,24 +330,6 @@ class SequencerStage(Continuity):
             return
         self.seq.push(key.decode("utf-8"), tp, m.offset, stamp_of(m.headers), self.clock(),
                       (event, key, value, ts_ms, list(m.headers or ())))
-
-    def _restart_tp(self, tp: TP, offset: int) -> None:
-        """The consumer reads `tp` again from an earlier offset (Faust seeks to the committed offset after a
-        rebalance or a recovery, and may deliver the last record it delivered once more): forget what is
-        buffered or waits for a checkpoint from `tp` **at or after that offset** (it comes again). What was
-        received before it stays: it is not read again, and dropping it lost it (its successors then waited for it
-        and went "forced"; the failover test's loss). What was logged is in the state (dropped when read again)."""
-        held = sorted(h.offset for bufs in self.seq._buf.values() for h in bufs.get(tp, ()))
-        log.warning("sequencer: %s[%d] read again from offset %d (received up to %d; buffered: %s)", tp.topic,
-                    tp.partition, offset, self.received_next.get(tp, -1) - 1, f"{held[0]}..{held[-1]}" if held else "-")
-        self._reread[tp] = min(offset, self._reread.get(tp, offset))
-        self.intake.restart(tp, offset)
-        if self.received_next.get(tp, -1) > offset:
-            self.received_next[tp] = offset
-        self.seq.drop_tp(tp, offset)
-        self.gate.drop_tp(tp, offset)
-        self._done = [(t, o) for t, o in self._done if t != tp or o < offset]
-        self._pending_dead = [d for d in self._pending_dead if d[1] != tp or d[2] < offset]
 
     def _bad_key(self, key: Optional[bytes], value: bytes, partition: int) -> Optional[str]:
         """Why a record cannot be sequenced under its key, or None. (A body that does not parse is logged: the
@@ -444,7 +426,7 @@ class SequencerStage(Continuity):
             touched, self._touched = self._touched, {}
             values = {pool: orjson.dumps(self.states[pool].to_dict()) for pool in touched}
             done, self._done = self._done, []
-            self._captured, self._reread = (inflight, touched, done), {}
+            self._captured = (inflight, touched, done)
             self._ckpt = asyncio.ensure_future(self._checkpoint(inflight, touched, values, done))
             self._last_checkpoint = now
         return n
@@ -479,9 +461,6 @@ class SequencerStage(Continuity):
     def acks_pending(self) -> list:
         return self._done
 
-    @staticmethod
-    def ack_position(item) -> tuple[TP, int]:
-        return item
 
     def forget_partitions(self, partitions: set[int]) -> None:
         self.intake.forget(partitions)
@@ -524,8 +503,8 @@ def carry_back(stage) -> None:
     """What a checkpoint stopped by a rebalance (cancelled by `abandon`, or returning on `halted`) took goes back to
     the next checkpoint: the deliveries it had not seen acknowledged, the pools whose states it did not write, the
     records it did not ack. Faust does not revoke the partitions that stay with the worker, so the live states of
-    their pools are kept, holding records no table write holds yet; and Faust may or may not read those records
-    again (a record read again is dropped as already done, and forgotten from these lists: `receive`). So the next
+    their pools are kept, holding records no table write holds yet; and Faust may or may not deliver those records
+    again (a record delivered again is dropped: the stage has it). So the next
     checkpoint writes those pools' states and waits for those outputs before it acks anything; else offsets were
     committed over an older table state (Faust commits past a record never acked once a later one is acked), and
     a kill -9 made the next owner skip records for good. Pools of revoked partitions are dropped after this
@@ -537,12 +516,7 @@ def carry_back(stage) -> None:
     for pool, last in touched.items():
         if pool in live:
             stage._touched.setdefault(pool, last)
-    reread = stage._reread  # a record read again since the capture comes again: its old ack must not go too
-
-    def kept(item) -> bool:
-        tp, offset = stage.ack_position(item)
-        return offset < reread.get(tp, offset + 1)
-    stage.acks_pending()[:0] = [a for a in acks if kept(a)]
+    stage.acks_pending()[:0] = acks
 
 
 async def abandon_checkpoint(ckpt: Optional[asyncio.Future]) -> None:
@@ -600,11 +574,10 @@ class PoolWorker(Continuity):
         self._last_checkpoint = 0.0
         self.received_next: dict[TP, int] = {}
         self.counts = {"received": 0, "not_sequenced": 0, "applied": 0, "duplicates": 0, "dead_letters": 0, "skipped": 0,
-                       "ticks": 0, "batches": 0, "checkpoints": 0, "full_collections": 0}
+                       "ticks": 0, "batches": 0, "checkpoints": 0, "full_collections": 0, "delivered_again": 0}
         self._lock = asyncio.Lock()
         self._ckpt: Optional[asyncio.Future] = None  # the checkpoint in progress
         self._captured: tuple[list, dict, list] = ([], {}, [])  # what the last checkpoint started took (carry_back)
-        self._reread: dict[TP, int] = {}  # log topic-partition -> lowest offset read again since that checkpoint began
         self.halted: Callable[[], bool] = lambda: False  # the app: Faust is rebalancing
         self._last_full_gc = float("-inf")
         self.metrics = None  # a streams.metrics.MetricsCollector fed with every folded record (--metrics-port)
@@ -615,14 +588,9 @@ class PoolWorker(Continuity):
         """A record of `chipledger.log`: the input record's bytes, key and origin (headers)."""
         m = event.message
         ltp = TP(m.topic, m.partition)
-        if m.offset < self.intake.next.get(ltp, -1):  # read again from an earlier offset (see SequencerStage)
-            self._reread[ltp] = min(m.offset, self._reread.get(ltp, m.offset))
-            def kept(p: Pending) -> bool:  # what comes again is forgotten; what came before it is not read again
-                pm = p.event.message
-                return (pm.topic, pm.partition) != ltp or pm.offset < m.offset
-            self.queue = [p for p in self.queue if kept(p)]
-            self._unacked = [p for p in self._unacked if kept(p)]
-            self.intake.restart(ltp, m.offset)
+        if m.offset < self.intake.next.get(ltp, -1):  # delivered again (see SequencerStage.receive): it has it
+            self.counts["delivered_again"] += 1
+            return
         for ev in self._arrive(ltp, m.offset, event):  # in offset order, a hole's records read directly first
             self._handle(ev)
 
@@ -686,7 +654,7 @@ class PoolWorker(Continuity):
                     (now - self._last_checkpoint) * 1000 >= self.settings.checkpoint_interval_ms
                     or len(self._unacked) >= CHECKPOINT_RECORDS_MAX):
                 captured = self._capture()
-                self._captured, self._reread = (captured[0], captured[1], captured[3]), {}
+                self._captured = (captured[0], captured[1], captured[3])
                 self._ckpt = asyncio.ensure_future(self._checkpoint(*captured))
                 self._last_checkpoint = now
                 if self.settings.freeze_gc:
@@ -823,10 +791,6 @@ class PoolWorker(Continuity):
     def acks_pending(self) -> list:
         return self._unacked
 
-    @staticmethod
-    def ack_position(item: Pending) -> tuple[TP, int]:
-        m = item.event.message
-        return TP(m.topic, m.partition), m.offset
 
     def forget_partitions(self, partitions: set[int]) -> None:
         """Partitions revoked: drop their queued records and live states (the new owner reads the table)."""
