@@ -461,7 +461,6 @@ class SequencerStage(Continuity):
     def acks_pending(self) -> list:
         return self._done
 
-
     def forget_partitions(self, partitions: set[int]) -> None:
         self.intake.forget(partitions)
         for part in partitions:
@@ -502,13 +501,12 @@ async def durable(written: list) -> None:
 def carry_back(stage) -> None:
     """What a checkpoint stopped by a rebalance (cancelled by `abandon`, or returning on `halted`) took goes back to
     the next checkpoint: the deliveries it had not seen acknowledged, the pools whose states it did not write, the
-    records it did not ack. Faust does not revoke the partitions that stay with the worker, so the live states of
-    their pools are kept, holding records no table write holds yet; and Faust may or may not deliver those records
-    again (a record delivered again is dropped: the stage has it). So the next
-    checkpoint writes those pools' states and waits for those outputs before it acks anything; else offsets were
-    committed over an older table state (Faust commits past a record never acked once a later one is acked), and
-    a kill -9 made the next owner skip records for good. Pools of revoked partitions are dropped after this
-    (`forget_partitions`), and a pool no longer live is not carried."""
+    records it did not commit. A partition that is not revoked keeps its pools' live states, holding records no
+    table write holds yet (a record Faust delivers again is dropped: the stage has it). So the next checkpoint
+    writes those pools' states and waits for those outputs before it commits anything; else offsets were committed
+    over an older table state, and a kill -9 made the next owner skip records for good. Pools of revoked
+    partitions are dropped after this (`forget_partitions`; aiokafka's eager rebalances revoke them all), and a
+    pool no longer live is not carried."""
     inflight, touched, acks = stage._captured
     stage._captured = ([], {}, [])
     stage._inflight[:0] = inflight
@@ -790,7 +788,6 @@ class PoolWorker(Continuity):
 
     def acks_pending(self) -> list:
         return self._unacked
-
 
     def forget_partitions(self, partitions: set[int]) -> None:
         """Partitions revoked: drop their queued records and live states (the new owner reads the table)."""
