@@ -223,6 +223,14 @@ class Fetched:
         pass
 
 
+def _in_order(received_next: dict, tp: TP, offset: int) -> None:
+    """A stage handles each topic-partition's records one after the other with none left out (`Intake`); anything
+    else is a defect that would lose or reorder records: stop (the records are read again after a restart)."""
+    want = received_next.get(tp)
+    if want is not None and offset != want:
+        raise RuntimeError(f"{tp.topic}[{tp.partition}]: handled offset {offset} after {want - 1}")
+
+
 class Continuity:
     """What both stages do with `Intake`: records in offset order per topic-partition, a hole (records Faust
     skipped) read directly with `fetch(tp, lo, hi)`, the first records of an assignment checked against where the
@@ -238,16 +246,19 @@ class Continuity:
         self._arrived_at[tp] = self.clock()
         return self.intake.arrive(tp, offset, event)
 
-    async def _fill_holes(self) -> list:
-        """The records that may be handled now after reading holes, checking starts and stalled partitions."""
-        out: list = []
+    async def _fill_holes(self) -> None:
+        """Check where the consumer started on new partitions, open holes for stalled ones, read the holes' records
+        and handle what may go, each partition's records **at once** after its read (before the next await: a record
+        Faust delivers meanwhile comes after them; handled later, it went first, and the sequencer then dropped the
+        earlier one as logged)."""
         if self.start_offsets is not None:
             tps = self.intake.unstarted()
             if tps:
                 starts = await self.start_offsets(tps)
                 for tp in tps:
                     if starts.get(tp) is not None:
-                        out += self.intake.start(tp, starts[tp])
+                        for ev in self.intake.start(tp, starts[tp]):
+                            self._handle(ev)
         if self.end_of is not None:
             now = self.clock()
             for tp, nxt in list(self.intake.next.items()):
@@ -265,8 +276,8 @@ class Continuity:
                     log.warning("worker: %s[%d]: %d record(s) at offsets %d..%d were not handed over by Faust's consumer "
                                 "(skipped around a rebalance); read directly", tp.topic, tp.partition, n, lo, hi - 1)
                 self.counts["read_directly"] += n
-                out += self.intake.fill(tp, [(r.message.offset, r) for r in records])
-        return out
+                for ev in self.intake.fill(tp, [(r.message.offset, r) for r in records]):
+                    self._handle(ev)
 
 
 def _key_bytes(key) -> Optional[bytes]:
@@ -318,6 +329,7 @@ class SequencerStage(Continuity):
     def _handle(self, event) -> None:
         m = event.message
         tp = TP(m.topic, m.partition)
+        _in_order(self.received_next, tp, m.offset)
         self.received_next[tp] = m.offset + 1
         self.gate.received(tp, m.offset, event)
         self.counts["received"] += 1
@@ -372,8 +384,7 @@ class SequencerStage(Continuity):
             return await self._drain()
 
     async def _drain(self) -> int:
-        for ev in await self._fill_holes():
-            self._handle(ev)
+        await self._fill_holes()
         now = self.clock()
         n = 0
         if self._pending_dead:
@@ -595,6 +606,7 @@ class PoolWorker(Continuity):
     def _handle(self, event) -> None:
         m = event.message
         ltp = TP(m.topic, m.partition)
+        _in_order(self.received_next, ltp, m.offset)
         self.received_next[ltp] = m.offset + 1
         key = _key_bytes(m.key) or b""
         value = m.value if isinstance(m.value, bytes) else (m.value or b"")
@@ -623,8 +635,7 @@ class PoolWorker(Continuity):
         """Fold what the merge releases and send its outputs (not waiting for them); start a checkpoint when one
         is due and none is in progress (`settle` waits for it). Returns the number of records folded."""
         async with self._lock:
-            for ev in await self._fill_holes():
-                self._handle(ev)
+            await self._fill_holes()
             now = self.clock()
             todo, self.queue = self.queue, []
             out: dict[tuple[str, str], list] = {}  # (output topic, pool) -> items, in fold order
