@@ -312,15 +312,16 @@ class Intake:
 
     def start(self, tp: TP, offset: int) -> list:
         """Where the consumer started reading `tp` (its committed offset, or the partition's first offset): a hole
-        before the first record received is read directly; returns the held records that may be handled now."""
+        before the first record received, or between the records held meanwhile, is read directly; returns the held
+        records that may be handled now."""
         if tp not in self._unstarted:
             return []
         self._unstarted.discard(tp)
-        held = self._held.get(tp) or []
-        if held and offset < held[0][0]:
-            self._lo[tp] = offset
+        held = self._held.get(tp)
+        if not held:
             return []
-        return self._release(tp)
+        self._lo[tp] = min(offset, held[0][0])
+        return self.fill(tp, [])
 
     def unstarted(self) -> set[TP]:
         return set(self._unstarted)
@@ -359,7 +360,7 @@ class Intake:
         end = max(have, default=lo - 1) + 1
         gaps = [o for o in range(lo, end) if o not in have]
         if gaps:
-            self._held[tp] = sorted(((o, i) for o, i in have.items() if o >= lo), key=lambda h: h[0])
+            self._held[tp] = sorted(have.items(), key=lambda h: h[0])  # all from the hole's start on
             self._lo[tp] = gaps[0]  # what came is kept; the rest is read again from the first still missing
             return []
         del self._lo[tp]

@@ -145,3 +145,23 @@ def test_the_intake_forgets_the_partitions_revoked():
     assert it.arrive(J, 4, "j4") == [] and it.missing() == {J: (1, 4)}
     it.forget({0})  # revoked: the next owner reads from the committed offset
     assert not it.missing() and J not in it.next and it.arrive(J, 1, "j1") == ["j1"]
+
+
+def test_the_intake_finds_a_hole_among_the_records_held_before_the_start_is_known():
+    from streams.sequencer import Intake
+
+    it = Intake(check_start=True)
+    assert it.arrive(J, 4, "j4") == [] and it.arrive(J, 6, "j6") == []  # 5 skipped while the start was asked
+    assert it.start(J, 4) == [] and it.missing() == {J: (5, 6)}
+    assert it.fill(J, [(5, "j5")]) == ["j4", "j5", "j6"]
+
+
+def test_the_intake_keeps_what_each_partial_read_brought():
+    from streams.sequencer import Intake
+
+    it = Intake()
+    it.arrive(J, 0, "j0")
+    assert it.arrive(J, 9, "j9") == []  # 1..8 missing
+    assert it.fill(J, [(1, "j1"), (2, "j2")]) == [] and it.missing() == {J: (3, 9)}
+    assert it.fill(J, [(3, "j3"), (5, "j5")]) == [] and it.missing() == {J: (4, 9)}
+    assert it.fill(J, [(4, "j4"), (6, "j6"), (7, "j7"), (8, "j8")]) == [f"j{i}" for i in range(1, 10)]
