@@ -53,7 +53,7 @@ import orjson  # noqa: E402
 
 from chipledger.scenario import generate, iter_jsonl  # noqa: E402
 from schemas import INPUT_TOPICS  # noqa: E402
-from schemas.topics import TOPIC_DECISIONS, TOPIC_JOURNAL  # noqa: E402
+from schemas.topics import TOPIC_DECISIONS, TOPIC_JOURNAL, TOPIC_LOG  # noqa: E402
 
 
 def free_port() -> int:
@@ -253,8 +253,12 @@ def output_consumer(bootstrap: str, ready, halt, count, out_path: str) -> None:
     from kafka import KafkaConsumer, TopicPartition
 
     # fetch_max_wait_ms: kafka-python holds a fetch up to 500 ms by default, which would be measured as latency
+    from streams.sequencer import unpack_batch
+
     cons = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=10)
-    tps = [TopicPartition(t, p) for t in (TOPIC_JOURNAL, TOPIC_DECISIONS) for p in sorted(cons.partitions_for_topic(t))]
+    # the log too: its records' timestamps (set by the worker when it sends them) split the latency into stages
+    tps = [TopicPartition(t, p) for t in (TOPIC_JOURNAL, TOPIC_DECISIONS, TOPIC_LOG)
+           for p in sorted(cons.partitions_for_topic(t))]
     cons.assign(tps)
     cons.seek_to_end(*tps)
     for tp in tps:
@@ -265,11 +269,15 @@ def output_consumer(bootstrap: str, ready, halt, count, out_path: str) -> None:
         for recs in cons.poll(timeout_ms=100).values():
             now = time.time()
             for r in recs:
+                if r.topic == TOPIC_LOG:
+                    for e in unpack_batch(r.value):
+                        got.append((r.topic, [e.topic, e.partition, e.offset], now, r.timestamp / 1000))
+                    continue
                 v = orjson.loads(r.value)
                 if v.get("kind") != "rows":
                     continue
                 for item in v["items"]:
-                    got.append((r.topic, item["origin"], now))
+                    got.append((r.topic, item["origin"], now, r.timestamp / 1000))
                     if r.topic == TOPIC_JOURNAL:
                         count.value += 1
     cons.close()
@@ -321,12 +329,19 @@ def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: s
         reader.join(60)
         stop(proc)
     pending = orjson.loads(out_path.read_bytes()) if out_path.exists() else []
-    for topic, origin, now in pending:
+    logged_at = {tuple(origin): ts for topic, origin, _, ts in pending if topic == TOPIC_LOG}
+    stages: dict[str, list] = {"send_to_log": [], "log_to_output": [], "output_to_reader": []}
+    for topic, origin, now, ts in pending:
         origin = tuple(origin)
         at = sent_at.get(origin)
-        if at is None:
+        if at is None or topic == TOPIC_LOG:
             continue
         (lat_dec if topic == TOPIC_DECISIONS else lat_all).append((now - at) * 1000)
+        if topic == TOPIC_JOURNAL and origin in logged_at:
+            # the worker's send times of the log record and of the output record (broker timestamps: CreateTime)
+            stages["send_to_log"].append((logged_at[origin] - at) * 1000)
+            stages["log_to_output"].append((ts - logged_at[origin]) * 1000)
+            stages["output_to_reader"].append((now - ts) * 1000)
 
     def pct(xs, q):
         if not xs:
@@ -337,6 +352,7 @@ def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: s
     return {"events": len(lines), "send_s": send_s, "outputs": len(lat_all), "decisions": len(lat_dec),
             "p50_ms": pct(lat_all, 0.5), "p99_ms": pct(lat_all, 0.99), "max_ms": max(lat_all, default=float("nan")),
             "dec_p50_ms": pct(lat_dec, 0.5), "dec_p99_ms": pct(lat_dec, 0.99),
+            "stages": {k: (pct(v, 0.5), pct(v, 0.99)) for k, v in stages.items()},
             "mean_ms": statistics.fmean(lat_all) if lat_all else float("nan")}
 
 
@@ -401,6 +417,15 @@ def takeover(bootstrap: str, work: Path, lines: list[bytes], rate: int = 300) ->
     return {"gaps_s": gaps, "takeover_s": max(gaps.values(), default=float("nan"))}
 
 
+def print_latency(args, lat: dict) -> None:
+    print(f"latency at {args.rate:,} events/s for {args.seconds:g} s ({lat['events']:,} events sent in "
+          f"{lat['send_s']:.1f} s): outputs {lat['outputs']:,}: p50 {lat['p50_ms']:.0f} ms, p99 "
+          f"{lat['p99_ms']:.0f} ms, max {lat['max_ms']:.0f} ms; decisions {lat['decisions']:,}: p50 "
+          f"{lat['dec_p50_ms']:.0f} ms, p99 {lat['dec_p99_ms']:.0f} ms (target p99 < 250 ms)", flush=True)
+    print("  per stage, p50 / p99: " + "; ".join(f"{k.replace('_', ' ')} {a:.0f} / {b:.0f} ms"
+                                                 for k, (a, b) in lat["stages"].items()), flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=60_000)
@@ -410,6 +435,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
                     help="pass an option to `chipledger worker`, e.g. --worker-arg=--sequencer-wait-ms=5000")
+    ap.add_argument("--latency-only", action="store_true",
+                    help="only the latency run (after the worker folded a backlog of --events), with its stages")
     ap.add_argument("--metrics-compare", type=int, metavar="N",
                     help="only compare the worker with and without /metrics (scraped every 5 s), N runs each")
     ap.add_argument("--faust-floor", type=int, help=argparse.SUPPRESS)  # child: the no-op Faust app
@@ -448,6 +475,11 @@ def main(argv=None) -> int:
                       f"min {c['with'][0]:.2f} / median {c['with'][1]:.2f} s; ratio with/without min "
                       f"{c['ratio'][0]:.3f} / median {c['ratio'][1]:.3f}", flush=True)
             return 0
+        if args.latency_only:  # a backlog of --events first (the worker's start), then the latency run alone
+            res = pipeline(bootstrap, tmp, len(lines))
+            print(f"worker + sink caught up with {len(lines):,} events in {res['seconds']:.1f} s", flush=True)
+            print_latency(args, latency(bootstrap, tmp, args.rate, later, res["app_id"], res["data_dir"]))
+            return 0
         raw_s = asyncio.run(raw_read(bootstrap, len(lines)))
         raw_rate = len(lines) / raw_s
         print(f"raw aiokafka consumer: {raw_s:.2f} s = {raw_rate:,.0f} events/s", flush=True)
@@ -463,11 +495,7 @@ def main(argv=None) -> int:
         emb_s = embedded(lines, tmp)
         print(f"embedded run (chipledger run's fold, same events): {emb_s:.1f} s = {len(lines) / emb_s:,.0f} "
               f"events/s; worker + sink / embedded: {rate * emb_s / len(lines):.2f}x", flush=True)
-        lat = latency(bootstrap, tmp, args.rate, later, res["app_id"], res["data_dir"])
-        print(f"latency at {args.rate:,} events/s for {args.seconds:g} s ({lat['events']:,} events sent in "
-              f"{lat['send_s']:.1f} s): outputs {lat['outputs']:,}: p50 {lat['p50_ms']:.0f} ms, p99 "
-              f"{lat['p99_ms']:.0f} ms, max {lat['max_ms']:.0f} ms; decisions {lat['decisions']:,}: p50 "
-              f"{lat['dec_p50_ms']:.0f} ms, p99 {lat['dec_p99_ms']:.0f} ms (target p99 < 250 ms)", flush=True)
+        print_latency(args, latency(bootstrap, tmp, args.rate, later, res["app_id"], res["data_dir"]))
         to_lines = scenario_lines(args.seed + 1, 300 * 30, pools=8)[: 300 * 30]  # pools on every partition
         # on a broker of its own: a new group on this one would fold everything above first
         second = tmp / "kafka-takeover"

@@ -98,8 +98,10 @@ class SeqState:
     def released(self, tp: TP, offset: int, stamp: Optional[Stamp]) -> None:
         self.positions[f"{tp.topic}:{tp.partition}"] = offset
         if stamp is not None:
-            self.last.pop(stamp.producer, None)
-            self.last[stamp.producer] = max(stamp.seq, 0)
+            # the highest seq released: a record released `late` (below it) must not lower it, or its producer's
+            # next record (whose predecessor is that highest one) would wait again and go `forced` again
+            last = self.last.pop(stamp.producer, 0)
+            self.last[stamp.producer] = max(stamp.seq, last)
             if len(self.last) > PRODUCERS_KEPT:
                 del self.last[next(iter(self.last))]
 
@@ -211,24 +213,6 @@ class Sequencer:
             del self._buf[pool]
         return out
 
-    def drop_tp(self, tp: TP, from_offset: int = 0) -> int:
-        """Forget the buffered records of one topic-partition at or after `from_offset` (it is read again from
-        there: they come again). Those before it stay: they are not read again."""
-        n = 0
-        for pool, bufs in list(self._buf.items()):
-            q = bufs.get(tp)
-            if q:
-                keep = deque(h for h in q if h.offset < from_offset)
-                n += len(q) - len(keep)
-                if keep:
-                    bufs[tp] = keep
-                else:
-                    del bufs[tp]
-            if not any(bufs.values()):
-                del self._buf[pool]
-        self.buffered -= n
-        return n
-
     def drop_partition(self, partition: int) -> int:
         """Forget the buffered records of a partition (revoked from this worker); returns how many."""
         n = 0
@@ -273,19 +257,129 @@ class AckGate:
             out.append(ev)
         return out
 
-    def drop_tp(self, tp: TP, from_offset: int = 0) -> None:
-        """Forget the records of `tp` at or after `from_offset` (read again from there)."""
-        q = self._order.get(tp)
-        if q is not None:
-            self._order[tp] = deque(e for e in q if e[0] < from_offset)
-        d = self._done.get(tp)
-        if d is not None:
-            self._done[tp] = {o for o in d if o < from_offset}
-
     def drop_partition(self, partition: int) -> None:
         for tp in [tp for tp in self._order if tp.partition == partition]:
             del self._order[tp]
             self._done.pop(tp, None)
+
+
+STALL_READ_MAX = 2000  # records read directly at once for a partition not read to its end
+
+
+class Intake:
+    """Every record of each consumed topic-partition, in offset order, none left out.
+
+    Faust's stream does not hand every record it fetched to the agent: a record it dequeues while the consumer's
+    generation changed or its flow control is suspended (around a rebalance) is skipped **and acknowledged**
+    (faust-streaming 0.15.3 `Stream._py_aiter` / `_c_aiter`: `value = skipped_value` ... `event.ack()`, also on a
+    `noack()` stream), and its read offset keeps the record from being delivered again in that generation. The
+    input and log topics are plain (no transactions, no compaction): their offsets have no gaps. So a stage sees a
+    skipped record as a hole in the offsets it received (or, at the start of an assignment, between the committed
+    offset and its first record, or at the end, as a partition not read to its high watermark), holds the records
+    after the hole, and reads the hole's records from Kafka itself (`missing` says which, `fill` takes them).
+
+    `arrive(tp, offset, item)` returns the items that may be handled now, in offset order (a record below `next` is
+    one the caller has: delivered again, dropped). With `check_start`, the first records of a topic-partition are
+    held until `start(tp, offset)` says where the consumer started (the committed offset)."""
+
+    def __init__(self, check_start: bool = False):
+        self.check_start = check_start
+        self.next: dict[TP, int] = {}  # the next offset expected per topic-partition
+        self._held: dict[TP, list[tuple[int, Any]]] = {}  # records after a hole, in offset order
+        self._lo: dict[TP, int] = {}  # the first offset of an open hole
+        self._until: dict[TP, int] = {}  # the end of a hole with nothing after it (a partition not read to its end)
+        self._unstarted: set[TP] = set()  # first records held until `start`
+
+    def arrive(self, tp: TP, offset: int, item: Any) -> list:
+        nxt = self.next.get(tp)
+        if nxt is None:
+            self.next[tp] = offset + 1
+            if self.check_start:
+                self._unstarted.add(tp)
+                self._held.setdefault(tp, []).append((offset, item))
+                return []
+            return [item]
+        if offset < nxt:
+            raise ValueError(f"{tp}: offset {offset} delivered again (the caller drops what it has)")
+        if offset > nxt and tp not in self._lo and tp not in self._unstarted:
+            self._lo[tp] = nxt  # a hole: [nxt, offset) were never handed to us
+        self.next[tp] = offset + 1
+        if tp in self._lo or tp in self._unstarted:
+            self._held.setdefault(tp, []).append((offset, item))
+            self._until.pop(tp, None)
+            return []
+        return [item]
+
+    def start(self, tp: TP, offset: int) -> list:
+        """Where the consumer started reading `tp` (its committed offset, or the partition's first offset): a hole
+        before the first record received, or between the records held meanwhile, is read directly; returns the held
+        records that may be handled now."""
+        if tp not in self._unstarted:
+            return []
+        self._unstarted.discard(tp)
+        held = self._held.get(tp)
+        if not held:
+            return []
+        self._lo[tp] = min(offset, held[0][0])
+        return self.fill(tp, [])
+
+    def unstarted(self) -> set[TP]:
+        return set(self._unstarted)
+
+    def held_offsets(self, tp: TP) -> set[int]:
+        return {o for o, _ in self._held.get(tp, ())}
+
+    def holds(self, tp: TP) -> bool:
+        """Whether records of `tp` are held (a hole open, or its start not known yet)."""
+        return tp in self._lo or tp in self._unstarted
+
+    def stalled(self, tp: TP, end: int) -> None:
+        """`tp` has records up to `end` (its high watermark) that did not come: read them directly."""
+        nxt = self.next.get(tp)
+        if nxt is not None and nxt < end and tp not in self._lo and tp not in self._unstarted:
+            self._lo[tp] = nxt
+            self._until[tp] = min(end, nxt + STALL_READ_MAX)
+
+    def missing(self) -> dict[TP, tuple[int, int]]:
+        """The range [lo, hi) of offsets to read directly, per topic-partition with a hole."""
+        out = {}
+        for tp, lo in self._lo.items():
+            held = self._held.get(tp)
+            out[tp] = (lo, max(held[-1][0] if held else lo, self._until.get(tp, lo)))
+        return out  # an empty range: what was missing came meanwhile (`fill(tp, [])` closes the hole)
+
+    def fill(self, tp: TP, records: Iterable[tuple[int, Any]]) -> list:
+        """Records read directly for a hole of `tp` (offset, item): returns everything that may be handled now, in
+        offset order, once the hole is complete (else keeps what came and waits for the rest)."""
+        lo = self._lo.get(tp)
+        if lo is None:
+            return []
+        have = dict(records)
+        for off, item in self._held.get(tp, ()):
+            have[off] = item  # the record Faust delivered, where it did
+        end = max(have, default=lo - 1) + 1
+        gaps = [o for o in range(lo, end) if o not in have]
+        if gaps:
+            self._held[tp] = sorted(have.items(), key=lambda h: h[0])  # all from the hole's start on
+            self._lo[tp] = gaps[0]  # what came is kept; the rest is read again from the first still missing
+            return []
+        del self._lo[tp]
+        self._until.pop(tp, None)
+        first = min(have, default=lo)  # held records before `lo` (an earlier fill kept them) go first
+        self._held[tp] = [(o, have[o]) for o in range(min(first, lo), end)]
+        self.next[tp] = max(self.next.get(tp, end), end)
+        return self._release(tp)
+
+    def _release(self, tp: TP) -> list:
+        held = self._held.pop(tp, [])
+        return [item for _, item in held]
+
+    def forget(self, partitions: set[int]) -> None:
+        """Partitions revoked: forget their topic-partitions."""
+        for d in (self.next, self._held, self._lo, self._until):
+            for tp in [tp for tp in d if tp.partition in partitions]:
+                del d[tp]
+        self._unstarted = {tp for tp in self._unstarted if tp.partition not in partitions}
 
 
 # --- log records: several input records of one pool in one Kafka record ---------------------------------------

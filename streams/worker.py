@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional
 
 import orjson
+from aiokafka.errors import KafkaError
 
 from ledger.books import HOUR_S
 from ledger.fold import DEFAULT_CONFIG, FoldConfig, evolve
@@ -53,7 +54,7 @@ from schemas.topics import TOPIC_DEADLETTER, TOPIC_DECISIONS, TOPIC_JOURNAL, TOP
 from streams.clients import KafkaConnection, as_connection
 from streams.rows import deadletter_row, step_rows
 from streams.sequencer import (HEADER_BATCH, HEADER_ORIGIN, HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ,
-                               HEADER_TIMESTAMP, TP, AckGate, Entry, SeqState, Sequencer, batches, key_partition,
+                               HEADER_TIMESTAMP, TP, AckGate, Entry, Intake, SeqState, Sequencer, batches, key_partition,
                                pack_batch, stamp_of, unpack_batch)
 
 log = logging.getLogger(__name__)
@@ -196,13 +197,95 @@ def tick_event(pool: str, clock_s: int, elapsed_s: float) -> Optional[dict]:
             "pool": pool, "source": TICK_SOURCE}
 
 
+STALL_S = 2.0  # a topic-partition behind its high watermark with nothing arriving for this long is read directly
+
+
+async def ack_events(events: list) -> None:
+    """The default commit of a stage (unit tests): ack each event (Faust commits the acked offsets)."""
+    for ev in events:
+        ev.ack()
+
+
+class Fetched:
+    """A record a stage read directly from Kafka (Faust skipped it, see `streams.sequencer.Intake`), shaped like the
+    Faust event it replaces: `message` (topic, partition, offset, key, value, timestamp in s, headers)."""
+
+    __slots__ = ("message", "__weakref__")
+
+    def __init__(self, topic, partition, offset, key, value, timestamp_s, headers):
+        from types import SimpleNamespace
+
+        self.message = SimpleNamespace(topic=topic, partition=partition, offset=offset, key=key, value=value,
+                                       timestamp=timestamp_s, headers=list(headers or ()))
+
+    def ack(self) -> None:  # committed by offset (the stage's `commit`), like every other record
+        pass
+
+
+def _in_order(received_next: dict, tp: TP, offset: int) -> None:
+    """A stage handles each topic-partition's records one after the other with none left out (`Intake`); anything
+    else is a defect that would lose or reorder records: stop (the records are read again after a restart)."""
+    want = received_next.get(tp)
+    if want is not None and offset != want:
+        raise RuntimeError(f"{tp.topic}[{tp.partition}]: handled offset {offset} after {want - 1}")
+
+
+class Continuity:
+    """What both stages do with `Intake`: records in offset order per topic-partition, a hole (records Faust
+    skipped) read directly with `fetch(tp, lo, hi)`, the first records of an assignment checked against where the
+    consumer started (`start_offsets(tps)`), a partition behind its end (`end_of(tp)`) for `STALL_S` read too."""
+
+    def _init_continuity(self, fetch, start_offsets, end_of) -> None:
+        self.fetch, self.start_offsets, self.end_of = fetch, start_offsets, end_of
+        self.intake = Intake(check_start=start_offsets is not None)
+        self._arrived_at: dict[TP, float] = {}
+        self.counts.setdefault("read_directly", 0)
+
+    def _arrive(self, tp: TP, offset: int, event) -> list:
+        self._arrived_at[tp] = self.clock()
+        return self.intake.arrive(tp, offset, event)
+
+    async def _fill_holes(self) -> None:
+        """Check where the consumer started on new partitions, open holes for stalled ones, read the holes' records
+        and handle what may go, each partition's records **at once** after its read (before the next await: a record
+        Faust delivers meanwhile comes after them; handled later, it went first, and the sequencer then dropped the
+        earlier one as logged)."""
+        if self.start_offsets is not None:
+            tps = self.intake.unstarted()
+            if tps:
+                starts = await self.start_offsets(tps)
+                for tp in tps:
+                    if starts.get(tp) is not None:
+                        for ev in self.intake.start(tp, starts[tp]):
+                            self._handle(ev)
+        if self.end_of is not None:
+            now = self.clock()
+            for tp, nxt in list(self.intake.next.items()):
+                if now - self._arrived_at.get(tp, now) >= STALL_S:
+                    end = self.end_of(tp)
+                    if end is not None and end > nxt:
+                        self.intake.stalled(tp, end)
+                        self._arrived_at[tp] = now  # once per STALL_S
+        if self.fetch is not None:
+            for tp, (lo, hi) in self.intake.missing().items():
+                records = await self.fetch(tp, lo, hi) if hi > lo else []
+                had = self.intake.held_offsets(tp)
+                n = sum(1 for r in records if r.message.offset not in had)
+                if n:
+                    log.warning("worker: %s[%d]: %d record(s) at offsets %d..%d were not handed over by Faust's consumer "
+                                "(skipped around a rebalance); read directly", tp.topic, tp.partition, n, lo, hi - 1)
+                self.counts["read_directly"] += n
+                for ev in self.intake.fill(tp, [(r.message.offset, r) for r in records]):
+                    self._handle(ev)
+
+
 def _key_bytes(key) -> Optional[bytes]:
     if key is None or isinstance(key, bytes):
         return key
     return key.encode() if isinstance(key, str) else bytes(key)
 
 
-class SequencerStage:
+class SequencerStage(Continuity):
     """The sequencer outside Faust: buffers, the per-pool `SeqState`, the log writes and their checkpoint.
 
     `load(pool, event)` / `store(pool, json_bytes, event)` read and write the `sequencer-state` table;
@@ -210,8 +293,10 @@ class SequencerStage:
     everything up to the high watermark of `tp` was received."""
 
     def __init__(self, settings: WorkerSettings, *, load, store, send: SendFn, caught_up: Callable[[TP], bool],
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, commit=ack_events, fetch=None, start_offsets=None,
+                 end_of=None):
         self.settings = settings
+        self.commit = commit  # async (events) -> None: commit the offsets of these records (in order per partition)
         self.seq = Sequencer(INPUT_TOPICS, wait_ms=settings.sequencer_wait_ms)
         self.load, self.store, self.send, self.caught_up, self.clock = load, store, send, caught_up, clock
         self.states: dict[str, SeqState] = {}
@@ -223,18 +308,27 @@ class SequencerStage:
         self._last_checkpoint = 0.0
         self._ckpt: Optional[asyncio.Future] = None
         self._captured: tuple[list, dict, list] = ([], {}, [])  # what the last checkpoint started took (carry_back)
-        self._reread: dict[TP, int] = {}  # topic-partition -> lowest offset read again since that checkpoint began
         self.halted: Callable[[], bool] = lambda: False  # the app: Faust is rebalancing
         self.lock = asyncio.Lock()
         self._pending_dead: list = []  # (pool, tp, offset, item): sequencer dead letters not sent yet
         self.counts = {"received": 0, "logged": 0, "log_records": 0, "dropped_logged": 0, "forced": 0, "late": 0,
-                       "dead_letters": 0, "checkpoints": 0}
+                       "dead_letters": 0, "checkpoints": 0, "delivered_again": 0}
+        self._init_continuity(fetch, start_offsets, end_of)
 
     def receive(self, event) -> None:
+        """A record Faust delivered: handled in offset order, after the records of a hole before it (`Intake`)."""
         m = event.message
         tp = TP(m.topic, m.partition)
-        if m.offset < self.received_next.get(tp, -1):
-            self._restart_tp(tp, m.offset)
+        if m.offset < self.intake.next.get(tp, -1):
+            self.counts["delivered_again"] += 1  # Faust's seek to the committed offset: a record this stage has
+            return                               # (handled, or held after a hole); handled once, committed once
+        for ev in self._arrive(tp, m.offset, event):
+            self._handle(ev)
+
+    def _handle(self, event) -> None:
+        m = event.message
+        tp = TP(m.topic, m.partition)
+        _in_order(self.received_next, tp, m.offset)
         self.received_next[tp] = m.offset + 1
         self.gate.received(tp, m.offset, event)
         self.counts["received"] += 1
@@ -247,21 +341,6 @@ class SequencerStage:
             return
         self.seq.push(key.decode("utf-8"), tp, m.offset, stamp_of(m.headers), self.clock(),
                       (event, key, value, ts_ms, list(m.headers or ())))
-
-    def _restart_tp(self, tp: TP, offset: int) -> None:
-        """The consumer reads `tp` again from an earlier offset (Faust seeks to the committed offset after a
-        rebalance or a recovery, and may deliver the last record it delivered once more): forget what is
-        buffered or waits for a checkpoint from `tp` **at or after that offset** (it comes again). What was
-        received before it stays: it is not read again, and dropping it lost it (its successors then waited for it
-        and went "forced"; the failover test's loss). What was logged is in the state (dropped when read again)."""
-        held = sorted(h.offset for bufs in self.seq._buf.values() for h in bufs.get(tp, ()))
-        log.warning("sequencer: %s[%d] read again from offset %d (received up to %d; buffered: %s)", tp.topic,
-                    tp.partition, offset, self.received_next.get(tp, -1) - 1, f"{held[0]}..{held[-1]}" if held else "-")
-        self._reread[tp] = min(offset, self._reread.get(tp, offset))
-        self.seq.drop_tp(tp, offset)
-        self.gate.drop_tp(tp, offset)
-        self._done = [(t, o) for t, o in self._done if t != tp or o < offset]
-        self._pending_dead = [d for d in self._pending_dead if d[1] != tp or d[2] < offset]
 
     def _bad_key(self, key: Optional[bytes], value: bytes, partition: int) -> Optional[str]:
         """Why a record cannot be sequenced under its key, or None. (A body that does not parse is logged: the
@@ -304,6 +383,7 @@ class SequencerStage:
             return await self._drain()
 
     async def _drain(self) -> int:
+        await self._fill_holes()
         now = self.clock()
         n = 0
         if self._pending_dead:
@@ -356,7 +436,7 @@ class SequencerStage:
             touched, self._touched = self._touched, {}
             values = {pool: orjson.dumps(self.states[pool].to_dict()) for pool in touched}
             done, self._done = self._done, []
-            self._captured, self._reread = (inflight, touched, done), {}
+            self._captured = (inflight, touched, done)
             self._ckpt = asyncio.ensure_future(self._checkpoint(inflight, touched, values, done))
             self._last_checkpoint = now
         return n
@@ -370,9 +450,9 @@ class SequencerStage:
         await durable(written)
         if self.halted():  # a rebalance began while the table writes went out: ack nothing
             return carry_back(self)
-        for tp, offset in done:
-            for ev in self.gate.done(tp, offset):
-                ev.ack()
+        acks = [ev for tp, offset in done for ev in self.gate.done(tp, offset)]
+        if acks:
+            await self.commit(acks)
         self.counts["checkpoints"] += 1
 
     async def settle(self) -> None:
@@ -391,11 +471,8 @@ class SequencerStage:
     def acks_pending(self) -> list:
         return self._done
 
-    @staticmethod
-    def ack_position(item) -> tuple[TP, int]:
-        return item
-
     def forget_partitions(self, partitions: set[int]) -> None:
+        self.intake.forget(partitions)
         for part in partitions:
             self.seq.drop_partition(part)
             self.gate.drop_partition(part)
@@ -434,13 +511,12 @@ async def durable(written: list) -> None:
 def carry_back(stage) -> None:
     """What a checkpoint stopped by a rebalance (cancelled by `abandon`, or returning on `halted`) took goes back to
     the next checkpoint: the deliveries it had not seen acknowledged, the pools whose states it did not write, the
-    records it did not ack. Faust does not revoke the partitions that stay with the worker, so the live states of
-    their pools are kept, holding records no table write holds yet; and Faust may or may not read those records
-    again (a record read again is dropped as already done, and forgotten from these lists: `receive`). So the next
-    checkpoint writes those pools' states and waits for those outputs before it acks anything; else offsets were
-    committed over an older table state (Faust commits past a record never acked once a later one is acked), and
-    a kill -9 made the next owner skip records for good. Pools of revoked partitions are dropped after this
-    (`forget_partitions`), and a pool no longer live is not carried."""
+    records it did not commit. A partition that is not revoked keeps its pools' live states, holding records no
+    table write holds yet (a record Faust delivers again is dropped: the stage has it). So the next checkpoint
+    writes those pools' states and waits for those outputs before it commits anything; else offsets were committed
+    over an older table state, and a kill -9 made the next owner skip records for good. Pools of revoked
+    partitions are dropped after this (`forget_partitions`; aiokafka's eager rebalances revoke them all), and a
+    pool no longer live is not carried."""
     inflight, touched, acks = stage._captured
     stage._captured = ([], {}, [])
     stage._inflight[:0] = inflight
@@ -448,12 +524,7 @@ def carry_back(stage) -> None:
     for pool, last in touched.items():
         if pool in live:
             stage._touched.setdefault(pool, last)
-    reread = stage._reread  # a record read again since the capture comes again: its old ack must not go too
-
-    def kept(item) -> bool:
-        tp, offset = stage.ack_position(item)
-        return offset < reread.get(tp, offset + 1)
-    stage.acks_pending()[:0] = [a for a in acks if kept(a)]
+    stage.acks_pending()[:0] = acks
 
 
 async def abandon_checkpoint(ckpt: Optional[asyncio.Future]) -> None:
@@ -489,7 +560,7 @@ def _origin(headers) -> Optional[tuple[str, int, int, int]]:
         return None
 
 
-class PoolWorker:
+class PoolWorker(Continuity):
     """The fold outside Faust: the records read from `chipledger.log`, the live `PoolState`s and the drain.
 
     `load(pool, pending)` / `store(pool, json_bytes, pending)` read and write the table; `send(topic, key, value)`
@@ -497,8 +568,10 @@ class PoolWorker:
     unit tests. `fold_one` is the fold of one record: everything a record does goes through it."""
 
     def __init__(self, settings: WorkerSettings, *, load, store, send: SendFn,
-                 clock: Callable[[], float] = time.monotonic, caught_up=None):
+                 clock: Callable[[], float] = time.monotonic, caught_up=None, commit=ack_events, fetch=None,
+                 start_offsets=None, end_of=None):
         self.settings = settings
+        self.commit = commit  # async (events) -> None: commit the offsets of these log records
         self.queue: list[Pending] = []  # read from the log, not folded yet (log order per partition)
         self.load, self.store, self.send, self.clock = load, store, send, clock
         self.pools: dict[str, PoolState] = {}  # live states of the pools seen since start
@@ -509,29 +582,32 @@ class PoolWorker:
         self._last_checkpoint = 0.0
         self.received_next: dict[TP, int] = {}
         self.counts = {"received": 0, "not_sequenced": 0, "applied": 0, "duplicates": 0, "dead_letters": 0, "skipped": 0,
-                       "ticks": 0, "batches": 0, "checkpoints": 0, "full_collections": 0}
+                       "ticks": 0, "batches": 0, "checkpoints": 0, "full_collections": 0, "delivered_again": 0}
         self._lock = asyncio.Lock()
         self._ckpt: Optional[asyncio.Future] = None  # the checkpoint in progress
         self._captured: tuple[list, dict, list] = ([], {}, [])  # what the last checkpoint started took (carry_back)
-        self._reread: dict[TP, int] = {}  # log topic-partition -> lowest offset read again since that checkpoint began
         self.halted: Callable[[], bool] = lambda: False  # the app: Faust is rebalancing
         self._last_full_gc = float("-inf")
         # a streams.metrics.MetricsCollector (--metrics-port): it reads the states at a scrape; the worker hands it
         # each drain's fold time and the dead letters no pool state counts
         self.metrics = None
+        self._init_continuity(fetch, start_offsets, end_of)
 
     # --- in ---------------------------------------------------------------------------------------------
     def receive(self, event) -> None:
         """A record of `chipledger.log`: the input record's bytes, key and origin (headers)."""
         m = event.message
         ltp = TP(m.topic, m.partition)
-        if m.offset < self.received_next.get(ltp, -1):  # read again from an earlier offset (see SequencerStage)
-            self._reread[ltp] = min(m.offset, self._reread.get(ltp, m.offset))
-            def kept(p: Pending) -> bool:  # what comes again is forgotten; what came before it is not read again
-                pm = p.event.message
-                return (pm.topic, pm.partition) != ltp or pm.offset < m.offset
-            self.queue = [p for p in self.queue if kept(p)]
-            self._unacked = [p for p in self._unacked if kept(p)]
+        if m.offset < self.intake.next.get(ltp, -1):  # delivered again (see SequencerStage.receive): it has it
+            self.counts["delivered_again"] += 1
+            return
+        for ev in self._arrive(ltp, m.offset, event):  # in offset order, a hole's records read directly first
+            self._handle(ev)
+
+    def _handle(self, event) -> None:
+        m = event.message
+        ltp = TP(m.topic, m.partition)
+        _in_order(self.received_next, ltp, m.offset)
         self.received_next[ltp] = m.offset + 1
         key = _key_bytes(m.key) or b""
         value = m.value if isinstance(m.value, bytes) else (m.value or b"")
@@ -560,6 +636,7 @@ class PoolWorker:
         """Fold what the merge releases and send its outputs (not waiting for them); start a checkpoint when one
         is due and none is in progress (`settle` waits for it). Returns the number of records folded."""
         async with self._lock:
+            await self._fill_holes()
             now = self.clock()
             todo, self.queue = self.queue, []
             out: dict[tuple[str, str], list] = {}  # (output topic, pool) -> items, in fold order
@@ -586,7 +663,7 @@ class PoolWorker:
                     (now - self._last_checkpoint) * 1000 >= self.settings.checkpoint_interval_ms
                     or len(self._unacked) >= CHECKPOINT_RECORDS_MAX):
                 captured = self._capture()
-                self._captured, self._reread = (captured[0], captured[1], captured[3]), {}
+                self._captured = (captured[0], captured[1], captured[3])
                 self._ckpt = asyncio.ensure_future(self._checkpoint(*captured))
                 self._last_checkpoint = now
                 if self.settings.freeze_gc:
@@ -647,9 +724,9 @@ class PoolWorker:
         await durable(written)
         if self.halted():  # a rebalance began while the table writes went out: ack nothing
             return carry_back(self)
-        for p in unacked:
-            if p.last_of_record:
-                p.event.ack()
+        acks = [p.event for p in unacked if p.last_of_record]
+        if acks:
+            await self.commit(acks)
         self.counts["checkpoints"] += 1
 
     def fold_one(self, key_pool: str, p: Pending) -> list[tuple[str, dict]]:
@@ -725,11 +802,6 @@ class PoolWorker:
     def acks_pending(self) -> list:
         return self._unacked
 
-    @staticmethod
-    def ack_position(item: Pending) -> tuple[TP, int]:
-        m = item.event.message
-        return TP(m.topic, m.partition), m.offset
-
     def forget_partitions(self, partitions: set[int]) -> None:
         """Partitions revoked: drop their queued records and live states (the new owner reads the table)."""
         gone = [p for p in self.pools if key_partition(p.encode(), self.settings.partitions) in partitions]
@@ -741,6 +813,7 @@ class PoolWorker:
         self._unacked = [p for p in self._unacked if p.event.message.partition not in partitions]
         for tp in [tp for tp in self.received_next if tp[1] in partitions]:
             del self.received_next[tp]
+        self.intake.forget(partitions)
 
 
 # -------------------------------------------------------------------------------------------------------------
@@ -749,6 +822,88 @@ class PoolWorker:
 
 CONSUMER_MAX_FETCH_BYTES = 8 << 20  # per partition and fetch (Faust's default, 1 MiB, makes more round trips)
 MAX_REQUEST_BYTES = 8 << 20  # a log record (an input up to the broker's limit + headers) or a dead letter of one
+
+
+READ_TIMEOUT_S = 5.0  # the longest a drain waits for a direct read (below the rebalance timeout, 12 s)
+
+
+class DirectReader:
+    """Reads records of the worker's input and log topics from Kafka itself, outside Faust's consumer: the records
+    Faust skipped (`streams.sequencer.Intake`), and where the group's consumer started on a partition (its committed
+    offset, or the partition's first offset when none is committed). One aiokafka consumer with the worker's
+    connection and group id, assigned by hand: it never joins the group and never commits."""
+
+    def __init__(self, settings: WorkerSettings):
+        self.settings = settings
+        self._consumer = None
+        self._lock = asyncio.Lock()
+
+    async def _client(self):
+        if self._consumer is None:
+            from aiokafka import AIOKafkaConsumer
+
+            c = AIOKafkaConsumer(group_id=self.settings.app_id, enable_auto_commit=False,
+                                 auto_offset_reset="earliest", max_partition_fetch_bytes=CONSUMER_MAX_FETCH_BYTES,
+                                 fetch_max_bytes=CONSUMER_MAX_FETCH_BYTES, **self.settings.connection().aiokafka())
+            await c.start()
+            self._consumer = c
+        return self._consumer
+
+    async def start_offsets(self, tps) -> dict:
+        """{tp: offset}; {} when Kafka does not answer within READ_TIMEOUT_S (the stage asks again at its next drain:
+        a drain must not hold its stage's lock long, a rebalance waits for it)."""
+        try:
+            return await asyncio.wait_for(self._start_offsets(tps), READ_TIMEOUT_S)
+        except (asyncio.TimeoutError, KafkaError) as exc:
+            log.warning("worker: where the consumer started on %d partition(s) is not known yet: %r", len(tps), exc)
+            return {}
+
+    async def _start_offsets(self, tps) -> dict:
+        from aiokafka import TopicPartition
+
+        async with self._lock:
+            c = await self._client()
+            out = {}
+            ktps = [TopicPartition(tp.topic, tp.partition) for tp in tps]
+            c.assign(ktps)
+            first = await c.beginning_offsets(ktps)
+            for tp, ktp in zip(tps, ktps):
+                committed = await c.committed(ktp)
+                out[tp] = committed if committed is not None else first.get(ktp)
+            return out
+
+    async def read(self, tp: TP, lo: int, hi: int) -> list:
+        """The records of `tp` at offsets lo..hi-1 (those the partition still holds), as `Fetched` events; what came
+        within READ_TIMEOUT_S (the stage reads the rest at its next drain)."""
+        out: list = []
+        try:
+            await asyncio.wait_for(self._read(tp, lo, hi, out), READ_TIMEOUT_S)
+        except (asyncio.TimeoutError, KafkaError) as exc:
+            log.warning("worker: reading %s[%d] %d..%d directly: %r (read %d)", tp.topic, tp.partition, lo, hi - 1,
+                        exc, len(out))
+        return out
+
+    async def _read(self, tp: TP, lo: int, hi: int, out: list) -> None:
+        from aiokafka import TopicPartition
+
+        async with self._lock:
+            c = await self._client()
+            ktp = TopicPartition(tp.topic, tp.partition)
+            c.assign([ktp])
+            c.seek(ktp, lo)
+            while True:
+                got = await c.getmany(ktp, timeout_ms=500)
+                for r in got.get(ktp, ()):
+                    if lo <= r.offset < hi:
+                        out.append(Fetched(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp / 1000,
+                                           r.headers))
+                if (out and out[-1].message.offset >= hi - 1) or await c.position(ktp) >= hi:
+                    return
+
+    async def close(self) -> None:
+        if self._consumer is not None:
+            c, self._consumer = self._consumer, None
+            await c.stop()
 
 
 def faust_settings(settings: WorkerSettings) -> dict:
@@ -809,8 +964,10 @@ def make_app(settings: WorkerSettings):
     table = app.Table(TABLE_NAME, partitions=settings.partitions, key_type=bytes, value_type=bytes)
     seq_table = app.Table(SEQ_TABLE_NAME, partitions=settings.partitions, key_type=bytes, value_type=bytes)
     raw = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
-    topics = {name: app.topic(name, **raw) for name in INPUT_TOPICS}
-    log_topic = app.topic(TOPIC_LOG, **raw)
+    # acks off: the stages commit their offsets themselves (`commit` below), never Faust: its stream acks records it
+    # skips around a rebalance without handing them over (see streams.sequencer.Intake)
+    topics = {name: app.topic(name, acks=False, **raw) for name in INPUT_TOPICS}
+    log_topic = app.topic(TOPIC_LOG, acks=False, **raw)
     consumer_positions: dict[TP, int] = {}
 
     def in_context(event):
@@ -865,14 +1022,40 @@ def make_app(settings: WorkerSettings):
             return False
         if hw is None:
             return False
+        if sequencer.intake.holds(tp):  # records of it wait for a hole before them to be read
+            return False
         pos = sequencer.received_next.get(tp, consumer_positions.get(tp))
         return pos is not None and pos >= hw
 
+    async def commit(events: list) -> None:
+        """Commit the offsets after these records (each stage hands them over in offset order per partition, with
+        no offset left out: `Intake`, `AckGate`), through Faust's consumer (its group generation)."""
+        from faust.types import TP as FaustTP
+
+        offsets: dict = {}
+        for ev in events:
+            m = ev.message
+            tp = FaustTP(m.topic, m.partition)
+            offsets[tp] = max(offsets.get(tp, 0), m.offset + 1)
+        await app.consumer._commit_offsets(offsets)
+
+    def end_of(tp: TP) -> Optional[int]:
+        try:
+            return app.consumer.highwater(tp)
+        except Exception:  # noqa: BLE001 - not assigned (any more)
+            return None
+
+    reader = DirectReader(settings)
+    direct = dict(commit=commit, fetch=reader.read, start_offsets=reader.start_offsets, end_of=end_of)
     sequencer = SequencerStage(settings, load=lambda pool, ev: table_get(seq_table, SEQ_TABLE_NAME, pool, ev),
                                store=lambda pool, v, ev: table_set(seq_table, pool, v, ev), send=send,
-                               caught_up=caught_up)
+                               caught_up=caught_up, **direct)
     worker = PoolWorker(settings, load=lambda pool, p: table_get(table, TABLE_NAME, pool, p.event),
-                        store=lambda pool, v, p: table_set(table, pool, v, p.event), send=send)
+                        store=lambda pool, v, p: table_set(table, pool, v, p.event), send=send, **direct)
+
+    @app.on_before_shutdown.connect
+    async def close_reader(app_, **kwargs):
+        await reader.close()
     app.chipledger = worker  # for tests and the CLI
     app.sequencer = sequencer
     worker.halted = sequencer.halted = lambda: bool(getattr(app, "rebalancing", False))

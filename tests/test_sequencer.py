@@ -66,6 +66,10 @@ def test_a_predecessor_that_never_comes_is_waited_for_then_released_as_forced_an
     s.push("a", C, 0, Stamp("p", 2, 1), 2.0, "second")
     (r,) = s.release("a", st, 2.0)
     assert (r.item, r.note) == ("second", "late")
+    # the late record does not lower the last seq: the producer's next record (after 3) goes at once, not forced
+    assert st.last == {"p": 3}
+    s.push("a", J, 1, Stamp("p", 4, 3), 2.0, "fourth")
+    assert [(r.item, r.note) for r in s.release("a", st, 2.0, caught_up=lambda tp: False)] == [("fourth", None)]
 
 
 def test_foreign_records_go_in_offset_order_as_read_and_timestamps_play_no_part():
@@ -106,3 +110,58 @@ def test_the_ack_gate_acks_a_topic_partition_in_offset_order_only():
     assert g.done(J, 1) == [] and g.done(J, 2) == []  # offset 0 is still held (in a buffer)
     assert g.done(J, 0) == [0, 1, 2]
     assert g.done(J, 3) == [3]
+
+
+def test_the_intake_holds_records_after_a_hole_until_the_holes_records_are_read():
+    from streams.sequencer import Intake
+
+    it = Intake()
+    assert it.arrive(J, 0, "j0") == ["j0"] and it.arrive(J, 1, "j1") == ["j1"]
+    assert it.arrive(J, 3, "j3") == [] and it.arrive(J, 5, "j5") == []  # 2 and 4 never handed over
+    assert it.missing() == {J: (2, 5)} and it.holds(J) and not it.holds(Q)
+    assert it.fill(J, [(2, "j2*")]) == [] and it.missing() == {J: (4, 5)}  # 4 still missing: wait
+    assert it.fill(J, [(3, "j3*"), (4, "j4*")]) == ["j2*", "j3", "j4*", "j5"]  # handed-over records are kept
+    assert it.arrive(J, 6, "j6") == ["j6"] and not it.missing()
+
+
+def test_the_intake_checks_the_start_and_a_partition_not_read_to_its_end():
+    from streams.sequencer import Intake
+
+    it = Intake(check_start=True)
+    assert it.arrive(J, 7, "j7") == [] and it.unstarted() == {J}
+    assert it.start(J, 5) == [] and it.missing() == {J: (5, 7)}  # committed at 5: 5 and 6 were skipped
+    assert it.fill(J, [(5, "j5"), (6, "j6")]) == ["j5", "j6", "j7"]
+    assert it.arrive(Q, 0, "q0") == [] and it.start(Q, 0) == ["q0"]  # started where it was committed
+    it.stalled(Q, 3)  # the end is at 3, nothing came after q0
+    assert it.missing() == {Q: (1, 3)} and it.fill(Q, [(1, "q1"), (2, "q2")]) == ["q1", "q2"]
+    assert it.next[Q] == 3  # Faust handing them over after all is a delivery again: the stage drops it
+
+
+def test_the_intake_forgets_the_partitions_revoked():
+    from streams.sequencer import Intake
+
+    it = Intake()
+    it.arrive(J, 0, "j0")
+    assert it.arrive(J, 4, "j4") == [] and it.missing() == {J: (1, 4)}
+    it.forget({0})  # revoked: the next owner reads from the committed offset
+    assert not it.missing() and J not in it.next and it.arrive(J, 1, "j1") == ["j1"]
+
+
+def test_the_intake_finds_a_hole_among_the_records_held_before_the_start_is_known():
+    from streams.sequencer import Intake
+
+    it = Intake(check_start=True)
+    assert it.arrive(J, 4, "j4") == [] and it.arrive(J, 6, "j6") == []  # 5 skipped while the start was asked
+    assert it.start(J, 4) == [] and it.missing() == {J: (5, 6)}
+    assert it.fill(J, [(5, "j5")]) == ["j4", "j5", "j6"]
+
+
+def test_the_intake_keeps_what_each_partial_read_brought():
+    from streams.sequencer import Intake
+
+    it = Intake()
+    it.arrive(J, 0, "j0")
+    assert it.arrive(J, 9, "j9") == []  # 1..8 missing
+    assert it.fill(J, [(1, "j1"), (2, "j2")]) == [] and it.missing() == {J: (3, 9)}
+    assert it.fill(J, [(3, "j3"), (5, "j5")]) == [] and it.missing() == {J: (4, 9)}
+    assert it.fill(J, [(4, "j4"), (6, "j6"), (7, "j7"), (8, "j8")]) == [f"j{i}" for i in range(1, 10)]

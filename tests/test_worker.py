@@ -487,7 +487,9 @@ def test_a_topic_partition_read_again_keeps_what_came_before_the_offset_it_resta
     assert sorted(a[1:] for a in acked) == sorted([("chipledger.jobs", o) for o in range(4)] + [("chipledger.quota", 0)])
 
 
-def test_the_fold_keeps_the_log_records_before_the_offset_it_reads_again_from():
+def test_a_log_record_delivered_again_is_dropped_folded_once_and_committed_once():
+    """Faust delivers records again after its seek to the committed offset (a recovery), often only its last one:
+    the stage has them (handled, or held after a hole), so the second delivery is dropped."""
     h = Harness()
     evs = h.feed(_valid_lines()[:6])
     for ev in evs:
@@ -497,7 +499,8 @@ def test_the_fold_keeps_the_log_records_before_the_offset_it_reads_again_from():
         h.worker.receive(ev)
     h.drain()
     assert [r[0] for r in h.rows("events")] == [validate(line).event_id for line in _valid_lines()[:6]]
-    assert all(ev.acked for ev in evs[:4] + again)
+    assert all(ev.acked for ev in evs) and not any(ev.acked for ev in again)
+    assert h.worker.counts["delivered_again"] == 2
 
 
 @pytest.mark.parametrize("abandoned", [True, False], ids=["checkpoint-cancelled", "checkpoint-returned-halted"])
@@ -560,16 +563,17 @@ def test_records_read_again_after_a_checkpoint_a_rebalance_stopped_are_acked_onl
         if abandoned:  # the next checkpoint waits for the outputs the cancelled one did not see delivered
             for _ in range(20):
                 await asyncio.sleep(0)
-            assert not any(ev.acked for ev in again), "acked before the earlier outputs were delivered"
+            assert not any(ev.acked for ev in first), "acked before the earlier outputs were delivered"
             for f in held:
                 f.set_result(None)
         await h.worker.settle()
         await stage.settle()
-        return again, again_in
+        return first + first_in, again + again_in
 
-    again, again_in = asyncio.run(go())
-    assert h.worker.counts["skipped"] == len(lines) and stage.counts["dropped_logged"] == len(lines)
-    assert all(ev.acked for ev in again + again_in)
+    first, again = asyncio.run(go())
+    # delivered again: dropped (each stage has them); the first deliveries are committed by the next checkpoint
+    assert h.worker.counts["delivered_again"] == len(lines) and stage.counts["delivered_again"] == len(lines)
+    assert all(ev.acked for ev in first) and not any(ev.acked for ev in again)
     # the tables hold what the acks committed: a next owner neither skips nor refolds anything
     assert orjson.loads(h.table["lab/a100"]) == h.worker.pools["lab/a100"].to_dict()
     assert PoolState.from_dict(orjson.loads(h.table["lab/a100"])).positions == h.worker.pools["lab/a100"].positions
@@ -609,10 +613,9 @@ def test_a_checkpoint_a_rebalance_stopped_hands_its_states_and_acks_to_the_next_
     assert kinds.index("state") < kinds.index("ack")
 
 
-def test_records_read_again_while_a_stopped_checkpoint_waited_are_acked_once_by_their_new_delivery():
-    """The rebalance's re-read can come while the stopped checkpoint still waits for its table write: what it hands
-    back must leave out what came again (acking the old delivery too would ack an offset twice, or before the
-    new delivery of the record is done)."""
+def test_records_delivered_again_while_a_stopped_checkpoint_waited_are_acked_once_by_their_first_delivery():
+    """A second delivery can come while the stopped checkpoint still waits for its table write: it is dropped, and
+    what the checkpoint hands back is acked once, by the next checkpoint (never twice, never before it is done)."""
     h = Harness()
     deliveries: list = []
 
@@ -650,4 +653,144 @@ def test_records_read_again_while_a_stopped_checkpoint_waited_are_acked_once_by_
         await h.worker.settle()
 
     asyncio.run(go())
-    assert not any(ev.acked for ev in old) and all(ev.acked for ev in new)
+    assert all(ev.acked for ev in old) and not any(ev.acked for ev in new)  # the first delivery, once
+
+
+def test_records_faust_skipped_are_read_directly_and_sequenced_in_order_with_no_commit_past_them():
+    """Faust's stream skips (and acks) a record it dequeues while the consumer's generation changed or its flow
+    is suspended, and does not deliver it again (the failover test: `jobs[5]@1673` never reached the sequencer, its
+    successor waited 60 s and went `forced`). The stage sees the hole in the offsets, and at the start of an
+    assignment the one between the committed offset and its first record, reads those records itself, and commits
+    nothing past a record it has not handled."""
+    from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, TP, key_partition, unpack_batch
+    from streams.worker import SequencerStage
+
+    sent, committed, reads = [], [], []
+
+    async def send(topic, key, value, headers=None):
+        sent.append((topic, value))
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+    part = key_partition(b"lab/a100", 3)
+    values = [canonical_value(validate(line)) for line in _valid_lines()[:6]]
+
+    def ev(topic, offset, seq):
+        e = Ev(topic, part, offset, b"lab/a100", values[seq - 1], 1.0,
+               [(HEADER_PRODUCER, b"p"), (HEADER_SEQ, str(seq).encode()), (HEADER_PREV, str(seq - 1).encode())])
+        e.log = []
+        return e
+
+    # in Kafka: quota@0 = seq 1, jobs@0..4 = seq 2..6
+    kafka = {("chipledger.quota", 0): ev("chipledger.quota", 0, 1)}
+    kafka.update({("chipledger.jobs", off): ev("chipledger.jobs", off, off + 2) for off in range(5)})
+
+    async def fetch(tp, lo, hi):
+        reads.append((tp.topic, lo, hi))
+        return [kafka[(tp.topic, o)] for o in range(lo, hi) if (tp.topic, o) in kafka]
+
+    async def start_offsets(tps):  # the group's committed offsets: nothing committed yet
+        return {tp: 0 for tp in tps}
+
+    async def commit(events):
+        committed.extend((e.message.topic, e.message.offset) for e in events)
+
+    now = [0.0]
+    stage = SequencerStage(WorkerSettings(checkpoint_interval_ms=0, partitions=3, sequencer_wait_ms=1000),
+                           load=lambda pool, e: None, store=lambda pool, v, e: None, send=send,
+                           caught_up=lambda tp: True, clock=lambda: now[0], commit=commit, fetch=fetch,
+                           start_offsets=start_offsets)
+
+    async def go():
+        # Faust hands over jobs@1, jobs@3, jobs@4 and quota@0: jobs@0 (before the first record) and jobs@2 (a hole)
+        # were skipped
+        for topic, off in (("chipledger.jobs", 1), ("chipledger.jobs", 3), ("chipledger.quota", 0),
+                           ("chipledger.jobs", 4)):
+            stage.receive(kafka[(topic, off)])
+        now[0] += 5  # past sequencer_wait_ms: a record lost for good would now let its successor go "forced"
+        await stage.drain()
+        await stage.settle()
+    asyncio.run(go())
+    logged = [e.value for t, v in sent if t == "chipledger.log" for e in unpack_batch(v)]
+    assert logged == values and stage.counts["forced"] == 0 and stage.counts["late"] == 0
+    assert reads == [("chipledger.jobs", 0, 4)]  # both holes at once (what Faust handed over is kept)
+    assert stage.counts["read_directly"] == 2
+    # every record committed once, per topic-partition in offset order: none passed before it was handled
+    assert [o for t, o in committed if t == "chipledger.jobs"] == [0, 1, 2, 3, 4]
+    assert [o for t, o in committed if t == "chipledger.quota"] == [0]
+    assert not stage.intake.holds(TP("chipledger.jobs", part))
+
+
+def test_the_fold_reads_a_log_record_faust_skipped_and_folds_everything_once_in_log_order():
+    h = Harness()
+    evs = h.feed(_valid_lines()[:6])
+    reads = []
+
+    async def fetch(tp, lo, hi):
+        reads.append((lo, hi))
+        return [e for e in evs if lo <= e.message.offset < hi]
+
+    h.worker.fetch = fetch
+    for ev in evs[:2] + evs[4:]:  # log offsets 2 and 3 never handed over
+        h.worker.receive(ev)
+    h.drain()
+    assert reads == [(2, 5)]  # up to the last record held after the hole
+    assert [r[0] for r in h.rows("events")] == [validate(line).event_id for line in _valid_lines()[:6]]
+    assert all(ev.acked for ev in evs) and h.worker.counts["read_directly"] == 2
+
+
+def test_a_record_delivered_while_another_partitions_hole_is_read_goes_after_the_records_read_before_it():
+    """Holes in two topic-partitions: the first one's records are handled as soon as they are read, not after the
+    second one's read; a record Faust delivers during that second read comes after them (handled before them, it
+    went first, and the sequencer then dropped the earlier record as already logged: a live-test failure)."""
+    from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, key_partition, unpack_batch
+    from streams.worker import SequencerStage
+
+    sent = []
+
+    async def send(topic, key, value, headers=None):
+        sent.append((topic, value))
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+    part = key_partition(b"lab/a100", 3)
+    values = [canonical_value(validate(line)) for line in _valid_lines()[:6]]
+
+    def ev(topic, offset, seq):
+        e = Ev(topic, part, offset, b"lab/a100", values[seq - 1], 1.0,
+               [(HEADER_PRODUCER, b"p"), (HEADER_SEQ, str(seq).encode()), (HEADER_PREV, str(seq - 1).encode())])
+        e.log = []
+        return e
+
+    # quota@0..2 = seq 1, 3, 5; jobs@0..2 = seq 2, 4, 6
+    q = [ev("chipledger.quota", o, s) for o, s in enumerate((1, 3, 5))]
+    j = [ev("chipledger.jobs", o, s) for o, s in enumerate((2, 4, 6))]
+    stage = None
+
+    fetched = []
+
+    async def fetch(tp, lo, hi):
+        if fetched:  # Faust hands over the next record of the partition read first while the second is read
+            stage.receive((q if fetched[0] == "chipledger.quota" else j)[2])
+        fetched.append(tp.topic)
+        return [r for r in (q if tp.topic == "chipledger.quota" else j) if lo <= r.message.offset < hi]
+
+    async def start_offsets(tps):
+        return {tp: 0 for tp in tps}
+
+    stage = SequencerStage(WorkerSettings(checkpoint_interval_ms=0, partitions=3), load=lambda pool, e: None,
+                           store=lambda pool, v, e: None, send=send, caught_up=lambda tp: False, fetch=fetch,
+                           start_offsets=start_offsets)
+
+    async def go():
+        stage.receive(q[1])  # quota@0 skipped: a hole before the first record
+        stage.receive(j[1])  # jobs@0 too
+        await stage.drain()
+        stage.receive((j if fetched[0] == "chipledger.quota" else q)[2])
+        await stage.drain()
+        await stage.settle()
+    asyncio.run(go())
+    logged = [e.value for t, v in sent if t == "chipledger.log" for e in unpack_batch(v)]
+    assert logged == values and stage.counts["dropped_logged"] == 0 and stage.counts["forced"] == 0

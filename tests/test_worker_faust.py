@@ -5,6 +5,7 @@ into the real Faust table (JSON bytes of PoolState.to_dict())."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from pathlib import Path
 
 import orjson
@@ -12,7 +13,7 @@ import orjson
 from schemas import topic_for
 from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, key_partition, unpack_batch
 from streams.producer import canonical_value, validate
-from streams.worker import SEQ_TABLE_NAME, TABLE_NAME, WorkerSettings, make_app
+from streams.worker import SEQ_TABLE_NAME, TABLE_NAME, WorkerSettings, ack_events, make_app
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hand.jsonl"
 
@@ -40,6 +41,14 @@ def test_agents_buffer_and_the_drain_folds_into_the_faust_table(tmp_path):
 
     worker.send = app.sequencer.send = send
     app.sequencer.caught_up = lambda tp: True
+
+    async def start_offsets(tps):  # no broker: where the group's consumer starts (nothing committed: offset 0)
+        return {tp: 0 for tp in tps}
+
+    for stage in (app.sequencer, worker):
+        stage.start_offsets = start_offsets
+        stage.commit = ack_events  # no broker: each record's ack shows its offset would be committed
+        stage.fetch = stage.end_of = None  # and nothing to read directly (test_worker.py covers holes)
     table = app.tables[TABLE_NAME]
     agents = {a.channel.get_topic_name(): a for a in app.agents.values()}
     assert sorted(agents) == ["chipledger.chips", "chipledger.jobs", "chipledger.log", "chipledger.quota"]
@@ -53,6 +62,12 @@ def test_agents_buffer_and_the_drain_folds_into_the_faust_table(tmp_path):
             changelog.append(fut.message.channel.get_topic_name())
 
     changelog: list = []
+    offsets: Counter = Counter()
+
+    def next_offset(topic, key):
+        tp = (topic, key_partition(key, 3))
+        offsets[tp] += 1
+        return offsets[tp] - 1
 
     async def run():
         deliverer = asyncio.ensure_future(kafka_delivers_the_changelog())
@@ -73,10 +88,12 @@ def test_agents_buffer_and_the_drain_folds_into_the_faust_table(tmp_path):
             for topic in ("chipledger.chips", "chipledger.jobs", "chipledger.quota"):
                 for t, key, value, headers in puts:
                     if t == topic:
+                        by_topic[t].sent_offset = next_offset(t, key)  # Kafka's offsets: contiguous per partition
                         ev = await by_topic[t].put(value, key=key, partition=key_partition(key, 3), timestamp=1000.0,
                                                    headers=headers)
                         ev.ack = lambda ev=ev: acked.append(ev.message.offset)
-            assert app.sequencer.seq.buffered == len(evs)
+            # held until the drain knows where the consumer started (none missing before the first record)
+            assert app.sequencer.seq.buffered == 0 and app.sequencer.intake.unstarted()
             assert await app.sequencer.drain() == len(evs)
             await app.sequencer.settle()
             logged = [(k, v, h) for t, k, v, h in sent if t == "chipledger.log"]
@@ -86,6 +103,7 @@ def test_agents_buffer_and_the_drain_folds_into_the_faust_table(tmp_path):
             assert len(entries) == len(evs) and len(logged) < len(evs)  # batches of several
         async with agents["chipledger.log"].test_context() as lg:
             for key, value, headers in logged:
+                lg.sent_offset = next_offset("chipledger.log", key)
                 ev = await lg.put(value, key=key, partition=key_partition(key, 3), timestamp=1000.0, headers=headers)
                 ev.ack = lambda ev=ev: acked.append(("log", ev.message.offset))
             done = await worker.drain()
