@@ -656,16 +656,14 @@ def test_records_delivered_again_while_a_stopped_checkpoint_waited_are_acked_onc
     assert all(ev.acked for ev in old) and not any(ev.acked for ev in new)  # the first delivery, once
 
 
-def test_records_faust_skipped_are_read_directly_and_sequenced_in_order_with_no_commit_past_them():
-    """Faust's stream skips (and acks) a record it dequeues while the consumer's generation changed or its flow
-    is suspended, and does not deliver it again (the failover test: `jobs[5]@1673` never reached the sequencer, its
-    successor waited 60 s and went `forced`). The stage sees the hole in the offsets, and at the start of an
-    assignment the one between the committed offset and its first record, reads those records itself, and commits
-    nothing past a record it has not handled."""
-    from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, TP, key_partition, unpack_batch
-    from streams.worker import SequencerStage
 
-    sent, committed, reads = [], [], []
+def _one_producer_records():
+    """For the sequencer stage's tests: a list of what it sent and its `send`, pool lab/a100's partition of 3, and
+    the first six valid lines' events (canonical bytes, in seq order), and `ev(topic, offset, seq)`: an input record
+    of producer p stamped with seq and seq - 1."""
+    from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, key_partition
+
+    sent = []
 
     async def send(topic, key, value, headers=None):
         sent.append((topic, value))
@@ -681,6 +679,20 @@ def test_records_faust_skipped_are_read_directly_and_sequenced_in_order_with_no_
                [(HEADER_PRODUCER, b"p"), (HEADER_SEQ, str(seq).encode()), (HEADER_PREV, str(seq - 1).encode())])
         e.log = []
         return e
+
+    return sent, send, part, values, ev
+
+def test_records_faust_skipped_are_read_directly_and_sequenced_in_order_with_no_commit_past_them():
+    """Faust's stream skips (and acks) a record it dequeues while the consumer's generation changed or its flow
+    is suspended, and does not deliver it again (the failover test: `jobs[5]@1673` never reached the sequencer, its
+    successor waited 60 s and went `forced`). The stage sees the hole in the offsets, and at the start of an
+    assignment the one between the committed offset and its first record, reads those records itself, and commits
+    nothing past a record it has not handled."""
+    from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, TP, key_partition, unpack_batch
+    from streams.worker import SequencerStage
+
+    committed, reads = [], []
+    sent, send, part, values, ev = _one_producer_records()
 
     # in Kafka: quota@0 = seq 1, jobs@0..4 = seq 2..6
     kafka = {("chipledger.quota", 0): ev("chipledger.quota", 0, 1)}
@@ -747,22 +759,7 @@ def test_a_record_delivered_while_another_partitions_hole_is_read_goes_after_the
     from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, key_partition, unpack_batch
     from streams.worker import SequencerStage
 
-    sent = []
-
-    async def send(topic, key, value, headers=None):
-        sent.append((topic, value))
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_result(None)
-        return fut
-
-    part = key_partition(b"lab/a100", 3)
-    values = [canonical_value(validate(line)) for line in _valid_lines()[:6]]
-
-    def ev(topic, offset, seq):
-        e = Ev(topic, part, offset, b"lab/a100", values[seq - 1], 1.0,
-               [(HEADER_PRODUCER, b"p"), (HEADER_SEQ, str(seq).encode()), (HEADER_PREV, str(seq - 1).encode())])
-        e.log = []
-        return e
+    sent, send, part, values, ev = _one_producer_records()
 
     # quota@0..2 = seq 1, 3, 5; jobs@0..2 = seq 2, 4, 6
     q = [ev("chipledger.quota", o, s) for o, s in enumerate((1, 3, 5))]
