@@ -370,6 +370,16 @@ class Intake:
         self.next[tp] = max(self.next.get(tp, end), end)
         return self._release(tp)
 
+    def gone(self, tp: TP, first: int) -> tuple[int, list]:
+        """The partition's records below offset `first` are no longer in Kafka (retention ran, or records were
+        deleted): an open hole below it can never be read, so it is closed there. Returns how many offsets were
+        given up, and what may be handled now (as `fill`)."""
+        lo = self._lo.get(tp)
+        if lo is None or lo >= first:
+            return 0, []
+        self._lo[tp] = first
+        return first - lo, self.fill(tp, [])
+
     def _release(self, tp: TP) -> list:
         held = self._held.pop(tp, [])
         return [item for _, item in held]

@@ -235,11 +235,13 @@ class Continuity:
     skipped) read directly with `fetch(tp, lo, hi)`, the first records of an assignment checked against where the
     consumer started (`start_offsets(tps)`), a partition behind its end (`end_of(tp)`) for `STALL_S` read too."""
 
-    def _init_continuity(self, fetch, start_offsets, end_of) -> None:
+    def _init_continuity(self, fetch, start_offsets, end_of, first_of=None) -> None:
         self.fetch, self.start_offsets, self.end_of = fetch, start_offsets, end_of
+        self.first_of = first_of  # async (tp) -> the partition's first offset in Kafka (None: not known now)
         self.intake = Intake(check_start=start_offsets is not None)
         self._arrived_at: dict[TP, float] = {}
         self.counts.setdefault("read_directly", 0)
+        self.counts.setdefault("gone", 0)
 
     def _arrive(self, tp: TP, offset: int, event) -> list:
         self._arrived_at[tp] = self.clock()
@@ -277,6 +279,19 @@ class Continuity:
                 self.counts["read_directly"] += n
                 for ev in self.intake.fill(tp, [(r.message.offset, r) for r in records]):
                     self._handle(ev)
+                if hi > lo and self.first_of is not None and not any(r.message.offset == lo for r in records):
+                    # the hole's first record did not come: it may be gone (retention, deleted records), and
+                    # then it never will; the hole is closed at the partition's first offset, loudly
+                    first = await self.first_of(tp)
+                    if first is not None:
+                        n_gone, ready = self.intake.gone(tp, first)
+                        if n_gone:
+                            log.error("worker: %s[%d]: %d record(s) at offsets %d..%d are no longer in Kafka "
+                                      "(retention or deleted records) and were never handled: skipped", tp.topic,
+                                      tp.partition, n_gone, lo, first - 1)
+                            self.counts["gone"] += n_gone
+                        for ev in ready:
+                            self._handle(ev)
 
 
 def _key_bytes(key) -> Optional[bytes]:
@@ -294,7 +309,7 @@ class SequencerStage(Continuity):
 
     def __init__(self, settings: WorkerSettings, *, load, store, send: SendFn, caught_up: Callable[[TP], bool],
                  clock: Callable[[], float] = time.monotonic, commit=ack_events, fetch=None, start_offsets=None,
-                 end_of=None):
+                 end_of=None, first_of=None):
         self.settings = settings
         self.commit = commit  # async (events) -> None: commit the offsets of these records (in order per partition)
         self.seq = Sequencer(INPUT_TOPICS, wait_ms=settings.sequencer_wait_ms)
@@ -313,7 +328,7 @@ class SequencerStage(Continuity):
         self._pending_dead: list = []  # (pool, tp, offset, item): sequencer dead letters not sent yet
         self.counts = {"received": 0, "logged": 0, "log_records": 0, "dropped_logged": 0, "forced": 0, "late": 0,
                        "dead_letters": 0, "checkpoints": 0, "delivered_again": 0}
-        self._init_continuity(fetch, start_offsets, end_of)
+        self._init_continuity(fetch, start_offsets, end_of, first_of)
 
     def receive(self, event) -> None:
         """A record Faust delivered: handled in offset order, after the records of a hole before it (`Intake`)."""
@@ -569,7 +584,7 @@ class PoolWorker(Continuity):
 
     def __init__(self, settings: WorkerSettings, *, load, store, send: SendFn,
                  clock: Callable[[], float] = time.monotonic, caught_up=None, commit=ack_events, fetch=None,
-                 start_offsets=None, end_of=None):
+                 start_offsets=None, end_of=None, first_of=None):
         self.settings = settings
         self.commit = commit  # async (events) -> None: commit the offsets of these log records
         self.queue: list[Pending] = []  # read from the log, not folded yet (log order per partition)
@@ -591,7 +606,7 @@ class PoolWorker(Continuity):
         # a streams.metrics.MetricsCollector (--metrics-port): it reads the states at a scrape; the worker hands it
         # each drain's fold time and the dead letters no pool state counts
         self.metrics = None
-        self._init_continuity(fetch, start_offsets, end_of)
+        self._init_continuity(fetch, start_offsets, end_of, first_of)
 
     # --- in ---------------------------------------------------------------------------------------------
     def receive(self, event) -> None:
@@ -869,8 +884,26 @@ class DirectReader:
             first = await c.beginning_offsets(ktps)
             for tp, ktp in zip(tps, ktps):
                 committed = await c.committed(ktp)
-                out[tp] = committed if committed is not None else first.get(ktp)
+                start = first.get(ktp)
+                if committed is not None and (start is None or committed > start):
+                    start = committed  # a committed offset below the first one: those records are gone (retention)
+                out[tp] = start
             return out
+
+    async def first_offset(self, tp: TP) -> Optional[int]:
+        """The partition's first offset in Kafka (what retention or deleted records left); None when Kafka does not
+        answer within READ_TIMEOUT_S."""
+        from aiokafka import TopicPartition
+
+        ktp = TopicPartition(tp.topic, tp.partition)
+        try:
+            async with self._lock:
+                c = await self._client()
+                first = await asyncio.wait_for(c.beginning_offsets([ktp]), READ_TIMEOUT_S)
+            return first.get(ktp)
+        except (asyncio.TimeoutError, KafkaError) as exc:
+            log.warning("worker: the first offset of %s[%d] is not known yet: %r", tp.topic, tp.partition, exc)
+            return None
 
     async def read(self, tp: TP, lo: int, hi: int) -> list:
         """The records of `tp` at offsets lo..hi-1 (those the partition still holds), as `Fetched` events; what came
@@ -1046,7 +1079,8 @@ def make_app(settings: WorkerSettings):
             return None
 
     reader = DirectReader(settings)
-    direct = dict(commit=commit, fetch=reader.read, start_offsets=reader.start_offsets, end_of=end_of)
+    direct = dict(commit=commit, fetch=reader.read, start_offsets=reader.start_offsets, end_of=end_of,
+                  first_of=reader.first_offset)
     sequencer = SequencerStage(settings, load=lambda pool, ev: table_get(seq_table, SEQ_TABLE_NAME, pool, ev),
                                store=lambda pool, v, ev: table_set(seq_table, pool, v, ev), send=send,
                                caught_up=caught_up, **direct)

@@ -165,3 +165,17 @@ def test_the_intake_keeps_what_each_partial_read_brought():
     assert it.fill(J, [(1, "j1"), (2, "j2")]) == [] and it.missing() == {J: (3, 9)}
     assert it.fill(J, [(3, "j3"), (5, "j5")]) == [] and it.missing() == {J: (4, 9)}
     assert it.fill(J, [(4, "j4"), (6, "j6"), (7, "j7"), (8, "j8")]) == [f"j{i}" for i in range(1, 10)]
+
+
+def test_intake_closes_a_hole_at_the_partitions_first_offset_when_what_is_below_it_is_gone():
+    from streams.sequencer import Intake
+
+    it = Intake(check_start=True)
+    tp = TP("chipledger.jobs", 0)
+    assert it.arrive(tp, 5, "e5") == [] and it.arrive(tp, 6, "e6") == []  # Faust started at the first offset, 5
+    assert it.start(tp, 2) == []  # the committed offset is older: a hole 2..4
+    assert it.missing()[tp][0] == 2
+    assert it.fill(tp, []) == []  # nothing read: retention removed them
+    assert it.gone(tp, 5) == (3, ["e5", "e6"]) and not it.holds(tp) and it.next[tp] == 7
+    assert it.gone(tp, 9) == (0, [])  # no hole open: nothing to give up
+    assert it.arrive(tp, 7, "e7") == ["e7"]

@@ -734,6 +734,59 @@ def test_records_faust_skipped_are_read_directly_and_sequenced_in_order_with_no_
     assert not stage.intake.holds(TP("chipledger.jobs", part))
 
 
+def test_a_hole_whose_records_retention_removed_is_closed_at_the_partitions_first_offset():
+    """The group's committed offset can lie below the partition's first offset (the workers were behind longer than
+    the input topic's retention, or records were deleted): Faust then starts at the first offset, and the hole
+    below it can never be read. The stage asks for the partition's first offset when a hole's first record does
+    not come, closes the hole there (loudly, counted as `gone`), and goes on: the partition is not stalled for
+    good, and its offsets are committed again."""
+    from streams.sequencer import TP, unpack_batch
+    from streams.worker import SequencerStage
+
+    committed, reads = [], []
+    sent, send, part, values, ev = _one_producer_records()
+    # in Kafka: quota@0 = seq 1; jobs@0..1 (seq 2, 3) removed by retention; jobs@2..4 = seq 4..6
+    kafka = {("chipledger.quota", 0): ev("chipledger.quota", 0, 1)}
+    kafka.update({("chipledger.jobs", off): ev("chipledger.jobs", off, off + 2) for off in range(2, 5)})
+
+    async def fetch(tp, lo, hi):
+        reads.append((tp.topic, lo, hi))
+        return [kafka[(tp.topic, o)] for o in range(lo, hi) if (tp.topic, o) in kafka]
+
+    async def start_offsets(tps):  # a committed offset from before the retention ran
+        return {tp: 0 for tp in tps}
+
+    async def first_of(tp):
+        return 2 if tp.topic == "chipledger.jobs" else 0
+
+    async def commit(events):
+        committed.extend((e.message.topic, e.message.offset) for e in events)
+
+    now = [0.0]
+    stage = SequencerStage(WorkerSettings(checkpoint_interval_ms=0, partitions=3, sequencer_wait_ms=1000),
+                           load=lambda pool, e: None, store=lambda pool, v, e: None, send=send,
+                           caught_up=lambda tp: True, clock=lambda: now[0], commit=commit, fetch=fetch,
+                           start_offsets=start_offsets, first_of=first_of)
+
+    async def go():
+        for topic, off in (("chipledger.quota", 0), ("chipledger.jobs", 2), ("chipledger.jobs", 3),
+                           ("chipledger.jobs", 4)):
+            stage.receive(kafka[(topic, off)])
+        await stage.drain()
+        now[0] += 5  # past sequencer_wait_ms: seq 4 waited for seq 3, which is gone
+        await stage.drain()
+        await stage.settle()
+        now[0] += 5
+        await stage.drain()  # the next checkpoint commits what the forced release logged
+        await stage.settle()
+    asyncio.run(go())
+    assert stage.counts["gone"] == 2 and [r[:2] for r in reads] == [("chipledger.jobs", 0)]  # read once
+    assert not stage.intake.holds(TP("chipledger.jobs", part))
+    logged = [e.value for t, v in sent if t == "chipledger.log" for e in unpack_batch(v)]
+    assert logged == [values[0], *values[3:]] and stage.counts["forced"] == 1
+    assert [o for t, o in committed if t == "chipledger.jobs"] == [2, 3, 4]
+
+
 def test_the_fold_reads_a_log_record_faust_skipped_and_folds_everything_once_in_log_order():
     h = Harness()
     evs = h.feed(_valid_lines()[:6])
