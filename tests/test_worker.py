@@ -682,37 +682,43 @@ def _one_producer_records():
 
     return sent, send, part, values, ev
 
+
+def _stage_over(kafka: dict, send, **extra):
+    """A sequencer stage whose direct reads come from `kafka` ({(topic, offset): record}), with the group's committed
+    offsets all 0: the stage, the list of its reads (topic, lo, hi), of its commits (topic, offset), and its clock."""
+    from streams.worker import SequencerStage
+
+    reads, committed, now = [], [], [0.0]
+
+    async def fetch(tp, lo, hi):
+        reads.append((tp.topic, lo, hi))
+        return [kafka[(tp.topic, o)] for o in range(lo, hi) if (tp.topic, o) in kafka]
+
+    async def start_offsets(tps):
+        return {tp: 0 for tp in tps}
+
+    async def commit(events):
+        committed.extend((e.message.topic, e.message.offset) for e in events)
+
+    stage = SequencerStage(WorkerSettings(checkpoint_interval_ms=0, partitions=3, sequencer_wait_ms=1000),
+                           load=lambda pool, e: None, store=lambda pool, v, e: None, send=send,
+                           caught_up=lambda tp: True, clock=lambda: now[0], commit=commit, fetch=fetch,
+                           start_offsets=start_offsets, **extra)
+    return stage, reads, committed, now
+
 def test_records_faust_skipped_are_read_directly_and_sequenced_in_order_with_no_commit_past_them():
     """Faust's stream skips (and acks) a record it dequeues while the consumer's generation changed or its flow
     is suspended, and does not deliver it again (the failover test: `jobs[5]@1673` never reached the sequencer, its
     successor waited 60 s and went `forced`). The stage sees the hole in the offsets, and at the start of an
     assignment the one between the committed offset and its first record, reads those records itself, and commits
     nothing past a record it has not handled."""
-    from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, TP, key_partition, unpack_batch
-    from streams.worker import SequencerStage
+    from streams.sequencer import TP, unpack_batch
 
-    committed, reads = [], []
     sent, send, part, values, ev = _one_producer_records()
-
-    # in Kafka: quota@0 = seq 1, jobs@0..4 = seq 2..6
+    # in Kafka: quota@0 = seq 1, jobs@0..4 = seq 2..6; nothing committed yet
     kafka = {("chipledger.quota", 0): ev("chipledger.quota", 0, 1)}
     kafka.update({("chipledger.jobs", off): ev("chipledger.jobs", off, off + 2) for off in range(5)})
-
-    async def fetch(tp, lo, hi):
-        reads.append((tp.topic, lo, hi))
-        return [kafka[(tp.topic, o)] for o in range(lo, hi) if (tp.topic, o) in kafka]
-
-    async def start_offsets(tps):  # the group's committed offsets: nothing committed yet
-        return {tp: 0 for tp in tps}
-
-    async def commit(events):
-        committed.extend((e.message.topic, e.message.offset) for e in events)
-
-    now = [0.0]
-    stage = SequencerStage(WorkerSettings(checkpoint_interval_ms=0, partitions=3, sequencer_wait_ms=1000),
-                           load=lambda pool, e: None, store=lambda pool, v, e: None, send=send,
-                           caught_up=lambda tp: True, clock=lambda: now[0], commit=commit, fetch=fetch,
-                           start_offsets=start_offsets)
+    stage, reads, committed, now = _stage_over(kafka, send)
 
     async def go():
         # Faust hands over jobs@1, jobs@3, jobs@4 and quota@0: jobs@0 (before the first record) and jobs@2 (a hole)
@@ -741,32 +747,17 @@ def test_a_hole_whose_records_retention_removed_is_closed_at_the_partitions_firs
     not come, closes the hole there (loudly, counted as `gone`), and goes on: the partition is not stalled for
     good, and its offsets are committed again."""
     from streams.sequencer import TP, unpack_batch
-    from streams.worker import SequencerStage
 
-    committed, reads = [], []
     sent, send, part, values, ev = _one_producer_records()
-    # in Kafka: quota@0 = seq 1; jobs@0..1 (seq 2, 3) removed by retention; jobs@2..4 = seq 4..6
-    kafka = {("chipledger.quota", 0): ev("chipledger.quota", 0, 1)}
-    kafka.update({("chipledger.jobs", off): ev("chipledger.jobs", off, off + 2) for off in range(2, 5)})
-
-    async def fetch(tp, lo, hi):
-        reads.append((tp.topic, lo, hi))
-        return [kafka[(tp.topic, o)] for o in range(lo, hi) if (tp.topic, o) in kafka]
-
-    async def start_offsets(tps):  # a committed offset from before the retention ran
-        return {tp: 0 for tp in tps}
+    # in Kafka: quota@0 = seq 1; jobs@0..1 (seq 2, 3) removed by retention; jobs@2..4 = seq 4..6; the committed
+    # offsets (0) are from before the retention ran
 
     async def first_of(tp):
         return 2 if tp.topic == "chipledger.jobs" else 0
 
-    async def commit(events):
-        committed.extend((e.message.topic, e.message.offset) for e in events)
-
-    now = [0.0]
-    stage = SequencerStage(WorkerSettings(checkpoint_interval_ms=0, partitions=3, sequencer_wait_ms=1000),
-                           load=lambda pool, e: None, store=lambda pool, v, e: None, send=send,
-                           caught_up=lambda tp: True, clock=lambda: now[0], commit=commit, fetch=fetch,
-                           start_offsets=start_offsets, first_of=first_of)
+    kafka = {("chipledger.quota", 0): ev("chipledger.quota", 0, 1)}
+    kafka.update({("chipledger.jobs", off): ev("chipledger.jobs", off, off + 2) for off in range(2, 5)})
+    stage, reads, committed, now = _stage_over(kafka, send, first_of=first_of)
 
     async def go():
         for topic, off in (("chipledger.quota", 0), ("chipledger.jobs", 2), ("chipledger.jobs", 3),
@@ -809,7 +800,7 @@ def test_a_record_delivered_while_another_partitions_hole_is_read_goes_after_the
     """Holes in two topic-partitions: the first one's records are handled as soon as they are read, not after the
     second one's read; a record Faust delivers during that second read comes after them (handled before them, it
     went first, and the sequencer then dropped the earlier record as already logged: a live-test failure)."""
-    from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, key_partition, unpack_batch
+    from streams.sequencer import unpack_batch
     from streams.worker import SequencerStage
 
     sent, send, part, values, ev = _one_producer_records()
