@@ -105,6 +105,29 @@ def test_a_requeued_job_is_held_until_its_next_eligible_and_ids_are_stable():
     assert [e.body["type"] for e in flat] == [S, R, P, R, F] and "held" not in flat[2].body
 
 
+def test_a_job_released_started_and_cancelled_in_one_second_keeps_that_order_when_sorted():
+    """Seen on the live Slurm: job 10 requeued at :32, eligible, started and cancelled at :34. The watcher sorts a
+    poll's events by (instant, rank, pool, id), frees before takes; the job's own events must stay in the order they
+    happened, else the cancel comes first and the release and start are dead letters."""
+    from ledger import Fleet, FoldConfig
+    from schemas import parse_payload
+
+    first = Run("10", "speech", "u", "a100", 29, 29, 29, 32, "REQUEUED", 1, 1)
+    second = Run("10", "speech", "u", "a100", 32, 34, 34, 34, "CANCELLED", 1, 1)
+    evs = job_events(CLUSTER, "s", [first, second], MapReport())
+    evs.sort(key=lambda e: (e.at, e.rank, e.body["pool"], e.body["event_id"]))  # as slurm watch sorts a poll
+    assert [(e.body["type"], e.at) for e in evs][-3:] == [(L, 34), (R, 34), (F, 34)]
+    fleet = Fleet(FoldConfig(check_invariants=True))
+    pool = evs[0].body["pool"]
+    head = [{"event_id": "p", "type": "pool.configured", "occurred_at": "1970-01-01T00:00:00Z", "pool": pool,
+             "source": "s", "flavor": "a100", "chips_per_node": 1},
+            {"event_id": "c", "type": "chip.registered", "occurred_at": "1970-01-01T00:00:00Z", "pool": pool,
+             "source": "s", "chip_id": "g0", "node": "n0"}]
+    for body in [*head, *(e.body for e in evs)]:
+        step = fleet.apply(parse_payload(body))
+        assert step.rejection is None, (body, step.rejection)
+
+
 def test_a_requeued_job_cancelled_while_held_is_never_demand_again():
     """Measured on Slurm 22.05: `scontrol requeue` (or requeuehold) then `scancel` within the hold-off: the next
     run's record has its Eligible after its End and no Start. Held from the requeue to the cancel: no release."""

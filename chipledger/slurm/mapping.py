@@ -235,6 +235,20 @@ def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, si
                          if eligible else "jobs preempted and not requeued (yet), left pending"] += 1
         elif r.state in ACTIVE and not running:
             report.notes["active jobs without a Start time left pending"] += 1
+    return _in_causal_order(out)
+
+
+def _in_causal_order(events: list[Event]) -> list[Event]:
+    """One job's events, in the order they happened, keep that order when sorted by (instant, rank): where one
+    shares its instant with the job's previous event and would rank before it, its rank is raised above it. (The
+    watcher sorts a poll's events by instant and rank, frees before takes across jobs; a job released, started and
+    cancelled within one second must stay in that order, else the cancel comes first and the start is a dead
+    letter.)"""
+    out: list[Event] = []
+    for e in events:
+        if out and e.at == out[-1].at and e.rank <= out[-1].rank:
+            e = Event(e.at, out[-1].rank + 1, e.body)
+        out.append(e)
     return out
 
 
