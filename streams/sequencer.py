@@ -310,15 +310,25 @@ class Intake:
             return []
         return [item]
 
+    def expect(self, tp: TP) -> None:
+        """`tp` was assigned: its start is asked for (`unstarted`) even if Faust never hands over a record of it.
+        Faust may skip every record it fetches of a partition around a rebalance; when no record comes after them
+        (the producers are done), nothing else would tell that the partition has records this stage never saw."""
+        if self.check_start and tp not in self.next:
+            self._unstarted.add(tp)
+
     def start(self, tp: TP, offset: int) -> list:
         """Where the consumer started reading `tp` (its committed offset, or the partition's first offset): a hole
         before the first record received, or between the records held meanwhile, is read directly; returns the held
-        records that may be handled now."""
+        records that may be handled now. A partition with no record received yet (`expect`) continues from `offset`:
+        if it stays behind its end, it is read directly (`stalled`)."""
         if tp not in self._unstarted:
             return []
         self._unstarted.discard(tp)
         held = self._held.get(tp)
         if not held:
+            if tp not in self.next:
+                self.next[tp] = offset
             return []
         self._lo[tp] = min(offset, held[0][0])
         return self.fill(tp, [])

@@ -243,6 +243,15 @@ class Continuity:
         self.counts.setdefault("read_directly", 0)
         self.counts.setdefault("gone", 0)
 
+    def assigned(self, tps) -> None:
+        """Topic-partitions of this stage assigned to the worker: each is watched from now on, records or not (a
+        partition whose every record Faust skipped is read directly once it stays behind its end for STALL_S)."""
+        now = self.clock()
+        for tp in tps:
+            if tp not in self.intake.next:
+                self.intake.expect(tp)
+                self._arrived_at[tp] = now
+
     def _arrive(self, tp: TP, offset: int, event) -> list:
         self._arrived_at[tp] = self.clock()
         return self.intake.arrive(tp, offset, event)
@@ -1176,6 +1185,17 @@ def make_app(settings: WorkerSettings):
                 ids["prev"][key] = ids["seq"]
                 worker.counts["ticks"] += 1
                 worker.last_applied[tick["pool"]] = worker.clock()
+
+    @app.on_partitions_assigned.connect
+    async def on_assigned(app_, assigned, **kwargs):
+        seq_tps = [TP(tp.topic, tp.partition) for tp in assigned if tp.topic in INPUT_TOPICS]
+        log_tps = [TP(tp.topic, tp.partition) for tp in assigned if tp.topic == TOPIC_LOG]
+        if seq_tps:
+            async with sequencer.lock:
+                sequencer.assigned(seq_tps)
+        if log_tps:
+            async with worker._lock:
+                worker.assigned(log_tps)
 
     @app.on_partitions_revoked.connect
     async def on_revoked(app_, revoked, **kwargs):

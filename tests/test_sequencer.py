@@ -137,6 +137,24 @@ def test_the_intake_checks_the_start_and_a_partition_not_read_to_its_end():
     assert it.next[Q] == 3  # Faust handing them over after all is a delivery again: the stage drops it
 
 
+def test_the_intake_watches_an_assigned_partition_no_record_of_which_was_handed_over():
+    """Faust may skip every record of a newly assigned partition; with `expect` the partition's start is asked for
+    all the same, and once it is known a partition behind its end is read from there."""
+    from streams.sequencer import Intake
+
+    it = Intake(check_start=True)
+    it.expect(Q)
+    assert it.unstarted() == {Q} and it.holds(Q) and it.missing() == {}
+    assert it.start(Q, 4) == [] and it.next[Q] == 4 and not it.holds(Q)  # committed at 4, nothing handed over
+    it.stalled(Q, 6)
+    assert it.missing() == {Q: (4, 6)} and it.fill(Q, [(4, "q4"), (5, "q5")]) == ["q4", "q5"]
+    it.expect(Q)  # assigned again while it has records: nothing changes
+    assert not it.unstarted() and it.next[Q] == 6
+    it.expect(J)  # a record comes before the start is known: held as before
+    assert it.arrive(J, 2, "j2") == [] and it.start(J, 2) == ["j2"] and it.next[J] == 3
+    assert Intake().expect(J) is None and not Intake().unstarted()  # without start checks: nothing to ask
+
+
 def test_the_intake_forgets_the_partitions_revoked():
     from streams.sequencer import Intake
 

@@ -106,3 +106,33 @@ def strip_prefix(tables: dict, prefix: str) -> dict:
                 c[tuple(v.replace(prefix, "") if isinstance(v, str) else v for v in row)] += n
         out[name] = c
     return out
+
+
+def pipeline_positions(bootstrap: str, group: str, sink=None) -> str:
+    """Where each partition stands when a pipeline test stalls: end offset, the workers' committed offset
+    (group `group`) and the sink's next position, one line per partition that is behind (for the failure
+    message: which stage stopped, and on which partition)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from streams.topics import ALL_TOPICS
+
+    lines = []
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+                      client_id="stall-report", bootstrap_timeout_ms=10_000)
+    try:
+        tps = [TopicPartition(t, p) for t in ALL_TOPICS for p in sorted(c.partitions_for_topic(t) or ())]
+        ends = c.end_offsets(tps)
+        for tp in tps:
+            committed = c.committed(tp)
+            sink_at = None
+            if sink is not None and sink.consumer is not None and tp in sink.consumer.assignment():
+                sink_at = sink.consumer.position(tp)
+            behind = (committed is not None and committed < ends[tp]) or (sink_at is not None and sink_at < ends[tp])
+            if behind or committed is None and ends[tp] and sink_at is None:
+                lines.append(f"{tp.topic}[{tp.partition}]: end {ends[tp]}, group {group} committed {committed}, "
+                             f"sink at {sink_at}")
+    except Exception as exc:  # noqa: BLE001 - a report of a failure must not hide it
+        lines.append(f"(positions not read: {type(exc).__name__}: {exc})")
+    finally:
+        c.close()
+    return "\n".join(lines) or "every partition read to its end"

@@ -38,13 +38,14 @@ from chipledger.embedded import run_file  # noqa: E402
 from chipledger.scenario import generate, write_jsonl  # noqa: E402
 from kafka_support import module_broker  # noqa: E402
 from ledger.store import open_store  # noqa: E402
-from pipeline_support import WorkerProcess, lake_tables, strip_prefix  # noqa: E402
+from pipeline_support import WorkerProcess, lake_tables, pipeline_positions, strip_prefix  # noqa: E402
 from streams import broker  # noqa: E402
 from streams.producer import LedgerProducer, emit_lines  # noqa: E402
 from streams.sink import Sink  # noqa: E402
 
 pytestmark = [pytest.mark.kafka]
 
+LOGLEVEL = os.environ.get("CHIPLEDGER_FAILOVER_LOGLEVEL", "warning")  # the workers' (info: each takeover's reads)
 SEEDS = tuple(int(x) for x in os.environ.get("CHIPLEDGER_FAILOVER_SEEDS", "3,8").split(",") if x.strip())
 
 
@@ -67,7 +68,7 @@ def test_three_workers_kill9_at_random_and_a_broker_restart_lose_and_double_noth
     lines = events.read_text().splitlines()
     app_id = f"fo-{uuid.uuid4().hex[:6]}"
     workers = [WorkerProcess(bootstrap, tmp_path / f"w{k}", tmp_path / f"w{k}.log", "--tick-interval", "0",
-                             "--table-store", "memory", app_id=app_id).start() for k in range(3)]
+                             "--table-store", "memory", "--loglevel", LOGLEVEL, app_id=app_id).start() for k in range(3)]
     store = open_store(f"sqlite:///{tmp_path / 'sink.db'}")
     sink = Sink(tmp_path / "lake", store, bootstrap=bootstrap, name="sink", batch_ms=300)
     t0 = time.monotonic()
@@ -121,8 +122,11 @@ def test_three_workers_kill9_at_random_and_a_broker_restart_lose_and_double_noth
                 sink.poll_once(timeout_ms=200, batch_ms=300)
                 if report.get("done") and not kills and sink.stats.rows["events"] - base >= n:
                     break
-                assert el < 300, (f"round {round_} not caught up after 300 s: {sink.stats.as_dict()}; producer: "
-                                  f"{ {k: v for k, v in report.items() if k != 'done'} }")
+                if el >= 300:
+                    tails = "\n".join(f"--- worker {k} (alive: {w.alive()}):\n{w.tail(30)}" for k, w in enumerate(workers))
+                    raise AssertionError(f"round {round_} not caught up after 300 s: {sink.stats.as_dict()}; producer: "
+                                         f"{ {k: v for k, v in report.items() if k != 'done'} }\n"
+                                         f"{pipeline_positions(bootstrap, app_id, sink)}\n{tails}")
             producer.join(30)
             assert report.get("failed", 0) == 0, f"the producer lost records: {report}"
         for _ in range(20):  # the state snapshots follow the rows
