@@ -14,7 +14,11 @@ that held them; what such a checkpoint took was dropped when Faust did not revok
 Faust's stream skips (and acks) records it dequeues around a rebalance without handing them to the agent, and does
 not deliver them again, so a sequencer waited `sequencer_wait_ms` for a predecessor whose offset Faust had
 committed (`forced`), and the fold could lose log records. The stages now commit their offsets themselves and read
-what Faust skipped directly (`streams.sequencer.Intake`, `streams.worker.DirectReader`). Run counts on this code:
+what Faust skipped directly (`streams.sequencer.Intake`, `streams.worker.DirectReader`). Then, in CI: after a broker restart and a kill, Faust
+skipped every record of a newly assigned log partition; none came after them, so the fold never saw the hole and
+the round stalled (2,863 events unfolded after 300 s): each stage now watches a partition from its assignment. On a
+stall the failure names each partition that is behind (end, committed offset, the sink's position) and the workers'
+last log lines; CHIPLEDGER_FAILOVER_LOGLEVEL=info logs each takeover's reads. Run counts on this code:
 docs/streaming.md, "Tests"."""
 
 
