@@ -108,7 +108,7 @@ class MetricsCollector:
 
     def gauges(self):
         """The gauges of the pools and teams, from the live states."""
-        from ledger.fold import policy_rows
+        from ledger.fold import HELD, policy_rows
         from ledger.store.repo import _pool_row, _team_rows
 
         P = ("pool", "flavor")
@@ -133,6 +133,8 @@ class MetricsCollector:
             ("team_borrowed_share", "borrowed chips / the pool's lendable chips", T),
             ("team_running_jobs", "the team's running jobs", T),
             ("team_pending_jobs", "the team's pending jobs", T),
+            ("team_held_jobs", "the team's held jobs: back in the queue but not eligible yet (job.preempted with "
+             "held, until job.released; e.g. Slurm's requeue-hold): neither running nor pending", T),
             ("team_pending_chips", "chips of the team's pending jobs, by the reason they wait", T + ("reason",)),
             ("team_pending_jobs_over_slo", "pending jobs waiting longer than [slo] sched_slo_s now (the wait SLOs "
              "count a wait when it ends)", T),
@@ -166,6 +168,12 @@ class MetricsCollector:
                 g["team_borrowed_share"].add_metric(tl, tb.borrowed_share)
                 g["team_running_jobs"].add_metric(tl, tb.running_jobs)
                 g["team_pending_jobs"].add_metric(tl, tb.pending_jobs)
+            held: dict = defaultdict(int)
+            for job in s.jobs.values():
+                if job.status == HELD:
+                    held[job.team] += 1
+            for team in sorted(s.teams):
+                g["team_held_jobs"].add_metric(pl + [team], held[team])
             by_reason: dict = defaultdict(int)
             late: dict = defaultdict(int)
             for row in policy_rows(s, self.fold_config)[1]:

@@ -146,3 +146,25 @@ def test_cli_run_books_a_held_job_and_why_says_it_is_held(tmp_path):
     assert json.loads(res.stdout) == [{"p": 2000 * 300}]
     res = runner.invoke(app, ["why", "j", "--lake", str(lake)])
     assert res.output.splitlines()[0] == f"job j (team ads, pool {POOL}): finished"
+
+
+def test_held_jobs_are_a_gauge_per_team_at_a_scrape():
+    """`chipledger_team_held_jobs`: the jobs held now, per team (a team without any shows 0); a release takes the
+    job out again."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from ledger import FoldConfig
+    from streams.metrics import MetricsCollector, exposition, registry_of
+    from tests.test_evolve import fold as fold_events
+
+    def held(events):
+        fleet, _ = fold_events(events)
+        text = exposition(registry_of(MetricsCollector(fleet.pools, FoldConfig()), process=False)).decode()
+        return {s.labels["team"]: s.value for fam in text_string_to_metric_families(text)
+                if fam.name == "chipledger_team_held_jobs" for s in fam.samples}
+
+    base = BASE + [grant("g2", "nlp", 1), submit("j", "ads", 1), submit("k", "ads", 1), start("j", 100),
+                   start("k", 100), preempt("j", 1000, held=True)]
+    assert held(base) == {"ads": 1, "nlp": 0}
+    assert held(base + [preempt("k", 1100, held=True)]) == {"ads": 2, "nlp": 0}
+    assert held(base + [release("j", 1300)]) == {"ads": 0, "nlp": 0}
