@@ -278,7 +278,10 @@ class Continuity:
                         self.intake.stalled(tp, end)
                         self._arrived_at[tp] = now  # once per STALL_S
         if self.fetch is not None:
+            budget = time.monotonic() + READ_TIMEOUT_S  # the drain holds its stage's lock, which a rebalance waits for
             for tp, (lo, hi) in self.intake.missing().items():
+                if hi > lo and time.monotonic() >= budget:
+                    break  # Kafka is slow to answer: the other holes at the next drain
                 records = await self.fetch(tp, lo, hi) if hi > lo else []
                 had = self.intake.held_offsets(tp)
                 n = sum(1 for r in records if r.message.offset not in had)
@@ -848,7 +851,7 @@ CONSUMER_MAX_FETCH_BYTES = 8 << 20  # per partition and fetch (Faust's default, 
 MAX_REQUEST_BYTES = 8 << 20  # a log record (an input up to the broker's limit + headers) or a dead letter of one
 
 
-READ_TIMEOUT_S = 5.0  # the longest a drain waits for a direct read (below the rebalance timeout, 12 s)
+READ_TIMEOUT_S = 5.0  # the longest a direct read waits, and after which a drain starts no other read (rebalance timeout: 12 s)
 
 
 class DirectReader:

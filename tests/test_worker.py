@@ -831,6 +831,40 @@ def test_a_partition_whose_every_record_faust_skipped_is_read_directly_once_it_s
     assert h.worker.counts["delivered_again"] == 6 and len(h.rows("events")) == 6
 
 
+def test_a_drain_starts_no_direct_read_after_its_time_is_spent_and_the_next_drain_reads_the_rest(monkeypatch):
+    """A drain holds its stage's lock, which a rebalance waits for: when Kafka is slow to answer, the drain stops
+    reading holes once READ_TIMEOUT_S has passed (each read waits at most that long) and the next drain goes on."""
+    import time as _time
+
+    import streams.worker as w
+    from streams.sequencer import TP
+
+    monkeypatch.setattr(w, "READ_TIMEOUT_S", 0.01)
+    h = Harness()
+    evs = h.feed(_valid_lines()[:6])
+    for i, ev in enumerate(evs):  # two log partitions of three records each
+        ev.message.partition, ev.message.offset = divmod(i, 3)
+    reads = []
+
+    async def fetch(tp, lo, hi):
+        reads.append(tp.partition)
+        await asyncio.sleep(0.02)  # slower than the drain's time
+        return [e for e in evs if e.message.partition == tp.partition and lo <= e.message.offset < hi]
+
+    async def start_offsets(tps):
+        return {tp: 0 for tp in tps}
+
+    h.worker._init_continuity(fetch, start_offsets, lambda tp: None)
+    for ev in (evs[2], evs[5]):  # each partition's offsets 0 and 1 were skipped
+        h.worker.receive(ev)
+    t0 = _time.monotonic()
+    h.drain()
+    assert len(reads) == 1 and _time.monotonic() - t0 >= 0.02  # one read, then the budget was spent
+    h.drain()
+    assert reads == [0, 1] and h.worker.counts["read_directly"] == 4
+    assert [r[0] for r in h.rows("events")] == [validate(line).event_id for line in _valid_lines()[:6]]
+
+
 def test_a_record_delivered_while_another_partitions_hole_is_read_goes_after_the_records_read_before_it():
     """Holes in two topic-partitions: the first one's records are handled as soon as they are read, not after the
     second one's read; a record Faust delivers during that second read comes after them (handled before them, it
