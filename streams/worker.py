@@ -857,50 +857,70 @@ READ_TIMEOUT_S = 5.0  # the longest a direct read waits, and after which a drain
 class DirectReader:
     """Reads records of the worker's input and log topics from Kafka itself, outside Faust's consumer: the records
     Faust skipped (`streams.sequencer.Intake`), and where the group's consumer started on a partition (its committed
-    offset, or the partition's first offset when none is committed). One aiokafka consumer with the worker's
-    connection and group id, assigned by hand: it never joins the group and never commits."""
+    offset, or the partition's first offset when none is committed). Two aiokafka consumers with the worker's
+    connection: one without a group, assigned by hand, reads records and first offsets; one with the worker's group
+    id, never assigned, never joining the group and never committing, only asks for committed offsets.
+
+    A consumer that failed is dropped and made anew at the next call: aiokafka 0.14's group coordination routine
+    dies on an assertion when the assignment changes while it waits for a coordinator (the broker restarting), and
+    every call of that consumer then fails with "Unexpected error during coordination" (the failover test: a worker
+    read nothing for minutes after a broker restart, and the round stalled). So the reads use a consumer with no
+    group, and any consumer that fails or times out is replaced."""
 
     def __init__(self, settings: WorkerSettings):
         self.settings = settings
-        self._consumer = None
+        self._consumers: dict[bool, Any] = {}  # grouped? -> consumer
         self._lock = asyncio.Lock()
 
-    async def _client(self):
-        if self._consumer is None:
+    async def _client(self, grouped: bool = False):
+        c = self._consumers.get(grouped)
+        if c is None:
             from aiokafka import AIOKafkaConsumer
 
-            c = AIOKafkaConsumer(group_id=self.settings.app_id, enable_auto_commit=False,
+            c = AIOKafkaConsumer(group_id=self.settings.app_id if grouped else None, enable_auto_commit=False,
                                  auto_offset_reset="earliest", max_partition_fetch_bytes=CONSUMER_MAX_FETCH_BYTES,
                                  fetch_max_bytes=CONSUMER_MAX_FETCH_BYTES, **self.settings.connection().aiokafka())
-            await c.start()
-            self._consumer = c
-        return self._consumer
+            try:
+                await c.start()
+            except BaseException:
+                await _stop_quietly(c)
+                raise
+            self._consumers[grouped] = c
+        return c
+
+    async def _drop(self, exc: BaseException) -> None:
+        """After a failed or timed-out call: both consumers are made anew at the next call."""
+        consumers, self._consumers = list(self._consumers.values()), {}
+        for c in consumers:
+            await _stop_quietly(c)
+        log.info("worker: the direct reader's consumers are made anew after %r", exc)
 
     async def start_offsets(self, tps) -> dict:
         """{tp: offset}; {} when Kafka does not answer within READ_TIMEOUT_S (the stage asks again at its next drain:
         a drain must not hold its stage's lock long, a rebalance waits for it)."""
-        try:
-            return await asyncio.wait_for(self._start_offsets(tps), READ_TIMEOUT_S)
-        except (asyncio.TimeoutError, KafkaError) as exc:
-            log.warning("worker: where the consumer started on %d partition(s) is not known yet: %r", len(tps), exc)
-            return {}
+        async with self._lock:
+            try:
+                return await asyncio.wait_for(self._start_offsets(tps), READ_TIMEOUT_S)
+            except (asyncio.TimeoutError, KafkaError) as exc:
+                log.warning("worker: where the consumer started on %d partition(s) is not known yet: %r", len(tps),
+                            exc)
+                await self._drop(exc)
+                return {}
 
     async def _start_offsets(self, tps) -> dict:
         from aiokafka import TopicPartition
 
-        async with self._lock:
-            c = await self._client()
-            out = {}
-            ktps = [TopicPartition(tp.topic, tp.partition) for tp in tps]
-            c.assign(ktps)
-            first = await c.beginning_offsets(ktps)
-            for tp, ktp in zip(tps, ktps):
-                committed = await c.committed(ktp)
-                start = first.get(ktp)
-                if committed is not None and (start is None or committed > start):
-                    start = committed  # a committed offset below the first one: those records are gone (retention)
-                out[tp] = start
-            return out
+        reader, group = await self._client(), await self._client(grouped=True)
+        out = {}
+        ktps = [TopicPartition(tp.topic, tp.partition) for tp in tps]
+        first = await reader.beginning_offsets(ktps)
+        for tp, ktp in zip(tps, ktps):
+            committed = await group.committed(ktp)
+            start = first.get(ktp)
+            if committed is not None and (start is None or committed > start):
+                start = committed  # a committed offset below the first one: those records are gone (retention)
+            out[tp] = start
+        return out
 
     async def first_offset(self, tp: TP) -> Optional[int]:
         """The partition's first offset in Kafka (what retention or deleted records left); None when Kafka does not
@@ -908,34 +928,37 @@ class DirectReader:
         from aiokafka import TopicPartition
 
         ktp = TopicPartition(tp.topic, tp.partition)
-        try:
-            async with self._lock:
-                c = await self._client()
+        async with self._lock:
+            try:
+                c = await asyncio.wait_for(self._client(), READ_TIMEOUT_S)
                 first = await asyncio.wait_for(c.beginning_offsets([ktp]), READ_TIMEOUT_S)
-            return first.get(ktp)
-        except (asyncio.TimeoutError, KafkaError) as exc:
-            log.warning("worker: the first offset of %s[%d] is not known yet: %r", tp.topic, tp.partition, exc)
-            return None
+                return first.get(ktp)
+            except (asyncio.TimeoutError, KafkaError) as exc:
+                log.warning("worker: the first offset of %s[%d] is not known yet: %r", tp.topic, tp.partition, exc)
+                await self._drop(exc)
+                return None
 
     async def read(self, tp: TP, lo: int, hi: int) -> list:
         """The records of `tp` at offsets lo..hi-1 (those the partition still holds), as `Fetched` events; what came
         within READ_TIMEOUT_S (the stage reads the rest at its next drain)."""
         out: list = []
-        try:
-            await asyncio.wait_for(self._read(tp, lo, hi, out), READ_TIMEOUT_S)
-        except (asyncio.TimeoutError, KafkaError) as exc:
-            log.warning("worker: reading %s[%d] %d..%d directly: %r (read %d)", tp.topic, tp.partition, lo, hi - 1,
-                        exc, len(out))
+        async with self._lock:
+            try:
+                await asyncio.wait_for(self._read(tp, lo, hi, out), READ_TIMEOUT_S)
+            except (asyncio.TimeoutError, KafkaError) as exc:
+                log.warning("worker: reading %s[%d] %d..%d directly: %r (read %d)", tp.topic, tp.partition, lo,
+                            hi - 1, exc, len(out))
+                await self._drop(exc)
         return out
 
     async def _read(self, tp: TP, lo: int, hi: int, out: list) -> None:
         from aiokafka import TopicPartition
 
-        async with self._lock:
-            c = await self._client()
-            ktp = TopicPartition(tp.topic, tp.partition)
-            c.assign([ktp])
-            c.seek(ktp, lo)
+        c = await self._client()
+        ktp = TopicPartition(tp.topic, tp.partition)
+        c.assign([ktp])
+        c.seek(ktp, lo)
+        try:
             while True:
                 got = await c.getmany(ktp, timeout_ms=500)
                 for r in got.get(ktp, ()):
@@ -944,11 +967,27 @@ class DirectReader:
                                            r.headers))
                 if (out and out[-1].message.offset >= hi - 1) or await c.position(ktp) >= hi:
                     return
+        finally:
+            c.pause(ktp)  # no prefetching between reads (up to 8 MiB per partition)
 
     async def close(self) -> None:
-        if self._consumer is not None:
-            c, self._consumer = self._consumer, None
+        consumers, self._consumers = list(self._consumers.values()), {}
+        for c in consumers:
             await c.stop()
+
+
+async def _stop_quietly(c) -> None:
+    """Stop a consumer that failed. aiokafka 0.14's `stop()` can raise the CancelledError of its own fetch task
+    (cancelled by `Fetcher.close`) when a fetch was failing: that one is not the caller's cancellation."""
+    try:
+        await asyncio.wait_for(c.stop(), READ_TIMEOUT_S)
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the caller is being cancelled
+        log.info("worker: stopping a failed consumer: %r", exc)
+    except Exception as exc:  # noqa: BLE001 - a consumer that failed: what matters is that it is gone
+        log.info("worker: stopping a failed consumer: %r", exc)
 
 
 def faust_settings(settings: WorkerSettings) -> dict:

@@ -157,3 +157,48 @@ def test_three_workers_kill9_at_random_and_a_broker_restart_lose_and_double_noth
         got = strip_prefix(got_all, prefix)
         for name in ("events", "journal", "decisions", "job_runs", "deadletters"):
             assert got[name] == want[name], f"seed {seed}: {name} differs from the embedded fold"
+
+
+@pytest.mark.timeout(400)
+def test_the_direct_reader_reads_again_after_a_broker_restart(kafka):
+    """The worker's own reads (`streams.worker.DirectReader`: records Faust skipped, where the group started) answer
+    nothing while the broker is down and read again once it is back. In a failover run aiokafka's consumer with a
+    group died on an assertion in its coordination routine after a broker restart, and every later read of it failed
+    ("Unexpected error during coordination"): a failed or timed-out consumer is now made anew."""
+    import asyncio
+
+    from kafka import KafkaProducer
+
+    from streams.sequencer import TP
+    from streams.worker import DirectReader, WorkerSettings
+
+    bootstrap = kafka["bootstrap"]
+    tp = TP("chipledger.quota", 5)
+    p = KafkaProducer(bootstrap_servers=bootstrap)
+    sent = [p.send(tp.topic, key=b"k", value=f"v{i}".encode(), partition=tp.partition) for i in range(20)]
+    p.flush(30)
+    offsets = [f.get(30).offset for f in sent]
+    p.close()
+    lo, hi = offsets[0], offsets[-1] + 1
+    reader = DirectReader(WorkerSettings(bootstrap=bootstrap, app_id=f"dr-{uuid.uuid4().hex[:6]}"))
+
+    async def values():
+        return [r.message.value for r in await reader.read(tp, lo, hi)]
+
+    async def go():
+        assert await values() == [f"v{i}".encode() for i in range(20)]
+        assert await reader.start_offsets([tp]) == {tp: 0}  # nothing committed: the partition's first offset
+        broker.down(kafka["data_dir"], timeout_s=60)
+        try:
+            assert await values() == [] and await reader.start_offsets([tp]) == {}  # no answer: asked again later
+        finally:
+            broker.up(port=kafka["port"], data_dir=kafka["data_dir"], timeout_s=180)
+        for _ in range(12):  # the leader is elected again a moment after the broker is up
+            got = await values()
+            if got:
+                break
+            await asyncio.sleep(1)
+        assert got == [f"v{i}".encode() for i in range(20)]
+        assert await reader.start_offsets([tp]) == {tp: 0}
+        await reader.close()
+    asyncio.run(go())
