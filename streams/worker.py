@@ -851,6 +851,7 @@ CONSUMER_MAX_FETCH_BYTES = 8 << 20  # per partition and fetch (Faust's default, 
 MAX_REQUEST_BYTES = 8 << 20  # a log record (an input up to the broker's limit + headers) or a dead letter of one
 
 
+METADATA_MAX_AGE_MS = 10_000  # the Faust consumer's metadata refresh at the latest (see faust_settings)
 READ_TIMEOUT_S = 5.0  # the longest a direct read waits, and after which a drain starts no other read (rebalance timeout: 12 s)
 
 
@@ -1013,6 +1014,10 @@ def faust_settings(settings: WorkerSettings) -> dict:
         stream_buffer_maxsize=65_536,
         stream_wait_empty=False,  # records wait unacked in the merge buffers: a rebalance must not wait for them
         consumer_auto_offset_reset="earliest",
+        # a group leader that assigned partitions while a restarted broker did not list the topics yet ("Ignoring
+        # missing topic", every member assigned nothing) rejoins when its metadata shows them: at the next refresh,
+        # which nothing else asks for then (the failover test idled 300 s after a broker restart; default 5 min)
+        consumer_metadata_max_age_ms=METADATA_MAX_AGE_MS,
         web_enabled=False,
         table_standby_replicas=0,
         key_serializer="raw",

@@ -120,3 +120,13 @@ def test_agents_buffer_and_the_drain_folds_into_the_faust_table(tmp_path):
     rows = [r for v in out if v["kind"] == "rows" for it in v["items"] for r in it["tables"].get("events", [])]
     assert len(rows) == worker.counts["applied"]
     assert [v["pool"] for v in out if v["kind"] == "state"] == ["lab/a100"]
+
+
+def test_the_app_refreshes_its_consumers_metadata_every_few_seconds(tmp_path):
+    """A group leader that assigned the partitions while a restarted broker did not list the topics yet gives every
+    member nothing, and rejoins only when its metadata shows the topics: Faust's default refresh (5 min) idled the
+    failover test's workers for 300 s after a broker restart."""
+    from streams.worker import METADATA_MAX_AGE_MS
+
+    app, _ = make_app(WorkerSettings(table_store="memory", data_dir=tmp_path / "w", tick_interval_s=0))
+    assert app.conf.consumer_metadata_max_age_ms == METADATA_MAX_AGE_MS <= 10_000
