@@ -32,13 +32,16 @@ DERIVED_VIEWS = {
     # a fact of the fold: each wait of a job to be started, its last posting. The fold posts a wait's end once, and
     # a wait still open at a close of the books with end 'open' (superseded by the posting of its end): so every
     # posting of an end is a wait's last, and of the open postings only the latest of a wait that has no end yet
-    # (a join of the open postings alone, not a window over every posting)
+    # (a join of the open postings alone, not a window over every posting). The postings are read once (`p`, kept
+    # in memory for the query): reading the files twice, once for the ends and once for the open postings, cost
+    # more than the join
     "waits": """
-        SELECT * FROM wait_postings WHERE "end" <> 'open'
+        WITH p AS MATERIALIZED (SELECT * FROM wait_postings)
+        SELECT * FROM p WHERE "end" <> 'open'
         UNION ALL
         SELECT * FROM (
-            SELECT o.* FROM (SELECT * FROM wait_postings WHERE "end" = 'open') o
-            ANTI JOIN (SELECT pool, job_id, submitted_at, run_index FROM wait_postings WHERE "end" <> 'open') e
+            SELECT o.* FROM (SELECT * FROM p WHERE "end" = 'open') o
+            ANTI JOIN (SELECT pool, job_id, submitted_at, run_index FROM p WHERE "end" <> 'open') e
                  USING (pool, job_id, submitted_at, run_index)
         ) QUALIFY row_number() OVER (PARTITION BY pool, job_id, submitted_at, run_index ORDER BY posted_at DESC) = 1
     """,
