@@ -104,7 +104,7 @@ SQLITE = Dialect("sqlite")
 
 
 def journal_sql(postings: str = "journal_postings") -> str:
-    """The lake's journal view (DuckDB) over the given postings (an update of the analytics cache reads the files added since)."""
+    """The lake's journal view (DuckDB) over the given postings."""
     return f"""
         SELECT pool, hour, account, team, sum(amount_mchip_s)::BIGINT AS amount_mchip_s,
                sum(amount_mchip_s) / 3.6e6 AS amount_chip_h
@@ -113,7 +113,7 @@ def journal_sql(postings: str = "journal_postings") -> str:
 
 
 def job_run_totals_sql(job_runs: str = "job_runs") -> str:
-    """The lake's job_run_totals view (DuckDB) over the given postings (an update of the analytics cache reads the files added since). A run's
+    """The lake's job_run_totals view (DuckDB) over the given postings (base_runs sums those of a run posted more than once). A run's
     postings agree on its team, chips, priority and start; max() and min() pick the same one when two runs share a
     key (a job id submitted, finished and submitted again within one second), whatever the order of the rows."""
     return f"""
@@ -128,13 +128,23 @@ def job_run_totals_sql(job_runs: str = "job_runs") -> str:
 
 def duckdb_base_views() -> dict[str, str]:
     """The base layer over the lake views (DuckDB)."""
-    run_totals, event_log, event_rows, journal = "job_run_totals", "base_event_log", "base_event_rows", "journal"
+    event_log, event_rows = "base_event_log", "base_event_rows"
+    key = "pool, job_id, submitted_at, run_index"
     return {
+        # each run's totals (job_run_totals). A run posted once (its end) is that posting as it is; only the runs
+        # with a posting of a close of the books (a run still going then: ended_at null) are summed, so the postings
+        # are not grouped when no close posted them. Two runs under one key (a job id submitted, finished and
+        # submitted again within one second) are listed apart, each at its own end (job_run_totals sums them)
         "base_runs": f"""
+            WITH mid AS (SELECT {key} FROM job_runs WHERE ended_at IS NULL)
             SELECT pool, job_id, team, run_index, chips_milli, priority, epoch(submitted_at)::BIGINT AS submitted_s,
                    epoch(started_at)::BIGINT AS started_s, epoch(ended_at)::BIGINT AS ended_s, end_reason,
                    allocated_mchip_s, lost_mchip_s
-            FROM {run_totals}
+            FROM (SELECT * FROM job_runs WHERE ended_at IS NOT NULL) ANTI JOIN mid USING ({key})
+            UNION ALL
+            SELECT pool, job_id, team, run_index, chips_milli, priority, epoch(submitted_at)::BIGINT,
+                   epoch(started_at)::BIGINT, epoch(ended_at)::BIGINT, end_reason, allocated_mchip_s, lost_mchip_s
+            FROM ({job_run_totals_sql(f"(SELECT * FROM job_runs SEMI JOIN mid USING ({key}))")})
         """,
         # every event with the fields the SLO views need, from the typed columns of the lake's events
         "base_event_rows": f"""
@@ -183,8 +193,9 @@ def duckdb_base_views() -> dict[str, str]:
                    epoch(effective_until)::BIGINT AS until_s
             FROM grant_postings
         """,
-        "base_journal": f"""
-            SELECT pool, epoch(hour)::BIGINT AS hour_s, account, team, amount_mchip_s FROM {journal}
+        # the journal's postings as they are (the views that read it sum them per hour themselves)
+        "base_journal": """
+            SELECT pool, epoch(hour)::BIGINT AS hour_s, account, team, amount_mchip_s FROM journal_postings
         """,
     }
 

@@ -32,38 +32,18 @@ DERIVED_VIEWS = {
     # a fact of the fold: each wait of a job to be started, its last posting. The fold posts a wait's end once, and
     # a wait still open at a close of the books with end 'open' (superseded by the posting of its end): so every
     # posting of an end is a wait's last, and of the open postings only the latest of a wait that has no end yet
-    # (a join of the open postings alone, not a window over every posting)
+    # (a join of the open postings alone, not a window over every posting). The postings are read once (`p`, kept
+    # in memory for the query): reading the files twice, once for the ends and once for the open postings, cost
+    # more than the join
     "waits": """
-        SELECT * FROM wait_postings WHERE "end" <> 'open'
+        WITH p AS MATERIALIZED (SELECT * FROM wait_postings)
+        SELECT * FROM p WHERE "end" <> 'open'
         UNION ALL
         SELECT * FROM (
-            SELECT o.* FROM (SELECT * FROM wait_postings WHERE "end" = 'open') o
-            ANTI JOIN (SELECT pool, job_id, submitted_at, run_index FROM wait_postings WHERE "end" <> 'open') e
+            SELECT o.* FROM (SELECT * FROM p WHERE "end" = 'open') o
+            ANTI JOIN (SELECT pool, job_id, submitted_at, run_index FROM p WHERE "end" <> 'open') e
                  USING (pool, job_id, submitted_at, run_index)
         ) QUALIFY row_number() OVER (PARTITION BY pool, job_id, submitted_at, run_index ORDER BY posted_at DESC) = 1
-    """,
-    # head-of-line blocking per pool and team, from the waits: the chip-seconds its jobs could have started and did
-    # not (blocked_s × chips), the waits and jobs that were, and the waiting jobs ahead of them that held the chips
-    # most (each listed blocker is given the blocked chip-seconds of every wait that lists it)
-    "hol_blocking": """
-        WITH w AS (
-            SELECT pool, team, job_id, submitted_at, blocked_s, blocked_s * chips_milli AS blocked_mchip_s, blocked_by
-            FROM waits WHERE blocked_s > 0
-        ), b AS (
-            SELECT pool, team, blocker, sum(blocked_mchip_s) AS mchip_s FROM (
-                SELECT pool, team, blocked_mchip_s, unnest(string_split(blocked_by, ',')) AS blocker
-                FROM w WHERE blocked_by <> '')
-            GROUP BY ALL
-        ), top AS (
-            SELECT pool, team, string_agg(blocker, ',' ORDER BY mchip_s DESC, blocker) AS top_blockers FROM (
-                SELECT *, row_number() OVER (PARTITION BY pool, team ORDER BY mchip_s DESC, blocker) AS rk FROM b)
-            WHERE rk <= 3 GROUP BY pool, team
-        )
-        SELECT w.pool, w.team, count(*) AS waits_blocked, count(DISTINCT (w.job_id, w.submitted_at)) AS jobs_affected,
-               sum(w.blocked_s)::BIGINT AS blocked_s, sum(w.blocked_mchip_s)::BIGINT AS blocked_mchip_s,
-               sum(w.blocked_mchip_s) / 3.6e6 AS blocked_chip_h, coalesce(any_value(top.top_blockers), '') AS top_blockers
-        FROM w LEFT JOIN top ON top.pool = w.pool AND top.team = w.team
-        GROUP BY w.pool, w.team
     """,
     # one row per run of a job (postings of a run still going at a close are summed with its end); a job id
     # reused after the job finished is another job: runs are told apart by their submission time
@@ -211,6 +191,35 @@ DERIVED_VIEWS = {
 }
 
 
+# views over the SLO layer's intermediates (analytics/slo_views.py), defined after them
+WAIT_VIEWS = {
+    # head-of-line blocking per pool and team, from the waits (calc_waits: computed once by a materializing
+    # connection, which `chipledger report` is): the chip-seconds its jobs could have started and did not
+    # (blocked_s × chips), the waits and jobs that were, and the waiting jobs ahead of them that held the chips most
+    # (each listed blocker is given the blocked chip-seconds of every wait that lists it)
+    "hol_blocking": """
+        WITH w AS (
+            SELECT pool, team, job_id, submitted_s, blocked_s, blocked_s * chips_milli AS blocked_mchip_s, blocked_by
+            FROM calc_waits WHERE blocked_s > 0
+        ), b AS (
+            SELECT pool, team, blocker, sum(blocked_mchip_s) AS mchip_s FROM (
+                SELECT pool, team, blocked_mchip_s, unnest(string_split(blocked_by, ',')) AS blocker
+                FROM w WHERE blocked_by <> '')
+            GROUP BY ALL
+        ), top AS (
+            SELECT pool, team, string_agg(blocker, ',' ORDER BY mchip_s DESC, blocker) AS top_blockers FROM (
+                SELECT *, row_number() OVER (PARTITION BY pool, team ORDER BY mchip_s DESC, blocker) AS rk FROM b)
+            WHERE rk <= 3 GROUP BY pool, team
+        )
+        SELECT w.pool, w.team, count(*) AS waits_blocked, count(DISTINCT (w.job_id, w.submitted_s)) AS jobs_affected,
+               sum(w.blocked_s)::BIGINT AS blocked_s, sum(w.blocked_mchip_s)::BIGINT AS blocked_mchip_s,
+               sum(w.blocked_mchip_s) / 3.6e6 AS blocked_chip_h, coalesce(any_value(top.top_blockers), '') AS top_blockers
+        FROM w LEFT JOIN top ON top.pool = w.pool AND top.team = w.team
+        GROUP BY w.pool, w.team
+    """,
+}
+
+
 # what `connect(materialize=True)` computes once, as tables: the intermediate results that several report views
 # (and `chipledger report`'s own queries) read, straight from the lake's files. The base tables under them stay
 # views, read once by the intermediate that needs them (the columns it needs), not copied into memory first:
@@ -279,11 +288,11 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     for name, sql in (*base.items(), *slo_views(DUCKDB).items()):
         kind = "TABLE" if name in tables else "VIEW"
         con.execute(f'CREATE OR REPLACE {kind} "{name}" AS {sql}')
-    for name, sql in POLICY_VIEWS.items():
+    for name, sql in (*WAIT_VIEWS.items(), *POLICY_VIEWS.items()):
         con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')
     return con
 
 
 def view_names() -> list[str]:
     return sorted({*(_RAW_VIEW_NAMES.get(t, t) for t in SCHEMAS), "base_event_log", *DERIVED_VIEWS,
-                   *duckdb_base_views(), *slo_views(DUCKDB), *POLICY_VIEWS})
+                   *duckdb_base_views(), *slo_views(DUCKDB), *WAIT_VIEWS, *POLICY_VIEWS})

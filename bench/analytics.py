@@ -304,6 +304,42 @@ def duckdb_once(lake: Path) -> tuple:
                   "portable_s": connect_s + sum(times[v] for v in PORTABLE_VIEWS)}
 
 
+def profile_connect(lake: Path, top: int = 12) -> None:
+    """One more pass, each statement of connect(materialize=True) and each report view timed in CPU (all threads):
+    the largest printed, and the sum of the others (binding the views over the files)."""
+    import analytics.views as views
+
+    stats: list[tuple[float, str]] = []
+
+    class Timed:
+        def __init__(self, con):
+            self.con = con
+
+        def execute(self, sql, *args):
+            c0 = time.process_time()
+            out = self.con.execute(sql, *args)
+            stats.append((time.process_time() - c0, " ".join(sql.split())[:60]))
+            return out
+
+        def __getattr__(self, name):
+            return getattr(self.con, name)
+
+    real = views.duckdb.connect
+    views.duckdb = type("TimedDuckdb", (), {"connect": staticmethod(lambda *a, **k: Timed(real(*a, **k)))})
+    try:
+        con = views.connect(lake, materialize=True)
+    finally:
+        views.duckdb = duckdb
+    for v in PORTABLE_VIEWS + DUCKDB_ONLY_VIEWS:
+        con.execute(f'CREATE TABLE "bench_{v}" AS SELECT * FROM "{v}"')
+    con.close()
+    ranked = sorted(stats, reverse=True)
+    print(f"  profile (one pass, CPU s): connect and views {sum(t for t, _ in stats):.2f} s, of which")
+    for t, sql in ranked[:top]:
+        print(f"    {t:6.3f}  {sql}")
+    print(f"    {sum(t for t, _ in ranked[top:]):6.3f}  the other {len(ranked) - top} statements")
+
+
 def run_engines(lake: Path, sqlite: bool, repeat: int = 1) -> dict:
     """Time the views on DuckDB (no cache: there is none) and on SQLite over the same base rows, `repeat` times
     each (a new DuckDB connection each time; SQLite's copy made once); print the minimum of each figure over the
@@ -320,7 +356,9 @@ def run_engines(lake: Path, sqlite: bool, repeat: int = 1) -> dict:
     duck_cpu = {v: min(r["views_cpu"][v] for r in runs) for v in PORTABLE_VIEWS + DUCKDB_ONLY_VIEWS}
     totals = [r["connect_s"] + sum(r["views"].values()) for r in runs]
     views_totals = [sum(r["views"].values()) for r in runs]
+    report_cpu = time.process_time()
     report_s, _ = timed(lambda: build_report(duck))
+    report_cpu = time.process_time() - report_cpu
     n = duck.execute("SELECT count(*) FROM base_event_rows").fetchone()[0]
     facts = duck.execute("SELECT (SELECT count(*) FROM wait_postings), (SELECT count(*) FROM free_chips)").fetchone()
     lite_times: dict[str, float] = {}
@@ -348,7 +386,7 @@ def run_engines(lake: Path, sqlite: bool, repeat: int = 1) -> dict:
     print(f"  duckdb: connect {connect_s:.2f} s + views {views_total:.2f} s = {min(totals):.2f} s (CPU, all threads: "
           f"{best['cpu_views']:.2f} s); slowest view {max(duck_times.values()):.2f} s (target <= 2 s at 10M events: "
           f"{'met' if max(duck_times.values()) <= 2 else 'NOT met'}); chipledger report's queries after connect "
-          f"{report_s:.2f} s")
+          f"{report_s:.2f} s ({report_cpu:.2f} s CPU)")
     out = {"events": n, "cpu_s": best["cpu_views"], "duck_connect_s": connect_s, "duck_views_s": views_total,
            "slowest_view_s": max(duck_times.values()), "report_s": report_s, "views": duck_times}
     if lite_times:
@@ -376,6 +414,8 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="reuse the lakes of an earlier run with the same --out")
     ap.add_argument("--repeat", type=int, default=1,
                     help="time each engine this many times over the same lake and print the minimum of each figure")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the timed passes, one more: the CPU time of each statement of connect and of each view")
     ap.add_argument("--sqlite-max-events", type=int, default=1_000_000,
                     help="run the SQLite baseline on the same rows up to this size; above it, on a lake of this "
                          "size generated the same way (SQLite needs hours for the fragmentation view at 10M); 0: none")
@@ -400,6 +440,8 @@ def main() -> None:
     same = args.events <= args.sqlite_max_events
     print(f"== {args.events:,} events" + (": DuckDB and SQLite" if same else ": DuckDB"))
     run_engines(lake_of(args.events), sqlite=same, repeat=args.repeat)
+    if args.profile:
+        profile_connect(lake_of(args.events))
     # with --reuse, the views' (and SQLite's copy's) peak; else the generator's and the fold's too
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     print(f"peak resident memory of this process so far: {peak_gib:.2f} GiB")

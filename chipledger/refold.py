@@ -27,11 +27,13 @@ FACT_TABLES = ("waits", "free_chips", "chip_states", "grant_intervals")
 
 
 def missing_fact_tables(lake: Path) -> list[str]:
-    """The fact tables a lake with events has no files of."""
+    """The fact tables a lake with events has no folder of. A folder, not files: a table the fold wrote no row of
+    (a lake without grants has no grant_intervals) is an empty folder after an upgrade (`refold_facts`), and is
+    not folded again at every upgrade."""
     lake = Path(lake)
     if not any((lake / "events").rglob("*.parquet")):
         return []
-    return [t for t in FACT_TABLES if not any((lake / t).rglob("*.parquet"))]
+    return [t for t in FACT_TABLES if not (lake / t).is_dir()]
 
 
 def refold_facts(lake: Path, fold_config: FoldConfig = FoldConfig(), batch: int = 50_000,

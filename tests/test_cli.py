@@ -266,6 +266,31 @@ def test_lake_upgrade_writes_the_facts_by_folding_the_events_again(ran, tmp_path
     assert again.exit_code == 0 and "nothing to upgrade" in again.stderr
 
 
+def test_lake_upgrade_of_a_lake_without_grants_is_done_once(tmp_path):
+    """A fact table the fold writes no row of (no quota.granted: no grant_intervals; no job: no waits) is an empty
+    folder after `chipledger lake upgrade`, and a second upgrade has nothing to do (it folded the events again at
+    every upgrade when it looked for Parquet files)."""
+    import shutil
+
+    lines = [line for line in open(FIXTURE) if '"pool.configured"' in line or '"chip.registered"' in line]
+    events = tmp_path / "chips.jsonl"
+    events.write_text("".join(lines))
+    lake = tmp_path / "lake"
+    res = CliRunner().invoke(app, ["run", "--events", str(events), "--lake", str(lake), "--store",
+                                   f"sqlite:///{tmp_path / 'ledger.db'}"])
+    assert res.exit_code == 0, res.output
+    for t in ("waits", "free_chips", "chip_states", "grant_intervals"):
+        shutil.rmtree(lake / t, ignore_errors=True)  # as a lake written before the fold wrote facts
+    first = CliRunner().invoke(app, ["lake", "upgrade", "--lake", str(lake)])
+    assert first.exit_code == 0, first.output
+    assert "folded 5 events again: waits 0 rows, free_chips 1 rows, chip_states 4 rows, grant_intervals 0 rows" \
+        in first.stderr
+    assert (lake / "grant_intervals").is_dir() and not any((lake / "grant_intervals").iterdir())
+    assert sql(lake, "SELECT count(*) AS n FROM grant_intervals") == [{"n": 0}]
+    again = CliRunner().invoke(app, ["lake", "upgrade", "--lake", str(lake)])
+    assert again.exit_code == 0 and "nothing to upgrade" in again.stderr and "folded" not in again.stderr
+
+
 def test_lake_cache_is_retired_and_removes_an_old_cache(ran, tmp_path):
     import shutil
 

@@ -369,3 +369,36 @@ def test_chip_states_and_grant_intervals_views_from_the_facts(tmp_path):
                          "epoch(effective_until)::BIGINT - $t0 "
                          "FROM grant_intervals ORDER BY effective_from", {"t0": T0}).fetchall()
     assert grants == [("g1", 2000, 0, 20), ("g1", 3000, 20, None)]
+
+
+def test_base_runs_sums_only_the_runs_posted_more_than_once(tmp_path):
+    """base_runs (the goodput SLI's runs, `chipledger report`'s goodput): a run posted once (its end) as it is; a run
+    posted at a close of the books (ended_at null) and again at its end, summed (in files written in any order); a
+    run still going, its postings so far with no end; two runs under one key (a job id submitted, finished and
+    submitted again within one second) each at its own end. job_run_totals sums each key's postings."""
+    from analytics.lake import LakeWriter
+    from analytics.views import connect
+    from ledger.fold import JobRunRow
+
+    def r(job, run, started, ended, reason, alloc, lost, posted, chips=1000):
+        return JobRunRow(POOL, job, "a", run, chips, 0, T0, T0 + started, None if ended is None else T0 + ended,
+                         reason, alloc, lost, T0 + posted)
+
+    later = [r("closed", 1, 10, 500, "succeeded", 400_000, 0, 500), r("going", 1, 0, None, None, 50_000, 0, 7200),
+             r("twice", 1, 0, 5, "cancelled", 5_000, 0, 5)]
+    earlier = [r("once", 1, 0, 100, "preempted", 100_000, 60_000, 100),
+               r("closed", 1, 10, None, None, 90_000, 0, 100), r("going", 1, 0, None, None, 100_000, 0, 100),
+               r("twice", 1, 0, 9, "failed", 8_000, 8_000, 9, chips=2000)]
+    for run_id, rows in (("2", later), ("1", earlier)):  # the later postings in the file written first
+        writer = LakeWriter(tmp_path / "lake", run_id)
+        writer.extend("job_runs", rows)
+        writer.close()
+    con = connect(tmp_path / "lake")
+    got = con.execute("SELECT job_id, chips_milli, started_s - ?, ended_s - ?, end_reason, allocated_mchip_s, "
+                      "lost_mchip_s FROM base_runs ORDER BY ALL", [T0, T0]).fetchall()
+    assert got == [("closed", 1000, 10, 500, "succeeded", 490_000, 0), ("going", 1000, 0, None, None, 150_000, 0),
+                   ("once", 1000, 0, 100, "preempted", 100_000, 60_000),
+                   ("twice", 1000, 0, 5, "cancelled", 5_000, 0), ("twice", 2000, 0, 9, "failed", 8_000, 8_000)]
+    totals = con.execute("SELECT job_id, allocated_mchip_s, lost_mchip_s FROM job_run_totals ORDER BY ALL").fetchall()
+    assert totals == [("closed", 490_000, 0), ("going", 150_000, 0), ("once", 100_000, 60_000),
+                      ("twice", 13_000, 8_000)]

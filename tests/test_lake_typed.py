@@ -256,3 +256,20 @@ def test_the_benchmark_generator_writes_the_typed_fields_as_the_writers_do(tmp_p
         types.add(e.type)
     assert types >= {"pool.configured", "chip.registered", "chip.state_changed", "quota.granted", "job.submitted",
                      "job.started", "job.checkpointed", "job.preempted", "job.finished", "pool.tick"}
+
+
+def test_the_benchmark_profile_prints_each_statement_of_connect(tmp_path, capsys):
+    """bench/analytics.py --profile: the CPU time of connect's statements (the materialized intermediates by name)
+    and of each report view, largest first, the rest summed; the module's duckdb is given back afterwards."""
+    bench = _bench()
+    bench.generate(tmp_path, 5_000)
+    bench.profile_connect(tmp_path / "lake", top=5)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("  profile (one pass, CPU s): connect and views ")
+    timed = [float(line.split()[0]) for line in out[1:6]]
+    assert timed == sorted(timed, reverse=True) and len(out) == 7
+    assert "the other" in out[6] and int(out[6].split()[3]) > 60
+    assert any('TABLE "calc_' in line or 'TABLE "bench_' in line for line in out[1:6])
+    import analytics.views as views
+    import duckdb
+    assert views.duckdb is duckdb
