@@ -260,7 +260,14 @@ class Continuity:
         """Check where the consumer started on new partitions, open holes for stalled ones, read the holes' records
         and handle what may go, each partition's records **at once** after its read (before the next await: a record
         Faust delivers meanwhile comes after them; handled later, it went first, and the sequencer then dropped the
-        earlier one as logged)."""
+        earlier one as logged). Nothing while Faust rebalances: until its recovery of the tables is complete, a record
+        handled here would meet a pool's state that is not restored yet (Faust delivers nothing then either); each
+        partition's stall clock starts again when it is done."""
+        if self.halted():
+            now = self.clock()
+            for tp in self._arrived_at:
+                self._arrived_at[tp] = now
+            return
         if self.start_offsets is not None:
             tps = self.intake.unstarted()
             if tps:
