@@ -88,6 +88,7 @@ class WorkerSettings:
     fold_config: FoldConfig = field(default_factory=lambda: DEFAULT_CONFIG)
     metrics_port: Optional[int] = None  # serve Prometheus /metrics (streams/metrics.py) on this port; 0: any free
     metrics_host: str = "127.0.0.1"
+    log_stalls_ms: int = 0  # log each event-loop stall longer than this, with what held the loop (streams/stalls.py)
 
     def connection(self) -> KafkaConnection:
         """The Kafka connection of every client of the worker (Faust's consumer and producer, its admin)."""
@@ -1126,6 +1127,13 @@ def make_app(settings: WorkerSettings):
             runner = await serve(registry_of(worker.metrics), settings.metrics_host, settings.metrics_port)
             worker.metrics_port = bound_port(runner)
             log.warning("worker: /metrics on http://%s:%d/metrics", settings.metrics_host, worker.metrics_port)
+
+    if settings.log_stalls_ms > 0:
+        from streams.stalls import StallWatch
+
+        @app.task
+        async def watch_stalls():
+            StallWatch(settings.log_stalls_ms).start()
 
     @app.task
     async def drain_loop():
