@@ -284,7 +284,8 @@ def output_consumer(bootstrap: str, ready, halt, count, out_path: str) -> None:
     Path(out_path).write_bytes(orjson.dumps(got))
 
 
-def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: str, data_dir: Path) -> dict:
+def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: str, data_dir: Path,
+            more: tuple = ()) -> dict:
     """Produce at `rate` events/s for `seconds` while the worker of the throughput run (same app id and table
     state: it resumes at the end of the log) follows; latency of every output, taken by a consumer of the output
     topics in another process."""
@@ -299,7 +300,8 @@ def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: s
     reader.start()
     if not ready.wait(60):
         raise RuntimeError("the output consumer did not start")
-    proc = worker_proc(bootstrap, data_dir, app_id, work / "worker-lat.log")
+    wlog = work / f"worker-lat-{uuid.uuid4().hex[:6]}.log"
+    proc = worker_proc(bootstrap, data_dir, app_id, wlog, ("--log-stalls-ms", str(STALL_MS), *more))
     sent_at: dict[tuple, float] = {}  # (topic, partition, offset) -> send wall time (s)
     lat_all: list[float] = []
     lat_dec: list[float] = []
@@ -307,6 +309,8 @@ def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: s
         time.sleep(10)  # the worker's start-up: join the group, open its table, reach the end of the log
         p = LedgerProducer(bootstrap, linger_ms=0)
         interval = 1.0 / rate
+        load_before = os.getloadavg()[0]
+        cpu0 = cpu_seconds(proc.pid)
         t0 = time.monotonic()
         futures = []
         for i, line in enumerate(lines):
@@ -324,10 +328,13 @@ def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: s
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and count.value < len(sent_at):
             time.sleep(0.5)
+        worker_cpu_s = cpu_seconds(proc.pid) - cpu0
+        load_after = os.getloadavg()[0]
     finally:
         halt.set()
         reader.join(60)
         stop(proc)
+    stalls = stall_lines(wlog)
     pending = orjson.loads(out_path.read_bytes()) if out_path.exists() else []
     logged_at = {tuple(origin): ts for topic, origin, _, ts in pending if topic == TOPIC_LOG}
     stages: dict[str, list] = {"send_to_log": [], "log_to_output": [], "output_to_reader": []}
@@ -353,7 +360,35 @@ def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: s
             "p50_ms": pct(lat_all, 0.5), "p99_ms": pct(lat_all, 0.99), "max_ms": max(lat_all, default=float("nan")),
             "dec_p50_ms": pct(lat_dec, 0.5), "dec_p99_ms": pct(lat_dec, 0.99),
             "stages": {k: (pct(v, 0.5), pct(v, 0.99)) for k, v in stages.items()},
-            "mean_ms": statistics.fmean(lat_all) if lat_all else float("nan")}
+            "mean_ms": statistics.fmean(lat_all) if lat_all else float("nan"),
+            "worker_cpu_us_per_event": worker_cpu_s / max(1, len(lines)) * 1e6, "load": (load_before, load_after),
+            "stalls": stalls}
+
+
+STALL_MS = 40  # the latency run's worker logs event-loop stalls longer than this (streams/stalls.py)
+
+
+def stall_lines(log_path: Path) -> dict:
+    """The worker's stall lines (streams.stalls): count, total and longest ms, and the places most often sampled."""
+    from collections import Counter
+
+    from streams.stalls import STALL_LOG_PREFIX
+
+    held: list[float] = []
+    places: Counter = Counter()
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    for line in text.splitlines():
+        if STALL_LOG_PREFIX not in line:
+            continue
+        rest = line.split(STALL_LOG_PREFIX, 1)[1].strip()
+        ms, _, where = rest.partition(" ms: ")
+        held.append(float(ms))
+        for part in where.split("; "):
+            n, _, place = part.partition("x ")
+            if place:
+                places[place] += int(n) if n.isdigit() else 1
+    return {"count": len(held), "total_ms": sum(held), "longest_ms": max(held, default=0.0),
+            "places": places.most_common(5)}
 
 
 def embedded(lines: list[bytes], work: Path) -> float:
@@ -406,7 +441,7 @@ def takeover(bootstrap: str, work: Path, lines: list[bytes], rate: int = 300) ->
             stop(pr)
     got = orjson.loads(out_path.read_bytes()) if out_path.exists() else []
     by_part: dict[int, list[float]] = {}
-    for topic, origin, now in got:
+    for topic, origin, now, _ in got:
         if topic == TOPIC_JOURNAL:
             by_part.setdefault(origin[1], []).append(now)
     gaps = {}
@@ -424,6 +459,25 @@ def print_latency(args, lat: dict) -> None:
           f"{lat['dec_p50_ms']:.0f} ms, p99 {lat['dec_p99_ms']:.0f} ms (target p99 < 250 ms)", flush=True)
     print("  per stage, p50 / p99: " + "; ".join(f"{k.replace('_', ' ')} {a:.0f} / {b:.0f} ms"
                                                  for k, (a, b) in lat["stages"].items()), flush=True)
+    st = lat["stalls"]
+    print(f"  load average {lat['load'][0]:.1f} -> {lat['load'][1]:.1f}; worker CPU {lat['worker_cpu_us_per_event']:.0f} "
+          f"us per event; worker event-loop stalls > {STALL_MS} ms: {st['count']}, {st['total_ms']:.0f} ms in all, "
+          f"longest {st['longest_ms']:.0f} ms", flush=True)
+    for place, n in st["places"]:
+        print(f"    {n:4d} samples  {place}", flush=True)
+
+
+def print_repeats(runs: list[dict]) -> None:
+    """Min and median over the latency runs of each figure."""
+    figures = {"outputs p50": [r["p50_ms"] for r in runs], "outputs p99": [r["p99_ms"] for r in runs],
+               "decisions p99": [r["dec_p99_ms"] for r in runs],
+               "worker CPU us/event": [r["worker_cpu_us_per_event"] for r in runs]}
+    for stage in runs[0]["stages"]:
+        figures[f"{stage.replace('_', ' ')} p50"] = [r["stages"][stage][0] for r in runs]
+        figures[f"{stage.replace('_', ' ')} p99"] = [r["stages"][stage][1] for r in runs]
+    print(f"over {len(runs)} runs, min / median:", flush=True)
+    for name, xs in figures.items():
+        print(f"  {name}: {min(xs):.0f} / {statistics.median(xs):.0f}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -437,6 +491,11 @@ def main(argv=None) -> int:
                     help="pass an option to `chipledger worker`, e.g. --worker-arg=--sequencer-wait-ms=5000")
     ap.add_argument("--latency-only", action="store_true",
                     help="only the latency run (after the worker folded a backlog of --events), with its stages")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="with --latency-only: N latency runs one after the other (new events each), min / median")
+    ap.add_argument("--variant", action="append", default=[], metavar="ARGS",
+                    help="with --latency-only: worker options (space-separated) of a variant; the runs alternate "
+                         "between the worker as given and each variant, and min / median are printed per variant")
     ap.add_argument("--metrics-compare", type=int, metavar="N",
                     help="only compare the worker with and without /metrics (scraped every 5 s), N runs each")
     ap.add_argument("--faust-floor", type=int, help=argparse.SUPPRESS)  # child: the no-op Faust app
@@ -460,7 +519,8 @@ def main(argv=None) -> int:
             data_dir = tmp / "kafka"
             bootstrap = broker.up(port=free_port(), data_dir=data_dir, timeout_s=180)["bootstrap_servers"]
         create_topics(bootstrap, partitions=3, timeout_s=60)
-        more = int(args.rate * args.seconds)
+        variants = [""] + args.variant if args.latency_only else [""]
+        more = int(args.rate * args.seconds) * (args.repeat * len(variants) if args.latency_only else 1)
         everything = scenario_lines(args.seed, args.events + more)
         lines, later = everything[: args.events], everything[args.events: args.events + more]
         print(f"scenario: {len(lines):,} events, then {len(later):,} more for the latency run, 3 pools; "
@@ -478,7 +538,21 @@ def main(argv=None) -> int:
         if args.latency_only:  # a backlog of --events first (the worker's start), then the latency run alone
             res = pipeline(bootstrap, tmp, len(lines))
             print(f"worker + sink caught up with {len(lines):,} events in {res['seconds']:.1f} s", flush=True)
-            print_latency(args, latency(bootstrap, tmp, args.rate, later, res["app_id"], res["data_dir"]))
+            each = int(args.rate * args.seconds)
+            runs: dict[str, list] = {v: [] for v in variants}
+            k = 0
+            for r in range(args.repeat):
+                for v in (variants if r % 2 == 0 else variants[::-1]):
+                    lat = latency(bootstrap, tmp, args.rate, later[k * each:(k + 1) * each], res["app_id"],
+                                  res["data_dir"], tuple(v.split()))
+                    k += 1
+                    print(f"run {r + 1} of {args.repeat}, worker {v or '(as given)'}:", flush=True)
+                    print_latency(args, lat)
+                    runs[v].append(lat)
+            for v, rs in runs.items():
+                if args.repeat > 1 or len(variants) > 1:
+                    print(f"worker {v or '(as given)'}:", flush=True)
+                    print_repeats(rs)
             return 0
         raw_s = asyncio.run(raw_read(bootstrap, len(lines)))
         raw_rate = len(lines) / raw_s

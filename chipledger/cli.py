@@ -1113,6 +1113,15 @@ def worker(
     fetch_max_wait_ms: Optional[int] = typer.Option(None, "--fetch-max-wait-ms", min=0,
                                                     help="how long the broker may hold a fetch of the input topics "
                                                          "(default [worker] fetch_max_wait_ms = 20)"),
+    checkpoint_interval_ms: Optional[int] = typer.Option(None, "--checkpoint-interval-ms", min=1,
+                                                         help="how often the worker writes the changed pools' states "
+                                                              "(table and snapshot for the store) and commits the "
+                                                              "records they hold (default [worker] "
+                                                              "checkpoint_interval_ms = 500)"),
+    log_stalls_ms: Optional[int] = typer.Option(None, "--log-stalls-ms", min=0,
+                                                help="log each event-loop stall longer than this many ms with the "
+                                                     "code that held the loop; 0: off (default [worker] "
+                                                     "log_stalls_ms = 0)"),
     app_id: str = typer.Option("chipledger-worker", "--app-id", help="Faust app id (consumer group, table topics)"),
     metrics_port: Optional[int] = typer.Option(None, "--metrics-port", min=0, max=65535,
                                                help="serve Prometheus /metrics of the pools this worker folds on "
@@ -1154,6 +1163,9 @@ def worker(
         session_timeout_s=cfg.worker.session_timeout_s if session_timeout is None else session_timeout,
         tick_interval_s=cfg.worker.tick_interval_s if tick_interval is None else tick_interval,
         fetch_max_wait_ms=cfg.worker.fetch_max_wait_ms if fetch_max_wait_ms is None else fetch_max_wait_ms,
+        log_stalls_ms=cfg.worker.log_stalls_ms if log_stalls_ms is None else log_stalls_ms,
+        checkpoint_interval_ms=(cfg.worker.checkpoint_interval_ms if checkpoint_interval_ms is None
+                                else checkpoint_interval_ms),
         fold_config=fold, metrics_port=metrics_port, metrics_host=metrics_host,
     )
     import ledger

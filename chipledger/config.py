@@ -137,6 +137,8 @@ class WorkerConfig:
     session_timeout_s: float = 6.0  # a dead worker's pools move to another after this (Kafka's minimum: 6 s)
     tick_interval_s: int = 60  # a pool quiet this long gets a pool.tick closing past hours; 0: no ticks
     fetch_max_wait_ms: int = 20  # how long the broker may hold a fetch of the input topics (Faust fixes 1,500)
+    checkpoint_interval_ms: int = 500  # how often the worker writes its states and commits what they hold
+    log_stalls_ms: int = 0  # log each event-loop stall of the worker longer than this (what held it); 0: off
 
 
 @dataclass(frozen=True)

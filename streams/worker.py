@@ -88,6 +88,7 @@ class WorkerSettings:
     fold_config: FoldConfig = field(default_factory=lambda: DEFAULT_CONFIG)
     metrics_port: Optional[int] = None  # serve Prometheus /metrics (streams/metrics.py) on this port; 0: any free
     metrics_host: str = "127.0.0.1"
+    log_stalls_ms: int = 0  # log each event-loop stall longer than this, with what held the loop (streams/stalls.py)
 
     def connection(self) -> KafkaConnection:
         """The Kafka connection of every client of the worker (Faust's consumer and producer, its admin)."""
@@ -120,6 +121,7 @@ class Pending:
 #: for the record's framing). A longer item (a long gap closes many hours) is split into parts.
 OUTPUT_RECORD_BYTES = 900_000
 CHECKPOINT_RECORDS_MAX = 50_000  # checkpoint early when this many handled records wait for it
+DRAIN_SLICE_NS = 20_000_000  # the fold sends what it folded and lets the loop run after this much folding (a backlog)
 
 
 def state_record(pool: str, state_json: bytes) -> bytes:
@@ -673,20 +675,34 @@ class PoolWorker(Continuity):
             await self._fill_holes()
             now = self.clock()
             todo, self.queue = self.queue, []
-            out: dict[tuple[str, str], list] = {}  # (output topic, pool) -> items, in fold order
             n = 0
-            t0 = time.perf_counter_ns()
-            for p in todo:
-                pool = p.key.decode("utf-8", "replace")
-                for topic, item in self.fold_one(pool, p):
-                    out.setdefault((topic, pool), []).append(item)
-                self._unacked.append(p)
-                n += 1
-            if n and self.metrics is not None:  # the fold time histogram: one batch, two clock reads
-                self.metrics.fold_batch(n, time.perf_counter_ns() - t0)
-            for (topic, pool), items in out.items():
-                for value in pack_records(pool, items):
-                    self._inflight.append(await self.send(topic, pool.encode(), value))
+            # in slices of DRAIN_SLICE_NS of folding: each slice's outputs are sent, and the loop runs (the
+            # producer sends them, Faust delivers) before the next slice; a backlog folded in one piece held its
+            # first record's outputs (and the sequencer's log records) until the last record was folded
+            at = 0
+            while at < len(todo):
+                out: dict[tuple[str, str], list] = {}  # (output topic, pool) -> items, in fold order
+                t0 = time.perf_counter_ns()
+                stop = t0 + DRAIN_SLICE_NS
+                k = at
+                while k < len(todo):
+                    p = todo[k]
+                    k += 1
+                    pool = p.key.decode("utf-8", "replace")
+                    for topic, item in self.fold_one(pool, p):
+                        out.setdefault((topic, pool), []).append(item)
+                    self._unacked.append(p)
+                    if time.perf_counter_ns() >= stop:
+                        break
+                if self.metrics is not None:  # the fold time histogram: one slice, two clock reads
+                    self.metrics.fold_batch(k - at, time.perf_counter_ns() - t0)
+                n += k - at
+                at = k
+                for (topic, pool), items in out.items():
+                    for value in pack_records(pool, items):
+                        self._inflight.append(await self.send(topic, pool.encode(), value))
+                if at < len(todo):
+                    await asyncio.sleep(0)
             if n:
                 self.counts["batches"] += 1
             ckpt = self._ckpt
@@ -1189,6 +1205,13 @@ def make_app(settings: WorkerSettings):
             runner = await serve(registry_of(worker.metrics), settings.metrics_host, settings.metrics_port)
             worker.metrics_port = bound_port(runner)
             log.warning("worker: /metrics on http://%s:%d/metrics", settings.metrics_host, worker.metrics_port)
+
+    if settings.log_stalls_ms > 0:
+        from streams.stalls import StallWatch
+
+        @app.task
+        async def watch_stalls():
+            StallWatch(settings.log_stalls_ms).start()
 
     @app.task
     async def drain_loop():

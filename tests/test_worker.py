@@ -910,3 +910,53 @@ def test_a_record_delivered_while_another_partitions_hole_is_read_goes_after_the
     asyncio.run(go())
     logged = [e.value for t, v in sent if t == "chipledger.log" for e in unpack_batch(v)]
     assert logged == values and stage.counts["dropped_logged"] == 0 and stage.counts["forced"] == 0
+
+
+def test_a_backlog_is_folded_in_slices_whose_outputs_go_out_before_the_next_slice(monkeypatch):
+    """A drain of many queued records folds them in slices of DRAIN_SLICE_NS: each slice's outputs are sent, and
+    the loop runs, before the next slice is folded; the outputs, their order and the state are those of one piece."""
+    import streams.worker as worker_mod
+
+    lines = _valid_lines()
+    whole = Harness()
+    for ev in whole.feed(lines):
+        whole.worker.receive(ev)
+    whole.drain()
+
+    monkeypatch.setattr(worker_mod, "DRAIN_SLICE_NS", 0)  # every record is a slice of its own
+    sliced = Harness()
+    fold_one = sliced.worker.fold_one
+
+    def counting_fold(pool, p):
+        sliced.log.append(("fold", p.offset))
+        return fold_one(pool, p)
+    sliced.worker.fold_one = counting_fold
+    loop_ran: list[int] = []
+
+    async def go():
+        async def beside():  # a task beside the drain: it runs only when the drain lets the loop run
+            while True:
+                loop_ran.append(sum(1 for e in sliced.log if e[0] == "fold"))
+                await asyncio.sleep(0)
+        task = asyncio.ensure_future(beside())
+        for ev in sliced.feed(lines):
+            sliced.worker.receive(ev)
+        n = await sliced.worker.drain()
+        await sliced.worker.settle()
+        task.cancel()
+        return n
+    assert asyncio.run(go()) == len(lines)
+    # the first record's outputs were sent before the second record was folded
+    kinds = [e[0] for e in sliced.log]
+    assert kinds.index("send") < [i for i, k in enumerate(kinds) if k == "fold"][1]
+    # the loop ran between slices (not only after the whole backlog)
+    assert len({k for k in loop_ran if 0 < k < len(lines)}) > 1
+    # the same outputs in the same order per output topic and pool (fold order), the same state
+    def items(h):
+        out: dict = {}
+        for topic, key, v in h.sent:
+            if v["kind"] == "rows":
+                out.setdefault((topic, key), []).extend(v["items"])
+        return out
+    assert items(sliced) == items(whole) and items(whole)
+    assert sliced.table == whole.table

@@ -66,7 +66,7 @@ def test_emit_worker_sink_equals_run(bootstrap, tmp_path):
     p.close()
 
     worker = WorkerProcess(bootstrap, tmp_path / "worker", tmp_path / "worker.log", "--tick-interval", "0",
-                           "--fetch-max-wait-ms", "25", "--loglevel", "info",
+                           "--fetch-max-wait-ms", "25", "--loglevel", "info", "--log-stalls-ms", "10",
                            app_id=f"eq-{uuid.uuid4().hex[:6]}").start()
     store = open_store(f"sqlite:///{tmp_path / 'sink.db'}")
     sink = Sink(tmp_path / "lake", store, bootstrap=bootstrap, name="sink")
@@ -84,6 +84,12 @@ def test_emit_worker_sink_equals_run(bootstrap, tmp_path):
     assert "input fetches wait at most 25 ms at the broker" in log
     # and it says which ledger core folds: the same one `chipledger run` used here
     assert f"ledger core {ledger.CORE}" in log
+    # --log-stalls-ms: the backlog's fold holds the loop for slices of up to 20 ms (and the checkpoints serialize
+    # the states): each stall over 10 ms is logged with its length and the code that held the loop
+    import re
+
+    stalls = re.findall(r"stall: event loop held (\d+) ms: \d+x (\S+:\d+ \S+)", log)
+    assert stalls and all(int(ms) >= 10 for ms, _ in stalls)
 
     # the lines emit refused are the run's parse-level dead letters
     run_tables = lake_tables(tmp_path / "run-lake")
