@@ -14,11 +14,11 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional
+from typing import Any, Final, NamedTuple, Optional
 
 from mypy_extensions import mypyc_attr
 from schemas.codes import Rejection, RejectionCode as RC
-from schemas.events import _OFFSET_S, _UNIX_ORDINAL, MAX_POOL_CHIPS, MAX_POOL_MILLI, MILLI, epoch_s, to_milli
+from schemas.events import _OFFSET_S, _UNIX_ORDINAL, MAX_POOL_CHIPS, MAX_POOL_MILLI, MILLI as _MILLI, epoch_s, to_milli
 
 from ledger.books import (
     BORROWED, BURST, CAPACITY, ENTITLED, HOUR_S, IDLE, IN_QUOTA, OVERCOMMITTED, PENDING, UNAVAILABLE, Books,
@@ -28,7 +28,11 @@ from ledger.books import (
 from ledger import policy
 from ledger.state import NO_ROWS, Chip, Grant, Job, PoolState, Progress, Team, digest_of, fingerprint
 
-_new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__ (one per run ended)
+_new_tuple: Final = tuple.__new__  # a NamedTuple row without its Python-level __new__ (one per run ended)
+# Final (a C static in the compiled core, not a look-up in the module's dict at each use) and typed: a name
+# imported from schemas is an untyped object to the compiled core (its arithmetic generic)
+UNIX_ORDINAL: Final[int] = _UNIX_ORDINAL
+MILLI: Final[int] = _MILLI
 
 
 _MILLI_OF: dict[str, int] = {}  # a job's chips (a Decimal's text) -> milli-chips; jobs come in few sizes (bounded memo)
@@ -134,11 +138,11 @@ class GrantIntervalRow(NamedTuple):
     posted_at: int
 
 
-STARTED = "started"
-FINISHED = "finished"
-HELD = "held"  # a job's status between a job.preempted with held and its job.released: neither running nor pending
-OPEN = "open"
-NEVER = 1 << 62
+STARTED: Final = "started"
+FINISHED: Final = "finished"
+HELD: Final = "held"  # a job's status between a job.preempted with held and its job.released: neither running nor pending
+OPEN: Final = "open"
+NEVER: Final = 1 << 62
 
 
 @mypyc_attr(native_class=False)
@@ -271,10 +275,16 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     """
     ts = event.occurred_at
     off = _OFFSET_S.get(ts.tzinfo)  # epoch_s, written out: this runs for every event
+    t: int  # typed (as are the parts below): the compiled core then does the frame's arithmetic on machine integers
     if off is None:
         t = epoch_s(ts)
     else:
-        t = (ts.toordinal() - _UNIX_ORDINAL) * 86400 + ts.hour * 3600 + ts.minute * 60 + ts.second - off
+        day: int = ts.toordinal()
+        hour: int = ts.hour
+        minute: int = ts.minute
+        second: int = ts.second
+        offset: int = off
+        t = (day - UNIX_ORDINAL) * 86400 + hour * 3600 + minute * 60 + second - offset
     step = Step(t)
     etype = event.type
     if state is None:
@@ -346,9 +356,9 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     # asked for (grace end, timeout, a protection ending) has come; never without pending jobs
     if state.pending_sizes:
         trigger = _TRIGGER.get(etype)
-        if trigger is _JOB and etype == "job.preempted" and event.held:
+        if trigger == _JOB and etype == "job.preempted" and event.held:
             trigger = None  # held: no new demand to look at (its job.released is)
-        if trigger is _ALL or state.policy_full:
+        if trigger == _ALL or state.policy_full:
             state.policy_full = False
             policy.evaluate(state, event_id, t, step, config)
         else:
@@ -456,7 +466,7 @@ def close_facts(state: PoolState) -> dict[str, list]:
 # ---------------------------------------------------------------------------------------------------------
 
 # the events that can change a pool's free capacity
-_CAPACITY_TYPES = frozenset({"chip.registered", "chip.state_changed", "chip.retired", "job.started",
+_CAPACITY_TYPES: Final = frozenset({"chip.registered", "chip.state_changed", "chip.retired", "job.started",
                              "job.preempted", "job.finished"})
 
 
@@ -631,7 +641,8 @@ def _hol(s: PoolState, t: int) -> None:
         s.hol_first = None
         return
     first: list = []
-    for k in s.hol_order:
+    order: list[tuple[int, int, str]] = s.hol_order
+    for k in order:
         if k[2] not in able:
             first.append(k)
             if len(first) == 3:
@@ -1056,7 +1067,7 @@ def _check_job_active(s: PoolState, e):
     return None
 
 
-_CHECK = {
+_CHECK: Final = {
     "chip.registered": _check_chip_registered,
     "chip.state_changed": _check_chip_known,
     "chip.retired": _check_chip_known,
@@ -1191,7 +1202,7 @@ def _burst_off(state: PoolState, request_id: str, version: int, t: int) -> None:
     state.quota_epoch += 1
 
 
-_BOUNDARY = {"grant_on": _grant_on, "grant_off": _grant_off, "burst_on": _burst_on, "burst_off": _burst_off}
+_BOUNDARY: Final = {"grant_on": _grant_on, "grant_off": _grant_off, "burst_on": _burst_on, "burst_off": _burst_off}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1788,12 +1799,12 @@ def _apply_job_finished(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
 # submitted or sent back to the queue: just that job), capacity or quota changes and ticks (every queue's
 # head). A job.started or job.finished only takes or frees chips the cluster itself placed; a shortage it
 # leaves is seen at the next of these, or when an instant the policy asked for comes.
-_ALL = "all"  # every queue's head
-_JOB = "job"  # the job of the event
-_TRIGGER = {"job.submitted": _JOB, "job.preempted": _JOB, "job.released": _JOB, "chip.state_changed": _ALL, "chip.retired": _ALL,
+_ALL: Final = "all"  # every queue's head
+_JOB: Final = "job"  # the job of the event
+_TRIGGER: Final = {"job.submitted": _JOB, "job.preempted": _JOB, "job.released": _JOB, "chip.state_changed": _ALL, "chip.retired": _ALL,
             "quota.granted": _ALL, "quota.revoked": _ALL, "burst.requested": _ALL, "pool.tick": _ALL}
 
-_APPLY = {
+_APPLY: Final = {
     "pool.configured": _apply_pool_configured,
     "pool.tick": _apply_pool_tick,
     "chip.registered": _apply_chip_registered,
