@@ -515,8 +515,8 @@ def _post_free_chips(s: PoolState, step: Step) -> None:
 
 def _node_change(s: PoolState, node: str, d_reg: int, d_free: int) -> None:
     """A node's registered and free chips change: the counts of nodes by free chips and the whole free chips follow."""
-    nodes = s.nodes
-    counts = s.node_free_counts
+    nodes: dict[str, list[int]] = s.nodes  # typed: the compiled core reads and writes the counts as machine integers
+    counts: dict[int, int] = s.node_free_counts
     n = nodes.get(node)
     if n is None:
         n = nodes[node] = [0, 0]
