@@ -14,11 +14,11 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional
+from typing import Any, Final, NamedTuple, Optional
 
 from mypy_extensions import mypyc_attr
 from schemas.codes import Rejection, RejectionCode as RC
-from schemas.events import _OFFSET_S, _UNIX_ORDINAL, MAX_POOL_CHIPS, MAX_POOL_MILLI, MILLI, epoch_s, to_milli
+from schemas.events import _OFFSET_S, _UNIX_ORDINAL, MAX_POOL_CHIPS, MAX_POOL_MILLI, MILLI as _MILLI, epoch_s, to_milli
 
 from ledger.books import (
     BORROWED, BURST, CAPACITY, ENTITLED, HOUR_S, IDLE, IN_QUOTA, OVERCOMMITTED, PENDING, UNAVAILABLE, Books,
@@ -28,10 +28,14 @@ from ledger.books import (
 from ledger import policy
 from ledger.state import NO_ROWS, Chip, Grant, Job, PoolState, Progress, Team, digest_of, fingerprint
 
-_new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__ (one per run ended)
+_new_tuple: Final = tuple.__new__  # a NamedTuple row without its Python-level __new__ (one per run ended)
+# Final (a C static in the compiled core, not a look-up in the module's dict at each use) and typed: a name
+# imported from schemas is an untyped object to the compiled core (its arithmetic generic)
+UNIX_ORDINAL: Final[int] = _UNIX_ORDINAL
+MILLI: Final[int] = _MILLI
 
 
-_MILLI_OF: dict = {}  # a job's chips (a Decimal) -> milli-chips; jobs come in few sizes (bounded memo)
+_MILLI_OF: dict[str, int] = {}  # a job's chips (a Decimal's text) -> milli-chips; jobs come in few sizes (bounded memo)
 
 DEFAULT_DEDUP_WINDOW_S = 86_400  # event ids are remembered for a day of event time
 DEFAULT_MAX_CLOCK_JUMP_S = 400 * 86_400  # an event further ahead of its pool's clock is `clock_jump`
@@ -134,11 +138,11 @@ class GrantIntervalRow(NamedTuple):
     posted_at: int
 
 
-STARTED = "started"
-FINISHED = "finished"
-HELD = "held"  # a job's status between a job.preempted with held and its job.released: neither running nor pending
-OPEN = "open"
-NEVER = 1 << 62
+STARTED: Final = "started"
+FINISHED: Final = "finished"
+HELD: Final = "held"  # a job's status between a job.preempted with held and its job.released: neither running nor pending
+OPEN: Final = "open"
+NEVER: Final = 1 << 62
 
 
 @mypyc_attr(native_class=False)
@@ -178,10 +182,7 @@ class Step:
 
     def rows(self, table: str) -> list:
         """The step's own output list `table` (one of TABLES), made when its first row comes."""
-        out = self.__dict__.get(table)
-        if out is None:
-            out = self.__dict__[table] = []
-        return out
+        return _rows(self, table)
 
     def __repr__(self) -> str:
         return (f"Step(occurred_s={self.occurred_s}, applied_at={self.applied_at}, lateness_s={self.lateness_s}, "
@@ -194,6 +195,16 @@ class Step:
     @property
     def applied(self) -> bool:
         return self.rejection is None and not self.duplicate
+
+
+def _rows(step: Step, table: str) -> list:
+    """`step.rows(table)` as a plain function: the fold's own calls go native (a method of the non-native Step is
+    a Python-level call from the compiled core, about 1,800 instructions under callgrind)."""
+    d: dict = step.__dict__
+    out = d.get(table)
+    if out is None:
+        out = d[table] = []
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,10 +275,16 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     """
     ts = event.occurred_at
     off = _OFFSET_S.get(ts.tzinfo)  # epoch_s, written out: this runs for every event
+    t: int  # typed (as are the parts below): the compiled core then does the frame's arithmetic on machine integers
     if off is None:
         t = epoch_s(ts)
     else:
-        t = (ts.toordinal() - _UNIX_ORDINAL) * 86400 + ts.hour * 3600 + ts.minute * 60 + ts.second - off
+        day: int = ts.toordinal()
+        hour: int = ts.hour
+        minute: int = ts.minute
+        second: int = ts.second
+        offset: int = off
+        t = (day - UNIX_ORDINAL) * 86400 + hour * 3600 + minute * 60 + second - offset
     step = Step(t)
     etype = event.type
     if state is None:
@@ -339,9 +356,9 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     # asked for (grace end, timeout, a protection ending) has come; never without pending jobs
     if state.pending_sizes:
         trigger = _TRIGGER.get(etype)
-        if trigger is _JOB and etype == "job.preempted" and event.held:
+        if trigger == _JOB and etype == "job.preempted" and event.held:
             trigger = None  # held: no new demand to look at (its job.released is)
-        if trigger is _ALL or state.policy_full:
+        if trigger == _ALL or state.policy_full:
             state.policy_full = False
             policy.evaluate(state, event_id, t, step, config)
         else:
@@ -418,7 +435,7 @@ def close_books(state: PoolState, until: Optional[int] = None,
     if until is not None and until > state.clock:
         _advance(state, until, step, config)
     t = state.clock
-    journal = step.rows("journal")
+    journal = _rows(step, "journal")
     runs = []
     state.books.flush(t, journal)
     for job in state.jobs.values():
@@ -449,11 +466,11 @@ def close_facts(state: PoolState) -> dict[str, list]:
 # ---------------------------------------------------------------------------------------------------------
 
 # the events that can change a pool's free capacity
-_CAPACITY_TYPES = frozenset({"chip.registered", "chip.state_changed", "chip.retired", "job.started",
+_CAPACITY_TYPES: Final = frozenset({"chip.registered", "chip.state_changed", "chip.retired", "job.started",
                              "job.preempted", "job.finished"})
 
 
-def free_chips_values(s: PoolState) -> tuple:
+def free_chips_values(s: PoolState) -> tuple[int, int, int, int, int, Optional[int], Optional[int]]:
     """(registered, healthy, in use, down, free, free on whole nodes, largest startable), milli-chips, now."""
     healthy = s.capacity_milli - s.unavailable_milli
     in_use = s.charged_milli
@@ -480,9 +497,9 @@ def _free_chips_changed(s: PoolState, t: int) -> None:
             s.fc_row = None
             s.fc_due = NEVER
         else:
-            s.fc_row = _new_tuple(FreeChipsRow, (s.pool, t, *v))
+            s.fc_row = _new_tuple(FreeChipsRow, (s.pool, t, v[0], v[1], v[2], v[3], v[4], v[5], v[6]))
     elif v != s.fc_posted:
-        s.fc_row = _new_tuple(FreeChipsRow, (s.pool, t, *v))
+        s.fc_row = _new_tuple(FreeChipsRow, (s.pool, t, v[0], v[1], v[2], v[3], v[4], v[5], v[6]))
         s.fc_due = t + 1
 
 
@@ -490,7 +507,7 @@ def _post_free_chips(s: PoolState, step: Step) -> None:
     row: Any = s.fc_row
     if row.__class__ is not FreeChipsRow:  # restored from a saved state as a plain tuple
         row = _new_tuple(FreeChipsRow, tuple(row))
-    step.rows("free_chips").append(row)
+    _rows(step, "free_chips").append(row)
     s.fc_posted = tuple(row[2:])
     s.fc_row = None
     s.fc_due = NEVER
@@ -498,8 +515,8 @@ def _post_free_chips(s: PoolState, step: Step) -> None:
 
 def _node_change(s: PoolState, node: str, d_reg: int, d_free: int) -> None:
     """A node's registered and free chips change: the counts of nodes by free chips and the whole free chips follow."""
-    nodes = s.nodes
-    counts = s.node_free_counts
+    nodes: dict[str, list[int]] = s.nodes  # typed: the compiled core reads and writes the counts as machine integers
+    counts: dict[int, int] = s.node_free_counts
     n = nodes.get(node)
     if n is None:
         n = nodes[node] = [0, 0]
@@ -558,33 +575,41 @@ def _hol(s: PoolState, t: int) -> None:
     cannot start are the first of the pool's queue order not among those that can, and the blockers of every job
     that can start are looked at again only when those three changed."""
     s.hol_sig = (s.run_epoch, s.other_epoch, s.queue_changes, s.capacity_milli)
-    groups = s.hol_groups
-    if groups is None:
+    # typed locals: the compiled core then reads the members' chips and the figures as machine integers
+    groups: dict[tuple[str, Optional[int]], list[tuple[int, str, Job]]]
+    if s.hol_groups is None:
         groups = _hol_index(s)
+    else:
+        groups = s.hol_groups
     ctx = policy.hol_context(s)
     teams = s.teams
     inflight = s.inflight
     able = s.hol_able
-    most = s.hol_max
+    most: dict[tuple[str, Optional[int]], int] = s.hol_max
     newly: list = []
-    team_most: dict = {}
-    whole: dict = {}
+    team_most: dict[str, int] = {}
+    whole: dict[int, int] = {}
     for gkey, members in groups.items():
         name = gkey[0]
-        m = team_most.get(name)
-        if m is None:
+        tm = team_most.get(name)
+        if tm is None:
             m = team_most[name] = policy.startable_milli(s, teams[name], ctx)
+        else:
+            m = tm
         # a figure below the group's smallest job, or at least its largest, says the same of every job in it
-        if m < members[0][0]:
+        smallest = members[0][0]
+        if m < smallest:
             m = -1
         else:
             cpn = gkey[1]
             if cpn is not None:
-                w = whole.get(cpn)
-                if w is None:
+                wc = whole.get(cpn)
+                if wc is None:
                     w = whole[cpn] = policy.whole_nodes_milli(s, cpn)
+                else:
+                    w = wc
                 if w < m:
-                    m = w if w >= members[0][0] else -1
+                    m = w if w >= smallest else -1
             if m >= members[-1][0]:
                 m = NEVER
         old = most.get(gkey)
@@ -616,7 +641,8 @@ def _hol(s: PoolState, t: int) -> None:
         s.hol_first = None
         return
     first: list = []
-    for k in s.hol_order:
+    order: list[tuple[int, int, str]] = s.hol_order
+    for k in order:
         if k[2] not in able:
             first.append(k)
             if len(first) == 3:
@@ -730,7 +756,7 @@ def _post_open_waits(s: PoolState, hour_start: int, step: Step) -> None:
     began = [job for queue in s.waiting.values() for job in queue.values() if job.waiting_since >= hour_start]
     if began:
         began.sort(key=_wait_order)  # the order of the queues is not kept by a saved state
-        rows = step.rows("waits")
+        rows = _rows(step, "waits")
         for job in began:
             rows.append(_wait_row(s, job, job.run_index, None, OPEN, hour_start + HOUR_S))
 
@@ -867,7 +893,7 @@ def _progress(s: PoolState, job: Job, units: int, t: int, step: Step, config: Fo
             pc[0] += charged
             if not slow:
                 pc[1] += charged
-        step.rows("progress").append(_new_tuple(ProgressRow, (
+        _rows(step, "progress").append(_new_tuple(ProgressRow, (
             s.pool, job.job_id, job.team, job.run_index, job.submitted_at, pr.unit, pr.at, t, pr.units_from, units,
             job.chips_milli, charged, rate, ref, slow, dt if slow else 0, healthy,
             ",".join(f"{c}:{bad[c]}" for c in sorted(bad)), _held_text(s, job) if slow else "", t)))
@@ -1041,7 +1067,7 @@ def _check_job_active(s: PoolState, e):
     return None
 
 
-_CHECK = {
+_CHECK: Final = {
     "chip.registered": _check_chip_registered,
     "chip.state_changed": _check_chip_known,
     "chip.retired": _check_chip_known,
@@ -1083,7 +1109,7 @@ def _advance(state: PoolState, t: int, step: Step, config: FoldConfig = DEFAULT_
             instant, _, kind, ident, version = heapq.heappop(bounds)
             _BOUNDARY[kind](state, ident, version, instant)
         elif hour_end <= t:
-            books.close_hour(step.rows("journal"))
+            books.close_hour(_rows(step, "journal"))
             policy.hour_closed(state, hour_end - HOUR_S, step, config)
             if state.pending_sizes:
                 _post_open_waits(state, hour_end - HOUR_S, step)
@@ -1176,7 +1202,7 @@ def _burst_off(state: PoolState, request_id: str, version: int, t: int) -> None:
     state.quota_epoch += 1
 
 
-_BOUNDARY = {"grant_on": _grant_on, "grant_off": _grant_off, "burst_on": _burst_on, "burst_off": _burst_off}
+_BOUNDARY: Final = {"grant_on": _grant_on, "grant_off": _grant_off, "burst_on": _burst_on, "burst_off": _burst_off}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1359,7 +1385,7 @@ def _dequeue(state: PoolState, job: Job, t: int, step: Step, run_index: int, end
     """The job stops waiting (it started or finished): its chips leave its team's pending demand and queue, and
     its wait is posted (fact `waits`) and counted for the wait SLOs (PoolState.wait_counts)."""
     row = _wait_row(state, job, run_index, t, end, t)
-    step.rows("waits").append(row)
+    _rows(step, "waits").append(row)
     state.queue_changes += 1
     _count_wait(state, job, row, t, end, config)
     name = job.team
@@ -1462,7 +1488,7 @@ def _post_chip_state(s: PoolState, chip_id: str, chip: Optional[Chip], t: int, s
         row = (s.pool, chip_id, node, t, s.applied, "retired", False, False)
     else:
         row = (s.pool, chip_id, chip.node, t, s.applied, chip.state, True, chip.available)
-    step.rows("chip_states").append(_new_tuple(ChipStateRow, row))
+    _rows(step, "chip_states").append(_new_tuple(ChipStateRow, row))
 
 
 def _post_grant(s: PoolState, g: Grant, t: int, step: Step) -> None:
@@ -1470,13 +1496,13 @@ def _post_grant(s: PoolState, g: Grant, t: int, step: Step) -> None:
     `grant_intervals`). Never empty: a grant is held only while its effective_until is ahead of the clock, and
     the schema has it after effective_from."""
     start = t if g.effective_from is None or g.effective_from < t else g.effective_from
-    step.rows("grant_intervals").append(_grant_row(s, g, t, start, g.effective_until, False, t))
+    _rows(step, "grant_intervals").append(_grant_row(s, g, t, start, g.effective_until, False, t))
 
 
 def _post_grant_end(s: PoolState, g: Grant, t: int, step: Step) -> None:
     """A grant held until t (revoked, or amended by a re-grant of its id) ends at t, before the end it was granted
     for (a grant's effective_until passes before any event at or after it): the end of its incarnation."""
-    step.rows("grant_intervals").append(_grant_row(s, g, None, None, t, True, t))
+    _rows(step, "grant_intervals").append(_grant_row(s, g, None, None, t, True, t))
 
 
 def _grant_row(s: PoolState, g: Grant, granted: Optional[int], start: Optional[int], until: Optional[int],
@@ -1542,7 +1568,7 @@ def _apply_burst_requested(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     """Decide the request now; an approved or cut burst is a reservation for its window (burst_on/off)."""
     s.team(e.team)
     decision, reservation = policy.decide_burst(s, e, t, config)
-    step.rows("decisions").append(policy.decision_row(decision, t))
+    _rows(step, "decisions").append(policy.decision_row(decision, t))
     policy.count_decision(s, "burst", decision.rule, decision.verdict)
     if reservation is not None and e.request_id not in s.bursts:  # a request id is decided once
         s.bursts[e.request_id] = reservation
@@ -1556,12 +1582,14 @@ def _apply_burst_requested(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
 
 def _milli_of(chips) -> int:
     """A job's chips (a Decimal) as milli-chips: e.chips_milli, memoized (Decimal arithmetic costs more than the
-    rest of a submission)."""
-    milli = _MILLI_OF.get(chips)
+    rest of a submission). Keyed by the Decimal's text: hashing a Decimal with decimals takes a modular power
+    (about 3,000 instructions a look-up under callgrind), its text a few hundred; equal texts are equal values."""
+    key = str(chips)
+    milli = _MILLI_OF.get(key)
     if milli is None:
         if len(_MILLI_OF) >= 4096:
             _MILLI_OF.clear()
-        milli = _MILLI_OF[chips] = to_milli(chips)
+        milli = _MILLI_OF[key] = to_milli(chips)
     return milli
 
 
@@ -1589,7 +1617,7 @@ def _apply_job_started(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
     if held:  # started as it was released: a wait of 0 s (it was never pending), posted and counted like any other
         _wait_begins(s, job, t)
         row = _wait_row(s, job, job.run_index - 1, t, STARTED, t)
-        step.rows("waits").append(row)
+        _rows(step, "waits").append(row)
         _count_wait(s, job, row, t, STARTED, config)
     else:
         _dequeue(s, job, t, step, job.run_index - 1, STARTED, config)
@@ -1679,7 +1707,7 @@ def _end_run(s: PoolState, job: Job, t: int, reason: str, step: Step) -> None:
     amount = alloc - job.run_posted_mchip_s
     row = _new_tuple(JobRunRow, (s.pool, job_id, name, job.run_index, job.chips_milli, job.priority,
                                  job.submitted_at, job.run_started_at, t, reason, amount, lost, t))
-    step.rows("job_runs").append(row)
+    _rows(step, "job_runs").append(row)
     # the goodput counters count the whole run as it ends (its row holds only what a close of the books had not
     # posted yet), so that allocated - lost never goes back
     rc = s.run_counts.get(name)
@@ -1771,12 +1799,12 @@ def _apply_job_finished(s: PoolState, e, t, step, config=DEFAULT_CONFIG):
 # submitted or sent back to the queue: just that job), capacity or quota changes and ticks (every queue's
 # head). A job.started or job.finished only takes or frees chips the cluster itself placed; a shortage it
 # leaves is seen at the next of these, or when an instant the policy asked for comes.
-_ALL = "all"  # every queue's head
-_JOB = "job"  # the job of the event
-_TRIGGER = {"job.submitted": _JOB, "job.preempted": _JOB, "job.released": _JOB, "chip.state_changed": _ALL, "chip.retired": _ALL,
+_ALL: Final = "all"  # every queue's head
+_JOB: Final = "job"  # the job of the event
+_TRIGGER: Final = {"job.submitted": _JOB, "job.preempted": _JOB, "job.released": _JOB, "chip.state_changed": _ALL, "chip.retired": _ALL,
             "quota.granted": _ALL, "quota.revoked": _ALL, "burst.requested": _ALL, "pool.tick": _ALL}
 
-_APPLY = {
+_APPLY: Final = {
     "pool.configured": _apply_pool_configured,
     "pool.tick": _apply_pool_tick,
     "chip.registered": _apply_chip_registered,

@@ -386,7 +386,8 @@ _new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__
 class _Context:
     """Pool-wide numbers shared by the reasons of many jobs at one instant."""
 
-    def __init__(self, state: PoolState, limits, lenders: Optional[list] = None):
+    def __init__(self, state: PoolState, limits: dict[str, tuple[Optional[int], Optional[int]]],
+                 lenders: Optional[list[tuple[str, int]]] = None):
         self.limits = limits
         self.free, self.promised = unpromised_free(state)  # as the rules count them (evaluate)
         # only a team with a lending limit keeps unused quota from others (guarded_milli is 0 for the rest)
@@ -453,10 +454,12 @@ def startable_milli(state: PoolState, tm: Team, ctx: _Context) -> int:
     second reaches beyond the unused quota, the free chips cover all of the first.)"""
     free = ctx.free
     unused = unused_quota(state, tm)
-    beyond = free - (ctx.guarded_total - ctx.guarded.get(tm.name, 0))
-    blim = ctx.limits.get(tm.name, (None, None))[0]
+    beyond = free - (ctx.guarded_total - ctx.guarded.get(tm.name, 0)) if ctx.guarded_total else free
+    lim = ctx.limits.get(tm.name)
+    blim = None if lim is None else lim[0]
     if blim is not None:
-        borrowed, _ = borrowed_of(tm)
+        over = tm.use_milli - tm.nominal_milli  # borrowed_of, written out: the team's ordinary borrowing now
+        borrowed = (over - (over if over < tm.burst_milli else tm.burst_milli)) if over > 0 else 0
         room = blim - borrowed + (unused if unused > 0 else 0)
         if room < beyond:
             beyond = room
