@@ -288,9 +288,11 @@ class Continuity:
                         self._arrived_at[tp] = now  # once per STALL_S
         if self.fetch is not None:
             budget = time.monotonic() + READ_TIMEOUT_S  # the drain holds its stage's lock, which a rebalance waits for
+            reads = 0
             for tp, (lo, hi) in self.intake.missing().items():
-                if hi > lo and time.monotonic() >= budget:
-                    break  # Kafka is slow to answer: the other holes at the next drain
+                if hi > lo and reads and time.monotonic() >= budget:
+                    break  # Kafka is slow to answer: the other holes at the next drain (each drain reads one at least)
+                reads += hi > lo
                 records = await self.fetch(tp, lo, hi) if hi > lo else []
                 had = self.intake.held_offsets(tp)
                 n = sum(1 for r in records if r.message.offset not in had)
