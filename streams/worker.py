@@ -242,6 +242,7 @@ class Continuity:
         self.first_of = first_of  # async (tp) -> the partition's first offset in Kafka (None: not known now)
         self.intake = Intake(check_start=start_offsets is not None)
         self._arrived_at: dict[TP, float] = {}
+        self._hole_turn = 0
         self.counts.setdefault("read_directly", 0)
         self.counts.setdefault("gone", 0)
 
@@ -270,10 +271,15 @@ class Continuity:
             for tp in self._arrived_at:
                 self._arrived_at[tp] = now
             return
+        # the drain holds its stage's lock, which a rebalance waits for (rebalance timeout 12 s): after READ_TIMEOUT_S
+        # it starts no other call to Kafka (each waits at most that long), and it reads one hole at least
+        budget = time.monotonic() + READ_TIMEOUT_S
         if self.start_offsets is not None:
-            tps = self.intake.unstarted()
+            tps = sorted(self.intake.unstarted())  # in a fixed order: the holes they open are read in it
             if tps:
                 starts = await self.start_offsets(tps)
+                if self.halted():
+                    return
                 for tp in tps:
                     if starts.get(tp) is not None:
                         for ev in self.intake.start(tp, starts[tp]):
@@ -286,35 +292,45 @@ class Continuity:
                     if end is not None and end > nxt:
                         self.intake.stalled(tp, end)
                         self._arrived_at[tp] = now  # once per STALL_S
-        if self.fetch is not None:
-            budget = time.monotonic() + READ_TIMEOUT_S  # the drain holds its stage's lock, which a rebalance waits for
-            reads = 0
-            for tp, (lo, hi) in self.intake.missing().items():
-                if hi > lo and reads and time.monotonic() >= budget:
-                    break  # Kafka is slow to answer: the other holes at the next drain (each drain reads one at least)
-                reads += hi > lo
-                records = await self.fetch(tp, lo, hi) if hi > lo else []
-                had = self.intake.held_offsets(tp)
-                n = sum(1 for r in records if r.message.offset not in had)
-                if n:
-                    log.warning("worker: %s[%d]: %d record(s) at offsets %d..%d were not handed over by Faust's consumer "
-                                "(skipped around a rebalance); read directly", tp.topic, tp.partition, n, lo, hi - 1)
-                self.counts["read_directly"] += n
-                for ev in self.intake.fill(tp, [(r.message.offset, r) for r in records]):
-                    self._handle(ev)
-                if hi > lo and self.first_of is not None and not any(r.message.offset == lo for r in records):
-                    # the hole's first record did not come: it may be gone (retention, deleted records), and
-                    # then it never will; the hole is closed at the partition's first offset, loudly
-                    first = await self.first_of(tp)
-                    if first is not None:
-                        n_gone, ready = self.intake.gone(tp, first)
-                        if n_gone:
-                            log.error("worker: %s[%d]: %d record(s) at offsets %d..%d are no longer in Kafka "
-                                      "(retention or deleted records) and were never handled: skipped", tp.topic,
-                                      tp.partition, n_gone, lo, first - 1)
-                            self.counts["gone"] += n_gone
-                        for ev in ready:
-                            self._handle(ev)
+        if self.fetch is None:
+            return
+        holes = list(self.intake.missing().items())
+        if holes:  # each drain begins at the next hole: one partition Kafka is slow to answer for starves no other
+            k = self._hole_turn % len(holes)
+            holes = holes[k:] + holes[:k]
+            self._hole_turn += 1
+        reads = 0
+        for tp, (lo, hi) in holes:
+            if hi > lo and reads and time.monotonic() >= budget:
+                break  # the other holes at the next drain
+            reads += hi > lo
+            records = await self.fetch(tp, lo, hi) if hi > lo else []
+            if self.halted():
+                return  # a rebalance began: what was read is read again by the partition's next owner
+            had = self.intake.held_offsets(tp)
+            n = sum(1 for r in records if r.message.offset not in had)
+            if n:
+                log.warning("worker: %s[%d]: %d record(s) at offsets %d..%d were not handed over by Faust's consumer "
+                            "(skipped around a rebalance); read directly", tp.topic, tp.partition, n, lo, hi - 1)
+            self.counts["read_directly"] += n
+            for ev in self.intake.fill(tp, [(r.message.offset, r) for r in records]):
+                self._handle(ev)
+            if (hi > lo and self.first_of is not None and time.monotonic() < budget
+                    and not any(r.message.offset == lo for r in records)):
+                # the hole's first record did not come: it may be gone (retention, deleted records), and
+                # then it never will; the hole is closed at the partition's first offset, loudly
+                first = await self.first_of(tp)
+                if self.halted():
+                    return
+                if first is not None:
+                    n_gone, ready = self.intake.gone(tp, first)
+                    if n_gone:
+                        log.error("worker: %s[%d]: %d record(s) at offsets %d..%d are no longer in Kafka "
+                                  "(retention or deleted records) and were never handled: skipped", tp.topic,
+                                  tp.partition, n_gone, lo, first - 1)
+                        self.counts["gone"] += n_gone
+                    for ev in ready:
+                        self._handle(ev)
 
 
 def _key_bytes(key) -> Optional[bytes]:
@@ -877,6 +893,7 @@ MAX_REQUEST_BYTES = 8 << 20  # a log record (an input up to the broker's limit +
 
 
 METADATA_MAX_AGE_MS = 10_000  # the Faust consumer's metadata refresh at the latest (see faust_settings)
+START_TIMEOUT_S = 1.0  # the longest the direct reader waits for one partition's start (its first + committed offset)
 READ_TIMEOUT_S = 5.0  # the longest a direct read waits, and after which a drain starts no other read (rebalance timeout: 12 s)
 
 
@@ -897,8 +914,12 @@ class DirectReader:
         self.settings = settings
         self._consumers: dict[bool, Any] = {}  # grouped? -> consumer
         self._lock = asyncio.Lock()
+        self._timeouts = 0  # calls timed out in a row
+        self._closed = False
 
     async def _client(self, grouped: bool = False):
+        if self._closed:
+            raise KafkaError("the worker is stopping: no more direct reads")
         c = self._consumers.get(grouped)
         if c is None:
             from aiokafka import AIOKafkaConsumer
@@ -914,39 +935,49 @@ class DirectReader:
             self._consumers[grouped] = c
         return c
 
-    async def _drop(self, exc: BaseException) -> None:
-        """After a failed or timed-out call: both consumers are made anew at the next call."""
+    async def _failed(self, exc: BaseException) -> None:
+        """After a failed call: a consumer that failed (a KafkaError), or timed out three times in a row, is made
+        anew at the next call (a plain timeout alone, Kafka being slow, keeps the connections)."""
+        if isinstance(exc, asyncio.TimeoutError):
+            self._timeouts += 1
+            if self._timeouts < 3:
+                return
+        self._timeouts = 0
         consumers, self._consumers = list(self._consumers.values()), {}
         for c in consumers:
             await _stop_quietly(c)
         log.info("worker: the direct reader's consumers are made anew after %r", exc)
 
     async def start_offsets(self, tps) -> dict:
-        """{tp: offset}; {} when Kafka does not answer within READ_TIMEOUT_S (the stage asks again at its next drain:
-        a drain must not hold its stage's lock long, a rebalance waits for it)."""
+        """{tp: offset} for the partitions Kafka answered for within READ_TIMEOUT_S, one at a time (a partition
+        without a leader keeps no other from starting); the stage asks again for the rest at its next drain (a drain
+        must not hold its stage's lock long, a rebalance waits for it)."""
+        out: dict = {}
         async with self._lock:
-            try:
-                return await asyncio.wait_for(self._start_offsets(tps), READ_TIMEOUT_S)
-            except (asyncio.TimeoutError, KafkaError) as exc:
-                log.warning("worker: where the consumer started on %d partition(s) is not known yet: %r", len(tps),
-                            exc)
-                await self._drop(exc)
-                return {}
+            deadline = time.monotonic() + READ_TIMEOUT_S
+            for tp in tps:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    out[tp] = await asyncio.wait_for(self._start_offset(tp), min(left, START_TIMEOUT_S))
+                    self._timeouts = 0
+                except (asyncio.TimeoutError, KafkaError) as exc:
+                    log.warning("worker: where the consumer started on %s[%d] is not known yet: %r", tp.topic,
+                                tp.partition, exc)
+                    await self._failed(exc)
+        return out
 
-    async def _start_offsets(self, tps) -> dict:
+    async def _start_offset(self, tp: TP) -> Optional[int]:
         from aiokafka import TopicPartition
 
         reader, group = await self._client(), await self._client(grouped=True)
-        out = {}
-        ktps = [TopicPartition(tp.topic, tp.partition) for tp in tps]
-        first = await reader.beginning_offsets(ktps)
-        for tp, ktp in zip(tps, ktps):
-            committed = await group.committed(ktp)
-            start = first.get(ktp)
-            if committed is not None and (start is None or committed > start):
-                start = committed  # a committed offset below the first one: those records are gone (retention)
-            out[tp] = start
-        return out
+        ktp = TopicPartition(tp.topic, tp.partition)
+        start = (await reader.beginning_offsets([ktp])).get(ktp)
+        committed = await group.committed(ktp)
+        if committed is not None and (start is None or committed > start):
+            start = committed  # a committed offset below the first one: those records are gone (retention)
+        return start
 
     async def first_offset(self, tp: TP) -> Optional[int]:
         """The partition's first offset in Kafka (what retention or deleted records left); None when Kafka does not
@@ -956,12 +987,14 @@ class DirectReader:
         ktp = TopicPartition(tp.topic, tp.partition)
         async with self._lock:
             try:
-                c = await asyncio.wait_for(self._client(), READ_TIMEOUT_S)
-                first = await asyncio.wait_for(c.beginning_offsets([ktp]), READ_TIMEOUT_S)
-                return first.get(ktp)
+                async def first():
+                    return (await (await self._client()).beginning_offsets([ktp])).get(ktp)
+                got = await asyncio.wait_for(first(), READ_TIMEOUT_S)
+                self._timeouts = 0
+                return got
             except (asyncio.TimeoutError, KafkaError) as exc:
                 log.warning("worker: the first offset of %s[%d] is not known yet: %r", tp.topic, tp.partition, exc)
-                await self._drop(exc)
+                await self._failed(exc)
                 return None
 
     async def read(self, tp: TP, lo: int, hi: int) -> list:
@@ -971,10 +1004,11 @@ class DirectReader:
         async with self._lock:
             try:
                 await asyncio.wait_for(self._read(tp, lo, hi, out), READ_TIMEOUT_S)
+                self._timeouts = 0
             except (asyncio.TimeoutError, KafkaError) as exc:
                 log.warning("worker: reading %s[%d] %d..%d directly: %r (read %d)", tp.topic, tp.partition, lo,
                             hi - 1, exc, len(out))
-                await self._drop(exc)
+                await self._failed(exc)
         return out
 
     async def _read(self, tp: TP, lo: int, hi: int, out: list) -> None:
@@ -997,16 +1031,21 @@ class DirectReader:
             c.pause(ktp)  # no prefetching between reads (up to 8 MiB per partition)
 
     async def close(self) -> None:
-        consumers, self._consumers = list(self._consumers.values()), {}
-        for c in consumers:
-            await c.stop()
+        """At the worker's stop: no read after it (a drain still running gets nothing), each consumer stopped."""
+        async with self._lock:
+            self._closed = True
+            consumers, self._consumers = list(self._consumers.values()), {}
+            for c in consumers:
+                await _stop_quietly(c)
 
 
 async def _stop_quietly(c) -> None:
     """Stop a consumer that failed. aiokafka 0.14's `stop()` can raise the CancelledError of its own fetch task
-    (cancelled by `Fetcher.close`) when a fetch was failing: that one is not the caller's cancellation."""
+    (`Fetcher.close` cancels and awaits it) before it closes the client: the client is then closed here, or its
+    connections and metadata task would outlive the consumer."""
     try:
         await asyncio.wait_for(c.stop(), READ_TIMEOUT_S)
+        return
     except asyncio.CancelledError as exc:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
@@ -1014,6 +1053,16 @@ async def _stop_quietly(c) -> None:
         log.info("worker: stopping a failed consumer: %r", exc)
     except Exception as exc:  # noqa: BLE001 - a consumer that failed: what matters is that it is gone
         log.info("worker: stopping a failed consumer: %r", exc)
+    client = getattr(c, "_client", None)
+    if client is not None:
+        try:
+            await asyncio.wait_for(client.close(), READ_TIMEOUT_S)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+        except Exception as exc:  # noqa: BLE001
+            log.info("worker: closing a failed consumer's client: %r", exc)
 
 
 def faust_settings(settings: WorkerSettings) -> dict:
