@@ -342,7 +342,9 @@ def _restarted(slurm, workload, job: str) -> bool:
     commands between can take longer, and Slurm then releases and starts it before the cancel: the ledger must follow
     what Slurm did either way."""
     runs = _dump_runs(_sacct_dump(slurm, workload))[job]
-    return len(runs) > 1 and _epoch(runs[-1]["Start"]) is not None
+    start, eligible = _epoch(runs[-1]["Start"]), _epoch(runs[-1]["Eligible"])
+    # a run cancelled while held has Start = End = the cancel, before its Eligible (measured on 22.05.8)
+    return len(runs) > 1 and start is not None and eligible is not None and start >= eligible
 
 
 def test_watch_maps_what_slurm_did(slurm, workload):

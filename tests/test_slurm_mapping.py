@@ -142,6 +142,11 @@ def test_a_requeued_job_cancelled_while_held_is_never_demand_again():
     # second would come after the finish)
     at_eligible = replace(cancelled, end=156)
     assert L not in [e.body["type"] for e in job_events(CLUSTER, "s", [first, at_eligible], MapReport())]
+    # accounting can give such a run a Start, equal to its End (the cancel), before its Eligible (measured on
+    # 22.05.8 by the live test: the watcher released, started and cancelled it at once): no start, no release
+    with_start = replace(cancelled, start=151)
+    evs = job_events(CLUSTER, "s", [first, with_start], MapReport())
+    assert [(e.body["type"], e.at) for e in evs] == [(S, 100), (R, 110), (C, 150), (P, 150), (F, 151)]
 
 
 def test_actuator_mark_makes_the_requeue_a_preemption_of_that_decision(runs):

@@ -190,7 +190,7 @@ def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, si
         key = r.submit
         if not eligible and k > 0 and r.submit > cursor:  # without Eligible: a requeued run waits from its Submit
             cursor = r.submit
-        if r.start is not None and r.state not in PENDING:
+        if started(r) and r.state not in PENDING:
             if since <= r.start < cursor:
                 report.notes["start before submit (or before the previous run's end) moved later"] += 1
             t = max(r.start, cursor)
@@ -252,14 +252,21 @@ def _in_causal_order(events: list[Event]) -> list[Event]:
     return out
 
 
+def started(run: Run) -> bool:
+    """Whether the run started. A run cancelled before it was eligible (a requeued job cancelled in its hold-off)
+    can have a Start in accounting, equal to its End (the cancel) and before its Eligible (measured on 22.05.8):
+    Slurm starts no job before it is eligible, so such a Start is not one."""
+    return run.start is not None and (run.eligible is None or run.start >= run.eligible)
+
+
 def released_at(run: Run) -> Optional[int]:
-    """When a requeued job's next run became eligible (`job.released`): its Eligible (its Start, if earlier);
-    None when it never was: no Eligible, or it ended (cancelled while held) at or before its Eligible."""
+    """When a requeued job's next run became eligible (`job.released`): its Eligible; None when it never was: no
+    Eligible, or it ended (cancelled while held) at or before its Eligible."""
     e = run.eligible
     if e is None:
         return None
-    if run.start is not None:
-        return min(e, run.start)
+    if started(run):
+        return e
     if run.end is not None and run.end <= e:
         return None
     return e
