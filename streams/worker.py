@@ -1039,30 +1039,31 @@ class DirectReader:
                 await _stop_quietly(c)
 
 
-async def _stop_quietly(c) -> None:
-    """Stop a consumer that failed. aiokafka 0.14's `stop()` can raise the CancelledError of its own fetch task
-    (`Fetcher.close` cancels and awaits it) before it closes the client: the client is then closed here, or its
-    connections and metadata task would outlive the consumer."""
+async def _quietly(call, what: str) -> bool:
+    """Await `call` (at most READ_TIMEOUT_S) on a consumer that failed; True when it completed. Its errors are logged,
+    not raised: aiokafka 0.14 can raise the CancelledError of its own fetch task here, which is not the caller's
+    (a cancellation of the caller itself goes on)."""
     try:
-        await asyncio.wait_for(c.stop(), READ_TIMEOUT_S)
-        return
+        await asyncio.wait_for(call, READ_TIMEOUT_S)
+        return True
     except asyncio.CancelledError as exc:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise  # the caller is being cancelled
-        log.info("worker: stopping a failed consumer: %r", exc)
+        log.info("worker: %s: %r", what, exc)
     except Exception as exc:  # noqa: BLE001 - a consumer that failed: what matters is that it is gone
-        log.info("worker: stopping a failed consumer: %r", exc)
-    client = getattr(c, "_client", None)
-    if client is not None:
-        try:
-            await asyncio.wait_for(client.close(), READ_TIMEOUT_S)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise
-        except Exception as exc:  # noqa: BLE001
-            log.info("worker: closing a failed consumer's client: %r", exc)
+        log.info("worker: %s: %r", what, exc)
+    return False
+
+
+async def _stop_quietly(c) -> None:
+    """Stop a consumer that failed. aiokafka 0.14's `stop()` can give up (`Fetcher.close` cancels and awaits a fetch
+    in flight) before it closes the client: the client is then closed here, or its connections and metadata task
+    would outlive the consumer."""
+    if not await _quietly(c.stop(), "stopping a failed consumer"):
+        client = getattr(c, "_client", None)
+        if client is not None:
+            await _quietly(client.close(), "closing a failed consumer's client")
 
 
 def faust_settings(settings: WorkerSettings) -> dict:

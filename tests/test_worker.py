@@ -847,9 +847,7 @@ def test_a_drain_starts_no_direct_read_after_its_time_is_spent_and_the_next_drai
 
     monkeypatch.setattr(w, "READ_TIMEOUT_S", 0.01)
     h = Harness()
-    evs = h.feed(_valid_lines()[:6])
-    for i, ev in enumerate(evs):  # two log partitions of three records each
-        ev.message.partition, ev.message.offset = divmod(i, 3)
+    evs = _two_log_holes(h)
     reads = []
 
     async def fetch(tp, lo, hi):
