@@ -291,6 +291,28 @@ def test_a_worker_process_freezes_what_lives_at_each_checkpoint_and_collects_eve
             gc.unfreeze()
 
 
+def test_a_worker_process_collects_everything_at_its_start_not_at_its_first_checkpoint():
+    import gc
+
+    h = Harness()
+    h.worker.settings.freeze_gc = True
+    h.worker.settings.full_gc_interval_s = 600
+    evs = h.feed(_valid_lines())
+    try:
+        h.now = 5.0
+        h.worker.collect_at_start()  # the drain loop's first act, before any record
+        assert h.worker.counts["full_collections"] == 1 and gc.get_freeze_count() > 0
+        for i, ev in enumerate(evs[:6]):  # two checkpoints, at 10 s and 20 s: no full collection in either
+            h.now = {0: 10.0, 3: 20.0}.get(i, h.now)
+            h.worker.receive(ev)
+            if i % 3 == 2:
+                h.drain()
+        assert h.worker.counts["checkpoints"] == 2
+        assert h.worker.counts["full_collections"] == 1
+    finally:
+        gc.unfreeze()
+
+
 def test_the_drain_folds_on_while_a_checkpoint_waits_and_the_checkpoint_keeps_what_it_captured():
     lines = _valid_lines()
     h = Harness()
