@@ -310,6 +310,7 @@ def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: s
         p = LedgerProducer(bootstrap, linger_ms=0)
         interval = 1.0 / rate
         load_before = os.getloadavg()[0]
+        log_from = wlog.stat().st_size if wlog.exists() else 0  # the stalls of the measured run only (not start-up)
         cpu0 = cpu_seconds(proc.pid)
         t0 = time.monotonic()
         futures = []
@@ -334,7 +335,7 @@ def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: s
         halt.set()
         reader.join(60)
         stop(proc)
-    stalls = stall_lines(wlog)
+    stalls = stall_lines(wlog, log_from)
     pending = orjson.loads(out_path.read_bytes()) if out_path.exists() else []
     logged_at = {tuple(origin): ts for topic, origin, _, ts in pending if topic == TOPIC_LOG}
     stages: dict[str, list] = {"send_to_log": [], "log_to_output": [], "output_to_reader": []}
@@ -368,15 +369,20 @@ def latency(bootstrap: str, work: Path, rate: int, lines: list[bytes], app_id: s
 STALL_MS = 40  # the latency run's worker logs event-loop stalls longer than this (streams/stalls.py)
 
 
-def stall_lines(log_path: Path) -> dict:
-    """The worker's stall lines (streams.stalls): count, total and longest ms, and the places most often sampled."""
+def stall_lines(log_path: Path, start: int = 0) -> dict:
+    """The worker's stall lines (streams.stalls) from byte `start` of its log: count, total and longest ms, and the
+    places most often sampled."""
     from collections import Counter
 
     from streams.stalls import STALL_LOG_PREFIX
 
     held: list[float] = []
     places: Counter = Counter()
-    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    text = ""
+    if log_path.exists():
+        with open(log_path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode("utf-8", "replace")
     for line in text.splitlines():
         if STALL_LOG_PREFIX not in line:
             continue
