@@ -38,6 +38,7 @@ import logging
 import time
 import uuid
 import weakref
+import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -122,6 +123,72 @@ class Pending:
 OUTPUT_RECORD_BYTES = 900_000
 CHECKPOINT_RECORDS_MAX = 50_000  # checkpoint early when this many handled records wait for it
 DRAIN_SLICE_NS = 20_000_000  # the fold sends what it folded and lets the loop run after this much folding (a backlog)
+
+
+#: a table value longer than this is written in parts (Faust's changelog topics keep the broker's default limit of
+#: 1 MiB per record, and a busy pool's state, most of it the dedup window's day of event ids, outgrows it)
+TABLE_PART_BYTES = 800_000
+PARTS_PREFIX = b"\x00parts "  # a head value: where a pool's parted value is (a state's JSON starts with "{")
+
+
+def part_key(pool: str, version: str, i: int) -> bytes:
+    """The table key of part `i` of a pool's parted value (pool ids have no control characters: no pool's key)."""
+    return pool.encode() + b"\x00part\x00" + version.encode() + b":" + str(i).encode()
+
+
+def write_parted(t, pool: str, value: bytes, previous: Optional[dict]) -> Optional[dict]:
+    """Write a pool's value to the table `t`: as it is when short, else in parts under new keys and then a head
+    naming them, written last (one changelog partition, in order: a crash before the head leaves the previous
+    head and its parts whole). Then the previous parts are deleted. Returns the head written (None: a plain
+    value); `previous` is the pool's head before (from `read_parted` or the last write)."""
+    key = pool.encode()
+    head = None
+    if len(value) <= TABLE_PART_BYTES:
+        t[key] = value
+    else:
+        n = -(-len(value) // TABLE_PART_BYTES)
+        version = f"{(previous or {}).get('n', 0) + 1}-{uuid.uuid4().hex[:8]}"
+        for i in range(n):
+            t[part_key(pool, version, i)] = value[i * TABLE_PART_BYTES:(i + 1) * TABLE_PART_BYTES]
+        head = {"version": version, "n": (previous or {}).get("n", 0) + 1, "parts": n, "bytes": len(value),
+                "crc32": zlib.crc32(value)}
+        t[key] = PARTS_PREFIX + orjson.dumps(head)
+    if previous is not None:
+        for i in range(previous["parts"]):
+            try:
+                del t[part_key(pool, previous["version"], i)]
+            except KeyError:  # gone already
+                pass
+    return head
+
+
+def read_parted(t, pool: str) -> tuple[Optional[bytes], Optional[dict]]:
+    """A pool's value in the table `t` (None: none) and its head (None: a plain value); see `write_parted`."""
+    value = t.get(pool.encode())
+    if value is None:
+        return None, None
+    value = bytes(value)
+    if not value.startswith(PARTS_PREFIX):
+        return value, None
+    head = orjson.loads(value[len(PARTS_PREFIX):])
+    parts = [t.get(part_key(pool, head["version"], i)) for i in range(head["parts"])]
+    if any(p is None for p in parts):
+        raise RuntimeError(f"the table's value of pool {pool!r} is in {head['parts']} parts (version "
+                           f"{head['version']}) and part {[p is None for p in parts].index(True)} is missing")
+    whole = b"".join(bytes(p) for p in parts)
+    if len(whole) != head["bytes"] or zlib.crc32(whole) != head["crc32"]:
+        raise RuntimeError(f"the table's value of pool {pool!r} (version {head['version']}) does not match its "
+                           f"head: {len(whole)} bytes, {head['bytes']} expected")
+    return whole, head
+
+
+def state_values(state: PoolState) -> tuple[bytes, bytes]:
+    """A pool state's table value (the whole state as JSON) and its snapshot for the store: the same without the
+    dedup window's event ids (the store keeps balances and grants; the window is most of a busy pool's state)."""
+    d = state.to_dict()
+    value = orjson.dumps(d)
+    d["dedup"] = []
+    return value, orjson.dumps(d)
 
 
 def state_record(pool: str, state_json: bytes) -> bytes:
@@ -773,7 +840,7 @@ class PoolWorker(Continuity):
         far, the states of the pools they changed (as table values), and the input records folded."""
         inflight, self._inflight = self._inflight, []
         touched, self._touched = self._touched, {}
-        values = {pool: orjson.dumps(self.pools[pool].to_dict()) for pool in touched}
+        values = {pool: state_values(self.pools[pool]) for pool in touched}
         unacked, self._unacked = self._unacked, []
         return inflight, touched, values, unacked
 
@@ -787,14 +854,14 @@ class PoolWorker(Continuity):
             await asyncio.shield(asyncio.gather(*inflight))  # a rebalance's cancel must not cancel deliveries
         # the snapshot for the store first: a crash between it and the table write folds the records again and
         # sends the same state again, while the other order could leave the store behind the table for good
-        snapshots = [await self.send(TOPIC_JOURNAL, pool.encode(), state_record(pool, value))
-                     for pool, value in values.items()]
+        snapshots = [await self.send(TOPIC_JOURNAL, pool.encode(), state_record(pool, snapshot))
+                     for pool, (_, snapshot) in values.items()]
         if snapshots:
             await asyncio.gather(*snapshots)
         if self.halted():  # a rebalance began meanwhile: write and ack nothing (see abandon_checkpoint)
             return carry_back(self)
         # a new value: the table's value is never mutated in place
-        written = [self.store(pool, values[pool], last) for pool, last in touched.items()]
+        written = [self.store(pool, values[pool][0], last) for pool, last in touched.items()]
         await durable(written)
         if self.halted():  # a rebalance began while the table writes went out: ack nothing
             return carry_back(self)
@@ -1144,23 +1211,25 @@ def make_app(settings: WorkerSettings):
         # the rocksdb store picks the partition database from the current event: make it the pool's own record
         return _current_event.set(weakref.ref(event))
 
+    heads: dict = {}  # (table, pool) -> the head of the pool's parted value, as read or last written
+
     def table_get(t, name, pool: str, event):
         token = in_context(event)
         try:
-            value = t.get(pool.encode())
+            raw = t.get(pool.encode())
+            if raw is not None and not isinstance(raw, (bytes, bytearray, memoryview)):
+                raise TypeError(f"table {name} holds a {type(raw).__name__} for {pool!r}, not JSON bytes")
+            value, heads[(id(t), pool)] = read_parted(t, pool)
         finally:
             _current_event.reset(token)
-        if value is None:
-            return None
-        if not isinstance(value, (bytes, bytearray, memoryview, str)):
-            raise TypeError(f"table {name} holds a {type(value).__name__} for {pool!r}, not JSON bytes")
-        return orjson.loads(value)
+        return None if value is None else orjson.loads(value)
 
     def table_set(t, pool: str, value: bytes, event) -> list:
-        """Write the pool's value; returns the changelog deliveries of the write (see `durable`)."""
+        """Write the pool's value (in parts when long: `write_parted`); returns the changelog deliveries of the
+        writes (see `durable`)."""
         token = in_context(event)
         try:
-            t[pool.encode()] = value
+            heads[(id(t), pool)] = write_parted(t, pool, value, heads.get((id(t), pool)))
         finally:
             _current_event.reset(token)
         sent, changelog_sent[id(t)] = changelog_sent[id(t)], []

@@ -15,6 +15,7 @@ from chipledger.embedded import run_file
 from schemas import topic_for
 from streams.producer import canonical_value, validate
 from streams.sequencer import HEADER_ORIGIN, HEADER_TIMESTAMP
+from ledger.state import PoolState
 from streams.worker import PoolWorker, WorkerSettings, pack_records, tick_event
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hand.jsonl"
@@ -1090,3 +1091,68 @@ def test_a_failed_consumer_is_closed_even_when_aiokafka_stop_raises_its_own_canc
         return c._closed
 
     assert asyncio.run(go()) is True and closed == [True]
+
+
+def test_a_table_value_over_the_record_limit_is_written_in_parts_under_a_head_written_last():
+    from streams.worker import PARTS_PREFIX, TABLE_PART_BYTES, part_key, read_parted, write_parted
+
+    class Recording(dict):  # a table: what was written, in order (None: deleted)
+        def __init__(self):
+            super().__init__()
+            self.log = []
+
+        def __setitem__(self, k, v):
+            self.log.append((k, v))
+            super().__setitem__(k, v)
+
+        def __delitem__(self, k):
+            self.log.append((k, None))
+            super().__delitem__(k)
+
+    t = Recording()
+    small = b'{"pool":"p"}'
+    assert write_parted(t, "p", small, None) is None and read_parted(t, "p") == (small, None)
+    big = bytes(range(256)) * (2 * TABLE_PART_BYTES // 256 + 7)  # three parts
+    head = write_parted(t, "p", big, None)
+    assert head["parts"] == 3 and t.log[-1][0] == b"p" and t.log[-1][1].startswith(PARTS_PREFIX)
+    assert all(len(v) <= TABLE_PART_BYTES for k, v in t.log[1:4])
+    value, read_head = read_parted(t, "p")
+    assert value == big and read_head == head
+    # a new version: new parts, then the head, then the old parts deleted
+    bigger = big + b"x" * TABLE_PART_BYTES
+    t.log.clear()
+    head2 = write_parted(t, "p", bigger, head)
+    assert head2["n"] == 2 and head2["version"] != head["version"] and head2["parts"] == 4
+    order = [k for k, _ in t.log]
+    assert order.index(b"p") == 4 and [v for _, v in t.log[5:]] == [None] * 3
+    assert all(part_key("p", head["version"], i) not in t for i in range(3))
+    assert read_parted(t, "p") == (bigger, head2)
+    # a crash after the new parts but before the head: the old head and its parts are whole
+    t2 = Recording()
+    write_parted(t2, "p", big, None)
+    before = dict(t2)
+    for k, v in [(part_key("p", "2-dead", i), b"?") for i in range(2)]:
+        t2[k] = v
+    assert read_parted(t2, "p")[0] == big == read_parted(before, "p")[0]
+    # back to a short value: the parts are deleted
+    assert write_parted(t, "p", small, head2) is None and read_parted(t, "p") == (small, None)
+    assert set(t) == {b"p"}
+    # a head whose part is missing is a clear error, never a wrong state
+    write_parted(t, "q", big, None)
+    del t[part_key("q", read_parted(t, "q")[1]["version"], 1)]
+    with pytest.raises(RuntimeError, match="part 1 is missing"):
+        read_parted(t, "q")
+
+
+def test_the_snapshot_for_the_store_leaves_out_the_dedup_window_and_loads():
+    from streams.worker import state_values
+
+    h = Harness()
+    for ev in h.feed(_valid_lines()):
+        h.worker.receive(ev)
+    h.drain()
+    (state,) = [s for s in h.worker.pools.values() if s.dedup][:1]
+    value, snapshot = state_values(state)
+    full, snap = orjson.loads(value), orjson.loads(snapshot)
+    assert full["dedup"] and snap["dedup"] == [] and {**full, "dedup": []} == snap
+    assert PoolState.from_dict(snap).pool == state.pool
