@@ -58,6 +58,9 @@ class Stamp(NamedTuple):
     prev: int
 
 
+MAX_PRODUCER_BYTES = 128  # the SDK's producer ids are 16 hex digits; a longer one is not a stamp (kept per pool)
+
+
 def stamp_of(headers: Optional[Iterable[tuple[str, bytes]]]) -> Optional[Stamp]:
     """The record's stamp from its headers, or None when they are missing or malformed."""
     producer = seq = prev = None
@@ -68,7 +71,7 @@ def stamp_of(headers: Optional[Iterable[tuple[str, bytes]]]) -> Optional[Stamp]:
             seq = value
         elif name == HEADER_PREV:
             prev = value
-    if not producer or seq is None or prev is None:
+    if not producer or seq is None or prev is None or len(producer) > MAX_PRODUCER_BYTES:
         return None
     try:
         s, p = int(seq), int(prev)

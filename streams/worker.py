@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import hashlib
+import inspect
 import logging
 import time
 import uuid
@@ -129,48 +130,76 @@ DRAIN_SLICE_NS = 20_000_000  # the fold sends what it folded and lets the loop r
 #: 1 MiB per record, and a busy pool's state, most of it the dedup window's day of event ids, outgrows it)
 TABLE_PART_BYTES = 800_000
 PARTS_PREFIX = b"\x00parts "  # a head value: where a pool's parted value is (a state's JSON starts with "{")
+MAX_KEY_BYTES = 1024  # a pool id: at most 256 characters (schemas), 4 bytes each at most in UTF-8
+MAX_PARTS = 10_000  # 8 GB: a head saying more is not one the worker wrote
 
 
 def part_key(pool: str, version: str, i: int) -> bytes:
-    """The table key of part `i` of a pool's parted value (pool ids have no control characters: no pool's key)."""
+    """The table key of part `i` of a pool's parted value (the key of a pool has no NUL: pool ids have no control
+    characters, and the sequencer dead-letters a record whose key has one, see `SequencerStage._bad_key`)."""
     return pool.encode() + b"\x00part\x00" + version.encode() + b":" + str(i).encode()
 
 
-def write_parted(t, pool: str, value: bytes, previous: Optional[dict]) -> Optional[dict]:
+def head_of(raw) -> Optional[dict]:
+    """The head in a table value (None: a plain value or none), checked: a head that does not say where a whole
+    value is raises."""
+    if raw is None:
+        return None
+    if not isinstance(raw, (bytes, bytearray, memoryview)):
+        raise TypeError(f"a table value is a {type(raw).__name__}, not JSON bytes")
+    raw = bytes(raw)
+    if not raw.startswith(PARTS_PREFIX):
+        return None
+    try:
+        head = orjson.loads(raw[len(PARTS_PREFIX):])
+        ok = (isinstance(head, dict) and isinstance(head.get("version"), str) and len(head["version"]) <= 64
+              and all(isinstance(head.get(k), int) and not isinstance(head.get(k), bool)
+                      for k in ("n", "parts", "bytes", "crc32"))
+              and 0 < head["parts"] <= MAX_PARTS and 0 < head["bytes"] <= head["parts"] * TABLE_PART_BYTES)
+    except orjson.JSONDecodeError:
+        ok = False
+    if not ok:
+        raise RuntimeError(f"a table value starts as a head of parts and is not one: {raw[:200]!r}")
+    return head
+
+
+async def write_parted(t, pool: str, value: bytes, settle: Callable[[], Awaitable[bool]]) -> None:
     """Write a pool's value to the table `t`: as it is when short, else in parts under new keys and then a head
-    naming them, written last (one changelog partition, in order: a crash before the head leaves the previous
-    head and its parts whole). Then the previous parts are deleted. Returns the head written (None: a plain
-    value); `previous` is the pool's head before (from `read_parted` or the last write)."""
+    under the pool's key naming them. `settle()` waits until Kafka acknowledged the writes made so far (raising
+    if one failed) and says whether to go on (False: a rebalance began; the checkpoint then acks nothing): the
+    head is written only once its parts are in the changelog, and the previous value's parts are deleted only
+    once the new value is. A crash or a refused write at any point leaves the previous value whole (the broker
+    refuses a part over its record limit but may take the head after it: never sent then)."""
     key = pool.encode()
-    head = None
+    previous = head_of(t.get(key))
     if len(value) <= TABLE_PART_BYTES:
         t[key] = value
     else:
         n = -(-len(value) // TABLE_PART_BYTES)
-        version = f"{(previous or {}).get('n', 0) + 1}-{uuid.uuid4().hex[:8]}"
+        count = (previous or {}).get("n", 0) + 1
+        version = f"{count}-{uuid.uuid4().hex[:8]}"
         for i in range(n):
             t[part_key(pool, version, i)] = value[i * TABLE_PART_BYTES:(i + 1) * TABLE_PART_BYTES]
-        head = {"version": version, "n": (previous or {}).get("n", 0) + 1, "parts": n, "bytes": len(value),
-                "crc32": zlib.crc32(value)}
-        t[key] = PARTS_PREFIX + orjson.dumps(head)
+        if not await settle():
+            return
+        t[key] = PARTS_PREFIX + orjson.dumps({"version": version, "n": count, "parts": n, "bytes": len(value),
+                                              "crc32": zlib.crc32(value)})
     if previous is not None:
+        if not await settle():
+            return
         for i in range(previous["parts"]):
             try:
                 del t[part_key(pool, previous["version"], i)]
             except KeyError:  # gone already
                 pass
-    return head
 
 
 def read_parted(t, pool: str) -> tuple[Optional[bytes], Optional[dict]]:
     """A pool's value in the table `t` (None: none) and its head (None: a plain value); see `write_parted`."""
-    value = t.get(pool.encode())
-    if value is None:
-        return None, None
-    value = bytes(value)
-    if not value.startswith(PARTS_PREFIX):
-        return value, None
-    head = orjson.loads(value[len(PARTS_PREFIX):])
+    raw = t.get(pool.encode())
+    head = head_of(raw)
+    if head is None:
+        return (None if raw is None else bytes(raw)), None
     parts = [t.get(part_key(pool, head["version"], i)) for i in range(head["parts"])]
     if any(p is None for p in parts):
         raise RuntimeError(f"the table's value of pool {pool!r} is in {head['parts']} parts (version "
@@ -468,10 +497,15 @@ class SequencerStage(Continuity):
         fold dead-letters it as `chipledger run` would.)"""
         if not key:
             return "the record has no message key (producers key by pool)"
+        if len(key) > MAX_KEY_BYTES:
+            return (f"the message key is {len(key):,} bytes long; a pool id is at most 256 characters "
+                    f"({MAX_KEY_BYTES:,} bytes: producers key by pool)")
         try:
             pool = key.decode("utf-8")
         except UnicodeDecodeError:
             return "the message key is not UTF-8 (producers key by pool)"
+        if any(c < " " or c == "\x7f" for c in pool):
+            return "the message key has a control character; a pool id has none (producers key by pool)"
         want = key_partition(key, self.settings.partitions)
         if want != partition:
             return (f"pool {pool[:200]!r} arrived on partition {partition}, its key's partition is {want} "
@@ -567,7 +601,7 @@ class SequencerStage(Continuity):
             await asyncio.shield(asyncio.gather(*inflight))  # a rebalance's cancel must not cancel deliveries
         if self.halted():  # a rebalance began meanwhile: write and ack nothing (see abandon_checkpoint)
             return carry_back(self)
-        written = [self.store(pool, values[pool], event) for pool, event in touched.items()]
+        written = [await stored(self.store(pool, values[pool], event)) for pool, event in touched.items()]
         await durable(written)
         if self.halted():  # a rebalance began while the table writes went out: ack nothing
             return carry_back(self)
@@ -607,6 +641,12 @@ class SequencerStage(Continuity):
 
 
 DURABLE_TIMEOUT_S = 120.0  # longer than a producer retries through a broker restart (delivery timeout)
+
+
+async def stored(written):
+    """What a stage's `store` returned: the changelog deliveries of a table write (`make_app`'s store is a
+    coroutine: a long value waits for its parts before it writes their head)."""
+    return await written if inspect.isawaitable(written) else written
 
 
 async def durable(written: list) -> None:
@@ -861,7 +901,7 @@ class PoolWorker(Continuity):
         if self.halted():  # a rebalance began meanwhile: write and ack nothing (see abandon_checkpoint)
             return carry_back(self)
         # a new value: the table's value is never mutated in place
-        written = [self.store(pool, values[pool][0], last) for pool, last in touched.items()]
+        written = [await stored(self.store(pool, values[pool][0], last)) for pool, last in touched.items()]
         await durable(written)
         if self.halted():  # a rebalance began while the table writes went out: ack nothing
             return carry_back(self)
@@ -1211,29 +1251,49 @@ def make_app(settings: WorkerSettings):
         # the rocksdb store picks the partition database from the current event: make it the pool's own record
         return _current_event.set(weakref.ref(event))
 
-    heads: dict = {}  # (table, pool) -> the head of the pool's parted value, as read or last written
+    class InContext:
+        """The table `t` as the pool's record `event` sees it: each read and write in that record's context (the
+        rocksdb store and the changelog partition follow the current event)."""
+
+        def __init__(self, t, event):
+            self.t, self.event = t, event
+
+        def _in(self, fn, *args):
+            token = in_context(self.event)
+            try:
+                return fn(*args)
+            finally:
+                _current_event.reset(token)
+
+        def get(self, key):
+            return self._in(self.t.get, key)
+
+        def __setitem__(self, key, value):
+            self._in(self.t.__setitem__, key, value)
+
+        def __delitem__(self, key):
+            self._in(self.t.__delitem__, key)
 
     def table_get(t, name, pool: str, event):
-        token = in_context(event)
         try:
-            raw = t.get(pool.encode())
-            if raw is not None and not isinstance(raw, (bytes, bytearray, memoryview)):
-                raise TypeError(f"table {name} holds a {type(raw).__name__} for {pool!r}, not JSON bytes")
-            value, heads[(id(t), pool)] = read_parted(t, pool)
-        finally:
-            _current_event.reset(token)
+            value, _ = read_parted(InContext(t, event), pool)
+        except TypeError as exc:
+            raise TypeError(f"table {name}, pool {pool!r}: {exc}") from None
         return None if value is None else orjson.loads(value)
 
-    def table_set(t, pool: str, value: bytes, event) -> list:
-        """Write the pool's value (in parts when long: `write_parted`); returns the changelog deliveries of the
-        writes (see `durable`)."""
-        token = in_context(event)
-        try:
-            heads[(id(t), pool)] = write_parted(t, pool, value, heads.get((id(t), pool)))
-        finally:
-            _current_event.reset(token)
+    def sent_of(t) -> list:
         sent, changelog_sent[id(t)] = changelog_sent[id(t)], []
         return sent
+
+    async def table_set(t, pool: str, value: bytes, event) -> list:
+        """Write the pool's value (in parts when long: `write_parted`, which waits for the parts before the head);
+        returns the changelog deliveries of the last writes (see `durable`)."""
+        async def settle() -> bool:
+            await durable([sent_of(t)])
+            return not getattr(app, "rebalancing", False)
+
+        await write_parted(InContext(t, event), pool, value, settle)
+        return sent_of(t)
 
     changelog_sent: dict = {}
 

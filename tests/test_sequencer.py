@@ -17,6 +17,9 @@ def test_stamps_from_headers():
     assert stamp_of(None) is None and stamp_of([(HEADER_PRODUCER, b"p1"), (HEADER_SEQ, b"7")]) is None
     assert stamp_of([(HEADER_PRODUCER, b"p"), (HEADER_SEQ, b"x"), (HEADER_PREV, b"1")]) is None
     assert stamp_of([(HEADER_PRODUCER, b"p"), (HEADER_SEQ, b"3"), (HEADER_PREV, b"3")]) is None  # prev < seq
+    # a producer id longer than any the SDK makes is no stamp (the sequencer keeps the last seq per producer id)
+    assert stamp_of([(HEADER_PRODUCER, b"p" * 129), (HEADER_SEQ, b"3"), (HEADER_PREV, b"2")]) is None
+    assert stamp_of([(HEADER_PRODUCER, b"p" * 128), (HEADER_SEQ, b"3"), (HEADER_PREV, b"2")]) is not None
 
 
 def _sends(n, rng, pools=("a", "b")):

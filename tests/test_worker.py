@@ -392,7 +392,10 @@ def test_the_sequencer_stage_logs_in_send_order_dead_letters_bad_keys_and_acks_i
     other = validate(lines[1])
     bad = [ev("chipledger.jobs", None, canonical_value(other), part, None),  # no key
            ev("chipledger.jobs", pool, canonical_value(other), (part + 1) % 3, None),  # wrong partition
-           ev("chipledger.jobs", b"someone/else", canonical_value(other), key_partition(b"someone/else", 3), None)]
+           ev("chipledger.jobs", b"someone/else", canonical_value(other), key_partition(b"someone/else", 3), None),
+           # a key no pool id can be: too long (it would be the sequencer table's key), a control character
+           ev("chipledger.jobs", b"k" * 300_000, b"not json", key_partition(b"k" * 300_000, 3), None),
+           ev("chipledger.jobs", b"lab\x00x", b"not json", key_partition(b"lab\x00x", 3), None)]
     for topic in ("chipledger.chips", "chipledger.jobs", "chipledger.quota"):  # later topics first: they wait
         for e in evs:
             if e.message.topic == topic:
@@ -411,7 +414,9 @@ def test_the_sequencer_stage_logs_in_send_order_dead_letters_bad_keys_and_acks_i
     assert (logged[0].topic, logged[0].partition, logged[0].offset) == (recs[0][0], part, 0)
     dls = [orjson.loads(v) for t, _, v, _ in sent if t == "chipledger.deadletter"]
     rows = [r for d in dls for it in d["items"] for r in it["tables"]["deadletters"]]
-    assert [r[4] for r in rows] == ["bad_key"] * 3 and all(d["stage"] == "sequencer" for d in dls)
+    assert [r[4] for r in rows] == ["bad_key"] * 5 and all(d["stage"] == "sequencer" for d in dls)
+    details = [r[5] for r in rows]
+    assert "300,000 bytes long" in details[3] and "control character" in details[4]
     assert all(e.acked for e in evs + bad) and orjson.loads(table["lab/a100"])["last"] == {"p": len(recs)}
 
 
@@ -1096,10 +1101,11 @@ def test_a_failed_consumer_is_closed_even_when_aiokafka_stop_raises_its_own_canc
 def test_a_table_value_over_the_record_limit_is_written_in_parts_under_a_head_written_last():
     from streams.worker import PARTS_PREFIX, TABLE_PART_BYTES, part_key, read_parted, write_parted
 
-    class Recording(dict):  # a table: what was written, in order (None: deleted)
+    class Recording(dict):  # a table: what was written, in order (None: deleted; "settled": Kafka acked so far)
         def __init__(self):
             super().__init__()
             self.log = []
+            self.go_on = True
 
         def __setitem__(self, k, v):
             self.log.append((k, v))
@@ -1109,39 +1115,65 @@ def test_a_table_value_over_the_record_limit_is_written_in_parts_under_a_head_wr
             self.log.append((k, None))
             super().__delitem__(k)
 
+        async def settle(self):
+            self.log.append(("settled", None))
+            return self.go_on
+
+    def write(t, pool, value):
+        asyncio.run(write_parted(t, pool, value, t.settle))
+
     t = Recording()
     small = b'{"pool":"p"}'
-    assert write_parted(t, "p", small, None) is None and read_parted(t, "p") == (small, None)
+    write(t, "p", small)
+    assert read_parted(t, "p") == (small, None) and t.log == [(b"p", small)]
     big = bytes(range(256)) * (2 * TABLE_PART_BYTES // 256 + 7)  # three parts
-    head = write_parted(t, "p", big, None)
-    assert head["parts"] == 3 and t.log[-1][0] == b"p" and t.log[-1][1].startswith(PARTS_PREFIX)
-    assert all(len(v) <= TABLE_PART_BYTES for k, v in t.log[1:4])
-    value, read_head = read_parted(t, "p")
-    assert value == big and read_head == head
-    # a new version: new parts, then the head, then the old parts deleted
+    t.log.clear()
+    write(t, "p", big)
+    value, head = read_parted(t, "p")
+    assert value == big and head["parts"] == 3 and head["n"] == 1
+    # the parts, then Kafka's acks, then the head naming them, then (the old value was plain) nothing to delete
+    assert [k == "settled" for k, _ in t.log] == [False, False, False, True, False]
+    assert t.log[-1][0] == b"p" and t.log[-1][1].startswith(PARTS_PREFIX)
+    assert all(len(v) <= TABLE_PART_BYTES for k, v in t.log[:3])
+    # a new version: new parts, acks, the head, acks, then the old parts deleted
     bigger = big + b"x" * TABLE_PART_BYTES
     t.log.clear()
-    head2 = write_parted(t, "p", bigger, head)
-    assert head2["n"] == 2 and head2["version"] != head["version"] and head2["parts"] == 4
-    order = [k for k, _ in t.log]
-    assert order.index(b"p") == 4 and [v for _, v in t.log[5:]] == [None] * 3
+    write(t, "p", bigger)
+    value, head2 = read_parted(t, "p")
+    assert value == bigger and head2["n"] == 2 and head2["version"] != head["version"] and head2["parts"] == 4
+    kinds = ["ack" if k == "settled" else "head" if k == b"p" else "del" if v is None else "part" for k, v in t.log]
+    assert kinds == ["part"] * 4 + ["ack", "head", "ack"] + ["del"] * 3
     assert all(part_key("p", head["version"], i) not in t for i in range(3))
+    # Kafka refuses a part (the broker's limit lower than ours): the head is never sent, the old value stays whole
+    before = dict(t)
+
+    class Refusing(Recording):
+        async def settle(self):
+            self.log.append(("settled", None))
+            raise RuntimeError("MessageSizeTooLargeError")
+
+    r = Refusing()
+    r.update(before)
+    with pytest.raises(RuntimeError, match="MessageSizeTooLarge"):
+        asyncio.run(write_parted(r, "p", big + b"y", r.settle))
+    assert read_parted(r, "p") == (bigger, head2)
+    # a rebalance began while the parts went out: no head, the old value stays whole (the parts are orphans)
+    t.go_on = False
+    write(t, "p", big + b"z")
     assert read_parted(t, "p") == (bigger, head2)
-    # a crash after the new parts but before the head: the old head and its parts are whole
-    t2 = Recording()
-    write_parted(t2, "p", big, None)
-    before = dict(t2)
-    for k, v in [(part_key("p", "2-dead", i), b"?") for i in range(2)]:
-        t2[k] = v
-    assert read_parted(t2, "p")[0] == big == read_parted(before, "p")[0]
-    # back to a short value: the parts are deleted
-    assert write_parted(t, "p", small, head2) is None and read_parted(t, "p") == (small, None)
-    assert set(t) == {b"p"}
-    # a head whose part is missing is a clear error, never a wrong state
-    write_parted(t, "q", big, None)
+    t.go_on = True
+    # back to a short value: the value, acks, then the parts deleted (the orphans of the stopped write stay)
+    write(t, "p", small)
+    assert read_parted(t, "p") == (small, None)
+    assert not any(k.startswith(b"p\x00part\x00" + head2["version"].encode()) for k in t)
+    # a head whose part is missing is a clear error, never a wrong state; a forged head too
+    write(t, "q", big)
     del t[part_key("q", read_parted(t, "q")[1]["version"], 1)]
     with pytest.raises(RuntimeError, match="part 1 is missing"):
         read_parted(t, "q")
+    t[b"f"] = PARTS_PREFIX + b'{"version":"1-x","n":1,"parts":1000000000,"bytes":5,"crc32":0}'
+    with pytest.raises(RuntimeError, match="is not one"):
+        read_parted(t, "f")
 
 
 def test_the_snapshot_for_the_store_leaves_out_the_dedup_window_and_loads():

@@ -38,8 +38,9 @@ def _ts(s: int) -> str:
     return (T0 + timedelta(seconds=s)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def busy_pool(first: int, n: int) -> list[bytes]:
+def busy_pool(first: int, n: int, pool: str = POOL) -> list[bytes]:
     """`n` chip state changes of one pool, 2 s apart from event `first` on: all within the one-day dedup window."""
+    POOL = pool  # noqa: N806 - the events' pool
     out = []
     if first == 0:
         out.append({"event_id": "b-cfg", "type": "pool.configured", "occurred_at": _ts(0), "pool": POOL,
@@ -114,3 +115,15 @@ def test_a_pool_state_over_the_broker_limit_is_written_in_parts_and_the_books_eq
     for t in ("events", "chip_states", "deadletters"):
         assert got[t] == run_tables[t], t
     assert sum(got["events"].values()) == len(first) + len(second)
+
+
+def _records(bootstrap: str, topic: str) -> list:
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=5000)
+    tps = [TopicPartition(topic, p) for p in c.partitions_for_topic(topic)]
+    c.assign(tps)
+    c.seek_to_beginning(*tps)
+    records = list(c)
+    c.close()
+    return records
