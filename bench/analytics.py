@@ -14,6 +14,11 @@ chips going down and back up.
 The facts (`waits`, `free_chips`) are then written the way `chipledger lake upgrade` writes them: by folding the
 generated events with the core (chipledger/refold.py), timed apart.
 
+`--copies K` times the views over a lake of K copies of the generated lake instead, each copy's pools renamed
+(`copy_lake`; 4K pools over the same days): the lake the fold of the K pool-renamed copies of the generated events
+writes, made by DuckDB from the Parquet files in minutes where generating and folding 100M events would take hours
+and, generated in one database, ~165 GiB of memory. `--events 10000000 --copies 10` is a lake of 100M events.
+
 Timed, in one process (there is no analytics cache: the views aggregate the facts):
 - DuckDB: `connect(lake, materialize=True)` (computes the intermediates several report views share, straight from
   the Parquet files, once: analytics.views.MATERIALIZED), then each report view computed in full (`CREATE TABLE …
@@ -272,6 +277,80 @@ def generate(out: Path, events: int, seed: int = 5) -> dict:
             "chips": n_chips * len(POOLS)}
 
 
+#: the tables a lake of copies is made of, and what in a row names its pool besides the `pool` column (the
+#: events' ids and bodies: an event's body is what the fold parses); a table not listed is refused (its rows may
+#: name the pool or an event elsewhere: a decision's id holds its event's)
+COPIED_TABLES = ("events", "job_runs", "journal", "waits", "free_chips", "chip_states", "grant_intervals", "progress")
+
+
+def copy_suffix(copy: int) -> str:
+    """The suffix of the pool ids of copy `copy` of a lake: '' for the first (the lake itself), '-c<copy>' after."""
+    return f"-c{copy}" if copy else ""
+
+
+def copy_lake(src: Path, dst: Path, copies: int) -> dict:
+    """Write under `dst` a lake of `copies` copies of the lake `src`, each copy's pool ids renamed (copy_suffix: the
+    first copy keeps them): every table, day by day in the same `day=` folders, with DuckDB's `COPY … TO` over the
+    Parquet files (streaming: a day of a table at a time, never the lake in memory).
+
+    It is the lake that folding the `copies` pool-renamed copies of `src`'s events would give, because the fold is
+    per pool and deterministic (ledger.Fleet: a pool's state, its dedup window included, sees only its own events):
+    each copy's events are `src`'s with the pool (column and body) and the event id (column and body) suffixed,
+    and each of its facts is `src`'s with the pool suffixed (no fact row names a pool or an event elsewhere). In
+    the log of copies the copies' events come in turn at each offset of `src` (`offset × copies + copy`), so each
+    pool's events keep their order. tests/test_bench_copies.py folds a lake of copies again and compares.
+
+    A body that does not spell its pool or its event id as `"pool":<json string>` / `"event_id":<json string>`
+    (the canonical JSON the lake writers and the generator write) stops the copy with an error naming the row."""
+    if copies < 1:
+        raise ValueError(f"copies must be at least 1, got {copies}")
+    if not any((src / "events").rglob("*.parquet")):
+        raise ValueError(f"{src}: no lake with events to copy")
+    tables = sorted(p.name for p in src.iterdir() if p.is_dir() and p.name in SCHEMAS)
+    unknown = [t for t in tables if t not in COPIED_TABLES and any((src / t).rglob("*.parquet"))]
+    if unknown:
+        raise ValueError(f"{src}: cannot copy the tables {unknown}: their rows may name a pool or an event "
+                         f"elsewhere than in `pool` (tables copied: {', '.join(COPIED_TABLES)})")
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.mkdir(parents=True)
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    con.execute("SET preserve_insertion_order = false")
+    con.execute("SET memory_limit = '4GB'")
+    rows: dict[str, int] = {}
+    for t in tables:
+        (dst / t).mkdir()
+        exprs = {f.name: f'"{f.name}"' for f in SCHEMAS[t]}
+        exprs["pool"] = "pool || suffix"
+        if t == "events":
+            exprs["event_id"] = "event_id || suffix"
+            exprs["offset"] = f'("offset" * {copies} + copy)::BIGINT'
+            # the pool and the event id in the body, each spelled once: the body grows by the two suffixes exactly
+            renamed = ("""replace(replace(body, '"pool":' || to_json(pool), '"pool":' || to_json(pool || suffix)),
+                                  '"event_id":' || to_json(event_id), '"event_id":' || to_json(event_id || suffix))""")
+            exprs["body"] = f"""CASE WHEN strlen({renamed}) = strlen(body) + 2 * strlen(suffix) THEN {renamed}
+                                     ELSE error('event ' || event_id || ' of pool ' || pool || ': its body does not '
+                                                || 'spell its pool and event id once as canonical JSON: ' || body) END"""
+        select = ", ".join(f"{e} AS \"{n}\"" for n, e in exprs.items())
+        rows[t] = 0
+        for day in sorted(p for p in (src / t).iterdir() if p.is_dir()):
+            files = sorted(str(p) for p in day.glob("*.parquet"))
+            if not files:
+                continue
+            (dst / t / day.name).mkdir()
+            # a file per copy, as a lake of `copies` times the pools written apart would have: each compressed as
+            # the lake's own (one file of every copy would compress the copies' repeated values away)
+            for copy in range(copies):
+                out = dst / t / day.name / f"part-copy{copy}of{copies}-0001.parquet"
+                rows[t] += con.execute(f"""
+                    COPY (SELECT {select} FROM read_parquet(?, hive_partitioning = false),
+                                               (SELECT ?::BIGINT AS copy, ? AS suffix))
+                    TO '{out}' (FORMAT parquet, COMPRESSION zstd)""", [files, copy, copy_suffix(copy)]).fetchone()[0]
+    con.close()
+    return rows
+
+
 def timed(fn):
     t = time.perf_counter()
     out = fn()
@@ -416,6 +495,10 @@ def main() -> None:
                     help="time each engine this many times over the same lake and print the minimum of each figure")
     ap.add_argument("--profile", action="store_true",
                     help="after the timed passes, one more: the CPU time of each statement of connect and of each view")
+    ap.add_argument("--copies", type=int, default=1,
+                    help="time the views over a lake of this many copies of the generated lake, each copy's pools "
+                         "renamed (copy_lake: the lake the fold of the copied events would write), made from the "
+                         "generated lake with DuckDB, not folded again: how a lake of 100M events is made here")
     ap.add_argument("--sqlite-max-events", type=int, default=1_000_000,
                     help="run the SQLite baseline on the same rows up to this size; above it, on a lake of this "
                          "size generated the same way (SQLite needs hours for the fragmentation view at 10M); 0: none")
@@ -437,11 +520,26 @@ def main() -> None:
         print(f"lake: {du:,.0f} MiB of Parquet")
         return out / "lake"
 
-    same = args.events <= args.sqlite_max_events
-    print(f"== {args.events:,} events" + (": DuckDB and SQLite" if same else ": DuckDB"))
-    run_engines(lake_of(args.events), sqlite=same, repeat=args.repeat)
+    def copies_of(lake: Path, k: int) -> Path:
+        out = args.out / f"{args.events}x{k}" / "lake"
+        if args.reuse and (out / "events").exists():
+            print(f"reusing {out}")
+        else:
+            copy_s, rows = timed(lambda: copy_lake(lake, out, k))
+            print(f"made {k} copies of {lake} (pools renamed) in {copy_s:.1f} s: {rows}")
+        du = sum(f.stat().st_size for f in out.rglob("*.parquet")) / 2**20
+        print(f"lake of copies: {du:,.0f} MiB of Parquet")
+        return out
+
+    same = args.events <= args.sqlite_max_events and args.copies == 1
+    print(f"== {args.events:,} events" + (f" x {args.copies} copies" if args.copies > 1 else "")
+          + (": DuckDB and SQLite" if same else ": DuckDB"))
+    lake = lake_of(args.events)
+    if args.copies > 1:
+        lake = copies_of(lake, args.copies)
+    run_engines(lake, sqlite=same, repeat=args.repeat)
     if args.profile:
-        profile_connect(lake_of(args.events))
+        profile_connect(lake)
     # with --reuse, the views' (and SQLite's copy's) peak; else the generator's and the fold's too
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     print(f"peak resident memory of this process so far: {peak_gib:.2f} GiB")
