@@ -236,8 +236,8 @@ _RAW_VIEW_NAMES = {"journal": "journal_postings", "events": "event_log", "waits"
 
 
 def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] = None,
-            as_of: Optional[datetime] = None, materialize: Union[bool, Collection[str]] = False
-            ) -> duckdb.DuckDBPyConnection:
+            as_of: Optional[datetime] = None, materialize: Union[bool, Collection[str]] = False,
+            config: Optional[dict[str, str]] = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with every lake view defined. Times are shown in UTC.
 
     `slo` sets the targets and thresholds the SLO views use (tables `slo_targets`, `slo_settings`; defaults
@@ -245,12 +245,14 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     applied). With `materialize`, the intermediate results several SLO views share are computed once from the
     Parquet files, into memory (`MATERIALIZED`): the connection costs more up front and each SLO view less
     (`chipledger report` queries them all). A collection of names materializes just those base tables and
-    intermediates (what a caller reading a few views needs).
+    intermediates (what a caller reading a few views needs). `config`: DuckDB settings given when the database is
+    opened, before anything is computed (`memory_limit` and `temp_directory`, for a lake whose intermediates outgrow
+    the memory: DuckDB then spills them to that folder).
 
     Every view is an aggregation of the lake's rows and the fold's facts (`waits`, `free_chips`, `chip_states`,
     `grant_intervals`): nothing of the core's state is rebuilt in SQL, so no view needs a cache (docs/analytics.md,
     docs/benchmarks.md)."""
-    con = duckdb.connect(database)
+    con = duckdb.connect(database, config=config or {})
     con.execute("SET enable_progress_bar = false")  # DuckDB would draw it in stdout, amid csv or json
     con.execute("SET TimeZone = 'UTC'")
     con.execute("SET parquet_metadata_cache = true")  # views over views bind the same files many times

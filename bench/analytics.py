@@ -369,10 +369,10 @@ def compute_views(con, views, execute, cpu: Optional[dict] = None) -> dict[str, 
     return times
 
 
-def duckdb_once(lake: Path) -> tuple:
+def duckdb_once(lake: Path, config: Optional[dict] = None) -> tuple:
     """One DuckDB pass: connect(materialize=True), then every report view. Returns the connection and the figures."""
     cpu0 = time.process_time()
-    connect_s, duck = timed(lambda: connect(lake, materialize=True))
+    connect_s, duck = timed(lambda: connect(lake, materialize=True, config=config))
     cpu_connect = time.process_time() - cpu0
     cpu: dict[str, float] = {}
     times = compute_views(duck, PORTABLE_VIEWS, lambda c, q: c.execute(q), cpu)
@@ -383,7 +383,7 @@ def duckdb_once(lake: Path) -> tuple:
                   "portable_s": connect_s + sum(times[v] for v in PORTABLE_VIEWS)}
 
 
-def profile_connect(lake: Path, top: int = 12) -> None:
+def profile_connect(lake: Path, top: int = 12, config: Optional[dict] = None) -> None:
     """One more pass, each statement of connect(materialize=True) and each report view timed in CPU (all threads):
     the largest printed, and the sum of the others (binding the views over the files)."""
     import analytics.views as views
@@ -406,7 +406,7 @@ def profile_connect(lake: Path, top: int = 12) -> None:
     real = views.duckdb.connect
     views.duckdb = type("TimedDuckdb", (), {"connect": staticmethod(lambda *a, **k: Timed(real(*a, **k)))})
     try:
-        con = views.connect(lake, materialize=True)
+        con = views.connect(lake, materialize=True, config=config)
     finally:
         views.duckdb = duckdb
     for v in PORTABLE_VIEWS + DUCKDB_ONLY_VIEWS:
@@ -419,7 +419,7 @@ def profile_connect(lake: Path, top: int = 12) -> None:
     print(f"    {sum(t for t, _ in ranked[top:]):6.3f}  the other {len(ranked) - top} statements")
 
 
-def run_engines(lake: Path, sqlite: bool, repeat: int = 1) -> dict:
+def run_engines(lake: Path, sqlite: bool, repeat: int = 1, config: Optional[dict] = None) -> dict:
     """Time the views on DuckDB (no cache: there is none) and on SQLite over the same base rows, `repeat` times
     each (a new DuckDB connection each time; SQLite's copy made once); print the minimum of each figure over the
     repeats (and of each total: the best pass, not a sum of bests); return them."""
@@ -427,7 +427,7 @@ def run_engines(lake: Path, sqlite: bool, repeat: int = 1) -> dict:
     for _ in range(repeat):
         if passes:
             passes[-1][0].close()
-        passes.append(duckdb_once(lake))
+        passes.append(duckdb_once(lake, config))
     duck = passes[-1][0]
     runs = [p for _, p in passes]
     best = {k: min(r[k] for r in runs) for k in ("connect_s", "cpu_connect", "cpu_portable", "cpu_views", "portable_s")}
@@ -499,6 +499,9 @@ def main() -> None:
                     help="time the views over a lake of this many copies of the generated lake, each copy's pools "
                          "renamed (copy_lake: the lake the fold of the copied events would write), made from the "
                          "generated lake with DuckDB, not folded again: how a lake of 100M events is made here")
+    ap.add_argument("--memory-limit", default="",
+                    help="DuckDB's memory_limit for the views (e.g. 10GB; default: DuckDB's, 80%% of the memory), "
+                         "spilling to a folder under --out")
     ap.add_argument("--sqlite-max-events", type=int, default=1_000_000,
                     help="run the SQLite baseline on the same rows up to this size; above it, on a lake of this "
                          "size generated the same way (SQLite needs hours for the fragmentation view at 10M); 0: none")
@@ -537,9 +540,13 @@ def main() -> None:
     lake = lake_of(args.events)
     if args.copies > 1:
         lake = copies_of(lake, args.copies)
-    run_engines(lake, sqlite=same, repeat=args.repeat)
+    config = None
+    if args.memory_limit:
+        config = {"memory_limit": args.memory_limit, "temp_directory": str(args.out / "duckdb-spill")}
+        print(f"DuckDB memory_limit {args.memory_limit}, spilling to {config['temp_directory']}")
+    run_engines(lake, sqlite=same, repeat=args.repeat, config=config)
     if args.profile:
-        profile_connect(lake)
+        profile_connect(lake, config=config)
     # with --reuse, the views' (and SQLite's copy's) peak; else the generator's and the fold's too
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     print(f"peak resident memory of this process so far: {peak_gib:.2f} GiB")
