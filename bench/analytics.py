@@ -32,8 +32,10 @@ Timed, in one process (there is no analytics cache: the views aggregate the fact
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -423,6 +425,7 @@ def run_engines(lake: Path, sqlite: bool, repeat: int = 1, config: Optional[dict
     """Time the views on DuckDB (no cache: there is none) and on SQLite over the same base rows, `repeat` times
     each (a new DuckDB connection each time; SQLite's copy made once); print the minimum of each figure over the
     repeats (and of each total: the best pass, not a sum of bests); return them."""
+    load0 = os.getloadavg()
     passes = []
     for _ in range(repeat):
         if passes:
@@ -466,6 +469,8 @@ def run_engines(lake: Path, sqlite: bool, repeat: int = 1, config: Optional[dict
           f"{best['cpu_views']:.2f} s); slowest view {max(duck_times.values()):.2f} s (target <= 2 s at 10M events: "
           f"{'met' if max(duck_times.values()) <= 2 else 'NOT met'}); chipledger report's queries after connect "
           f"{report_s:.2f} s ({report_cpu:.2f} s CPU)")
+    print("  load average (1, 5, 15 min): {:.1f} {:.1f} {:.1f} at the start, {:.1f} {:.1f} {:.1f} at the end"
+          .format(*load0, *os.getloadavg()))
     out = {"events": n, "cpu_s": best["cpu_views"], "duck_connect_s": connect_s, "duck_views_s": views_total,
            "slowest_view_s": max(duck_times.values()), "report_s": report_s, "views": duck_times}
     if lite_times:
@@ -480,6 +485,12 @@ def run_engines(lake: Path, sqlite: bool, repeat: int = 1, config: Optional[dict
         print(f"  in CPU time: duckdb connect {best['cpu_connect']:.2f} s + portable views "
               f"{min(r['cpu_portable'] - r['cpu_connect'] for r in runs):.2f} s = {cpu_portable:.2f} s, sqlite "
               f"{lite_cpu:.2f} s: sqlite/duckdb = {lite_cpu / cpu_portable:.1f}x")
+        if repeat > 1:  # the medians too: on a shared machine the minimum is one lucky pass
+            med = statistics.median
+            dw, dc = med(r["portable_s"] for r in runs), med(r["cpu_portable"] for r in runs)
+            sw, sc = med(t for t, _ in lite_totals), med(c for _, c in lite_totals)
+            print(f"  medians of {repeat} passes: duckdb {dw:.2f} s wall, {dc:.2f} s CPU; sqlite {sw:.2f} s wall, "
+                  f"{sc:.2f} s CPU: sqlite/duckdb = {sw / dw:.1f}x wall, {sc / dc:.1f}x CPU")
         out.update(duck_portable_s=d, sqlite_s=s_, ratio=s_ / d, duck_portable_cpu_s=cpu_portable,
                    sqlite_cpu_s=lite_cpu, cpu_ratio=lite_cpu / cpu_portable)
     duck.close()
