@@ -23,7 +23,8 @@ Timed, in one process (there is no analytics cache: the views aggregate the fact
 - DuckDB: `connect(lake, materialize=True)` (computes the intermediates several report views share, straight from
   the Parquet files, once: analytics.views.MATERIALIZED), then each report view computed in full (`CREATE TABLE …
   AS SELECT * FROM view`), then `chipledger report`'s queries (`build_report`) as a whole. Target: every view
-  <= 2 s at 10M events. `--repeat N`: N passes (a new connection each), the minimum of each figure printed.
+  <= 2 s at 10M events, <= 20 s at 100M (2 s per 10M events above 10M). `--repeat N`: N passes (a new
+  connection each), the minimum of each figure printed.
 - SQLite (the in-run baseline): the same base rows copied in (not timed as part of the ratio), the same
   portable SQL views (analytics/slo_views.py), each computed the same way. Ratio = SQLite / DuckDB on the
   views both run (target >= 10x).
@@ -333,7 +334,7 @@ def copy_lake(src: Path, dst: Path, copies: int) -> dict:
                                   '"event_id":' || to_json(event_id), '"event_id":' || to_json(event_id || suffix))""")
             exprs["body"] = f"""CASE WHEN strlen({renamed}) = strlen(body) + 2 * strlen(suffix) THEN {renamed}
                                      ELSE error('event ' || event_id || ' of pool ' || pool || ': its body does not '
-                                                || 'spell its pool and event id once as canonical JSON: ' || body) END"""
+                                                || 'spell its pool and event id once as JSON: ' || body) END"""
         select = ", ".join(f"{e} AS \"{n}\"" for n, e in exprs.items())
         rows[t] = 0
         for day in sorted(p for p in (src / t).iterdir() if p.is_dir()):
@@ -465,10 +466,11 @@ def run_engines(lake: Path, sqlite: bool, repeat: int = 1, config: Optional[dict
         print(f"  {v:<22}{duck_times[v]:>10.2f}{duck_cpu[v]:>10.2f}{'' if ls is None else f'{ls:>10.2f}':>10}"
               f"{'' if ls is None else f'{ls / max(duck_times[v], 1e-3):>15.1f}'}")
     connect_s, views_total = best["connect_s"], min(views_totals)
+    target = 2 * max(1.0, n / 10_000_000)  # the issue's: 2 s at 10M events, 20 s at 100M
     print(f"  duckdb: connect {connect_s:.2f} s + views {views_total:.2f} s = {min(totals):.2f} s (CPU, all threads: "
-          f"{best['cpu_views']:.2f} s); slowest view {max(duck_times.values()):.2f} s (target <= 2 s at 10M events: "
-          f"{'met' if max(duck_times.values()) <= 2 else 'NOT met'}); chipledger report's queries after connect "
-          f"{report_s:.2f} s ({report_cpu:.2f} s CPU)")
+          f"{best['cpu_views']:.2f} s); slowest view {max(duck_times.values()):.2f} s (target <= {target:.0f} s at "
+          f"{n:,} events: {'met' if max(duck_times.values()) <= target else 'NOT met'}); chipledger report's queries "
+          f"after connect {report_s:.2f} s ({report_cpu:.2f} s CPU)")
     print("  load average (1, 5, 15 min): {:.1f} {:.1f} {:.1f} at the start, {:.1f} {:.1f} {:.1f} at the end"
           .format(*load0, *os.getloadavg()))
     out = {"events": n, "cpu_s": best["cpu_views"], "duck_connect_s": connect_s, "duck_views_s": views_total,

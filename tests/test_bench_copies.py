@@ -111,7 +111,8 @@ def _same(a: list[tuple], b: list[tuple], view: str) -> None:
     for x, y in zip(sorted(a, key=_key), sorted(b, key=_key)):
         for u, v in zip(x, y):
             if isinstance(u, float) and isinstance(v, float):
-                assert math.isclose(u, v, rel_tol=1e-12, abs_tol=1e-12) or (math.isnan(u) and math.isnan(v)), (view, x, y)
+                close = math.isclose(u, v, rel_tol=1e-12, abs_tol=1e-12)
+                assert close or (math.isnan(u) and math.isnan(v)), (view, x, y)
             else:
                 assert u == v, (view, x, y)
 
@@ -155,7 +156,8 @@ def test_a_lake_of_copies_refuses_a_body_it_cannot_rename(tmp_path):
     pq.write_table(pa.Table.from_pylist([row], schema=SCHEMAS["events"]), day / "part-x-0001.parquet")
     with pytest.raises(duckdb.Error, match="event e1 of pool p: its body does not spell"):
         bench.copy_lake(src, tmp_path / "dst", 2)
-    (src / "decisions" / "day=2026-01-01").mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist([], schema=SCHEMAS["decisions"]), src / "decisions" / "day=2026-01-01" / "x.parquet")
+    decisions = src / "decisions" / "day=2026-01-01"
+    decisions.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([], schema=SCHEMAS["decisions"]), decisions / "x.parquet")
     with pytest.raises(ValueError, match=r"cannot copy the tables \['decisions'\]"):
         bench.copy_lake(src, tmp_path / "dst", 2)
