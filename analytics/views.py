@@ -34,16 +34,17 @@ DERIVED_VIEWS = {
     # posting of an end is a wait's last, and of the open postings only the latest of a wait that has no end yet
     # (a join of the open postings alone, not a window over every posting). The postings are read once (`p`, kept
     # in memory for the query): reading the files twice, once for the ends and once for the open postings, cost
-    # more than the join
+    # more than the join. The join's hash table holds the open postings' keys (`o`: the ends among them are `m`),
+    # not the ends' (4–5 times as many): 45 → 33 s CPU at 100M events, where it spills
     "waits": """
-        WITH p AS MATERIALIZED (SELECT * FROM wait_postings)
+        WITH p AS MATERIALIZED (SELECT * FROM wait_postings),
+        o AS (SELECT * FROM p WHERE "end" = 'open'),
+        m AS (SELECT * FROM (SELECT pool, job_id, submitted_at, run_index FROM p WHERE "end" <> 'open')
+              SEMI JOIN o USING (pool, job_id, submitted_at, run_index))
         SELECT * FROM p WHERE "end" <> 'open'
         UNION ALL
-        SELECT * FROM (
-            SELECT o.* FROM (SELECT * FROM p WHERE "end" = 'open') o
-            ANTI JOIN (SELECT pool, job_id, submitted_at, run_index FROM p WHERE "end" <> 'open') e
-                 USING (pool, job_id, submitted_at, run_index)
-        ) QUALIFY row_number() OVER (PARTITION BY pool, job_id, submitted_at, run_index ORDER BY posted_at DESC) = 1
+        SELECT * FROM (SELECT o.* FROM o ANTI JOIN m USING (pool, job_id, submitted_at, run_index))
+        QUALIFY row_number() OVER (PARTITION BY pool, job_id, submitted_at, run_index ORDER BY posted_at DESC) = 1
     """,
     # one row per run of a job (postings of a run still going at a close are summed with its end); a job id
     # reused after the job finished is another job: runs are told apart by their submission time
