@@ -122,3 +122,19 @@ def test_no_progress_bar_in_the_output_of_a_long_query(tmp_path):
     # DuckDB draws one on stdout for queries over 2 s, amid `chipledger sql --format csv` output (seen at 10M events)
     _, con = fold(tmp_path, setup_lines())
     assert con.execute("SELECT current_setting('enable_progress_bar')").fetchone() == (False,)
+
+
+def test_duckdb_settings_given_to_connect_apply_before_the_intermediates_are_computed(tmp_path):
+    """connect(config=…): the memory limit and spill folder a lake larger than the memory needs (bench/analytics.py
+    --memory-limit at 100M events) are DuckDB's from the start, and the views answer the same."""
+    fold(tmp_path, setup_lines() + [ev("s", "job.submitted", "01:00", job_id="A", team="a", chips=1),
+                                    ev("b", "job.started", "01:05", job_id="A", chip_ids=["c0"])])
+    spill = tmp_path / "spill"
+    limited = connect(tmp_path / "lake", materialize=True,
+                      config={"memory_limit": "64MB", "temp_directory": str(spill)})
+    assert limited.execute("SELECT current_setting('memory_limit'), current_setting('temp_directory')").fetchone() \
+        == ("61.0 MiB", str(spill))
+    plain = connect(tmp_path / "lake", materialize=True)
+    for view in ("calc_waits", "calc_free_steps", "fragmentation", "sched_waits"):
+        rows = plain.execute(f"SELECT * FROM {view} ORDER BY ALL").fetchall()
+        assert rows and limited.execute(f"SELECT * FROM {view} ORDER BY ALL").fetchall() == rows, view
