@@ -135,8 +135,10 @@ MAX_PARTS = 10_000  # 8 GB: a head saying more is not one the worker wrote
 
 
 def part_key(pool: str, version: str, i: int) -> bytes:
-    """The table key of part `i` of a pool's parted value (the key of a pool has no NUL: pool ids have no control
-    characters, and the sequencer dead-letters a record whose key has one, see `SequencerStage._bad_key`)."""
+    """The table key of part `i` of a pool's parted value. No pool's key is one: the fold's table is keyed by
+    schema-valid pool ids (no control characters); the sequencer's is keyed by input keys (which may hold a NUL,
+    dead-lettered by the fold as `chipledger run` does) but its values, at most PRODUCERS_KEPT producer ids of
+    at most 128 bytes, stay far below TABLE_PART_BYTES, so they are never parted."""
     return pool.encode() + b"\x00part\x00" + version.encode() + b":" + str(i).encode()
 
 
@@ -504,8 +506,6 @@ class SequencerStage(Continuity):
             pool = key.decode("utf-8")
         except UnicodeDecodeError:
             return "the message key is not UTF-8 (producers key by pool)"
-        if any(c < " " or c == "\x7f" for c in pool):
-            return "the message key has a control character; a pool id has none (producers key by pool)"
         want = key_partition(key, self.settings.partitions)
         if want != partition:
             return (f"pool {pool[:200]!r} arrived on partition {partition}, its key's partition is {want} "

@@ -393,9 +393,8 @@ def test_the_sequencer_stage_logs_in_send_order_dead_letters_bad_keys_and_acks_i
     bad = [ev("chipledger.jobs", None, canonical_value(other), part, None),  # no key
            ev("chipledger.jobs", pool, canonical_value(other), (part + 1) % 3, None),  # wrong partition
            ev("chipledger.jobs", b"someone/else", canonical_value(other), key_partition(b"someone/else", 3), None),
-           # a key no pool id can be: too long (it would be the sequencer table's key), a control character
-           ev("chipledger.jobs", b"k" * 300_000, b"not json", key_partition(b"k" * 300_000, 3), None),
-           ev("chipledger.jobs", b"lab\x00x", b"not json", key_partition(b"lab\x00x", 3), None)]
+           # a key no pool id can be: too long (it would be the sequencer table's key)
+           ev("chipledger.jobs", b"k" * 300_000, b"not json", key_partition(b"k" * 300_000, 3), None)]
     for topic in ("chipledger.chips", "chipledger.jobs", "chipledger.quota"):  # later topics first: they wait
         for e in evs:
             if e.message.topic == topic:
@@ -414,9 +413,8 @@ def test_the_sequencer_stage_logs_in_send_order_dead_letters_bad_keys_and_acks_i
     assert (logged[0].topic, logged[0].partition, logged[0].offset) == (recs[0][0], part, 0)
     dls = [orjson.loads(v) for t, _, v, _ in sent if t == "chipledger.deadletter"]
     rows = [r for d in dls for it in d["items"] for r in it["tables"]["deadletters"]]
-    assert [r[4] for r in rows] == ["bad_key"] * 5 and all(d["stage"] == "sequencer" for d in dls)
-    details = [r[5] for r in rows]
-    assert "300,000 bytes long" in details[3] and "control character" in details[4]
+    assert [r[4] for r in rows] == ["bad_key"] * 4 and all(d["stage"] == "sequencer" for d in dls)
+    assert "300,000 bytes long" in rows[3][5]
     assert all(e.acked for e in evs + bad) and orjson.loads(table["lab/a100"])["last"] == {"p": len(recs)}
 
 
