@@ -29,10 +29,12 @@ from ledger import policy
 from ledger.state import NO_ROWS, Chip, Grant, Job, PoolState, Progress, Team, digest_of, fingerprint
 
 _new_tuple: Final = tuple.__new__  # a NamedTuple row without its Python-level __new__ (one per run ended)
+_new_object: Final = object.__new__
 # Final (a C static in the compiled core, not a look-up in the module's dict at each use) and typed: a name
 # imported from schemas is an untyped object to the compiled core (its arithmetic generic)
 UNIX_ORDINAL: Final[int] = _UNIX_ORDINAL
 MILLI: Final[int] = _MILLI
+OFFSET_S: Final[dict] = _OFFSET_S  # the same dict (epoch_s fills it), typed: a native look-up, not a method call
 
 
 _MILLI_OF: dict[str, int] = {}  # a job's chips (a Decimal's text) -> milli-chips; jobs come in few sizes (bounded memo)
@@ -278,7 +280,7 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     # instructions under callgrind; ≈ 14 reads per event)
     d: dict = event.__dict__
     ts = d["occurred_at"]
-    off = _OFFSET_S.get(ts.tzinfo)  # epoch_s, written out: this runs for every event
+    off = OFFSET_S.get(ts.tzinfo)  # epoch_s, written out: this runs for every event
     t: int  # typed (as are the parts below): the compiled core then does the frame's arithmetic on machine integers
     if off is None:
         t = epoch_s(ts)
@@ -289,7 +291,11 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
         second: int = ts.second
         offset: int = off
         t = (day - UNIX_ORDINAL) * 86400 + hour * 3600 + minute * 60 + second - offset
-    step = Step(t)
+    # the step without Step.__init__ (a Python-level call through slot_tp_init from the compiled core): the object,
+    # then its two slots
+    step = _new_object(Step)
+    step.occurred_s = t
+    step.applied_at = None
     etype: str = d["type"]
     if state is None:
         if etype != "pool.configured":
