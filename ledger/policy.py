@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import orjson
 from datetime import datetime, timezone
-from typing import Any, NamedTuple, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 from schemas.events import MILLI, epoch_s
 from schemas.outputs import DecisionBurst, DecisionPreempt
@@ -794,7 +794,7 @@ class _Candidates:
         else:  # victim classes: teams whose F differ by less than the tolerance, lowest F first
             self.plan = victim_classes(teams, fs, config.fair_share_tolerance)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[list]:
         """Per victim class, per priority (lowest first): the candidates, sorted by key. Built lazily: a class
         may hold thousands of running jobs, and the lowest priority usually covers the need."""
         # protected_until, lost_work_mchip_s and the order key written out: this loop runs over every running
@@ -808,12 +808,13 @@ class _Candidates:
         marked = state.marked
         running = state.running_jobs
         prio_chips = state.prio_chips
+        job: Job  # typed: the compiled core reads a candidate's fields natively (they come out of untyped dicts)
         for names in self.plan:
-            prios = set()  # the priorities of the class's preemptible running jobs (the fold keeps them per team)
+            prios: set[int] = set()  # the priorities of the class's preemptible running jobs (the fold keeps them per team)
             for name in names:
                 prios.update(prio_chips.get(name, _NONE))
             for prio in sorted(prios):
-                out = []
+                out: list = []
                 for name in names:
                     for job in running.get(name, _NONE).values():
                         if job.priority != prio or not job.preemptible or job.job_id in marked or (
