@@ -882,18 +882,24 @@ def _least_cost_set(level: list, need: int, left: dict) -> Optional[list]:
     n = len(level)
     if n * (units + 1) > EXACT_CELLS:
         return None
-    inf = NEVER
-    # best[i][u]: least cost covering u units with candidates i.. (u capped at 0)
-    best = [[inf] * (units + 1) for _ in range(n + 1)]
-    took = [[False] * (units + 1) for _ in range(n)]
+    inf: int = NEVER
+    # best[i][u]: least cost covering u units with candidates i.. (u capped at 0). Typed: the compiled core then
+    # reads and adds the cells as machine integers (this loop runs n × (units + 1) times per search)
+    best: list[list[int]] = [[inf] * (units + 1) for _ in range(n + 1)]
+    took: list[list[bool]] = [[False] * (units + 1) for _ in range(n)]
     best[n][0] = 0
+    job: Job
+    row: list[int]
+    nxt: list[int]
+    tk: list[bool]
     for i in range(n - 1, -1, -1):
-        w = level[i][1].chips_milli // g
-        cost = level[i][3]
+        job = level[i][1]
+        wi: int = job.chips_milli // g
+        cost: int = level[i][3]
         row, nxt, tk = best[i], best[i + 1], took[i]
         for u in range(units + 1):
             skip = nxt[u]
-            r = u - w
+            r = u - wi
             take = nxt[r if r > 0 else 0]
             take = take + cost if take < inf else inf
             if take <= skip and take < inf:  # ties: take it, so the better-keyed candidate is preferred
