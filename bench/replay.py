@@ -1,7 +1,7 @@
 """Benchmark: the embedded fold against parsing + validating the same file alone, in the same run.
 
     .venv/bin/python bench/replay.py [--events 1000000] [--rss 1000000,5000000] [--out bench/out] [--opcodes N]
-                                     [--instructions N] [--hol-off] [--inline]
+                                     [--instructions N [--instructions-from K]] [--hol-off] [--inline]
 
 1. Generates a seeded scenario file of N events (scale fixed, days chosen to reach N, so the event rate per
    day stays the same and only the length of history grows).
@@ -34,7 +34,11 @@ prints which. CHIPLEDGER_PURE_PYTHON=1 measures the plain Python core.
    sample: setup (imports, reading the sample into memory), validate only, parse + fold (+ close), the embedded
    run; the phases' costs are the differences: validation = validate - setup, fold alone = parse + fold -
    validate, lake writer = embedded run - parse + fold (rows, canonical JSON, Arrow, Parquet, close-of-books
-   rows).
+   rows). With `--instructions-from K` (callgrind only) the sample is events K..K+N instead, with the pools' state
+   folded up to event K first and not counted: the first events of the file cost the fold less than later ones
+   (its pools fill with jobs). Only the counted part runs inside `sys.call_tracing`, and callgrind collects only
+   there (`--collect-atstart=no --toggle-collect=sys_call_tracing`); validation and the fold are counted, not
+   the lake writer.
 7. With `--hol-off`: the fold is also timed (alternating with the others) and, with `--instructions`, counted with
    `[ledger] hol_blocking = false`, and the cost of head-of-line blocking printed as the ratio of the fold alone
    with it to the fold alone without it (CPU time and instructions).
@@ -216,13 +220,51 @@ def _callgrind_count(text: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def counted(tool: str, child: list[str], log: Path, env: dict, what: str) -> tuple[int, int, str]:
+# callgrind collects only inside `sys.call_tracing` (the C function sys_call_tracing), where a child counting a
+# later sample runs its counted part (--instructions-from)
+CALLGRIND_REGION = ("--collect-atstart=no", "--toggle-collect=sys_call_tracing")
+# ...and, when a C compiler and valgrind's headers are here, instruments nothing before it: the child calls
+# CALLGRIND_START_INSTRUMENTATION (a client request, through a small library built for the run) right before the
+# region, so the fold of the events before the sample runs ~10x faster under valgrind than instrumented (the
+# count is the same: nothing is collected there either way)
+_START_C = ("#include <valgrind/callgrind.h>\n"
+            "void chipledger_callgrind_start(void) { CALLGRIND_START_INSTRUMENTATION; }\n")
+START_LIBRARY_ENV = "CHIPLEDGER_CALLGRIND_START"
+
+
+def build_callgrind_start(folder: Path) -> Optional[Path]:
+    """The shared library whose function starts callgrind's instrumentation, built in `folder`; None without a C
+    compiler or valgrind's headers (the later sample is then instrumented from the start: slower, same count)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    src, lib = folder / "callgrind_start.c", folder / "callgrind_start.so"
+    src.write_text(_START_C)
+    p = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(src)], capture_output=True, text=True)
+    return lib if p.returncode == 0 and lib.exists() else None
+
+
+def start_instrumentation() -> None:
+    """In a child under callgrind started with --instr-atstart=no: instrument from here on (no-op without the
+    library)."""
+    lib = os.environ.get(START_LIBRARY_ENV)
+    if lib:
+        import ctypes
+
+        ctypes.CDLL(lib).chipledger_callgrind_start()
+
+
+def counted(tool: str, child: list[str], log: Path, env: dict, what: str,
+            callgrind_args: tuple = (), keep: Optional[Path] = None) -> tuple[int, int, str]:
     """Run the command `child` under `tool` ('perf' or 'callgrind'): (instructions its own process executed, those
-    of the processes it forked (callgrind, one log per process; perf counts them in the first figure), its stdout)."""
+    of the processes it forked (callgrind, one log per process; perf counts them in the first figure), its stdout).
+    `callgrind_args`: more options for callgrind (CALLGRIND_REGION: count one region only); `keep`: a folder for
+    callgrind's profiles (`<what>.<pid>.out`, for callgrind_annotate), else none is written."""
     if tool == "perf":  # counts the processes the run forks too (perf's default)
         cmd = ["perf", "stat", "-x,", "-e", "instructions:u", "-o", str(log), "--", *child]
     else:  # one log per process (%p): the run's own, and the events process it forks
-        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+        out = f"{keep}/{what}.%p.out" if keep is not None else "/dev/null"
+        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *callgrind_args,
                f"--log-file={log.with_suffix('')}.%p.log", *child]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     stdout, stderr = p.communicate()
@@ -242,17 +284,26 @@ def counted(tool: str, child: list[str], log: Path, env: dict, what: str) -> tup
     return count, forked, stdout
 
 
-def count_phases(tool: str, phases, child_argv, jobs: int = 2) -> dict:
+def count_phases(tool: str, phases, child_argv, jobs: int = 2, callgrind_args: tuple = (),
+                 keep: Optional[Path] = None, start_late: bool = False) -> dict:
     """{phase: instructions, phase_forked: those of the processes it forked, "events": the count the last child
     printed}: `child_argv(phase, tmp dir)` run under `tool` for each phase, `jobs` at a time (the counts are per
     process, so two children at a time on this 2-core machine change nothing). bench/metrics.py counts its phases
-    with it too."""
+    with it too. `start_late` (callgrind): no instrumentation until the child calls start_instrumentation(), when
+    the library for it can be built here."""
     env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict layouts in every child
     out: dict = {}
     with tempfile.TemporaryDirectory(prefix="chipledger-icount-") as tmp:
+        if start_late and tool == "callgrind":
+            lib = build_callgrind_start(Path(tmp))
+            if lib is not None:
+                env[START_LIBRARY_ENV] = str(lib)
+                callgrind_args = ("--instr-atstart=no", *callgrind_args)
+            out["instrumented_late"] = lib is not None
 
         def run(phase: str) -> tuple[int, int, int]:
-            count, forked, stdout = counted(tool, child_argv(phase, tmp), Path(tmp) / f"{phase}.log", env, phase)
+            count, forked, stdout = counted(tool, child_argv(phase, tmp), Path(tmp) / f"{phase}.log", env, phase,
+                                            callgrind_args, keep)
             return count, forked, int(stdout.strip().splitlines()[-1])
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -263,9 +314,11 @@ def count_phases(tool: str, phases, child_argv, jobs: int = 2) -> dict:
     return out
 
 
-def child_phase(phase: str, sample: str, lake: str) -> None:
+def child_phase(phase: str, sample: str, lake: str, skip: int = 0) -> None:
     """Run in a child process under the counting tool: every phase imports the same modules and reads the sample
-    into memory, then does its phase's work (nothing for 'setup')."""
+    into memory, then does its phase's work (nothing for 'setup'). With `skip` (a later sample): the phase's work
+    on the lines after the first `skip` runs inside `sys.call_tracing` (the region callgrind counts with
+    CALLGRIND_REGION), the fold having folded the first `skip` lines before it; prints the lines counted."""
     import gc
 
     from chipledger.embedded import GC_FREEZE_MASK, run_file
@@ -274,6 +327,36 @@ def child_phase(phase: str, sample: str, lake: str) -> None:
 
     with open(sample, "rb") as f:
         lines = f.readlines()
+    if skip:
+        if phase not in ("validate", "fold", HOL_OFF_PHASE):
+            raise SystemExit(f"--phase-child {phase}: a later sample counts validate and fold only")
+        fleet = Fleet(FoldConfig(hol_blocking=phase == "fold"))
+        counted_lines = lines[skip:]
+        if phase != "validate":
+            for n, line in enumerate(lines[:skip], 1):
+                if not n & GC_FREEZE_MASK:
+                    gc.freeze()
+                e = parse_event(line)
+                if not isinstance(e, Rejection):
+                    fleet.apply(e, line)
+
+        def region() -> None:
+            if phase == "validate":
+                for line in counted_lines:
+                    parse_event(line)
+                return
+            for n, line in enumerate(counted_lines, skip + 1):
+                if not n & GC_FREEZE_MASK:
+                    gc.freeze()
+                e = parse_event(line)
+                if not isinstance(e, Rejection):
+                    fleet.apply(e, line)
+            fleet.close()
+
+        start_instrumentation()
+        sys.call_tracing(region, ())
+        print(len(counted_lines))
+        return
     if phase == "validate":
         for line in lines:
             parse_event(line)
@@ -293,11 +376,15 @@ def child_phase(phase: str, sample: str, lake: str) -> None:
     print(len(lines))
 
 
-def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2, hol_off: bool = False) -> dict:
+def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2, hol_off: bool = False,
+                       skip: int = 0, keep: Optional[Path] = None) -> dict:
     """Instructions each phase executes over the events of `sample`, one child process per phase (see 6. in the
     module's text). Returns {"tool", "events", "setup", "validate", "fold", "embedded" (the raw totals), and the
     derived "validation", "fold_alone", "lake_writer"}; with `hol_off` also "fold_hol_off" and "fold_alone_hol_off"
-    (the fold with [ledger] hol_blocking = false). Raises RuntimeError when no tool can count here."""
+    (the fold with [ledger] hol_blocking = false). With `skip` (callgrind only): the events of `sample` after the
+    first `skip`, the state folded up to them not counted; then {"tool", "core", "skip", "events", "validate",
+    "fold", "validation", "fold_alone"} (and the hol-off pair). Raises RuntimeError when no tool can count here,
+    or for `skip` when the tool is not callgrind. `keep`: a folder for callgrind's profile of each phase."""
     tool = tool or instruction_tool()
     if tool is None:
         raise RuntimeError("cannot count instructions: `perf stat -e instructions` has no hardware counter here "
@@ -307,9 +394,23 @@ def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2, 
 
     out: dict = {"tool": tool, "core": ledger.CORE}
     me = str(Path(__file__).resolve())
+    if skip:
+        if tool != "callgrind":
+            raise RuntimeError(f"a later sample (--instructions-from) is counted with valgrind's callgrind only "
+                               f"(it collects inside one region of the process); {tool} counts whole processes")
+        phases = ("validate", "fold", HOL_OFF_PHASE) if hol_off else ("validate", "fold")
+        out["skip"] = skip
+        out.update(count_phases(tool, phases, lambda phase, tmp: [
+            sys.executable, me, "--phase-child", phase, str(sample), str(Path(tmp) / f"lake-{phase}"),
+            "--skip", str(skip)], jobs, CALLGRIND_REGION, keep, start_late=True))
+        out["validation"] = out["validate"]
+        out["fold_alone"] = out["fold"] - out["validate"]
+        if hol_off:
+            out["fold_alone_hol_off"] = out[HOL_OFF_PHASE] - out["validate"]
+        return out
     phases = (*PHASES, HOL_OFF_PHASE) if hol_off else PHASES
     out.update(count_phases(tool, phases, lambda phase, tmp: [sys.executable, me, "--phase-child", phase, str(sample),
-                                                               str(Path(tmp) / f"lake-{phase}")], jobs))
+                                                               str(Path(tmp) / f"lake-{phase}")], jobs, (), keep))
     out["validation"] = out["validate"] - out["setup"]
     out["fold_alone"] = out["fold"] - out["validate"]
     out["lake_writer"] = out["embedded"] - out["fold"]  # in the run's process (the events table is elsewhere)
@@ -324,6 +425,19 @@ def print_instructions(c: dict) -> None:
     n = c["events"]
     name = {"perf": "perf stat -e instructions:u", "callgrind": "valgrind --tool=callgrind, total Ir"}[c["tool"]]
     v = c["validation"] / n
+    if c.get("skip"):
+        k = c["skip"]
+        print(f"\ninstructions ({name}, inside the counted region only), events {k:,} to {k + n:,} (the state folded "
+              f"up to event {k:,} not counted), one child process per phase; ledger core: {c['core']}")
+        for label, key in (("validation", "validation"), ("fold alone", "fold_alone")):
+            per = c[key] / n
+            print(f"  {label:<54} {c[key]:>16,}  {per:>9,.0f} per event  validation/this {v / per if per else 0:.2f}")
+        if "fold_alone_hol_off" in c:
+            off = c["fold_alone_hol_off"]
+            print(f"  fold alone, hol_blocking = false {off:>16,}  {off / n:>9,.0f} per event; head-of-line blocking "
+                  f"costs x{c['fold_alone'] / off:.2f} (fold alone with it / without it)")
+        print("  (the lake writer is not counted on a later sample)")
+        return
     print(f"\ninstructions ({name}), first {n:,} events, one child process per phase; ledger core: {c['core']}")
     print(f"  setup (imports, read the sample): {c['setup']:>16,}")
     rows = [("validation", "validation"), ("fold alone", "fold_alone"),
@@ -403,13 +517,21 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--rss", default="1000000,5000000", help="sizes for the peak-RSS runs ('' to skip)")
     ap.add_argument("--out", type=Path, default=None, help="keep the files here (default: a temp folder)")
-    ap.add_argument("--repeat", type=int, default=3, help="timed runs of each kind; the best is kept")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="timed runs of each kind; the best is kept (0: none, e.g. for --instructions alone)")
     ap.add_argument("--digest", type=int, default=0, metavar="N",
                     help="only fold the first N events of the bench file and print a digest of all outputs")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--phase-child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--skip", type=int, default=0, help=argparse.SUPPRESS)  # with --phase-child: a later sample
     ap.add_argument("--instructions", type=int, default=0, metavar="N",
                     help="also count instructions per phase over the first N events (perf, else valgrind)")
+    ap.add_argument("--instructions-from", type=int, default=0, metavar="K",
+                    help="with --instructions N: count events K..K+N instead, the state folded up to event K not "
+                         "counted (valgrind's callgrind only; validation and the fold, not the lake writer)")
+    ap.add_argument("--callgrind-out", type=Path, default=None, metavar="DIR",
+                    help="with --instructions under callgrind: keep each phase's profile in DIR (<phase>.<pid>.out, "
+                         "for callgrind_annotate)")
     ap.add_argument("--hol-off", action="store_true",
                     help="also time (and count) the fold with [ledger] hol_blocking = false: the cost of head-of-line "
                          "blocking")
@@ -422,10 +544,14 @@ def main() -> int:
         child_rss(*args.child)
         return 0
     if args.phase_child:
-        child_phase(*args.phase_child)
+        child_phase(*args.phase_child, skip=args.skip)
         return 0
     import ledger
 
+    if args.instructions_from and not args.instructions:
+        ap.error("--instructions-from K needs --instructions N (the events counted after the first K)")
+    if args.instructions_from < 0:
+        ap.error("--instructions-from must not be negative")
     if args.opcodes and ledger.CORE == "compiled":
         ap.error("--opcodes: the compiled core runs no Python opcodes; run with CHIPLEDGER_PURE_PYTHON=1")
     out = args.out or Path(tempfile.mkdtemp(prefix="chipledger-bench-"))
@@ -452,45 +578,47 @@ def main() -> int:
               f"({p.stat().st_size / 2**20:,.0f} MiB)")
 
     path = files[args.events]
-    # alternate the runs and keep the best of each: this machine's speed drifts by +-20% over minutes, and
-    # the ratio should compare like with like
-    v_s = f_s = e_s = i_s = v_cpu = f_cpu = e_cpu = e2_cpu = i_cpu = h_s = h_cpu = float("inf")
-    for _ in range(args.repeat):
-        v, n, vc = time_validate(path)
-        f, _, fc = time_fold(path)
+    if args.repeat > 0:  # --repeat 0: no timed runs (only the counts asked for)
+        # alternate the runs and keep the best of each: this machine's speed drifts by +-20% over minutes, and
+        # the ratio should compare like with like
+        v_s = f_s = e_s = i_s = v_cpu = f_cpu = e_cpu = e2_cpu = i_cpu = h_s = h_cpu = float("inf")
+        for _ in range(args.repeat):
+            v, n, vc = time_validate(path)
+            f, _, fc = time_fold(path)
+            if args.hol_off:
+                h, _, hc = time_fold(path, hol_blocking=False)
+                h_s, h_cpu = min(h_s, h), min(h_cpu, hc)
+            e, summary, state = time_embedded(path, out / "lake")
+            v_s, f_s, e_s = min(v_s, v), min(f_s, f), min(e_s, e)
+            v_cpu, f_cpu = min(v_cpu, vc), min(f_cpu, fc)
+            e_cpu, e2_cpu = min(e_cpu, state["cpu_s"]), min(e2_cpu, state["events_cpu_s"])
+            if args.inline:
+                i, _, istate = time_embedded(path, out / "lake-inline", events_process=False)
+                i_s, i_cpu = min(i_s, i), min(i_cpu, istate["cpu_s"])
+        v_rate, f_rate, e_rate = n / v_s, n / f_s, n / e_s
+        fold_alone_rate = n / (f_s - v_s)  # the fold's own cost: (parse + fold) - (parse alone)
+        print(f"\n{n:,} events (best of {args.repeat} alternating runs each)")
+        print(f"  validate only (baseline): {v_s:7.2f} s  {v_rate:>10,.0f} events/s")
+        print(f"  fold alone (derived):     {f_s - v_s:7.2f} s  {fold_alone_rate:>10,.0f} events/s  "
+              f"ratio {fold_alone_rate / v_rate:.2f}  (target >= 0.50)")
+        print(f"  parse + fold:             {f_s:7.2f} s  {f_rate:>10,.0f} events/s  ratio {f_rate / v_rate:.2f}")
+        # the same in CPU time of this process: on a shared machine, time the scheduler gives to other processes
+        # inflates the long runs (parse + fold) more than the short one (validate only) in wall time
+        print(f"  in CPU time: validate only {v_cpu:.2f} s, parse + fold {f_cpu:.2f} s, fold alone "
+              f"{f_cpu - v_cpu:.2f} s  ratio {v_cpu / (f_cpu - v_cpu):.2f}")
         if args.hol_off:
-            h, _, hc = time_fold(path, hol_blocking=False)
-            h_s, h_cpu = min(h_s, h), min(h_cpu, hc)
-        e, summary, state = time_embedded(path, out / "lake")
-        v_s, f_s, e_s = min(v_s, v), min(f_s, f), min(e_s, e)
-        v_cpu, f_cpu = min(v_cpu, vc), min(f_cpu, fc)
-        e_cpu, e2_cpu = min(e_cpu, state["cpu_s"]), min(e2_cpu, state["events_cpu_s"])
+            print(f"  hol_blocking = false: parse + fold {h_s:.2f} s, CPU {h_cpu:.2f} s, fold alone "
+                  f"{h_cpu - v_cpu:.2f} s; head-of-line blocking costs x{(f_cpu - v_cpu) / (h_cpu - v_cpu):.2f} of "
+                  f"the fold alone (CPU)")
+        print(f"  embedded run (with lake): {e_s:7.2f} s  {e_rate:>10,.0f} events/s  ratio {e_rate / v_rate:.2f}  "
+              f"(target >= 0.50)")
+        print(f"    in CPU time: the run's process {e_cpu:.2f} s (ratio {v_cpu / e_cpu:.2f}), its events process "
+              f"{e2_cpu:.2f} s")
         if args.inline:
-            i, _, istate = time_embedded(path, out / "lake-inline", events_process=False)
-            i_s, i_cpu = min(i_s, i), min(i_cpu, istate["cpu_s"])
-    v_rate, f_rate, e_rate = n / v_s, n / f_s, n / e_s
-    fold_alone_rate = n / (f_s - v_s)  # the fold's own cost: (parse + fold) - (parse alone)
-    print(f"\n{n:,} events (best of {args.repeat} alternating runs each)")
-    print(f"  validate only (baseline): {v_s:7.2f} s  {v_rate:>10,.0f} events/s")
-    print(f"  fold alone (derived):     {f_s - v_s:7.2f} s  {fold_alone_rate:>10,.0f} events/s  "
-          f"ratio {fold_alone_rate / v_rate:.2f}  (target >= 0.50)")
-    print(f"  parse + fold:             {f_s:7.2f} s  {f_rate:>10,.0f} events/s  ratio {f_rate / v_rate:.2f}")
-    # the same in CPU time of this process: on a shared machine, time the scheduler gives to other processes
-    # inflates the long runs (parse + fold) more than the short one (validate only) in wall time
-    print(f"  in CPU time: validate only {v_cpu:.2f} s, parse + fold {f_cpu:.2f} s, fold alone {f_cpu - v_cpu:.2f} s  "
-          f"ratio {v_cpu / (f_cpu - v_cpu):.2f}")
-    if args.hol_off:
-        print(f"  hol_blocking = false: parse + fold {h_s:.2f} s, CPU {h_cpu:.2f} s, fold alone {h_cpu - v_cpu:.2f} s; "
-              f"head-of-line blocking costs x{(f_cpu - v_cpu) / (h_cpu - v_cpu):.2f} of the fold alone (CPU)")
-    print(f"  embedded run (with lake): {e_s:7.2f} s  {e_rate:>10,.0f} events/s  ratio {e_rate / v_rate:.2f}  "
-          f"(target >= 0.50)")
-    print(f"    in CPU time: the run's process {e_cpu:.2f} s (ratio {v_cpu / e_cpu:.2f}), its events process "
-          f"{e2_cpu:.2f} s")
-    if args.inline:
-        print(f"  embedded run, lake in one process: {i_s:7.2f} s  {n / i_s:>10,.0f} events/s  ratio "
-              f"{n / i_s / v_rate:.2f}; CPU {i_cpu:.2f} s (ratio {v_cpu / i_cpu:.2f})")
-    print(f"  accepted {summary['accepted']:,}, dead letters {sum(summary['dead_letters'].values()):,}, "
-          f"rows {summary['rows_written']}")
+            print(f"  embedded run, lake in one process: {i_s:7.2f} s  {n / i_s:>10,.0f} events/s  ratio "
+                  f"{n / i_s / v_rate:.2f}; CPU {i_cpu:.2f} s (ratio {v_cpu / i_cpu:.2f})")
+        print(f"  accepted {summary['accepted']:,}, dead letters {sum(summary['dead_letters'].values()):,}, "
+              f"rows {summary['rows_written']}")
 
     if args.opcodes:
         per_event, by_type = count_opcodes(path, 20_000, args.opcodes)
@@ -498,12 +626,15 @@ def main() -> int:
               + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(by_type.items(), key=lambda kv: -kv[1])))
 
     if args.instructions:
-        sample = out / f"sample-{args.instructions}.jsonl"
+        k = args.instructions_from
+        sample = out / (f"sample-{k}-{args.instructions}.jsonl" if k else f"sample-{args.instructions}.jsonl")
         with open(path, "rb") as f, open(sample, "wb") as g:
-            g.writelines(islice(f, args.instructions))
+            g.writelines(islice(f, k + args.instructions))
         t0 = time.perf_counter()
         try:
-            c = count_instructions(sample, hol_off=args.hol_off)
+            if args.callgrind_out is not None:
+                args.callgrind_out.mkdir(parents=True, exist_ok=True)
+            c = count_instructions(sample, hol_off=args.hol_off, skip=k, keep=args.callgrind_out)
         except RuntimeError as err:
             print(f"\ninstructions: {err}", file=sys.stderr)
             return 2

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import orjson
 from datetime import datetime, timezone
-from typing import Any, NamedTuple, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 from schemas.events import MILLI, epoch_s
 from schemas.outputs import DecisionBurst, DecisionPreempt
@@ -794,7 +794,7 @@ class _Candidates:
         else:  # victim classes: teams whose F differ by less than the tolerance, lowest F first
             self.plan = victim_classes(teams, fs, config.fair_share_tolerance)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[list]:
         """Per victim class, per priority (lowest first): the candidates, sorted by key. Built lazily: a class
         may hold thousands of running jobs, and the lowest priority usually covers the need."""
         # protected_until, lost_work_mchip_s and the order key written out: this loop runs over every running
@@ -808,12 +808,13 @@ class _Candidates:
         marked = state.marked
         running = state.running_jobs
         prio_chips = state.prio_chips
+        job: Job  # typed: the compiled core reads a candidate's fields natively (they come out of untyped dicts)
         for names in self.plan:
-            prios = set()  # the priorities of the class's preemptible running jobs (the fold keeps them per team)
+            prios: set[int] = set()  # the priorities of the class's preemptible running jobs (the fold keeps them per team)
             for name in names:
                 prios.update(prio_chips.get(name, _NONE))
             for prio in sorted(prios):
-                out = []
+                out: list = []
                 for name in names:
                     for job in running.get(name, _NONE).values():
                         if job.priority != prio or not job.preemptible or job.job_id in marked or (
@@ -881,18 +882,24 @@ def _least_cost_set(level: list, need: int, left: dict) -> Optional[list]:
     n = len(level)
     if n * (units + 1) > EXACT_CELLS:
         return None
-    inf = NEVER
-    # best[i][u]: least cost covering u units with candidates i.. (u capped at 0)
-    best = [[inf] * (units + 1) for _ in range(n + 1)]
-    took = [[False] * (units + 1) for _ in range(n)]
+    inf: int = NEVER
+    # best[i][u]: least cost covering u units with candidates i.. (u capped at 0). Typed: the compiled core then
+    # reads and adds the cells as machine integers (this loop runs n × (units + 1) times per search)
+    best: list[list[int]] = [[inf] * (units + 1) for _ in range(n + 1)]
+    took: list[list[bool]] = [[False] * (units + 1) for _ in range(n)]
     best[n][0] = 0
+    job: Job
+    row: list[int]
+    nxt: list[int]
+    tk: list[bool]
     for i in range(n - 1, -1, -1):
-        w = level[i][1].chips_milli // g
-        cost = level[i][3]
+        job = level[i][1]
+        wi: int = job.chips_milli // g
+        cost: int = level[i][3]
         row, nxt, tk = best[i], best[i + 1], took[i]
         for u in range(units + 1):
             skip = nxt[u]
-            r = u - w
+            r = u - wi
             take = nxt[r if r > 0 else 0]
             take = take + cost if take < inf else inf
             if take <= skip and take < inf:  # ties: take it, so the better-keyed candidate is preferred

@@ -73,3 +73,33 @@ def test_metrics_collector_instruction_counts():
     assert c["setup"] < c["fold"] < c["without"] and c["setup"] < c["with"] < c["scrapes"]
     assert c["without_net"] == c["without"] - c["setup"] and c["metrics"] == c["with"] - c["without"]
     assert c["scrape"] == (c["scrapes"] - c["with"]) // metrics.SCRAPES_COUNTED > 0
+
+
+def test_later_sample_counts_only_its_events(tmp_path):
+    """--instructions-from K: the events after the first K, the state folded up to them not counted (callgrind
+    collects inside sys.call_tracing only). Counted were the imports (~1.3 G instructions) or the fold of the
+    2,000 events before the sample (tens of thousands per event each), the 100 counted events would cost far
+    more than parsing and folding them."""
+    replay = _replay()
+    tool = replay.instruction_tool()
+    if tool != "callgrind":  # perf counts whole processes (a machine with a hardware counter skips this)
+        msg = f"LATER-SAMPLE INSTRUCTION TEST NOT RUN: it needs valgrind's callgrind (counting tool here: {tool})"
+        if tool is None and os.environ.get("CHIPLEDGER_REQUIRE_VALGRIND") == "1":
+            pytest.fail(f"{msg} (CHIPLEDGER_REQUIRE_VALGRIND=1)", pytrace=False)
+        pytest.skip(msg)
+    from chipledger.scenario import generate, write_jsonl
+
+    sample = tmp_path / "sample.jsonl"
+    write_jsonl(islice(generate(seed=replay.SEED, days=1, scale=replay.SCALE), 2100), sample)
+    c = replay.count_instructions(sample, tool, skip=2000)
+    assert c["skip"] == 2000 and c["events"] == 100
+    assert 0 < c["validate"] < c["fold"]
+    assert c["validation"] == c["validate"] and c["fold_alone"] == c["fold"] - c["validate"] > 0
+    assert c["validation"] < 100 * 500_000  # parsing is ~50,000 per event; the imports alone are ~1.3 G
+    assert c["fold_alone"] < 5 * c["validation"]  # the fold is ~1-2x parsing per event; the prefix's ~20x
+
+
+def test_later_sample_needs_callgrind(tmp_path):
+    replay = _replay()
+    with pytest.raises(RuntimeError, match="callgrind only"):
+        replay.count_instructions(tmp_path / "none.jsonl", "perf", skip=10)
