@@ -314,6 +314,22 @@ def count_phases(tool: str, phases, child_argv, jobs: int = 2, callgrind_args: t
     return out
 
 
+def fold_lines(fleet, lines: list, first: int) -> None:
+    """Parse and fold `lines` (line numbers from `first`) as the embedded run does, freezing the collector's
+    long-lived objects every GC_FREEZE_MASK + 1 lines."""
+    import gc
+
+    from chipledger.embedded import GC_FREEZE_MASK
+    from schemas import Rejection, parse_event
+
+    for n, line in enumerate(lines, first):
+        if not n & GC_FREEZE_MASK:
+            gc.freeze()
+        e = parse_event(line)
+        if not isinstance(e, Rejection):
+            fleet.apply(e, line)
+
+
 def child_phase(phase: str, sample: str, lake: str, skip: int = 0) -> None:
     """Run in a child process under the counting tool: every phase imports the same modules and reads the sample
     into memory, then does its phase's work (nothing for 'setup'). With `skip` (a later sample): the phase's work
@@ -333,24 +349,14 @@ def child_phase(phase: str, sample: str, lake: str, skip: int = 0) -> None:
         fleet = Fleet(FoldConfig(hol_blocking=phase == "fold"))
         counted_lines = lines[skip:]
         if phase != "validate":
-            for n, line in enumerate(lines[:skip], 1):
-                if not n & GC_FREEZE_MASK:
-                    gc.freeze()
-                e = parse_event(line)
-                if not isinstance(e, Rejection):
-                    fleet.apply(e, line)
+            fold_lines(fleet, lines[:skip], 1)
 
         def region() -> None:
             if phase == "validate":
                 for line in counted_lines:
                     parse_event(line)
                 return
-            for n, line in enumerate(counted_lines, skip + 1):
-                if not n & GC_FREEZE_MASK:
-                    gc.freeze()
-                e = parse_event(line)
-                if not isinstance(e, Rejection):
-                    fleet.apply(e, line)
+            fold_lines(fleet, counted_lines, skip + 1)
             fleet.close()
 
         start_instrumentation()
@@ -362,12 +368,7 @@ def child_phase(phase: str, sample: str, lake: str, skip: int = 0) -> None:
             parse_event(line)
     elif phase in ("fold", HOL_OFF_PHASE):
         fleet = Fleet(FoldConfig(hol_blocking=phase == "fold"))
-        for n, line in enumerate(lines, 1):
-            if not n & GC_FREEZE_MASK:
-                gc.freeze()
-            e = parse_event(line)
-            if not isinstance(e, Rejection):
-                fleet.apply(e, line)
+        fold_lines(fleet, lines, 1)
         fleet.close()
     elif phase == "embedded":
         run_file(Path(sample), Path(lake), overwrite=True)
