@@ -212,8 +212,14 @@ def slo_views(d: Dialect) -> dict[str, str]:
     ts = d.ts
     budget_window = "(SELECT window_days FROM slo_settings) * 86400"
     windows = {"budget": budget_window, **{k: str(v) for k, v in WINDOWS_S.items()}}
-    window_rows = "\nUNION ALL\n".join(f"SELECT '{k}' AS win, {w} AS len_s FROM calc_now"
-                                       for k, w in windows.items())
+    # per window: the availability's chip-seconds of each step inside it, and the points in it (sums of nothing
+    # are null: the window holds no row)
+    availability_sums = ",\n".join(
+        f"sum(CASE WHEN from_s <= as_of_s AND until_s > as_of_s - {w} THEN {col} * ({_overlap(d, w)}) END) AS {out}_{k}"
+        for k, w in windows.items() for col, out in (("healthy_milli", "good"), ("registered_milli", "total")))
+    point_sums = ",\n".join(
+        f"sum(CASE WHEN at_s <= as_of_s AND at_s > as_of_s - {w} THEN {col} END) AS {col}_{k}"
+        for k, w in windows.items() for col in ("good", "total"))
     rules = "\nUNION ALL\n".join(
         f"SELECT '{a}' AS alert, '{sev}' AS severity, '{lw}' AS long_win, '{sw}' AS short_win, CAST({f} AS DOUBLE) AS burn_rate"
         for a, sev, lw, sw, f in BURN_RULES)
@@ -328,28 +334,22 @@ def slo_views(d: Dialect) -> dict[str, str]:
             FROM base_progress
             GROUP BY pool, team, ended_s - ended_s % 86400
         """,
-        # every SLO and pool with something measured, in any window or none
-        "calc_slo_keys": """
-            SELECT DISTINCT 'availability' AS slo, pool FROM calc_free_steps
-            UNION
-            SELECT DISTINCT slo, pool FROM calc_sli_points
-        """,
-        # the windows: the error budget's (window_days) and the burn-rate alerts'
-        "calc_windows": window_rows,
-        # good and total in each window (as_of_s - len_s, as_of_s], per SLO and pool, in one pass over the data
-        "calc_slo_window": f"""
-            SELECT 'availability' AS slo, pool, win,
-                   CAST(sum(healthy_milli * ({_overlap(d, 'len_s')})) AS BIGINT) AS good,
-                   CAST(sum(registered_milli * ({_overlap(d, 'len_s')})) AS BIGINT) AS total
-            FROM calc_free_steps CROSS JOIN calc_now CROSS JOIN calc_windows
-            WHERE from_s <= as_of_s AND until_s > as_of_s - len_s
-            GROUP BY pool, win
+        # good and total in each window (as_of_s - len_s, as_of_s] (the error budget's, window_days, and the burn-rate
+        # alerts'), per SLO and pool, in one pass over the data: a row per SLO and pool with something measured, in
+        # any window or none (a window with nothing in it: null good and total)
+        "calc_slo_sums": f"""
+            SELECT 'availability' AS slo, pool, {availability_sums}
+            FROM calc_free_steps CROSS JOIN calc_now GROUP BY pool
             UNION ALL
-            SELECT slo, pool, win, CAST(sum(good) AS BIGINT), CAST(sum(total) AS BIGINT)
-            FROM calc_sli_points CROSS JOIN calc_now CROSS JOIN calc_windows
-            WHERE at_s <= as_of_s AND at_s > as_of_s - len_s
-            GROUP BY slo, pool, win
+            SELECT slo, pool, {point_sums}
+            FROM calc_sli_points CROSS JOIN calc_now GROUP BY slo, pool
         """,
+        # every SLO and pool with something measured
+        "calc_slo_keys": "SELECT slo, pool FROM calc_slo_sums",
+        # good and total per SLO, pool and window (win: budget, 5m, 30m, 1h, 6h, 3d), where the window holds anything
+        "calc_slo_window": "\nUNION ALL\n".join(
+            f"SELECT slo, pool, '{k}' AS win, CAST(good_{k} AS BIGINT) AS good, CAST(total_{k} AS BIGINT) AS total "
+            f"FROM calc_slo_sums WHERE total_{k} IS NOT NULL" for k in windows),
         "error_budget": f"""
             WITH p AS (
                 SELECT k.slo, k.pool, coalesce(w.good, 0) AS good, coalesce(w.total, 0) AS total

@@ -225,11 +225,11 @@ WAIT_VIEWS = {
 # (and `chipledger report`'s own queries) read, straight from the lake's files. The base tables under them stay
 # views, read once by the intermediate that needs them (the columns it needs), not copied into memory first:
 # each pool's clock (base_pool_end, read by several), the free-capacity step function, the waits with their SLO
-# class (calc_waits), the SLI points, the error budgets' and burn rates' window sums and their keys, the demand
-# slots. The settings (slo_settings, slo_targets) are those given to `connect`: a table computed from them does not
-# follow a later change of them (connect again; without `materialize` every view follows them)
-MATERIALIZED = frozenset({"base_pool_end", "calc_free_steps", "calc_waits", "calc_sli_points", "calc_slo_keys",
-                          "calc_slo_window", "calc_demand_slots"})
+# class (calc_waits), the error budgets' and burn rates' window sums per SLO and pool (calc_slo_sums: the SLI points
+# under them are read once, by it, and not kept), the demand slots. The settings (slo_settings, slo_targets) are
+# those given to `connect`: a table computed from them does not follow a later change of them (connect again;
+# without `materialize` every view follows them)
+MATERIALIZED = frozenset({"base_pool_end", "calc_free_steps", "calc_waits", "calc_slo_sums", "calc_demand_slots"})
 
 _TYPED_COLUMNS = ", ".join(f'"{f}"' for f in EVENT_FIELDS)  # quoted: `user` is a keyword in SQL
 _RAW_VIEW_NAMES = {"journal": "journal_postings", "events": "event_log", "waits": "wait_postings",

@@ -36,7 +36,7 @@ TEAM_ACCOUNTS = ("entitled", "in_quota", "borrowed", "burst", "pending")
 UTC = timezone.utc
 # the SLO base tables and intermediates the statements read (sched_waits, error_budget), computed once per issue
 STATEMENT_TABLES = ("base_runs", "base_pool_end", "base_waits", "calc_free_steps", "calc_waits",
-                    "calc_sli_points", "calc_slo_window")
+                    "calc_slo_sums")
 
 
 class StatementError(ValueError):
