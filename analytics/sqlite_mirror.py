@@ -8,6 +8,7 @@ epoch seconds on SQLite (`Dialect.ts` is the identity there).
 from __future__ import annotations
 
 import sqlite3
+from typing import Collection
 
 import duckdb
 
@@ -23,9 +24,11 @@ _INDEXES = (
 )
 
 
-def mirror(duck: duckdb.DuckDBPyConnection, path: str = ":memory:", batch: int = 200_000) -> sqlite3.Connection:
+def mirror(duck: duckdb.DuckDBPyConnection, path: str = ":memory:", batch: int = 200_000,
+           materialized: Collection[str] = ()) -> sqlite3.Connection:
     """A SQLite database holding the base tables of `duck` (a connection from analytics.views.connect) and
-    the portable SLO views over them."""
+    the portable SLO views over them, but for those named in `materialized` (analytics.views.MATERIALIZED): those
+    are tables that `materialize` computes, as `connect(materialize=True)` does on DuckDB."""
     con = sqlite3.connect(path)
     for table in BASE_TABLES:
         cur = duck.execute(f'SELECT * FROM "{table}"')
@@ -40,6 +43,17 @@ def mirror(duck: duckdb.DuckDBPyConnection, path: str = ":memory:", batch: int =
     for sql in _INDEXES:
         con.execute(sql)
     for name, sql in slo_views(SQLITE).items():
-        con.execute(f'CREATE VIEW "{name}" AS {sql}')
+        if name not in materialized:
+            con.execute(f'CREATE VIEW "{name}" AS {sql}')
     con.commit()
     return con
+
+
+def materialize(con: sqlite3.Connection, names: Collection[str]) -> None:
+    """Compute the intermediates `names` as tables, in definition order (again, if they exist): the same SQL and
+    the same intermediates kept as DuckDB's materializing connection, so that the two engines do the same work."""
+    for name, sql in slo_views(SQLITE).items():
+        if name in names:
+            con.execute(f'DROP TABLE IF EXISTS "{name}"')
+            con.execute(f'CREATE TABLE "{name}" AS {sql}')
+    con.commit()
