@@ -203,7 +203,7 @@ def sql(
     if fmt not in FORMATS:
         _fail(f"--format must be one of {', '.join(FORMATS)}", 2)
     cfg = _config(config)
-    con = _connect(_lake_dir(lake, cfg), slo=cfg.slo)
+    con = _connect(_lake_dir(lake, cfg), slo=cfg.slo, config=cfg.lake.duckdb_config())
     if query is None:
         from chipledger.sqlshell import run_shell
 
@@ -221,7 +221,14 @@ def sql(
 
 
 def _lake_error(lake: Path, e: Exception) -> str:
+    import duckdb
+
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    # DuckDB's out of memory: its own exception, or a commit that could not allocate a block
+    if isinstance(e, duckdb.OutOfMemoryException) or "could not allocate" in str(e):
+        return (f"cannot read the lake {lake} within DuckDB's memory: {first} (raise [lake] memory_limit, or set "
+                f"[lake] spill_dir to a folder DuckDB may spill to: docs/analytics.md, \"A lake larger than the "
+                f"memory\")")
     return f"cannot read the lake {lake}: {first} (a damaged Parquet file? restore it, or run the events again)"
 
 
@@ -285,7 +292,7 @@ def report(
     t0, t1 = _instant(since, "--since"), _instant(until, "--until")
     if t0 is not None and t1 is not None and t1 <= t0:
         _fail("--until must be after --since", 2)
-    con = _connect(_lake_dir(lake, cfg), slo=cfg.slo, as_of=t1, materialize=True)
+    con = _connect(_lake_dir(lake, cfg), slo=cfg.slo, as_of=t1, materialize=True, config=cfg.lake.duckdb_config())
     if pool is not None:  # an unknown pool is an error, not an empty report (the rule `alerts` uses)
         from chipledger.alerts import AlertsError, check_pool, known_pools
 
@@ -358,7 +365,7 @@ def alerts(
         except ValueError:
             raise AlertsError(f"--at {at!r} is not an ISO 8601 date or time (e.g. 2026-11-02T03:00:00Z)") from None
         max_age_s = parse_duration(max_age) if max_age is not None else None
-        con = connect(root, slo=cfg.slo, as_of=t)
+        con = connect(root, slo=cfg.slo, as_of=t, config=cfg.lake.duckdb_config())
         try:
             ev = evaluate(con, pool, max_age_s=max_age_s, at=t)
         finally:
@@ -1002,10 +1009,10 @@ def statements(
             if every not in ("week", "month"):
                 _fail("--every must be week or month", 2)
             done = issue_due(lake, every, out, st, teams=team or None, formats=formats, slo=cfg.slo,
-                             workers=workers)
+                             workers=workers, duckdb_config=cfg.lake.duckdb_config())
         else:
             done = issue(lake, parse_period(period), out, teams=team or None, formats=formats, slo=cfg.slo,
-                         store=st, workers=workers)
+                         store=st, workers=workers, duckdb_config=cfg.lake.duckdb_config())
     except (StatementError, StoreError) as e:
         _fail(str(e), 2)
     except OSError as e:
@@ -1065,7 +1072,8 @@ def pending(
     from analytics.views import connect
     from chipledger.why import _duration, pending_queue
 
-    con = _connect(_lake_dir(lake, _config(config)))
+    cfg = _config(config)
+    con = _connect(_lake_dir(lake, cfg), config=cfg.lake.duckdb_config())
     if pool is not None:
         from chipledger.alerts import AlertsError, check_pool, known_pools
 

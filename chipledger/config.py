@@ -8,6 +8,7 @@ override both. Defaults and meanings are documented in docs/configuration.md.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -47,6 +48,29 @@ class StoreConfig:
 @dataclass(frozen=True)
 class LakeConfig:
     path: str = "lake"
+    # DuckDB's settings for the commands that read the lake (report, statements, sql, alerts, pending): the memory it
+    # may take ("" = DuckDB's default, 80% of the machine's) and where it spills what does not fit ("" = nowhere: a
+    # query that outgrows the limit fails with DuckDB's out-of-memory error). docs/analytics.md, "A lake larger than
+    # the memory"
+    memory_limit: str = ""
+    spill_dir: str = ""
+
+    def __post_init__(self):
+        if self.memory_limit and not _MEMORY.fullmatch(self.memory_limit.strip()):
+            raise ValueError(f"[lake] memory_limit must be an amount of memory such as 10GB, 512MB or 1.5GiB, "
+                             f"got {self.memory_limit!r}")
+
+    def duckdb_config(self) -> Optional[dict[str, str]]:
+        """The DuckDB settings to open the lake with (analytics.views.connect's `config`), or None."""
+        cfg = {}
+        if self.memory_limit:
+            cfg["memory_limit"] = self.memory_limit.strip()
+        if self.spill_dir:
+            cfg["temp_directory"] = self.spill_dir
+        return cfg or None
+
+
+_MEMORY = re.compile(r"\d+(\.\d+)?\s*(B|[KMGT]i?B)", re.IGNORECASE)
 
 
 # a dead letter carries the raw bytes of a too_large message up to max_event_bytes, in base64 (4/3 larger),

@@ -740,9 +740,11 @@ def _render_one(args) -> tuple[str, dict[str, bytes]]:
 
 def issue(lake: Path, period: Period, out: Path, *, teams: Optional[Iterable[str]] = None,
           formats: Sequence[str] = FORMATS, slo: Optional[SloParams] = None, store=None,
-          workers: int = 1, now: Optional[datetime] = None) -> list[Issued]:
+          workers: int = 1, now: Optional[datetime] = None,
+          duckdb_config: Optional[dict[str, str]] = None) -> list[Issued]:
     """Compute and write the statements of `period` into `out/<period label>/`, and record each in `store`
-    (when given) with the log positions it was computed at."""
+    (when given) with the log positions it was computed at. `duckdb_config`: DuckDB's settings for reading the
+    lake ([lake] memory_limit, spill_dir)."""
     from analytics.views import connect
 
     # where the books end decides the instant the error budgets are evaluated at (the period's end, or the
@@ -750,7 +752,7 @@ def issue(lake: Path, period: Period, out: Path, *, teams: Optional[Iterable[str
     # views), then connect with it (the SLO intermediates are computed for that instant when connecting)
     closed = books_closed_through_files(Path(lake))
     as_of = min(period.end - timedelta(seconds=1), min(closed.values())) if closed else None
-    con = connect(Path(lake), slo=slo, as_of=as_of, materialize=STATEMENT_TABLES)
+    con = connect(Path(lake), slo=slo, as_of=as_of, materialize=STATEMENT_TABLES, config=duckdb_config)
     try:
         statements = compute_statements(con, period, teams=teams, slo=slo)
     finally:
@@ -784,12 +786,12 @@ def issue(lake: Path, period: Period, out: Path, *, teams: Optional[Iterable[str
 
 def issue_due(lake: Path, every: str, out: Path, store, *, teams: Optional[Iterable[str]] = None,
               formats: Sequence[str] = FORMATS, slo: Optional[SloParams] = None, workers: int = 1,
-              now: Optional[datetime] = None) -> list[Issued]:
+              now: Optional[datetime] = None, duckdb_config: Optional[dict[str, str]] = None) -> list[Issued]:
     """Issue, exactly once each, the statements of every closed `every` period (week or month) not yet
     recorded in the store: a period is closed when every pool's books are closed through its end."""
     from analytics.views import connect
 
-    con = connect(Path(lake))
+    con = connect(Path(lake), config=duckdb_config)
     try:
         closed = books_closed_through(con)
         first = con.execute("SELECT min(hour) FROM journal_postings").fetchone()[0]
@@ -804,5 +806,5 @@ def issue_due(lake: Path, every: str, out: Path, store, *, teams: Optional[Itera
         due = [t for t in team_list if f"{t}@{period.label}" not in done]
         if due:
             issued += issue(lake, period, out, teams=due, formats=formats, slo=slo, store=store, workers=workers,
-                            now=now)
+                            now=now, duckdb_config=duckdb_config)
     return issued

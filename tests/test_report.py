@@ -118,6 +118,33 @@ def test_slo_config_defaults_and_errors(tmp_path):
     assert res.exit_code == 2 and "goodput must be a float" in res.output
 
 
+def test_lake_memory_limit_and_spill_dir_reach_duckdb(lake, tmp_path):
+    """[lake] memory_limit and spill_dir are DuckDB's settings for every command that reads the lake: a report
+    within them is the same report; a limit it cannot fit in is one line of error that names the settings; a value
+    that is not an amount of memory is a configuration error."""
+    cfg = tmp_path / "chipledger.toml"
+    cfg.write_text(f'[lake]\nmemory_limit = "300MB"\nspill_dir = "{tmp_path / "spill"}"\n')
+    res = invoke("sql", "--lake", str(lake), "--config", str(cfg), "--format", "json",
+                 "SELECT current_setting('memory_limit') AS m, current_setting('temp_directory') AS t")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout) == [{"m": "286.1 MiB", "t": str(tmp_path / "spill")}]  # DuckDB shows 300 MB in MiB
+    plain = invoke("report", "--lake", str(lake), "--json")
+    limited = invoke("report", "--lake", str(lake), "--json", "--config", str(cfg))
+    assert plain.exit_code == 0 and limited.exit_code == 0, limited.output
+    assert json.loads(limited.stdout) == json.loads(plain.stdout)
+    cfg.write_text('[lake]\nmemory_limit = "1MB"\n')
+    res = invoke("report", "--lake", str(lake), "--config", str(cfg))
+    assert res.exit_code == 1
+    assert "within DuckDB's memory" in res.output and "raise [lake] memory_limit" in res.output
+    assert "Traceback" not in res.output
+    cfg.write_text('[lake]\nmemory_limit = "lots"\n')
+    res = invoke("report", "--lake", str(lake), "--config", str(cfg))
+    assert res.exit_code == 2 and "[lake] memory_limit must be an amount of memory" in res.output
+    res = invoke("statements", "--lake", str(lake), "--period", "2026-11", "--out", str(tmp_path / "st"),
+                 "--config", str(cfg))
+    assert res.exit_code == 2 and "[lake] memory_limit must be an amount of memory" in res.output
+
+
 def test_sql_shell_reads_statements_until_quit(lake):
     script = ("SELECT count(*) AS n\n  FROM sched_waits;\n"
               ".format csv\n"
