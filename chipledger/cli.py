@@ -351,6 +351,8 @@ def alerts(
     """Print the instant evaluated and the burn-rate alerts firing (SRE workbook windows: 1h & 5m at 14.4x and
     6h & 30m at 6x page, 3d & 6h at 1x ticket). Exit 0: none firing; 1: tickets only; 2: a page-level alert
     fires; 3: error (no lake, a lake without events, an unknown --pool, stale with --max-age, a bad option)."""
+    import duckdb
+
     from analytics.views import connect
     from chipledger.alerts import EXIT_ERROR, AlertsError, evaluate, exit_status, parse_duration
     from chipledger.report import parse_instant
@@ -372,6 +374,8 @@ def alerts(
             con.close()
     except (AlertsError, ConfigError) as e:
         _fail(str(e), EXIT_ERROR)
+    except duckdb.Error as e:  # one line, as the other commands that read the lake say it
+        _fail(_lake_error(root, e), EXIT_ERROR)
     except Exception as e:  # a monitor must see an error, never a traceback that might read as a firing state
         _fail(f"{type(e).__name__}: {e}", EXIT_ERROR)
     if as_json:
@@ -1046,10 +1050,11 @@ def why(
     from analytics.views import connect
     from chipledger.why import explain
 
-    lake = lake or Path(_config(config).lake.path)
+    cfg = _config(config)
+    lake = lake or Path(cfg.lake.path)
     if not lake.is_dir():
         _fail(f"lake {lake} does not exist (run `chipledger run` or `chipledger demo` first)")
-    ex = explain(connect(lake), job_id)
+    ex = _lake_read(lambda: explain(connect(lake, config=cfg.lake.duckdb_config()), job_id), lake)
     if as_json:
         console.file.write(json.dumps(ex.as_dict()) + "\n")
     else:

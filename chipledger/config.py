@@ -48,10 +48,10 @@ class StoreConfig:
 @dataclass(frozen=True)
 class LakeConfig:
     path: str = "lake"
-    # DuckDB's settings for the commands that read the lake (report, statements, sql, alerts, pending): the memory it
-    # may take ("" = DuckDB's default, 80% of the machine's) and where it spills what does not fit ("" = nowhere: a
-    # query that outgrows the limit fails with DuckDB's out-of-memory error). docs/analytics.md, "A lake larger than
-    # the memory"
+    # DuckDB's settings for the commands that read the lake (report, statements, sql, alerts, pending, why): the
+    # memory it may take ("" = DuckDB's default, 80% of the machine's) and where it spills what does not fit ("" =
+    # nowhere: a query that outgrows the limit fails with DuckDB's out-of-memory error). docs/analytics.md, "A lake
+    # larger than the memory"
     memory_limit: str = ""
     spill_dir: str = ""
 

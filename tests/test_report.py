@@ -137,6 +137,8 @@ def test_lake_memory_limit_and_spill_dir_reach_duckdb(lake, tmp_path):
     assert res.exit_code == 1
     assert "within DuckDB's memory" in res.output and "raise [lake] memory_limit" in res.output
     assert "Traceback" not in res.output
+    res = invoke("alerts", "--lake", str(lake), "--config", str(cfg))  # a monitor's error: exit 3, one line
+    assert res.exit_code == 3 and "raise [lake] memory_limit" in res.output and len(res.output.splitlines()) == 1
     cfg.write_text('[lake]\nmemory_limit = "lots"\n')
     res = invoke("report", "--lake", str(lake), "--config", str(cfg))
     assert res.exit_code == 2 and "[lake] memory_limit must be an amount of memory" in res.output
