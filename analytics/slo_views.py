@@ -212,14 +212,26 @@ def slo_views(d: Dialect) -> dict[str, str]:
     ts = d.ts
     budget_window = "(SELECT window_days FROM slo_settings) * 86400"
     windows = {"budget": budget_window, **{k: str(v) for k, v in WINDOWS_S.items()}}
-    # per window: the availability's chip-seconds of each step inside it, and the points in it (sums of nothing
-    # are null: the window holds no row)
+    window_rows = "\nUNION ALL\n".join(f"SELECT '{k}' AS win, {w} AS len_s FROM calc_now"
+                                       for k, w in windows.items())
+    # per window: the availability's chip-seconds of each step inside it, and the points in it, with the count of
+    # rows in it (a window holds a row when it counts any: sums of nulls are null)
     availability_sums = ",\n".join(
-        f"sum(CASE WHEN from_s <= as_of_s AND until_s > as_of_s - {w} THEN {col} * ({_overlap(d, w)}) END) AS {out}_{k}"
-        for k, w in windows.items() for col, out in (("healthy_milli", "good"), ("registered_milli", "total")))
+        f"count(CASE WHEN from_s <= as_of_s AND until_s > as_of_s - {w} THEN 1 END) AS n_{k}, "
+        f"sum(CASE WHEN from_s <= as_of_s AND until_s > as_of_s - {w} THEN healthy_milli * ({_overlap(d, w)}) END) "
+        f"AS good_{k}, "
+        f"sum(CASE WHEN from_s <= as_of_s AND until_s > as_of_s - {w} THEN registered_milli * ({_overlap(d, w)}) END) "
+        f"AS total_{k}"
+        for k, w in windows.items())
     point_sums = ",\n".join(
-        f"sum(CASE WHEN at_s <= as_of_s AND at_s > as_of_s - {w} THEN {col} END) AS {col}_{k}"
-        for k, w in windows.items() for col in ("good", "total"))
+        f"count(CASE WHEN at_s <= as_of_s AND at_s > as_of_s - {w} THEN 1 END) AS n_{k}, "
+        f"sum(CASE WHEN at_s <= as_of_s AND at_s > as_of_s - {w} THEN good END) AS good_{k}, "
+        f"sum(CASE WHEN at_s <= as_of_s AND at_s > as_of_s - {w} THEN total END) AS total_{k}"
+        for k, w in windows.items())
+    # one window's column of calc_slo_sums, chosen by calc_windows' row (the sums are read once per query)
+    def pick(col: str) -> str:
+        return "CASE w.win " + " ".join(f"WHEN '{k}' THEN s.{col}_{k}" for k in windows) + " END"
+
     rules = "\nUNION ALL\n".join(
         f"SELECT '{a}' AS alert, '{sev}' AS severity, '{lw}' AS long_win, '{sw}' AS short_win, CAST({f} AS DOUBLE) AS burn_rate"
         for a, sev, lw, sw, f in BURN_RULES)
@@ -336,7 +348,7 @@ def slo_views(d: Dialect) -> dict[str, str]:
         """,
         # good and total in each window (as_of_s - len_s, as_of_s] (the error budget's, window_days, and the burn-rate
         # alerts'), per SLO and pool, in one pass over the data: a row per SLO and pool with something measured, in
-        # any window or none (a window with nothing in it: null good and total)
+        # any window or none (n_<win>: the rows in the window; 0: it holds nothing)
         "calc_slo_sums": f"""
             SELECT 'availability' AS slo, pool, {availability_sums}
             FROM calc_free_steps CROSS JOIN calc_now GROUP BY pool
@@ -346,10 +358,16 @@ def slo_views(d: Dialect) -> dict[str, str]:
         """,
         # every SLO and pool with something measured
         "calc_slo_keys": "SELECT slo, pool FROM calc_slo_sums",
-        # good and total per SLO, pool and window (win: budget, 5m, 30m, 1h, 6h, 3d), where the window holds anything
-        "calc_slo_window": "\nUNION ALL\n".join(
-            f"SELECT slo, pool, '{k}' AS win, CAST(good_{k} AS BIGINT) AS good, CAST(total_{k} AS BIGINT) AS total "
-            f"FROM calc_slo_sums WHERE total_{k} IS NOT NULL" for k in windows),
+        # the windows: the error budget's (window_days) and the burn-rate alerts'
+        "calc_windows": window_rows,
+        # good and total per SLO, pool and window (win: budget, 5m, 30m, 1h, 6h, 3d), where the window holds a row
+        "calc_slo_window": f"""
+            SELECT slo, pool, win, good, total FROM (
+                SELECT s.slo, s.pool, w.win, {pick('n')} AS n, CAST({pick('good')} AS BIGINT) AS good,
+                       CAST({pick('total')} AS BIGINT) AS total
+                FROM calc_slo_sums s CROSS JOIN calc_windows w
+            ) x WHERE n > 0
+        """,
         "error_budget": f"""
             WITH p AS (
                 SELECT k.slo, k.pool, coalesce(w.good, 0) AS good, coalesce(w.total, 0) AS total

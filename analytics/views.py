@@ -296,6 +296,19 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     return con
 
 
+MEMORY_HINT = ("raise [lake] memory_limit, or set [lake] spill_dir to a folder with room to spill to: "
+               "docs/analytics.md, \"A lake larger than the memory\"")
+
+
+def duckdb_error_line(e: Exception) -> tuple[str, bool]:
+    """A DuckDB error as one line, and whether DuckDB ran out of memory (its own exception, or a commit that could
+    not allocate a block): then the line says what to set instead of DuckDB's own advice (SET …)."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if isinstance(e, duckdb.OutOfMemoryException) or "could not allocate" in str(e):
+        return f"{first} ({MEMORY_HINT})", True
+    return first, False
+
+
 def view_names() -> list[str]:
     return sorted({*(_RAW_VIEW_NAMES.get(t, t) for t in SCHEMAS), "base_event_log", *DERIVED_VIEWS,
                    *duckdb_base_views(), *slo_views(DUCKDB), *WAIT_VIEWS, *POLICY_VIEWS})

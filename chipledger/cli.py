@@ -216,20 +216,21 @@ def sql(
         rows = cur.fetchall()
         columns = [d[0] for d in cur.description] if cur.description else []
     except duckdb.Error as e:
-        _fail(f"query failed: {e}")
+        from analytics.views import duckdb_error_line
+
+        line, out_of_memory = duckdb_error_line(e)
+        _fail(f"query failed: {line}" if out_of_memory else f"query failed: {e}")
     render(columns, rows, fmt, console, limit=limit)
 
 
 def _lake_error(lake: Path, e: Exception) -> str:
-    import duckdb
+    from analytics.views import duckdb_error_line
 
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    # DuckDB's out of memory: its own exception, or a commit that could not allocate a block
-    if isinstance(e, duckdb.OutOfMemoryException) or "could not allocate" in str(e):
-        return (f"cannot read the lake {lake} within DuckDB's memory: {first} (raise [lake] memory_limit, or set "
-                f"[lake] spill_dir to a folder DuckDB may spill to: docs/analytics.md, \"A lake larger than the "
-                f"memory\")")
-    return f"cannot read the lake {lake}: {first} (a damaged Parquet file? restore it, or run the events again)"
+    line, out_of_memory = duckdb_error_line(e)
+    if out_of_memory:
+        return f"cannot read the lake {lake} within DuckDB's memory: {line}"
+    return (f"cannot read the lake {lake}: {line} (a damaged Parquet file? restore it, or run the events again; "
+            f"or [lake] spill_dir is not a folder DuckDB can write)")
 
 
 def _lake_read(read, lake: Path):
@@ -297,7 +298,7 @@ def report(
         from chipledger.alerts import AlertsError, check_pool, known_pools
 
         try:
-            check_pool(known_pools(con), pool)
+            check_pool(_lake_read(lambda: known_pools(con), _lake_dir(lake, cfg)), pool)
         except AlertsError as e:
             _fail(str(e), 2)
     rep = _lake_read(lambda: build_report(con, pool=pool, since=t0, until=t1), lake or Path(cfg.lake.path))
@@ -1083,10 +1084,10 @@ def pending(
         from chipledger.alerts import AlertsError, check_pool, known_pools
 
         try:
-            check_pool(known_pools(con), pool)
+            check_pool(_lake_read(lambda: known_pools(con), _lake_dir(lake, cfg)), pool)
         except AlertsError as e:
             _fail(str(e), 2)
-    rows = pending_queue(con, pool, team)
+    rows = _lake_read(lambda: pending_queue(con, pool, team), lake or Path(cfg.lake.path))
     if as_json:
         console.file.write(json.dumps(rows) + "\n")
         return

@@ -49,28 +49,36 @@ class StoreConfig:
 class LakeConfig:
     path: str = "lake"
     # DuckDB's settings for the commands that read the lake (report, statements, sql, alerts, pending, why): the
-    # memory it may take ("" = DuckDB's default, 80% of the machine's) and where it spills what does not fit ("" =
-    # nowhere: a query that outgrows the limit fails with DuckDB's out-of-memory error). docs/analytics.md, "A lake
-    # larger than the memory"
+    # memory it may take ("" = DuckDB's default, 80% of the machine's) and the folder it spills what does not fit to
+    # ("" = DuckDB's default, `.tmp` in the working directory). docs/analytics.md, "A lake larger than the memory"
     memory_limit: str = ""
     spill_dir: str = ""
 
     def __post_init__(self):
-        if self.memory_limit and not _MEMORY.fullmatch(self.memory_limit.strip()):
-            raise ValueError(f"[lake] memory_limit must be an amount of memory such as 10GB, 512MB or 1.5GiB, "
-                             f"got {self.memory_limit!r}")
+        if self.memory_limit.strip():
+            m = _MEMORY.fullmatch(self.memory_limit.strip())
+            amount = float(m.group(1)) * _UNITS[m.group(2).upper()] if m else 0
+            if not MIN_MEMORY <= amount <= MAX_MEMORY:
+                raise ValueError(f"[lake] memory_limit must be an amount of memory from 1MB to 1PB such as 10GB, "
+                                 f"512MB or 1.5GiB, got {self.memory_limit!r}")
+        if self.spill_dir.strip() and Path(self.spill_dir.strip()).expanduser().exists() \
+                and not Path(self.spill_dir.strip()).expanduser().is_dir():
+            raise ValueError(f"[lake] spill_dir must be a folder (DuckDB creates it if it does not exist), and "
+                             f"{self.spill_dir!r} is a file")
 
     def duckdb_config(self) -> Optional[dict[str, str]]:
         """The DuckDB settings to open the lake with (analytics.views.connect's `config`), or None."""
         cfg = {}
-        if self.memory_limit:
+        if self.memory_limit.strip():
             cfg["memory_limit"] = self.memory_limit.strip()
-        if self.spill_dir:
-            cfg["temp_directory"] = self.spill_dir
+        if self.spill_dir.strip():
+            cfg["temp_directory"] = str(Path(self.spill_dir.strip()).expanduser())
         return cfg or None
 
 
-_MEMORY = re.compile(r"\d+(\.\d+)?\s*(B|[KMGT]i?B)", re.IGNORECASE)
+_MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*(B|[KMGT]i?B)", re.IGNORECASE)
+_UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+MIN_MEMORY, MAX_MEMORY = 1e6, 1e15
 
 
 # a dead letter carries the raw bytes of a too_large message up to max_event_bytes, in base64 (4/3 larger),

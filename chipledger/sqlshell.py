@@ -18,6 +18,7 @@ import duckdb
 from rich.console import Console
 from rich.markup import escape
 
+from analytics.views import duckdb_error_line
 from chipledger.output import FORMATS, render
 
 HELP = ("SQL over the lake views; end a statement with ';'. Commands: .tables  .schema NAME  "
@@ -93,7 +94,8 @@ def run_shell(con: duckdb.DuckDBPyConnection, inp: TextIO, out: Console, err: Co
                 columns = [d[0] for d in cur.description] if cur.description else []
             except duckdb.Error as e:
                 failures += 1
-                err.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
+                line, out_of_memory = duckdb_error_line(e)
+                err.print(f"[red]error:[/] {escape(line if out_of_memory else str(e))}", soft_wrap=True)
                 continue
             if columns:
                 render(columns, rows, fmt, out, limit=limit)

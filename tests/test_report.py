@@ -139,6 +139,17 @@ def test_lake_memory_limit_and_spill_dir_reach_duckdb(lake, tmp_path):
     assert "Traceback" not in res.output
     res = invoke("alerts", "--lake", str(lake), "--config", str(cfg))  # a monitor's error: exit 3, one line
     assert res.exit_code == 3 and "raise [lake] memory_limit" in res.output and len(res.output.splitlines()) == 1
+    for args in (("pending",), ("sql", "SELECT count(*) FROM burn_alerts")):  # one line there too, no traceback
+        res = invoke(*args, "--lake", str(lake), "--config", str(cfg))
+        assert res.exit_code == 1 and "raise [lake] memory_limit" in res.output, res.output
+        assert len(res.output.splitlines()) == 1 and "SET memory_limit" not in res.output
+    (tmp_path / "a-file").write_text("")
+    for bad, says in (('memory_limit = "0B"', "memory_limit must be an amount of memory from 1MB"),
+                      ('memory_limit = "99999999999TB"', "memory_limit must be an amount of memory from 1MB"),
+                      (f'spill_dir = "{tmp_path / "a-file"}"', "spill_dir must be a folder")):
+        cfg.write_text(f"[lake]\n{bad}\n")
+        res = invoke("report", "--lake", str(lake), "--config", str(cfg))
+        assert res.exit_code == 2 and says in res.output, res.output
     cfg.write_text('[lake]\nmemory_limit = "lots"\n')
     res = invoke("report", "--lake", str(lake), "--config", str(cfg))
     assert res.exit_code == 2 and "[lake] memory_limit must be an amount of memory" in res.output
