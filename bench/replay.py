@@ -1,7 +1,7 @@
 """Benchmark: the embedded fold against parsing + validating the same file alone, in the same run.
 
     .venv/bin/python bench/replay.py [--events 1000000] [--rss 1000000,5000000] [--out bench/out] [--opcodes N]
-                                     [--instructions N [--instructions-from K]] [--hol-off] [--inline]
+                                     [--instructions N [--instructions-from K] [--cache-sim [OPTS]]] [--hol-off] [--inline]
 
 1. Generates a seeded scenario file of N events (scale fixed, days chosen to reach N, so the event rate per
    day stays the same and only the length of history grows).
@@ -38,7 +38,11 @@ prints which. CHIPLEDGER_PURE_PYTHON=1 measures the plain Python core.
    folded up to event K first and not counted: the first events of the file cost the fold less than later ones
    (its pools fill with jobs). Only the counted part runs inside `sys.call_tracing`, and callgrind collects only
    there (`--collect-atstart=no --toggle-collect=sys_call_tracing`); validation and the fold are counted, not
-   the lake writer.
+   the lake writer. With `--cache-sim` (callgrind only) callgrind also simulates the caches and the bench prints
+   each phase's data reads and writes and its first- and last-level data cache misses per event (the caches it
+   simulates are valgrind's reading of the processor unless given, e.g. `--cache-sim='--D1=32768,8,64
+   --LL=1048576,8,64'`: a KVM guest can report a nonsense last level, here a 256 MiB direct-mapped one; with
+   `--branch-sim=yes` among them, the conditional and indirect branches and their mispredictions too).
 7. With `--hol-off`: the fold is also timed (alternating with the others) and, with `--instructions`, counted with
    `[ledger] hol_blocking = false`, and the cost of head-of-line blocking printed as the ratio of the fold alone
    with it to the fold alone without it (CPU time and instructions).
@@ -220,6 +224,17 @@ def _callgrind_count(text: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
+def _callgrind_events(text: str) -> dict:
+    """{event: count} from a callgrind log's "Events :" and "Collected :" lines (Ir alone, or with --cache-sim=yes
+    also Dr, Dw, I1mr, D1mr, D1mw, ILmr, DLmr, DLmw: reads, writes and the misses of the first-level and last-level
+    caches callgrind simulates)."""
+    names = re.search(r"Events\s*:\s*([A-Za-z0-9 ]+)", text)
+    values = re.search(r"Collected\s*:\s*([0-9 ]+)", text)
+    if not names or not values:
+        return {}
+    return dict(zip(names.group(1).split(), (int(v) for v in values.group(1).split())))
+
+
 # callgrind collects only inside `sys.call_tracing` (the C function sys_call_tracing), where a child counting a
 # later sample runs its counted part (--instructions-from)
 CALLGRIND_REGION = ("--collect-atstart=no", "--toggle-collect=sys_call_tracing")
@@ -255,9 +270,10 @@ def start_instrumentation() -> None:
 
 
 def counted(tool: str, child: list[str], log: Path, env: dict, what: str,
-            callgrind_args: tuple = (), keep: Optional[Path] = None) -> tuple[int, int, str]:
+            callgrind_args: tuple = (), keep: Optional[Path] = None) -> tuple[int, int, str, dict]:
     """Run the command `child` under `tool` ('perf' or 'callgrind'): (instructions its own process executed, those
-    of the processes it forked (callgrind, one log per process; perf counts them in the first figure), its stdout).
+    of the processes it forked (callgrind, one log per process; perf counts them in the first figure), its stdout,
+    and callgrind's collected events of its own process ({} with perf; the cache misses with --cache-sim=yes)).
     `callgrind_args`: more options for callgrind (CALLGRIND_REGION: count one region only); `keep`: a folder for
     callgrind's profiles (`<what>.<pid>.out`, for callgrind_annotate), else none is written."""
     if tool == "perf":  # counts the processes the run forks too (perf's default)
@@ -269,6 +285,7 @@ def counted(tool: str, child: list[str], log: Path, env: dict, what: str,
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     stdout, stderr = p.communicate()
     forked = 0
+    events: dict = {}
     if tool == "perf":
         text = log.read_text() if log.exists() else ""
         count = _perf_count(text)
@@ -276,12 +293,13 @@ def counted(tool: str, child: list[str], log: Path, env: dict, what: str,
         own = log.with_suffix("").with_name(f"{log.stem}.{p.pid}.log")
         text = own.read_text() if own.exists() else ""
         count = _callgrind_count(text)
+        events = _callgrind_events(text)
         for other in log.parent.glob(f"{log.stem}.*.log"):
             if other != own:
                 forked += _callgrind_count(other.read_text()) or 0
     if p.returncode != 0 or count is None:
         raise RuntimeError(f"{tool} on phase {what} failed (exit {p.returncode}): {(stderr or text).strip()[-2000:]}")
-    return count, forked, stdout
+    return count, forked, stdout, events
 
 
 def count_phases(tool: str, phases, child_argv, jobs: int = 2, callgrind_args: tuple = (),
@@ -301,16 +319,18 @@ def count_phases(tool: str, phases, child_argv, jobs: int = 2, callgrind_args: t
                 callgrind_args = ("--instr-atstart=no", *callgrind_args)
             out["instrumented_late"] = lib is not None
 
-        def run(phase: str) -> tuple[int, int, int]:
-            count, forked, stdout = counted(tool, child_argv(phase, tmp), Path(tmp) / f"{phase}.log", env, phase,
-                                            callgrind_args, keep)
-            return count, forked, int(stdout.strip().splitlines()[-1])
+        def run(phase: str) -> tuple[int, int, int, dict]:
+            count, forked, stdout, collected = counted(tool, child_argv(phase, tmp), Path(tmp) / f"{phase}.log", env,
+                                                       phase, callgrind_args, keep)
+            return count, forked, int(stdout.strip().splitlines()[-1]), collected
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            for phase, (count, forked, events) in zip(phases, pool.map(run, phases)):
+            for phase, (count, forked, events, collected) in zip(phases, pool.map(run, phases)):
                 out[phase] = count
                 out[f"{phase}_forked"] = forked
                 out["events"] = events
+                if len(collected) > 1:  # callgrind's cache simulation: every event it collected
+                    out[f"{phase}_collected"] = collected
     return out
 
 
@@ -378,14 +398,18 @@ def child_phase(phase: str, sample: str, lake: str, skip: int = 0) -> None:
 
 
 def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2, hol_off: bool = False,
-                       skip: int = 0, keep: Optional[Path] = None) -> dict:
+                       skip: int = 0, keep: Optional[Path] = None, cache_sim: str = "") -> dict:
     """Instructions each phase executes over the events of `sample`, one child process per phase (see 6. in the
     module's text). Returns {"tool", "events", "setup", "validate", "fold", "embedded" (the raw totals), and the
     derived "validation", "fold_alone", "lake_writer"}; with `hol_off` also "fold_hol_off" and "fold_alone_hol_off"
     (the fold with [ledger] hol_blocking = false). With `skip` (callgrind only): the events of `sample` after the
     first `skip`, the state folded up to them not counted; then {"tool", "core", "skip", "events", "validate",
     "fold", "validation", "fold_alone"} (and the hol-off pair). Raises RuntimeError when no tool can count here,
-    or for `skip` when the tool is not callgrind. `keep`: a folder for callgrind's profile of each phase."""
+    or for `skip` when the tool is not callgrind. `keep`: a folder for callgrind's profile of each phase. `cache_sim`
+    (callgrind only): callgrind simulates the caches too (`--cache-sim=yes`), and each phase's collected events are
+    kept as "<phase>_collected" ({"Ir", "Dr", "Dw", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw"}); its value is
+    the caches simulated, callgrind's own options ("--D1=32768,8,64 --LL=1048576,8,64"), or "yes" for the ones
+    valgrind reads from the processor (on a KVM guest that can be nonsense: a 256 MiB direct-mapped LL)."""
     tool = tool or instruction_tool()
     if tool is None:
         raise RuntimeError("cannot count instructions: `perf stat -e instructions` has no hardware counter here "
@@ -395,6 +419,9 @@ def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2, 
 
     out: dict = {"tool": tool, "core": ledger.CORE}
     me = str(Path(__file__).resolve())
+    if cache_sim and tool != "callgrind":
+        raise RuntimeError(f"the cache simulation (--cache-sim) is callgrind's; {tool} counts instructions only")
+    cache_args = ("--cache-sim=yes", *(cache_sim.split() if cache_sim != "yes" else ())) if cache_sim else ()
     if skip:
         if tool != "callgrind":
             raise RuntimeError(f"a later sample (--instructions-from) is counted with valgrind's callgrind only "
@@ -403,7 +430,7 @@ def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2, 
         out["skip"] = skip
         out.update(count_phases(tool, phases, lambda phase, tmp: [
             sys.executable, me, "--phase-child", phase, str(sample), str(Path(tmp) / f"lake-{phase}"),
-            "--skip", str(skip)], jobs, CALLGRIND_REGION, keep, start_late=True))
+            "--skip", str(skip)], jobs, (*cache_args, *CALLGRIND_REGION), keep, start_late=True))
         out["validation"] = out["validate"]
         out["fold_alone"] = out["fold"] - out["validate"]
         if hol_off:
@@ -411,7 +438,7 @@ def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2, 
         return out
     phases = (*PHASES, HOL_OFF_PHASE) if hol_off else PHASES
     out.update(count_phases(tool, phases, lambda phase, tmp: [sys.executable, me, "--phase-child", phase, str(sample),
-                                                               str(Path(tmp) / f"lake-{phase}")], jobs, (), keep))
+                                                               str(Path(tmp) / f"lake-{phase}")], jobs, cache_args, keep))
     out["validation"] = out["validate"] - out["setup"]
     out["fold_alone"] = out["fold"] - out["validate"]
     out["lake_writer"] = out["embedded"] - out["fold"]  # in the run's process (the events table is elsewhere)
@@ -458,6 +485,43 @@ def print_instructions(c: dict) -> None:
         off = c["fold_alone_hol_off"]
         print(f"  fold alone, hol_blocking = false {off:>16,}  {off / n:>9,.0f} per event; head-of-line blocking "
               f"costs x{c['fold_alone'] / off:.2f} (fold alone with it / without it)")
+
+
+CACHE_EVENTS = ("Dr", "Dw", "D1mr", "D1mw", "DLmr", "DLmw", "I1mr", "ILmr", "Bc", "Bcm", "Bi", "Bim")
+
+
+def cache_per_event(c: dict) -> dict:
+    """{phase: {event: per event}} for validation and the fold alone (and the lake writer on a first sample) from
+    callgrind's cache simulation (--cache-sim), the same differences as the instruction counts; with "D1m" (first
+    level data misses, reads and writes) and "DLm" (last level) added."""
+    n = c["events"]
+    get = lambda phase: c.get(f"{phase}_collected", {})  # noqa: E731
+    pairs = [("validation", "validate", "setup" if not c.get("skip") else None), ("fold alone", "fold", "validate")]
+    if not c.get("skip"):
+        pairs.append(("lake writer (the run's process)", "embedded", "fold"))
+    out: dict = {}
+    for label, phase, minus in pairs:
+        a, b = get(phase), get(minus) if minus else {}
+        if not a or (minus and not b):
+            continue
+        d = {k: (a.get(k, 0) - b.get(k, 0)) / n for k in ("Ir", *CACHE_EVENTS)}
+        d["D1m"], d["DLm"] = d["D1mr"] + d["D1mw"], d["DLmr"] + d["DLmw"]
+        out[label] = d
+    return out
+
+
+def print_cache(c: dict) -> None:
+    per = cache_per_event(c)
+    if not per:
+        return
+    print("  cache simulation (callgrind --cache-sim=yes), per event: data reads, writes, first-level (D1) and "
+          "last-level (LL) data misses, instruction fetch misses")
+    for label, d in per.items():
+        print(f"    {label:<32} Ir {d['Ir']:>8,.0f}  Dr {d['Dr']:>8,.0f}  Dw {d['Dw']:>7,.0f}  D1 misses {d['D1m']:>6,.0f} "
+              f"(reads {d['D1mr']:,.0f})  LL misses {d['DLm']:>5,.1f}  I1 misses {d['I1mr']:>6,.0f}  "
+              f"D1 misses per 1,000 Ir {1000 * d['D1m'] / d['Ir'] if d['Ir'] else 0:.1f}"
+              + (f"  branches: conditional {d['Bc']:,.0f} ({d['Bcm']:,.0f} mispredicted), indirect {d['Bi']:,.0f} "
+                 f"({d['Bim']:,.0f} mispredicted)" if d["Bc"] else ""))
 
 
 def fold_digest(path: Path, n: int) -> tuple[str, int, str]:
@@ -533,6 +597,10 @@ def main() -> int:
     ap.add_argument("--callgrind-out", type=Path, default=None, metavar="DIR",
                     help="with --instructions under callgrind: keep each phase's profile in DIR (<phase>.<pid>.out, "
                          "for callgrind_annotate)")
+    ap.add_argument("--cache-sim", nargs="?", const="yes", default="", metavar="'--D1=S,A,L --LL=S,A,L'",
+                    help="with --instructions under callgrind: simulate the caches too (--cache-sim=yes; optionally "
+                         "more callgrind options, e.g. '--D1=32768,8,64 --LL=1048576,8,64 --branch-sim=yes') and print "
+                         "each phase's first- and last-level cache misses (and branch mispredictions) per event")
     ap.add_argument("--hol-off", action="store_true",
                     help="also time (and count) the fold with [ledger] hol_blocking = false: the cost of head-of-line "
                          "blocking")
@@ -635,11 +703,13 @@ def main() -> int:
         try:
             if args.callgrind_out is not None:
                 args.callgrind_out.mkdir(parents=True, exist_ok=True)
-            c = count_instructions(sample, hol_off=args.hol_off, skip=k, keep=args.callgrind_out)
+            c = count_instructions(sample, hol_off=args.hol_off, skip=k, keep=args.callgrind_out,
+                                   cache_sim=args.cache_sim)
         except RuntimeError as err:
             print(f"\ninstructions: {err}", file=sys.stderr)
             return 2
         print_instructions(c)
+        print_cache(c)
         print(f"  ({time.perf_counter() - t0:.0f} s)")
 
     results = []
