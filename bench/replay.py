@@ -8,7 +8,8 @@
 2. Times, in this process, alternating and keeping the best of `--repeat` runs of each (wall time, and CPU time
    of the process for (a) and (b)): (a) validation only:
    read each line and `parse_event` it (the baseline); (b) parse + `Fleet.apply` (with the embedded run's
-   periodic `gc.freeze`), from which the fold's own
+   collector: automatic collection off, the young objects collected and frozen every 65,536 lines), from which
+   the fold's own
    cost is derived as (b) - (a); (c) the embedded run: `run_file` (parse, fold, lake writes, close of the
    books; the `events` table written by its forked events process), with the CPU time of the run's process and
    of the events process; with `--inline` also (d) the embedded run with the whole lake in its own process
@@ -102,27 +103,25 @@ def time_validate(path: Path) -> tuple[float, int, float]:
 
 def time_fold(path: Path, hol_blocking: bool = True) -> tuple[float, int, float]:
     """(wall seconds, lines, CPU seconds of this process)."""
-    import gc
-
-    from chipledger.embedded import GC_FREEZE_MASK
+    from chipledger.embedded import GC_FREEZE_MASK, GcPause
     from ledger import Fleet, FoldConfig
     from schemas import Rejection, parse_event
 
     fleet = Fleet(FoldConfig(hol_blocking=hol_blocking))
-    c0 = time.process_time()
-    t0 = time.perf_counter()
-    n = 0
-    with open(path, "rb") as f:
-        for line in f:
-            n += 1
-            if not n & GC_FREEZE_MASK:  # as the embedded run does
-                gc.freeze()
-            e = parse_event(line)
-            if not isinstance(e, Rejection):
-                fleet.apply(e, line)
-    fleet.close()
-    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-    gc.unfreeze()
+    with GcPause() as paused:  # the collector as the embedded run has it
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        n = 0
+        with open(path, "rb") as f:
+            for line in f:
+                n += 1
+                if not n & GC_FREEZE_MASK:
+                    paused.checkpoint()
+                e = parse_event(line)
+                if not isinstance(e, Rejection):
+                    fleet.apply(e, line)
+        fleet.close()
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     return dt, n, cpu
 
 
@@ -335,19 +334,18 @@ def count_phases(tool: str, phases, child_argv, jobs: int = 2, callgrind_args: t
 
 
 def fold_lines(fleet, lines: list, first: int) -> None:
-    """Parse and fold `lines` (line numbers from `first`) as the embedded run does, freezing the collector's
-    long-lived objects every GC_FREEZE_MASK + 1 lines."""
-    import gc
-
-    from chipledger.embedded import GC_FREEZE_MASK
+    """Parse and fold `lines` (line numbers from `first`) as the embedded run does: automatic cyclic collection off,
+    the young objects collected and frozen every GC_FREEZE_MASK + 1 lines (chipledger.embedded.GcPause)."""
+    from chipledger.embedded import GC_FREEZE_MASK, GcPause
     from schemas import Rejection, parse_event
 
-    for n, line in enumerate(lines, first):
-        if not n & GC_FREEZE_MASK:
-            gc.freeze()
-        e = parse_event(line)
-        if not isinstance(e, Rejection):
-            fleet.apply(e, line)
+    with GcPause() as paused:
+        for n, line in enumerate(lines, first):
+            if not n & GC_FREEZE_MASK:
+                paused.checkpoint()
+            e = parse_event(line)
+            if not isinstance(e, Rejection):
+                fleet.apply(e, line)
 
 
 def child_phase(phase: str, sample: str, lake: str, skip: int = 0) -> None:
