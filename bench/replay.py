@@ -1,7 +1,8 @@
 """Benchmark: the embedded fold against parsing + validating the same file alone, in the same run.
 
     .venv/bin/python bench/replay.py [--events 1000000] [--rss 1000000,5000000] [--out bench/out] [--opcodes N]
-                                     [--instructions N [--instructions-from K] [--cache-sim [OPTS]]] [--hol-off] [--inline]
+                                     [--instructions N [--instructions-from K] [--cache-sim [OPTS]]
+                                      [--native-profile RUNS [--native-only]]] [--hol-off] [--inline]
 
 1. Generates a seeded scenario file of N events (scale fixed, days chosen to reach N, so the event rate per
    day stays the same and only the length of history grows).
@@ -43,7 +44,11 @@ prints which. CHIPLEDGER_PURE_PYTHON=1 measures the plain Python core.
    each phase's data reads and writes and its first- and last-level data cache misses per event (the caches it
    simulates are valgrind's reading of the processor unless given, e.g. `--cache-sim='--D1=32768,8,64
    --LL=1048576,8,64'`: a KVM guest can report a nonsense last level, here a 256 MiB direct-mapped one; with
-   `--branch-sim=yes` among them, the conditional and indirect branches and their mispredictions too).
+   `--branch-sim=yes` among them, the conditional and indirect branches and their mispredictions too). With
+   `--native-profile RUNS` (and `--instructions N --instructions-from K` for the events; `--native-only` skips the
+   counts) validation and parse + fold run RUNS times each, alternating, under `perf record -e cpu-clock` (a
+   software clock: no hardware counter needed), sampled only inside the counted region: their native CPU time per
+   event and per symbol, for setting beside the instructions (where the time per instruction differs).
 7. With `--hol-off`: the fold is also timed (alternating with the others) and, with `--instructions`, counted with
    `[ledger] hol_blocking = false`, and the cost of head-of-line blocking printed as the ratio of the fold alone
    with it to the fold alone without it (CPU time and instructions).
@@ -378,7 +383,12 @@ def child_phase(phase: str, sample: str, lake: str, skip: int = 0) -> None:
             fleet.close()
 
         start_instrumentation()
+        perf_control("enable")
+        c0 = time.process_time()
         sys.call_tracing(region, ())
+        cpu = time.process_time() - c0
+        perf_control("disable")
+        print(f"cpu_s {cpu!r}")
         print(len(counted_lines))
         return
     if phase == "validate":
@@ -483,6 +493,98 @@ def print_instructions(c: dict) -> None:
         off = c["fold_alone_hol_off"]
         print(f"  fold alone, hol_blocking = false {off:>16,}  {off / n:>9,.0f} per event; head-of-line blocking "
               f"costs x{c['fold_alone'] / off:.2f} (fold alone with it / without it)")
+
+
+# --native-profile: the counted region of a child sampled by `perf record -e cpu-clock` (a software clock: it needs
+# no hardware counter, so it works on a virtual machine), started and stopped by the child through perf's control
+# fifos ("ctl,ack" in this variable)
+PERF_CTL_ENV = "CHIPLEDGER_PERF_CTL"
+
+
+def perf_control(command: str) -> None:
+    """In a child under `perf record --control fifo:...`: send `command` ("enable"/"disable"), wait for the ack."""
+    spec = os.environ.get(PERF_CTL_ENV)
+    if not spec:
+        return
+    ctl, ack = spec.split(",")
+    with open(ctl, "w") as c, open(ack, "rb") as a:
+        c.write(command + "\n")
+        c.flush()
+        a.read(5)  # "ack\n\0"
+
+
+def _perf_symbols(data: Path) -> dict:
+    """{(object, symbol): samples} from `perf report` of one perf.data (symbols without a name: "(unnamed)")."""
+    out = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--no-children", "--sort", "dso,sym", "-n",
+                          "--percent-limit", "0"], capture_output=True, text=True).stdout
+    found: dict = {}
+    for line in out.splitlines():
+        m = re.match(r"\s*[0-9.]+%\s+(\d+)\s+(\S+)\s+\[.\]\s+(.*)$", line)
+        if m:
+            sym = m.group(3).strip()
+            key = (m.group(2), "(unnamed)" if sym.startswith("0x") else sym)
+            found[key] = found.get(key, 0) + int(m.group(1))
+    return found
+
+
+def native_profile(sample: Path, skip: int, repeat: int = 3) -> dict:
+    """Where the CPU time of validation and of parse + fold goes natively, over events skip.. of `sample` (the state
+    folded up to `skip` first, not sampled): each phase `repeat` times, alternating, in its own child under `perf record
+    -e cpu-clock -F 4999`, sampling only the counted region. Returns {phase: {"cpu_s": [region CPU seconds per run],
+    "events", "symbols": {(object, symbol): samples}, "samples"}}. Raises RuntimeError without perf."""
+    if not shutil.which("perf"):
+        raise RuntimeError("--native-profile needs Linux perf (Debian package linux-perf)")
+    me = str(Path(__file__).resolve())
+    out: dict = {phase: {"cpu_s": [], "symbols": {}, "samples": 0} for phase in ("validate", "fold")}
+    with tempfile.TemporaryDirectory(prefix="chipledger-perf-") as tmp:
+        for i in range(repeat):
+            for phase in ("validate", "fold"):
+                ctl, ack, data = Path(tmp) / f"ctl{i}{phase}", Path(tmp) / f"ack{i}{phase}", Path(tmp) / f"{phase}{i}.data"
+                os.mkfifo(ctl)
+                os.mkfifo(ack)
+                cmd = ["perf", "record", "-q", "-e", "cpu-clock", "-F", "4999", "-D", "-1", "--control",
+                       f"fifo:{ctl},{ack}", "-o", str(data), "--", sys.executable, me, "--phase-child", phase,
+                       str(sample), str(Path(tmp) / "lake"), "--skip", str(skip)]
+                p = subprocess.run(cmd, capture_output=True, text=True,
+                                   env={**os.environ, "PYTHONHASHSEED": "0", PERF_CTL_ENV: f"{ctl},{ack}"})
+                if p.returncode != 0:
+                    raise RuntimeError(f"perf record on phase {phase} failed: {p.stderr.strip()[-2000:]}")
+                lines = p.stdout.strip().splitlines()
+                o = out[phase]
+                o["events"] = int(lines[-1])
+                o["cpu_s"].append(float(lines[-2].split()[1]))
+                for key, n in _perf_symbols(data).items():
+                    o["symbols"][key] = o["symbols"].get(key, 0) + n
+                    o["samples"] += n
+    return out
+
+
+def print_native_profile(prof: dict, skip: int, top: int = 25) -> None:
+    """Per event: the region's CPU time (min and median of the runs), and for the symbols taking the most of parse +
+    fold, their share of it in ns (the samples' share of the runs' summed CPU time) beside validation's."""
+    import statistics
+
+    def ns_per(phase: str) -> dict:
+        o = prof[phase]
+        per = sum(o["cpu_s"]) / (len(o["cpu_s"]) * o["events"]) * 1e9
+        return {k: per * n / o["samples"] for k, n in o["symbols"].items()} if o["samples"] else {}
+
+    v, f = prof["validate"], prof["fold"]
+    n = f["events"]
+    vmin, fmin = min(v["cpu_s"]) / n * 1e6, min(f["cpu_s"]) / n * 1e6
+    print(f"\nnative CPU time (perf record -e cpu-clock, events {skip:,} to {skip + n:,}, {len(f['cpu_s'])} runs of each "
+          f"phase alternating): validation {vmin:.2f} us/event (median {statistics.median(v['cpu_s']) / n * 1e6:.2f}), "
+          f"parse + fold {fmin:.2f} (median {statistics.median(f['cpu_s']) / n * 1e6:.2f}), fold alone "
+          f"{fmin - vmin:.2f} us/event (min - min): ratio {vmin / (fmin - vmin):.2f}")
+    vn, fn = ns_per("validate"), ns_per("fold")
+    by_object: dict = {}
+    for (obj, _), ns in fn.items():
+        by_object[obj] = by_object.get(obj, 0.0) + ns
+    print("  parse + fold by object (ns per event): " + ", ".join(
+        f"{obj} {ns:,.0f}" for obj, ns in sorted(by_object.items(), key=lambda kv: -kv[1])[:6]))
+    print(f"  {'parse + fold':>12} {'validation':>10}  ns per event, by symbol")
+    for key, ns in sorted(fn.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {ns:12,.0f} {vn.get(key, 0):10,.0f}  {key[1]} [{key[0]}]")
 
 
 CACHE_EVENTS = ("Dr", "Dw", "D1mr", "D1mw", "DLmr", "DLmw", "I1mr", "ILmr", "Bc", "Bcm", "Bi", "Bim")
@@ -599,6 +701,12 @@ def main() -> int:
                     help="with --instructions under callgrind: simulate the caches too (--cache-sim=yes; optionally "
                          "more callgrind options, e.g. '--D1=32768,8,64 --LL=1048576,8,64 --branch-sim=yes') and print "
                          "each phase's first- and last-level cache misses (and branch mispredictions) per event")
+    ap.add_argument("--native-profile", type=int, default=0, metavar="RUNS",
+                    help="with --instructions N --instructions-from K: also sample the native CPU time of validation and "
+                         "of parse + fold over the same events with `perf record -e cpu-clock` (RUNS runs of each) and "
+                         "print it per symbol beside validation's")
+    ap.add_argument("--native-only", action="store_true",
+                    help="with --native-profile: only the native profile, not callgrind's counts")
     ap.add_argument("--hol-off", action="store_true",
                     help="also time (and count) the fold with [ledger] hol_blocking = false: the cost of head-of-line "
                          "blocking")
@@ -692,7 +800,9 @@ def main() -> int:
         print(f"\nfold: {per_event:,.0f} Python opcodes per event (events 20,000 to {20_000 + args.opcodes:,}); by type: "
               + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(by_type.items(), key=lambda kv: -kv[1])))
 
-    if args.instructions:
+    if args.native_profile and not (args.instructions and args.instructions_from):
+        ap.error("--native-profile RUNS needs --instructions N --instructions-from K (the events sampled)")
+    if args.instructions and not args.native_only:
         k = args.instructions_from
         sample = out / (f"sample-{k}-{args.instructions}.jsonl" if k else f"sample-{args.instructions}.jsonl")
         with open(path, "rb") as f, open(sample, "wb") as g:
@@ -709,6 +819,17 @@ def main() -> int:
         print_instructions(c)
         print_cache(c)
         print(f"  ({time.perf_counter() - t0:.0f} s)")
+    if args.native_profile:
+        k = args.instructions_from
+        sample = out / f"sample-{k}-{args.instructions}.jsonl"
+        with open(path, "rb") as f, open(sample, "wb") as g:
+            g.writelines(islice(f, k + args.instructions))
+        try:
+            prof = native_profile(sample, k, args.native_profile)
+        except RuntimeError as err:
+            print(f"\nnative profile: {err}", file=sys.stderr)
+            return 2
+        print_native_profile(prof, k)
 
     results = []
     for n_rss in (int(s) for s in args.rss.split(",") if s):
@@ -720,7 +841,8 @@ def main() -> int:
         print("\npeak RSS of the embedded run (fresh process each)")
         for r in results:
             print(f"  {r['lines']:>10,} events: {r['peak_rss_mib']:7.1f} MiB peak RSS (the events process "
-                  f"{r['events_process_rss_mib']:.1f} MiB), {r['seconds']:6.1f} s; state at "
+                  f"{r['events_process_rss_mib']:.1f} MiB), {r['seconds']:6.1f} s (CPU: the run's process "
+                  f"{r['cpu_s']:.1f} s, its events process {r['events_cpu_s']:.1f} s); state at "
                   f"end: {r['active_jobs']:,} active jobs, {r['chips']:,} chips, {r['dedup_ids']:,} ids in the "
                   f"dedup window")
         if len(results) >= 2:
