@@ -49,7 +49,9 @@ prints which. CHIPLEDGER_PURE_PYTHON=1 measures the plain Python core.
    counts) validation and parse + fold run RUNS times each, alternating, under `perf record -e cpu-clock` (a
    software clock: no hardware counter needed), sampled only inside the counted region: their native CPU time per
    event and per symbol, for setting beside the instructions (where the time per instruction differs).
-7. With `--hol-off`: the fold is also timed (alternating with the others) and, with `--instructions`, counted with
+7. With `--gc-time`: one more parse + fold and embedded run after the timed ones, with the cyclic garbage
+   collector's passes in this process timed (gc.callbacks): their count per generation and their share of the CPU.
+8. With `--hol-off`: the fold is also timed (alternating with the others) and, with `--instructions`, counted with
    `[ledger] hol_blocking = false`, and the cost of head-of-line blocking printed as the ratio of the fold alone
    with it to the fold alone without it (CPU time and instructions).
 """
@@ -128,6 +130,33 @@ def time_fold(path: Path, hol_blocking: bool = True) -> tuple[float, int, float]
         fleet.close()
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     return dt, n, cpu
+
+
+class GcTimer:
+    """With `--gc-time`: the cyclic collector's passes in this process (gc.callbacks) while a phase runs: count per
+    generation and seconds inside them (a callback per pass costs ~1 µs: the timed passes are not used for the
+    phase's figures)."""
+
+    def __init__(self) -> None:
+        self.passes = [0, 0, 0]
+        self.seconds = 0.0
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._t0
+            self.passes[info["generation"]] += 1
+
+    def measure(self, fn, *args, **kwargs):
+        import gc
+
+        gc.callbacks.append(self)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            gc.callbacks.remove(self)
 
 
 def time_embedded(path: Path, lake: Path, events_process: bool = True) -> tuple[float, dict, dict]:
@@ -707,6 +736,9 @@ def main() -> int:
                          "print it per symbol beside validation's")
     ap.add_argument("--native-only", action="store_true",
                     help="with --native-profile: only the native profile, not callgrind's counts")
+    ap.add_argument("--gc-time", action="store_true",
+                    help="after the timed runs, one more parse + fold and embedded run with the cyclic collector's "
+                         "passes timed (gc.callbacks): its share of each")
     ap.add_argument("--hol-off", action="store_true",
                     help="also time (and count) the fold with [ledger] hol_blocking = false: the cost of head-of-line "
                          "blocking")
@@ -770,6 +802,10 @@ def main() -> int:
             if args.inline:
                 i, _, istate = time_embedded(path, out / "lake-inline", events_process=False)
                 i_s, i_cpu = min(i_s, i), min(i_cpu, istate["cpu_s"])
+        if args.gc_time:  # one more pass of each, with the collector's passes timed (not used above)
+            gc_fold, gc_run = GcTimer(), GcTimer()
+            _, _, gc_fold_cpu = gc_fold.measure(time_fold, path)
+            _, _, gc_state = gc_run.measure(time_embedded, path, out / "lake")
         v_rate, f_rate, e_rate = n / v_s, n / f_s, n / e_s
         fold_alone_rate = n / (f_s - v_s)  # the fold's own cost: (parse + fold) - (parse alone)
         print(f"\n{n:,} events (best of {args.repeat} alternating runs each)")
@@ -792,6 +828,11 @@ def main() -> int:
         if args.inline:
             print(f"  embedded run, lake in one process: {i_s:7.2f} s  {n / i_s:>10,.0f} events/s  ratio "
                   f"{n / i_s / v_rate:.2f}; CPU {i_cpu:.2f} s (ratio {v_cpu / i_cpu:.2f})")
+        if args.gc_time:
+            for label, timer, cpu in (("parse + fold", gc_fold, gc_fold_cpu),
+                                      ("embedded run, the run's process", gc_run, gc_state["cpu_s"])):
+                print(f"  cyclic gc in {label}: {timer.seconds:.3f} s of {cpu:.2f} s CPU ({100 * timer.seconds / cpu:.1f}%), "
+                      f"passes by generation {timer.passes[0]:,} / {timer.passes[1]:,} / {timer.passes[2]:,}")
         print(f"  accepted {summary['accepted']:,}, dead letters {sum(summary['dead_letters'].values()):,}, "
               f"rows {summary['rows_written']}")
 
