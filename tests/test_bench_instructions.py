@@ -155,3 +155,22 @@ def test_native_profile_samples_only_the_counted_region(tmp_path):
     for o in (v, f):  # as many samples as the region's own CPU time gives at 4,999 per second: the region only
         assert 0 < o["samples"] <= o["cpu_s"][0] * 4999 * 1.5 + 20
     assert any(obj.startswith("libpython") for obj, _ in f["symbols"])
+
+
+def test_gc_timer_counts_the_collectors_passes_while_it_measures():
+    """--gc-time: GcTimer counts the passes (by generation) and their time while the measured function runs, and
+    stops counting after it."""
+    import gc
+
+    replay = _replay()
+    timer = replay.GcTimer()
+
+    def work() -> str:
+        gc.collect(0)
+        gc.collect(2)
+        return "done"
+
+    assert timer.measure(work) == "done"
+    assert timer.passes == [1, 0, 1] and timer.seconds > 0
+    gc.collect()
+    assert timer.passes == [1, 0, 1] and timer not in gc.callbacks
