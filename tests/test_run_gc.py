@@ -1,7 +1,8 @@
 """The embedded run's cyclic garbage collector (chipledger/embedded.py, GcPause; docs/benchmarks.md, issue 22 part 5):
 automatic collection is off while `chipledger run` folds; every GC_FREEZE_MASK + 1 lines the objects made since the
 last checkpoint are collected once (the cycles those lines made are freed, so memory stays bounded) and what survives
-is frozen; after the run, failed or not, the collector is as the caller had it."""
+is frozen; after the run the collector is as the caller had it (after a failed run too:
+tests/test_embedded_events_process.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,12 @@ import gc
 import json
 import weakref
 
-import pytest
 from typer.testing import CliRunner
 
 import chipledger.embedded as embedded
 from chipledger.cli import app
 from chipledger.demo import write_events
-from chipledger.embedded import GcPause, RunError, run_file
+from chipledger.embedded import GcPause
 
 
 class _Node:
@@ -74,13 +74,3 @@ def test_chipledger_run_folds_with_automatic_collection_off_and_checkpoints_ever
     assert len(seen) == lines // 64 and not any(seen)  # every 64 lines, with automatic collection off
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
-
-def test_a_failed_run_gives_the_collector_back(tmp_path):
-    events = tmp_path / "events.jsonl"
-    write_events(events, seed=3, days=1)
-    lake = tmp_path / "lake"
-    lake.mkdir()
-    (lake / "events").write_text("a file where the events table's folder would go")
-    with pytest.raises(RunError):
-        run_file(events, lake)
-    assert gc.isenabled() and gc.get_freeze_count() == 0
