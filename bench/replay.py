@@ -1,14 +1,16 @@
 """Benchmark: the embedded fold against parsing + validating the same file alone, in the same run.
 
     .venv/bin/python bench/replay.py [--events 1000000] [--rss 1000000,5000000] [--out bench/out] [--opcodes N]
-                                     [--instructions N [--instructions-from K]] [--hol-off] [--inline]
+                                     [--instructions N [--instructions-from K] [--cache-sim [OPTS]]
+                                      [--native-profile RUNS [--native-only]]] [--hol-off] [--inline]
 
 1. Generates a seeded scenario file of N events (scale fixed, days chosen to reach N, so the event rate per
    day stays the same and only the length of history grows).
 2. Times, in this process, alternating and keeping the best of `--repeat` runs of each (wall time, and CPU time
    of the process for (a) and (b)): (a) validation only:
    read each line and `parse_event` it (the baseline); (b) parse + `Fleet.apply` (with the embedded run's
-   periodic `gc.freeze`), from which the fold's own
+   collector: automatic collection off, the young objects collected and frozen every 65,536 lines), from which
+   the fold's own
    cost is derived as (b) - (a); (c) the embedded run: `run_file` (parse, fold, lake writes, close of the
    books; the `events` table written by its forked events process), with the CPU time of the run's process and
    of the events process; with `--inline` also (d) the embedded run with the whole lake in its own process
@@ -38,8 +40,18 @@ prints which. CHIPLEDGER_PURE_PYTHON=1 measures the plain Python core.
    folded up to event K first and not counted: the first events of the file cost the fold less than later ones
    (its pools fill with jobs). Only the counted part runs inside `sys.call_tracing`, and callgrind collects only
    there (`--collect-atstart=no --toggle-collect=sys_call_tracing`); validation and the fold are counted, not
-   the lake writer.
-7. With `--hol-off`: the fold is also timed (alternating with the others) and, with `--instructions`, counted with
+   the lake writer. With `--cache-sim` (callgrind only) callgrind also simulates the caches and the bench prints
+   each phase's data reads and writes and its first- and last-level data cache misses per event (the caches it
+   simulates are valgrind's reading of the processor unless given, e.g. `--cache-sim='--D1=32768,8,64
+   --LL=1048576,8,64'`: a KVM guest can report a nonsense last level, here a 256 MiB direct-mapped one; with
+   `--branch-sim=yes` among them, the conditional and indirect branches and their mispredictions too). With
+   `--native-profile RUNS` (and `--instructions N --instructions-from K` for the events; `--native-only` skips the
+   counts) validation and parse + fold run RUNS times each, alternating, under `perf record -e cpu-clock` (a
+   software clock: no hardware counter needed), sampled only inside the counted region: their native CPU time per
+   event and per symbol, for setting beside the instructions (where the time per instruction differs).
+7. With `--gc-time`: one more parse + fold and embedded run after the timed ones, with the cyclic garbage
+   collector's passes in this process timed (gc.callbacks): their count per generation and their share of the CPU.
+8. With `--hol-off`: the fold is also timed (alternating with the others) and, with `--instructions`, counted with
    `[ledger] hol_blocking = false`, and the cost of head-of-line blocking printed as the ratio of the fold alone
    with it to the fold alone without it (CPU time and instructions).
 """
@@ -98,28 +110,53 @@ def time_validate(path: Path) -> tuple[float, int, float]:
 
 def time_fold(path: Path, hol_blocking: bool = True) -> tuple[float, int, float]:
     """(wall seconds, lines, CPU seconds of this process)."""
-    import gc
-
-    from chipledger.embedded import GC_FREEZE_MASK
+    from chipledger.embedded import GC_FREEZE_MASK, GcPause
     from ledger import Fleet, FoldConfig
     from schemas import Rejection, parse_event
 
     fleet = Fleet(FoldConfig(hol_blocking=hol_blocking))
-    c0 = time.process_time()
-    t0 = time.perf_counter()
-    n = 0
-    with open(path, "rb") as f:
-        for line in f:
-            n += 1
-            if not n & GC_FREEZE_MASK:  # as the embedded run does
-                gc.freeze()
-            e = parse_event(line)
-            if not isinstance(e, Rejection):
-                fleet.apply(e, line)
-    fleet.close()
-    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-    gc.unfreeze()
+    with GcPause() as paused:  # the collector as the embedded run has it
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        n = 0
+        with open(path, "rb") as f:
+            for line in f:
+                n += 1
+                if not n & GC_FREEZE_MASK:
+                    paused.checkpoint()
+                e = parse_event(line)
+                if not isinstance(e, Rejection):
+                    fleet.apply(e, line)
+        fleet.close()
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     return dt, n, cpu
+
+
+class GcTimer:
+    """With `--gc-time`: the cyclic collector's passes in this process (gc.callbacks) while a phase runs: count per
+    generation and seconds inside them (a callback per pass costs ~1 µs: the timed passes are not used for the
+    phase's figures)."""
+
+    def __init__(self) -> None:
+        self.passes = [0, 0, 0]
+        self.seconds = 0.0
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._t0
+            self.passes[info["generation"]] += 1
+
+    def measure(self, fn, *args, **kwargs):
+        import gc
+
+        gc.callbacks.append(self)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            gc.callbacks.remove(self)
 
 
 def time_embedded(path: Path, lake: Path, events_process: bool = True) -> tuple[float, dict, dict]:
@@ -220,6 +257,17 @@ def _callgrind_count(text: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
+def _callgrind_events(text: str) -> dict:
+    """{event: count} from a callgrind log's "Events :" and "Collected :" lines (Ir alone, or with --cache-sim=yes
+    also Dr, Dw, I1mr, D1mr, D1mw, ILmr, DLmr, DLmw: reads, writes and the misses of the first-level and last-level
+    caches callgrind simulates)."""
+    names = re.search(r"Events\s*:\s*([A-Za-z0-9 ]+)", text)
+    values = re.search(r"Collected\s*:\s*([0-9 ]+)", text)
+    if not names or not values:
+        return {}
+    return dict(zip(names.group(1).split(), (int(v) for v in values.group(1).split())))
+
+
 # callgrind collects only inside `sys.call_tracing` (the C function sys_call_tracing), where a child counting a
 # later sample runs its counted part (--instructions-from)
 CALLGRIND_REGION = ("--collect-atstart=no", "--toggle-collect=sys_call_tracing")
@@ -255,9 +303,10 @@ def start_instrumentation() -> None:
 
 
 def counted(tool: str, child: list[str], log: Path, env: dict, what: str,
-            callgrind_args: tuple = (), keep: Optional[Path] = None) -> tuple[int, int, str]:
+            callgrind_args: tuple = (), keep: Optional[Path] = None) -> tuple[int, int, str, dict]:
     """Run the command `child` under `tool` ('perf' or 'callgrind'): (instructions its own process executed, those
-    of the processes it forked (callgrind, one log per process; perf counts them in the first figure), its stdout).
+    of the processes it forked (callgrind, one log per process; perf counts them in the first figure), its stdout,
+    and callgrind's collected events of its own process ({} with perf; the cache misses with --cache-sim=yes)).
     `callgrind_args`: more options for callgrind (CALLGRIND_REGION: count one region only); `keep`: a folder for
     callgrind's profiles (`<what>.<pid>.out`, for callgrind_annotate), else none is written."""
     if tool == "perf":  # counts the processes the run forks too (perf's default)
@@ -269,6 +318,7 @@ def counted(tool: str, child: list[str], log: Path, env: dict, what: str,
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     stdout, stderr = p.communicate()
     forked = 0
+    events: dict = {}
     if tool == "perf":
         text = log.read_text() if log.exists() else ""
         count = _perf_count(text)
@@ -276,12 +326,13 @@ def counted(tool: str, child: list[str], log: Path, env: dict, what: str,
         own = log.with_suffix("").with_name(f"{log.stem}.{p.pid}.log")
         text = own.read_text() if own.exists() else ""
         count = _callgrind_count(text)
+        events = _callgrind_events(text)
         for other in log.parent.glob(f"{log.stem}.*.log"):
             if other != own:
                 forked += _callgrind_count(other.read_text()) or 0
     if p.returncode != 0 or count is None:
         raise RuntimeError(f"{tool} on phase {what} failed (exit {p.returncode}): {(stderr or text).strip()[-2000:]}")
-    return count, forked, stdout
+    return count, forked, stdout, events
 
 
 def count_phases(tool: str, phases, child_argv, jobs: int = 2, callgrind_args: tuple = (),
@@ -301,33 +352,34 @@ def count_phases(tool: str, phases, child_argv, jobs: int = 2, callgrind_args: t
                 callgrind_args = ("--instr-atstart=no", *callgrind_args)
             out["instrumented_late"] = lib is not None
 
-        def run(phase: str) -> tuple[int, int, int]:
-            count, forked, stdout = counted(tool, child_argv(phase, tmp), Path(tmp) / f"{phase}.log", env, phase,
-                                            callgrind_args, keep)
-            return count, forked, int(stdout.strip().splitlines()[-1])
+        def run(phase: str) -> tuple[int, int, int, dict]:
+            count, forked, stdout, collected = counted(tool, child_argv(phase, tmp), Path(tmp) / f"{phase}.log", env,
+                                                       phase, callgrind_args, keep)
+            return count, forked, int(stdout.strip().splitlines()[-1]), collected
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            for phase, (count, forked, events) in zip(phases, pool.map(run, phases)):
+            for phase, (count, forked, events, collected) in zip(phases, pool.map(run, phases)):
                 out[phase] = count
                 out[f"{phase}_forked"] = forked
                 out["events"] = events
+                if len(collected) > 1:  # callgrind's cache simulation: every event it collected
+                    out[f"{phase}_collected"] = collected
     return out
 
 
 def fold_lines(fleet, lines: list, first: int) -> None:
-    """Parse and fold `lines` (line numbers from `first`) as the embedded run does, freezing the collector's
-    long-lived objects every GC_FREEZE_MASK + 1 lines."""
-    import gc
-
-    from chipledger.embedded import GC_FREEZE_MASK
+    """Parse and fold `lines` (line numbers from `first`) as the embedded run does: automatic cyclic collection off,
+    the young objects collected and frozen every GC_FREEZE_MASK + 1 lines (chipledger.embedded.GcPause)."""
+    from chipledger.embedded import GC_FREEZE_MASK, GcPause
     from schemas import Rejection, parse_event
 
-    for n, line in enumerate(lines, first):
-        if not n & GC_FREEZE_MASK:
-            gc.freeze()
-        e = parse_event(line)
-        if not isinstance(e, Rejection):
-            fleet.apply(e, line)
+    with GcPause() as paused:
+        for n, line in enumerate(lines, first):
+            if not n & GC_FREEZE_MASK:
+                paused.checkpoint()
+            e = parse_event(line)
+            if not isinstance(e, Rejection):
+                fleet.apply(e, line)
 
 
 def child_phase(phase: str, sample: str, lake: str, skip: int = 0) -> None:
@@ -360,7 +412,12 @@ def child_phase(phase: str, sample: str, lake: str, skip: int = 0) -> None:
             fleet.close()
 
         start_instrumentation()
+        perf_control("enable")
+        c0 = time.process_time()
         sys.call_tracing(region, ())
+        cpu = time.process_time() - c0
+        perf_control("disable")
+        print(f"cpu_s {cpu!r}")
         print(len(counted_lines))
         return
     if phase == "validate":
@@ -378,14 +435,18 @@ def child_phase(phase: str, sample: str, lake: str, skip: int = 0) -> None:
 
 
 def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2, hol_off: bool = False,
-                       skip: int = 0, keep: Optional[Path] = None) -> dict:
+                       skip: int = 0, keep: Optional[Path] = None, cache_sim: str = "") -> dict:
     """Instructions each phase executes over the events of `sample`, one child process per phase (see 6. in the
     module's text). Returns {"tool", "events", "setup", "validate", "fold", "embedded" (the raw totals), and the
     derived "validation", "fold_alone", "lake_writer"}; with `hol_off` also "fold_hol_off" and "fold_alone_hol_off"
     (the fold with [ledger] hol_blocking = false). With `skip` (callgrind only): the events of `sample` after the
     first `skip`, the state folded up to them not counted; then {"tool", "core", "skip", "events", "validate",
     "fold", "validation", "fold_alone"} (and the hol-off pair). Raises RuntimeError when no tool can count here,
-    or for `skip` when the tool is not callgrind. `keep`: a folder for callgrind's profile of each phase."""
+    or for `skip` when the tool is not callgrind. `keep`: a folder for callgrind's profile of each phase. `cache_sim`
+    (callgrind only): callgrind simulates the caches too (`--cache-sim=yes`), and each phase's collected events are
+    kept as "<phase>_collected" ({"Ir", "Dr", "Dw", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw"}); its value is
+    the caches simulated, callgrind's own options ("--D1=32768,8,64 --LL=1048576,8,64"), or "yes" for the ones
+    valgrind reads from the processor (on a KVM guest that can be nonsense: a 256 MiB direct-mapped LL)."""
     tool = tool or instruction_tool()
     if tool is None:
         raise RuntimeError("cannot count instructions: `perf stat -e instructions` has no hardware counter here "
@@ -395,6 +456,9 @@ def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2, 
 
     out: dict = {"tool": tool, "core": ledger.CORE}
     me = str(Path(__file__).resolve())
+    if cache_sim and tool != "callgrind":
+        raise RuntimeError(f"the cache simulation (--cache-sim) is callgrind's; {tool} counts instructions only")
+    cache_args = ("--cache-sim=yes", *(cache_sim.split() if cache_sim != "yes" else ())) if cache_sim else ()
     if skip:
         if tool != "callgrind":
             raise RuntimeError(f"a later sample (--instructions-from) is counted with valgrind's callgrind only "
@@ -403,7 +467,7 @@ def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2, 
         out["skip"] = skip
         out.update(count_phases(tool, phases, lambda phase, tmp: [
             sys.executable, me, "--phase-child", phase, str(sample), str(Path(tmp) / f"lake-{phase}"),
-            "--skip", str(skip)], jobs, CALLGRIND_REGION, keep, start_late=True))
+            "--skip", str(skip)], jobs, (*cache_args, *CALLGRIND_REGION), keep, start_late=True))
         out["validation"] = out["validate"]
         out["fold_alone"] = out["fold"] - out["validate"]
         if hol_off:
@@ -411,7 +475,7 @@ def count_instructions(sample: Path, tool: Optional[str] = None, jobs: int = 2, 
         return out
     phases = (*PHASES, HOL_OFF_PHASE) if hol_off else PHASES
     out.update(count_phases(tool, phases, lambda phase, tmp: [sys.executable, me, "--phase-child", phase, str(sample),
-                                                               str(Path(tmp) / f"lake-{phase}")], jobs, (), keep))
+                                                               str(Path(tmp) / f"lake-{phase}")], jobs, cache_args, keep))
     out["validation"] = out["validate"] - out["setup"]
     out["fold_alone"] = out["fold"] - out["validate"]
     out["lake_writer"] = out["embedded"] - out["fold"]  # in the run's process (the events table is elsewhere)
@@ -458,6 +522,135 @@ def print_instructions(c: dict) -> None:
         off = c["fold_alone_hol_off"]
         print(f"  fold alone, hol_blocking = false {off:>16,}  {off / n:>9,.0f} per event; head-of-line blocking "
               f"costs x{c['fold_alone'] / off:.2f} (fold alone with it / without it)")
+
+
+# --native-profile: the counted region of a child sampled by `perf record -e cpu-clock` (a software clock: it needs
+# no hardware counter, so it works on a virtual machine), started and stopped by the child through perf's control
+# fifos ("ctl,ack" in this variable)
+PERF_CTL_ENV = "CHIPLEDGER_PERF_CTL"
+
+
+def perf_control(command: str) -> None:
+    """In a child under `perf record --control fifo:...`: send `command` ("enable"/"disable"), wait for the ack."""
+    spec = os.environ.get(PERF_CTL_ENV)
+    if not spec:
+        return
+    ctl, ack = spec.split(",")
+    with open(ctl, "w") as c, open(ack, "rb") as a:
+        c.write(command + "\n")
+        c.flush()
+        a.read(5)  # "ack\n\0"
+
+
+def _perf_symbols(data: Path) -> dict:
+    """{(object, symbol): samples} from `perf report` of one perf.data (symbols without a name: "(unnamed)")."""
+    out = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--no-children", "--sort", "dso,sym", "-n",
+                          "--percent-limit", "0"], capture_output=True, text=True).stdout
+    found: dict = {}
+    for line in out.splitlines():
+        m = re.match(r"\s*[0-9.]+%\s+(\d+)\s+(\S+)\s+\[.\]\s+(.*)$", line)
+        if m:
+            sym = m.group(3).strip()
+            key = (m.group(2), "(unnamed)" if sym.startswith("0x") else sym)
+            found[key] = found.get(key, 0) + int(m.group(1))
+    return found
+
+
+def native_profile(sample: Path, skip: int, repeat: int = 3) -> dict:
+    """Where the CPU time of validation and of parse + fold goes natively, over events skip.. of `sample` (the state
+    folded up to `skip` first, not sampled): each phase `repeat` times, alternating, in its own child under `perf record
+    -e cpu-clock -F 4999`, sampling only the counted region. Returns {phase: {"cpu_s": [region CPU seconds per run],
+    "events", "symbols": {(object, symbol): samples}, "samples"}}. Raises RuntimeError without perf."""
+    if not shutil.which("perf"):
+        raise RuntimeError("--native-profile needs Linux perf (Debian package linux-perf)")
+    me = str(Path(__file__).resolve())
+    out: dict = {phase: {"cpu_s": [], "symbols": {}, "samples": 0} for phase in ("validate", "fold")}
+    with tempfile.TemporaryDirectory(prefix="chipledger-perf-") as tmp:
+        for i in range(repeat):
+            for phase in ("validate", "fold"):
+                ctl, ack, data = Path(tmp) / f"ctl{i}{phase}", Path(tmp) / f"ack{i}{phase}", Path(tmp) / f"{phase}{i}.data"
+                os.mkfifo(ctl)
+                os.mkfifo(ack)
+                cmd = ["perf", "record", "-q", "-e", "cpu-clock", "-F", "4999", "-D", "-1", "--control",
+                       f"fifo:{ctl},{ack}", "-o", str(data), "--", sys.executable, me, "--phase-child", phase,
+                       str(sample), str(Path(tmp) / "lake"), "--skip", str(skip)]
+                p = subprocess.run(cmd, capture_output=True, text=True,
+                                   env={**os.environ, "PYTHONHASHSEED": "0", PERF_CTL_ENV: f"{ctl},{ack}"})
+                if p.returncode != 0:
+                    raise RuntimeError(f"perf record on phase {phase} failed: {p.stderr.strip()[-2000:]}")
+                lines = p.stdout.strip().splitlines()
+                o = out[phase]
+                o["events"] = int(lines[-1])
+                o["cpu_s"].append(float(lines[-2].split()[1]))
+                for key, n in _perf_symbols(data).items():
+                    o["symbols"][key] = o["symbols"].get(key, 0) + n
+                    o["samples"] += n
+    return out
+
+
+def print_native_profile(prof: dict, skip: int, top: int = 25) -> None:
+    """Per event: the region's CPU time (min and median of the runs), and for the symbols taking the most of parse +
+    fold, their share of it in ns (the samples' share of the runs' summed CPU time) beside validation's."""
+    import statistics
+
+    def ns_per(phase: str) -> dict:
+        o = prof[phase]
+        per = sum(o["cpu_s"]) / (len(o["cpu_s"]) * o["events"]) * 1e9
+        return {k: per * n / o["samples"] for k, n in o["symbols"].items()} if o["samples"] else {}
+
+    v, f = prof["validate"], prof["fold"]
+    n = f["events"]
+    vmin, fmin = min(v["cpu_s"]) / n * 1e6, min(f["cpu_s"]) / n * 1e6
+    print(f"\nnative CPU time (perf record -e cpu-clock, events {skip:,} to {skip + n:,}, {len(f['cpu_s'])} runs of each "
+          f"phase alternating): validation {vmin:.2f} us/event (median {statistics.median(v['cpu_s']) / n * 1e6:.2f}), "
+          f"parse + fold {fmin:.2f} (median {statistics.median(f['cpu_s']) / n * 1e6:.2f}), fold alone "
+          f"{fmin - vmin:.2f} us/event (min - min): ratio {vmin / (fmin - vmin):.2f}")
+    vn, fn = ns_per("validate"), ns_per("fold")
+    by_object: dict = {}
+    for (obj, _), ns in fn.items():
+        by_object[obj] = by_object.get(obj, 0.0) + ns
+    print("  parse + fold by object (ns per event): " + ", ".join(
+        f"{obj} {ns:,.0f}" for obj, ns in sorted(by_object.items(), key=lambda kv: -kv[1])[:6]))
+    print(f"  {'parse + fold':>12} {'validation':>10}  ns per event, by symbol")
+    for key, ns in sorted(fn.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {ns:12,.0f} {vn.get(key, 0):10,.0f}  {key[1]} [{key[0]}]")
+
+
+CACHE_EVENTS = ("Dr", "Dw", "D1mr", "D1mw", "DLmr", "DLmw", "I1mr", "ILmr", "Bc", "Bcm", "Bi", "Bim")
+
+
+def cache_per_event(c: dict) -> dict:
+    """{phase: {event: per event}} for validation and the fold alone (and the lake writer on a first sample) from
+    callgrind's cache simulation (--cache-sim), the same differences as the instruction counts; with "D1m" (first
+    level data misses, reads and writes) and "DLm" (last level) added."""
+    n = c["events"]
+    get = lambda phase: c.get(f"{phase}_collected", {})  # noqa: E731
+    pairs = [("validation", "validate", "setup" if not c.get("skip") else None), ("fold alone", "fold", "validate")]
+    if not c.get("skip"):
+        pairs.append(("lake writer (the run's process)", "embedded", "fold"))
+    out: dict = {}
+    for label, phase, minus in pairs:
+        a, b = get(phase), get(minus) if minus else {}
+        if not a or (minus and not b):
+            continue
+        d = {k: (a.get(k, 0) - b.get(k, 0)) / n for k in ("Ir", *CACHE_EVENTS)}
+        d["D1m"], d["DLm"] = d["D1mr"] + d["D1mw"], d["DLmr"] + d["DLmw"]
+        out[label] = d
+    return out
+
+
+def print_cache(c: dict) -> None:
+    per = cache_per_event(c)
+    if not per:
+        return
+    print("  cache simulation (callgrind --cache-sim=yes), per event: data reads, writes, first-level (D1) and "
+          "last-level (LL) data misses, instruction fetch misses")
+    for label, d in per.items():
+        print(f"    {label:<32} Ir {d['Ir']:>8,.0f}  Dr {d['Dr']:>8,.0f}  Dw {d['Dw']:>7,.0f}  D1 misses {d['D1m']:>6,.0f} "
+              f"(reads {d['D1mr']:,.0f})  LL misses {d['DLm']:>5,.1f}  I1 misses {d['I1mr']:>6,.0f}  "
+              f"D1 misses per 1,000 Ir {1000 * d['D1m'] / d['Ir'] if d['Ir'] else 0:.1f}"
+              + (f"  branches: conditional {d['Bc']:,.0f} ({d['Bcm']:,.0f} mispredicted), indirect {d['Bi']:,.0f} "
+                 f"({d['Bim']:,.0f} mispredicted)" if d["Bc"] else ""))
 
 
 def fold_digest(path: Path, n: int) -> tuple[str, int, str]:
@@ -533,6 +726,19 @@ def main() -> int:
     ap.add_argument("--callgrind-out", type=Path, default=None, metavar="DIR",
                     help="with --instructions under callgrind: keep each phase's profile in DIR (<phase>.<pid>.out, "
                          "for callgrind_annotate)")
+    ap.add_argument("--cache-sim", nargs="?", const="yes", default="", metavar="'--D1=S,A,L --LL=S,A,L'",
+                    help="with --instructions under callgrind: simulate the caches too (--cache-sim=yes; optionally "
+                         "more callgrind options, e.g. '--D1=32768,8,64 --LL=1048576,8,64 --branch-sim=yes') and print "
+                         "each phase's first- and last-level cache misses (and branch mispredictions) per event")
+    ap.add_argument("--native-profile", type=int, default=0, metavar="RUNS",
+                    help="with --instructions N --instructions-from K: also sample the native CPU time of validation and "
+                         "of parse + fold over the same events with `perf record -e cpu-clock` (RUNS runs of each) and "
+                         "print it per symbol beside validation's")
+    ap.add_argument("--native-only", action="store_true",
+                    help="with --native-profile: only the native profile, not callgrind's counts")
+    ap.add_argument("--gc-time", action="store_true",
+                    help="after the timed runs, one more parse + fold and embedded run with the cyclic collector's "
+                         "passes timed (gc.callbacks): its share of each")
     ap.add_argument("--hol-off", action="store_true",
                     help="also time (and count) the fold with [ledger] hol_blocking = false: the cost of head-of-line "
                          "blocking")
@@ -596,6 +802,10 @@ def main() -> int:
             if args.inline:
                 i, _, istate = time_embedded(path, out / "lake-inline", events_process=False)
                 i_s, i_cpu = min(i_s, i), min(i_cpu, istate["cpu_s"])
+        if args.gc_time:  # one more pass of each, with the collector's passes timed (not used above)
+            gc_fold, gc_run = GcTimer(), GcTimer()
+            _, _, gc_fold_cpu = gc_fold.measure(time_fold, path)
+            _, _, gc_state = gc_run.measure(time_embedded, path, out / "lake")
         v_rate, f_rate, e_rate = n / v_s, n / f_s, n / e_s
         fold_alone_rate = n / (f_s - v_s)  # the fold's own cost: (parse + fold) - (parse alone)
         print(f"\n{n:,} events (best of {args.repeat} alternating runs each)")
@@ -618,6 +828,11 @@ def main() -> int:
         if args.inline:
             print(f"  embedded run, lake in one process: {i_s:7.2f} s  {n / i_s:>10,.0f} events/s  ratio "
                   f"{n / i_s / v_rate:.2f}; CPU {i_cpu:.2f} s (ratio {v_cpu / i_cpu:.2f})")
+        if args.gc_time:
+            for label, timer, cpu in (("parse + fold", gc_fold, gc_fold_cpu),
+                                      ("embedded run, the run's process", gc_run, gc_state["cpu_s"])):
+                print(f"  cyclic gc in {label}: {timer.seconds:.3f} s of {cpu:.2f} s CPU ({100 * timer.seconds / cpu:.1f}%), "
+                      f"passes by generation {timer.passes[0]:,} / {timer.passes[1]:,} / {timer.passes[2]:,}")
         print(f"  accepted {summary['accepted']:,}, dead letters {sum(summary['dead_letters'].values()):,}, "
               f"rows {summary['rows_written']}")
 
@@ -626,7 +841,9 @@ def main() -> int:
         print(f"\nfold: {per_event:,.0f} Python opcodes per event (events 20,000 to {20_000 + args.opcodes:,}); by type: "
               + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(by_type.items(), key=lambda kv: -kv[1])))
 
-    if args.instructions:
+    if args.native_profile and not (args.instructions and args.instructions_from):
+        ap.error("--native-profile RUNS needs --instructions N --instructions-from K (the events sampled)")
+    if args.instructions and not args.native_only:
         k = args.instructions_from
         sample = out / (f"sample-{k}-{args.instructions}.jsonl" if k else f"sample-{args.instructions}.jsonl")
         with open(path, "rb") as f, open(sample, "wb") as g:
@@ -635,12 +852,25 @@ def main() -> int:
         try:
             if args.callgrind_out is not None:
                 args.callgrind_out.mkdir(parents=True, exist_ok=True)
-            c = count_instructions(sample, hol_off=args.hol_off, skip=k, keep=args.callgrind_out)
+            c = count_instructions(sample, hol_off=args.hol_off, skip=k, keep=args.callgrind_out,
+                                   cache_sim=args.cache_sim)
         except RuntimeError as err:
             print(f"\ninstructions: {err}", file=sys.stderr)
             return 2
         print_instructions(c)
+        print_cache(c)
         print(f"  ({time.perf_counter() - t0:.0f} s)")
+    if args.native_profile:
+        k = args.instructions_from
+        sample = out / f"sample-{k}-{args.instructions}.jsonl"
+        with open(path, "rb") as f, open(sample, "wb") as g:
+            g.writelines(islice(f, k + args.instructions))
+        try:
+            prof = native_profile(sample, k, args.native_profile)
+        except RuntimeError as err:
+            print(f"\nnative profile: {err}", file=sys.stderr)
+            return 2
+        print_native_profile(prof, k)
 
     results = []
     for n_rss in (int(s) for s in args.rss.split(",") if s):
@@ -652,7 +882,8 @@ def main() -> int:
         print("\npeak RSS of the embedded run (fresh process each)")
         for r in results:
             print(f"  {r['lines']:>10,} events: {r['peak_rss_mib']:7.1f} MiB peak RSS (the events process "
-                  f"{r['events_process_rss_mib']:.1f} MiB), {r['seconds']:6.1f} s; state at "
+                  f"{r['events_process_rss_mib']:.1f} MiB), {r['seconds']:6.1f} s (CPU: the run's process "
+                  f"{r['cpu_s']:.1f} s, its events process {r['events_cpu_s']:.1f} s); state at "
                   f"end: {r['active_jobs']:,} active jobs, {r['chips']:,} chips, {r['dedup_ids']:,} ids in the "
                   f"dedup window")
         if len(results) >= 2:

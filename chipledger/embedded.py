@@ -31,11 +31,43 @@ from streams.rows import (applied_event_row, close_rows, deadletter_row, event_r
 
 ProgressFn = Callable[[int], None]  # called with bytes read so far
 
-# every 65,536 lines the run moves what is alive into the collector's permanent generation (gc.freeze): the
-# pools' state and the lake's buffered rows live long, and the cyclic collector's passes over them cost ~10% of
-# the fold on 1M events; what the fold drops is still freed by reference counting. The run unfreezes at its
-# end. bench/replay.py folds the same way.
+# The cyclic garbage collector during a run (docs/benchmarks.md, issue 22 part 5). The fold makes almost no
+# cyclic garbage (30 objects in 300,000 events: what it drops is freed by reference counting), but the run's
+# process allocates many tracked containers that live long (the pools' state, the lake's buffered rows), and the
+# collector's automatic passes over them (a young pass every 700 net allocations, an older one every tenth, a full
+# one every hundredth) cost ~5% of the run's process. So the run turns automatic collection off (GcPause) and,
+# every 65,536 lines, collects the young objects once (the cycles those lines made are freed, so memory stays
+# bounded) and moves what survives into the permanent generation (gc.freeze), which no later pass scans. At its
+# end it unfreezes and turns collection back on. The events process does the same per 65,536 rows;
+# bench/replay.py folds the same way.
 GC_FREEZE_MASK = 0xFFFF
+
+
+class GcPause:
+    """Automatic cyclic collection off from its making until `end()` (then as it was found), with `checkpoint()`
+    every GC_FREEZE_MASK + 1 lines; `end()` also empties the permanent generation. Also a context manager."""
+
+    def __init__(self) -> None:
+        self.enabled = gc.isenabled()
+        gc.disable()
+
+    @staticmethod
+    def checkpoint() -> None:
+        gc.collect(0)  # with automatic collection off, everything allocated since the last checkpoint is young
+        gc.freeze()
+
+    def end(self) -> None:
+        gc.unfreeze()  # what the run froze may be collected again (the caller keeps the fleet or drops it)
+        if self.enabled:
+            gc.enable()
+
+    def __enter__(self) -> "GcPause":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.end()
+
+
 DEAD_LINES_KEPT = 20  # line numbers of dead letters kept per code in the summary (all are in the lake)
 UTF8_BOM = b"\xef\xbb\xbf"  # what Windows tools write at the start of a UTF-8 file: not part of the first event
 
@@ -215,6 +247,7 @@ def _events_child(events_path: Path, lake: Path, run_id: str, topic: str, max_ev
     """The events process's work (see _EventsProcess): read batches of (line number, event time, applied time,
     lateness) until an empty one, write those lines' rows, answer ("ok", rows written) or ("error", why)."""
     gc.freeze()  # what came with the fork (the run's modules and state) is not this process's garbage
+    paused = GcPause()  # the collector as in the run's process (see GC_FREEZE_MASK)
     writer = LakeWriter(lake, run_id)
     rows = 0
     try:
@@ -235,12 +268,13 @@ def _events_child(events_path: Path, lake: Path, run_id: str, topic: str, max_ev
                                                            offset))
                     rows += 1
                     if not rows & GC_FREEZE_MASK:
-                        gc.freeze()
+                        paused.checkpoint()
         writer.close()
         conn.send(("ok", rows))
     except Exception as exc:  # told to the run, which fails with it
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
+        paused.end()
         conn.close()
 
 
@@ -286,12 +320,13 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
         else:
             early.append(row)
 
+    paused = GcPause()
     try:
         with open(events_path, "rb") as f:
             for offset, (line, n, too_large) in enumerate(_lines(f, max_event_bytes), start=1):
                 read_bytes += n
                 if not offset & GC_FREEZE_MASK:
-                    gc.freeze()
+                    paused.checkpoint()
                 if progress is not None and offset % 4096 == 0:
                     progress(read_bytes)
                 if too_large is not None:
@@ -334,7 +369,7 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
         events_written = events.close()
     finally:
         events.stop()
-        gc.unfreeze()  # what the run froze may be collected again (the caller keeps the fleet or drops it)
+        paused.end()
     summary.lines = offset if read_bytes else 0
     for row in early:  # no event was applied at all: the dead letters keep time 0 (1970-01-01)
         add("deadletters", row)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 from itertools import islice
 from pathlib import Path
 
@@ -106,3 +107,70 @@ def test_later_sample_needs_callgrind(tmp_path):
     replay = _replay()
     with pytest.raises(RuntimeError, match="callgrind only"):
         replay.count_instructions(tmp_path / "none.jsonl", "perf", skip=10)
+
+
+def _later_sample(tmp_path, replay, n: int) -> Path:
+    from chipledger.scenario import generate, write_jsonl
+
+    sample = tmp_path / "sample.jsonl"
+    write_jsonl(islice(generate(seed=replay.SEED, days=1, scale=replay.SCALE), 2000 + n), sample)
+    return sample
+
+
+def test_cache_simulation_gives_each_phase_its_misses(tmp_path):
+    """--cache-sim: callgrind's cache and branch simulation on a later sample; each phase's collected events are
+    kept, and the per-event figures are the same differences as the instruction counts."""
+    replay = _replay()
+    if replay.instruction_tool() != "callgrind":
+        msg = "CACHE SIMULATION TEST NOT RUN: it needs valgrind's callgrind"
+        if os.environ.get("CHIPLEDGER_REQUIRE_VALGRIND") == "1":
+            pytest.fail(f"{msg} (CHIPLEDGER_REQUIRE_VALGRIND=1)", pytrace=False)
+        pytest.skip(msg)
+    sample = _later_sample(tmp_path, replay, 100)
+    c = replay.count_instructions(sample, "callgrind", skip=2000,
+                                  cache_sim="--D1=32768,8,64 --LL=1048576,8,64 --branch-sim=yes")
+    assert c["fold_collected"]["Ir"] == c["fold"] and c["validate_collected"]["Ir"] == c["validate"]
+    per = replay.cache_per_event(c)
+    assert list(per) == ["validation", "fold alone"]
+    assert per["fold alone"]["Ir"] == c["fold_alone"] / 100
+    for d in per.values():
+        assert d["Ir"] > 0 and d["Dr"] > 0 and d["D1m"] > 0 and d["Bc"] > 0
+        assert d["D1m"] == d["D1mr"] + d["D1mw"] and d["DLm"] <= d["D1m"]  # a last-level miss missed D1 first
+    with pytest.raises(RuntimeError, match="callgrind"):
+        replay.count_instructions(sample, "perf", cache_sim="yes")
+
+
+def test_native_profile_samples_only_the_counted_region(tmp_path):
+    """--native-profile: `perf record -e cpu-clock` in each phase's child, enabled only around the counted events.
+    Sampled from the start, the imports and the fold of the 2,000 events before the sample (over a second of CPU)
+    would give thousands of samples; the 1,000 counted events take tens of milliseconds."""
+    replay = _replay()
+    if shutil.which("perf") is None:
+        pytest.skip("NATIVE PROFILE TEST NOT RUN: no perf (Debian: linux-perf)")
+    sample = _later_sample(tmp_path, replay, 1000)
+    prof = replay.native_profile(sample, 2000, repeat=1)
+    v, f = prof["validate"], prof["fold"]
+    assert v["events"] == f["events"] == 1000
+    assert 0 < v["cpu_s"][0] < f["cpu_s"][0] < 1.0
+    for o in (v, f):  # as many samples as the region's own CPU time gives at 4,999 per second: the region only
+        assert 0 < o["samples"] <= o["cpu_s"][0] * 4999 * 1.5 + 20
+    assert any(obj.startswith("libpython") for obj, _ in f["symbols"])
+
+
+def test_gc_timer_counts_the_collectors_passes_while_it_measures():
+    """--gc-time: GcTimer counts the passes (by generation) and their time while the measured function runs, and
+    stops counting after it."""
+    import gc
+
+    replay = _replay()
+    timer = replay.GcTimer()
+
+    def work() -> str:
+        gc.collect(0)
+        gc.collect(2)
+        return "done"
+
+    assert timer.measure(work) == "done"
+    assert timer.passes == [1, 0, 1] and timer.seconds > 0
+    gc.collect()
+    assert timer.passes == [1, 0, 1] and timer not in gc.callbacks

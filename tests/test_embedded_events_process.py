@@ -4,6 +4,7 @@ events included, and a failure of that process fails the run instead of leaving 
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 
@@ -61,3 +62,4 @@ def test_a_failed_events_process_fails_the_run(tmp_path):
     with pytest.raises(RunError, match="events table failed"):
         run_file(events, lake)
     assert multiprocessing.active_children() == []  # nothing left running
+    assert gc.isenabled() and gc.get_freeze_count() == 0  # the collector given back (chipledger.embedded.GcPause)
