@@ -387,11 +387,9 @@ def child_phase(phase: str, sample: str, lake: str, skip: int = 0) -> None:
     into memory, then does its phase's work (nothing for 'setup'). With `skip` (a later sample): the phase's work
     on the lines after the first `skip` runs inside `sys.call_tracing` (the region callgrind counts with
     CALLGRIND_REGION), the fold having folded the first `skip` lines before it; prints the lines counted."""
-    import gc
-
-    from chipledger.embedded import GC_FREEZE_MASK, run_file
+    from chipledger.embedded import run_file
     from ledger import Fleet, FoldConfig
-    from schemas import Rejection, parse_event
+    from schemas import parse_event
 
     with open(sample, "rb") as f:
         lines = f.readlines()

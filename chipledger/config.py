@@ -61,18 +61,21 @@ class LakeConfig:
             if not MIN_MEMORY <= amount <= MAX_MEMORY:
                 raise ValueError(f"[lake] memory_limit must be an amount of memory from 1MB to 1PB such as 10GB, "
                                  f"512MB or 1.5GiB, got {self.memory_limit!r}")
-        if self.spill_dir.strip() and Path(self.spill_dir.strip()).expanduser().exists() \
-                and not Path(self.spill_dir.strip()).expanduser().is_dir():
+        spill = self._spill_path()
+        if spill is not None and spill.exists() and not spill.is_dir():
             raise ValueError(f"[lake] spill_dir must be a folder (DuckDB creates it if it does not exist), and "
                              f"{self.spill_dir!r} is a file")
+
+    def _spill_path(self) -> Optional[Path]:
+        return Path(self.spill_dir.strip()).expanduser() if self.spill_dir.strip() else None
 
     def duckdb_config(self) -> Optional[dict[str, str]]:
         """The DuckDB settings to open the lake with (analytics.views.connect's `config`), or None."""
         cfg = {}
         if self.memory_limit.strip():
             cfg["memory_limit"] = self.memory_limit.strip()
-        if self.spill_dir.strip():
-            cfg["temp_directory"] = str(Path(self.spill_dir.strip()).expanduser())
+        if self._spill_path() is not None:
+            cfg["temp_directory"] = str(self._spill_path())
         return cfg or None
 
 
