@@ -218,6 +218,7 @@ class ServeConfig:
     refresh_s: float = 5.0               # how often the lake is looked at for new commits
     writes_per_minute: int = 10          # burst requests (and other writes) per user and minute
     secure_cookies: bool = False         # the session cookie only over HTTPS (set it behind TLS)
+    kafka: bool = False                  # send burst requests through [kafka] (also: `serve --bootstrap`)
 
     def __post_init__(self):
         if self.visibility not in ("fleet", "team"):

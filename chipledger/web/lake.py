@@ -71,6 +71,32 @@ PORTAL_TABLES = {
         SELECT pool, team, job_id, run_index, chips_milli, submitted_at, started_at, ended_at, end_reason,
                allocated_mchip_s, lost_mchip_s FROM job_runs
     """,
+    # per pool and closed hour (the burst rule's inputs): demand (running + pending chip-s of the teams), capacity and
+    # unavailable chip-s, as the fold's books posted them
+    "portal_pool_hours": """
+        SELECT pool, epoch(hour)::BIGINT AS hour_s,
+               coalesce(sum(amount_mchip_s) FILTER (WHERE team IS NOT NULL
+                        AND account IN ('in_quota', 'borrowed', 'burst', 'pending')), 0)::BIGINT AS demand_mchip_s,
+               coalesce(sum(amount_mchip_s) FILTER (WHERE team IS NULL AND account = 'capacity'), 0)::BIGINT
+                   AS capacity_mchip_s,
+               coalesce(sum(amount_mchip_s) FILTER (WHERE team IS NULL AND account = 'unavailable'), 0)::BIGINT
+                   AS unavailable_mchip_s
+        FROM journal GROUP BY pool, hour
+    """,
+    "portal_balance_ints": """
+        SELECT b.* FROM balance_log b
+        JOIN (SELECT pool, max("at") AS "at" FROM balance_log GROUP BY pool) l USING (pool, "at")
+    """,
+    # each grant's latest incarnation: when it took effect and when it ends (an early end is its own posting)
+    "portal_grants": """
+        WITH v AS (SELECT *, max(version) OVER (PARTITION BY pool, grant_id) AS top FROM grant_postings)
+        SELECT pool, grant_id, any_value(team) AS team, version,
+               max(effective_from) FILTER (WHERE NOT ended) AS effective_from,
+               coalesce(min(effective_until) FILTER (WHERE ended), max(effective_until) FILTER (WHERE NOT ended))
+                   AS effective_until,
+               any_value(lending_limit_milli) FILTER (WHERE NOT ended) AS lending_limit_milli
+        FROM v WHERE version = top GROUP BY pool, grant_id, version
+    """,
     "portal_bursts": """
         SELECT e.pool, e.team, e.request_id, e.event_id, e.applied_at AS requested_at, e.chips_milli,
                e.body->>'$.requested_by' AS requested_by,
