@@ -526,11 +526,11 @@ def build_app(portal: Portal) -> FastAPI:
 
     @api.post("/bursts", response_model=SubmittedOut, status_code=202, tags=["bursts"])
     def burst_submit(req: BurstIn, request: Request, p: Principal = Depends(who)):
+        _burst_allowed(p, req)
         if p.via != "token" or request.cookies.get(SESSION_COOKIE) and not request.headers.get("authorization"):
             # a browser's ambient credentials (the proxy's header, the session cookie) need the form's CSRF token
             if not portal.csrf.check(p.session_key(), request.headers.get("x-csrf-token")):
                 raise HTTPException(403, "CSRF token missing or wrong")
-        _burst_allowed(p, req)
         return _submit(portal, p, req)
 
     app.include_router(api)
