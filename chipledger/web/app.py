@@ -364,6 +364,7 @@ def build_app(portal: Portal) -> FastAPI:
     templates.env.filters["pct"] = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"
     templates.env.filters["ts"] = lambda v: "–" if v is None else (v if isinstance(v, str) else _iso(v))
     templates.env.filters["dur"] = _duration
+    templates.env.filters["epoch"] = lambda v: datetime.fromtimestamp(v, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     @app.middleware("http")
     async def security(request: Request, call_next):
