@@ -62,6 +62,8 @@ class Portal:
             self.tokens = TokenCache(self.store)
         if self.limiter is None:
             self.limiter = RateLimiter(self.cfg.serve.writes_per_minute)
+        if self.reader is not None and self.reader.warm is None:
+            self.reader.warm = queue_all  # the queue's estimates are computed at each refresh, not per request
 
     def producer(self):
         if self.producer_factory is None:
@@ -605,15 +607,12 @@ def build_app(portal: Portal) -> FastAPI:
             return signin_redirect()
         team_or_404(p, team)
         s = snap()
-        bal = s.rows("SELECT * FROM portal_balances_now WHERE team = ? ORDER BY pool", [team])
-        pools = {r["pool"]: r for r in s.rows("SELECT * FROM portal_pools")}
-        running = {r["pool"]: r["chips"] for r in s.rows(
-            "SELECT j.pool, sum(j.chips) AS chips FROM portal_jobs j JOIN portal_job_last l USING (pool, job_id) "
-            "WHERE j.team = ? AND l.last_type IN ('job.started', 'job.progress', 'job.checkpointed') "
-            "AND j.finished_at IS NULL GROUP BY j.pool", [team])}
+        bal, pools = s.memo(("home", team), lambda: (
+            s.rows("SELECT * FROM portal_balances_now WHERE team = ? ORDER BY pool", [team]),
+            {r["pool"]: r for r in s.rows("SELECT * FROM portal_pools")}))
         slo_rows = _slos(s, None)
         q = _queue(portal, s, p, None, team)
-        return render(request, "home.html", p, team=team, balances=bal, pools=pools, running=running,
+        return render(request, "home.html", p, team=team, balances=bal, pools=pools,
                       slos=slo_rows, queue_len=len(q), fair_share=_fair_share_sentence)
 
     @app.get("/teams/{team}/queue", include_in_schema=False, response_class=HTMLResponse)
@@ -753,6 +752,10 @@ def _pool_out(r: dict) -> PoolOut:
 
 
 def _slos(s: Snapshot, pool: Optional[str]) -> list[SloOut]:
+    return s.memo(("slos", pool), lambda: _slos_compute(s, pool))
+
+
+def _slos_compute(s: Snapshot, pool: Optional[str]) -> list[SloOut]:
     rows = s.rows("SELECT * FROM portal_error_budget WHERE ($1 IS NULL OR pool = $1) ORDER BY slo, pool NULLS FIRST",
                   [pool])
     return [SloOut(slo=r["slo"], pool=r["pool"], target=r["target"], unit=r["unit"], good=int(r["good"] or 0),
@@ -777,8 +780,29 @@ def _runtime_model(s: Snapshot) -> tuple[dict, dict, dict]:
     return expected, by_size, by_pool
 
 
+def queue_all(s: Snapshot) -> list[QueueEntry]:
+    """Every pending job with its estimated start, computed once per snapshot (at its refresh: `LakeReader.warm`)."""
+    return s.memo("queue", lambda: _queue_compute(s))
+
+
 def _queue(portal: Portal, s: Snapshot, p: Principal, pool: Optional[str], team: Optional[str]) -> list[QueueEntry]:
-    rows = s.rows("SELECT * FROM portal_queue WHERE ($1 IS NULL OR pool = $1) ORDER BY pool, position", [pool])
+    out = []
+    for e in queue_all(s):
+        if pool is not None and e.pool != pool:
+            continue
+        if team is not None and e.team != team:
+            continue
+        mine = p.can_read_team(e.team)
+        if not mine and not p.sees_fleet:
+            continue
+        if not mine:
+            e = e.model_copy(update={"job_id": None, "message": None})
+        out.append(e)
+    return out
+
+
+def _queue_compute(s: Snapshot) -> list[QueueEntry]:
+    rows = s.rows("SELECT * FROM portal_queue ORDER BY pool, position")
     if not rows:
         return []
     expected, by_size, by_pool = _runtime_model(s)
@@ -804,19 +828,16 @@ def _queue(portal: Portal, s: Snapshot, p: Principal, pool: Optional[str], team:
         chips_milli = round(r["chips"] * 1000)
         w = Waiting(r["job_id"], chips_milli, runtime(pl, r["team"], r["job_id"], chips_milli))
         ahead = ahead_by_pool.setdefault(pl, [])
-        mine = p.can_read_team(r["team"])
-        if (team is None or r["team"] == team) and (mine or p.sees_fleet):
-            info = pools.get(pl, {})
-            est = estimate_start(int(r["at"].timestamp()), info.get("free_milli") or 0, running_by_pool.get(pl, []),
-                                 list(ahead), w, info.get("healthy_milli") or 0)
-            out.append(QueueEntry(
-                pool=pl, team=r["team"] if (mine or p.sees_fleet) else None, job_id=r["job_id"] if mine else None,
-                position=r["position"], queue_length=r["queue_length"], team_position=r["team_position"],
-                priority=r["priority"], chips=r["chips"], waiting_since=r["waiting_since"],
-                waited_s=None if r["waited_s"] is None else int(r["waited_s"]), reason=r["reason"],
-                message=r["message"] if mine else None, as_of=r["at"],
-                estimated_start_at=None if est.start_s is None else datetime.fromtimestamp(est.start_s, timezone.utc),
-                estimate_basis=est.basis))
+        info = pools.get(pl, {})
+        est = estimate_start(int(r["at"].timestamp()), info.get("free_milli") or 0, running_by_pool.get(pl, []),
+                             list(ahead), w, info.get("healthy_milli") or 0)
+        out.append(QueueEntry(
+            pool=pl, team=r["team"], job_id=r["job_id"], position=r["position"], queue_length=r["queue_length"],
+            team_position=r["team_position"], priority=r["priority"], chips=r["chips"],
+            waiting_since=r["waiting_since"], waited_s=None if r["waited_s"] is None else int(r["waited_s"]),
+            reason=r["reason"], message=r["message"], as_of=r["at"],
+            estimated_start_at=None if est.start_s is None else datetime.fromtimestamp(est.start_s, timezone.utc),
+            estimate_basis=est.basis))
         ahead.append(w)
     return out
 
@@ -824,8 +845,15 @@ def _queue(portal: Portal, s: Snapshot, p: Principal, pool: Optional[str], team:
 def _job(s: Snapshot, p: Principal, job_id: str) -> Optional[JobOut]:
     if not NAME_RE.match(job_id or ""):
         return None
+    out = s.memo(("job", job_id), lambda: _job_compute(s, job_id))
+    if out is None or not p.can_read_team(out.team):
+        return None
+    return out
+
+
+def _job_compute(s: Snapshot, job_id: str) -> Optional[JobOut]:
     rows = s.rows("SELECT * FROM portal_jobs WHERE job_id = ? ORDER BY submitted_at DESC LIMIT 1", [job_id])
-    if not rows or not p.can_read_team(rows[0]["team"]):
+    if not rows:
         return None
     j = rows[0]
     from chipledger.reports.why import explain

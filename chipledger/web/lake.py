@@ -16,13 +16,14 @@ import hashlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 import duckdb
 
 log = logging.getLogger("chipledger.web")
+_MISSING = object()
 
 # the portal's tables, computed at each refresh from the lake's views (name -> SQL)
 PORTAL_TABLES = {
@@ -147,6 +148,23 @@ class Snapshot:
     built_at: float
     build_s: float
     version: int
+    # answers computed from this snapshot, by key: a snapshot never changes, so neither do they (bounded; the next
+    # snapshot starts empty)
+    _memo: dict = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    MEMO_MAX = 4096
+
+    def memo(self, key, compute):
+        hit = self._memo.get(key, _MISSING)
+        if hit is not _MISSING:
+            return hit
+        value = compute()
+        with self._lock:
+            if len(self._memo) >= self.MEMO_MAX:
+                self._memo.clear()
+            self._memo[key] = value
+        return value
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         return self.con.cursor()
@@ -181,12 +199,14 @@ class LakeReader:
     """The current snapshot of the lake, rebuilt in the background when the lake changes (see the module)."""
 
     def __init__(self, lake: Path, refresh_s: float = 5.0, slo=None, duckdb_config=None,
-                 on_swap: Optional[Callable[[Snapshot], None]] = None):
+                 on_swap: Optional[Callable[[Snapshot], None]] = None,
+                 warm: Optional[Callable[[Snapshot], None]] = None):
         self.lake = Path(lake)
         self.refresh_s = refresh_s
         self.slo = slo
         self.duckdb_config = duckdb_config
         self.on_swap = on_swap
+        self.warm = warm            # computes what requests read most (the queue with its estimates) before the swap
         self._snap: Optional[Snapshot] = None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -206,6 +226,8 @@ class LakeReader:
         if not force and old is not None and lake_signature(self.lake) == old.signature:
             return old
         new = build_snapshot(self.lake, (old.version + 1) if old else 1, self.slo, self.duckdb_config)
+        if self.warm is not None:
+            self.warm(new)
         self._snap = new  # one reference assignment: requests hold the snapshot they started with
         self.refreshes += 1
         if self.on_swap is not None:
