@@ -143,6 +143,22 @@ class GrantIntervalRow(NamedTuple):
     posted_at: int
 
 
+# how a run was interrupted (job.preempted's cause, DESIGN §4): the run's end_reason in job_runs
+PREEMPTED: Final = "preempted"
+REQUEUED: Final = "requeued"
+FAILURE: Final = "failure"
+LOSES_WORK: Final = frozenset({PREEMPTED, REQUEUED, FAILURE, "failed"})  # "failed": a job.finished outcome
+
+
+def interruption_cause(d: dict) -> str:
+    """The cause of a job.preempted (its fields): a decision's id on it makes it a preemption whatever it says
+    (the actuator carried out the ledger's decision, by whatever mechanism); absent, preempted."""
+    cause = d["cause"]
+    if cause is None or d["decision_id"] is not None:
+        return PREEMPTED
+    return cause
+
+
 STARTED: Final = "started"
 FINISHED: Final = "finished"
 HELD: Final = "held"  # a job's status between a job.preempted with held and its job.released: neither running nor pending
@@ -1819,7 +1835,9 @@ def _end_run(s: PoolState, job: Job, t: int, reason: str, step: Step) -> None:
     charged = job.charged_milli
     alloc = job.run_alloc_mchip_s = job.run_alloc_mchip_s + charged * (t - job.since)
     job.since = t
-    lost = alloc - job.alloc_at_safe_mchip_s if reason == "preempted" or reason == "failed" else 0
+    # work since the last checkpoint is lost when a run is interrupted (any cause) or fails; not when it succeeds or
+    # is cancelled
+    lost = alloc - job.alloc_at_safe_mchip_s if reason in LOSES_WORK else 0
     name = job.team
     job_id = job.job_id
     amount = alloc - job.run_posted_mchip_s
@@ -1884,11 +1902,13 @@ def _run_row(s: PoolState, job: Job, t: int, ended_at, reason, amount: int, lost
 
 def _apply_job_preempted(s: PoolState, d: dict, t, step, config=DEFAULT_CONFIG):
     job = s.jobs[d["job_id"]]
-    _end_run(s, job, t, "preempted", step)
-    job.preemptions += 1
-    job.preempted_at.append(t)
-    if len(job.preempted_at) > MAX_PREEMPTIONS_KEPT:  # only the last max_preemptions matter
-        del job.preempted_at[0]
+    cause = interruption_cause(d)
+    _end_run(s, job, t, cause, step)  # the run's end_reason is the cause; work since the checkpoint is lost for each
+    if cause == PREEMPTED:  # only a preemption counts (max_preemptions, anti-thrash): DESIGN §4's cause table
+        job.preemptions += 1
+        job.preempted_at.append(t)
+        if len(job.preempted_at) > MAX_PREEMPTIONS_KEPT:  # only the last max_preemptions matter
+            del job.preempted_at[0]
     if d["held"]:  # back in the queue but not eligible yet: no demand and no wait until its job.released
         job.status = HELD
     else:
