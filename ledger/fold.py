@@ -26,7 +26,9 @@ from ledger.books import (
     set_rate,
 )
 from ledger import policy, prices
-from ledger.state import NO_ROWS, Chip, Grant, Job, PoolState, Progress, Team, digest_of, fingerprint
+from ledger.state import (
+    NO_ROWS, ORIGIN_SEP, Chip, Grant, Job, PoolState, Progress, Team, digest_of, fingerprint, origin_of,
+)
 
 _new_tuple: Final = tuple.__new__  # a NamedTuple row without its Python-level __new__ (one per run ended)
 _new_object: Final = object.__new__
@@ -139,6 +141,22 @@ class GrantIntervalRow(NamedTuple):
     effective_until: Optional[int]
     ended: bool
     posted_at: int
+
+
+# how a run was interrupted (job.preempted's cause, DESIGN §4): the run's end_reason in job_runs
+PREEMPTED: Final = "preempted"
+REQUEUED: Final = "requeued"
+FAILURE: Final = "failure"
+LOSES_WORK: Final = frozenset({PREEMPTED, REQUEUED, FAILURE, "failed"})  # "failed": a job.finished outcome
+
+
+def interruption_cause(d: dict) -> str:
+    """The cause of a job.preempted (its fields): a decision's id on it makes it a preemption whatever it says
+    (the actuator carried out the ledger's decision, by whatever mechanism); absent, preempted."""
+    cause = d["cause"]
+    if cause is None or d["decision_id"] is not None:
+        return PREEMPTED
+    return cause
 
 
 STARTED: Final = "started"
@@ -304,6 +322,13 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     step.occurred_s = t
     step.applied_at = None
     etype: str = d["type"]
+    # a producer's clock, bounded by the broker's (or a file's stand-in, chipledger.embedded): an event further
+    # ahead of its append time than the skew allowed is not applied and never moves (or starts) a pool clock
+    if appended_s is not None and t - appended_s > config.max_clock_skew_s:
+        step.rejection = _clock_ahead(t, appended_s, config)
+        if state is not None:
+            _reject(state, step, step.rejection)
+        return state, step
     if state is None:
         if etype != "pool.configured":
             step.rejection = Rejection(RC.unknown_pool, f"pool {event.pool!r} was never configured")
@@ -319,9 +344,16 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
         body = fingerprint(raw if raw is not None else event.model_dump_json().encode())
     else:
         body = raw
+    # ids are deduplicated per (origin, event_id): two replicas of one cluster's adapter never count an event
+    # twice, and another cluster cannot claim an id (DESIGN §3)
     event_id = d["event_id"]
+    if origin is None:
+        origin = origin_of(d["source"])
+    key = origin + ORIGIN_SEP + event_id
     dedup = state.dedup
-    seen = dedup.get(event_id)
+    seen = dedup.get(key)
+    if seen is None and state.legacy_ids:  # a state saved before ids were kept per origin: its ids, as they were
+        seen = dedup.get(event_id)
     if seen is not None:
         if digest_of(seen[0]) == digest_of(body):
             state.duplicates += 1
@@ -501,8 +533,8 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
                 state.hol_sig = sig
     # remember the id (an accepted event's id was not in the window: `seen` is None here); ids that fell out
     # of the window are forgotten when an hour closes, so an id is remembered for at least the window
-    state.dedup_order.append(event_id)
-    dedup[event_id] = (body, t)
+    state.dedup_order.append(key)
+    dedup[key] = (body, t)
     if config.check_invariants:
         check_invariants(state)
     return state, step
@@ -515,6 +547,13 @@ def _reject(state: PoolState, step: Step, rejection: Rejection) -> None:
     rc = state.rejection_counts
     rc[code] = rc.get(code, 0) + 1
     step.rejection = rejection
+
+
+def _clock_ahead(t: int, appended_s: int, config: FoldConfig) -> Rejection:
+    return Rejection(RC.clock_ahead, f"event time {policy._utc(t)} UTC is {t - appended_s} s ahead of its append time "
+                     f"{policy._utc(appended_s)} UTC, more than [ledger] max_clock_skew_s ({config.max_clock_skew_s} "
+                     f"s): the producer's clock is ahead; it is not applied and does not move the pool clock "
+                     f"(docs/events.md, Clocks ahead)")
 
 
 def _too_late(state: PoolState, t: int, config: FoldConfig) -> Rejection:
@@ -1237,6 +1276,8 @@ def _forget_ids(state: PoolState, horizon: int) -> None:
             break
         popleft()
         del dedup[eid]
+    if state.legacy_ids and (not order or ORIGIN_SEP in order[0]):  # the ids saved before origins came first: all gone
+        state.legacy_ids = False
 
 
 def _grant_on(state: PoolState, grant_id: str, version: int, t: int) -> None:
@@ -1794,7 +1835,9 @@ def _end_run(s: PoolState, job: Job, t: int, reason: str, step: Step) -> None:
     charged = job.charged_milli
     alloc = job.run_alloc_mchip_s = job.run_alloc_mchip_s + charged * (t - job.since)
     job.since = t
-    lost = alloc - job.alloc_at_safe_mchip_s if reason == "preempted" or reason == "failed" else 0
+    # work since the last checkpoint is lost when a run is interrupted (any cause) or fails; not when it succeeds or
+    # is cancelled
+    lost = alloc - job.alloc_at_safe_mchip_s if reason in LOSES_WORK else 0
     name = job.team
     job_id = job.job_id
     amount = alloc - job.run_posted_mchip_s
@@ -1859,11 +1902,13 @@ def _run_row(s: PoolState, job: Job, t: int, ended_at, reason, amount: int, lost
 
 def _apply_job_preempted(s: PoolState, d: dict, t, step, config=DEFAULT_CONFIG):
     job = s.jobs[d["job_id"]]
-    _end_run(s, job, t, "preempted", step)
-    job.preemptions += 1
-    job.preempted_at.append(t)
-    if len(job.preempted_at) > MAX_PREEMPTIONS_KEPT:  # only the last max_preemptions matter
-        del job.preempted_at[0]
+    cause = interruption_cause(d)
+    _end_run(s, job, t, cause, step)  # the run's end_reason is the cause; work since the checkpoint is lost for each
+    if cause == PREEMPTED:  # only a preemption counts (max_preemptions, anti-thrash): DESIGN §4's cause table
+        job.preemptions += 1
+        job.preempted_at.append(t)
+        if len(job.preempted_at) > MAX_PREEMPTIONS_KEPT:  # only the last max_preemptions matter
+            del job.preempted_at[0]
     if d["held"]:  # back in the queue but not eligible yet: no demand and no wait until its job.released
         job.status = HELD
     else:
