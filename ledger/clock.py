@@ -24,7 +24,7 @@ from ledger.books import HOUR_S
 from ledger.chips import _post_free_chips
 from ledger.grants import _burst_off, _burst_on, _grant_off, _grant_on
 from ledger.jobs import _accrue_job, _run_row
-from ledger.state import PoolState
+from ledger.state import ORIGIN_SEP, PoolState
 from ledger.step import DEFAULT_CONFIG, OPEN, FoldConfig, Step, _rows
 from ledger.waits import _post_open_waits, _wait_order, _wait_row
 
@@ -81,6 +81,8 @@ def _forget_ids(state: PoolState, horizon: int) -> None:
             break
         popleft()
         del dedup[eid]
+    if state.legacy_ids and (not order or ORIGIN_SEP in order[0]):  # the ids saved before origins came first: all gone
+        state.legacy_ids = False
 
 
 _BOUNDARY: Final = {"grant_on": _grant_on, "grant_off": _grant_off, "burst_on": _burst_on, "burst_off": _burst_off}

@@ -45,13 +45,13 @@ from ledger.invariants import _check_counters, check_invariants
 from ledger.jobs import (
     JobRunRow, _apply_job_finished, _apply_job_preempted, _apply_job_released, _apply_job_started,
     _apply_job_submitted, _check_job_active, _check_job_held, _check_job_queued, _check_job_running,
-    _check_job_started, _check_job_submitted,
+    _check_job_started, _check_job_submitted, interruption_cause,
 )
 from ledger.progress import (
     ProgressRow, _apply_job_checkpointed, _apply_job_progress, _check_job_checkpointed, _check_job_progress,
 )
 from ledger.rates import split_use
-from ledger.state import PoolState, digest_of, fingerprint
+from ledger.state import ORIGIN_SEP, PoolState, digest_of, fingerprint, origin_of
 from ledger.step import (
     DEFAULT_CONFIG, DEFAULT_DEDUP_WINDOW_S, DEFAULT_MAX_CLOCK_JUMP_S, DEFAULT_MAX_CLOCK_SKEW_S, HELD, OFFSET_S,
     UNIX_ORDINAL, FoldConfig, Step, _new_object, _rows,
@@ -62,7 +62,7 @@ __all__ = [  # what other packages import from ledger.fold (each defined in its 
     "DEFAULT_CONFIG", "DEFAULT_DEDUP_WINDOW_S", "DEFAULT_MAX_CLOCK_JUMP_S", "DEFAULT_MAX_CLOCK_SKEW_S", "HELD",
     "ChipStateRow", "FoldConfig", "FreeChipsRow", "GrantIntervalRow", "JobRunRow", "ProgressRow", "Step", "WaitRow",
     "check_invariants", "close_books", "close_facts", "evolve", "free_chips_values", "policy_rows", "split_use",
-    "_check_counters",
+    "_check_counters", "interruption_cause",
 ]
 
 
@@ -100,6 +100,13 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     step.occurred_s = t
     step.applied_at = None
     etype: str = d["type"]
+    # a producer's clock, bounded by the broker's (or a file's stand-in, chipledger.embedded): an event further
+    # ahead of its append time than the skew allowed is not applied and never moves (or starts) a pool clock
+    if appended_s is not None and t - appended_s > config.max_clock_skew_s:
+        step.rejection = _clock_ahead(t, appended_s, config)
+        if state is not None:
+            _reject(state, step, step.rejection)
+        return state, step
     if state is None:
         if etype != "pool.configured":
             step.rejection = Rejection(RC.unknown_pool, f"pool {event.pool!r} was never configured")
@@ -115,9 +122,16 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
         body = fingerprint(raw if raw is not None else event.model_dump_json().encode())
     else:
         body = raw
+    # ids are deduplicated per (origin, event_id): two replicas of one cluster's adapter never count an event
+    # twice, and another cluster cannot claim an id (DESIGN §3)
     event_id = d["event_id"]
+    if origin is None:
+        origin = origin_of(d["source"])
+    key = origin + ORIGIN_SEP + event_id
     dedup = state.dedup
-    seen = dedup.get(event_id)
+    seen = dedup.get(key)
+    if seen is None and state.legacy_ids:  # a state saved before ids were kept per origin: its ids, as they were
+        seen = dedup.get(event_id)
     if seen is not None:
         if digest_of(seen[0]) == digest_of(body):
             state.duplicates += 1
@@ -296,8 +310,8 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
                 state.hol_sig = sig
     # remember the id (an accepted event's id was not in the window: `seen` is None here); ids that fell out
     # of the window are forgotten when an hour closes, so an id is remembered for at least the window
-    state.dedup_order.append(event_id)
-    dedup[event_id] = (body, t)
+    state.dedup_order.append(key)
+    dedup[key] = (body, t)
     if config.check_invariants:
         check_invariants(state)
     return state, step
@@ -310,6 +324,13 @@ def _reject(state: PoolState, step: Step, rejection: Rejection) -> None:
     rc = state.rejection_counts
     rc[code] = rc.get(code, 0) + 1
     step.rejection = rejection
+
+
+def _clock_ahead(t: int, appended_s: int, config: FoldConfig) -> Rejection:
+    return Rejection(RC.clock_ahead, f"event time {policy._utc(t)} UTC is {t - appended_s} s ahead of its append time "
+                     f"{policy._utc(appended_s)} UTC, more than [ledger] max_clock_skew_s ({config.max_clock_skew_s} "
+                     f"s): the producer's clock is ahead; it is not applied and does not move the pool clock "
+                     f"(docs/events.md, Clocks ahead)")
 
 
 def _too_late(state: PoolState, t: int, config: FoldConfig) -> Rejection:

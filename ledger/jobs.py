@@ -26,7 +26,8 @@ from ledger.chips import _node_change
 from ledger.rates import _use
 from ledger.state import Job, PoolState
 from ledger.step import (
-    DEFAULT_CONFIG, FINISHED, HELD, MAX_PREEMPTIONS_KEPT, MILLI, STARTED, Step, _chips_text, _new_tuple, _rows,
+    DEFAULT_CONFIG, FINISHED, HELD, LOSES_WORK, MAX_PREEMPTIONS_KEPT, MILLI, PREEMPTED, STARTED, Step, _chips_text,
+    _new_tuple, _rows,
 )
 from ledger.waits import _count_wait, _dequeue, _enqueue, _wait_begins, _wait_row
 
@@ -226,13 +227,24 @@ def _apply_job_started(s: PoolState, d: dict, t, step, config=DEFAULT_CONFIG):
         _use(s, team, charge, t)
 
 
+def interruption_cause(d: dict) -> str:
+    """The cause of a job.preempted (its fields): a decision's id on it makes it a preemption whatever it says
+    (the actuator carried out the ledger's decision, by whatever mechanism); absent, preempted."""
+    cause = d["cause"]
+    if cause is None or d["decision_id"] is not None:
+        return PREEMPTED
+    return cause
+
+
 def _apply_job_preempted(s: PoolState, d: dict, t, step, config=DEFAULT_CONFIG):
     job = s.jobs[d["job_id"]]
-    _end_run(s, job, t, "preempted", step)
-    job.preemptions += 1
-    job.preempted_at.append(t)
-    if len(job.preempted_at) > MAX_PREEMPTIONS_KEPT:  # only the last max_preemptions matter
-        del job.preempted_at[0]
+    cause = interruption_cause(d)
+    _end_run(s, job, t, cause, step)  # the run's end_reason is the cause; work since the checkpoint is lost for each
+    if cause == PREEMPTED:  # only a preemption counts (max_preemptions, anti-thrash): DESIGN §4's cause table
+        job.preemptions += 1
+        job.preempted_at.append(t)
+        if len(job.preempted_at) > MAX_PREEMPTIONS_KEPT:  # only the last max_preemptions matter
+            del job.preempted_at[0]
     if d["held"]:  # back in the queue but not eligible yet: no demand and no wait until its job.released
         job.status = HELD
     else:
@@ -261,7 +273,9 @@ def _end_run(s: PoolState, job: Job, t: int, reason: str, step: Step) -> None:
     charged = job.charged_milli
     alloc = job.run_alloc_mchip_s = job.run_alloc_mchip_s + charged * (t - job.since)
     job.since = t
-    lost = alloc - job.alloc_at_safe_mchip_s if reason == "preempted" or reason == "failed" else 0
+    # work since the last checkpoint is lost when a run is interrupted (any cause) or fails; not when it succeeds or
+    # is cancelled
+    lost = alloc - job.alloc_at_safe_mchip_s if reason in LOSES_WORK else 0
     name = job.team
     job_id = job.job_id
     amount = alloc - job.run_posted_mchip_s

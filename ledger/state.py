@@ -57,6 +57,22 @@ def fingerprint(body: Any) -> int:  # any bytes-like value (bytes, bytearray, me
     return crc32(body) << 32 | adler32(body)
 
 
+#: between an origin and an event id in the dedup window's keys: a control character, which neither may hold
+ORIGIN_SEP = "\x1f"
+
+
+def origin_of(source: str) -> str:
+    """The origin that stands in for an event's cluster when the edge gives none (a file): the cluster part of its
+    `source`, the text before the first '/' (DESIGN §3)."""
+    cut = source.find("/")
+    return source if cut < 0 else source[:cut]
+
+
+def dedup_key(origin: str, event_id: str) -> str:
+    """The dedup window's key of an event id from an origin (ids are deduplicated per origin)."""
+    return origin + ORIGIN_SEP + event_id
+
+
 def digest_of(body: Any) -> int:
     """What the dedup window compares: a body's digest, or the digest itself when the window already holds it
     (it keeps an accepted event's raw bytes and digests them only when needed)."""
@@ -241,9 +257,10 @@ class PoolState:
     capacity_milli: int = 0
     unavailable_milli: int = 0
     charged_milli: int = 0  # sum of team use
-    # dedup window: event_id -> (fingerprint, event time); order of arrival for expiry
+    # dedup window: dedup_key(origin, event_id) -> (fingerprint, event time); order of arrival for expiry
     dedup: dict[str, tuple[Any, int]] = field(default_factory=dict)
     dedup_order: deque = field(default_factory=deque)
+    legacy_ids: bool = False  # the window holds ids saved before they were kept per origin (plain event ids, oldest)
     # counters
     applied: int = 0
     duplicates: int = 0
@@ -449,6 +466,7 @@ class PoolState:
         for eid, fp, at in d["dedup"]:
             s.dedup[eid] = (fp, at)
             s.dedup_order.append(eid)
+        s.legacy_ids = bool(s.dedup_order) and ORIGIN_SEP not in s.dedup_order[0]
         s.applied, s.duplicates, s.rejected = d["applied"], d["duplicates"], d["rejected"]
         s.late_events, s.max_lateness_s = d["late_events"], d["max_lateness_s"]
         s.positions = dict(d.get("positions") or {})

@@ -58,6 +58,12 @@ DEFAULT_MAX_CLOCK_SKEW_S = 300  # an event further ahead of its append time is `
 MAX_PREEMPTIONS_KEPT = 16  # a job remembers the instants of its last 16 preemptions (anti-thrash)
 MAX_REFERENCE_REPORTS = 256  # a job's reference rate is the median of at most this many intervals (bounded state)
 
+# how a run was interrupted (job.preempted's cause, DESIGN §4): the run's end_reason in job_runs
+PREEMPTED: Final = "preempted"
+REQUEUED: Final = "requeued"
+FAILURE: Final = "failure"
+LOSES_WORK: Final = frozenset({PREEMPTED, REQUEUED, FAILURE, "failed"})  # "failed": a job.finished outcome
+
 STARTED: Final = "started"
 FINISHED: Final = "finished"
 HELD: Final = "held"  # a job's status between a job.preempted with held and its job.released: neither running nor pending
