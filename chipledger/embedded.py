@@ -33,7 +33,7 @@ from streams.rows import (applied_event_row, close_rows, deadletter_row, event_r
 
 ProgressFn = Callable[[int], None]  # called with bytes read so far
 
-# The cyclic garbage collector during a run (docs/benchmarks.md, issue 22 part 5). The fold makes almost no
+# The cyclic garbage collector during a run (docs/benchmarks-history.md, issue 22 part 5). The fold makes almost no
 # cyclic garbage (30 objects in 300,000 events: what it drops is freed by reference counting), but the run's
 # process allocates many tracked containers that live long (the pools' state, the lake's buffered rows), and the
 # collector's automatic passes over them (a young pass every 700 net allocations, an older one every tenth, a full
