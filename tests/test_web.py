@@ -181,6 +181,8 @@ def test_visibility_team_hides_fleet(env):
     assert [t["team"] for t in c.get("/api/v1/teams", headers=_h(env, "alice")).json()["teams"]] == ["vision"]
     assert c.get("/fleet", headers=_h(env, "alice")).status_code == 404
     assert all(e["team"] in ("vision", None) for e in c.get("/api/v1/queue", headers=_h(env, "alice")).json()["queue"])
+    assert {h["team"] for h in c.get("/api/v1/head-of-line", headers=_h(env, "alice")).json()["head_of_line"]} <= \
+        {"vision"}
     assert c.get("/fleet", headers=_h(env, "root")).status_code == 200
 
 
