@@ -34,12 +34,16 @@ def env(demo_lake_of, tmp_path_factory):
     store_url = f"sqlite:///{root / 'store.db'}"
     res = CliRunner().invoke(cli_app, ["run", "--events", str(events), "--lake", str(lake), "--store", store_url])
     assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(cli_app, ["statements", "--lake", str(lake), "--period", "2026-11-02..2026-11-02",
+                                       "--store", store_url, "--out", str(root / "statements")])
+    assert res.exit_code == 0, res.output
     st = open_store(store_url)
     tokens = {}
     for user, team in (("alice", "vision"), ("eve", "ads-ml"), ("root", None), ("carol", None), ("dave", None)):
         tokens[user] = new_token(st, user, team)
     reader = LakeReader(lake)
-    portal = Portal(cfg=portal_config(), reader=reader, store=st, tokens=TokenCache(st, ttl_s=0))
+    portal = Portal(cfg=portal_config(), reader=reader, store=st, tokens=TokenCache(st, ttl_s=0),
+                    statements_dir=root / "statements")
     client = TestClient(build_app(portal))
     yield {"lake": lake, "events": events, "store": st, "store_url": store_url, "tokens": tokens, "portal": portal,
            "client": client, "root": root}
@@ -62,6 +66,9 @@ def _window():
     return {"window_start": "2026-11-04T08:00:00Z", "window_end": "2026-11-04T12:00:00Z"}
 
 
+STATEMENT = "vision@2026-11-02..2026-11-02"
+
+
 # one request per route of the OpenAPI document: (method, path, body)
 def api_requests(env) -> dict[str, tuple[str, str, dict | None]]:
     job = _vision_job(env)
@@ -77,7 +84,8 @@ def api_requests(env) -> dict[str, tuple[str, str, dict | None]]:
         "/api/v1/slos": ("GET", "/api/v1/slos", None),
         "/api/v1/head-of-line": ("GET", "/api/v1/head-of-line", None),
         "/api/v1/teams/{team}/statements": ("GET", "/api/v1/teams/vision/statements", None),
-        "/api/v1/statements/{statement_id}/{fmt}": ("GET", "/api/v1/statements/vision@2026-11/json", None),
+        "/api/v1/statements/{statement_id}/{fmt}": ("GET", f"/api/v1/statements/{STATEMENT}/json", None),
+        "/api/v1/teams/{team}/jobs": ("GET", "/api/v1/teams/vision/jobs?limit=5", None),
         "/api/v1/teams/{team}/bursts": ("GET", "/api/v1/teams/vision/bursts", None),
         "/api/v1/bursts/dry-run": ("POST", "/api/v1/bursts/dry-run", burst),
         "/api/v1/bursts": ("POST", "/api/v1/bursts", burst),
@@ -89,8 +97,6 @@ def api_requests(env) -> dict[str, tuple[str, str, dict | None]]:
 OK = 200
 FLEET = {"/api/v1/pools", "/api/v1/teams", "/api/v1/slos", "/api/v1/head-of-line", "/api/v1/whoami"}
 EXPECTED_SPECIAL = {
-    # no statement was issued in this lake: 404 for everyone who may ask
-    "/api/v1/statements/{statement_id}/{fmt}": 404,
     # no Kafka in this portal: 503 for everyone who may send
     "/api/v1/bursts": 503,
 }
@@ -280,6 +286,33 @@ def test_hostile_names_are_escaped(env):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
     q = c.get(f"/api/v1/queue?pool={POOL}", headers=_h(env, "root")).json()["queue"]
     assert any(e["team"] == HOSTILE_TEAM for e in q)  # JSON carries the name as it is
+
+
+def test_statements_list_and_download(env):
+    c = env["client"]
+    listed = c.get("/api/v1/teams/vision/statements", headers=_h(env, "alice")).json()["statements"]
+    assert [x["statement_id"] for x in listed] == [STATEMENT]
+    body = c.get(listed[0]["downloads"]["json"], headers=_h(env, "alice"))
+    assert body.status_code == 200 and json.loads(body.content)["team"] == "vision"
+    assert "attachment" in body.headers["content-disposition"]
+    assert c.get(listed[0]["downloads"]["json"], headers=_h(env, "eve")).status_code == 404
+    for bad in ("vision@..%2F..%2Fetc/json", "vision@2026-11-02..2026-11-02/exe", "vision@2026-11-03..2026-11-03/json"):
+        assert c.get(f"/api/v1/statements/{bad}", headers=_h(env, "root")).status_code == 404, bad
+    other = "/api/v1/statements/ads-ml@2026-11-02..2026-11-02/json"  # another team's statement
+    assert c.get(other, headers=_h(env, "alice")).status_code == 404
+    assert c.get(other, headers=_h(env, "eve")).status_code == 200
+    page = c.get("/teams/vision/statements", headers=_h(env, "alice"))
+    assert f"/api/v1/statements/{STATEMENT}/html" in page.text
+
+
+def test_team_jobs_paged(env):
+    c = env["client"]
+    h = _h(env, "alice")
+    first = c.get("/api/v1/teams/vision/jobs?limit=3", headers=h).json()
+    second = c.get(f"/api/v1/teams/vision/jobs?limit=3&cursor={first['next_cursor']}", headers=h).json()
+    ids = [j["job_id"] for j in first["jobs"] + second["jobs"]]
+    assert len(ids) == 6 == len(set(ids)) and all(j["team"] == "vision" for j in first["jobs"])
+    assert first["jobs"][0]["submitted_at"] >= second["jobs"][-1]["submitted_at"]
 
 
 def test_write_rate_limit(env):

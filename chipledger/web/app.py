@@ -50,6 +50,7 @@ class Portal:
     store: Any = None
     producer_factory: Optional[Callable[[], Any]] = None    # None: no Kafka; burst requests are refused
     tokens: TokenCache = None
+    dry_limiter: RateLimiter = None
     csrf: Csrf = field(default_factory=Csrf)
     limiter: RateLimiter = None
     statements_dir: Optional[Path] = None
@@ -62,6 +63,8 @@ class Portal:
             self.tokens = TokenCache(self.store)
         if self.limiter is None:
             self.limiter = RateLimiter(self.cfg.serve.writes_per_minute)
+        if self.dry_limiter is None:  # a dry run writes nothing but costs a few hundred verdicts: 6x the writes
+            self.dry_limiter = RateLimiter(6 * self.cfg.serve.writes_per_minute)
         if self.reader is not None and self.reader.warm is None:
             self.reader.warm = queue_all  # the queue's estimates are computed at each refresh, not per request
 
@@ -171,6 +174,26 @@ class JobOut(BaseModel):
     lost_mchip_s: int
     timeline: list[TimelineEntry]
     why: dict
+
+
+class JobSummary(BaseModel):
+    job_id: str
+    pool: str
+    team: str
+    user: Optional[str]
+    chips: float
+    priority: int
+    submitted_at: datetime
+    first_started_at: Optional[datetime]
+    finished_at: Optional[datetime]
+    outcome: Optional[str]
+    preemptions: int
+    allocated_mchip_s: int
+    lost_mchip_s: int
+
+
+class JobsOut(Page):
+    jobs: list[JobSummary]
 
 
 class DecisionOut(BaseModel):
@@ -452,6 +475,24 @@ def build_app(portal: Portal) -> FastAPI:
             raise HTTPException(404, "no such job")
         return out
 
+    @api.get("/teams/{team}/jobs", response_model=JobsOut, tags=["jobs"])
+    def team_jobs(team: str, pool: Optional[str] = None, limit: int = Query(100, ge=1, le=1000),
+                  cursor: Optional[str] = None, p: Principal = Depends(who)):
+        """The team's jobs, latest submission first, paged."""
+        team_or_404(p, team)
+        s = snap()
+        key = _cursor_decode(cursor)
+        rows = s.rows(
+            "SELECT job_id, pool, team, \"user\", chips, priority, submitted_at, first_started_at, finished_at, outcome, "
+            "preemptions, allocated_mchip_s, lost_mchip_s FROM jobs WHERE team = $team AND ($pool IS NULL OR pool = $pool) "
+            "AND ($k_at IS NULL OR (submitted_at, job_id) < ($k_at::TIMESTAMPTZ, $k_id)) "
+            "ORDER BY submitted_at DESC, job_id DESC LIMIT $n",
+            {"team": team, "pool": pool, "k_at": key[0] if key else None, "k_id": key[1] if key else None,
+             "n": limit + 1})
+        nxt = (_cursor_encode([_iso(rows[limit - 1]["submitted_at"]), rows[limit - 1]["job_id"]])
+               if len(rows) > limit else None)
+        return JobsOut(jobs=[JobSummary(**r) for r in rows[:limit]], next_cursor=nxt, snapshot=s.version)
+
     @api.get("/decisions", response_model=DecisionsOut, tags=["decisions"])
     def decisions(pool: Optional[str] = None, team: Optional[str] = None, limit: int = Query(100, ge=1, le=1000),
                   cursor: Optional[str] = None, p: Principal = Depends(who)):
@@ -517,7 +558,7 @@ def build_app(portal: Portal) -> FastAPI:
     @api.post("/bursts/dry-run", response_model=DryRunOut, tags=["bursts"])
     def burst_dry_run(req: BurstIn, p: Principal = Depends(who)):
         _burst_allowed(p, req)
-        out = _dry_run(portal, req)
+        out = _dry_run(portal, req, p.user)
         return DryRunOut(**out)
 
     @api.post("/bursts", response_model=SubmittedOut, status_code=202, tags=["bursts"])
@@ -605,7 +646,10 @@ def build_app(portal: Portal) -> FastAPI:
             {r["pool"]: r for r in s.rows("SELECT * FROM portal_pools")}))
         slo_rows = _slos(s, None)
         q = _queue(portal, s, p, None, team)
-        return render(request, "home.html", p, team=team, balances=bal, pools=pools,
+        recent = s.memo(("recent", team), lambda: s.rows(
+            "SELECT job_id, pool, chips, submitted_at, first_started_at, finished_at, outcome, preemptions FROM jobs "
+            "WHERE team = ? ORDER BY submitted_at DESC, job_id DESC LIMIT 15", [team]))
+        return render(request, "home.html", p, team=team, balances=bal, pools=pools, recent=recent,
                       slos=slo_rows, queue_len=len(q), fair_share=_fair_share_sentence)
 
     @app.get("/teams/{team}/queue", include_in_schema=False, response_class=HTMLResponse)
@@ -671,7 +715,7 @@ def build_app(portal: Portal) -> FastAPI:
             if action == "submit":
                 ctx["sent"] = _submit(portal, p, req)
             else:
-                ctx["dry"] = _dry_run(portal, req)
+                ctx["dry"] = _dry_run(portal, req, p.user)
         except HTTPException as e:
             ctx["error"] = e.detail
         except ValueError as e:
@@ -954,7 +998,9 @@ def portal_sent(portal: Portal, team: str) -> list[dict]:
     return [x for x in portal.sent if x["team"] == team]
 
 
-def _dry_run(portal: Portal, req: BurstIn) -> dict:
+def _dry_run(portal: Portal, req: BurstIn, user: str) -> dict:
+    if not portal.dry_limiter.allow(user):
+        raise HTTPException(429, "too many dry runs: try again in a minute")
     out = burst_mod.dry_run(portal.reader.snapshot, req.pool, req.team, req.chips, req.window_start, req.window_end,
                             portal.cfg.slo.availability)
     if out is None:
