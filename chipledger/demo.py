@@ -158,7 +158,9 @@ def _first_week_statements(out: Path, con, console: Console) -> list:
     weeks = closed_periods("week", first, min(closed.values())) if first is not None and closed else []
     if not weeks:
         return []
-    issued = issue(out / "lake", weeks[0], out / "statements", formats=("md", "html", "json"))
+    # recorded in the demo's store, so the portal's statements archive lists them (docs/portal.md)
+    store = open_store(f"sqlite:///{(out / 'chipledger.db').resolve()}")
+    issued = issue(out / "lake", weeks[0], out / "statements", formats=("md", "html", "json"), store=store)
     console.print(f"quota statements for {weeks[0].label}: {len(issued)} teams → {out / 'statements' / weeks[0].label}"
                   f" (chipledger statements --lake {out / 'lake'} --period …)")
     return issued
