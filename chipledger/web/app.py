@@ -428,13 +428,13 @@ def build_app(portal: Portal) -> FastAPI:
     @api.get("/pools", response_model=PoolsOut, tags=["fleet"])
     def pools(p: Principal = Depends(who)):
         s = snap()
-        return PoolsOut(snapshot=s.version, pools=[_pool_out(r) for r in s.rows(
+        return PoolsOut(snapshot=s.version, pools=[_pool_out(r) for r in s.cached_rows(
             "SELECT * FROM portal_pools ORDER BY pool")])
 
     @api.get("/teams", response_model=TeamsOut, tags=["teams"])
     def teams(p: Principal = Depends(who)):
         s = snap()
-        rows = s.rows("SELECT team, list(DISTINCT pool ORDER BY pool) AS pools FROM portal_balances_now "
+        rows = s.cached_rows("SELECT team, list(DISTINCT pool ORDER BY pool) AS pools FROM portal_balances_now "
                       "GROUP BY team ORDER BY team")
         seen = {r["team"]: r["pools"] for r in rows}
         names = list(seen) if p.sees_fleet else sorted(p.teams)
@@ -448,7 +448,7 @@ def build_app(portal: Portal) -> FastAPI:
         team_or_404(p, team)
         s = snap()
         if since is None and until is None:
-            rows = s.rows("SELECT * FROM portal_balances_now WHERE team = ? AND (? IS NULL OR pool = ?) ORDER BY pool",
+            rows = s.cached_rows("SELECT * FROM portal_balances_now WHERE team = ? AND (? IS NULL OR pool = ?) ORDER BY pool",
                           [team, pool, pool])
             return BalancesOut(balances=[BalanceOut(**r) for r in rows], snapshot=s.version)
         key = _cursor_decode(cursor)
@@ -482,7 +482,7 @@ def build_app(portal: Portal) -> FastAPI:
         team_or_404(p, team)
         s = snap()
         key = _cursor_decode(cursor)
-        rows = s.rows(
+        rows = s.cached_rows(
             "SELECT job_id, pool, team, \"user\", chips, priority, submitted_at, first_started_at, finished_at, outcome, "
             "preemptions, allocated_mchip_s, lost_mchip_s FROM jobs WHERE team = $team AND ($pool IS NULL OR pool = $pool) "
             "AND ($k_at IS NULL OR (submitted_at, job_id) < ($k_at::TIMESTAMPTZ, $k_id)) "
@@ -504,7 +504,7 @@ def build_app(portal: Portal) -> FastAPI:
         s = snap()
         key = _cursor_decode(cursor)
         teams_filter = None if (team is None and p.is_staff) else ([team] if team else sorted(p.teams))
-        rows = s.rows(
+        rows = s.cached_rows(
             'SELECT decision_id, type, pool, "at", rule, team, message, verdict, request_id FROM portal_decisions '
             'WHERE ($pool IS NULL OR pool = $pool) AND ($teams IS NULL OR list_contains($teams, team) '
             "OR decision_id IN (SELECT decision_id FROM decision_victims WHERE list_contains($teams, team))) "
@@ -524,7 +524,7 @@ def build_app(portal: Portal) -> FastAPI:
     @api.get("/head-of-line", response_model=HolsOut, tags=["queue"])
     def head_of_line(pool: Optional[str] = None, p: Principal = Depends(who)):
         s = snap()
-        rows = s.rows("SELECT * FROM portal_hol WHERE ($1 IS NULL OR pool = $1) ORDER BY pool, team", [pool])
+        rows = s.cached_rows("SELECT * FROM portal_hol WHERE ($1 IS NULL OR pool = $1) ORDER BY pool, team", [pool])
         out = []
         for r in rows:
             mine = p.can_read_team(r["team"])
@@ -660,7 +660,7 @@ def build_app(portal: Portal) -> FastAPI:
         team_or_404(p, team)
         s = snap()
         return render(request, "queue.html", p, team=team, queue=_queue(portal, s, p, None, team),
-                      hol=[r for r in s.rows("SELECT * FROM portal_hol WHERE team = ?", [team])],
+                      hol=[r for r in s.cached_rows("SELECT * FROM portal_hol WHERE team = ?", [team])],
                       accuracy=portal.accuracy)
 
     @app.get("/jobs/{job_id}", include_in_schema=False, response_class=HTMLResponse)
@@ -689,7 +689,7 @@ def build_app(portal: Portal) -> FastAPI:
         team_or_404(p, team)
         s = snap()
         return render(request, "bursts.html", p, team=team, bursts=_bursts(portal, s, team),
-                      pools=[r["pool"] for r in s.rows("SELECT pool FROM portal_pools ORDER BY pool")],
+                      pools=[r["pool"] for r in s.cached_rows("SELECT pool FROM portal_pools ORDER BY pool")],
                       kafka=portal.producer_factory is not None, dry=None, form=None, error=None, sent=None)
 
     @app.post("/teams/{team}/bursts", include_in_schema=False, response_class=HTMLResponse)
@@ -706,7 +706,7 @@ def build_app(portal: Portal) -> FastAPI:
         s = snap()
         form = {"pool": pool, "chips": chips, "window_start": window_start, "window_end": window_end,
                 "reason": reason}
-        ctx = dict(team=team, pools=[r["pool"] for r in s.rows("SELECT pool FROM portal_pools ORDER BY pool")],
+        ctx = dict(team=team, pools=[r["pool"] for r in s.cached_rows("SELECT pool FROM portal_pools ORDER BY pool")],
                    kafka=portal.producer_factory is not None, form=form, dry=None, error=None, sent=None)
         try:
             req = BurstIn(pool=pool, team=team, chips=chips, window_start=_parse_when(window_start),
@@ -732,9 +732,9 @@ def build_app(portal: Portal) -> FastAPI:
             return render(request, "error.html", p, 404, message="the fleet page is for admins and SREs here")
         s = snap()
         return render(request, "fleet.html", p,
-                      pools=s.rows("SELECT * FROM portal_pools ORDER BY pool"),
-                      balances=s.rows("SELECT * FROM portal_balances_now ORDER BY pool, team"),
-                      slos=_slos(s, None), hol=s.rows("SELECT * FROM portal_hol ORDER BY blocked_mchip_s DESC LIMIT 10"),
+                      pools=s.cached_rows("SELECT * FROM portal_pools ORDER BY pool"),
+                      balances=s.cached_rows("SELECT * FROM portal_balances_now ORDER BY pool, team"),
+                      slos=_slos(s, None), hol=s.cached_rows("SELECT * FROM portal_hol ORDER BY blocked_mchip_s DESC LIMIT 10"),
                       queue=_queue(portal, s, p, None, None)[:50])
 
     @app.exception_handler(HTTPException)
@@ -972,11 +972,11 @@ def _statement_path(portal: Portal, p: Principal, statement_id: str, fmt: str) -
 
 
 def _bursts(portal: Portal, s: Snapshot, team: str) -> list[BurstOut]:
-    decided = {r["request_id"]: r for r in s.rows(
+    decided = {r["request_id"]: r for r in s.cached_rows(
         "SELECT request_id, verdict, message, body FROM portal_decisions WHERE type = 'decision.burst' AND team = ?",
         [team])}
     out = []
-    for r in s.rows("SELECT * FROM portal_bursts WHERE team = ? ORDER BY requested_at DESC", [team]):
+    for r in s.cached_rows("SELECT * FROM portal_bursts WHERE team = ? ORDER BY requested_at DESC", [team]):
         d = decided.get(r["request_id"])
         granted = json.loads(d["body"]).get("chips_granted") if d else None
         out.append(BurstOut(request_id=r["request_id"], pool=r["pool"], team=r["team"], chips=r["chips_milli"] / 1000,

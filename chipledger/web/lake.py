@@ -166,6 +166,14 @@ class Snapshot:
             self._memo[key] = value
         return value
 
+    def cached_rows(self, sql: str, params=None) -> list[dict]:
+        """`rows`, kept with the snapshot (for the small, principal-independent reads of the routes)."""
+        if isinstance(params, dict):
+            key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items()))
+        else:
+            key = tuple(params or ())
+        return self.memo(("sql", sql, key), lambda: self.rows(sql, params))
+
     def cursor(self) -> duckdb.DuckDBPyConnection:
         return self.con.cursor()
 
