@@ -29,6 +29,7 @@ from chipledger.cli import app  # noqa: E402
 def main() -> int:
     import uvicorn
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     from chipledger.web.app import Portal, build_app
     from chipledger.web.auth import new_token
@@ -103,6 +104,7 @@ def main() -> int:
             d.get(base + "/login")
             d.find_element(By.ID, "token").send_keys(token)
             d.find_element(By.ID, "signin").click()
+            WebDriverWait(d, 15).until(lambda drv: not drv.current_url.endswith("/login"))
             shot(f"/teams/{args.team}", "portal-home.png")
             shot(f"/teams/{args.team}/queue", "portal-queue.png")
             shot(f"/jobs/{top['job_id']}", "portal-job.png")

@@ -62,6 +62,7 @@ def _sql(lake, query):
 
 def test_member_signs_in_and_reads_home_queue_job(browser, server):
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     d = browser.driver
     d.delete_all_cookies()
@@ -69,6 +70,7 @@ def test_member_signs_in_and_reads_home_queue_job(browser, server):
     assert d.current_url.endswith("/login")
     d.find_element(By.ID, "token").send_keys(server["token"])
     d.find_element(By.ID, "signin").click()
+    WebDriverWait(d, 15).until(lambda drv: not drv.current_url.endswith("/login"))
     assert d.current_url.endswith("/teams/vision")
     assert d.find_element(By.ID, "team").text == "vision"
     assert "alice" in d.find_element(By.ID, "whoami").text
@@ -108,4 +110,5 @@ def test_member_signs_in_and_reads_home_queue_job(browser, server):
     d.find_element(By.ID, "window_start").send_keys("2026-11-04T08:00")
     d.find_element(By.ID, "window_end").send_keys("2026-11-04T12:00")
     d.find_element(By.ID, "dry-run").click()
-    assert d.find_element(By.ID, "verdict").text in ("approved", "partial", "denied")
+    verdict = WebDriverWait(d, 30).until(lambda drv: drv.find_elements(By.ID, "verdict"))[0]
+    assert verdict.text in ("approved", "partial", "denied")

@@ -33,7 +33,7 @@ def bootstrap(tmp_path_factory):
         yield kafka["bootstrap"]
 
 
-def test_burst_request_from_the_portal_is_decided(bootstrap, tmp_path):
+def test_burst_request_from_the_portal_is_decided(bootstrap, tmp_path, browser):
     from chipledger.web.app import Portal, build_app
     from chipledger.web.auth import TokenCache, new_token
     from chipledger.web.lake import LakeReader
@@ -78,6 +78,63 @@ def test_burst_request_from_the_portal_is_decided(bootstrap, tmp_path):
         got = [b for b in mine if b["request_id"] == rid]
         assert len(got) == 1 and got[0]["status"] in ("approved", "partial", "denied"), got
         assert got[0]["requested_by"] == "alice" and rid in got[0]["message"]
+
+        # the same in a browser: the form, pending, then the decision
+        _browser_request(browser, portal, token, team, now, sink, worker, reader)
     finally:
         worker.stop()
         sink.close()
+
+
+def _browser_request(browser, portal, token, team, now, sink, worker, reader):
+    import re
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from chipledger.web.app import build_app
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(build_app(portal), host="127.0.0.1", port=port, log_level="warning"))
+    threading.Thread(target=srv.run, daemon=True).start()
+    while not srv.started:
+        time.sleep(0.05)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        d = browser.driver
+        d.delete_all_cookies()
+        d.get(base + "/login")
+        d.find_element(By.ID, "token").send_keys(token)
+        d.find_element(By.ID, "signin").click()
+        WebDriverWait(d, 15).until(lambda drv: not drv.current_url.endswith("/login"))  # signed in (the cookie set)
+        d.get(base + f"/teams/{team}/bursts")
+        assert not d.find_elements(By.ID, "nokafka")  # this portal has Kafka: the form can send
+        d.find_element(By.ID, "chips").clear()
+        d.find_element(By.ID, "chips").send_keys("2")
+        d.find_element(By.ID, "window_start").send_keys(f"{now + timedelta(hours=3):%Y-%m-%dT%H:%M}")
+        d.find_element(By.ID, "window_end").send_keys(f"{now + timedelta(hours=5):%Y-%m-%dT%H:%M}")
+        d.find_element(By.ID, "reason").send_keys("from the browser")
+        d.find_element(By.ID, "submit").click()
+        sent = WebDriverWait(d, 30).until(lambda drv: drv.find_elements(By.ID, "sent"))[0].text
+        rid = re.search(r"Sent as (\S+):", sent).group(1)
+
+        def status():
+            d.get(base + f"/teams/{team}/bursts")
+            for tr in d.find_elements(By.CSS_SELECTOR, "#bursts tbody tr"):
+                if tr.find_element(By.CSS_SELECTOR, "td").text == rid:
+                    return tr.find_element(By.CSS_SELECTOR, "td.status").text
+            return None
+
+        assert status() == "pending"
+        before = sink.stats.rows.get("decisions", 0)
+        pump(sink, lambda: sink.stats.rows.get("decisions", 0) > before, 120, worker)
+        reader.refresh()
+        assert status() in ("approved", "partial", "denied")
+    finally:
+        srv.should_exit = True
