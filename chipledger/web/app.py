@@ -13,7 +13,6 @@ import base64
 import json
 import re
 import secrets
-import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -21,14 +20,14 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from fastapi import APIRouter, Depends, FastAPI, Form, HTTPException, Query, Request
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, Field
 
 from chipledger.config import Config
 from chipledger.web import burst as burst_mod
 from chipledger.web.auth import Csrf, Principal, RateLimiter, TokenCache, principal_for
-from chipledger.web.estimate import Running, Waiting, estimate_start, median
+from chipledger.web.estimate import Running, Waiting, estimate_start
 from chipledger.web.lake import LakeReader, Snapshot
 
 HERE = Path(__file__).parent

@@ -71,9 +71,3 @@ def estimate_start(now_s: int, free_milli: int, running: list[Running], ahead: l
              + "; quota limits and later higher-priority jobs may delay it")
     return Estimate(t, basis)
 
-
-def median(values: list[int]) -> Optional[int]:
-    if not values:
-        return None
-    v = sorted(values)
-    return v[len(v) // 2]
