@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from chipledger.cli._common import (BootstrapOpt, ConfigOpt, KafkaCaFileOpt, KafkaPasswordFileOpt, KafkaUserOpt,
+from chipledger.cli._common import (ConfigOpt, KafkaCaFileOpt, KafkaPasswordFileOpt, KafkaUserOpt,
                                     _config, _fail, _kafka, _lake_dir, app, console, err)
 
 serve_app = typer.Typer(rich_markup_mode=None, invoke_without_command=True,
@@ -36,7 +36,9 @@ def serve(
     ctx: typer.Context,
     lake: Optional[Path] = typer.Option(None, "--lake", help="the lake (default [lake] path)"),
     store: Optional[str] = StoreOpt,
-    bootstrap: Optional[str] = BootstrapOpt,
+    bootstrap: Optional[str] = typer.Option(None, "--bootstrap", metavar="HOST:PORT",
+                                            help="Kafka, to send burst requests (default: none, the burst form says "
+                                                 "so; [serve] kafka = true uses [kafka] bootstrap)"),
     host: Optional[str] = typer.Option(None, "--host", help="address to listen on (default [serve] host, "
                                                              "127.0.0.1)"),
     port: Optional[int] = typer.Option(None, "--port", help="port (default [serve] port, 8470)"),
