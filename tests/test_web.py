@@ -20,7 +20,7 @@ from chipledger.web.auth import TokenCache, new_token
 from chipledger.web.estimate import Running, Waiting, estimate_start
 from chipledger.web.lake import LakeReader
 from store.repo import open_store
-from tests.web_support import HOSTILE_TEAM, make_events, portal_config
+from tests.web_support import HOSTILE_TEAM, PATH_TEAM, make_events, portal_config
 
 POOL = "us-west4-a/tpu-v5e"
 
@@ -131,8 +131,8 @@ def test_openapi_document_validates_and_every_route_is_exercised(env):
             inner = getattr(r, "original_router", None) or (r if hasattr(r, "routes") and r is not routes else None)
             if inner is not None and hasattr(inner, "routes"):
                 yield from paths(inner.routes)
-            elif getattr(r, "path", None):
-                yield r.path
+            elif getattr(r, "path_format", None):
+                yield r.path_format
 
     app_routes = {p for p in paths(env["client"].app.routes) if p.startswith("/api/v1/")}
     assert app_routes - {"/api/v1/openapi.json"} == documented
@@ -313,6 +313,22 @@ def test_team_jobs_paged(env):
     ids = [j["job_id"] for j in first["jobs"] + second["jobs"]]
     assert len(ids) == 6 == len(set(ids)) and all(j["team"] == "vision" for j in first["jobs"])
     assert first["jobs"][0]["submitted_at"] >= second["jobs"][-1]["submitted_at"]
+
+
+def test_team_names_that_are_paths(env):
+    st = env["store"]
+    _, token = new_token(st, "olga", PATH_TEAM)
+    h = {"Authorization": f"Bearer {token}"}
+    c = env["client"]
+    home = c.get("/", headers=h, follow_redirects=True)
+    assert home.status_code == 200 and f'id="team">{PATH_TEAM}<' in home.text
+    assert c.get(f"/teams/{PATH_TEAM}/queue", headers=h).status_code == 200
+    assert c.get(f"/teams/{PATH_TEAM}/bursts", headers=h).status_code == 200
+    assert [b["team"] for b in c.get(f"/api/v1/teams/{PATH_TEAM}/balances", headers=h).json()["balances"]] == \
+        [PATH_TEAM]
+    assert [j["job_id"] for j in c.get(f"/api/v1/teams/{PATH_TEAM}/jobs", headers=h).json()["jobs"]] == ["job-org-ml-1"]
+    assert c.get(f"/api/v1/teams/{PATH_TEAM}/balances", headers=_h(env, "alice")).status_code == 404
+    assert c.get("/teams/org", headers=h).status_code == 404  # a prefix of the name is another team
 
 
 def test_write_rate_limit(env):

@@ -10,6 +10,7 @@ from pathlib import Path
 from chipledger.config import Config, ServeConfig
 
 HOSTILE_TEAM = 'evil"><script>alert(1)</script>'
+PATH_TEAM = "org/ml"  # team names may be paths
 EVENTS_KEPT = 4000
 
 
@@ -24,6 +25,11 @@ def make_events(demo_events: Path, out: Path) -> Path:
         {"event_id": "hostile-job", "type": "job.submitted", "occurred_at": last["occurred_at"], "pool": pool,
          "source": "cluster-c/kueue", "job_id": "job-<b>hostile</b>", "team": HOSTILE_TEAM, "chips": 1000,
          "expected_runtime_s": 3600},
+        {"event_id": "path-grant", "type": "quota.granted", "occurred_at": last["occurred_at"], "pool": pool,
+         "source": "fleet-admin/quota-api", "grant_id": "path-grant", "team": PATH_TEAM, "chips": 1,
+         "effective_from": last["occurred_at"]},
+        {"event_id": "path-job", "type": "job.submitted", "occurred_at": last["occurred_at"], "pool": pool,
+         "source": "cluster-c/kueue", "job_id": "job-org-ml-1", "team": PATH_TEAM, "chips": 1000},
     ]
     out.write_text("\n".join(lines + [json.dumps(e) for e in extra]) + "\n")
     return out

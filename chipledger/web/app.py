@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Optional
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, FastAPI, Form, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
@@ -439,7 +440,7 @@ def build_app(portal: Portal) -> FastAPI:
         names = list(seen) if p.sees_fleet else sorted(p.teams)
         return TeamsOut(teams=[TeamOut(team=t, pools=seen.get(t, [])) for t in names])
 
-    @api.get("/teams/{team}/balances", response_model=BalancesOut, tags=["teams"])
+    @api.get("/teams/{team:path}/balances", response_model=BalancesOut, tags=["teams"])
     def balances(team: str, pool: Optional[str] = None,
                  since: Optional[datetime] = Query(None, description="history from this instant (omit: now)"),
                  until: Optional[datetime] = None, limit: int = Query(500, ge=1, le=5000),
@@ -474,7 +475,7 @@ def build_app(portal: Portal) -> FastAPI:
             raise HTTPException(404, "no such job")
         return out
 
-    @api.get("/teams/{team}/jobs", response_model=JobsOut, tags=["jobs"])
+    @api.get("/teams/{team:path}/jobs", response_model=JobsOut, tags=["jobs"])
     def team_jobs(team: str, pool: Optional[str] = None, limit: int = Query(100, ge=1, le=1000),
                   cursor: Optional[str] = None, p: Principal = Depends(who)):
         """The team's jobs, latest submission first, paged."""
@@ -535,12 +536,12 @@ def build_app(portal: Portal) -> FastAPI:
                               top_blockers=r["top_blockers"] if mine else None))  # other teams' job ids: not theirs
         return HolsOut(head_of_line=out, snapshot=s.version)
 
-    @api.get("/teams/{team}/statements", response_model=StatementsOut, tags=["statements"])
+    @api.get("/teams/{team:path}/statements", response_model=StatementsOut, tags=["statements"])
     def statements(team: str, p: Principal = Depends(who)):
         team_or_404(p, team)
         return StatementsOut(statements=_statements(portal, team))
 
-    @api.get("/statements/{statement_id}/{fmt}", tags=["statements"],
+    @api.get("/statements/{statement_id:path}/{fmt}", tags=["statements"],
              responses={200: {"content": {"application/octet-stream": {}}}})
     def statement_file(statement_id: str, fmt: str, p: Principal = Depends(who)):
         path = _statement_path(portal, p, statement_id, fmt)
@@ -549,7 +550,7 @@ def build_app(portal: Portal) -> FastAPI:
         return FileResponse(path, media_type=media, filename=path.name,
                             headers={"Content-Disposition": f'attachment; filename="{path.name}"'})
 
-    @api.get("/teams/{team}/bursts", response_model=BurstsOut, tags=["bursts"])
+    @api.get("/teams/{team:path}/bursts", response_model=BurstsOut, tags=["bursts"])
     def bursts(team: str, p: Principal = Depends(who)):
         team_or_404(p, team)
         return BurstsOut(bursts=_bursts(portal, snap(), team), kafka=portal.producer_factory is not None)
@@ -630,10 +631,9 @@ def build_app(portal: Portal) -> FastAPI:
         if p is None:
             return signin_redirect()
         if p.home_team:
-            return RedirectResponse(f"/teams/{p.home_team}", status_code=303)
+            return RedirectResponse(f"/teams/{quote(p.home_team, safe='/')}", status_code=303)
         return RedirectResponse("/fleet", status_code=303)
 
-    @app.get("/teams/{team}", include_in_schema=False, response_class=HTMLResponse)
     def team_home(request: Request, team: str):
         p = page_user(request)
         if p is None:
@@ -651,7 +651,7 @@ def build_app(portal: Portal) -> FastAPI:
         return render(request, "home.html", p, team=team, balances=bal, pools=pools, recent=recent,
                       slos=slo_rows, queue_len=len(q), fair_share=_fair_share_sentence)
 
-    @app.get("/teams/{team}/queue", include_in_schema=False, response_class=HTMLResponse)
+    @app.get("/teams/{team:path}/queue", include_in_schema=False, response_class=HTMLResponse)
     def team_queue(request: Request, team: str):
         p = page_user(request)
         if p is None:
@@ -672,7 +672,7 @@ def build_app(portal: Portal) -> FastAPI:
             return render(request, "error.html", p, 404, message="no such job")
         return render(request, "job.html", p, job=out)
 
-    @app.get("/teams/{team}/statements", include_in_schema=False, response_class=HTMLResponse)
+    @app.get("/teams/{team:path}/statements", include_in_schema=False, response_class=HTMLResponse)
     def statements_page(request: Request, team: str):
         p = page_user(request)
         if p is None:
@@ -680,7 +680,7 @@ def build_app(portal: Portal) -> FastAPI:
         team_or_404(p, team)
         return render(request, "statements.html", p, team=team, statements=_statements(portal, team))
 
-    @app.get("/teams/{team}/bursts", include_in_schema=False, response_class=HTMLResponse)
+    @app.get("/teams/{team:path}/bursts", include_in_schema=False, response_class=HTMLResponse)
     def bursts_page(request: Request, team: str):
         p = page_user(request)
         if p is None:
@@ -691,7 +691,7 @@ def build_app(portal: Portal) -> FastAPI:
                       pools=[r["pool"] for r in s.cached_rows("SELECT pool FROM portal_pools ORDER BY pool")],
                       kafka=portal.producer_factory is not None, dry=None, form=None, error=None, sent=None)
 
-    @app.post("/teams/{team}/bursts", include_in_schema=False, response_class=HTMLResponse)
+    @app.post("/teams/{team:path}/bursts", include_in_schema=False, response_class=HTMLResponse)
     def bursts_post(request: Request, team: str, pool: str = Form(max_length=256), chips: float = Form(),
                     window_start: str = Form(max_length=40), window_end: str = Form(max_length=40),
                     reason: str = Form("", max_length=500), action: str = Form("dry-run", max_length=10),
@@ -721,6 +721,9 @@ def build_app(portal: Portal) -> FastAPI:
             ctx["error"] = str(e).splitlines()[0]
         ctx["bursts"] = _bursts(portal, s, team)
         return render(request, "bursts.html", p, 200 if ctx["error"] is None else 400, **ctx)
+
+    # a team's home last: `{team:path}` (team names may be paths, `org/team`) would take the pages above
+    app.get("/teams/{team:path}", include_in_schema=False, response_class=HTMLResponse)(team_home)
 
     @app.get("/fleet", include_in_schema=False, response_class=HTMLResponse)
     def fleet(request: Request):
@@ -949,7 +952,8 @@ def _statements(portal: Portal, team: str) -> list[StatementOut]:
         fmts = [f for f in r.formats.split(",") if f]
         out.append(StatementOut(statement_id=r.statement_id, team=r.team, period_start=r.period_start,
                                 period_end=r.period_end, issued_at=r.issued_at, formats=fmts,
-                                downloads={f: f"/api/v1/statements/{r.statement_id}/{f}" for f in fmts}))
+                                downloads={f: f"/api/v1/statements/{quote(r.statement_id, safe='/@')}/{f}"
+                                           for f in fmts}))
     return out
 
 
