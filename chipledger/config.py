@@ -156,7 +156,7 @@ class StatementsConfig:
     every: str = "month"                 # the period `chipledger statements --every` issues by default
 
     def __post_init__(self):
-        from chipledger.statements import StatementError, parse_formats
+        from chipledger.reports.statements import StatementError, parse_formats
 
         try:
             parse_formats(self.formats)

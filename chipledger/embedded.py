@@ -33,7 +33,7 @@ from streams.rows import (applied_event_row, close_rows, deadletter_row, event_r
 
 ProgressFn = Callable[[int], None]  # called with bytes read so far
 
-# The cyclic garbage collector during a run (docs/benchmarks.md, issue 22 part 5). The fold makes almost no
+# The cyclic garbage collector during a run (docs/benchmarks-history.md, issue 22 part 5). The fold makes almost no
 # cyclic garbage (30 objects in 300,000 events: what it drops is freed by reference counting), but the run's
 # process allocates many tracked containers that live long (the pools' state, the lake's buffered rows), and the
 # collector's automatic passes over them (a young pass every 700 net allocations, an older one every tenth, a full
@@ -371,7 +371,7 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
              progress: Optional[ProgressFn] = None, store=None,
              max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
              events_process: bool = True) -> tuple[RunSummary, Fleet]:
-    """Fold `events_path` into a fresh lake at `lake`, then save balances to `store` (a ledger.store.Store).
+    """Fold `events_path` into a fresh lake at `lake`, then save balances to `store` (a store.Store).
     `max_event_bytes` is [ledger] max_event_bytes: a longer line is a `too_large` dead letter. With
     `events_process` (and where processes can fork, with more than one core) the `events` table is written by a
     second process beside the fold (_EventsProcess); the lake is the same either way."""

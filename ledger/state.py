@@ -222,7 +222,7 @@ class Job:
 
 @dataclass(slots=True)
 class Progress:
-    """What the fold keeps of a job's progress reports (fact `progress`, ledger.fold): the unit's name, the count
+    """What the fold keeps of a job's progress reports (fact `progress`, ledger.progress): the unit's name, the count
     last reported and the run it was reported in, the start of the open interval (instant, count, the run's
     allocation then), the count at the last checkpoint (a restart continues from it), the reference rate (units
     per chip-second; -1: not known yet) with the healthy stretch gathered for it (rates, seconds), and the chips
@@ -325,7 +325,7 @@ class PoolState:
     queue_changes: int = 0  # jobs joined or left a queue (derived; with run_epoch and other_epoch: when to look again)
     hol_sig: Optional[tuple] = None  # those counters at the last look at head-of-line blocking (derived)
     hol_any: bool = True  # some pending job could start at the last look (derived: after a restore, look)
-    # the head-of-line index (ledger.fold._hol; derived, built at the first look, None until then and after a
+    # the head-of-line index (ledger.hol._hol; derived, built at the first look, None until then and after a
     # restore): pending jobs per (team, chips per node) sorted by (chips, job id), every pending job's queue key
     # sorted, the most chips each group could start with at the last look, the jobs that could start then, the
     # jobs queued since, the decisions in flight then and the first three jobs that could not start then
