@@ -49,6 +49,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from analytics.commits import adopt  # noqa: E402
 from analytics.lake import DUCK_TYPES, EVENT_FIELDS, SCHEMAS  # noqa: E402
 from analytics.sqlite_mirror import materialize, mirror  # noqa: E402
 from analytics.views import MATERIALIZED, connect  # noqa: E402
@@ -277,6 +278,7 @@ def generate(out: Path, events: int, seed: int = 5) -> dict:
         SELECT pool, to_timestamp(hour_s) AS hour, account, team, amount::BIGINT AS amount_mchip_s,
                strftime(to_timestamp(hour_s), '%Y-%m-%d') AS day
         FROM rows) TO '{lake / "journal"}' (FORMAT parquet, PARTITION_BY (day), COMPRESSION zstd)""", [list(POOLS)])
+    adopt(lake)  # the generated files become the lake's books, in one commit (the fact tables empty until folded)
     return {"events": n_events, "jobs": n_jobs, "runs": n_runs, "days": (horizon - T0) / 86400,
             "chips": n_chips * len(POOLS)}
 
@@ -352,6 +354,7 @@ def copy_lake(src: Path, dst: Path, copies: int) -> dict:
                                                (SELECT ?::BIGINT AS copy, ? AS suffix))
                     TO '{out}' (FORMAT parquet, COMPRESSION zstd)""", [files, copy, copy_suffix(copy)]).fetchone()[0]
     con.close()
+    adopt(dst)  # the copies' files become the lake's books, in one commit (as `lake upgrade` adopts a lake)
     return rows
 
 
