@@ -243,6 +243,13 @@ class _EventsProcess:
         return what
 
     def _failure(self) -> str:
+        try:  # the process may have said why before it stopped reading
+            if self._conn.poll(1):
+                status, what = self._conn.recv()
+                if status != "ok":
+                    return f"writing the lake's events table failed: {what}"
+        except (EOFError, OSError):
+            pass
         self._proc.join(timeout=5)
         return f"the process writing the lake's events table stopped (exit code {self._proc.exitcode})"
 
@@ -304,7 +311,7 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
              progress: Optional[ProgressFn] = None, store=None,
              max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
              events_process: bool = True) -> tuple[RunSummary, Fleet]:
-    """Fold `events_path` into a fresh lake at `lake`, then save balances to `store` (a ledger.store.Store).
+    """Fold `events_path` into a fresh lake at `lake`, then save balances to `store` (a store.Store).
     `max_event_bytes` is [ledger] max_event_bytes: a longer line is a `too_large` dead letter. With
     `events_process` (and where processes can fork, with more than one core) the `events` table is written by a
     second process beside the fold (_EventsProcess); the lake is the same either way."""

@@ -1,6 +1,6 @@
 """The compiled core: the fold's modules built with mypyc, used only when built from exactly these sources.
 
-`make` (scripts/build_core.py) compiles `ledger/{books,state,fold,policy,fleet}.py` into native modules under
+`make` (scripts/build_core.py) compiles `ledger/{books,state,fold,policy,fleet,prices}.py` into native modules under
 `<venv>/chipledger-core/` (or `$CHIPLEDGER_CORE_DIR`) with a manifest holding a digest of the sources it was
 built from. `activate` puts that folder first on the `ledger` package's path when the manifest matches the
 sources on disk and this interpreter, so `import ledger.fold` loads the native module; otherwise (not built,
@@ -18,7 +18,7 @@ import sys
 import warnings
 from pathlib import Path
 
-MODULES = ("books", "state", "fold", "policy", "fleet")  # compiled together (they call each other natively)
+MODULES = ("books", "state", "fold", "policy", "fleet", "prices")  # compiled together (they call each other natively)
 SOURCE_DIR = Path(__file__).resolve().parent
 MANIFEST = "manifest.json"
 

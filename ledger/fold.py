@@ -25,7 +25,7 @@ from ledger.books import (
     hour_of,
     set_rate,
 )
-from ledger import policy
+from ledger import policy, prices
 from ledger.state import NO_ROWS, Chip, Grant, Job, PoolState, Progress, Team, digest_of, fingerprint
 
 _new_tuple: Final = tuple.__new__  # a NamedTuple row without its Python-level __new__ (one per run ended)
@@ -41,6 +41,7 @@ _MILLI_OF: dict[str, int] = {}  # a job's chips (a Decimal's text) -> milli-chip
 
 DEFAULT_DEDUP_WINDOW_S = 86_400  # event ids are remembered for a day of event time
 DEFAULT_MAX_CLOCK_JUMP_S = 400 * 86_400  # an event further ahead of its pool's clock is `clock_jump`
+DEFAULT_MAX_CLOCK_SKEW_S = 300  # an event further ahead of its append time is `clock_ahead` ([ledger] max_clock_skew_s)
 MAX_PREEMPTIONS_KEPT = 16  # a job remembers the instants of its last 16 preemptions (anti-thrash)
 MAX_REFERENCE_REPORTS = 256  # a job's reference rate is the median of at most this many intervals (bounded state)
 
@@ -162,7 +163,7 @@ class Step:
     __slots__ = ("occurred_s", "applied_at", "__dict__")
     # the output lists, lake table names
     TABLES = ("journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips", "progress",
-              "chip_states", "grant_intervals")
+              "chip_states", "grant_intervals", "prices", "budgets")
 
     lateness_s = 0
     duplicate = False
@@ -177,6 +178,8 @@ class Step:
     progress: list = NO_ROWS  # fact rows of the throughput SLO (ProgressRow)
     chip_states: list = NO_ROWS
     grant_intervals: list = NO_ROWS
+    prices: list = NO_ROWS   # ledger.prices.PriceRow
+    budgets: list = NO_ROWS  # ledger.prices.BudgetRow
 
     def __init__(self, occurred_s: int = 0, applied_at: Optional[int] = None):
         self.occurred_s = occurred_s
@@ -192,7 +195,7 @@ class Step:
                 f"job_runs={self.job_runs}, decisions={self.decisions}, balances={self.balances}, "
                 f"pending={self.pending}, waits={self.waits}, free_chips={self.free_chips}, "
                 f"progress={self.progress}, chip_states={self.chip_states}, "
-                f"grant_intervals={self.grant_intervals})")
+                f"grant_intervals={self.grant_intervals}, prices={self.prices}, budgets={self.budgets})")
 
     @property
     def applied(self) -> bool:
@@ -213,6 +216,7 @@ def _rows(step: Step, table: str) -> list:
 class FoldConfig:
     dedup_window_s: int = DEFAULT_DEDUP_WINDOW_S
     max_clock_jump_s: int = DEFAULT_MAX_CLOCK_JUMP_S
+    max_clock_skew_s: int = DEFAULT_MAX_CLOCK_SKEW_S  # how far an event may be ahead of its append time (or, in a file, of its pool)
     check_invariants: bool = False  # assert conservation after every event (tests, debug mode)
     # policy (docs/policy.md; [policy] in chipledger.toml)
     decay_half_life_s: int = 7 * 86400   # fair-share usage half-life (Slurm's default)
@@ -246,7 +250,7 @@ class FoldConfig:
         if self.max_preemptions > MAX_PREEMPTIONS_KEPT:
             raise ValueError(f"max_preemptions must be at most {MAX_PREEMPTIONS_KEPT}, got {self.max_preemptions}")
         for name in ("preemption_grace_s", "min_runtime_s", "preemption_window_s", "decision_timeout_s",
-                     "dedup_window_s", "restart_cost_s", "checkpoint_grace_s", "throughput_reference_s"):
+                     "dedup_window_s", "max_clock_skew_s", "restart_cost_s", "checkpoint_grace_s", "throughput_reference_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         if self.victim_order not in ("goodput", "naive"):
@@ -269,11 +273,14 @@ DEFAULT_CONFIG = FoldConfig()
 # evolve
 # ---------------------------------------------------------------------------------------------------------
 
-def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFIG, raw: Any = None):
+def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFIG, raw: Any = None, *,
+           origin: Optional[str] = None, appended_s: Optional[int] = None):
     """Apply one validated event to its pool's state. Returns (state, Step).
 
     `state` is None for a pool never configured; only `pool.configured` may create it. `raw` is the message
-    value as received, when the caller has it: it identifies duplicates.
+    value as received, when the caller has it: it identifies duplicates. From the edge, both optional: `origin`,
+    the cluster the event was accepted from (Kafka: the verified principal's cluster; a file: the cluster part of
+    `source`, which stands in when it is None), and `appended_s`, the broker's append time in epoch seconds.
     """
     # the event's fields, read from its __dict__ here and by the checks and applies of the frequent types: a pydantic
     # model defines __getattr__, so each attribute read goes through CPython's slot_tp_getattr_hook (about 200
@@ -356,7 +363,11 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
         rejection = _check_quota_revoked(state, event)
     elif etype == "job.released":
         rejection = _check_job_held(state, d)
-    else:  # pool.configured, pool.tick, burst.requested: nothing to check
+    elif etype == "job.waiting":
+        rejection = _check_job_queued(state, d)
+    elif etype == "price.set":
+        rejection = prices.check_price_set(state, event)
+    else:  # pool.configured, pool.tick, burst.requested, budget.set: nothing to check
         rejection = None
     if rejection is not None or seen is not None:
         _reject(state, step, rejection or Rejection(RC.duplicate_conflict,
@@ -430,6 +441,14 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
     elif etype == "job.released":
         _apply_job_released(state, d, t, step, config)
         trigger = _JOB
+    elif etype == "job.waiting":  # the scheduler's own reason, kept on the job; nothing for the books or the policy
+        job_w = state.jobs[d["job_id"]]
+        job_w.waiting_reason = d["reason"]
+        job_w.waiting_message = d["message"]
+    elif etype == "price.set":
+        prices.apply_price_set(state, event, t, _rows(step, "prices"))
+    elif etype == "budget.set":
+        prices.apply_budget_set(state, event, t, _rows(step, "budgets"))
     else:
         raise KeyError(etype)
     if capacity:
@@ -1137,6 +1156,16 @@ def _check_job_held(s: PoolState, d: dict):
     return None
 
 
+def _check_job_queued(s: PoolState, d: dict):
+    """job.waiting: the job is in the queue (pending, or held: a scheduler gives its held jobs a reason too)."""
+    j = s.jobs.get(d["job_id"])
+    if j is None:
+        return _unknown_job(s, d)
+    if j.status == "running":
+        return Rejection(RC.illegal_transition, f"job {d['job_id']!r} is running, not waiting (job.waiting)")
+    return None
+
+
 def _check_job_active(s: PoolState, d: dict):
     if d["job_id"] not in s.jobs:
         return _unknown_job(s, d)
@@ -1673,6 +1702,8 @@ def _apply_job_started(s: PoolState, d: dict, t, step, config=DEFAULT_CONFIG):
     job.status = "running"
     job.run_index += 1
     job.run_started_at = job.last_safe_at = job.since = t
+    if job.waiting_reason is not None:  # the wait it explained is over
+        job.waiting_reason = job.waiting_message = None
     if job.first_started_at is None:
         job.first_started_at = t
     job.run_alloc_mchip_s = job.run_posted_mchip_s = job.alloc_at_safe_mchip_s = 0

@@ -156,6 +156,10 @@ class Job:
     # (no cycle: A taken from for B, then B for A). Saved apart from the job's list (PoolState.to_dict
     # "displaced"), so states saved before it still load
     displaced: dict = field(default_factory=dict)
+    # the scheduler's last own reason (and sentence) for its wait (job.waiting), while it is in the queue; cleared
+    # as it starts. Saved apart (PoolState.to_dict "waiting"), like displaced
+    waiting_reason: Optional[str] = None
+    waiting_message: Optional[str] = None
 
     def __init__(self, job_id: str, team: str, chips_milli: int, priority: int, preemptible: bool,
                  chips_per_node: Optional[int], submitted_at: int, status: str = "pending",
@@ -165,7 +169,8 @@ class Job:
                  alloc_at_safe_mchip_s: int = 0, waiting_since: int = 0, preempted_at: Optional[list] = None,
                  wait_nominal_milli: int = 0, wait_used_milli: int = 0, hol_s: int = 0, hol_from: int = -1,
                  hol_ahead: Optional[list] = None, hol_blockers: Optional[dict] = None,
-                 progress: Optional["Progress"] = None, displaced: Optional[dict] = None) -> None:
+                 progress: Optional["Progress"] = None, displaced: Optional[dict] = None,
+                 waiting_reason: Optional[str] = None, waiting_message: Optional[str] = None) -> None:
         self.job_id = job_id
         self.team = team
         self.chips_milli = chips_milli
@@ -195,6 +200,8 @@ class Job:
         self.hol_blockers = {} if hol_blockers is None else hol_blockers
         self.progress = progress
         self.displaced = {} if displaced is None else displaced
+        self.waiting_reason = waiting_reason
+        self.waiting_message = waiting_message
 
 
 @dataclass(slots=True)
@@ -329,6 +336,9 @@ class PoolState:
     # rejection code -> events of this pool the fold rejected (dead letters; those made before a pool is known,
     # or by the stream edge, are counted where they are made)
     rejection_counts: dict = field(default_factory=dict)
+    # --- prices and budgets (ledger.prices): id -> the fields of its last PriceRow / BudgetRow after the id
+    prices: dict = field(default_factory=dict)
+    budgets: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.reset_until()
@@ -353,7 +363,7 @@ class PoolState:
     # --- serialization -------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         self.books.settle_idle(self.clock)
-        return {
+        out = {
             "pool": self.pool, "flavor": self.flavor, "chips_per_node": self.chips_per_node,
             "clock": self.clock, "books": self.books.to_dict(),
             "chips": {k: [c.node, c.state, dict(c.jobs)] for k, c in self.chips.items()},
@@ -379,6 +389,15 @@ class PoolState:
             "fc_posted": None if self.fc_posted is None else list(self.fc_posted),
             "counters": self.counters_dict(),
         }
+        # added later, and only when there is something to keep: a state without them saves as before
+        waiting = {k: [j.waiting_reason, j.waiting_message] for k, j in self.jobs.items() if j.waiting_reason is not None}
+        if waiting:
+            out["waiting"] = waiting
+        if self.prices:
+            out["prices"] = {k: list(v) for k, v in self.prices.items()}
+        if self.budgets:
+            out["budgets"] = {k: list(v) for k, v in self.budgets.items()}
+        return out
 
     def counters_dict(self) -> dict:
         """The monotonic counters, JSON-ready (tuple keys as lists)."""
@@ -412,6 +431,8 @@ class PoolState:
         s.jobs = {k: _job_of(v) for k, v in d["jobs"].items()}
         for k, displaced in (d.get("displaced") or {}).items():  # absent in states saved before it
             s.jobs[k].displaced = dict(displaced)
+        for k, (reason, message) in (d.get("waiting") or {}).items():  # absent in states saved before job.waiting
+            s.jobs[k].waiting_reason, s.jobs[k].waiting_message = reason, message
         for j in s.jobs.values():
             if j.placement is not None:
                 j.placement = dict(j.placement)
@@ -455,6 +476,8 @@ class PoolState:
             s.decision_counts = {(k[0], k[1], k[2]): k[3] for k in c["decisions"]}
             s.victim_counts = {(k[0], k[1]): [k[2], k[3]] for k in c["victims"]}
             s.rejection_counts = dict(c["rejections"])
+        s.prices = {k: list(v) for k, v in (d.get("prices") or {}).items()}
+        s.budgets = {k: list(v) for k, v in (d.get("budgets") or {}).items()}
         s.reindex()
         s.reset_until()
         return s

@@ -364,7 +364,7 @@ def test_max_event_bytes_is_configured_for_chipledger_run(tmp_path):
 def test_the_same_file_twice_adds_nothing(tmp_path):
     """Re-sending a whole file: the last day's events are duplicates, everything older is too_late; the books,
     the job runs and the jobs view are those of one copy (before: 13,089 jobs rows for 6,691 jobs)."""
-    from chipledger.scenario import generate, write_jsonl
+    from chipledger.sim.scenario import generate, write_jsonl
 
     once = tmp_path / "once.jsonl"
     write_jsonl(generate(seed=3, days=3), once)

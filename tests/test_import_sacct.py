@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 from analytics.views import connect
 from chipledger.cli import app
 from chipledger.embedded import run_file
-from chipledger.importers.base import TraceFormatError
-from chipledger.importers.sacct import _array_tasks, _Clock, _gpus, _Skip, _state, import_sacct
+from chipledger.adapters.importers.base import TraceFormatError
+from chipledger.adapters.importers.sacct import _array_tasks, _Clock, _gpus, _Skip, _state, import_sacct
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sacct"
 NEW_YORK = FIXTURES / "two_partitions_new_york.txt"

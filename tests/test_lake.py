@@ -59,7 +59,7 @@ def test_empty_lake_has_every_view(tmp_path):
                     "finished_at", "outcome", "preemptions", "allocated_mchip_s", "lost_mchip_s"]
     assert "error_code" in [d[0] for d in con.execute("SELECT * FROM deadletters").description]
     assert set(SCHEMAS) == {"events", "journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips",
-                            "progress", "chip_states", "grant_intervals", "deadletters"}
+                            "progress", "chip_states", "grant_intervals", "prices", "budgets", "deadletters"}
 
 
 def test_a_file_that_cannot_be_written_fails_the_close_not_silently(tmp_path):

@@ -130,7 +130,9 @@ def _interrupted_run(events: Path, lake: Path, *more: str) -> subprocess.Complet
     terminal's Ctrl-C) once it has written files; its exit code and output."""
     cmd = [sys.executable, "-m", "chipledger.cli", "run", "--events", str(events), "--lake", str(lake), "--store",
            f"sqlite:///{lake.parent / 'store.db'}", *more]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore::RuntimeWarning"}  # a stale compiled core's warning is not ours
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            env=env)
     deadline = time.monotonic() + 120
     while not _staged(lake) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -8,7 +8,7 @@ import sqlite3
 from analytics.views import connect
 from chipledger.embedded import run_file
 from ledger import Fleet
-from ledger.store import open_store
+from store import open_store
 from schemas import parse_payload
 
 POOL = "lab/a100"

@@ -1,5 +1,5 @@
 """`chipledger grafana dashboard`: a Grafana dashboard (JSON model, schemaVersion 39) over the metrics of
-`/metrics` (streams/metrics.py) and the recording rules of `chipledger slo rules` (chipledger/slo_rules.py).
+`/metrics` (streams/metrics.py) and the recording rules of `chipledger slo rules` (chipledger/monitoring/slo_rules.py).
 
 Chips of different flavors are never added up: fleet panels show one series per pool, or sum by flavor (an H100
 and a TPU v5e chip are not the same unit). Variables: the Prometheus data source, the pools and the teams.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from chipledger.slo_rules import ALERT_NAME
+from chipledger.monitoring.slo_rules import ALERT_NAME
 
 POOL = 'pool=~"$pool"'
 TEAM = 'pool=~"$pool", team=~"$team"'

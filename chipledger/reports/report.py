@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from analytics.slo_views import sched_latency_sql
-from chipledger import charts
+from chipledger.reports import charts
 
 DAY_NAMES = charts.DAYS
 

@@ -1,7 +1,7 @@
 """Slurm's records → chipledger events: the one mapping shared by `slurm watch` and `import sacct` (pure).
 
-Inputs are plain records parsed from Slurm's own commands (chipledger/slurm/commands.py parses the JSON of
-`sacct --json` / `sinfo --json` and the parsable text of `sacctmgr`; chipledger/importers/sacct.py parses
+Inputs are plain records parsed from Slurm's own commands (chipledger/adapters/slurm/commands.py parses the JSON of
+`sacct --json` / `sinfo --json` and the parsable text of `sacctmgr`; chipledger/adapters/importers/sacct.py parses
 `sacct --parsable2` dumps into the same `Run`): no I/O and no clock here. Every event id derives from Slurm's
 ids (cluster, job id, the run's Submit, what happened), so mapping the same records again gives the same
 events, and a watcher that restarts sends nothing new (docs/slurm.md has the table).
@@ -31,7 +31,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from chipledger.importers.base import iso
+from chipledger.adapters.importers.base import iso
 
 PREEMPT_MARK = "chipledger-preempt:"  # AdminComment prefix the actuator sets before it requeues a victim
 

@@ -651,7 +651,7 @@ def _jinja_env(markdown: bool = False):
     extension of statement.html.j2 is .j2); the Markdown template writes every value through `_md_text`."""
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader("chipledger", "templates"),
+    env = jinja2.Environment(loader=jinja2.PackageLoader("chipledger.reports", "templates"),
                              autoescape=not markdown, finalize=_md_text if markdown else None,
                              trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined)

@@ -1,6 +1,6 @@
 """A client of Alertmanager's API v2 (`POST /api/v2/alerts`): `chipledger alerts --alertmanager URL` sends the
-burn-rate alerts firing in the lake (chipledger/alerts.py) for users without Prometheus, with the labels and
-annotations the Prometheus rules of `chipledger slo rules` give the same alerts (chipledger/slo_rules.py).
+burn-rate alerts firing in the lake (chipledger/monitoring/alerts.py) for users without Prometheus, with the labels and
+annotations the Prometheus rules of `chipledger slo rules` give the same alerts (chipledger/monitoring/slo_rules.py).
 
 An alert is posted without `endsAt`: Alertmanager keeps it firing for its `resolve_timeout` (5 minutes by
 default) after the last post, so `chipledger alerts --alertmanager` run from cron more often than that keeps a
@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from typing import Iterable
 
-from chipledger.slo_rules import ALERT_NAME, _DESCRIBE
+from chipledger.monitoring.slo_rules import ALERT_NAME, _DESCRIBE
 
 #: what `look_at` tells for a pool-level alert (the lake's burn_alerts are per SLO and pool)
 _LOOK = {
@@ -34,7 +34,7 @@ class AlertmanagerError(RuntimeError):
 
 
 def payload(alerts: Iterable, generator_url: str = "") -> list[dict]:
-    """The API v2 body for chipledger.alerts.Alert values."""
+    """The API v2 body for chipledger.monitoring.alerts.Alert values."""
     out = []
     for a in alerts:
         labels = {"alertname": ALERT_NAME, "severity": a.severity, "slo": a.slo, "pool": a.pool,

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
-from chipledger.slurm import commands
-from chipledger.slurm.mapping import PREEMPT_MARK
+from chipledger.adapters.slurm import commands
+from chipledger.adapters.slurm.mapping import PREEMPT_MARK
 
 STATE_VERSION = 1
 _RUNNING = frozenset(("RUNNING", "CONFIGURING", "SUSPENDED"))

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Optional
 from zoneinfo import ZoneInfo
 
-from chipledger.importers.base import ImportReport, TraceFormatError, TraceWriter, epoch, iso
+from chipledger.adapters.importers.base import ImportReport, TraceFormatError, TraceWriter, epoch, iso
 
 CHIPS_PER_NODE = 8  # Helios nodes have 8 GPUs each (SC '21 §2)
 DAY_S = 86400

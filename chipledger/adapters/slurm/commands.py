@@ -16,7 +16,7 @@ import subprocess
 from datetime import datetime, timezone
 from typing import Optional, Sequence
 
-from chipledger.slurm.mapping import (Assoc, Node, Run, clamp_priority, gpu_limits, gpus_of_tres, gres_gpus,
+from chipledger.adapters.slurm.mapping import (Assoc, Node, Run, clamp_priority, gpu_limits, gpus_of_tres, gres_gpus,
                                       state_word)
 
 TIMEOUT_S = 120
@@ -291,7 +291,7 @@ def reservations_from_text(text: str) -> list[tuple[str, int, Optional[int], str
     """Maintenance periods (node, start, end or None, reservation name) from `sacctmgr -n -P show reservation
     format=name,nodenames,start,end,flags`: the reservations flagged MAINT and not IGNORE_JOBS (those sreport
     counts as PLND Down), one row per node of each."""
-    from chipledger.slurm.mapping import hostnames
+    from chipledger.adapters.slurm.mapping import hostnames
 
     out = []
     for line in text.splitlines():

@@ -4,6 +4,6 @@ Each importer streams its input and writes events through `TraceWriter`, which o
 every event against the wire contract, ends each pool with a `pool.tick`, and counts what was skipped and why.
 """
 
-from chipledger.importers.base import ImportReport, TraceFormatError, TraceWriter, iso
+from chipledger.adapters.importers.base import ImportReport, TraceFormatError, TraceWriter, iso
 
 __all__ = ["ImportReport", "TraceFormatError", "TraceWriter", "iso"]

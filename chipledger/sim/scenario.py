@@ -46,7 +46,7 @@ processes follow the chip count), so a scaled scenario has the same utilisation 
 of everything. Scaling arrivals without capacity would only grow the queues until impatient users cancel.
 
 Public API: :func:`generate`, :func:`write_jsonl`, :func:`iter_jsonl`, :func:`corrupt`, :data:`BAD_KINDS`.
-``python -m chipledger.scenario --help`` writes a scenario to JSONL and reports the generation speed.
+``python -m chipledger.sim.scenario --help`` writes a scenario to JSONL and reports the generation speed.
 """
 
 from __future__ import annotations
@@ -1525,7 +1525,7 @@ def _main(argv=None) -> int:
     import sys
     import time
 
-    ap = argparse.ArgumentParser(prog="python -m chipledger.scenario",
+    ap = argparse.ArgumentParser(prog="python -m chipledger.sim.scenario",
                                  description="Write a seeded fleet scenario as JSONL and report the speed.")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--days", type=float, default=14)

@@ -4,9 +4,9 @@ It holds what is true now (balances per pool and team, grants held, the runs log
 input positions, written in the same transaction as the effects. History stays in the event log and the lake.
 """
 
-from ledger.store.models import (Base, DecisionIndex, GrantRow, PoolBalance, RunLog, StatementRun, TeamBalance,
+from store.models import (Base, DecisionIndex, GrantRow, PoolBalance, RunLog, StatementRun, TeamBalance,
                                  Tracking)
-from ledger.store.repo import Store, open_store
+from store.repo import Store, open_store
 
 __all__ = ["Base", "DecisionIndex", "GrantRow", "PoolBalance", "RunLog", "StatementRun", "TeamBalance", "Tracking",
            "Store", "open_store"]

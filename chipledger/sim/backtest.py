@@ -1,5 +1,5 @@
 """`chipledger backtest`: the demand of a real log replayed through the simulated cluster
-(`chipledger.simcluster`) under one or more configurations, with the ledger core deciding as it would live.
+(`chipledger.sim.simcluster`) under one or more configurations, with the ledger core deciding as it would live.
 
 The demand is what the log says each job asked for: its pool, team, chips, priority, whether it may be
 preempted, when it was submitted, and how long it ran (the sum of its observed runs). Capacity is the chips
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from chipledger.simcluster import BurstRequest, Cluster, SimJob, SimPool
+from chipledger.sim.simcluster import BurstRequest, Cluster, SimJob, SimPool
 from schemas import Rejection, parse_payload
 from schemas.events import epoch_s
 
@@ -291,7 +291,7 @@ def _gap(v) -> str:
 
 def html_report(report: dict) -> str:
     """The report as one self-contained page: tables side by side and charts (every string escaped)."""
-    from chipledger.charts import Figure, html_page, html_table
+    from chipledger.reports.charts import Figure, html_page, html_table
 
     names = list(report["configs"])
     rows = []

@@ -28,7 +28,7 @@ def _log(message: str) -> None:
 
 
 def _cluster(name: Optional[str]) -> str:
-    from chipledger.slurm import commands
+    from chipledger.adapters.slurm import commands
 
     if name:
         return name
@@ -79,8 +79,8 @@ def watch(
     """Poll Slurm (sinfo, sacctmgr, sacct -D) and send inventory, chip states, quotas and jobs as events.
 
     Ids derive from Slurm's own, and --state is the cursor: polling again or restarting sends nothing twice."""
-    from chipledger.slurm.commands import SlurmError
-    from chipledger.slurm.watch import JsonlSink, KafkaSink, Watcher, WatchError, parse_since
+    from chipledger.adapters.slurm.commands import SlurmError
+    from chipledger.adapters.slurm.watch import JsonlSink, KafkaSink, Watcher, WatchError, parse_since
 
     name = _cluster(cluster)
     if emit == "jsonl":
@@ -137,9 +137,9 @@ def actuate(
     config: Optional[Path] = ConfigOpt,
 ):
     """Apply each decision.preempt of this cluster's pools to its victims, once per decision id."""
-    from chipledger.slurm.actuate import (ActuateError, Actuator, decisions_from_jsonl, decisions_from_kafka,
+    from chipledger.adapters.slurm.actuate import (ActuateError, Actuator, decisions_from_jsonl, decisions_from_kafka,
                                           decisions_from_lake)
-    from chipledger.slurm.commands import SlurmError
+    from chipledger.adapters.slurm.commands import SlurmError
 
     if sum(x is not None and x is not False for x in (decisions, lake, kafka or None)) != 1:
         _fail("give exactly one of --decisions FILE, --lake DIR, --kafka", 2)

@@ -24,7 +24,7 @@ Requeues: with `-D/--duplicates` every run of a requeued job is its own record w
 end REQUEUED, PREEMPTED, NODE_FAIL…; a requeue resets Submit). The records of a JobID are chained into one job:
 submitted once (at the first record's Eligible when the column is there, else its Submit), started at each
 run's Start, and every run but the last goes back to the queue, as `slurm watch` books it: the records become
-`Run`s and go through the watcher's own walk, chipledger/slurm/mapping.job_events (one rule, one place): PREEMPTED → `job.preempted`; REQUEUED with the actuator's AdminComment →
+`Run`s and go through the watcher's own walk, chipledger/adapters/slurm/mapping.job_events (one rule, one place): PREEMPTED → `job.preempted`; REQUEUED with the actuator's AdminComment →
 `job.preempted` with its decision id; REQUEUED otherwise (an admin's `scontrol requeue`) → `job.checkpointed`
 then `job.preempted`, so no work is lost; with the Eligible column each of those is held (`held`) until the next
 record's Eligible (`job.released`): Slurm's hold-off after a requeue is not demand. The last record decides the
@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import Iterator, Optional
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from chipledger.importers.base import ImportReport, TraceFormatError, TraceWriter
-from chipledger.slurm.mapping import (KNOWN_STATES, PENDING, Assoc, MapReport, Node, Run, chip_ids, grants_of,
+from chipledger.adapters.importers.base import ImportReport, TraceFormatError, TraceWriter
+from chipledger.adapters.slurm.mapping import (KNOWN_STATES, PENDING, Assoc, MapReport, Node, Run, chip_ids, grants_of,
                                       job_events, pool_name, pools_of)
 
 SOURCE = "slurm/sacct"
@@ -60,7 +60,7 @@ OPTIONAL = ("ReqTRES", "Priority", "Cluster", "Eligible", "AdminComment", "User"
 MAX_ARRAY_EXPAND = 10_000  # pending array tasks listed as one record (`123_[5-10]`) are expanded up to this
 _PRIORITY_MAX = 2**31 - 1
 
-# sacct's short state names; what each state means is in chipledger/slurm/mapping.py, as for `slurm watch`
+# sacct's short state names; what each state means is in chipledger/adapters/slurm/mapping.py, as for `slurm watch`
 _SHORT = {"CD": "COMPLETED", "CA": "CANCELLED", "F": "FAILED", "TO": "TIMEOUT", "NF": "NODE_FAIL",
           "OOM": "OUT_OF_MEMORY", "BF": "BOOT_FAIL", "DL": "DEADLINE", "PR": "PREEMPTED", "RQ": "REQUEUED",
           "R": "RUNNING", "S": "SUSPENDED", "CG": "COMPLETING", "CF": "CONFIGURING", "RS": "RESIZING",
@@ -371,7 +371,7 @@ def _first_pass(path: Path, clock: _Clock, report: ImportReport, cluster: Option
 
 class _Emitter:
     """Hands the records of one job (one, or several runs of a requeued job) to the mapping `slurm watch` uses
-    (chipledger/slurm/mapping.job_events: the one walk over a job's runs) and schedules its events."""
+    (chipledger/adapters/slurm/mapping.job_events: the one walk over a job's runs) and schedules its events."""
 
     def __init__(self, writer: TraceWriter, adjust: Counter, eligible_column: bool = False):
         self.w = writer
@@ -408,7 +408,7 @@ def load_nodes(path: Path) -> list[Node]:
     """Nodes from a dump of `sinfo --json`, or of `scontrol show node -o` (text, one line a node)."""
     import json
 
-    from chipledger.slurm.commands import nodes_from_scontrol_text, nodes_from_sinfo_json
+    from chipledger.adapters.slurm.commands import nodes_from_scontrol_text, nodes_from_sinfo_json
 
     try:
         text = Path(path).read_text()
@@ -434,7 +434,7 @@ def _read(path: Path) -> str:
 
 def load_assocs(path: Path) -> list[Assoc]:
     """Associations from `sacctmgr -P show assoc format=id,account,user,partition,grptres` (header optional)."""
-    from chipledger.slurm.commands import assocs_from_text
+    from chipledger.adapters.slurm.commands import assocs_from_text
 
     try:
         return assocs_from_text(Path(path).read_text())
@@ -491,8 +491,8 @@ def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8
                 writer.emit(inv_at, "quota.granted", pool, grant_id=f"slurm:{cluster}:assoc{assoc_id}:{pool}:v1",
                             team=team, chips=chips)
         if node_events is not None or reservations is not None:
-            from chipledger.slurm.commands import node_events_from_text, reservations_from_text
-            from chipledger.slurm.mapping import node_state_events
+            from chipledger.adapters.slurm.commands import node_events_from_text, reservations_from_text
+            from chipledger.adapters.slurm.mapping import node_state_events
 
             down = node_events_from_text(_read(node_events)) if node_events is not None else []
             maint = reservations_from_text(_read(reservations)) if reservations is not None else []

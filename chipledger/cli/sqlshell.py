@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from analytics.views import duckdb_error_line, refusal_line
-from chipledger.output import FORMATS, render
+from chipledger.cli.output import FORMATS, render
 
 HELP = ("SQL over the lake views; end a statement with ';'. Commands: .tables  .schema NAME  "
         ".format table|csv|json|ndjson  .help  .quit")

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from ledger.books import BORROWED, BURST, ENTITLED, IDLE, IN_QUOTA, OVERCOMMITTED
 from ledger.policy import store_balances
 from ledger.state import PoolState
-from ledger.store.models import (Base, DecisionIndex, GrantRow, PoolBalance, RunLog, StatementRun, TeamBalance,
+from store.models import (Base, DecisionIndex, GrantRow, PoolBalance, RunLog, StatementRun, TeamBalance,
                                  Tracking)
 
 

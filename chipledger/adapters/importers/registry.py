@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chipledger.importers.base import ImportReport
+from chipledger.adapters.importers.base import ImportReport
 
 FORMATS = ("alibaba-openb", "helios", "sacct")
 
@@ -14,13 +14,13 @@ SHARED_TRACE_DIRS = {"alibaba-openb": "alibaba-gpu-v2023-openb", "helios": "heli
 
 def import_trace(fmt: str, src: Path, out: Path, **options) -> ImportReport:
     if fmt == "alibaba-openb":
-        from chipledger.importers.alibaba_openb import import_alibaba_openb
+        from chipledger.adapters.importers.alibaba_openb import import_alibaba_openb
         return import_alibaba_openb(Path(src), Path(out), **options)
     if fmt == "helios":
-        from chipledger.importers.helios import import_helios
+        from chipledger.adapters.importers.helios import import_helios
         return import_helios(Path(src), Path(out), **options)
     if fmt == "sacct":
-        from chipledger.importers.sacct import import_sacct
+        from chipledger.adapters.importers.sacct import import_sacct
         return import_sacct(Path(src), Path(out), **options)
     raise ValueError(f"unknown trace format {fmt!r} (known: {', '.join(FORMATS)})")
 
@@ -30,7 +30,7 @@ def find_shared_trace(fmt: str) -> Path | None:
     sub = SHARED_TRACE_DIRS.get(fmt)
     if sub is None:
         return None
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     for base in (Path.cwd(), repo):
         cand = base.parent / "shared" / "traces" / sub
         if cand.is_dir():

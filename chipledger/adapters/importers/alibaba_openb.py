@@ -26,7 +26,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Iterator, Optional
 
-from chipledger.importers.base import ImportReport, TraceFormatError, TraceWriter, epoch
+from chipledger.adapters.importers.base import ImportReport, TraceFormatError, TraceWriter, epoch
 
 DEFAULT_START = datetime(2023, 1, 1, tzinfo=timezone.utc)
 """Where trace second 0 lands. The release gives only relative seconds; 2023-01-01 is a documented stand-in

@@ -4,7 +4,7 @@ Each poll reads the controller's nodes (`sinfo --json`), the associations' GPU l
 every run of every job active since the start (`sacct -a -D -X --json`), and the nodes' down periods and
 maintenance reservations slurmdbd recorded with their exact start and end (`sacctmgr show event event=node`,
 `sacctmgr show reservation`: what sreport counts as Down and PLND Down), maps them with
-chipledger/slurm/mapping.py, and sends the events not sent before whose instant is at or before the
+chipledger/adapters/slurm/mapping.py, and sends the events not sent before whose instant is at or before the
 *watermark* (now − `settle_s`: accounting records reach slurmdbd a moment after they happen, so an instant is
 only final once it is a little in the past). Events go out in (time, rank) order, followed by one `pool.tick`
 per pool at the watermark so the books close.
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from chipledger.slurm import commands
-from chipledger.slurm.mapping import (ACTIVE, BACK_TO_QUEUE, OUTCOME, RANK_CHIP, RANK_REGISTER, RANK_QUOTA, RANK_TICK, Event, MapReport, PoolSpec, chip_ids,
+from chipledger.adapters.slurm import commands
+from chipledger.adapters.slurm.mapping import (ACTIVE, BACK_TO_QUEUE, OUTCOME, RANK_CHIP, RANK_REGISTER, RANK_QUOTA, RANK_TICK, Event, MapReport, PoolSpec, chip_ids,
                                       grants_of, inventory_events, job_events, node_state_events,
                                       pools_of, runs_by_job,
                                       _ev, _id)
