@@ -376,10 +376,14 @@ def compute_views(con, views, execute, cpu: Optional[dict] = None) -> dict[str, 
     return times
 
 
+#: connect(read_only=...) for the timed passes (--read-only: the tables through Arrow datasets, as `chipledger sql`)
+READ_ONLY = False
+
+
 def duckdb_once(lake: Path, config: Optional[dict] = None) -> tuple:
     """One DuckDB pass: connect(materialize=True), then every report view. Returns the connection and the figures."""
     cpu0 = time.process_time()
-    connect_s, duck = timed(lambda: connect(lake, materialize=True, config=config))
+    connect_s, duck = timed(lambda: connect(lake, materialize=True, config=config, read_only=READ_ONLY))
     cpu_connect = time.process_time() - cpu0
     cpu: dict[str, float] = {}
     times = compute_views(duck, PORTABLE_VIEWS, lambda c, q: c.execute(q), cpu)
@@ -527,7 +531,12 @@ def main() -> None:
     ap.add_argument("--sqlite-max-events", type=int, default=1_000_000,
                     help="run the SQLite baseline on the same rows up to this size; above it, on a lake of this "
                          "size generated the same way (SQLite needs hours for the fragmentation view at 10M); 0: none")
+    ap.add_argument("--read-only", action="store_true",
+                    help="read the committed files through Arrow datasets with DuckDB's file access off, as "
+                         "`chipledger sql` does (analytics.views.connect(read_only=True)), instead of read_parquet")
     args = ap.parse_args()
+    global READ_ONLY
+    READ_ONLY = args.read_only
 
     def lake_of(n: int) -> Path:
         out = args.out / f"{n}"
