@@ -352,13 +352,22 @@ def compact(lake: Path, min_files: int = 2, tables: Iterable[str] = TABLES) -> d
     batch) as one file, in one commit: the new files join and the old ones leave their tables together (retired,
     deleted RETIRE_GRACE_S later). Rows keep their order (files by name: the sink's batches in order). Returns
     {table: files replaced}."""
+    lake = Path(lake)
+    snap = open_lake(lake)
+    with open(lake / "_compact.lock", "a+b") as lock:
+        try:  # one compaction of a lake at a time (commits of other writers go on beside it)
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LakeError(f"lake {lake}: another `lake compact` is running") from None
+        return _compact(lake, snap, min_files, tables)
+
+
+def _compact(lake: Path, snap: LakeSnapshot, min_files: int, tables: Iterable[str]) -> dict[str, int]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from analytics.lake import SCHEMAS
 
-    lake = Path(lake)
-    snap = open_lake(lake)
     groups: dict[tuple[str, str], list[str]] = {}
     for t in tables:
         for f in snap.files.get(t, ()):

@@ -244,3 +244,16 @@ def test_lake_upgrade_folds_a_missing_progress_table(tmp_path):
     assert up.exit_code == 0 and "progress" in up.stderr, up.output
     got = cli("sql", "SELECT count(*) AS n, sum(charged_mchip_s) AS c FROM progress", "--lake", lake, "-f", "json")
     assert got.stdout == want.stdout
+
+
+def test_run_overwrite_replaces_the_books_in_one_commit_and_removes_the_old_files(lake):
+    before = seen(lake)
+    old = set(open_lake(lake).all_files())
+    again = run(HAND, lake, "--overwrite")
+    assert again.exit_code == 0, again.output
+    new = set(open_lake(lake).all_files())
+    assert not old & new and all("-c2-" in Path(f).name for f in new)  # no staged file had a committed file's name
+    assert {str(p) for p in lake.rglob("*.parquet")} == new  # the replaced files are gone
+    assert seen(lake) == before and read_manifest(lake)["commit"] == 2
+    nothing = cli("lake", "compact", "--lake", lake)
+    assert nothing.exit_code == 0 and "nothing to compact" in nothing.stderr
