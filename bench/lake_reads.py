@@ -1,4 +1,4 @@
-"""Ad-hoc SQL as `chipledger sql` runs it, over one lake read three ways (docs/benchmarks.md, "Lake commits"):
+"""Ad-hoc SQL as `chipledger sql` runs it, over one lake read three ways (docs/benchmarks-history.md, "Lake commits"):
 
     .venv/bin/python bench/lake_reads.py LAKE --code /work/main --mode glob   # an earlier checkout: globs per table
     .venv/bin/python bench/lake_reads.py LAKE --mode listed                   # the committed files, read_parquet
