@@ -347,12 +347,26 @@ def missing_tables(lake: Path) -> list[str]:
     return [t for t in TABLES if not isinstance(m["tables"].get(t), list)]
 
 
+def purge_retired(lake: Path) -> int:
+    """Delete the retired files whose grace is over, in a commit of its own when there are any (a lake no writer
+    commits to any more keeps them otherwise). Returns how many."""
+    m = read_manifest(lake)
+    now = int(time.time())
+    due = [r for r in (m or {}).get("retired", []) if isinstance(r, list) and len(r) == 2
+           and now - r[1] >= RETIRE_GRACE_S]
+    if not due:
+        return 0
+    commit(lake, by="retired files deleted")
+    return len(due)
+
+
 def compact(lake: Path, min_files: int = 2, tables: Iterable[str] = TABLES) -> dict[str, int]:
     """Rewrite each day of each table that has at least `min_files` committed files (the sink's small files, one per
     batch) as one file, in one commit: the new files join and the old ones leave their tables together (retired,
     deleted RETIRE_GRACE_S later). Rows keep their order (files by name: the sink's batches in order). Returns
     {table: files replaced}."""
     lake = Path(lake)
+    purge_retired(lake)
     snap = open_lake(lake)
     with open(lake / "_compact.lock", "a+b") as lock:
         try:  # one compaction of a lake at a time (commits of other writers go on beside it)
@@ -394,6 +408,6 @@ def _compact(lake: Path, snap: LakeSnapshot, min_files: int, tables: Iterable[st
     return replaced
 
 
-__all__ = ["compact", "adopt", "missing_tables", "LAYOUT_VERSION", "MANIFEST", "LakeLayoutError", "LakeSnapshot", "open_lake", "read_manifest", "commit",
+__all__ = ["compact", "purge_retired", "adopt", "missing_tables", "LAYOUT_VERSION", "MANIFEST", "LakeLayoutError", "LakeSnapshot", "open_lake", "read_manifest", "commit",
            "publish", "staging_dir", "staged_files", "mark", "lake_layout", "committed_rows_exist",
            "unlisted_parquet", "clear_uncommitted", "CACHE_DIR"]

@@ -125,7 +125,7 @@ def _staged(lake: Path) -> bool:
     return any((lake / "_staging").rglob("*.parquet")) if (lake / "_staging").exists() else False
 
 
-def _interrupted_run(events: Path, lake: Path, *more: str) -> subprocess.CompletedProcess:
+def _interrupted_run(events: Path, lake: Path, *more: str, sig=signal.SIGINT) -> subprocess.CompletedProcess:
     """`chipledger run` in a process of its own, sent SIGINT (to its process group: the events process too, as a
     terminal's Ctrl-C) once it has written files; its exit code and output."""
     cmd = [sys.executable, "-m", "chipledger.cli", "run", "--events", str(events), "--lake", str(lake), "--store",
@@ -137,7 +137,7 @@ def _interrupted_run(events: Path, lake: Path, *more: str) -> subprocess.Complet
     while not _staged(lake) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be interrupted: make the file longer"
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, sig)
     out, err = proc.communicate(timeout=120)
     return subprocess.CompletedProcess(cmd, proc.returncode, out.decode(), err.decode())
 
@@ -257,3 +257,21 @@ def test_run_overwrite_replaces_the_books_in_one_commit_and_removes_the_old_file
     assert seen(lake) == before and read_manifest(lake)["commit"] == 2
     nothing = cli("lake", "compact", "--lake", lake)
     assert nothing.exit_code == 0 and "nothing to compact" in nothing.stderr
+
+
+def test_a_run_killed_with_sigkill_leaves_the_lake_as_it_was_and_the_next_run_clears_its_files(tmp_path, long_file):
+    lake = tmp_path / "lake"
+    assert run(HAND, lake).exit_code == 0
+    before = seen(lake)
+    res = _interrupted_run(long_file, lake, "--overwrite", sig=signal.SIGKILL)
+    assert res.returncode == -signal.SIGKILL
+    assert _staged(lake)  # nothing could remove them
+    assert seen(lake) == before
+    # a fresh lake killed mid-run: running again needs no --overwrite, and the killed run's staged files go
+    fresh = tmp_path / "fresh" / "lake"
+    fresh.parent.mkdir()
+    assert _interrupted_run(long_file, fresh, sig=signal.SIGKILL).returncode == -signal.SIGKILL
+    assert seen(fresh)["events"] == [{"n": 0, "last": None}]
+    again = run(HAND, fresh)
+    assert again.exit_code == 0, again.output
+    assert not _staged(fresh) and seen(fresh)["events"][0]["n"] == 20

@@ -234,3 +234,30 @@ def test_forged_origins_are_dead_lettered_and_move_no_mark(tmp_path):
     # an output record keyed by another pool than it names is refused too
     assert "key" in check_origin(None, POOL, ["chipledger.jobs", part, 1], b"other/pool")
     assert check_origin(None, POOL, ["chipledger.log", 0, 1], POOL.encode()) is None
+
+
+def test_the_sink_refuses_a_lake_written_before_commits_in_one_line(tmp_path):
+    import pytest
+
+    from analytics.commits import LakeLayoutError
+    from analytics.lake import LakeWriter
+
+    w = LakeWriter(tmp_path / "lake", "old")
+    w.add("journal", (POOL, H, "idle", None, 5))
+    w.close()  # a file in a table's folder and no manifest: layout 1
+    with pytest.raises(LakeLayoutError, match=r"layout 1 .*chipledger lake upgrade --lake"):
+        make(tmp_path)
+
+
+def test_retired_files_are_deleted_after_their_grace(tmp_path, monkeypatch):
+    import analytics.commits as commits
+
+    sink = make(tmp_path)
+    for i in range(2):
+        sink.handle([rec(J, i, rows_record(POOL, [journal_item(i, H + 3600 * i, 10 + i)]))])
+    old = set(commits.open_lake(tmp_path / "lake").all_files())
+    commits.compact(tmp_path / "lake")
+    assert all(Path(f).exists() for f in old)  # a reader that opened the lake before still finds them
+    monkeypatch.setattr(commits, "RETIRE_GRACE_S", 0)
+    assert commits.purge_retired(tmp_path / "lake") == len(old)
+    assert not any(Path(f).exists() for f in old) and [r[2] for r in journal(tmp_path)] == [10, 11]
