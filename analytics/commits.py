@@ -34,7 +34,7 @@ from typing import Iterable, Iterator, Mapping, Optional
 
 import orjson
 
-from analytics.lake import CACHE_DIR, TABLES, LakeError
+from analytics.lake import TABLES, LakeError
 
 #: the layout this version writes and reads: 1 = files by folder (before commits), 2 = committed by the manifest
 LAYOUT_VERSION = 2
@@ -194,9 +194,9 @@ def _write_atomically(path: Path, data: bytes) -> None:
         pass
 
 
-def commit(lake: Path, *, add: Optional[Mapping[str, Iterable[str]]] = None,
-           replace: Optional[Iterable[str]] = None, remove: Iterable[str] = (), marks: Optional[Mapping[str, int]] = None,
-           by: str, adopt: bool = False, grace_s: int = RETIRE_GRACE_S) -> int:
+def commit(lake: Path, *, add: Optional[Mapping[str, Iterable[str]]] = None, replace: Optional[Iterable[str]] = None,
+           remove: Iterable[str] = (), marks: Optional[Mapping[str, int]] = None, by: str, adopt: bool = False,
+           grace_s: int = RETIRE_GRACE_S) -> int:
     """One commit: the tables in `replace` hold exactly their files of `add` (the others replaced are retired); the
     other tables of `add` gain those files; the files of `remove` (relative paths) leave their tables; `marks` are
     set. Paths are relative to the lake. Files leaving their tables are retired and deleted `grace_s` after (at a
@@ -408,6 +408,6 @@ def _compact(lake: Path, snap: LakeSnapshot, min_files: int, tables: Iterable[st
     return replaced
 
 
-__all__ = ["compact", "purge_retired", "adopt", "missing_tables", "LAYOUT_VERSION", "MANIFEST", "LakeLayoutError", "LakeSnapshot", "open_lake", "read_manifest", "commit",
-           "publish", "staging_dir", "staged_files", "mark", "lake_layout", "committed_rows_exist",
-           "unlisted_parquet", "clear_uncommitted", "CACHE_DIR"]
+__all__ = ["LAYOUT_VERSION", "MANIFEST", "LakeLayoutError", "LakeSnapshot", "adopt", "clear_uncommitted", "commit",
+           "committed_rows_exist", "compact", "lake_layout", "mark", "missing_tables", "open_lake", "publish",
+           "purge_retired", "read_manifest", "staged_files", "staging_dir", "unlisted_parquet"]

@@ -10,8 +10,8 @@ from typing import Optional
 import typer
 import typer.core
 
-from chipledger.cli._common import (ConfigOpt, _config, _connect, _fail, _lake_dir, _lake_error, _os_error, app, console, err,
-                                   lake_app, schema_app)
+from chipledger.cli._common import (ConfigOpt, _config, _connect, _fail, _lake_dir, _lake_error, _os_error, app,
+                                   console, err, lake_app, schema_app)
 
 
 @app.command()
@@ -95,8 +95,9 @@ def lake_upgrade(
             typer.echo(f"{len(done)} events file(s) upgraded in {root}", err=True)
         adopted = adopt(root, refoldable=FACT_TABLES) if layout == 1 else {}
         if adopted:
+            per_table = ", ".join(f"{t} {n}" for t, n in adopted.items() if n)
             typer.echo(f"adopted {sum(adopted.values()):,} Parquet file(s) written before commits as the lake's books "
-                       f"(layout {LAYOUT_VERSION}): " + ", ".join(f"{t} {n}" for t, n in adopted.items() if n), err=True)
+                       f"(layout {LAYOUT_VERSION}): {per_table}", err=True)
         missing = missing_fact_tables(root)
         if missing:
             try:
