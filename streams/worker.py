@@ -55,9 +55,9 @@ from schemas import INPUT_TOPICS, Rejection, RejectionCode, parse_event
 from schemas.topics import TOPIC_DEADLETTER, TOPIC_DECISIONS, TOPIC_JOURNAL, TOPIC_LOG, TOPIC_QUOTA
 from streams.clients import KafkaConnection, as_connection
 from streams.rows import deadletter_row, step_rows
-from streams.sequencer import (HEADER_BATCH, HEADER_ORIGIN, HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ,
-                               HEADER_TIMESTAMP, TP, AckGate, Entry, Intake, SeqState, Sequencer, batches, key_partition,
-                               pack_batch, stamp_of, unpack_batch)
+from streams.sequencer import (BATCH_FORMAT, HEADER_BATCH, HEADER_ORIGIN, HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ,
+                               HEADER_TIMESTAMP, TP, AckGate, Entry, Intake, SeqState, Sequencer, Stamp, batch_format,
+                               batches, key_partition, pack_batch, stamp_of, unpack_batch)
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,11 @@ class WorkerSettings:
     table_store: str = "rocksdb"  # rocksdb | memory
     partitions: int = 3
     sequencer_wait_ms: int = 60_000  # how long a record waits for its predecessor once its topics are caught up
+    sequencer_block_ms: int = 2_000  # ... and how long when it holds back another producer's records behind it
+    # the principals registry (streams/principals.py): every input record must be signed by one of them and be
+    # theirs to send (schemas/roles.py); None: every record is trusted (a plain broker, tests)
+    principals: Any = None
+    principals_reload_s: float = 1.0  # how often the registry file is looked at for changes (revocation)
     tick_interval_s: int = 60     # 0: no ticks
     checkpoint_interval_ms: int = 500  # how often handled records are made durable (state written, inputs acked)
     drain_interval_ms: int = 10
@@ -117,6 +122,8 @@ class Pending:
     timestamp_ms: int
     arrived: float
     last_of_record: bool = True  # the last input record of its log record: acks the log record
+    appended_ms: int = -1  # the broker's append time of the input record (LogAppendTime), -1 when unknown
+    origin: str = ""  # the cluster the record was accepted from ("" when the worker trusts every record)
 
 
 #: the largest output record the worker writes (the broker's default max.message.bytes is 1 MiB; room is left
@@ -312,11 +319,12 @@ class Fetched:
 
     __slots__ = ("message", "__weakref__")
 
-    def __init__(self, topic, partition, offset, key, value, timestamp_s, headers):
+    def __init__(self, topic, partition, offset, key, value, timestamp_s, headers, timestamp_type=0):
         from types import SimpleNamespace
 
         self.message = SimpleNamespace(topic=topic, partition=partition, offset=offset, key=key, value=value,
-                                       timestamp=timestamp_s, headers=list(headers or ()))
+                                       timestamp=timestamp_s, headers=list(headers or ()),
+                                       timestamp_type=timestamp_type)
 
     def ack(self) -> None:  # committed by offset (the stage's `commit`), like every other record
         pass
@@ -449,7 +457,9 @@ class SequencerStage(Continuity):
                  end_of=None, first_of=None):
         self.settings = settings
         self.commit = commit  # async (events) -> None: commit the offsets of these records (in order per partition)
-        self.seq = Sequencer(INPUT_TOPICS, wait_ms=settings.sequencer_wait_ms)
+        self.seq = Sequencer(INPUT_TOPICS, wait_ms=settings.sequencer_wait_ms, block_ms=settings.sequencer_block_ms)
+        self.registry = settings.principals
+        self._registry_checked = float("-inf")
         self.load, self.store, self.send, self.caught_up, self.clock = load, store, send, caught_up, clock
         self.states: dict[str, SeqState] = {}
         self.gate = AckGate()
@@ -464,7 +474,7 @@ class SequencerStage(Continuity):
         self.lock = asyncio.Lock()
         self._pending_dead: list = []  # (pool, tp, offset, item): sequencer dead letters not sent yet
         self.counts = {"received": 0, "logged": 0, "log_records": 0, "dropped_logged": 0, "forced": 0, "late": 0,
-                       "dead_letters": 0, "checkpoints": 0, "delivered_again": 0}
+                       "dead_letters": 0, "refused": 0, "checkpoints": 0, "delivered_again": 0}
         self._init_continuity(fetch, start_offsets, end_of, first_of)
 
     def receive(self, event) -> None:
@@ -487,12 +497,26 @@ class SequencerStage(Continuity):
         key = _key_bytes(m.key)
         value = m.value if isinstance(m.value, bytes) else (m.value or b"")
         ts_ms = int(round((m.timestamp or 0) * 1000))
+        # the broker's clock, not the producer's, when the topic has message.timestamp.type=LogAppendTime
+        appended_ms = ts_ms if getattr(m, "timestamp_type", 0) == 1 else -1
         why = self._bad_key(key, value, m.partition)
         if why is not None:
-            self._dead(tp, m.offset, key, value, ts_ms, why)
+            self._dead(tp, m.offset, key, value, ts_ms, Rejection(BAD_KEY, why))
             return
-        self.seq.push(key.decode("utf-8"), tp, m.offset, stamp_of(m.headers), self.clock(),
-                      (event, key, value, ts_ms, list(m.headers or ())))
+        headers = list(m.headers or ())
+        stamp = stamp_of(headers)
+        principal = origin = ""
+        if self.registry is not None:
+            verdict = self.registry.verify(key, value, headers)
+            if isinstance(verdict, Rejection):  # unsigned, badly signed, wrong_role, not_owner: never logged
+                self.counts["refused"] += 1
+                self._dead(tp, m.offset, key, value, ts_ms, verdict)
+                return
+            principal, origin = verdict.principal, verdict.origin
+            if stamp is not None:  # producer ids are the principal's own: no one else can take a place in its order
+                stamp = Stamp(f"{principal}/{stamp.producer}", stamp.seq, stamp.prev)
+        self.seq.push(key.decode("utf-8"), tp, m.offset, stamp, self.clock(),
+                      (event, key, value, ts_ms, headers, appended_ms, principal, origin))
 
     def _bad_key(self, key: Optional[bytes], value: bytes, partition: int) -> Optional[str]:
         """Why a record cannot be sequenced under its key, or None. (A body that does not parse is logged: the
@@ -518,8 +542,8 @@ class SequencerStage(Continuity):
             return f"message key {pool[:200]!r} is not the event's pool {body['pool'][:200]!r} (producers key by pool)"
         return None
 
-    def _dead(self, tp: TP, offset: int, key: Optional[bytes], value: bytes, ts_ms: int, detail: str) -> None:
-        row = deadletter_row(value, Rejection(BAD_KEY, detail), tp.topic, tp.partition, offset, ts_ms // 1000)
+    def _dead(self, tp: TP, offset: int, key: Optional[bytes], value: bytes, ts_ms: int, rejection: Rejection) -> None:
+        row = deadletter_row(value, rejection, tp.topic, tp.partition, offset, ts_ms // 1000)
         pool = (key or b"").decode("utf-8", "replace")
         item = {"origin": [tp.topic, tp.partition, offset], "tables": {"deadletters": [list(row)]}}
         self._pending_dead.append((pool, tp, offset, item))
@@ -540,6 +564,11 @@ class SequencerStage(Continuity):
     async def _drain(self) -> int:
         await self._fill_holes()
         now = self.clock()
+        if self.registry is not None and now - self._registry_checked >= self.settings.principals_reload_s:
+            self._registry_checked = now
+            if self.registry.reload():  # `kafka users add/remove`: from the next record on
+                log.warning("worker: principals registry %s read: %d principal(s)", self.registry.path,
+                            len(self.registry.entries))
         n = 0
         if self._pending_dead:
             dead, self._pending_dead = self._pending_dead, []
@@ -557,7 +586,7 @@ class SequencerStage(Continuity):
             entries: list[Entry] = []
             key = None
             for r in self.seq.release(pool, state, now, self.caught_up):
-                event, key, value, ts_ms, headers = r.item
+                event, key, value, ts_ms, headers, appended_ms, principal, origin = r.item
                 self._done.append((r.tp, r.offset))
                 n += 1
                 if r.note == "logged":
@@ -573,12 +602,12 @@ class SequencerStage(Continuity):
                                 r.tp.topic, r.tp.partition, r.offset, pool, *(stamp or ("-", "-", "-")), r.note,
                                 f"waited {self.settings.sequencer_wait_ms} ms for the previous record, the input "
                                 "topics caught up" if r.note == "forced" else "after its successor was forced")
-                entries.append(Entry(r.tp.topic, r.tp.partition, r.offset, ts_ms, value))
+                entries.append(Entry(r.tp.topic, r.tp.partition, r.offset, ts_ms, value, appended_ms, principal, origin))
                 self._touched[pool] = event
                 self.counts["logged"] += 1
             # several records of the pool per log record: the fold's per-record cost of Faust is paid per batch
             for group in batches(entries):
-                self._inflight.append(await self.send(TOPIC_LOG, key, pack_batch(group), [(HEADER_BATCH, b"1")]))
+                self._inflight.append(await self.send(TOPIC_LOG, key, pack_batch(group), [(HEADER_BATCH, BATCH_FORMAT)]))
                 self.counts["log_records"] += 1
         ckpt = self._ckpt
         if ckpt is not None and ckpt.done():
@@ -772,16 +801,17 @@ class PoolWorker(Continuity):
         self.received_next[ltp] = m.offset + 1
         key = _key_bytes(m.key) or b""
         value = m.value if isinstance(m.value, bytes) else (m.value or b"")
-        if any(name == HEADER_BATCH for name, _ in m.headers or ()):
+        fmt = batch_format(m.headers)
+        if fmt is not None:
             try:
-                entries = unpack_batch(value)
+                entries = unpack_batch(value, fmt)
             except ValueError:
                 entries = None
             if entries:
                 now = self.clock()
                 for i, e in enumerate(entries):
                     self.queue.append(Pending(event, e.topic, e.partition, e.offset, key, e.value, e.timestamp_ms,
-                                              now, i == len(entries) - 1))
+                                              now, i == len(entries) - 1, e.appended_ms, e.origin))
                 self.counts["received"] += len(entries)
                 return
         origin = _origin(m.headers)
@@ -935,7 +965,11 @@ class PoolWorker(Continuity):
             # makes the next owner skip the record for good, an event lost)
             touched[key_pool] = p
             return []
-        new, step = evolve(state, event, self.settings.fold_config, p.value)
+        if p.appended_ms < 0 and not p.origin:
+            new, step = evolve(state, event, self.settings.fold_config, p.value)
+        else:  # what the edge knows: the broker's append time, the cluster the record was accepted from
+            new, step = evolve(state, event, self.settings.fold_config, p.value, origin=p.origin or None,
+                               appended_s=p.appended_ms // 1000 if p.appended_ms >= 0 else None)
         self.last_applied[key_pool] = self.clock()
         if new is not None:
             new.positions[tpk] = p.offset
@@ -1137,7 +1171,7 @@ class DirectReader:
                 for r in got.get(ktp, ()):
                     if lo <= r.offset < hi:
                         out.append(Fetched(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp / 1000,
-                                           r.headers))
+                                           r.headers, r.timestamp_type))
                 if (out and out[-1].message.offset >= hi - 1) or await c.position(ktp) >= hi:
                     return
         finally:
@@ -1446,7 +1480,15 @@ def make_app(settings: WorkerSettings):
                 key = tick["pool"].encode()
                 headers = [(HEADER_PRODUCER, ids["producer"].encode()), (HEADER_SEQ, str(ids["seq"]).encode()),
                            (HEADER_PREV, str(ids["prev"].get(key, 0)).encode())]
-                await app.producer.send_and_wait(TOPIC_QUOTA, key, canonical_value(event), None, None, headers)
+                value = canonical_value(event)
+                if settings.principals is not None:  # signed like every input: the worker's own registry entry
+                    from streams.principals import HEADER_PRINCIPAL, HEADER_SIG, sign
+
+                    me = settings.connection().username or ""
+                    entry = settings.principals.entries.get(me)
+                    if entry is not None:
+                        headers += [(HEADER_PRINCIPAL, me.encode()), (HEADER_SIG, sign(entry.key, key, value, headers))]
+                await app.producer.send_and_wait(TOPIC_QUOTA, key, value, None, None, headers)
                 ids["prev"][key] = ids["seq"]
                 worker.counts["ticks"] += 1
                 worker.last_applied[tick["pool"]] = worker.clock()
