@@ -26,7 +26,6 @@ import ledger
 from ledger import Fleet, FoldConfig
 from schemas import Rejection, parse_event
 from schemas.parse import DEFAULT_MAX_EVENT_BYTES, size_rejection
-from schemas.logline import PREFIX as LOG_PREFIX, split_log_line
 from streams.rows import (applied_event_row, close_rows, deadletter_row, event_row,  # noqa: F401 (event_row: re-export)
                           output_lists)
 
@@ -264,9 +263,7 @@ def _events_child(events_path: Path, lake: Path, run_id: str, topic: str, max_ev
                     for n, (line, _, _) in lines:
                         if n == offset:
                             break
-                    raw = _raw(line, offset)
-                    logged = split_log_line(raw) if raw.startswith(LOG_PREFIX) else None
-                    event = parse_event(raw if logged is None else logged.raw, max_event_bytes)
+                    event = parse_event(_raw(line, offset), max_event_bytes)
                     writer.add("events", applied_event_row(event, batch[i + 1], batch[i + 2], batch[i + 3], topic, 0,
                                                            offset))
                     rows += 1
@@ -341,18 +338,13 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
                 if not raw.strip():
                     summary.blank += 1
                     continue
-                # a line of `log export`: the record with its broker append time and origin (schemas/logline.py)
-                logged = split_log_line(raw) if raw.startswith(LOG_PREFIX) else None
-                if logged is not None:
-                    raw = logged.raw
                 event = parse_event(raw, max_event_bytes)
                 if isinstance(event, Rejection):
                     dead(deadletter_row(raw, event, topic, 0, offset, seen_clock))
                     summary.dead_letters[event.code.value] += 1
                     _note_line(summary, event.code.value, offset)
                     continue
-                step = (fleet.apply(event, raw) if logged is None
-                        else fleet.apply(event, raw, logged.origin, logged.appended_s))
+                step = fleet.apply(event, raw)
                 if step.rejection is not None:
                     dead(deadletter_row(raw, step.rejection, topic, 0, offset, seen_clock, event))
                     summary.dead_letters[step.rejection.code.value] += 1

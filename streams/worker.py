@@ -122,8 +122,11 @@ class Pending:
     timestamp_ms: int
     arrived: float
     last_of_record: bool = True  # the last input record of its log record: acks the log record
-    appended_ms: int = -1  # the broker's append time of the input record (LogAppendTime), -1 when unknown
-    origin: str = ""  # the cluster the record was accepted from ("" when the worker trusts every record)
+    # what the log record says of the input record (the Kafka edge fills them; None: not known): the cluster of the
+    # verified principal it was accepted from (ids are deduplicated per origin; None: the event's `source` stands
+    # in) and its broker append time in epoch seconds (LogAppendTime: an event further ahead is `clock_ahead`)
+    origin_cluster: Optional[str] = None
+    appended_s: Optional[int] = None
 
 
 #: the largest output record the worker writes (the broker's default max.message.bytes is 1 MiB; room is left
@@ -811,7 +814,8 @@ class PoolWorker(Continuity):
                 now = self.clock()
                 for i, e in enumerate(entries):
                     self.queue.append(Pending(event, e.topic, e.partition, e.offset, key, e.value, e.timestamp_ms,
-                                              now, i == len(entries) - 1, e.appended_ms, e.origin))
+                                              now, i == len(entries) - 1, e.origin or None,
+                                              e.appended_ms // 1000 if e.appended_ms >= 0 else None))
                 self.counts["received"] += len(entries)
                 return
         origin = _origin(m.headers)
@@ -965,11 +969,8 @@ class PoolWorker(Continuity):
             # makes the next owner skip the record for good, an event lost)
             touched[key_pool] = p
             return []
-        if p.appended_ms < 0 and not p.origin:
-            new, step = evolve(state, event, self.settings.fold_config, p.value)
-        else:  # what the edge knows: the broker's append time, the cluster the record was accepted from
-            new, step = evolve(state, event, self.settings.fold_config, p.value, origin=p.origin or None,
-                               appended_s=p.appended_ms // 1000 if p.appended_ms >= 0 else None)
+        new, step = evolve(state, event, self.settings.fold_config, p.value, origin=p.origin_cluster,
+                           appended_s=p.appended_s)
         self.last_applied[key_pool] = self.clock()
         if new is not None:
             new.positions[tpk] = p.offset

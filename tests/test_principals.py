@@ -13,7 +13,6 @@ import pytest
 
 from schemas import topic_for
 from schemas.codes import RejectionCode as RC
-from schemas.logline import log_line, split_log_line
 from streams.principals import HEADER_PRINCIPAL, HEADER_SIG, Accepted, Registry, RegistryError, sign
 from streams.producer import LedgerProducer, canonical_value, validate
 from streams.sequencer import (HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ, TP, SeqState, Sequencer, Stamp,
@@ -196,13 +195,3 @@ def test_a_missing_predecessor_holds_other_producers_records_for_block_ms_only()
     seq.push("c/q", tp, 3, Stamp("forger/x", 10, 9), 10.0, "own-2")
     assert seq.release("c/q", SeqState(), 30.0) == []
     assert [r.item for r in seq.release("c/q", SeqState(), 70.0)] == ["own-1", "own-2"]
-
-
-def test_a_log_export_line_carries_append_time_and_origin_and_run_reads_them_back():
-    raw = ev("job.submitted")
-    line = log_line(raw, 1_800_000_000, "us-east1-a", "slurm-east")
-    got = split_log_line(line)
-    assert got.raw == raw and (got.appended_s, got.origin, got.principal) == (1_800_000_000, "us-east1-a",
-                                                                               "slurm-east")
-    assert log_line(raw, None, None) == raw and split_log_line(raw) is None
-    assert split_log_line(b'{"log":{"appended_s":1},"event":') is None  # cut short: read as a plain (bad) line
