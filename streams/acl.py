@@ -295,7 +295,9 @@ def local_connection(info: dict, user: Optional[str] = None) -> KafkaConnection:
     if not info.get("secure"):
         return KafkaConnection(bootstrap=info["bootstrap_servers"])
     name = user or broker.SUPER_USER
+    key_file = Path(info["secrets_dir"]) / f"{name}.key"  # a producing default user signs (streams/principals.py)
     return KafkaConnection(bootstrap=info["bootstrap_servers"], security_protocol=info["security_protocol"],
                            sasl_mechanism="PLAIN" if name == broker.SUPER_USER else "SCRAM-SHA-512",
                            username=name, password=read_password_file(Path(info["secrets_dir"]) / f"{name}.password"),
-                           ssl_cafile=info.get("ca_file"))
+                           ssl_cafile=info.get("ca_file"),
+                           signing_key=key_file.read_text().strip() if key_file.is_file() else None)
