@@ -154,7 +154,7 @@ def _check_user(name: str) -> None:
 
 
 def add_user(conn: "str | KafkaConnection", name: str, roles: Iterable[str], password: "str | Secret",
-             app_id: str = DEFAULT_WORKER_APP_ID, timeout_s: float = 30) -> UserInfo:
+             app_id: str = DEFAULT_WORKER_APP_ID, timeout_s: float = 30, may: Iterable[str] = ()) -> UserInfo:
     """Create or update the SCRAM user `name` (SCRAM-SHA-512 and -256, with `password`) and make its ACLs
     exactly those of `roles` (ACLs of roles it no longer has are deleted). `conn` must be a super user."""
     from kafka.admin import UserScramCredentialUpsertion
@@ -170,6 +170,10 @@ def add_user(conn: "str | KafkaConnection", name: str, roles: Iterable[str], pas
     if len(str.__str__(password)) < 8:
         raise ValueError("a password needs at least 8 characters")
     want = role_acls(roles, name, app_id)
+    if set(may) and "cluster" in roles and not set(roles) & {"admin", "portal"}:
+        # --may pools / quota / prices: those types go to chipledger.quota (schemas.topic_for); what the principal
+        # may say there is still the worker's check (its clusters' pools, its --may types only)
+        want += [a for a in role_acls(["admin"], name, app_id)]
     admin = admin_client(conn, timeout_s)
     try:
         for m in MECHANISMS:  # one request per mechanism: the broker takes one change per user and request

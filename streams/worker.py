@@ -52,6 +52,7 @@ from ledger.books import HOUR_S
 from ledger.fold import DEFAULT_CONFIG, FoldConfig, evolve
 from ledger.state import PoolState
 from schemas import INPUT_TOPICS, Rejection, RejectionCode, parse_event
+from schemas.parse import DEFAULT_MAX_EVENT_BYTES, size_rejection
 from schemas.topics import TOPIC_DEADLETTER, TOPIC_DECISIONS, TOPIC_JOURNAL, TOPIC_LOG, TOPIC_QUOTA
 from streams.clients import KafkaConnection, as_connection
 from streams.rows import deadletter_row, step_rows
@@ -93,6 +94,7 @@ class WorkerSettings:
     freeze_gc: bool = False  # run_worker (its own process): gc.freeze() at each checkpoint, see PoolWorker._gc
     full_gc_interval_s: float = 600  # with freeze_gc: how often everything is collected (one longer pause)
     fold_config: FoldConfig = field(default_factory=lambda: DEFAULT_CONFIG)
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES  # [ledger] max_event_bytes: a longer value is too_large
     metrics_port: Optional[int] = None  # serve Prometheus /metrics (streams/metrics.py) on this port; 0: any free
     metrics_host: str = "127.0.0.1"
     log_stalls_ms: int = 0  # log each event-loop stall longer than this, with what held the loop (streams/stalls.py)
@@ -948,7 +950,13 @@ class PoolWorker(Continuity):
         """Fold one log record; returns its outputs as (output topic, item), item = {"origin", "tables"}."""
         touched = self._touched
         origin = [p.topic, p.partition, p.offset]
-        event = parse_event(p.value)
+        limit = self.settings.max_event_bytes
+        if len(p.value) > limit:
+            # the dead letter of `chipledger run`: the first max_event_bytes bytes, the whole message's size and sha256
+            rej = size_rejection(len(p.value), limit, hashlib.sha256(p.value).hexdigest())
+            head = Pending(p.event, p.topic, p.partition, p.offset, p.key, p.value[:limit], p.timestamp_ms, p.arrived)
+            return [self._dead(head, rej, None, self.pools.get(key_pool), origin)]
+        event = parse_event(p.value, limit)
         if isinstance(event, Rejection):
             return [self._dead(p, event, None, None, origin)]
         if event.pool != key_pool:

@@ -227,7 +227,7 @@ def users_add(
     try:
         password = (Secret(os.environ[password_from_env]) if password_from_env is not None
                     else read_password_file(new_password_file))
-        info = add_user(conn, name, role, password, app_id=app_id, timeout_s=timeout)
+        info = add_user(conn, name, role, password, app_id=app_id, timeout_s=timeout, may=may)
         if registry is not None:
             from streams.principals import write_secret_file
 
@@ -262,18 +262,33 @@ def users_list(
     from streams.acl import list_users
     from streams.topics import KafkaSetupError
 
-    conn = _super(_config(config), bootstrap, user, password_file, ca_file, data_dir)
+    cfg = _config(config)
+    conn = _super(cfg, bootstrap, user, password_file, ca_file, data_dir)
     try:
         users = list_users(conn, timeout_s=timeout)
     except KafkaSetupError as e:
         _fail(str(e), 2)
+    reg = _registry(cfg, None, data_dir, must=False)
+    known = reg.entries if reg is not None else {}
+    from dataclasses import replace
+
+    # a producing principal's roles are the registry's (its ACLs alone cannot tell admin from portal, or a
+    # cluster's --may quota from the admin role)
+    users = [replace(u, roles=tuple(sorted(known[u.name].principal.roles))) if u.name in known else u for u in users]
     if as_json:
         console.file.write(json.dumps([{"name": u.name, "mechanisms": list(u.mechanisms), "roles": list(u.roles),
-                                        "app_id": u.app_id} for u in users]) + "\n")
+                                        "app_id": u.app_id,
+                                        **({"clusters": sorted(known[u.name].principal.clusters),
+                                            "may": sorted(known[u.name].principal.may)} if u.name in known else {})}
+                                       for u in users]) + "\n")
         return
     for u in users:
+        p = known[u.name].principal if u.name in known else None
         console.print(f"{u.name:<20} {','.join(u.roles) or '(no role)':<20} {','.join(u.mechanisms)}"
-                      + (f"  app id {u.app_id}" if u.app_id else ""), markup=False, highlight=False, soft_wrap=True)
+                      + (f"  app id {u.app_id}" if u.app_id else "")
+                      + (f"  clusters {','.join(sorted(p.clusters))}" + (f" may {','.join(sorted(p.may))}" if p.may
+                                                                          else "") if p is not None else ""),
+                      markup=False, highlight=False, soft_wrap=True)
 
 
 @users_app.command("remove")
@@ -479,6 +494,7 @@ def worker(
         checkpoint_interval_ms=(cfg.worker.checkpoint_interval_ms if checkpoint_interval_ms is None
                                 else checkpoint_interval_ms),
         fold_config=fold, metrics_port=metrics_port, metrics_host=metrics_host,
+        max_event_bytes=cfg.ledger.max_event_bytes,
     )
     import ledger
 
