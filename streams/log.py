@@ -22,11 +22,7 @@ from typing import BinaryIO, Optional
 
 from schemas.topics import TOPIC_LOG
 from streams.sequencer import HEADER_ORIGIN, batch_format, key_partition, unpack_batch
-
-try:  # the export line of the core's change (branch contract, issue 31): {"log":1,"appended_at","origin","value"}
-    from streams.logline import wrap
-except ImportError:  # until it is merged: plain values (run then has no append times to check)
-    wrap = None
+from streams.logline import wrap
 
 
 @dataclass
@@ -92,7 +88,7 @@ def export_records(records, out: BinaryIO, pool: Optional[str] = None,
             report.unexportable += 1
             continue
         e = getattr(rec, "entry", None)
-        if e is not None and wrap is not None and (e.appended_ms >= 0 or e.origin):
+        if e is not None and (e.appended_ms >= 0 or e.origin):
             value = wrap(value, e.appended_ms if e.appended_ms >= 0 else None, e.origin or None)
         out.write(value + b"\n")
         report.written += 1

@@ -195,3 +195,21 @@ def test_a_missing_predecessor_holds_other_producers_records_for_block_ms_only()
     seq.push("c/q", tp, 3, Stamp("forger/x", 10, 9), 10.0, "own-2")
     assert seq.release("c/q", SeqState(), 30.0) == []
     assert [r.item for r in seq.release("c/q", SeqState(), 70.0)] == ["own-1", "own-2"]
+
+
+def test_log_export_writes_the_append_time_and_origin_the_worker_logged():
+    import io
+
+    from streams import logline
+    from streams.log import export_records
+    from streams.sequencer import BATCH_FORMAT, HEADER_BATCH, Entry, pack_batch
+
+    a, b = ev("job.submitted", i=1), ev("job.submitted", i=2)
+    value = pack_batch([Entry("chipledger.jobs", 0, 7, 1, a, 1_800_000_000_123, "slurm-east", "us-east1-a"),
+                        Entry("chipledger.jobs", 0, 8, 1, b)])  # a record of a topic with producer times
+    rec = SimpleNamespace(key=EAST.encode(), value=value, headers=[(HEADER_BATCH, BATCH_FORMAT)])
+    out = io.BytesIO()
+    export_records([rec], out)
+    first, second = out.getvalue().splitlines()
+    assert logline.unwrap(first) == (a, "us-east1-a", 1_800_000_000)
+    assert second == b  # nothing known: a plain line, as before
