@@ -160,7 +160,7 @@ def trust(tmp_path_factory):
         try:
             worker = WorkerProcess(info["bootstrap_servers"], tmp / "worker", tmp / "worker.log", "--tick-interval",
                                    "0", "--table-store", "memory", "--sequencer-wait-ms", str(WAIT_MS),
-                                   app_id=f"chipledger-worker-{uuid.uuid4().hex[:6]}").start()
+                                   app_id=f"chipledger-worker-{uuid.uuid4().hex[:6]}", clock_skew_s=None).start()
         finally:
             for k in env:
                 os.environ.pop(k, None)
