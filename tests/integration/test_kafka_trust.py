@@ -298,3 +298,26 @@ def test_a_reader_cannot_be_named_like_a_workers_consumer_group(trust):
                                    "--new-password-file", str(trust.tmp / "w2.password"),
                                    "--data-dir", str(trust.data_dir)])
     assert res.exit_code == 2 and "must start with 'chipledger-worker'" in res.output, res.output
+
+
+def test_a_removed_principal_s_records_are_refused_even_from_its_open_connection(trust):
+    """`kafka users remove`: the worker refuses what the principal signs from its next look at the registry (1 s);
+    a producer connected before keeps its connection until it reconnects, and what it appends then never counts."""
+    from kafka.errors import KafkaError
+
+    pool = f"{EAST}/revoked"
+    trust.add("slurm-gone", "--role", "cluster", "--cluster", EAST)
+    before = event("job.submitted", pool, "rv-before")
+    trust.send("slurm-gone", "chipledger.jobs", before, pool)  # connected and accepted
+    wait_for(lambda: [e for _, e in trust.logged() if e.value == before], 60, trust)
+    res = CliRunner().invoke(app, ["kafka", "users", "remove", "slurm-gone", "--data-dir", str(trust.data_dir)])
+    assert res.exit_code == 0 and "removed" in res.output, res.output
+    time.sleep(2)  # the worker's next look at the registry
+    after = event("job.submitted", pool, "rv-after")
+    try:
+        trust.send("slurm-gone", "chipledger.jobs", after, pool)  # its open connection may still append
+    except KafkaError:
+        return  # the connection was closed already: nothing appended
+    dl = wait_for(trust.dead_letters, 60, trust, lambda d: "rv-after" in d)
+    assert dl["rv-after"] == ("bad_signature", after)
+    assert not [e for _, e in trust.logged() if e.value == after]
