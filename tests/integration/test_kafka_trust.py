@@ -120,6 +120,15 @@ class Trust:
         """event_id -> (code, raw bytes) of the dead letters so far (the last one of an id)."""
         return {eid: (code, raw) for eid, code, raw in self.dead_letter_rows()}
 
+    def applied(self) -> set[str]:
+        """The event ids the fold applied (their `events` rows on chipledger.journal)."""
+        out = set()
+        for r in self.read("chipledger.journal", 3):
+            d = json.loads(r.value)
+            for item in d.get("items", []) if isinstance(d, dict) else []:
+                out |= {row[0] for row in item.get("tables", {}).get("events", [])}
+        return out
+
     def logged(self) -> list:
         out = []
         for r in self.read("chipledger.log", 3):
@@ -284,9 +293,13 @@ def test_an_event_days_ahead_is_clock_ahead_and_later_honest_events_apply(trust)
     ahead = event("pool.tick", pool, "clk-ahead", occurred_at=iso(now + 3 * 86400))
     trust.send("slurm-east", "chipledger.jobs", ahead, pool)
     trust.send("slurm-east", "chipledger.jobs", event("job.submitted", pool, "clk-job", occurred_at=iso(now)), pool)
+    later = event("pool.tick", pool, "clk-later", occurred_at=iso(now + 60))
+    trust.send("slurm-east", "chipledger.jobs", later, pool)
     dl = wait_for(trust.dead_letters, 120, trust, lambda d: "clk-ahead" in d)
     assert dl["clk-ahead"] == ("clock_ahead", ahead)
-    assert "clk-job" not in dl  # not too_late: the pool clock did not move
+    # the honest events after it are applied (not too_late: the pool clock did not move three days)
+    applied = wait_for(trust.applied, 60, trust, lambda got: {"clk-cfg", "clk-job", "clk-later"} <= got)
+    assert "clk-ahead" not in applied and "clk-job" not in dl and "clk-later" not in dl
 
 
 def test_a_reader_cannot_be_named_like_a_workers_consumer_group(trust):
