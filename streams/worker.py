@@ -66,6 +66,7 @@ TABLE_NAME = "pool-state"
 SEQ_TABLE_NAME = "sequencer-state"
 TICK_SOURCE = "chipledger/worker"
 BAD_KEY = getattr(RejectionCode, "bad_key", RejectionCode.schema_invalid)
+BAD_SIGNATURE = RejectionCode.bad_signature
 
 SendFn = Callable[..., Awaitable[Any]]  # (topic, key, value, headers=None) -> awaitable delivery
 
@@ -513,6 +514,9 @@ class SequencerStage(Continuity):
         principal = origin = ""
         if self.registry is not None:
             verdict = self.registry.verify(key, value, headers)
+            if isinstance(verdict, Rejection) and verdict.code == BAD_SIGNATURE and self.registry.reload():
+                # a principal added (or a key rotated) a moment ago: its first records come before the drain's look
+                verdict = self.registry.verify(key, value, headers)
             if isinstance(verdict, Rejection):  # unsigned, badly signed, wrong_role, not_owner: never logged
                 self.counts["refused"] += 1
                 self._dead(tp, m.offset, key, value, ts_ms, verdict)

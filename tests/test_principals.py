@@ -213,3 +213,23 @@ def test_log_export_writes_the_append_time_and_origin_the_worker_logged():
     first, second = out.getvalue().splitlines()
     assert logline.unwrap(first) == (a, "us-east1-a", 1_800_000_000)
     assert second == b  # nothing known: a plain line, as before
+
+
+def test_a_principal_added_a_moment_ago_is_known_at_its_first_record(registry):
+    """The worker looks at the registry file once a second; a record of a principal it does not know yet makes it
+    look again at once, so a producer added just before it sends loses nothing."""
+    from streams.worker import SequencerStage, WorkerSettings
+
+    worker_view = Registry.load(registry.path)
+    stage = SequencerStage(WorkerSettings(checkpoint_interval_ms=0, partitions=3, principals=worker_view,
+                                          principals_reload_s=3600),
+                           load=lambda pool, e: None, store=lambda pool, v, e: None, send=None,
+                           caught_up=lambda tp: True)
+    registry.put("kueue-new", ["cluster"], ["us-east1-a"])
+    registry.save()
+    v = ev("job.submitted")
+    m = SimpleNamespace(topic="chipledger.jobs", partition=key_partition(EAST.encode(), 3), offset=0,
+                        key=EAST.encode(), value=v, timestamp=1.0, timestamp_type=1,
+                        headers=signed(registry, "kueue-new", v))
+    stage.receive(SimpleNamespace(message=m, ack=lambda: None))
+    assert stage.counts["refused"] == 0 and stage.seq.buffered == 1
