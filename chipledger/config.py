@@ -38,6 +38,10 @@ class KafkaConfig:
     ssl_certfile: str = ""  # a client certificate (PEM), with ssl_keyfile, when the brokers ask for one
     ssl_keyfile: str = ""
     ssl_check_hostname: bool = True
+    # producers: the principal's signing key (64 hex digits; default `<user>.key` beside password_file)
+    signing_key_file: str = ""
+    # the worker: the principals registry (streams/principals.py); every input record must be signed by one
+    principals_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,7 @@ class WorkerConfig:
     data_dir: str = ".chipledger-worker"  # the worker's table state (rocksdb files)
     table_store: str = "rocksdb"  # rocksdb | memory
     sequencer_wait_ms: int = 60_000  # how long a record waits for its producer's previous one, topics caught up
+    sequencer_block_ms: int = 2_000  # ... and how long when another producer's records wait behind it
     session_timeout_s: float = 6.0  # a dead worker's pools move to another after this (Kafka's minimum: 6 s)
     tick_interval_s: int = 60  # a pool quiet this long gets a pool.tick closing past hours; 0: no ticks
     fetch_max_wait_ms: int = 20  # how long the broker may hold a fetch of the input topics (Faust fixes 1,500)
