@@ -36,6 +36,8 @@ grafana_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="A G
 app.add_typer(grafana_app, name="grafana")
 from chipledger.slurm.cli import slurm_app  # noqa: E402 - `chipledger slurm watch|actuate` (docs/slurm.md)
 app.add_typer(slurm_app, name="slurm")
+from chipledger.adapters.kube.cli import kube_app  # noqa: E402 - `chipledger kube watch|actuate` (docs/kube.md)
+app.add_typer(kube_app, name="kube")
 
 console = Console()
 err = Console(stderr=True)
