@@ -71,8 +71,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("chips_milli", pa.int64()), ("priority", pa.int64()), ("waiting_since", TS), ("reason", pa.string()),
         ("message", pa.string()),
     ]),
-    # facts (ledger.fold WaitRow, FreeChipsRow; docs/analytics.md): each wait of a job to be started, posted when it
-    # ends and, still open, at a close of the books (superseded by a later posting of the same wait)
+    # facts (ledger.waits WaitRow, ledger.chips FreeChipsRow; docs/analytics.md): each wait of a job to be started,
+    # posted when it ends and, still open, at a close of the books (superseded by a later posting of the same wait)
     "waits": pa.schema([
         ("pool", pa.string()), ("job_id", pa.string()), ("team", pa.string()), ("run_index", pa.int32()),
         ("kind", pa.string()), ("priority", pa.int64()), ("chips_milli", pa.int64()), ("submitted_at", TS),
@@ -86,7 +86,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("in_use_milli", pa.int64()), ("down_milli", pa.int64()), ("free_milli", pa.int64()),
         ("free_whole_nodes_milli", pa.int64()), ("largest_startable_milli", pa.int64()),
     ]),
-    # each interval between two progress reports of a run of a job, posted at the second (ledger.fold ProgressRow):
+    # each interval between two progress reports of a run of a job, posted at the second (ledger.progress ProgressRow):
     # the throughput SLO's facts
     "progress": pa.schema([
         ("pool", pa.string()), ("job_id", pa.string()), ("team", pa.string()), ("run_index", pa.int32()),
@@ -108,6 +108,15 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("granted_at", TS), ("effective_from", TS), ("effective_until", TS), ("ended", pa.bool_()),
         ("posted_at", TS),
     ]),
+    # prices and budgets as set (ledger.prices PriceRow, BudgetRow): one row per price.set / budget.set applied
+    "prices": pa.schema([
+        ("pool", pa.string()), ("price_id", pa.string()), ("per_chip_hour", pa.int64()), ("unit", pa.string()),
+        ("effective_from", TS), ("effective_until", TS), ("hours_of_week", pa.list_(pa.int32())), ("set_at", TS),
+    ]),
+    "budgets": pa.schema([
+        ("pool", pa.string()), ("budget_id", pa.string()), ("team", pa.string()), ("period", pa.string()),
+        ("amount", pa.int64()), ("unit", pa.string()), ("effective_from", TS), ("set_at", TS),
+    ]),
     "deadletters": pa.schema([
         ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()), ("seen_at", TS),
         ("error_code", pa.string()), ("detail", pa.string()), ("event_id", pa.string()),
@@ -119,7 +128,7 @@ SCHEMAS: dict[str, pa.Schema] = {
 DUCK_TYPES = {
     pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.int32(): "INTEGER",
     pa.timestamp("s", tz="UTC"): "TIMESTAMPTZ", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN",
-    pa.list_(pa.string()): "VARCHAR[]",
+    pa.list_(pa.string()): "VARCHAR[]", pa.list_(pa.int32()): "INTEGER[]",
 }
 
 
@@ -142,7 +151,8 @@ def read_parquet_sql(files, union_by_name: bool = False) -> str:
 # the column that decides a row's day partition
 DAY_COLUMN = {"events": "applied_at", "journal": "hour", "job_runs": "posted_at", "decisions": "at",
               "balances": "at", "pending": "at", "waits": "posted_at", "free_chips": "at", "progress": "posted_at",
-              "chip_states": "at", "grant_intervals": "posted_at", "deadletters": "seen_at"}
+              "chip_states": "at", "grant_intervals": "posted_at", "prices": "set_at",
+              "budgets": "set_at", "deadletters": "seen_at"}
 
 TABLES = tuple(SCHEMAS)
 # the analytics cache's folder in the lake (analytics/views.py): derived, removed with the lake's tables

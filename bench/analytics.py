@@ -53,7 +53,7 @@ from analytics.lake import DUCK_TYPES, EVENT_FIELDS, SCHEMAS  # noqa: E402
 from analytics.sqlite_mirror import materialize, mirror  # noqa: E402
 from analytics.views import MATERIALIZED, connect  # noqa: E402
 from chipledger.refold import FACT_TABLES, refold_facts  # noqa: E402
-from chipledger.report import build_report  # noqa: E402
+from chipledger.reports.report import build_report  # noqa: E402
 
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z
 POOLS = ("us-east1-a/h100", "us-east1-b/h100", "eu-west4-a/tpu-v5e", "asia-ne1-a/a100")

@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from chipledger.backtest import load_demand, parse_quota, run_backtest  # noqa: E402
-from chipledger.importers.alibaba_openb import import_alibaba_openb  # noqa: E402
+from chipledger.sim.backtest import load_demand, parse_quota, run_backtest  # noqa: E402
+from chipledger.adapters.importers.alibaba_openb import import_alibaba_openb  # noqa: E402
 from ledger import FoldConfig  # noqa: E402
 
 

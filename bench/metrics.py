@@ -3,7 +3,7 @@
     .venv/bin/python bench/metrics.py [--events 200000] [--repeat 5] [--seed 11] [--batch 100]
                                       [--scrape-every 10000] [--instructions N] [--phases setup,fold,without,with]
 
-A seeded scenario (chipledger.scenario, 3 pools, scale 2) is parsed once; then, alternating in one process, the
+A seeded scenario (chipledger.sim.scenario, 3 pools, scale 2) is parsed once; then, alternating in one process, the
 same events are folded `--repeat` times each way, timed in CPU time (time.process_time):
 
 - **without** (the baseline): what the worker does per record minus its I/O, with no /metrics: `Fleet.apply` and
@@ -46,13 +46,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import ledger  # noqa: E402
-from chipledger.scenario import generate  # noqa: E402
+from chipledger.sim.scenario import generate  # noqa: E402
 from ledger import Fleet, FoldConfig  # noqa: E402
 from schemas import Rejection, parse_payload  # noqa: E402
 from streams.metrics import MetricsCollector, exposition, registry_of  # noqa: E402
 from streams.rows import step_rows  # noqa: E402
 # what a scrape imports (the store's balance functions, the core's pending reasons): in every phase's setup
-import ledger.store.repo  # noqa: E402,F401
+import store.repo  # noqa: E402,F401
 
 
 def fold(events, with_metrics: bool, batch: int = 100, scrape_every: int = 10_000):

@@ -5,7 +5,7 @@
 
 1. Closed loop on an oversubscribed demo fleet (one pool of 512 chips on 8-chip nodes, six teams whose quotas
    add up to the capacity, demand about 1.4× the capacity, jobs of 1-64 chips running 4 h on average that
-   checkpoint every 10 to 60 min), run by the simulated cluster of `chipledger.simcluster` (shared with
+   checkpoint every 10 to 60 min), run by the simulated cluster of `chipledger.sim.simcluster` (shared with
    `chipledger backtest`; its assumptions are in docs/backtest.md): the ledger decides, the cluster preempts the
    named victims 10 s after a decision. The same demand (same seed) runs under every victim order of one run:
    the Kueue-classic order (`victim_order = "naive"`: borrowing teams, lowest priority, most recently started)
@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from chipledger.simcluster import Cluster, SimJob, SimPool  # noqa: E402
+from chipledger.sim.simcluster import Cluster, SimJob, SimPool  # noqa: E402
 from ledger import FoldConfig, Fleet  # noqa: E402
 from ledger.policy import decision_of  # noqa: E402
 from schemas import Rejection, parse_payload  # noqa: E402

@@ -81,14 +81,14 @@ SEED = 11
 
 
 def events_per_day() -> float:
-    from chipledger.scenario import generate
+    from chipledger.sim.scenario import generate
 
     n = sum(1 for _ in generate(seed=SEED, days=7, scale=SCALE))
     return n / 7
 
 
 def make_file(path: Path, n: int, per_day: float) -> int:
-    from chipledger.scenario import generate, write_jsonl
+    from chipledger.sim.scenario import generate, write_jsonl
 
     days = n / per_day * 1.05 + 1
     return write_jsonl(islice(generate(seed=SEED, days=days, scale=SCALE), n), path)

@@ -36,7 +36,7 @@ def baseline(lake: Path, start: datetime, end: datetime, out: Path) -> int:
     import orjson
 
     from analytics.views import connect
-    from chipledger.statements import file_stem
+    from chipledger.reports.statements import file_stem
 
     con = connect(lake)
     rows = con.execute("""
@@ -61,7 +61,7 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="reuse the lake of an earlier run with the same --out")
     args = ap.parse_args()
 
-    from chipledger.statements import FORMATS, issue
+    from chipledger.reports.statements import FORMATS, issue
 
     lake = args.out / "lake"
     if not (args.reuse and lake.is_dir()):
@@ -72,7 +72,7 @@ def main() -> None:
         counts = gen.generate(args.out, args.events)
         print(f"generated lake: {counts} in {time.perf_counter() - t:.1f} s -> {lake}")
     # the last month whose books are closed: the statements a monthly run issues
-    from chipledger.statements import books_closed_through_files, closed_periods
+    from chipledger.reports.statements import books_closed_through_files, closed_periods
 
     first_hour = datetime.fromtimestamp(_analytics_bench().T0, timezone.utc)
     period = closed_periods("month", first_hour, min(books_closed_through_files(lake).values()))[-1]

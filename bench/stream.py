@@ -51,7 +51,7 @@ sys.path.insert(0, str(REPO))
 
 import orjson  # noqa: E402
 
-from chipledger.scenario import generate, iter_jsonl  # noqa: E402
+from chipledger.sim.scenario import generate, iter_jsonl  # noqa: E402
 from schemas import INPUT_TOPICS  # noqa: E402
 from schemas.topics import TOPIC_DECISIONS, TOPIC_JOURNAL, TOPIC_LOG  # noqa: E402
 
@@ -188,7 +188,7 @@ def pipeline(bootstrap: str, work: Path, total_events: int, *, metrics_port: int
              scrape_every_s: float = 5.0) -> dict:
     """Worker + sink over the input topics from their beginning (a new group). With `metrics_port` the worker
     serves /metrics there and this process scrapes it every `scrape_every_s` (as Prometheus would)."""
-    from ledger.store import open_store
+    from store import open_store
     from streams.sink import Sink
 
     run = work / f"run-{uuid.uuid4().hex[:6]}"

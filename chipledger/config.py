@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from analytics.slo_views import SloParams as SloConfig  # the [slo] section: targets and thresholds of the SLO views
-from ledger.fold import DEFAULT_DEDUP_WINDOW_S, DEFAULT_MAX_CLOCK_JUMP_S, FoldConfig
+from ledger.fold import DEFAULT_DEDUP_WINDOW_S, DEFAULT_MAX_CLOCK_JUMP_S, DEFAULT_MAX_CLOCK_SKEW_S, FoldConfig
 from schemas.parse import DEFAULT_MAX_EVENT_BYTES
 
 
@@ -94,12 +94,15 @@ class LedgerConfig:
     dedup_window_s: int = DEFAULT_DEDUP_WINDOW_S
     debug_invariants: bool = False  # check conservation after every event (slower)
     max_clock_jump_s: int = DEFAULT_MAX_CLOCK_JUMP_S  # an event further ahead of its pool clock: clock_jump
+    max_clock_skew_s: int = DEFAULT_MAX_CLOCK_SKEW_S  # an event further ahead of its append time: clock_ahead
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES  # a message value over this: too_large (docs/events.md)
     hol_blocking: bool = True  # the fold measures head-of-line blocking (waits.blocked_s; 2-3x the fold's cost per event)
 
     def __post_init__(self):
         if self.max_clock_jump_s < 1:
             raise ValueError(f"[ledger] max_clock_jump_s must be at least 1, got {self.max_clock_jump_s}")
+        if self.max_clock_skew_s < 0:
+            raise ValueError(f"[ledger] max_clock_skew_s must not be negative, got {self.max_clock_skew_s}")
         if self.dedup_window_s < 0:
             raise ValueError(f"[ledger] dedup_window_s must not be negative, got {self.dedup_window_s}")
         if not 1024 <= self.max_event_bytes <= MAX_EVENT_BYTES_LIMIT:
@@ -139,6 +142,7 @@ class PolicyConfig:
 def fold_config(cfg: "Config", check_invariants: bool = False) -> FoldConfig:
     """The FoldConfig of a configuration: [ledger] and [policy] (what every command that folds uses)."""
     return FoldConfig(dedup_window_s=cfg.ledger.dedup_window_s, max_clock_jump_s=cfg.ledger.max_clock_jump_s,
+                      max_clock_skew_s=cfg.ledger.max_clock_skew_s,
                       check_invariants=check_invariants or cfg.ledger.debug_invariants,
                       hol_blocking=cfg.ledger.hol_blocking,
                       capacity_slo_target=cfg.slo.availability,  # bursts are gated by the capacity SLO's budget
@@ -152,7 +156,7 @@ class StatementsConfig:
     every: str = "month"                 # the period `chipledger statements --every` issues by default
 
     def __post_init__(self):
-        from chipledger.statements import StatementError, parse_formats
+        from chipledger.reports.statements import StatementError, parse_formats
 
         try:
             parse_formats(self.formats)

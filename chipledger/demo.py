@@ -1,6 +1,6 @@
 """`chipledger demo`: a seeded fleet scenario, run end to end on the embedded default, summarized.
 
-The scenario (chipledger.scenario) has several pools of different chips, ten teams with quotas, diurnal
+The scenario (chipledger.sim.scenario) has several pools of different chips, ten teams with quotas, diurnal
 demand, bursts of submissions, chip failures and repairs, checkpoints and failing jobs; its training jobs
 report their progress, slowed down by the few chips that degrade (the throughput SLO); a few deliberately
 bad lines show the dead-letter path.
@@ -24,9 +24,9 @@ from rich.table import Table
 
 from analytics.views import connect
 from chipledger.embedded import run_file
-from chipledger.scenario import corrupt, generate
+from chipledger.sim.scenario import corrupt, generate
 from ledger import Fleet, FoldConfig
-from ledger.store import open_store
+from store import open_store
 from schemas import Rejection, parse_event
 
 ACCOUNT_ORDER = ("capacity", "unavailable", "idle", "overcommitted", "in_quota", "borrowed", "burst")
@@ -102,7 +102,7 @@ def run_demo(out: Path, seed: int = 7, days: float = 14, console: Console | None
 def run_trace_demo(trace: str, trace_dir: Path, out: Path, console: Console | None = None,
                    fold_config: FoldConfig = FoldConfig()) -> dict:
     """A real trace: import it, fold it, summarize it."""
-    from chipledger.importers.registry import import_trace
+    from chipledger.adapters.importers.registry import import_trace
 
     console = console or Console()
     out = Path(out)
@@ -151,7 +151,7 @@ def fold_and_summarize(events: Path, out: Path, console: Console, fold_config: F
 
 def _first_week_statements(out: Path, con, console: Console) -> list:
     """The teams' quota statements for the first ISO week whose books are closed, if any."""
-    from chipledger.statements import books_closed_through_files, closed_periods, issue
+    from chipledger.reports.statements import books_closed_through_files, closed_periods, issue
 
     first = con.execute("SELECT min(hour) FROM journal_postings").fetchone()[0]
     closed = books_closed_through_files(out / "lake")

@@ -1,6 +1,6 @@
 """The pure ledger core: `PoolState`, `evolve`, hourly books. No I/O, no wall clock, integers only.
 
-Layers point one way: schemas <- ledger <- {ledger.store, streams, analytics, chipledger}.
+Layers point one way: schemas <- ledger <- {store, streams, analytics, chipledger}.
 
 `CORE` says whether the fold runs compiled (mypyc, built by `make`) or as plain Python (ledger/_compiled.py).
 """

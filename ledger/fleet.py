@@ -14,9 +14,13 @@ class Fleet:
         self.config = config
         self.pools: dict[str, PoolState] = dict(pools or {})
 
-    def apply(self, event, raw: Any = None) -> Step:
+    def apply(self, event, raw: Any = None, origin: Optional[str] = None, appended_s: Optional[int] = None) -> Step:
+        """Fold one event into its pool (`origin`, `appended_s`: as `evolve` takes them, from a log export)."""
         state = self.pools.get(event.pool)
-        new, step = evolve(state, event, self.config, raw)
+        if origin is None and appended_s is None:
+            new, step = evolve(state, event, self.config, raw)
+        else:
+            new, step = evolve(state, event, self.config, raw, origin=origin, appended_s=appended_s)
         if new is not state:  # a pool.configured created the pool
             self.pools[event.pool] = new
         return step

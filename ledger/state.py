@@ -57,6 +57,22 @@ def fingerprint(body: Any) -> int:  # any bytes-like value (bytes, bytearray, me
     return crc32(body) << 32 | adler32(body)
 
 
+#: between an origin and an event id in the dedup window's keys: a control character, which neither may hold
+ORIGIN_SEP = "\x1f"
+
+
+def origin_of(source: str) -> str:
+    """The origin that stands in for an event's cluster when the edge gives none (a file): the cluster part of its
+    `source`, the text before the first '/' (DESIGN §3)."""
+    cut = source.find("/")
+    return source if cut < 0 else source[:cut]
+
+
+def dedup_key(origin: str, event_id: str) -> str:
+    """The dedup window's key of an event id from an origin (ids are deduplicated per origin)."""
+    return origin + ORIGIN_SEP + event_id
+
+
 def digest_of(body: Any) -> int:
     """What the dedup window compares: a body's digest, or the digest itself when the window already holds it
     (it keeps an accepted event's raw bytes and digests them only when needed)."""
@@ -156,6 +172,10 @@ class Job:
     # (no cycle: A taken from for B, then B for A). Saved apart from the job's list (PoolState.to_dict
     # "displaced"), so states saved before it still load
     displaced: dict = field(default_factory=dict)
+    # the scheduler's last own reason (and sentence) for its wait (job.waiting), while it is in the queue; cleared
+    # as it starts. Saved apart (PoolState.to_dict "waiting"), like displaced
+    waiting_reason: Optional[str] = None
+    waiting_message: Optional[str] = None
 
     def __init__(self, job_id: str, team: str, chips_milli: int, priority: int, preemptible: bool,
                  chips_per_node: Optional[int], submitted_at: int, status: str = "pending",
@@ -165,7 +185,8 @@ class Job:
                  alloc_at_safe_mchip_s: int = 0, waiting_since: int = 0, preempted_at: Optional[list] = None,
                  wait_nominal_milli: int = 0, wait_used_milli: int = 0, hol_s: int = 0, hol_from: int = -1,
                  hol_ahead: Optional[list] = None, hol_blockers: Optional[dict] = None,
-                 progress: Optional["Progress"] = None, displaced: Optional[dict] = None) -> None:
+                 progress: Optional["Progress"] = None, displaced: Optional[dict] = None,
+                 waiting_reason: Optional[str] = None, waiting_message: Optional[str] = None) -> None:
         self.job_id = job_id
         self.team = team
         self.chips_milli = chips_milli
@@ -195,11 +216,13 @@ class Job:
         self.hol_blockers = {} if hol_blockers is None else hol_blockers
         self.progress = progress
         self.displaced = {} if displaced is None else displaced
+        self.waiting_reason = waiting_reason
+        self.waiting_message = waiting_message
 
 
 @dataclass(slots=True)
 class Progress:
-    """What the fold keeps of a job's progress reports (fact `progress`, ledger.fold): the unit's name, the count
+    """What the fold keeps of a job's progress reports (fact `progress`, ledger.progress): the unit's name, the count
     last reported and the run it was reported in, the start of the open interval (instant, count, the run's
     allocation then), the count at the last checkpoint (a restart continues from it), the reference rate (units
     per chip-second; -1: not known yet) with the healthy stretch gathered for it (rates, seconds), and the chips
@@ -234,9 +257,10 @@ class PoolState:
     capacity_milli: int = 0
     unavailable_milli: int = 0
     charged_milli: int = 0  # sum of team use
-    # dedup window: event_id -> (fingerprint, event time); order of arrival for expiry
+    # dedup window: dedup_key(origin, event_id) -> (fingerprint, event time); order of arrival for expiry
     dedup: dict[str, tuple[Any, int]] = field(default_factory=dict)
     dedup_order: deque = field(default_factory=deque)
+    legacy_ids: bool = False  # the window holds ids saved before they were kept per origin (plain event ids, oldest)
     # counters
     applied: int = 0
     duplicates: int = 0
@@ -301,7 +325,7 @@ class PoolState:
     queue_changes: int = 0  # jobs joined or left a queue (derived; with run_epoch and other_epoch: when to look again)
     hol_sig: Optional[tuple] = None  # those counters at the last look at head-of-line blocking (derived)
     hol_any: bool = True  # some pending job could start at the last look (derived: after a restore, look)
-    # the head-of-line index (ledger.fold._hol; derived, built at the first look, None until then and after a
+    # the head-of-line index (ledger.hol._hol; derived, built at the first look, None until then and after a
     # restore): pending jobs per (team, chips per node) sorted by (chips, job id), every pending job's queue key
     # sorted, the most chips each group could start with at the last look, the jobs that could start then, the
     # jobs queued since, the decisions in flight then and the first three jobs that could not start then
@@ -329,6 +353,9 @@ class PoolState:
     # rejection code -> events of this pool the fold rejected (dead letters; those made before a pool is known,
     # or by the stream edge, are counted where they are made)
     rejection_counts: dict = field(default_factory=dict)
+    # --- prices and budgets (ledger.prices): id -> the fields of its last PriceRow / BudgetRow after the id
+    prices: dict = field(default_factory=dict)
+    budgets: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.reset_until()
@@ -353,7 +380,7 @@ class PoolState:
     # --- serialization -------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         self.books.settle_idle(self.clock)
-        return {
+        out = {
             "pool": self.pool, "flavor": self.flavor, "chips_per_node": self.chips_per_node,
             "clock": self.clock, "books": self.books.to_dict(),
             "chips": {k: [c.node, c.state, dict(c.jobs)] for k, c in self.chips.items()},
@@ -379,6 +406,15 @@ class PoolState:
             "fc_posted": None if self.fc_posted is None else list(self.fc_posted),
             "counters": self.counters_dict(),
         }
+        # added later, and only when there is something to keep: a state without them saves as before
+        waiting = {k: [j.waiting_reason, j.waiting_message] for k, j in self.jobs.items() if j.waiting_reason is not None}
+        if waiting:
+            out["waiting"] = waiting
+        if self.prices:
+            out["prices"] = {k: list(v) for k, v in self.prices.items()}
+        if self.budgets:
+            out["budgets"] = {k: list(v) for k, v in self.budgets.items()}
+        return out
 
     def counters_dict(self) -> dict:
         """The monotonic counters, JSON-ready (tuple keys as lists)."""
@@ -412,6 +448,8 @@ class PoolState:
         s.jobs = {k: _job_of(v) for k, v in d["jobs"].items()}
         for k, displaced in (d.get("displaced") or {}).items():  # absent in states saved before it
             s.jobs[k].displaced = dict(displaced)
+        for k, (reason, message) in (d.get("waiting") or {}).items():  # absent in states saved before job.waiting
+            s.jobs[k].waiting_reason, s.jobs[k].waiting_message = reason, message
         for j in s.jobs.values():
             if j.placement is not None:
                 j.placement = dict(j.placement)
@@ -428,6 +466,7 @@ class PoolState:
         for eid, fp, at in d["dedup"]:
             s.dedup[eid] = (fp, at)
             s.dedup_order.append(eid)
+        s.legacy_ids = bool(s.dedup_order) and ORIGIN_SEP not in s.dedup_order[0]
         s.applied, s.duplicates, s.rejected = d["applied"], d["duplicates"], d["rejected"]
         s.late_events, s.max_lateness_s = d["late_events"], d["max_lateness_s"]
         s.positions = dict(d.get("positions") or {})
@@ -455,6 +494,8 @@ class PoolState:
             s.decision_counts = {(k[0], k[1], k[2]): k[3] for k in c["decisions"]}
             s.victim_counts = {(k[0], k[1]): [k[2], k[3]] for k in c["victims"]}
             s.rejection_counts = dict(c["rejections"])
+        s.prices = {k: list(v) for k, v in (d.get("prices") or {}).items()}
+        s.budgets = {k: list(v) for k, v in (d.get("budgets") or {}).items()}
         s.reindex()
         s.reset_until()
         return s

@@ -8,7 +8,9 @@ from schemas.codes import RejectionCode, Rejection
 from schemas.events import (
     EVENT_MODELS,
     Event,
+    BudgetSet,
     BurstRequested,
+    CAUSES,
     ChipRegistered,
     ChipRetired,
     ChipStateChanged,
@@ -19,8 +21,10 @@ from schemas.events import (
     JobReleased,
     JobStarted,
     JobSubmitted,
+    JobWaiting,
     PoolConfigured,
     PoolTick,
+    PriceSet,
     QuotaGranted,
     QuotaRevoked,
     to_milli,
@@ -30,6 +34,7 @@ from schemas.events import (
 )
 from schemas.outputs import DeadLetter, DecisionBurst, DecisionPreempt, JobRef, Victim, OUTPUT_MODELS
 from schemas.parse import parse_event, parse_payload
+from schemas.roles import ROLES, Principal, check as check_role, pool_cluster
 from schemas.topics import (
     TOPIC_QUOTA,
     TOPIC_JOBS,

@@ -12,12 +12,15 @@ from enum import Enum
 
 class RejectionCode(str, Enum):
     bad_key = "bad_key"                    # Kafka only: no message key, or not the event's pool / partition
+    wrong_role = "wrong_role"              # Kafka only: the principal's roles may not send this event type (schemas.roles)
+    not_owner = "not_owner"                # Kafka only: the pool is not of a cluster the principal speaks for
     too_large = "too_large"                # the message is over [ledger] max_event_bytes (checked before parsing)
     not_json = "not_json"                  # the bytes are not one JSON object (bad UTF-8, syntax, not an object)
     too_deep = "too_deep"                  # JSON nested deeper than MAX_DEPTH (no event nests beyond 2)
     unknown_type = "unknown_type"          # `type` missing or not one of the event types
     schema_invalid = "schema_invalid"      # fields missing, extra, of the wrong type or out of range
     unknown_pool = "unknown_pool"          # the pool was never configured
+    clock_ahead = "clock_ahead"            # event time further ahead of its append time than [ledger] max_clock_skew_s
     clock_jump = "clock_jump"              # further ahead of the pool clock than [ledger] max_clock_jump_s
     too_late = "too_late"                  # older than the pool clock minus the dedup window: not applied
     unknown_chip = "unknown_chip"          # a chip id that is not registered in the pool

@@ -34,6 +34,7 @@ MILLI = 1000  # milli-chips per chip: the one scale for chip amounts in the whol
 MAX_CHIPS = 1_000_000
 MAX_POOL_CHIPS = 1_000_000
 MAX_POOL_MILLI = MAX_POOL_CHIPS * MILLI
+MAX_RUNTIME_S = 100 * 365 * 86400  # an expected run time is at most a century (keeps sums in int64)
 MIN_TIME = datetime(1970, 1, 1, tzinfo=timezone.utc)
 MAX_TIME = datetime(2100, 1, 1, tzinfo=timezone.utc)
 
@@ -106,7 +107,8 @@ NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*$"
 TEXT_PATTERN = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f]*$"
 Name = Annotated[str, Field(min_length=1, max_length=256, json_schema_extra={"pattern": NO_CONTROL})]
 Text = Annotated[str, Field(max_length=1024, json_schema_extra={"pattern": TEXT_PATTERN})]
-TEXT_FIELDS = frozenset({"reason"})  # the free-text fields; every other string of an event is an id or a name
+TEXT_FIELDS = frozenset({"reason", "message"})  # the free-text fields; every other string of an event is an id or a name
+# (job.waiting's `reason` is a machine word, not free text: schemas.parse checks it as a name)
 
 
 def to_milli(chips: Decimal) -> int:
@@ -215,6 +217,10 @@ class BurstRequested(_Event):
     window_start: Timestamp
     window_end: Timestamp
     reason: Optional[Text] = None
+    # the signed-in member who asked (set by the portal, whose principal may send bursts only for that member's
+    # team); absent = sent by an admin or a tool. Optional and additive: the core never reads it
+    requested_by: Optional[Name] = Field(None, description="the member who asked for the burst (set by the "
+                                                           "portal); absent = an admin or a tool")
 
     @model_validator(mode="after")
     def _window(self):
@@ -239,10 +245,30 @@ class JobSubmitted(_Event):
     # and additive (schema_version stays 1): the core never reads it, analytics does (`usage_by_user`)
     user: Optional[Name] = Field(None, description="the user who submitted the job (e.g. a Unix login); "
                                                    "absent = unknown")
+    # the producer's estimate of the run time, or the job's time limit (Slurm's TimeLimit), for start-time
+    # estimates; and the Kubernetes namespace (a Kueue LocalQueue's) it was submitted in. Optional and additive
+    expected_runtime_s: Optional[int] = Field(None, ge=1, le=MAX_RUNTIME_S, strict=True,
+                                              description="seconds the job is expected to run (the producer's "
+                                                          "estimate or its time limit); absent = unknown")
+    namespace: Optional[Name] = Field(None, description="the Kubernetes namespace (of its Kueue LocalQueue) the "
+                                                        "job was submitted in; absent = not Kubernetes or unknown")
 
     @property
     def chips_milli(self) -> int:
         return to_milli(self.chips)
+
+
+class JobWaiting(_Event):
+    """The scheduler's own reason a pending job waits (Kueue's condition reason, Slurm's Reason): legal only
+    while the job is in the queue; the fold keeps the last one on the job (for `why` and the portal) and writes
+    nothing to the books."""
+
+    type: Literal["job.waiting"]
+    job_id: Name
+    reason: Annotated[str, Field(min_length=1, max_length=128, json_schema_extra={"pattern": NO_CONTROL},
+                                 description="a machine word, e.g. Kueue's Pending reason or Slurm's "
+                                             "Priority/Resources")]
+    message: Optional[Text] = Field(None, description="the scheduler's own sentence, when it has one")
 
 
 class JobStarted(_Event):
@@ -282,10 +308,22 @@ class JobProgress(_Event):
     unit: UnitName
 
 
+#: why a run was interrupted (DESIGN §4's cause table): lost work is booked for every cause, but only
+#: `preempted` counts as a preemption (statements, max_preemptions, anti-thrash)
+CAUSES = ("preempted", "requeued", "failure")
+
+
 class JobPreempted(_Event):
     type: Literal["job.preempted"]
     job_id: Name
     decision_id: Optional[Name] = None
+    # why the run ended: preempted (the default; always so with a decision_id, whatever is sent), requeued (an
+    # admin's requeue or deactivation) or failure (a node or chip failed under the job). Optional and additive
+    cause: Optional[Literal["preempted", "requeued", "failure"]] = Field(
+        None, description="preempted (default; a decision_id makes it preempted whatever is sent), requeued (an "
+                          "admin's requeue or deactivation) or failure (a node or chip failed under the job)")
+    reason: Optional[Text] = Field(None, description="the scheduler's own reason, e.g. Kueue's "
+                                                     "InCohortReclamation or Slurm's PREEMPTED")
     # back in the queue but not eligible to start yet (a scheduler's hold-off after a requeue: Slurm's next
     # Eligible): the job is held, neither running nor pending demand, until a `job.released` (or it starts or
     # finishes). Optional and additive (schema_version stays 1): absent or false = pending at once, as before
@@ -307,11 +345,59 @@ class JobFinished(_Event):
     outcome: Literal["succeeded", "failed", "cancelled"]
 
 
+# prices and budgets (DESIGN §3, §9): integers in a declared unit, a currency's minor unit (USD-cent) or a billing
+# unit (Slurm's TRESBillingWeights); bounded so a cost over a pool's life stays in int64 once accrued
+MAX_PRICE = 10**9    # per chip-hour, in its unit
+MAX_AMOUNT = 10**15  # a budget, in its unit
+MoneyUnit = Annotated[str, Field(min_length=1, max_length=64, json_schema_extra={"pattern": NO_CONTROL},
+                                 description="the unit of the amount: a currency's minor unit such as USD-cent, "
+                                             "or billing (declared billing units)")]
+HOURS_OF_WEEK = 168  # Monday 00:00 UTC = hour 0
+
+
+class PriceSet(_Event):
+    """A flavor's price in this pool, per chip-hour, from `effective_from` (not before the pool clock: prices
+    apply forward; absent = at once) until `effective_until`, in the UTC hours of the week listed (absent =
+    every hour). A price id set again replaces its earlier setting from its own effective_from."""
+
+    type: Literal["price.set"]
+    price_id: Name
+    per_chip_hour: int = Field(ge=0, le=MAX_PRICE, strict=True, description="price of one chip for one hour, in `unit`")
+    unit: MoneyUnit
+    effective_from: Optional[Timestamp] = None
+    effective_until: Optional[Timestamp] = None
+    hours_of_week: Optional[list[Annotated[int, Field(ge=0, lt=HOURS_OF_WEEK, strict=True)]]] = Field(
+        None, min_length=1, max_length=HOURS_OF_WEEK,
+        description="UTC hours of the week (Monday 00:00 = 0 … 167) the price holds in; absent = every hour")
+
+    @model_validator(mode="after")
+    def _window(self):
+        if self.effective_from and self.effective_until and self.effective_until <= self.effective_from:
+            raise ValueError("effective_until must be after effective_from")
+        h = self.hours_of_week
+        if h is not None and len(set(h)) != len(h):
+            raise ValueError("hours_of_week must not repeat")
+        return self
+
+
+class BudgetSet(_Event):
+    """A team's budget in this pool per calendar period (UTC), from `effective_from` (absent = at once). A
+    team's budget across pools is the sum of its pools' budgets (analytics)."""
+
+    type: Literal["budget.set"]
+    budget_id: Name
+    team: Name
+    period: Literal["month", "quarter"]
+    amount: int = Field(ge=0, le=MAX_AMOUNT, strict=True, description="the budget of one period, in `unit`")
+    unit: MoneyUnit
+    effective_from: Optional[Timestamp] = None
+
+
 EVENT_MODELS: dict[str, type[_Event]] = {
     m.model_fields["type"].annotation.__args__[0]: m
     for m in (PoolConfigured, PoolTick, ChipRegistered, ChipStateChanged, ChipRetired, QuotaGranted,
               QuotaRevoked, BurstRequested, JobSubmitted, JobStarted, JobCheckpointed, JobProgress, JobPreempted,
-              JobReleased, JobFinished)
+              JobReleased, JobFinished, JobWaiting, PriceSet, BudgetSet)
 }
 
 Event = Annotated[Union[tuple(EVENT_MODELS.values())], Field(discriminator="type")]

@@ -3,13 +3,15 @@
 Nothing here raises for bad input: every failure becomes a `Rejection` with the code of highest precedence,
 checked in this order: size (`too_large`, before any byte is parsed), JSON (`not_json`; a message nested
 beyond the JSON parser's own depth limit of 1024 is `too_deep`, since the parser stops there), one object
-(`not_json`), depth (`too_deep`: deeper than MAX_DEPTH), `type` (`unknown_type`), fields (`schema_invalid`).
+(`not_json`), depth (`too_deep`: deeper than MAX_DEPTH), `type` (`unknown_type`), fields (`schema_invalid`; a
+key repeated in one object too: JSON parsers disagree on which copy wins, so the contract takes neither).
 No detail ever repeats an input value whole: a type is quoted up to 64 characters, a container by its kind.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from typing import Any, Union
 
@@ -39,7 +41,7 @@ def control_characters(obj: dict):
     """The first field of a (validated) event that holds a control character, as a Rejection, else None: ids
     and names may hold none (C0, DEL, C1), free text no C0 character but tab and line breaks."""
     for key, value in obj.items():
-        bad = _TEXT_BAD if key in TEXT_FIELDS else _ID_BAD
+        bad = _TEXT_BAD if key in TEXT_FIELDS and not (key == "reason" and obj.get("type") == "job.waiting") else _ID_BAD
         values = value if value.__class__ is list else (value,)
         for v in values:
             if v.__class__ is str and bad.search(v):
@@ -63,6 +65,40 @@ def _time_range(event) -> Any:
     return Rejection(RejectionCode.schema_invalid,
                      f"{event.type}: occurred_at: must be at or after {MIN_TIME:%Y-%m-%dT%H:%M:%SZ} and before "
                      f"{MAX_TIME:%Y-%m-%dT%H:%M:%SZ}")
+
+
+_KEY_SPACED = re.compile(rb'"[ \t\n\r]+:')  # a key followed by white space before its colon
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list) -> dict:
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+def duplicate_key(raw: bytes, obj: dict):
+    """The first key repeated in an object of the message (orjson, like most parsers, keeps the last one), as a
+    `schema_invalid` Rejection, else None. Cheap on the common path: each key of the top-level object ends with
+    `":` (or `"` and white space before its colon), so when the count of those equals the object's keys and no
+    key is spaced from its colon, no key repeats; otherwise (nested objects, a `":` inside a string, spaced keys)
+    the message is read again with a hook that sees every key."""
+    if raw.count(b'":') == len(obj) and _KEY_SPACED.search(raw) is None:
+        return None
+    try:
+        json.loads(raw, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as dup:
+        return Rejection(RejectionCode.schema_invalid, f"{obj['type']}: key {_quote(dup.args[0])} "
+                                                       f"appears more than once in one object")
+    except ValueError:  # orjson read it; should the standard parser not (it is stricter nowhere we rely on), keep it
+        return None
+    return None
 
 
 def _describe(err: ValidationError) -> str:
@@ -171,4 +207,8 @@ def parse_event(raw: Union[bytes, str], max_bytes: int = DEFAULT_MAX_EVENT_BYTES
         if text.startswith(_DEPTH_LIMIT_MSG):
             return _deep(None)
         return Rejection(RejectionCode.not_json, cap_detail(f"not JSON: {text}"))
-    return parse_payload(obj, cls is bytes and not _may_hold_controls(raw))
+    event = parse_payload(obj, cls is bytes and not _may_hold_controls(raw))
+    if event.__class__ is Rejection:
+        return event
+    dup = duplicate_key(raw, obj)  # (obj is a dict: parse_payload accepted it)
+    return event if dup is None else dup

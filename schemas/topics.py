@@ -17,6 +17,8 @@ _TOPIC_BY_PREFIX = {
     "quota": TOPIC_QUOTA,
     "burst": TOPIC_QUOTA,
     "pool": TOPIC_QUOTA,
+    "price": TOPIC_QUOTA,
+    "budget": TOPIC_QUOTA,
     "job": TOPIC_JOBS,
     "chip": TOPIC_CHIPS,
 }

@@ -1,11 +1,11 @@
 """Prometheus metrics of the pools a process folds: the worker's `/metrics` (`chipledger worker --metrics-port`)
-and `chipledger serve-metrics` over an embedded lake (chipledger/monitoring.py) use this one collector.
+and `chipledger serve-metrics` over an embedded lake (chipledger/monitoring/server.py) use this one collector.
 
 It owns no rule and does nothing while the pools fold. At a scrape it reads everything from the live `PoolState`s:
 the counters the core keeps there (DESIGN §4 "Facts": monotonic counters of good and total events per SLO,
 decisions, victims, dead letters, events applied; ledger/state.py, updated where the fold writes the rows they
 count, carried by the state's snapshot so a restarted worker continues them) and the gauges, through the
-functions the store's balances are made with (ledger/store/repo.py) and the core's read-only pending reasons
+functions the store's balances are made with (store/repo.py) and the core's read-only pending reasons
 (`ledger.fold.policy_rows`), so the gauges are the ledger's balances. What the fold of the pools does not see is
 handed in by its caller, never per record: dead letters made before a pool state (not JSON, not valid, a pool
 never configured, a key that is not the event's pool: `dead_letter`) and the fold time of each drain
@@ -43,7 +43,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 MILLI = 1000.0
 
-#: the SLO counters: SLO -> (total metric, good metric, labels beside `pool`); the rules (chipledger/slo_rules.py)
+#: the SLO counters: SLO -> (total metric, good metric, labels beside `pool`); the rules (chipledger/monitoring/slo_rules.py)
 #: and the dashboard read these names
 SLO_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "availability": ("chipledger_registered_chip_seconds_total", "chipledger_available_chip_seconds_total", ()),
@@ -109,7 +109,7 @@ class MetricsCollector:
     def gauges(self):
         """The gauges of the pools and teams, from the live states."""
         from ledger.fold import HELD, policy_rows
-        from ledger.store.repo import _pool_row, _team_rows
+        from store.repo import _pool_row, _team_rows
 
         P = ("pool", "flavor")
         T = ("pool", "flavor", "team")

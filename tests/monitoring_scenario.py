@@ -1,11 +1,11 @@
-"""A seeded fleet scenario whose capacity error budget burns: chipledger.scenario's fleet (one pool), with an
+"""A seeded fleet scenario whose capacity error budget burns: chipledger.sim.scenario's fleet (one pool), with an
 outage injected (a share of the pool's chips down for some hours), for the monitoring tests."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from chipledger.scenario import generate
+from chipledger.sim.scenario import generate
 
 START = datetime(2026, 11, 2, tzinfo=timezone.utc)
 

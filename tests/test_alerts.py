@@ -113,7 +113,7 @@ def test_max_age_staleness(lake):
 
 
 def test_parse_duration():
-    from chipledger.alerts import AlertsError, parse_duration
+    from chipledger.monitoring.alerts import AlertsError, parse_duration
 
     assert [parse_duration(t) for t in ("90", "90s", "15m", "2h", "1d", "1w")] == [90, 90, 900, 7200, 86400, 604800]
     for bad in ("", "1.5h", "-1h", "h", "2 hours"):
@@ -126,7 +126,7 @@ def test_evaluate_returns_the_alerts_and_the_instant(lake):
     from datetime import datetime, timezone
 
     from analytics.views import connect
-    from chipledger.alerts import evaluate
+    from chipledger.monitoring.alerts import evaluate
 
     at = datetime(2026, 11, 2, 3, tzinfo=timezone.utc)
     ev = evaluate(connect(lake, as_of=at), at=at)

@@ -1,4 +1,4 @@
-"""`chipledger backtest` (chipledger/backtest.py over chipledger/simcluster.py): a hand-computed replay with exact
+"""`chipledger backtest` (chipledger/sim/backtest.py over chipledger/sim/simcluster.py): a hand-computed replay with exact
 waits, determinism, bad input, HTML escaping, and the command on the real Alibaba openb trace (skipped
 without ../shared)."""
 
@@ -137,7 +137,7 @@ def test_bad_input_is_a_clear_error(tmp_path):
 def test_backtest_on_the_real_openb_trace(tmp_path):
     if not OPENB.is_dir():
         pytest.skip(f"{OPENB} not found: the real-trace backtest needs ../shared/traces beside the repository")
-    from chipledger.importers.alibaba_openb import import_alibaba_openb
+    from chipledger.adapters.importers.alibaba_openb import import_alibaba_openb
 
     events = tmp_path / "openb.jsonl"
     import_alibaba_openb(OPENB, events)

@@ -32,7 +32,7 @@ def test_instruction_counts_per_phase(tmp_path):
         if os.environ.get("CHIPLEDGER_REQUIRE_VALGRIND") == "1":
             pytest.fail(f"{msg} (CHIPLEDGER_REQUIRE_VALGRIND=1)", pytrace=False)
         pytest.skip(msg)
-    from chipledger.scenario import generate, write_jsonl
+    from chipledger.sim.scenario import generate, write_jsonl
 
     sample = tmp_path / "sample.jsonl"
     # 3,000 events: each phase's count includes ~1.3 G instructions of start-up that vary by a few million between
@@ -91,7 +91,7 @@ def test_later_sample_counts_only_its_events(tmp_path):
         if tool is None and os.environ.get("CHIPLEDGER_REQUIRE_VALGRIND") == "1":
             pytest.fail(f"{msg} (CHIPLEDGER_REQUIRE_VALGRIND=1)", pytrace=False)
         pytest.skip(msg)
-    from chipledger.scenario import generate, write_jsonl
+    from chipledger.sim.scenario import generate, write_jsonl
 
     sample = tmp_path / "sample.jsonl"
     write_jsonl(islice(generate(seed=replay.SEED, days=1, scale=replay.SCALE), 2100), sample)
@@ -110,7 +110,7 @@ def test_later_sample_needs_callgrind(tmp_path):
 
 
 def _later_sample(tmp_path, replay, n: int) -> Path:
-    from chipledger.scenario import generate, write_jsonl
+    from chipledger.sim.scenario import generate, write_jsonl
 
     sample = tmp_path / "sample.jsonl"
     write_jsonl(islice(generate(seed=replay.SEED, days=1, scale=replay.SCALE), 2000 + n), sample)

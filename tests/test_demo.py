@@ -85,7 +85,7 @@ def test_the_demo_cluster_acts_on_the_ledgers_decisions(demo_lake_of):
     budgets = dict(con.execute("SELECT slo, remaining FROM error_budget WHERE pool IS NULL").fetchall())
     assert budgets["availability"] > 0 and budgets["goodput"] > 0, budgets
     # the statements' decision and beneficiary columns are filled
-    from chipledger.statements import compute_statements, parse_period
+    from chipledger.reports.statements import compute_statements, parse_period
 
     sts = compute_statements(con, parse_period("2026-W46"))
     jobs = [j for st in sts for j in st["preemptions"]["suffered"]["jobs"]]

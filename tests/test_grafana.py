@@ -10,7 +10,7 @@ import re
 from typer.testing import CliRunner
 
 from chipledger.cli import app
-from chipledger.grafana import dashboard
+from chipledger.monitoring.grafana import dashboard
 from tests.prom_support import promtool
 
 

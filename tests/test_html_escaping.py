@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from chipledger.cli import app
-from chipledger.statements import file_stem
+from chipledger.reports.statements import file_stem
 
 TEAM_IMG = """<img src=x onerror="window.__pwned='img';document.title='pwned'">"""
 TEAM_SCRIPT = """</title></style><script>window.__pwned='script';alert('pwned')</script>"""

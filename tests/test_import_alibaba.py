@@ -17,8 +17,8 @@ import pytest
 
 from analytics.views import connect
 from chipledger.embedded import run_file
-from chipledger.importers.alibaba_openb import DEFAULT_START, import_alibaba_openb
-from chipledger.importers.base import TraceFormatError
+from chipledger.adapters.importers.alibaba_openb import DEFAULT_START, import_alibaba_openb
+from chipledger.adapters.importers.base import TraceFormatError
 
 OPENB = Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-gpu-v2023-openb"
 END = "2023-05-30T08:09:20Z"  # DEFAULT_START + 12,902,960 s, the trace's last timestamp

@@ -1,4 +1,4 @@
-"""The Helios importer (chipledger.importers.helios) on the real quota files and on a hand-made job log.
+"""The Helios importer (chipledger.adapters.importers.helios) on the real quota files and on a hand-made job log.
 
 Real files: ../shared/traces/helios beside the repository (HeliosData, Hu et al. SC '21, CC BY 4.0). The
 expected entitlements are computed here from the CSV with the csv module, independently of the importer,
@@ -17,8 +17,8 @@ import pytest
 
 from analytics.views import connect
 from chipledger.embedded import run_file
-from chipledger.importers.base import TraceFormatError
-from chipledger.importers.helios import import_helios
+from chipledger.adapters.importers.base import TraceFormatError
+from chipledger.adapters.importers.helios import import_helios
 
 UTC = timezone.utc
 HELIOS = Path(__file__).resolve().parents[2] / "shared" / "traces" / "helios"

@@ -19,7 +19,7 @@ from analytics.lake import (EVENT_FIELDS, LEGACY_EVENT_COLUMNS, SCHEMAS, LakeErr
                             complete_event_row, event_fields)
 from analytics.views import connect
 from chipledger.cli import app
-from ledger.store import open_store
+from store import open_store
 from schemas import parse_payload
 from streams.sink import Sink
 from streams.worker import rows_record

@@ -18,10 +18,10 @@ from analytics.lake_rows import read_rows
 from analytics.slo_views import SloParams
 from chipledger.cli import app
 from chipledger.embedded import run_file
-from chipledger.monitoring import LakeMetrics
-from chipledger.scenario import write_jsonl
+from chipledger.monitoring.server import LakeMetrics
+from chipledger.sim.scenario import write_jsonl
 from ledger import FoldConfig
-from ledger.store import open_store
+from store import open_store
 from streams.metrics import MetricsCollector, exposition, registry_of
 from tests.monitoring_scenario import outage_events
 from tests.prom_support import promtool
@@ -319,8 +319,8 @@ def test_serve_metrics_and_alerts_say_clearly_what_is_wrong(tmp_path):
 def test_alertmanager_payload_has_the_labels_of_the_prometheus_rules():
     from datetime import datetime, timezone
 
-    from chipledger.alertmanager import AlertmanagerError, payload, send
-    from chipledger.alerts import Alert
+    from chipledger.monitoring.alertmanager import AlertmanagerError, payload, send
+    from chipledger.monitoring.alerts import Alert
 
     a = Alert("page", "page_1h", "availability", "lab/a100", 14.4, "1h", 30.0, "5m", 40.0, 0.99,
               datetime(2026, 11, 2, 3, tzinfo=timezone.utc))

@@ -202,7 +202,7 @@ def test_report_page_puts_the_summary_first_and_marks_what_is_missed(lake, tmp_p
 
 
 def test_long_tables_fold_and_charts_read_right():
-    from chipledger import charts
+    from chipledger.reports import charts
 
     rows = [[str(i), "x"] for i in range(20)]
     folded = charts.html_table(["a", "b"], rows, {(3, 1): "bad"})

@@ -1,11 +1,11 @@
-"""chipledger/charts.py on its own: figures from plain data (the statements reuse them), empty data drawn as
+"""chipledger/reports/charts.py on its own: figures from plain data (the statements reuse them), empty data drawn as
 "no data" rather than failing, HTML escaped."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from chipledger import charts
+from chipledger.reports import charts
 
 T = datetime(2026, 11, 2, tzinfo=timezone.utc)
 

@@ -1,4 +1,4 @@
-"""Tests of the synthetic fleet scenario (chipledger.scenario): determinism, ordering, the wire contract of
+"""Tests of the synthetic fleet scenario (chipledger.sim.scenario): determinism, ordering, the wire contract of
 DESIGN §3, legal job lifecycles, placements that respect chip state and capacity, and the bad lines that
 corrupt() inserts.
 
@@ -18,7 +18,7 @@ from decimal import Decimal
 
 import pytest
 
-from chipledger.scenario import BAD_KINDS, corrupt, generate, iter_jsonl, write_jsonl
+from chipledger.sim.scenario import BAD_KINDS, corrupt, generate, iter_jsonl, write_jsonl
 
 UTC = timezone.utc
 START = datetime(2026, 11, 2, tzinfo=UTC)

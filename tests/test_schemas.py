@@ -54,9 +54,16 @@ BODIES = {
     "job.started": {"job_id": "j-1", "chip_ids": ["node-1/gpu-0", "node-1/gpu-1"]},
     "job.checkpointed": {"job_id": "j-1", "units": 1200},
     "job.progress": {"job_id": "j-1", "units": 1250, "unit": "step"},
-    "job.preempted": {"job_id": "j-1", "decision_id": "d-1", "held": True},
+    "job.preempted": {"job_id": "j-1", "decision_id": "d-1", "held": True, "cause": "requeued",
+                      "reason": "InCohortReclamation"},
     "job.released": {"job_id": "j-1"},
     "job.finished": {"job_id": "j-1", "outcome": "failed"},
+    "job.waiting": {"job_id": "j-1", "reason": "Priority", "message": "waiting for 8 chips\nin cohort"},
+    "price.set": {"price_id": "p-1", "per_chip_hour": 250, "unit": "USD-cent",
+                  "effective_from": "2026-11-02T09:00:00Z", "effective_until": "2026-12-01T00:00:00Z",
+                  "hours_of_week": [9, 10, 11]},
+    "budget.set": {"budget_id": "b-1", "team": "ads", "period": "month", "amount": 5_000_000, "unit": "USD-cent",
+                   "effective_from": "2026-11-01T00:00:00Z"},
 }
 
 # The fields an event type cannot do without (the envelope's are tested separately).
@@ -76,6 +83,9 @@ REQUIRED = {
     "job.preempted": ["job_id"],
     "job.released": ["job_id"],
     "job.finished": ["job_id", "outcome"],
+    "job.waiting": ["job_id", "reason"],
+    "price.set": ["price_id", "per_chip_hour", "unit"],
+    "budget.set": ["budget_id", "team", "period", "amount", "unit"],
 }
 
 
@@ -96,7 +106,7 @@ def code_of(result):
 
 def test_fixtures_cover_every_event_type():
     assert set(BODIES) == set(EVENT_MODELS) == set(REQUIRED)
-    assert len(EVENT_MODELS) == 15
+    assert len(EVENT_MODELS) == 18  # job.waiting, price.set and budget.set: issue 31's contract
 
 
 # --- valid input -----------------------------------------------------------------------------------------
@@ -383,8 +393,9 @@ def test_parse_event_never_raises_on_wrong_input_types():
 
 
 def test_rejection_precedence_is_the_enum_order():
-    order = [RC.bad_key, RC.too_large, RC.not_json, RC.too_deep, RC.unknown_type, RC.schema_invalid,
-             RC.unknown_pool, RC.clock_jump, RC.too_late, RC.unknown_chip, RC.unknown_job, RC.unknown_grant,
+    # wrong_role, not_owner and clock_ahead: issue 31's contract
+    order = [RC.bad_key, RC.wrong_role, RC.not_owner, RC.too_large, RC.not_json, RC.too_deep, RC.unknown_type,
+             RC.schema_invalid, RC.unknown_pool, RC.clock_ahead, RC.clock_jump, RC.too_late, RC.unknown_chip, RC.unknown_job, RC.unknown_grant,
              RC.illegal_transition, RC.progress_backwards, RC.over_limit, RC.duplicate_conflict]
     assert list(RC) == order
     assert [c.rank for c in order] == list(range(len(order)))
@@ -407,6 +418,7 @@ def test_rejection_detail_is_short_and_names_the_field():
     ("chip.registered", TOPIC_CHIPS), ("chip.state_changed", TOPIC_CHIPS), ("chip.retired", TOPIC_CHIPS),
     ("job.submitted", TOPIC_JOBS), ("job.started", TOPIC_JOBS), ("job.checkpointed", TOPIC_JOBS),
     ("job.progress", TOPIC_JOBS), ("job.preempted", TOPIC_JOBS), ("job.released", TOPIC_JOBS), ("job.finished", TOPIC_JOBS),
+    ("job.waiting", TOPIC_JOBS), ("price.set", TOPIC_QUOTA), ("budget.set", TOPIC_QUOTA),
 ])
 def test_topic_for(etype, topic):
     assert topic_for(etype) == topic
@@ -508,3 +520,71 @@ def test_round_trip_any_chips_and_time(milli, when):
     assert ev.at_s == int(when.timestamp() // 1)
     again = parse_event(ev.model_dump_json())
     assert again == ev and again.chips_milli == milli
+
+
+# --- issue 31's contract: repeated keys, new fields, the role table --------------------------------------
+
+def test_a_repeated_key_is_schema_invalid_whoever_wins():
+    good = orjson.dumps(wire("job.finished"))
+    assert not isinstance(parse_event(good), Rejection)
+    for raw in (good[:-1] + b',"outcome":"succeeded"}',           # compact
+                good[:-1] + b', "outcome" : "succeeded"}',        # spaced from its colon
+                b'{"pool": "x/y", ' + good[1:]):                  # the first key repeated later
+        rej = parse_event(raw)
+        assert code_of(rej) == RC.schema_invalid and "more than once" in rej.detail, raw
+    # a '":' inside a string value is not a key: still valid (the slow path reads it again and finds no repeat)
+    tricky = orjson.dumps(wire("chip.state_changed", reason='said "x": y'))
+    assert not isinstance(parse_event(tricky), Rejection)
+    # json.dumps' spacing (", " and ": ") is no repeat either
+    assert not isinstance(parse_event(json.dumps(wire("job.submitted"))), Rejection)
+
+
+def test_new_optional_fields():
+    p = parse_payload(wire("job.preempted"))
+    assert p.cause == "requeued" and p.reason == "InCohortReclamation"
+    assert parse_payload(without(wire("job.preempted"), "cause")).cause is None
+    assert code_of(parse_payload(wire("job.preempted", cause="evicted"))) == RC.schema_invalid
+    s = parse_payload(wire("job.submitted", expected_runtime_s=3600, namespace="team-a"))
+    assert s.expected_runtime_s == 3600 and s.namespace == "team-a"
+    for bad in (0, -1, 1.5, "3600", True):
+        assert code_of(parse_payload(wire("job.submitted", expected_runtime_s=bad))) == RC.schema_invalid
+    b = parse_payload(wire("burst.requested", requested_by="alice@example.com"))
+    assert b.requested_by == "alice@example.com"
+
+
+@pytest.mark.parametrize("etype, over", [
+    ("price.set", {"per_chip_hour": -1}), ("price.set", {"per_chip_hour": 1.5}), ("price.set", {"unit": ""}),
+    ("price.set", {"hours_of_week": [168]}), ("price.set", {"hours_of_week": [1, 1]}), ("price.set", {"hours_of_week": []}),
+    ("price.set", {"effective_until": "2026-11-02T08:00:00Z"}),  # not after effective_from
+    ("budget.set", {"period": "week"}), ("budget.set", {"amount": -5}),
+    ("job.waiting", {"reason": ""}), ("job.waiting", {"reason": "a\tb"}),
+])
+def test_prices_budgets_and_waiting_reasons_are_checked(etype, over):
+    assert code_of(parse_payload(wire(etype, **over))) == RC.schema_invalid
+
+
+def test_role_table():
+    from schemas.roles import Principal, check, pool_cluster
+    assert pool_cluster("us-east1-a/h100-80gb") == "us-east1-a" and pool_cluster("solo") == "solo"
+    admin = Principal("ops", frozenset({"admin"}), frozenset({"*"}))
+    cluster = Principal("east", frozenset({"cluster"}), frozenset({"us-east1-a"}))
+    adapter = Principal("slurm-east", frozenset({"cluster"}), frozenset({"us-east1-a"}), frozenset({"quota", "pools"}))
+    portal = Principal("portal", frozenset({"portal"}), frozenset({"*"}))
+    east, west = "us-east1-a/h100", "eu-west4/tpu"
+    for t in ("pool.configured", "quota.granted", "quota.revoked", "price.set", "budget.set", "burst.requested",
+              "pool.tick"):
+        assert check(admin, t, west) is None
+    for t in ("job.submitted", "chip.retired", "job.waiting"):
+        assert check(admin, t, east).code == RC.wrong_role
+        assert check(cluster, t, east) is None
+        assert check(cluster, t, west).code == RC.not_owner
+    for t in ("quota.granted", "pool.configured", "price.set", "budget.set", "burst.requested"):
+        assert check(cluster, t, east).code == RC.wrong_role
+        assert check(cluster, t, west).code == RC.wrong_role  # wrong_role first
+    assert check(adapter, "quota.granted", east) is None and check(adapter, "pool.configured", east) is None
+    assert check(adapter, "quota.granted", west).code == RC.not_owner
+    assert check(adapter, "price.set", east).code == RC.wrong_role  # no --may prices
+    assert check(portal, "burst.requested", east) is None
+    assert check(portal, "job.submitted", east).code == RC.wrong_role
+    with pytest.raises(ValueError):
+        Principal("x", frozenset({"root"}), frozenset())

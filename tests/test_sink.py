@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import orjson
 
 from analytics.views import connect
-from ledger.store import open_store
+from store import open_store
 from streams.sink import PARTS, WHOLE, Sink, mark_consumer
 from streams.worker import pack_records, rows_record, state_record
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from analytics.slo_views import SloParams
 from chipledger.cli import app
-from chipledger.slo_rules import ALERT_NAME, BURN_RULES, openslo, prometheus_rules, rule_groups, specs
+from chipledger.monitoring.slo_rules import ALERT_NAME, BURN_RULES, openslo, prometheus_rules, rule_groups, specs
 from ledger import Fleet, FoldConfig
 from schemas import parse_event
 from streams.metrics import SLO_COUNTERS, MetricsCollector

@@ -34,8 +34,8 @@ from typer.testing import CliRunner
 
 from chipledger.cli import app
 from chipledger.embedded import run_file
-from chipledger.slurm.actuate import Actuator, decisions_from_lake
-from chipledger.slurm.watch import JsonlSink, Watcher, parse_since
+from chipledger.adapters.slurm.actuate import Actuator, decisions_from_lake
+from chipledger.adapters.slurm.watch import JsonlSink, Watcher, parse_since
 from ledger.fold import FoldConfig
 
 CLUSTER = "chipledger"

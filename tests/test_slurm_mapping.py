@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from chipledger.importers.sacct import import_sacct
-from chipledger.slurm import commands
-from chipledger.slurm.actuate import Actuator, Ops, decisions_from_jsonl
-from chipledger.slurm.mapping import (Assoc, MapReport, Node, Run, chip_ids, decision_of, gpu_limits, gres_gpus,
+from chipledger.adapters.importers.sacct import import_sacct
+from chipledger.adapters.slurm import commands
+from chipledger.adapters.slurm.actuate import Actuator, Ops, decisions_from_jsonl
+from chipledger.adapters.slurm.mapping import (Assoc, MapReport, Node, Run, chip_ids, decision_of, gpu_limits, gres_gpus,
                                       grants_of, hostnames, job_events, node_state_events, pools_of, runs_by_job)
-from chipledger.slurm.watch import Slurm, Watcher, WatchError, _not_in_accounting_yet
+from chipledger.adapters.slurm.watch import Slurm, Watcher, WatchError, _not_in_accounting_yet
 
 FIX = Path(__file__).parent / "fixtures" / "slurm"
 CLUSTER = "chipledger"

@@ -12,7 +12,7 @@ from urllib.parse import unquote
 from typer.testing import CliRunner
 
 from chipledger.cli import app
-from chipledger.statements import file_stem
+from chipledger.reports.statements import file_stem
 
 runner = CliRunner()
 POOL = "names/a100"

@@ -25,7 +25,7 @@ import pytest
 from typer.testing import CliRunner
 
 from chipledger.cli import app
-from chipledger.statements import (StatementError, closed_periods, file_stem, parse_period, period_containing)
+from chipledger.reports.statements import (StatementError, closed_periods, file_stem, parse_period, period_containing)
 
 H = 3_600_000  # milli-chip-seconds in one chip-hour
 runner = CliRunner()
@@ -407,7 +407,7 @@ def test_chart_per_pool_never_adds_unlike_chips(tmp_path):
                                  "in_quota_mchip_s": 86_400_000, "borrowed_mchip_s": 0, "burst_mchip_s": 0}]
     assert days["lab/tpu"] == [{"day": "2026-11-02", "entitled_mchip_s": 0, "in_quota_mchip_s": 0,
                                 "borrowed_mchip_s": 2 * 86_400_000, "burst_mchip_s": 0}]
-    from chipledger.statements import _chart, chart_svg
+    from chipledger.reports.statements import _chart, chart_svg
 
     svg = chart_svg(st).decode()
     fig, arts = _chart(2)

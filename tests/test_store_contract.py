@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError, StatementError
 from chipledger.embedded import run_file
 from ledger import Fleet, FoldConfig
 from ledger.books import BORROWED, ENTITLED, IN_QUOTA
-from ledger.store import Base, open_store
+from store import Base, open_store
 from schemas import parse_payload
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hand.jsonl"
@@ -451,7 +451,7 @@ def test_a_store_from_an_earlier_version_gains_the_new_columns(store, tmp_path):
         [t] = reopened.team_balances()
         assert (t.team, t.nominal_milli, t.decayed_usage_mchip_s, t.fair_share_factor, t.borrowed_share) == (
             "a", 1, 0, 1.0, 0.0)
-        from ledger.store.repo import upgrade_tables
+        from store.repo import upgrade_tables
         assert upgrade_tables(reopened.engine) == []
         # and a run saves its balances, fair-share columns included
         run_file(FIXTURE, tmp_path / "lake", store=reopened)

@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chipledger.cli import app  # noqa: E402
-from chipledger.scenario import corrupt, generate, iter_jsonl  # noqa: E402
+from chipledger.sim.scenario import corrupt, generate, iter_jsonl  # noqa: E402
 from kafka_support import check_prerequisites, free_port  # noqa: E402
-from ledger.store import open_store  # noqa: E402
+from store import open_store  # noqa: E402
 from pipeline_support import WorkerProcess, lake_tables, pump  # noqa: E402
 from schemas import INPUT_TOPICS, OUTPUT_TOPICS  # noqa: E402
 from streams import broker  # noqa: E402

@@ -348,27 +348,34 @@ def test_each_event_once_and_a_fresh_look_adds_nothing(workload, tmp_path):
 def test_watch_maps_what_kueue_did(workload):
     ns = workload["ns"]
     by_job = defaultdict(list)
+    waiting = defaultdict(list)
     for e in _events(workload["out"]):
-        if "job_id" in e:
+        if e["type"] == "job.waiting":
+            waiting[e["job_id"].split("/")[0] + "/" + e["job_id"].split("/")[1].split("-")[1]].append(e)
+        elif "job_id" in e:
             by_job[e["job_id"].split("/")[0] + "/" + e["job_id"].split("/")[1].split("-")[1]].append(e)
     types = lambda ns_, job: [e["type"] for e in by_job[f"{ns_}/{job}"]]  # noqa: E731
     c1 = by_job[f"{ns['c']}/c1"]
     assert [e["type"] for e in c1] == ["job.submitted", "job.started", "job.preempted", "job.started",
                                        "job.finished"]
     pre = c1[2]
-    assert pre.get("reason", "InCohortReclamation") == "InCohortReclamation" and "decision_id" not in pre
+    assert pre["reason"] == "InCohortReclamation" and pre["cause"] == "preempted" and "decision_id" not in pre
+    assert c1[0]["namespace"] == ns["c"] and c1[0]["team"] == workload["names"]["c"] and c1[0]["chips"] == 12
+    assert waiting[f"{ns['c']}/c1"], "c1 waited after Kueue's reclaim: Kueue's reason kept"
     b1 = by_job[f"{ns['b']}/b1"]
     assert [e["type"] for e in b1] == ["job.submitted", "job.started", "job.preempted", "job.started",
                                        "job.finished"]
-    assert b1[2].get("reason", "InClusterQueue") == "InClusterQueue"
+    assert b1[2]["reason"] == "InClusterQueue" and b1[2]["cause"] == "preempted"
     a2 = by_job[f"{ns['a']}/a2"]
     assert [e["type"] for e in a2] == ["job.submitted", "job.started", "job.preempted", "job.released",
                                        "job.started", "job.finished"]
-    assert a2[2]["held"] is True and a2[2].get("cause", "requeued") == "requeued"
+    assert a2[2]["held"] is True and a2[2]["cause"] == "requeued" and a2[2]["reason"] == "Deactivated"
     fails = by_job[f"{ns['a']}/fails"]
     assert [e["type"] for e in fails][-1] == "job.finished" and fails[-1]["outcome"] == "failed"
     c2 = by_job[f"{ns['c']}/c2"]
-    assert types(ns["c"], "c2")[0] == "job.submitted" and c2[-1]["outcome"] == "cancelled"
+    assert types(ns["c"], "c2") == ["job.submitted", "job.finished"] and c2[-1]["outcome"] == "cancelled"
+    (w,) = waiting[f"{ns['c']}/c2"]  # deleted while pending, with Kueue's own reason and message
+    assert w["reason"] == "Pending" and "insufficient unused quota" in w["message"]
     assert all(e["source"] == f"{CLUSTER}/kueue" for e in _events(workload["out"]))
     chip_states = Counter((e["state"], (e.get("reason") or "").split(":")[0]) for e in _events(workload["out"])
                           if e["type"] == "chip.state_changed")
@@ -385,10 +392,12 @@ def test_actuate_evicts_the_ledgers_victim_and_kueue_requeues_it(workload):
     (done,) = workload["actuated"]
     assert done.applied == [(victim["job_id"], "evict")] and not done.skipped
     assert [o.skipped for o in workload["again"]] == ["applied before"]
-    evs = [e for e in _events(workload["out"]) if e.get("job_id") == victim["job_id"]]
+    evs = [e for e in _events(workload["out"]) if e.get("job_id") == victim["job_id"] and e["type"] != "job.waiting"]
     assert [(e["type"], e.get("decision_id")) for e in evs] == [
         ("job.submitted", None), ("job.started", None), ("job.preempted", decision["decision_id"]),
         ("job.started", None), ("job.finished", None)]
+    pre = evs[2]
+    assert pre["cause"] == "preempted" and pre["reason"] == "Preempted"
     wl = workload["k"].custom.get_namespaced_custom_object(G, V, ns["c"], "workloads", victim["job_id"].split("/")[1])
     assert wl["metadata"]["annotations"]["chipledger.io/preempt-decision"].startswith(decision["decision_id"] + "@")
 

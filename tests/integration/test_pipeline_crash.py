@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chipledger.embedded import run_file  # noqa: E402
-from chipledger.scenario import generate, write_jsonl  # noqa: E402
+from chipledger.sim.scenario import generate, write_jsonl  # noqa: E402
 from kafka_support import module_broker  # noqa: E402
-from ledger.store import open_store  # noqa: E402
+from store import open_store  # noqa: E402
 from pipeline_support import WorkerProcess, pump  # noqa: E402
 from streams import broker  # noqa: E402
 from streams.producer import LedgerProducer, emit_lines  # noqa: E402

@@ -20,10 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chipledger.cli import app  # noqa: E402
-from chipledger.scenario import corrupt, generate, iter_jsonl  # noqa: E402
+from chipledger.sim.scenario import corrupt, generate, iter_jsonl  # noqa: E402
 from kafka_support import module_broker  # noqa: E402
 import ledger  # noqa: E402
-from ledger.store import open_store  # noqa: E402
+from store import open_store  # noqa: E402
 from pipeline_support import WorkerProcess, lake_tables, pump  # noqa: E402
 from streams.sink import Sink  # noqa: E402
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import hostile_records as H  # noqa: E402
 from chipledger.cli import app  # noqa: E402
 from kafka_support import module_broker  # noqa: E402
-from ledger.store import open_store  # noqa: E402
+from store import open_store  # noqa: E402
 from pipeline_support import WorkerProcess, lake_tables, strip_prefix  # noqa: E402
 from streams.sequencer import HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ  # noqa: E402
 from streams.sink import Sink  # noqa: E402

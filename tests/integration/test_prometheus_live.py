@@ -26,10 +26,10 @@ from typer.testing import CliRunner
 from analytics.slo_views import SloParams
 from chipledger.cli import app
 from chipledger.embedded import run_file
-from chipledger.grafana import dashboard
-from chipledger.scenario import write_jsonl
+from chipledger.monitoring.grafana import dashboard
+from chipledger.sim.scenario import write_jsonl
 from ledger import FoldConfig
-from ledger.store import open_store
+from store import open_store
 from tests.monitoring_scenario import outage_events
 from tests.prom_support import Prometheus, free_port, stop
 

@@ -20,8 +20,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from chipledger.slurm.actuate import Actuator, decisions_from_kafka  # noqa: E402
-from chipledger.slurm.watch import KafkaSink, Watcher  # noqa: E402
+from chipledger.adapters.slurm.actuate import Actuator, decisions_from_kafka  # noqa: E402
+from chipledger.adapters.slurm.watch import KafkaSink, Watcher  # noqa: E402
 from schemas import INPUT_TOPICS, TOPIC_DECISIONS  # noqa: E402
 from streams import broker  # noqa: E402
 from streams.producer import LedgerProducer  # noqa: E402
@@ -29,7 +29,7 @@ from streams.topics import create_topics  # noqa: E402
 
 from kafka_support import check_prerequisites, free_port, start_broker  # noqa: E402
 from test_slurm_mapping import CLUSTER, FIX, NOW, FakeOps, FakeSlurm, ListSink, _decision  # noqa: E402
-from chipledger.slurm import commands  # noqa: E402
+from chipledger.adapters.slurm import commands  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 PARTITIONS = 2

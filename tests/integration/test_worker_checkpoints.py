@@ -13,9 +13,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from chipledger.scenario import generate, iter_jsonl  # noqa: E402
+from chipledger.sim.scenario import generate, iter_jsonl  # noqa: E402
 from kafka_support import module_broker  # noqa: E402
-from ledger.store import open_store  # noqa: E402
+from store import open_store  # noqa: E402
 from pipeline_support import WorkerProcess, pump  # noqa: E402
 from schemas.topics import TOPIC_LOG  # noqa: E402
 from streams.sink import Sink  # noqa: E402

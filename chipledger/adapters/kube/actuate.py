@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Optional
 from chipledger.adapters.kube.mapping import DECISION_ANNOTATION, DECISION_MARK, PREEMPTION_REASON
 from chipledger.adapters.kube.watch import KUEUE_GROUP, KUEUE_VERSION
 # where decisions come from is the same for every actuator: a JSONL file, a lake, the decisions topic
-from chipledger.slurm.actuate import decisions_from_jsonl, decisions_from_kafka, decisions_from_lake  # noqa: F401
+from chipledger.adapters.slurm.actuate import decisions_from_jsonl, decisions_from_kafka, decisions_from_lake  # noqa: F401
 
 STATE_VERSION = 1
 

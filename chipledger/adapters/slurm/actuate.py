@@ -1,0 +1,202 @@
+"""`chipledger slurm actuate`: apply the ledger's `decision.preempt` to the victims in Slurm, once per decision.
+
+For each decision of a pool of this cluster (`<cluster>/<partition>`), for each victim job still running:
+`scontrol update jobid=J AdminComment=chipledger-preempt:<decision id>`, then `scontrol requeue J` (default)
+or `scancel J` (`action="cancel"`). The AdminComment is how the requeue comes back through `slurm watch` as
+that decision's `job.preempted`: Slurm keeps it on the run's accounting record, so it survives restarts of
+either program, and an admin sees it in `scontrol show job` / `sacct -o AdminComment`. A victim that is no
+longer running (finished, already requeued, unknown to Slurm) is logged and skipped, not an error.
+
+The state file (JSON, replaced atomically) lists the decision ids applied: a decision is applied once, even
+if it is read again (the same decision from Kafka after a restart, or the whole lake read anew). A decision is
+recorded only after all its victims were handled; if the controller fails in between, the next attempt finds
+the victims already requeued (no longer running) and skips them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Optional
+
+from chipledger.adapters.slurm import commands
+from chipledger.adapters.slurm.mapping import PREEMPT_MARK
+
+STATE_VERSION = 1
+_RUNNING = frozenset(("RUNNING", "CONFIGURING", "SUSPENDED"))
+
+
+class ActuateError(RuntimeError):
+    pass
+
+
+@dataclass
+class Ops:
+    """The Slurm commands the actuator runs (replaceable in unit tests)."""
+
+    job_state: Callable[[str], Optional[str]] = commands.job_state
+    mark: Callable[[str, str], None] = commands.mark
+    requeue: Callable[[str], None] = commands.requeue
+    cancel: Callable[[str], None] = commands.cancel
+
+
+@dataclass
+class Outcome:
+    decision_id: str
+    pool: str
+    applied: list = field(default_factory=list)  # (job_id, action)
+    gone: list = field(default_factory=list)  # (job_id, state or None)
+    skipped: str = ""  # why the whole decision was skipped: other cluster, done before, not a preemption
+
+
+class Actuator:
+    def __init__(self, cluster: str, state_path: Path, *, action: str = "requeue", dry_run: bool = False,
+                 ops: Optional[Ops] = None, log: Callable[[str], None] = lambda m: None,
+                 clock: Callable[[], float] = time.time):
+        if action not in ("requeue", "cancel"):
+            raise ActuateError(f"action must be requeue or cancel, got {action!r}")
+        self.cluster = cluster
+        self.prefix = f"{cluster}/"
+        self.state_path = Path(state_path)
+        self.action = action
+        self.dry_run = dry_run
+        self.ops = ops or Ops()
+        self.log = log
+        self.clock = clock
+        self.state = self._load()
+
+    def _load(self) -> dict:
+        if self.state_path.exists():
+            try:
+                st = json.loads(self.state_path.read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                raise ActuateError(f"state file {self.state_path} is unreadable ({e}); without it decisions already "
+                                   f"applied would be applied again: repair it or start with a new one deliberately")
+            if st.get("version") != STATE_VERSION or st.get("cluster") != self.cluster:
+                raise ActuateError(f"state file {self.state_path} belongs to cluster {st.get('cluster')!r}, "
+                                   f"not {self.cluster!r}")
+            return st
+        return {"version": STATE_VERSION, "cluster": self.cluster, "applied": {}}
+
+    def _save(self) -> None:
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
+        tmp.write_text(json.dumps(self.state, separators=(",", ":"), sort_keys=True))
+        os.replace(tmp, self.state_path)
+
+    def apply(self, decision: dict) -> Outcome:
+        did = str(decision.get("decision_id", ""))
+        pool = str(decision.get("pool", ""))
+        out = Outcome(did, pool)
+        if decision.get("type") != "decision.preempt":
+            out.skipped = "not a decision.preempt"
+            return out
+        if not pool.startswith(self.prefix):
+            out.skipped = f"pool {pool} is not of cluster {self.cluster}"
+            return out
+        if did in self.state["applied"]:
+            out.skipped = "applied before"
+            return out
+        mark = f"{PREEMPT_MARK}{did}"
+        if len(mark) > 1000:
+            raise ActuateError(f"decision id too long for an AdminComment: {did[:80]}…")
+        for v in decision.get("victims") or ():
+            job = str(v.get("job_id", ""))
+            state = self.ops.job_state(job)
+            if state not in _RUNNING:
+                out.gone.append((job, state))
+                self.log(f"{did}: victim {job} is {'gone' if state is None else state.lower()}: nothing to do")
+                continue
+            if self.dry_run:
+                out.applied.append((job, f"would {self.action}"))
+                self.log(f"{did}: would {self.action} {job} (dry run)")
+                continue
+            self.ops.mark(job, mark)
+            try:
+                (self.ops.requeue if self.action == "requeue" else self.ops.cancel)(job)
+            except commands.SlurmError as e:
+                if self.ops.job_state(job) not in _RUNNING:  # it ended in between: gone, not an error
+                    out.gone.append((job, None))
+                    self.log(f"{did}: victim {job} ended before the {self.action}: {e}")
+                    continue
+                raise
+            out.applied.append((job, self.action))
+            self.log(f"{did}: {self.action} {job} ({v.get('team')}, {v.get('chips')} GPUs) for "
+                     f"{(decision.get('beneficiary') or {}).get('job_id')}")
+        if not self.dry_run:
+            self.state["applied"][did] = {"at": int(self.clock()), "pool": pool,
+                                          "victims": [j for j, _ in out.applied]}
+            self._save()
+        return out
+
+    def apply_all(self, decisions: Iterable[dict]) -> list[Outcome]:
+        return [self.apply(d) for d in decisions]
+
+
+def decisions_from_jsonl(path: Path) -> Iterator[dict]:
+    """Decisions from a JSONL file (one decision object a line; other lines, e.g. events, are skipped)."""
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ActuateError(f"{path}:{n}: not JSON ({e})") from None
+            if isinstance(d, dict) and str(d.get("type", "")).startswith("decision."):
+                yield d
+
+
+def decisions_from_lake(lake: Path) -> list[dict]:
+    """The `decision.preempt` rows of a lake's `decisions` table (embedded runs), in decision order."""
+    import duckdb
+
+    from analytics.lake import read_parquet_sql, table_files
+
+    files = table_files(Path(lake), "decisions")
+    if files is None:
+        return []
+    con = duckdb.connect()
+    rows = con.execute(f"SELECT body FROM ({read_parquet_sql(files)}) WHERE type = 'decision.preempt' "
+                       f'ORDER BY "at", decision_id').fetchall()
+    return [json.loads(b) for (b,) in rows]
+
+
+def default_group(cluster: str, user: Optional[str] = None) -> str:
+    """The actuator's consumer group: `<user>.slurm-actuate-<cluster>` when it authenticates (a reader owns the
+    groups starting with `<user>.`: docs/security.md), else `chipledger-slurm-actuate-<cluster>`."""
+    return f"{user}.slurm-actuate-{cluster}" if user else f"chipledger-slurm-actuate-{cluster}"
+
+
+def decisions_from_kafka(bootstrap, cluster: str, *, timeout_s: float = 5.0, group: Optional[str] = None,
+                         follow: bool = False, **overrides) -> Iterator[tuple[dict, Callable[[], None]]]:
+    """(decision, commit) from `chipledger.decisions`, in a consumer group of this cluster's actuator; call
+    commit after applying (the state file makes a re-read after a crash harmless anyway). `bootstrap`: an
+    address, or a connection object with `kafka_python()` (address and credentials)."""
+    from kafka import KafkaConsumer
+
+    from schemas.topics import TOPIC_DECISIONS
+
+    conn = bootstrap.kafka_python() if hasattr(bootstrap, "kafka_python") else {"bootstrap_servers": bootstrap}
+    consumer = KafkaConsumer(TOPIC_DECISIONS, **conn,
+                             group_id=group or default_group(cluster, getattr(bootstrap, "username", None)),
+                             enable_auto_commit=False,
+                             auto_offset_reset="earliest", consumer_timeout_ms=int(timeout_s * 1000), **overrides)
+    try:
+        while True:
+            got = False
+            for msg in consumer:
+                got = True
+                try:
+                    d = json.loads(msg.value)
+                except (ValueError, TypeError):
+                    continue
+                if isinstance(d, dict):
+                    yield d, consumer.commit
+            if not follow and not got:
+                return
+    finally:
+        consumer.close()

@@ -1,0 +1,5 @@
+import sys
+
+from chipledger.cli import app
+
+sys.exit(app())

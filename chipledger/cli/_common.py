@@ -1,0 +1,158 @@
+"""What every command group shares: the typer app and its groups, the consoles, the config and lake options, one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+import typer.core
+from rich.console import Console
+from rich.markup import escape
+
+from chipledger.config import Config, ConfigError, load_config
+
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, add_completion=True,
+                  help="chipledger: an event-sourced quota and demand ledger for shared accelerator fleets.")
+schema_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The event contract as JSON Schema.")
+app.add_typer(schema_app, name="schema")
+kafka_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="A local single-node Apache Kafka (KRaft) from Maven Central jars, for development.")
+app.add_typer(kafka_app, name="kafka")
+topics_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The chipledger Kafka topics (inputs keyed by pool, outputs).")
+app.add_typer(topics_app, name="topics")
+lake_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Maintenance of the lake's Parquet files.")
+app.add_typer(lake_app, name="lake")
+log_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                      help="The sequenced log (chipledger.log): the one order the fold reads.")
+app.add_typer(log_app, name="log")
+slo_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The SLOs for Prometheus: rules over /metrics.")
+app.add_typer(slo_app, name="slo")
+grafana_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="A Grafana dashboard over /metrics.")
+app.add_typer(grafana_app, name="grafana")
+
+console = Console()
+err = Console(stderr=True)
+
+PROGRESS_MIN_BYTES = 8 << 20  # show a progress bar for files larger than this
+
+ConfigOpt = typer.Option(None, "--config", help="chipledger.toml (default: ./chipledger.toml if present)",
+                         exists=False, dir_okay=False)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from chipledger import __version__
+
+        typer.echo(f"chipledger {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main_options(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="print the version and exit"),
+):
+    """chipledger: an event-sourced quota and demand ledger for shared accelerator fleets."""
+
+
+def _config(path: Optional[Path]) -> Config:
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        _fail(str(e), 2)
+
+
+def _fail(message: str, code: int = 1):
+    err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _os_error(e: OSError) -> str:
+    """An OSError as one line: the path, then what the system said (no traceback)."""
+    where = f"{e.filename}: " if e.filename else ""
+    return f"{where}{e.strerror or e}"
+
+
+def _lake_error(lake: Path, e: Exception) -> str:
+    from analytics.views import duckdb_error_line
+
+    line, out_of_memory = duckdb_error_line(e)
+    if out_of_memory:
+        return f"cannot read the lake {lake} within DuckDB's memory: {line}"
+    return (f"cannot read the lake {lake}: {line} (a damaged Parquet file? restore it, or run the events again; "
+            f"or [lake] spill_dir is not a folder DuckDB can write)")
+
+
+def _lake_read(read, lake: Path):
+    """`read()`, with a lake DuckDB cannot read (a truncated or damaged Parquet file, say) as one line of error
+    instead of a traceback."""
+    import duckdb
+
+    try:
+        return read()
+    except duckdb.Error as e:
+        _fail(_lake_error(lake, e))
+
+
+def _connect(lake: Path, **kwargs):
+    """analytics.views.connect, with an unreadable lake as one line of error."""
+    from analytics.views import connect
+
+    return _lake_read(lambda: connect(lake, **kwargs), lake)
+
+
+def _lake_dir(lake: Optional[Path], cfg: Config) -> Path:
+    lake = lake or Path(cfg.lake.path)
+    if not lake.is_dir():
+        _fail(f"lake {lake} does not exist (run `chipledger run` or `chipledger demo` first)")
+    return lake
+
+
+def _instant(text: Optional[str], option: str):
+    if text is None:
+        return None
+    from chipledger.reports.report import parse_instant
+
+    try:
+        return parse_instant(text)
+    except ValueError:
+        _fail(f"{option} {text!r} is not an ISO 8601 date or time (e.g. 2026-11-02 or 2026-11-02T03:00:00Z)", 2)
+PoolOpt = typer.Option(None, "--pool", help="only this pool (default: all pools)")
+OutOpt = typer.Option(..., "-o", "--out", help="event JSONL to write")
+JsonOpt = typer.Option(False, "--json", help="print the report as JSON")
+DataDirOpt = typer.Option(Path(".kafka"), "--data-dir", help="broker config, data and log folder")
+BootstrapOpt = typer.Option(None, "--bootstrap", metavar="HOST:PORT",
+                            help="Kafka bootstrap servers (default [kafka] bootstrap / CHIPLEDGER_KAFKA_BOOTSTRAP)")
+KafkaTimeoutOpt = typer.Option(10.0, "--timeout", min=0.1, help="seconds to wait for the broker to answer")
+KafkaUserOpt = typer.Option(None, "--user", help="Kafka SASL/SCRAM user (default [kafka] username / "
+                                                 "CHIPLEDGER_KAFKA_USERNAME)")
+KafkaPasswordFileOpt = typer.Option(None, "--password-file", dir_okay=False,
+                                    help="file whose first line is the user's password (default [kafka] "
+                                         "password_file; or CHIPLEDGER_KAFKA_PASSWORD)")
+KafkaCaFileOpt = typer.Option(None, "--ca-file", dir_okay=False,
+                              help="CA certificate (PEM) the broker's TLS certificate is checked against; turns "
+                                   "TLS on (default [kafka] ssl_cafile)")
+
+
+def _kafka(cfg: Config, bootstrap: Optional[str], user: Optional[str] = None, password_file: Optional[Path] = None,
+           ca_file: Optional[Path] = None):
+    """The Kafka connection of a command: [kafka] config and environment, overridden by its options."""
+    from streams.clients import KafkaSecurityError, connection_from_config
+
+    try:
+        return connection_from_config(cfg.kafka, bootstrap=bootstrap, username=user, password_file=password_file,
+                                      ssl_cafile=ca_file)
+    except KafkaSecurityError as e:
+        _fail(str(e), 2)
+
+
+def _write_text(text: str, out: Optional[Path]) -> None:
+    if out is None:
+        console.file.write(text)
+        return
+    try:
+        out.write_text(text)
+    except OSError as e:
+        _fail(f"cannot write {out}: {e.strerror}")
+    err.print(f"wrote {out}", highlight=False)

@@ -1,0 +1,76 @@
+"""`chipledger slo rules`, `grafana dashboard` and `serve-metrics`: Prometheus and Grafana over the ledger."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+import typer.core
+
+from chipledger.cli._common import ConfigOpt, _config, _fail, _lake_dir, _write_text, app, err, grafana_app, slo_app
+
+
+@slo_app.command("rules")
+def slo_rules_cmd(
+    out: Optional[Path] = typer.Option(None, "--out", help="file to write (default: standard output)"),
+    fmt: str = typer.Option("prometheus", "--format", help="prometheus (rule file) | openslo (OpenSLO v1 documents)"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """Prometheus recording rules (error ratio of each SLO over 5m, 30m, 1h, 6h, 3d and the budget window) and
+    multi-window burn-rate alerting rules (page 14.4x over 1h & 5m, page 6x over 6h & 30m, ticket 1x over 3d &
+    6h) from the [slo] targets, over the counters of /metrics. Check them with `promtool check rules`."""
+    from chipledger.monitoring.slo_rules import openslo, prometheus_rules
+
+    cfg = _config(config)
+    if fmt not in ("prometheus", "openslo"):
+        _fail(f"--format must be prometheus or openslo, got {fmt!r}", 2)
+    _write_text(prometheus_rules(cfg.slo) if fmt == "prometheus" else openslo(cfg.slo), out)
+
+
+@grafana_app.command("dashboard")
+def grafana_dashboard_cmd(
+    out: Optional[Path] = typer.Option(None, "--out", help="file to write (default: standard output)"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """A Grafana dashboard (JSON, import it or provision it) over /metrics and the rules of `slo rules`: fleet per
+    pool and flavor, team use against quota, pending by reason, error budgets and burn rates, fragmentation,
+    decisions, and the worker's health."""
+    from chipledger.monitoring.grafana import dashboard_json
+
+    cfg = _config(config)
+    _write_text(dashboard_json(cfg.slo), out)
+
+
+@app.command("serve-metrics")
+def serve_metrics(
+    lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
+    port: int = typer.Option(9464, "--port", min=0, max=65535, help="port of /metrics (0: any free port)"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
+    poll: float = typer.Option(15.0, "--poll", min=0.1, help="seconds between looks for files added to the lake"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """Serve Prometheus /metrics for an embedded lake: its events folded again with the ledger core (the worker's
+    counters and gauges), following the files added to it."""
+    import asyncio
+
+    from chipledger.config import fold_config
+    from chipledger.monitoring.server import LakeMetrics, run_server
+
+    cfg = _config(config)
+    lm = LakeMetrics(_lake_dir(lake, cfg), fold_config(cfg))
+    try:
+        n = lm.poll()
+    except Exception as e:  # noqa: BLE001 - a lake that cannot be read: say which and why
+        _fail(f"cannot read lake {lm.lake}: {e}")
+    err.print(f"serve-metrics: folded {n:,} events of {len(lm.fleet.pools)} pools from {lm.lake}", highlight=False)
+
+    def started(bound: int) -> None:
+        err.print(f"serve-metrics: http://{host}:{bound}/metrics", highlight=False)
+
+    try:
+        asyncio.run(run_server(lm, host, port, poll, started=started))
+    except OSError as e:
+        _fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,177 @@
+"""`chipledger slurm watch|actuate`: the command line of the Slurm adapter (wiring only; docs/slurm.md)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+slurm_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="A live Slurm: watch it into events, apply the ledger's preemptions to it.")
+err = Console(stderr=True)
+out = Console()
+
+
+def _fail(message: str, code: int = 1):
+    err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _log(message: str) -> None:
+    err.print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {escape(message)}", highlight=False,
+              soft_wrap=True)
+
+
+def _cluster(name: Optional[str]) -> str:
+    from chipledger.adapters.slurm import commands
+
+    if name:
+        return name
+    try:
+        return commands.cluster_name()
+    except commands.SlurmError as e:
+        _fail(f"cannot tell the cluster's name ({e}); pass --cluster", 2)
+
+
+ClusterOpt = typer.Option(None, "--cluster", help="Slurm ClusterName (default: scontrol show config)")
+ConfigOpt = typer.Option(None, "--config", help="chipledger.toml (default: ./chipledger.toml if present)",
+                         dir_okay=False)
+
+
+def _bootstrap(bootstrap: Optional[str], config: Optional[Path]):
+    """The Kafka connection: [kafka] config and environment (address, and credentials where streams.clients
+    provides them: the same as every chipledger producer), --bootstrap overriding the address."""
+    from chipledger.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config)
+    except ConfigError as e:
+        _fail(str(e), 2)
+    try:
+        from streams.clients import connection_from_config
+    except ImportError:  # a build without the authenticated clients: a PLAINTEXT address
+        return bootstrap or cfg.kafka.bootstrap
+    try:
+        return connection_from_config(cfg.kafka, bootstrap=bootstrap)
+    except Exception as e:  # noqa: BLE001 - KafkaSecurityError: a bad credentials setting, said plainly
+        _fail(str(e), 2)
+
+
+@slurm_app.command("watch")
+def watch(
+    cluster: Optional[str] = ClusterOpt,
+    state: Path = typer.Option(Path("slurm-watch.state"), "--state", help="the watcher's cursor (JSON file)"),
+    emit: str = typer.Option("jsonl", "--emit", help="jsonl (to --out) or kafka (to the input topics)"),
+    out_file: Optional[Path] = typer.Option(None, "--out", help="JSONL file the events are appended to"),
+    since: Optional[str] = typer.Option(None, "--since", help="first poll only: now, cluster (when it registered "
+                                        "with slurmdbd), epoch seconds or ISO 8601 (default now)"),
+    interval: float = typer.Option(30.0, "--interval", help="seconds between polls"),
+    settle: int = typer.Option(5, "--settle", help="seconds an instant must be in the past before it is sent"),
+    once: bool = typer.Option(False, "--once", help="poll once and exit"),
+    bootstrap: Optional[str] = typer.Option(None, "--bootstrap", help="Kafka bootstrap (default [kafka] bootstrap)"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """Poll Slurm (sinfo, sacctmgr, sacct -D) and send inventory, chip states, quotas and jobs as events.
+
+    Ids derive from Slurm's own, and --state is the cursor: polling again or restarting sends nothing twice."""
+    from chipledger.adapters.slurm.commands import SlurmError
+    from chipledger.adapters.slurm.watch import JsonlSink, KafkaSink, Watcher, WatchError, parse_since
+
+    name = _cluster(cluster)
+    if emit == "jsonl":
+        if out_file is None:
+            _fail("--emit jsonl needs --out FILE", 2)
+        sink = JsonlSink(out_file)
+    elif emit == "kafka":
+        from streams.producer import LedgerProducer
+        from streams.topics import KafkaSetupError
+
+        try:
+            sink = KafkaSink(LedgerProducer(_bootstrap(bootstrap, config)))
+        except KafkaSetupError as e:
+            _fail(str(e), 2)
+    else:
+        _fail(f"--emit {emit!r}: give jsonl or kafka", 2)
+    try:
+        first = None if state.exists() else parse_since(since or "now", name)
+        watcher = Watcher(name, state, sink, since=first, settle_s=settle, log=_log)
+    except (WatchError, SlurmError) as e:
+        _fail(str(e), 2)
+    try:
+        while True:
+            try:
+                res = watcher.poll()
+                _log(f"watermark {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(res.watermark))}: sent "
+                     f"{res.sent} {json.dumps(res.by_type, sort_keys=True)}"
+                     + (f", late {res.late}" if res.late else "")
+                     + (f", notes {json.dumps(res.notes, sort_keys=True)}" if res.notes else ""))
+            except SlurmError as e:
+                if once:
+                    _fail(str(e), 1)
+                _log(f"poll failed, retrying in {interval:g}s: {e}")
+            if once:
+                break
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sink.close()
+
+
+@slurm_app.command("actuate")
+def actuate(
+    cluster: Optional[str] = ClusterOpt,
+    state: Path = typer.Option(Path("slurm-actuate.state"), "--state", help="decision ids applied (JSON file)"),
+    decisions: Optional[Path] = typer.Option(None, "--decisions", help="JSONL file of decisions"),
+    lake: Optional[Path] = typer.Option(None, "--lake", help="read decisions from a lake (embedded runs)"),
+    kafka: bool = typer.Option(False, "--kafka", help="consume chipledger.decisions"),
+    action: str = typer.Option("requeue", "--action", help="requeue (scontrol requeue) or cancel (scancel)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="say what would be done, change nothing"),
+    follow: bool = typer.Option(False, "--follow", help="with --kafka: keep consuming"),
+    bootstrap: Optional[str] = typer.Option(None, "--bootstrap", help="Kafka bootstrap (default [kafka] bootstrap)"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """Apply each decision.preempt of this cluster's pools to its victims, once per decision id."""
+    from chipledger.adapters.slurm.actuate import (ActuateError, Actuator, decisions_from_jsonl, decisions_from_kafka,
+                                          decisions_from_lake)
+    from chipledger.adapters.slurm.commands import SlurmError
+
+    if sum(x is not None and x is not False for x in (decisions, lake, kafka or None)) != 1:
+        _fail("give exactly one of --decisions FILE, --lake DIR, --kafka", 2)
+    name = _cluster(cluster)
+    try:
+        act = Actuator(name, state, action=action, dry_run=dry_run, log=_log)
+    except ActuateError as e:
+        _fail(str(e), 2)
+    totals = {"decisions": 0, "applied": 0, "gone": 0, "skipped": 0}
+
+    def one(d: dict) -> None:
+        o = act.apply(d)
+        totals["decisions"] += 1
+        totals["applied"] += len(o.applied)
+        totals["gone"] += len(o.gone)
+        totals["skipped"] += bool(o.skipped)
+
+    try:
+        if decisions is not None:
+            if not decisions.is_file():
+                _fail(f"{decisions} does not exist", 2)
+            for d in decisions_from_jsonl(decisions):
+                one(d)
+        elif lake is not None:
+            for d in decisions_from_lake(lake):
+                one(d)
+        else:
+            for d, commit in decisions_from_kafka(_bootstrap(bootstrap, config), name, follow=follow):
+                one(d)
+                commit()
+    except (ActuateError, SlurmError) as e:
+        _fail(str(e), 1)
+    except KeyboardInterrupt:
+        pass
+    out.print(" ".join(f"{k} {v}" for k, v in totals.items()) + (" (dry run)" if dry_run else ""), highlight=False)

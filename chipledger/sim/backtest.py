@@ -1,0 +1,462 @@
+"""`chipledger backtest`: the demand of a real log replayed through the simulated cluster
+(`chipledger.sim.simcluster`) under one or more configurations, with the ledger core deciding as it would live.
+
+The demand is what the log says each job asked for: its pool, team, chips, priority, whether it may be
+preempted, when it was submitted, and how long it ran (the sum of its observed runs). Capacity is the chips
+registered per pool; quotas are the log's grants, overridden per configuration by `[backtest] quota` or
+`--quota`. What the cluster then does (when jobs start, who is preempted) is simulated; docs/backtest.md says
+how, and what that leaves out. Fidelity: the simulated waits against the observed ones, per pool.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from chipledger.sim.simcluster import BurstRequest, Cluster, SimJob, SimPool
+from schemas import Rejection, parse_payload
+from schemas.events import epoch_s
+
+MILLI = 1000
+
+
+class BacktestError(ValueError):
+    """Bad input to a backtest (file, quota text): the CLI prints it without a traceback."""
+
+
+@dataclass
+class Demand:
+    """What a log asked for, and what it observed."""
+
+    pools: dict = field(default_factory=dict)        # pool -> [chips registered, chips_per_node, flavor]
+    quotas: dict = field(default_factory=dict)       # pool -> team -> chips granted (revokes applied)
+    jobs: list = field(default_factory=list)         # SimJob, observed demand
+    observed_wait: dict = field(default_factory=dict)  # job id -> observed first start - submit (s)
+    bursts: list = field(default_factory=list)
+    start: int = 0
+    end: int = 0
+    lines: int = 0
+    invalid: int = 0
+    first_invalid: str = ""
+
+
+def parse_quota(text: str, pools) -> dict:
+    """`team=chips,…` (in every pool) or `pool:team=chips,…` as {pool: {team: chips}}."""
+    out: dict = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, eq, value = part.rpartition("=")
+        if not eq or not name:
+            raise BacktestError(f"quota {part!r}: expected team=chips or pool:team=chips")
+        try:
+            chips = float(value)
+        except ValueError:
+            raise BacktestError(f"quota {part!r}: {value!r} is not a number of chips") from None
+        if not math.isfinite(chips) or chips < 0:
+            raise BacktestError(f"quota {part!r}: chips must be a non-negative number")
+        pool, colon, team = name.rpartition(":")
+        targets = [pool] if colon else list(pools)
+        if colon and pool not in pools:
+            raise BacktestError(f"quota {part!r}: no pool {pool!r} in the log (pools: {', '.join(sorted(pools))})")
+        if not team:
+            raise BacktestError(f"quota {part!r}: empty team name")
+        for p in targets:
+            out.setdefault(p, {})[team] = chips
+    return out
+
+
+def load_demand(path: Path, days: Optional[float] = None) -> Demand:
+    """Read an event log (JSONL, the wire contract) into the demand of a backtest. Lines that are not valid
+    events are counted and skipped (the first one is named). `days`: only jobs submitted within that many days
+    of the log's first event."""
+    d = Demand()
+    grants: dict = {}  # grant id -> (pool, team, chips)
+    subs: dict = {}    # job id -> [pool, team, milli, prio, preemptible, submitted]
+    run_start: dict = {}
+    ran: dict = {}
+    first_start: dict = {}
+    ended: dict = {}
+    t_min = t_max = None
+    try:
+        fh = open(path, "rb")
+    except OSError as err:
+        raise BacktestError(f"cannot read {path}: {err.strerror}") from None
+    with fh:
+        for lineno, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            d.lines += 1
+            try:
+                e = parse_payload(json.loads(raw))
+            except (ValueError, TypeError) as err:
+                d.invalid += 1
+                if not d.first_invalid:
+                    d.first_invalid = f"line {lineno}: not JSON ({err})"
+                continue
+            if isinstance(e, Rejection):
+                d.invalid += 1
+                if not d.first_invalid:
+                    d.first_invalid = f"line {lineno}: {getattr(e.code, 'value', e.code)}: {e.detail}"
+                continue
+            t = epoch_s(e.occurred_at)
+            t_min = t if t_min is None or t < t_min else t_min
+            t_max = t if t_max is None or t > t_max else t_max
+            typ = e.type
+            pool = e.pool
+            if typ == "pool.configured":
+                p = d.pools.setdefault(pool, [0, e.chips_per_node or 8, e.flavor])
+                p[1], p[2] = e.chips_per_node or p[1], e.flavor
+            elif typ == "chip.registered":
+                d.pools.setdefault(pool, [0, 8, "unknown"])[0] += 1
+            elif typ == "chip.retired":
+                if pool in d.pools:
+                    d.pools[pool][0] -= 1
+            elif typ == "quota.granted":
+                grants[e.grant_id] = (pool, e.team, e.chips_milli / MILLI)
+            elif typ == "quota.revoked":
+                grants.pop(e.grant_id, None)
+            elif typ == "job.submitted":
+                if e.job_id not in subs:
+                    subs[e.job_id] = [pool, e.team, e.chips_milli, e.priority, e.preemptible, t]
+            elif typ == "job.started":
+                run_start[e.job_id] = t
+                first_start.setdefault(e.job_id, t)
+            elif typ in ("job.preempted", "job.finished"):
+                s0 = run_start.pop(e.job_id, None)
+                if s0 is not None:
+                    ran[e.job_id] = ran.get(e.job_id, 0) + (t - s0)
+                if typ == "job.finished":
+                    ended[e.job_id] = t
+            elif typ == "burst.requested":
+                d.bursts.append(BurstRequest(pool, t, e.request_id, e.team, e.chips_milli / MILLI,
+                                             epoch_s(e.window_start), epoch_s(e.window_end)))
+    if t_min is None:
+        raise BacktestError(f"{path}: no valid events ({d.invalid} invalid line(s)"
+                            f"{'; ' + d.first_invalid if d.first_invalid else ''})")
+    d.start, d.end = t_min, t_max
+    for pool, team, chips in grants.values():
+        q = d.quotas.setdefault(pool, {})
+        q[team] = q.get(team, 0) + chips
+    limit = None if days is None else t_min + int(days * 86400)
+    for jid, (pool, team, milli, prio, preemptible, sub) in subs.items():
+        if limit is not None and sub >= limit:
+            continue
+        if pool not in d.pools or d.pools[pool][0] <= 0:
+            continue
+        s0 = run_start.get(jid)
+        work = ran.get(jid, 0) + ((t_max - s0) if s0 is not None else 0)
+        if jid in first_start:
+            d.observed_wait[jid] = first_start[jid] - sub
+            job = SimJob(jid, pool, team, milli, prio, sub, max(work, 1), preemptible)
+        else:  # never started in the log: it waits, and leaves its queue when it left the log's
+            job = SimJob(jid, pool, team, milli, prio, sub, max(work, 1), preemptible,
+                         cancel_at=max(ended.get(jid, t_max), sub))
+        d.jobs.append(job)
+    d.jobs.sort(key=lambda j: (j.submitted, j.jid))
+    return d
+
+
+def _pct(xs: list, p: float) -> Optional[float]:
+    """Nearest-rank percentile of sorted xs."""
+    if not xs:
+        return None
+    k = max(0, min(len(xs) - 1, math.ceil(p * len(xs)) - 1))
+    return float(xs[k])
+
+
+def _waits(waits: list) -> dict:
+    w = sorted(waits)
+    return {"jobs": len(w), "p50_s": _pct(w, 0.50), "p90_s": _pct(w, 0.90), "p99_s": _pct(w, 0.99)}
+
+
+def run_backtest(demand: Demand, fold_config, quotas: dict, sched_slo_s: int = 600, act_delay_s: int = 10,
+                 coop_share: float = 0.0) -> dict:
+    """One configuration over the demand: the figures of the report (plain data, JSON-ready)."""
+    import copy
+
+    jobs = [copy.copy(j) for j in demand.jobs]
+    pools = [SimPool(p, v[0], v[1], v[2]) for p, v in sorted(demand.pools.items()) if v[0] > 0]
+    cluster = Cluster(pools, quotas, fold_config, act_delay_s=act_delay_s, coop_share=coop_share,
+                      source="backtest")
+    res = cluster.run(jobs, demand.bursts, t0=demand.start)
+    per_team: dict = {}
+    per_pool: dict = {}
+    never: dict = {}
+    honoured = quick = 0
+    for j in jobs:
+        if j.in_quota_at_submit:
+            honoured += 1
+            if j.first_start is not None and j.first_start - j.submitted <= sched_slo_s:
+                quick += 1
+        if j.first_start is None:
+            never[j.team] = never.get(j.team, 0) + 1
+            continue
+        w = j.first_start - j.submitted
+        per_team.setdefault(j.team, []).append(w)
+        per_pool.setdefault(j.pool, []).append(w)
+    used = sum(res.used_mchip_s.values())
+    cap = sum(res.capacity_mchip_s.values())
+    borrowed = sum(res.borrowed_mchip_s.values())
+    return {
+        "quota": {p: dict(sorted(q.items())) for p, q in sorted(quotas.items())},
+        "quota_honoured": (quick / honoured) if honoured else None,
+        "in_quota_jobs": honoured,
+        "waits_by_team": {t: _waits(w) for t, w in sorted(per_team.items())},
+        "waits_by_pool": {p: _waits(w) for p, w in sorted(per_pool.items())},
+        "never_started_by_team": dict(sorted(never.items())),
+        "lost_work_chip_h": res.lost_mchip_s / MILLI / 3600,
+        "preemptions": res.preemptions,
+        "decisions": res.decisions,
+        "utilisation": used / cap if cap else None,
+        "utilisation_by_pool": {p: (res.used_mchip_s[p] / res.capacity_mchip_s[p]) if res.capacity_mchip_s[p]
+                                else None for p in sorted(res.capacity_mchip_s)},
+        "borrowed_share": borrowed / used if used else 0.0,
+        "fairness": {"f_excess_of_victims": (res.f_excess_sum / res.f_excess_chips) if res.f_excess_chips else None,
+                     "jain_usage_per_share_borrowers": (res.jain_sum / res.jain_n) if res.jain_n else None},
+        "bursts": dict(res.bursts),
+        "events_folded": res.events,
+        "jobs": len(jobs),
+    }
+
+
+def observed(demand: Demand) -> dict:
+    """The observed waits of the log, per pool and team (jobs that started in the log)."""
+    per_pool: dict = {}
+    per_team: dict = {}
+    for j in demand.jobs:
+        w = demand.observed_wait.get(j.jid)
+        if w is None:
+            continue
+        per_pool.setdefault(j.pool, []).append(w)
+        per_team.setdefault(j.team, []).append(w)
+    return {"waits_by_pool": {p: _waits(w) for p, w in sorted(per_pool.items())},
+            "waits_by_team": {t: _waits(w) for t, w in sorted(per_team.items())}}
+
+
+def fidelity(sim: dict, obs: dict) -> dict:
+    """Per pool: simulated − observed p50/p90/p99 (seconds)."""
+    out = {}
+    for p, o in obs["waits_by_pool"].items():
+        s = sim["waits_by_pool"].get(p)
+        row = {}
+        for k in ("p50_s", "p90_s", "p99_s"):
+            sv = s[k] if s else None
+            ov = o[k]
+            row[k] = {"simulated": sv, "observed": ov, "gap": (sv - ov) if sv is not None and ov is not None else None}
+        out[p] = row
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the page
+# ---------------------------------------------------------------------------------------------------------
+
+def _mpl(text: str) -> str:
+    """A label for matplotlib: `$` would start mathtext (an untrusted team name could break the chart)."""
+    return text.replace("\\", "\\\\").replace("$", r"\$")
+
+
+def _fmt(v, kind="s") -> str:
+    if v is None:
+        return "–"
+    if kind == "pct":
+        return f"{v:.1%}"
+    if kind == "f":
+        return f"{v:.3f}"
+    if kind == "h":
+        return f"{v:,.1f}"
+    return f"{v:,.0f}"
+
+
+def svg_text(fig) -> str:
+    """The figure as inline SVG without the date matplotlib stamps in: the same report gives the same page."""
+    import io
+
+    import matplotlib
+
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": "chipledger-backtest"}):  # element ids from a fixed salt
+        fig.savefig(buf, format="svg", metadata={"Date": None})
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def _gap(v) -> str:
+    return "–" if v is None else f"{v:+,.0f}"
+
+
+def html_report(report: dict) -> str:
+    """The report as one self-contained page: tables side by side and charts (every string escaped)."""
+    from chipledger.reports.charts import Figure, html_page, html_table
+
+    names = list(report["configs"])
+    rows = []
+    for label, key, kind in (("quota honoured", "quota_honoured", "pct"),
+                             ("lost work, chip-h", "lost_work_chip_h", "h"),
+                             ("preemptions", "preemptions", "s"), ("utilisation", "utilisation", "pct"),
+                             ("borrowed share of use", "borrowed_share", "pct")):
+        rows.append([label] + [_fmt(report["configs"][n][key], kind) for n in names])
+    rows.append(["F excess of victims"] + [_fmt(report["configs"][n]["fairness"]["f_excess_of_victims"], "f")
+                                            for n in names])
+    rows.append(["Jain's index, usage/share of borrowers"] +
+                [_fmt(report["configs"][n]["fairness"]["jain_usage_per_share_borrowers"], "f") for n in names])
+    rows.append(["bursts approved / partial / denied"] +
+                ["{approved} / {partial} / {denied}".format(**{k: report["configs"][n]["bursts"].get(k, 0)
+                                                              for k in ("approved", "partial", "denied")})
+                 for n in names])
+    blocks = [("Side by side", html_table(["figure"] + names, rows))]
+    teams = sorted({t for n in names for t in report["configs"][n]["waits_by_team"]})
+    wrows = []
+    for t in teams:
+        row = [t]
+        for n in names:
+            w = report["configs"][n]["waits_by_team"].get(t)
+            row.append(" / ".join(_fmt(w[k]) for k in ("p50_s", "p90_s", "p99_s")) if w else "–")
+        wrows.append(row)
+    blocks.append(("Waits per team, p50 / p90 / p99 (s)", html_table(["team"] + names, wrows)))
+    # chart: p90 wait per team, one bar per configuration
+    fig = Figure(figsize=(9, max(2.5, 0.5 * len(teams) * max(1, len(names)) / 2 + 1.4)), layout="constrained")
+    ax = fig.add_subplot()
+    h = 0.8 / max(1, len(names))
+    for i, n in enumerate(names):
+        vals = [(report["configs"][n]["waits_by_team"].get(t) or {}).get("p90_s") or 0 for t in teams]
+        ax.barh([y + i * h for y in range(len(teams))], vals, h, label=_mpl(n))
+    ax.set_yticks([y + 0.4 - h / 2 for y in range(len(teams))], [_mpl(t) for t in teams])
+    ax.invert_yaxis()
+    ax.set_xlabel("p90 wait, first start − submit (s)")
+    ax.legend(frameon=False)
+    ax.set_title("p90 wait per team")
+    blocks.append(("Chart: p90 wait per team", svg_text(fig)))
+    fig = Figure(figsize=(9, 3), layout="constrained")
+    ax = fig.add_subplot()
+    ax.bar([_mpl(n) for n in names], [report["configs"][n]["lost_work_chip_h"] for n in names], color="#c92a2a")
+    ax.set_ylabel("chip-hours")
+    ax.set_title("Work lost to preemptions")
+    blocks.append(("Chart: lost work", svg_text(fig)))
+    frows = []
+    for n in names:
+        for p, row in report["fidelity"][n].items():
+            frows.append([n, p] + [f"{_fmt(row[k]['simulated'])} vs {_fmt(row[k]['observed'])} ({_gap(row[k]['gap'])})"
+                                   for k in ("p50_s", "p90_s", "p99_s")])
+    blocks.append(("Fidelity: simulated vs observed waits per pool, s (gap)",
+                   html_table(["configuration", "pool", "p50", "p90", "p99"], frows)))
+    sub = (f"{report['events']} · {report['jobs']} jobs over {report['days']:.1f} days · "
+           f"{len(report['pools'])} pool(s) · simulation assumptions: docs/backtest.md")
+    return html_page("chipledger backtest", blocks, subtitle=sub)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the command
+# ---------------------------------------------------------------------------------------------------------
+
+def run_cli(events: Path, alt_cfg, base_cfg, alt_name: str, base_name: str, quota: Optional[str],
+            days: Optional[float], out: Optional[Path]) -> dict:
+    """`chipledger backtest`: both configurations over the log's demand; writes backtest.json and
+    backtest.html into `out` when given; returns the report."""
+    import time
+
+    from chipledger.config import fold_config
+
+    if days is not None and not (days > 0 and math.isfinite(days)):
+        raise BacktestError(f"--days must be a positive number, got {days}")
+    demand = load_demand(Path(events), days)
+    if not demand.jobs:
+        raise BacktestError(f"{events}: no job with chips in a pool with registered chips to replay")
+    obs = observed(demand)
+    configs = {}
+    timings = {}
+    fid = {}
+    for name, cfg, extra in ((base_name, base_cfg, None), (alt_name, alt_cfg, quota)):
+        if name in configs:
+            name = f"{name} (2)"
+        quotas = {p: dict(q) for p, q in demand.quotas.items()}
+        for text in (cfg.backtest.quota, extra):
+            if text:
+                for p, q in parse_quota(text, demand.pools).items():
+                    quotas.setdefault(p, {}).update(q)
+        fold = fold_config(cfg)
+        from dataclasses import replace
+
+        fold = replace(fold, policy_rows=False)
+        t0 = time.perf_counter()
+        r = run_backtest(demand, fold, quotas, sched_slo_s=cfg.slo.sched_slo_s, act_delay_s=cfg.backtest.act_delay_s,
+                         coop_share=cfg.backtest.coop_share)
+        timings[name] = time.perf_counter() - t0
+        r["seconds"] = round(timings[name], 3)
+        r["policy"] = {k: (v if not (isinstance(v, float) and math.isinf(v)) else "inf")
+                       for k, v in cfg.policy.fold_kwargs().items()}
+        configs[name] = r
+        fid[name] = fidelity(r, obs)
+    report = {"events": str(events), "lines": demand.lines, "invalid_lines": demand.invalid,
+              "first_invalid": demand.first_invalid, "jobs": len(demand.jobs),
+              "days": (max(j.submitted for j in demand.jobs) - demand.start) / 86400,
+              "pools": {p: {"chips": v[0], "chips_per_node": v[1], "flavor": v[2]}
+                        for p, v in sorted(demand.pools.items())},
+              "observed": obs, "configs": configs, "fidelity": fid}
+    if out is not None:
+        out = Path(out)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "backtest.json").write_text(json.dumps(report, indent=1, sort_keys=True))
+            (out / "backtest.html").write_text(html_report(report))
+        except OSError as err:
+            raise BacktestError(f"cannot write into {out}: {err.strerror}") from None
+        report["written"] = [str(out / "backtest.json"), str(out / "backtest.html")]
+    return report
+
+
+def print_report(report: dict, console) -> None:
+    from rich.table import Table
+
+    names = list(report["configs"])
+    if report["invalid_lines"]:
+        console.print(f"skipped {report['invalid_lines']} invalid line(s) of {report['lines']}; first: "
+                      f"{report['first_invalid']}", markup=False, highlight=False)
+    t = Table(title=f"backtest of {report['events']}: {report['jobs']:,} jobs, {report['days']:.1f} days")
+    t.add_column("figure")
+    for n in names:
+        t.add_column(n, justify="right")
+    c = report["configs"]
+    for label, key, kind in (("quota honoured", "quota_honoured", "pct"), ("in-quota jobs", "in_quota_jobs", "s"),
+                             ("lost work, chip-h", "lost_work_chip_h", "h"), ("preemptions", "preemptions", "s"),
+                             ("utilisation", "utilisation", "pct"), ("borrowed share of use", "borrowed_share", "pct"),
+                             ("seconds to simulate", "seconds", "f")):
+        t.add_row(label, *[_fmt(c[n][key], kind) for n in names])
+    t.add_row("F excess of victims", *[_fmt(c[n]["fairness"]["f_excess_of_victims"], "f") for n in names])
+    t.add_row("Jain's index, borrowers", *[_fmt(c[n]["fairness"]["jain_usage_per_share_borrowers"], "f")
+                                            for n in names])
+    t.add_row("bursts approved/partial/denied",
+              *["/".join(str(c[n]["bursts"].get(k, 0)) for k in ("approved", "partial", "denied")) for n in names])
+    teams = sorted({tm for n in names for tm in c[n]["waits_by_team"]})
+    for tm in teams:
+        t.add_row(f"wait p50/p90/p99 s: {tm}",
+                  *[" / ".join(_fmt((c[n]["waits_by_team"].get(tm) or {}).get(k)) for k in ("p50_s", "p90_s", "p99_s"))
+                    for n in names])
+    _escape_table(t)
+    console.print(t)
+    f = Table(title="fidelity: simulated vs observed waits per pool, s (gap = simulated − observed)")
+    for col in ("configuration", "pool", "p50", "p90", "p99"):
+        f.add_column(col, justify="right" if col.startswith("p") and col != "pool" else "left")
+    for n in names:
+        for p, row in report["fidelity"][n].items():
+            f.add_row(n, p, *[f"{_fmt(row[k]['simulated'])} vs {_fmt(row[k]['observed'])} ({_gap(row[k]['gap'])})"
+                              for k in ("p50_s", "p90_s", "p99_s")])
+    _escape_table(f)
+    console.print(f)
+    for path in report.get("written", []):
+        console.print(f"wrote {path}", markup=False, highlight=False)
+
+
+def _escape_table(t) -> None:
+    """Rich markup in untrusted names (team, pool, file) is printed as text."""
+    from rich.markup import escape
+
+    for col in t.columns:
+        col._cells = [escape(x) if isinstance(x, str) else x for x in col._cells]
+        col.header = escape(col.header) if isinstance(col.header, str) else col.header
+    if isinstance(t.title, str):
+        t.title = escape(t.title)
