@@ -23,6 +23,7 @@ import json
 import re
 import shutil
 import socket
+import sys
 import threading
 import time
 from collections import Counter, defaultdict
@@ -31,7 +32,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.kube_support import G, V, unique
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # pipeline_support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kafka_support
+
+from tests.kube_support import G, V, unique  # noqa: E402
 
 CLUSTER = "kt"
 SETTLE_S = 5  # a condition's time can precede its write by seconds (Kueue copies the Job's finish time)
@@ -136,13 +140,34 @@ def _compact_etcd() -> None:
                   timeout=30).raise_for_status()
 
 
+class TeeSink:
+    """Kafka (as `kube watch --emit kafka` sends), and a list of what was sent."""
+
+    def __init__(self, bootstrap: str):
+        from chipledger.adapters.kube.watch import KafkaSink
+        from streams.producer import LedgerProducer
+
+        self.kafka = KafkaSink(LedgerProducer(bootstrap))
+        self.sent: list = []
+
+    def send(self, body):
+        self.kafka.send(body)
+        self.sent.append(body)
+
+    def flush(self):
+        self.kafka.flush()
+
+    def close(self):
+        self.kafka.close()
+
+
 class Running:
     """A Watcher in a thread, as `chipledger kube watch` runs it."""
 
-    def __init__(self, client, state: Path, out: Path, metrics=None):
+    def __init__(self, client, state: Path, out, metrics=None):
         from chipledger.adapters.kube.watch import JsonlSink, KubeApi, Watcher
 
-        self.sink = JsonlSink(out)
+        self.sink = JsonlSink(out) if isinstance(out, Path) else out
         self.watcher = Watcher(CLUSTER, state, self.sink, KubeApi(client), settle_s=SETTLE_S, tick_s=1,
                                metrics=metrics, log=lambda msg: print(f"{time.strftime('%H:%M:%S')} watch: {msg}"))
         self.stop = threading.Event()
@@ -168,7 +193,15 @@ def _fold(events: Path, lake: Path):
 
 
 @pytest.fixture(scope="module")
-def workload(kube, tmp_path_factory):
+def kafka(tmp_path_factory):
+    from kafka_support import module_broker
+
+    with module_broker(tmp_path_factory, partitions=2) as k:
+        yield k["bootstrap"]
+
+
+@pytest.fixture(scope="module")
+def workload(kube, tmp_path_factory, request):
     from chipledger.adapters.kube.actuate import Actuator, KubeOps
     from chipledger.adapters.kube.watch import WatchMetrics
     from chipledger.adapters.kube.actuate import decisions_from_lake
@@ -204,6 +237,18 @@ def workload(kube, tmp_path_factory):
     mport = _free_port()
     metrics.serve(mport)
     w = Running(watch_client, state, out, metrics)
+    try:  # the Kafka path too, when a broker can run here: a second watcher sends to Kafka all along
+        bootstrap = request.getfixturevalue("kafka")
+        kafka_skip = ""
+    except pytest.skip.Exception as e:
+        bootstrap, kafka_skip = None, str(e)
+    if bootstrap:
+        from pipeline_support import WorkerProcess
+
+        worker = WorkerProcess(bootstrap, d / "worker", d / "worker.log", "--tick-interval", "0", "--table-store",
+                               "memory", app_id=f"kube-{s}").start()
+        tee = TeeSink(bootstrap)
+        wk = Running(watch_client, d / "kafka-watch.state", tee)
     admitted = lambda t, job: k.is_true(ns[t], job, "Admitted")  # noqa: E731
     finished = lambda t, job: k.is_true(ns[t], job, "Finished")  # noqa: E731
 
@@ -287,9 +332,26 @@ def workload(kube, tmp_path_factory):
     metrics_text = requests.get(f"http://127.0.0.1:{mport}/metrics", timeout=5).text
     history.stop.set()
     _fold(out, d / "lake")
+    kafka_lake = None
+    if bootstrap:
+        from pipeline_support import pump
+        from store import open_store
+        from streams.sink import Sink
+
+        wk.close()
+        sink = Sink(d / "kafka-lake", open_store(f"sqlite:///{d / 'sink.db'}"), bootstrap=bootstrap, name="sink",
+                    batch_ms=300)
+        try:
+            pump(sink, lambda: sink.stats.rows["events"] >= len(tee.sent), 120, worker)
+        finally:
+            worker.stop()
+            sink.close()
+        assert "Traceback" not in (d / "worker.log").read_text()
+        kafka_lake = d / "kafka-lake"
     return {"dir": d, "out": out, "state": state, "names": names, "ns": ns, "history": history, "k": k,
             "decisions": decisions, "actuated": actuated, "again": again, "metrics": metrics_text,
-            "watch_client": watch_client}
+            "watch_client": watch_client, "kafka_lake": kafka_lake, "kafka_skip": kafka_skip,
+            "kafka_sent": tee.sent if bootstrap else []}
 
 
 def _books(lake: Path) -> dict:
@@ -410,3 +472,25 @@ def test_the_watchers_role_cannot_write(workload):
         client.CustomObjectsApi(workload["watch_client"]).patch_namespaced_custom_object(
             G, V, workload["ns"]["a"], "localqueues", "lq", {"metadata": {"labels": {"x": "y"}}})
     assert e.value.status == 403
+
+
+def test_the_kafka_path_gives_the_same_books(workload):
+    """watcher → Kafka (LedgerProducer) → worker → sink → lake: every event sent is in the sink's lake once, and the
+    teams' chip-seconds of the worker's job runs (the journal's hours close only at the hour) equal the Workloads'
+    own."""
+    if workload["kafka_lake"] is None:
+        pytest.skip(workload["kafka_skip"])
+    from analytics.views import connect
+
+    teams = {workload["names"][t] for t in "abcd"}
+    con = connect(workload["kafka_lake"])
+    logged = [r[0] for r in con.execute("SELECT event_id FROM base_event_log").fetchall()]
+    assert sorted(logged) == sorted(e["event_id"] for e in workload["kafka_sent"])
+    assert con.execute("SELECT count(*) FROM deadletters").fetchone()[0] == 0
+    rows = con.execute("SELECT team, sum(allocated_mchip_s) FROM job_runs GROUP BY ALL").fetchall()
+    books = {team: int(n) // 1000 for team, n in rows if team in teams and n}
+    expected = {cq: n for cq, n in workload["history"].chip_seconds().items() if n and cq in teams}
+    print(f"\nGPU-seconds per team through Kafka: {dict(sorted(books.items()))}")
+    assert books == expected
+    ids = [e["event_id"] for e in workload["kafka_sent"]]
+    assert len(ids) == len(set(ids))

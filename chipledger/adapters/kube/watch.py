@@ -356,7 +356,9 @@ class Mapper:
                                             held=True if held else None)
             rec["phase"] = "held" if held else "pending"
             rec["waiting"] = ""
-        if rec["phase"] == "held" and (v["active"] or admitted):
+        # active again (Kueue's Requeued=True, Reactivated), or admitted afresh (Admitted stays True for a moment
+        # while Kueue evicts: not a readmission while Evicted is True)
+        if rec["phase"] == "held" and (v["active"] or (admitted and not evicted)):
             rq = c.get("Requeued")
             t = rq[1] if rq and rq[0] == "True" and rq[1] and rq[1] >= (rec["evicted"] or 0) else now
             if admitted:
