@@ -258,6 +258,9 @@ def workload(kube, tmp_path_factory, request):
     time.sleep(1.1)
     k.job(ns["a"], "a1", "lq", 6, run_s=2)
     k.wait(lambda: admitted("a", "a1"), what="a1 admitted after Kueue's reclaim")
+    # c1 runs again once a1 is done; it must be done too before others reclaim from c: Kueue measures a requeued
+    # Workload's wait from its Requeued condition, which a second eviction does not move (docs/kube.md)
+    k.wait(lambda: finished("c", "c1"), timeout=60, what="c1 finished")
     # 2. the watcher restarts: stopped here, a priority preemption happens while it is down, a new one resumes
     w.close()
     k.job(ns["b"], "b1", "lq", 4, priority=low, run_s=5)
@@ -350,7 +353,7 @@ def workload(kube, tmp_path_factory, request):
         kafka_lake = d / "kafka-lake"
     return {"dir": d, "out": out, "state": state, "names": names, "ns": ns, "history": history, "k": k,
             "decisions": decisions, "actuated": actuated, "again": again, "metrics": metrics_text,
-            "watch_client": watch_client, "kafka_lake": kafka_lake, "kafka_skip": kafka_skip,
+            "watch_client": watch_client, "roles": roles, "kafka_lake": kafka_lake, "kafka_skip": kafka_skip,
             "kafka_sent": tee.sent if bootstrap else []}
 
 
@@ -494,3 +497,26 @@ def test_the_kafka_path_gives_the_same_books(workload):
     assert books == expected
     ids = [e["event_id"] for e in workload["kafka_sent"]]
     assert len(ids) == len(set(ids))
+
+
+def test_the_command_line(workload, tmp_path):
+    """`chipledger kube watch --once` and `kube actuate --dry-run` as a platform engineer runs them, with the
+    adapters' own kubeconfigs (the tokens bound to deploy/kube/rbac.yaml's ClusterRoles)."""
+    from typer.testing import CliRunner
+
+    from chipledger.cli import app
+
+    st = tmp_path / "watch.state"
+    shutil.copy(workload["state"], st)
+    res = CliRunner().invoke(app, ["kube", "watch", "--once", "--kubeconfig", workload["roles"]["watch"],
+                                   "--cluster", CLUSTER, "--state", str(st), "--out", str(tmp_path / "e.jsonl"),
+                                   "--settle", "0"])
+    assert res.exit_code == 0, res.output
+    assert {e["type"] for e in _events(tmp_path / "e.jsonl")} <= {"pool.tick"}
+    decisions = tmp_path / "decisions.jsonl"
+    decisions.write_text("".join(json.dumps(d) + "\n" for d in workload["decisions"]))
+    res = CliRunner().invoke(app, ["kube", "actuate", "--kubeconfig", workload["roles"]["actuate"], "--cluster",
+                                   CLUSTER, "--decisions", str(decisions), "--dry-run", "--state",
+                                   str(tmp_path / "a.state")])
+    assert res.exit_code == 0, res.output
+    assert "decisions 1 applied 0 gone 1 skipped 0 (dry run)" in res.stdout  # the victim has finished since

@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Optional
 
 from chipledger.adapters.kube import mapping as m
 from chipledger.adapters.kube.mapping import (RANK_CHIP, RANK_FREE, RANK_POOL, RANK_QUOTA, RANK_REGISTER, RANK_START,
-                                              RANK_SUBMIT, RANK_TICK, RANK_WAIT, Event, event_id, make_event)
+                                              RANK_SUBMIT, RANK_TICK, RANK_WAIT, event_id, make_event)
 
 STATE_VERSION = 1
 KINDS = ("resourceflavors", "nodes", "clusterqueues", "localqueues", "workloads")
