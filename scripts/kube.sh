@@ -5,7 +5,7 @@
 # containers) and the Kueue v0.17.0 manager with its webhooks, all on 127.0.0.1 ports 19701-19722. Everything is
 # built from the Go module proxy (no images, no GitHub); the recipe, measured, is ../shared/kube/README.md.
 #
-#   bash scripts/kube.sh ensure   build the binaries into the cache when missing (about 14 min on 2 cores from bare,
+#   bash scripts/kube.sh ensure   build the binaries into the cache when missing (about 11 min on 2 cores from bare,
 #                                 0 s when cached), then start the cluster unless it already runs. Idempotent.
 #                                 Always exits 0 (loud when something is missing): whether that is a skip or a
 #                                 failure is the tests' decision (CHIPLEDGER_REQUIRE_KUBE=1).
@@ -82,7 +82,7 @@ build() {
  -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
     ldf=${ldf//$'\n'/}  # the -X flags must stamp the version: clients gate features on it (Kueue's kubeversion)
     need() { [[ $force = 1 || ! -x $BIN/$1 ]]; }
-    echo "kube.sh: building the control plane into $BIN (about 14 min from bare on 2 cores; once per machine)" >&2
+    echo "kube.sh: building the control plane into $BIN (about 11 min from bare on 2 cores; once per machine)" >&2
     if need etcd || need kube-apiserver; then
         (cd "$KDIR/k8sbuild" && go build -ldflags="$ldf" -o "$BIN/" ./cmd/etcd k8s.io/kubernetes/cmd/kube-apiserver) || return 1
     fi

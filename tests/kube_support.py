@@ -2,7 +2,7 @@
 
 `scripts/kube.sh start` is idempotent: a cluster already running (`make test` runs `kube.sh ensure` first) is
 reused, else it is started here and stopped at the end of the session. The binaries are never built inside pytest
-(about 14 min from bare): without them the tests are skipped loudly, or fail with CHIPLEDGER_REQUIRE_KUBE=1 (CI).
+(about 11 min from bare): without them the tests are skipped loudly, or fail with CHIPLEDGER_REQUIRE_KUBE=1 (CI).
 
 The helpers create uniquely named objects (cluster-scoped Kueue objects are shared by every test of the session),
 kwok Nodes with GPUs, and Jobs whose Pods kwok completes after a delay (annotation
@@ -54,7 +54,7 @@ class Cluster:
         missing = [b for b in BINARIES if not (cache_dir() / "bin" / b).exists()]
         if missing:
             raise KubeUnavailable(f"the control plane is not built (missing {', '.join(missing)} in "
-                                  f"{cache_dir() / 'bin'}): run `bash scripts/kube.sh ensure` (about 14 min once)")
+                                  f"{cache_dir() / 'bin'}): run `bash scripts/kube.sh ensure` (about 11 min, once per machine)")
         if os.geteuid() != 0:
             raise KubeUnavailable("Kueue needs its metrics certificate in /etc/kueue (scripts/kube.sh): run as root")
         self.started_here = False
