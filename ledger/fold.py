@@ -5,9 +5,11 @@ updates the `PoolState` it is given and returns it; `PoolState.copy()` keeps a s
 event changes nothing but counters.
 
 The rules of one event, in order (evolve):
+0. an event further ahead of its append time (`appended_s`, from the edge) than [ledger] max_clock_skew_s is
+   `clock_ahead`: it never moves, nor starts, a pool clock;
 1. a pool exists from its `pool.configured` on (before it: `unknown_pool`);
-2. an id seen before with byte-identical bytes is a duplicate (dropped, counted); with other bytes it is
-   `duplicate_conflict`, after the checks below;
+2. ids are deduplicated per (origin, event_id): an id its origin sent before with byte-identical bytes is a
+   duplicate (dropped, counted); with other bytes it is `duplicate_conflict`, after the checks below;
 3. time: an event further behind the clock than the dedup window is `too_late` (it cannot be told from a re-sent
    one whose id was forgotten); one further ahead than [ledger] max_clock_jump_s is `clock_jump`;
 4. the check of its type (each concern's module: ledger/chips.py, grants.py, jobs.py, progress.py; prices.py);

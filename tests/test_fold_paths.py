@@ -1,5 +1,5 @@
-"""The fold's cheaper paths (docs/benchmarks.md, third speed pass) give what the plain ones gave: raw bytes kept
-in the dedup window and digested lazily, the pool's idle account derived from the others, a Step's shared empty
+"""The fold's cheaper paths (docs/benchmarks-history.md, third speed pass) give what the plain ones gave: raw bytes
+kept in the dedup window and digested lazily, the pool's idle account derived from the others, a Step's shared empty
 output lists, the clock's next stop, the memo of a job's milli-chips."""
 
 from __future__ import annotations
