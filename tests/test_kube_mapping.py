@@ -157,6 +157,10 @@ def test_deactivation_is_a_requeue_held_until_reactivated():
     mp.workload(wl(ADMITTED), "w1", T0 + 6)
     ev = ("Evicted", "True", 9, "Deactivated", "The workload is deactivated")
     mp.workload(wl(ADMITTED + [ev], active=False), "w1", T0 + 9)
+    # the admin's spec.active=true, seen before Kueue's Requeued=True (Reactivated): not released yet
+    mp.workload(wl([("Admitted", "False", 9, "NoReservation", ""), ev, ("Requeued", "False", 9, "Deactivated", "")]),
+                "w1", T0 + 15)
+    assert [t for t, _ in jobs(st)][-1] == "job.preempted"
     mp.workload(wl([("Admitted", "False", 9, "NoReservation", ""), ev,
                     ("Requeued", "True", 14, "Reactivated", "")]), "w1", T0 + 14)
     assert jobs(st)[1:] == [("job.started", "06"), ("job.preempted", "09"), ("job.released", "14")]

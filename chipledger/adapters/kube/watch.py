@@ -356,12 +356,13 @@ class Mapper:
                                             held=True if held else None)
             rec["phase"] = "held" if held else "pending"
             rec["waiting"] = ""
-        # active again (Kueue's Requeued=True, Reactivated), or admitted afresh (Admitted stays True for a moment
-        # while Kueue evicts: not a readmission while Evicted is True)
-        if rec["phase"] == "held" and (v["active"] or (admitted and not evicted)):
-            rq = c.get("Requeued")
-            t = rq[1] if rq and rq[0] == "True" and rq[1] and rq[1] >= (rec["evicted"] or 0) else now
-            if admitted:
+        # back in the queue when Kueue says so: Requeued=True (reason Reactivated) at or after the eviction, at its
+        # time (spec.active=true alone is the admin's write, seen a moment before or after Kueue's); or admitted
+        # afresh (Admitted stays True for a moment while Kueue evicts: not a readmission while Evicted is True)
+        requeued = bool(rq and rq[0] == "True" and rq[1] is not None and rq[1] >= (rec["evicted"] or 0))
+        if rec["phase"] == "held" and ((v["active"] and requeued) or (admitted and not evicted)):
+            t = rq[1] if requeued else ta
+            if admitted and not evicted:
                 t = min(t, ta)
             self._job_emit(rec, t, RANK_SUBMIT, "job.released", "released")
             rec["phase"] = "pending"
