@@ -93,7 +93,7 @@ def _team(spec: SloSpec, template: str) -> str:
 
 
 def alert_rule(spec: SloSpec, alert: str, severity: str, burn: float, long_w: str, short_w: str,
-               window_days: int) -> dict:
+               window_days: int, runbook_url: str = "") -> dict:
     threshold = f"({burn:g} * {spec.budget:g})"
     sel = f'{{slo="{spec.slo}"}}'
     who = "pool {{ $labels.pool }}" + (" team {{ $labels.team }}" if "team" in spec.by else "")
@@ -109,8 +109,16 @@ def alert_rule(spec: SloSpec, alert: str, severity: str, burn: float, long_w: st
                             f"{window_days}-day error budget at {burn:g}x the sustainable rate or faster, over "
                             f"both {long_w} and {short_w}: {_DESCRIBE[spec.slo]}."),
             "look_at": _team(spec, _LOOK[spec.slo]),
+            **runbook(runbook_url, spec.slo, alert),
         },
     }
+
+
+def runbook(template: str, slo: str, alert: str) -> dict:
+    """The `runbook_url` annotation from `[slo] runbook_url` (`{slo}` and `{alert}` filled in), or none."""
+    if not template:
+        return {}
+    return {"runbook_url": template.replace("{slo}", slo).replace("{alert}", alert)}
 
 
 def rule_groups(slo_params) -> dict:
@@ -131,7 +139,8 @@ def rule_groups(slo_params) -> dict:
     alerts = []
     for spec in specs(slo_params):
         for alert, severity, burn, long_w, short_w in BURN_RULES:
-            alerts.append(alert_rule(spec, alert, severity, burn, long_w, short_w, int(slo_params.window_days)))
+            alerts.append(alert_rule(spec, alert, severity, burn, long_w, short_w, int(slo_params.window_days),
+                                     getattr(slo_params, "runbook_url", "")))
     groups.append({"name": "chipledger-slo-alerts", "rules": alerts})
     return {"groups": groups}
 
