@@ -76,6 +76,7 @@ def budget_stat(slo: str) -> dict:
                         "colorMode": "background", "graphMode": "area", "textMode": "value"}
     panel["fieldConfig"]["defaults"]["thresholds"] = {"mode": "absolute", "steps": [
         {"color": "red", "value": None}, {"color": "orange", "value": 0}, {"color": "green", "value": 0.25}]}
+    panel["fieldConfig"]["defaults"]["noValue"] = "no events"  # e.g. throughput while no job reports progress
     panel["gridPos_w"] = 24 // len(SLOS)
     return panel
 

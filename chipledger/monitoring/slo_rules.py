@@ -4,7 +4,7 @@
 The SRE workbook's multi-window, multi-burn-rate alerts (ch. 5 of "The Site Reliability Workbook"), the windows
 and thresholds of the `burn_alerts` view (docs/analytics.md):
 
-- recording rules: each SLO's error ratio (1 − good/total) over 5m, 30m, 1h, 6h, 3d and the budget window
+- recording rules: each SLO's error ratio (1 − good/total; 0 over a window without events) over 5m, 30m, 1h, 6h, 3d and the budget window
   (`[slo] window_days`, 30d), `chipledger:slo_errors:ratio_rate<window>{slo, pool[, team]}`; the target and the
   budget (1 − target) as `chipledger:slo_target:ratio` and `chipledger:slo_error_budget:ratio`; the budget left
   over the window `chipledger:slo_error_budget_remaining:ratio`;
@@ -84,7 +84,10 @@ def ratio_rule(spec: SloSpec, window: str) -> dict:
     by = ", ".join(spec.by)
     total = f"sum by ({by}) (rate({spec.total}[{window}]))"
     good = f"sum by ({by}) (rate({spec.good}[{window}]))"
-    return {"record": f"chipledger:slo_errors:ratio_rate{window}", "expr": f"({total} - {good}) / {total}",
+    # a window without events has no errors, not 0/0: the ratio is 0 there (a NaN would show as a gap or "NaN" in
+    # Grafana and make the budget left NaN; the alerts compare with >=, which NaN never is, so they do not change)
+    return {"record": f"chipledger:slo_errors:ratio_rate{window}",
+            "expr": f"({total} - {good}) / ({total} > 0)\nor\n{total} * 0",
             "labels": {"slo": spec.slo}}
 
 
