@@ -125,6 +125,10 @@ GresTypes=gpu
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=1,bf_interval=1,defer_batch
 PriorityType=priority/multifactor
+# fair-share usage (sshare's RawUsage) added every minute (default 5), counted in GPU-seconds (billing = GPUs);
+# with a fair-share weight of 0 the priority plugin keeps no usage at all
+PriorityCalcPeriod=1
+PriorityWeightFairShare=1000
 PreemptType=preempt/qos
 PreemptMode=REQUEUE
 JobRequeue=1
@@ -151,8 +155,8 @@ EOF
             echo "NodeName=$node NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((PORT + 2 + i)) CPUs=16 RealMemory=64000 Gres=gpu:$type:$GPUS_PER_NODE State=UNKNOWN"
             i=$((i + 1))
         done
-        echo "PartitionName=a100 Nodes=n1,n2 Default=YES MaxTime=30:00 State=UP"
-        echo "PartitionName=h100 Nodes=n3,n4 MaxTime=30:00 State=UP"
+        echo "PartitionName=a100 Nodes=n1,n2 Default=YES MaxTime=30:00 State=UP TRESBillingWeights=GRES/gpu=1.0"
+        echo "PartitionName=h100 Nodes=n3,n4 MaxTime=30:00 State=UP TRESBillingWeights=GRES/gpu=1.0"
     } >"$etc/slurm.conf"
     : >"$etc/gres.conf"
     i=0
@@ -249,10 +253,12 @@ all_idle() {
 
 # Accounts (lower-case: Slurm lower-cases them), their GPU quotas as GrpTRES, root in every account (it runs
 # most test jobs, with --account), the TEST_USERS in vision (jobs submitted for them with `sbatch --uid`), and QOS
-# `high` that preempts `normal` by requeue.
+# `high` that preempts `normal` by requeue. vision and nlp are under the parent account research (the ledger's
+# teams research/vision and research/nlp of the org research); speech is a top-level account.
 setup_accounts() {
     sacctmgr -i add qos high Priority=1000 Preempt=normal PreemptMode=requeue >/dev/null
-    sacctmgr -i add account vision,nlp,speech Cluster="$CLUSTER" >/dev/null
+    sacctmgr -i add account research,speech Cluster="$CLUSTER" >/dev/null
+    sacctmgr -i add account vision,nlp Cluster="$CLUSTER" Parent=research >/dev/null
     sacctmgr -i modify account vision set GrpTRES=gres/gpu:a100=8 >/dev/null
     sacctmgr -i modify account nlp set GrpTRES=gres/gpu:a100=4,gres/gpu:h100=8 >/dev/null
     sacctmgr -i add user root Account=vision,nlp,speech QOS=normal,high DefaultQOS=normal >/dev/null

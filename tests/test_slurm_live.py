@@ -39,6 +39,9 @@ from chipledger.adapters.slurm.watch import JsonlSink, Watcher, parse_since
 from ledger.fold import FoldConfig
 
 CLUSTER = "chipledger"
+# the ledger's team of each Slurm account: vision and nlp are under the parent account research (scripts/slurm.sh)
+TEAM = {"vision": "research/vision", "nlp": "research/nlp", "speech": "speech"}
+ORGS = {"research": ("vision", "nlp")}
 SETTLE_S = 2
 WORKLOAD_MAX_S = 240  # the workload below takes ~90 s, up to ~150 s on a loaded machine
 
@@ -116,7 +119,7 @@ def _sreport_by_partition(cluster, start: int, end: int) -> dict:
             if len(f) >= 4 and f[1]:
                 used = sum(int(v) for v in f[2:-1])
                 if used:
-                    out[(part, f[1])] = used
+                    out[(part, TEAM[f[1]])] = used
     return out
 
 
@@ -141,10 +144,10 @@ def _sreport(cluster, start: int, end: int) -> tuple[dict, dict, dict]:
     used, by_user = {}, {}
     for x in accounts.splitlines():
         f = x.split("|")  # cluster|account|login|proper name|TRES|used
-        if len(f) == 6 and f[2] == "" and f[1] != "root":  # account rows (no user)
-            used[f[1]] = int(f[5])
+        if len(f) == 6 and f[2] == "" and f[1] in TEAM:  # account rows (no user), by the ledger's team name
+            used[TEAM[f[1]]] = int(f[5])
         elif len(f) == 6 and f[2] and int(f[5]):  # user rows
-            by_user[(f[1], f[2])] = int(f[5])
+            by_user[(TEAM[f[1]], f[2])] = int(f[5])
     return used, by_user, {"allocated": int(alloc), "down": int(down), "planned_down": int(pdown), "idle": int(idle),
                   "planned": int(planned), "reported": int(reported),
                   "maintenance_gpu_s": pdown_cpu // cpus * gpus}  # n4's node-seconds in PLND Down x its GPUs
@@ -212,7 +215,7 @@ def _eligible_demand(dump: Path) -> tuple[dict, dict]:
             eligible[(job, k)] = el
             until = start if start is not None else end
             if until is not None and until > el:
-                demand[r["Account"]] += (until - el) * _gpus(r)
+                demand[TEAM[r["Account"]]] += (until - el) * _gpus(r)
     return dict(demand), eligible
 
 
@@ -388,7 +391,7 @@ def test_watch_maps_what_slurm_did(slurm, workload):
     multi = [e for e in evs if e["job_id"] == jobs["multi"] and e["type"] == "job.submitted"]
     assert multi[0]["chips"] == 16 and multi[0]["chips_per_node"] == 8
     teams = {e["team"] for e in evs if e["type"] == "job.submitted"}
-    assert teams == {"vision", "nlp", "speech"}
+    assert teams == set(TEAM.values())  # the account hierarchy: research/vision, research/nlp, speech
     users = {e["job_id"]: e.get("user") for e in evs if e["type"] == "job.submitted"}
     assert users[jobs["alice"]] == "alice" and users[jobs["bob"]] == "bob" and users[jobs["ok"]] == "root"
     assert set(users.values()) == {"root", "alice", "bob"}
@@ -409,7 +412,7 @@ def test_watch_books_equal_sreport(slurm, workload):
     print(f"per account and user: sreport {sorted(by_user.items())}\n"
           f"                      ledger  {sorted(users.items())}")
     assert users == by_user
-    assert {u for (a, u) in users if a == "vision"} == {"root", "alice", "bob"}
+    assert {u for (a, u) in users if a == "research/vision"} == {"root", "alice", "bob"}
     by_part, sreport_by_part = _books_by_pool(d / "lake"), _sreport_by_partition(slurm, start, end)
     print(f"per partition and account: sreport {sorted(sreport_by_part.items())}\n"
           f"                           ledger  {sorted(by_part.items())}")
@@ -485,7 +488,7 @@ def test_import_sacct_books_equal_sreport(slurm, workload):
     _sacct_dump(slurm, workload)
     (d / "sinfo.json").write_text(slurm.cmd("sinfo", "--json"))
     (d / "assoc.txt").write_text(slurm.cmd("sacctmgr", "-P", "show", "assoc",
-                                           "format=id,account,user,partition,grptres"))
+                                           "format=id,account,user,partition,grptres,parentname"))
     (d / "node-events.txt").write_text(slurm.cmd("sacctmgr", "-n", "-P", "show", "event", "event=node",
                                                  f"start={_iso(workload['since'])}",
                                                  "format=nodename,start,end,state,reason"))
