@@ -71,8 +71,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("chips_milli", pa.int64()), ("priority", pa.int64()), ("waiting_since", TS), ("reason", pa.string()),
         ("message", pa.string()),
     ]),
-    # facts (ledger.fold WaitRow, FreeChipsRow; docs/analytics.md): each wait of a job to be started, posted when it
-    # ends and, still open, at a close of the books (superseded by a later posting of the same wait)
+    # facts (ledger.waits WaitRow, ledger.chips FreeChipsRow; docs/analytics.md): each wait of a job to be started,
+    # posted when it ends and, still open, at a close of the books (superseded by a later posting of the same wait)
     "waits": pa.schema([
         ("pool", pa.string()), ("job_id", pa.string()), ("team", pa.string()), ("run_index", pa.int32()),
         ("kind", pa.string()), ("priority", pa.int64()), ("chips_milli", pa.int64()), ("submitted_at", TS),
@@ -86,7 +86,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("in_use_milli", pa.int64()), ("down_milli", pa.int64()), ("free_milli", pa.int64()),
         ("free_whole_nodes_milli", pa.int64()), ("largest_startable_milli", pa.int64()),
     ]),
-    # each interval between two progress reports of a run of a job, posted at the second (ledger.fold ProgressRow):
+    # each interval between two progress reports of a run of a job, posted at the second (ledger.progress ProgressRow):
     # the throughput SLO's facts
     "progress": pa.schema([
         ("pool", pa.string()), ("job_id", pa.string()), ("team", pa.string()), ("run_index", pa.int32()),

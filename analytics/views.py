@@ -65,20 +65,25 @@ DERIVED_VIEWS = {
             SELECT pool, job_id, submission,
                    min(applied_at) FILTER (WHERE type = 'job.started') AS first_started_at,
                    max(applied_at) FILTER (WHERE type = 'job.finished') AS finished_at,
-                   arg_max(outcome, applied_at) FILTER (WHERE type = 'job.finished') AS outcome,
-                   count(*) FILTER (WHERE type = 'job.preempted') AS preemptions
+                   arg_max(outcome, applied_at) FILTER (WHERE type = 'job.finished') AS outcome
             FROM e GROUP BY pool, job_id, submission
         ), runs AS (
+            -- interruptions by the core's cause (DESIGN §4): the runs' end_reason; only `preempted` is a preemption
             SELECT pool, job_id, submitted_at, sum(allocated_mchip_s)::BIGINT AS allocated_mchip_s,
-                   sum(lost_mchip_s)::BIGINT AS lost_mchip_s
+                   sum(lost_mchip_s)::BIGINT AS lost_mchip_s,
+                   count(DISTINCT run_index) FILTER (WHERE end_reason = 'preempted') AS preemptions,
+                   count(DISTINCT run_index) FILTER (WHERE end_reason = 'requeued') AS requeues,
+                   count(DISTINCT run_index) FILTER (WHERE end_reason = 'failure') AS failures
             FROM job_runs GROUP BY pool, job_id, submitted_at
         )
         SELECT sub.job_id, sub.pool, sub.team, sub."user", sub.chips_milli / 1000.0 AS chips, sub.chips_milli,
                coalesce(sub.priority, 0) AS priority, coalesce(sub.preemptible, true) AS preemptible,
                sub.submitted_at, ev.first_started_at, ev.finished_at, ev.outcome,
-               coalesce(ev.preemptions, 0)::BIGINT AS preemptions,
+               coalesce(runs.preemptions, 0)::BIGINT AS preemptions,
                coalesce(runs.allocated_mchip_s, 0)::BIGINT AS allocated_mchip_s,
-               coalesce(runs.lost_mchip_s, 0)::BIGINT AS lost_mchip_s
+               coalesce(runs.lost_mchip_s, 0)::BIGINT AS lost_mchip_s,
+               coalesce(runs.requeues, 0)::BIGINT AS requeues,
+               coalesce(runs.failures, 0)::BIGINT AS failures
         FROM sub LEFT JOIN ev USING (pool, job_id, submission)
                  LEFT JOIN runs ON runs.pool = sub.pool AND runs.job_id = sub.job_id
                                AND runs.submitted_at = sub.submitted_at

@@ -20,18 +20,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional
 
+import orjson
 from analytics.lake import TABLES, LakeWriter, clear_lake, lake_has_data
 from analytics.lake_rows import read_rows
 import ledger
 from ledger import Fleet, FoldConfig
-from schemas import Rejection, parse_event
+from schemas import Rejection, RejectionCode, parse_event
 from schemas.parse import DEFAULT_MAX_EVENT_BYTES, size_rejection
+from streams import logline
 from streams.rows import (applied_event_row, close_rows, deadletter_row, event_row,  # noqa: F401 (event_row: re-export)
                           output_lists)
 
 ProgressFn = Callable[[int], None]  # called with bytes read so far
 
-# The cyclic garbage collector during a run (docs/benchmarks.md, issue 22 part 5). The fold makes almost no
+# The cyclic garbage collector during a run (docs/benchmarks-history.md, issue 22 part 5). The fold makes almost no
 # cyclic garbage (30 objects in 300,000 events: what it drops is freed by reference counting), but the run's
 # process allocates many tracked containers that live long (the pools' state, the lake's buffered rows), and the
 # collector's automatic passes over them (a young pass every 700 net allocations, an older one every tenth, a full
@@ -152,6 +154,82 @@ def _lines(f, max_bytes: int):
         yield head, read, size_rejection(size, max_bytes, digest.hexdigest())
 
 
+# A plain file has no append time (docs/events.md, "Clocks ahead"). An event that would move its pool's clock more
+# than FILE_TOLERANCE ahead (max(max_clock_skew_s, dedup_window_s)) is judged by the file's own next lines of that
+# pool (at most LOOKAHEAD_POOL_LINES of them, within LOOKAHEAD_LINES lines of the file): an honest gap is followed
+# by lines at or after it; the lines after one event far ahead are far behind it. Later lines may honestly be late
+# by up to the dedup window (the fold applies them), so they vouch for an event up to that far ahead of them; an
+# event further ahead of the latest of them is `clock_ahead` and not folded: it could only have made them too_late.
+# With no later line of the pool in reach there is nothing to judge it by, and nothing after it to harm: it is folded.
+LOOKAHEAD_LINES = 100_000
+LOOKAHEAD_POOL_LINES = 16
+
+
+def file_tolerance_s(config: FoldConfig) -> int:
+    """How far ahead of its pool's next lines a plain file's event may be (see above)."""
+    return max(config.max_clock_skew_s, config.dedup_window_s)
+
+
+def _latest_next_s(path: Path, at: int, event, max_bytes: int, tolerance_s: int) -> Optional[int]:
+    """The latest event time of the next lines of `event`'s pool after byte `at` of the file at `path` (None: no
+    such line within reach). It stops at the first line that vouches for the event (at most tolerance_s before it):
+    an honest gap costs a read up to the pool's next line."""
+    vouch = event.at_s - tolerance_s
+    needle = orjson.dumps(event.pool)  # the pool as JSON text: a cheap filter before a line is parsed
+    latest: Optional[int] = None
+    found = 0
+    with open(path, "rb") as f:
+        f.seek(at)
+        for i, (line, _, too_large) in enumerate(_lines(f, max_bytes)):
+            if i >= LOOKAHEAD_LINES or found >= LOOKAHEAD_POOL_LINES:
+                break
+            if too_large is not None or needle not in line:
+                continue
+            raw = line.rstrip(b"\r\n")
+            if logline.is_wrapped(raw):
+                un = logline.unwrap(raw)
+                if isinstance(un, Rejection):
+                    continue
+                raw = un[0]
+            other = parse_event(raw, max_bytes)
+            if isinstance(other, Rejection) or other.pool != event.pool:
+                continue
+            found += 1
+            t = other.at_s
+            if t >= vouch:
+                return t
+            if latest is None or t > latest:
+                latest = t
+    return latest
+
+
+def _ahead_of_file(events_path: Path, at: int, event, pools: dict, config: FoldConfig,
+                   max_bytes: int) -> Optional[Rejection]:
+    """`clock_ahead` for a plain line whose event would move its pool's clock (or start a pool) further ahead than
+    the file's next lines of that pool vouch for; None otherwise (see FILE_TOLERANCE above)."""
+    state = pools.get(event.pool)
+    tolerance = file_tolerance_s(config)
+    t = event.at_s
+    if state is None:
+        if event.type != "pool.configured":
+            return None
+    elif not tolerance < t - state.clock <= config.max_clock_jump_s:  # (further: clock_jump, the fold's)
+        return None
+    latest = _latest_next_s(events_path, at, event, max_bytes, tolerance)
+    if latest is None or t - latest <= tolerance:
+        return None
+    return Rejection(RejectionCode.clock_ahead,
+                     f"event time {_utc(t)} UTC is {t - latest} s ahead of the latest of the next lines of pool "
+                     f"{event.pool[:128]!r} in this file ({_utc(latest)} UTC), more than they may be late "
+                     f"({tolerance} s: the larger of [ledger] max_clock_skew_s and dedup_window_s): a file has no "
+                     f"append time, so its own later lines are the evidence; not applied, the pool clock is not "
+                     f"moved (docs/events.md, Clocks ahead)")
+
+
+def _utc(t: int) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def _raw(line: bytes, offset: int) -> bytes:
     """The message of a line: without its end, and without a UTF-8 byte order mark at the start of the file."""
     raw = line.rstrip(b"\r\n")
@@ -263,7 +341,10 @@ def _events_child(events_path: Path, lake: Path, run_id: str, topic: str, max_ev
                     for n, (line, _, _) in lines:
                         if n == offset:
                             break
-                    event = parse_event(_raw(line, offset), max_event_bytes)
+                    raw = _raw(line, offset)
+                    if logline.is_wrapped(raw):  # (the run applied it: a well-formed export line)
+                        raw = logline.unwrap(raw)[0]
+                    event = parse_event(raw, max_event_bytes)
                     writer.add("events", applied_event_row(event, batch[i + 1], batch[i + 2], batch[i + 3], topic, 0,
                                                            offset))
                     rows += 1
@@ -307,6 +388,8 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
     summary = RunSummary(source=str(events_path), lake=str(lake), run_id=run_id)
     writer = LakeWriter(lake, run_id)
     fleet = Fleet(fold_config)
+    pools = fleet.pools
+    tolerance_s = file_tolerance_s(fold_config)
     topic = f"file:{events_path.name}"
     seen_clock = 0  # the latest event time applied so far: when a dead letter was seen, in event time
     early: list = []  # dead letters before any event was applied: stamped with the first applied time
@@ -338,13 +421,33 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
                 if not raw.strip():
                     summary.blank += 1
                     continue
+                origin = appended = None
+                wrapped = raw.startswith(logline.PREFIX)
+                if wrapped:  # a line of a `log export`: the record's value, its append time and origin
+                    un = logline.unwrap(raw)
+                    if isinstance(un, Rejection):
+                        dead(deadletter_row(raw, un, topic, 0, offset, seen_clock))
+                        summary.dead_letters[un.code.value] += 1
+                        _note_line(summary, un.code.value, offset)
+                        continue
+                    raw, origin, appended = un
                 event = parse_event(raw, max_event_bytes)
                 if isinstance(event, Rejection):
                     dead(deadletter_row(raw, event, topic, 0, offset, seen_clock))
                     summary.dead_letters[event.code.value] += 1
                     _note_line(summary, event.code.value, offset)
                     continue
-                step = fleet.apply(event, raw)
+                if not wrapped:  # a plain line: no append time; one that would move its pool's clock far is checked
+                    pool_state = pools.get(event.pool)
+                    if (event.at_s - pool_state.clock > tolerance_s if pool_state is not None
+                            else event.type == "pool.configured"):
+                        ahead = _ahead_of_file(events_path, f.tell(), event, pools, fold_config, max_event_bytes)
+                        if ahead is not None:
+                            dead(deadletter_row(raw, ahead, topic, 0, offset, seen_clock, event))
+                            summary.dead_letters[ahead.code.value] += 1
+                            _note_line(summary, ahead.code.value, offset)
+                            continue
+                step = fleet.apply(event, raw, origin, appended)
                 if step.rejection is not None:
                     dead(deadletter_row(raw, step.rejection, topic, 0, offset, seen_clock, event))
                     summary.dead_letters[step.rejection.code.value] += 1

@@ -52,7 +52,8 @@ def test_empty_lake_has_every_view(tmp_path):
     cols = [d[0] for d in con.execute("SELECT * FROM jobs").description]
     assert cols == ["job_id", "pool", "team", "user", "chips", "chips_milli", "priority", "preemptible", "submitted_at",
                     "first_started_at",
-                    "finished_at", "outcome", "preemptions", "allocated_mchip_s", "lost_mchip_s"]
+                    "finished_at", "outcome", "preemptions", "allocated_mchip_s", "lost_mchip_s",
+                    "requeues", "failures"]  # (requeues, failures: issue 35 item 4's causes)
     assert "error_code" in [d[0] for d in con.execute("SELECT * FROM deadletters").description]
     assert set(SCHEMAS) == {"events", "journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips",
                             "progress", "chip_states", "grant_intervals", "prices", "budgets", "deadletters"}
