@@ -125,10 +125,6 @@ GresTypes=gpu
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=1,bf_interval=1,defer_batch
 PriorityType=priority/multifactor
-# fair-share usage (sshare's RawUsage) added every minute (default 5), counted in GPU-seconds (billing = GPUs);
-# with a fair-share weight of 0 the priority plugin keeps no usage at all
-PriorityCalcPeriod=1
-PriorityWeightFairShare=1000
 PreemptType=preempt/qos
 PreemptMode=REQUEUE
 JobRequeue=1
@@ -155,8 +151,8 @@ EOF
             echo "NodeName=$node NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((PORT + 2 + i)) CPUs=16 RealMemory=64000 Gres=gpu:$type:$GPUS_PER_NODE State=UNKNOWN"
             i=$((i + 1))
         done
-        echo "PartitionName=a100 Nodes=n1,n2 Default=YES MaxTime=30:00 State=UP TRESBillingWeights=GRES/gpu=1.0"
-        echo "PartitionName=h100 Nodes=n3,n4 MaxTime=30:00 State=UP TRESBillingWeights=GRES/gpu=1.0"
+        echo "PartitionName=a100 Nodes=n1,n2 Default=YES MaxTime=30:00 State=UP"
+        echo "PartitionName=h100 Nodes=n3,n4 MaxTime=30:00 State=UP"
     } >"$etc/slurm.conf"
     : >"$etc/gres.conf"
     i=0

@@ -115,10 +115,11 @@ def test_serve_metrics_answers_on_its_port_while_it_folds(lake):
             return r.status, r.read().decode()
 
     async def main():
-        loaded = asyncio.Event()
+        loaded, listening = asyncio.Event(), asyncio.Event()
         task = asyncio.create_task(run_server(lm, "127.0.0.1", port, 60.0, stop=stop,
+                                              started=lambda bound: listening.set(),
                                               loaded=lambda n: (seen.setdefault("n", n), loaded.set())))
-        await asyncio.sleep(0.5)
+        await asyncio.wait_for(listening.wait(), 30)
         seen["during"] = await asyncio.to_thread(get)
         release.set()
         await asyncio.wait_for(loaded.wait(), 60)

@@ -1,4 +1,5 @@
-"""`chipledger slo rules`, `grafana dashboard` and `serve-metrics`: Prometheus and Grafana over the ledger."""
+"""`chipledger slo rules`, `grafana dashboard`, `serve-metrics` and `metrics history`: Prometheus and Grafana over the
+ledger."""
 
 from __future__ import annotations
 
@@ -61,7 +62,11 @@ def serve_metrics(
     cfg = _config(config)
     lm = LakeMetrics(_lake_dir(lake, cfg), fold_config(cfg))
 
+    listening = False
+
     def started(bound: int) -> None:
+        nonlocal listening
+        listening = True
         err.print(f"serve-metrics: http://{host}:{bound}/metrics (folding {lm.lake}: chipledger_metrics_loading 1 "
                   f"until done)", highlight=False)
 
@@ -69,15 +74,8 @@ def serve_metrics(
         err.print(f"serve-metrics: folded {n:,} events of {len(lm.fleet.pools)} pools from {lm.lake}",
                   highlight=False)
 
-    listening = False
-
-    def started_(bound: int) -> None:
-        nonlocal listening
-        listening = True
-        started(bound)
-
     try:
-        asyncio.run(run_server(lm, host, port, poll, started=started_, loaded=loaded))
+        asyncio.run(run_server(lm, host, port, poll, started=started, loaded=loaded))
     except KeyboardInterrupt:
         pass
     except OSError as e:
@@ -126,6 +124,9 @@ def metrics_history(
     cfg = _config(config)
     lake_dir = _lake_dir(lake, cfg)
     step_s = _seconds(step, "--step")
+    if step_s > 300:
+        err.print(f"metrics history: --step {step_s} s is longer than Prometheus' lookback (5 minutes by default): "
+                  "gauges go stale between two samples", highlight=False, soft_wrap=True)
     t0, t1 = _instant(start, "--start"), _instant(end, "--end")
     start_s = None if t0 is None else int(t0.timestamp())
     end_s = None if t1 is None else int(t1.timestamp())
