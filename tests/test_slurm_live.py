@@ -565,10 +565,10 @@ def test_share_tree_is_sshares(slurm, workload):
     """`chipledger share` against `sshare -l -a`: the same tree (the org research over its teams vision and nlp,
     speech at the top, each team's users that ran jobs), and each user's usage equal to sreport's per user.
 
-    sshare's RawUsage is not compared: the test cluster purges a finished job after MinJobAge=2 s, before Slurm's
-    priority plugin adds its last minutes to the fair-share usage, and its fair-share weight is 0 (the plugin then
-    keeps no usage at all). The ledger's raw shares are the nominal quota per pool, Slurm's the associations'
-    Fairshare (1 here): a different quantity too."""
+    sshare's RawUsage is not compared: the test cluster purges a finished job after MinJobAge=2 s, and Slurm's
+    priority plugin adds usage once per PriorityCalcPeriod (measured on 22.05.8: jobs of a few seconds never reached
+    RawUsage, even with PriorityCalcPeriod=1 and a fair-share weight). The ledger's raw shares are the nominal
+    quota per pool, Slurm's the associations' Fairshare (1 here): a different quantity too."""
     lake = _usage_lake(workload)
     res = CliRunner().invoke(app, ["share", "--lake", str(lake), "--format", "json"])
     assert res.exit_code == 0, res.output
