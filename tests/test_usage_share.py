@@ -86,6 +86,8 @@ def test_usage_is_sreports_account_utilization_by_user(lake):
     assert [x.split("|")[1:] for x in out.splitlines()] == [
         ["research/vision", "", "chip/a100-40gb", "75.00%"], ["research/vision", "alice", "chip/a100-40gb", "50.00%"],
         ["research/vision", "bob", "chip/a100-40gb", "25.00%"]]
+    assert _cli("usage", "--lake", str(lake), "-S", "2026-11-02", "-E", "2026-11-02T03:00:00Z", "--flavor", "h100",
+                "-P", "-n") == ""
     text = _cli("usage", "--lake", str(lake), "-S", "2026-11-02", "-E", "2026-11-02T03:00:00Z")
     assert "Cluster/Account/User Utilization 2026-11-02T00:00:00 - 2026-11-02T02:59:59 (10800 secs)" in text
     assert "Usage reported in TRES Hours" in text

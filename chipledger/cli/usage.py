@@ -46,6 +46,7 @@ def usage_cmd(
     pool: Optional[str] = PoolOpt,
     account: Optional[str] = typer.Option(None, "--account", "-A", help="only this org or team"),
     user: Optional[str] = typer.Option(None, "--user", "-u", help="only this user's rows"),
+    flavor: Optional[str] = typer.Option(None, "--flavor", help="only the pools of this flavor"),
     no_users: bool = typer.Option(False, "--no-users", help="accounts only (sreport cluster AccountUtilization...)"),
     parsable: bool = typer.Option(False, "--parsable", "-P", help="'|'-separated, as sreport -P"),
     noheader: bool = typer.Option(False, "--noheader", "-n", help="no header lines"),
@@ -70,6 +71,8 @@ def usage_cmd(
         _fail(f"--end {_stamp(t1)} is not after --start {_stamp(t0)} (both rounded down to the hour)", 2)
     con = _connect(root, slo=cfg.slo)
     rows = _lake_read(lambda: usage(con, t0, t1, pool=pool, account=account, user=user, users=not no_users), root)
+    if flavor is not None:
+        rows = [r for r in rows if r.flavor == flavor]
     unit = time_format
     if fmt != "text":
         render(["cluster", "flavor", "account", "login", "tres_name", f"used_{unit}", "used_mchip_s"],
