@@ -4,9 +4,9 @@ against the same server returning a static file (the limit), in one run.
     python bench/serve.py --lake LAKE --store URL [--seconds 10] [--clients 8] [--grow-every 3]
 
 It starts `chipledger serve` (a child process, [serve] refresh_s = 1), creates a token, and for each route runs
-`--clients` threads of back-to-back requests for `--seconds`. Meanwhile a writer adds a copy of one of the lake's
-`events` files under a new name every `--grow-every` seconds (the lake grows: each addition changes the lake's
-signature and the portal builds a new snapshot in the background). Prints one JSON document.
+`--clients` threads of back-to-back requests for `--seconds`. Meanwhile a writer commits a copy of one of the lake's
+`events` files under a new name every `--grow-every` seconds (the lake grows: each commit makes the portal build a
+new snapshot in the background, as the sink's commits do). Prints one JSON document.
 """
 
 from __future__ import annotations
@@ -116,13 +116,18 @@ def main() -> None:
         grown = []
 
         def grow():
-            files = sorted((lake / "events").rglob("*.parquet"))
+            # as the sink does: a new events file, then a commit that names it (a file only dropped beside the others
+            # is not part of the lake)
+            sys.path.insert(0, str(ROOT))
+            from analytics.commits import commit, open_lake
+
+            files = open_lake(lake, ("events",)).table_files("events") or []
             i = 0
             while not stop.wait(a.grow_every):
-                src = files[i % len(files)]
+                src = Path(files[i % len(files)])
                 dst = src.with_name(f"grown-{i:05d}-{src.name}")
-                shutil.copyfile(src, dst.with_suffix(".tmp"))
-                os.replace(dst.with_suffix(".tmp"), dst)
+                shutil.copyfile(src, dst)
+                commit(lake, add={"events": [dst.relative_to(lake).as_posix()]}, by="bench-serve")
                 grown.append(dst.stat().st_size)
                 i += 1
 

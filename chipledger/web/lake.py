@@ -5,14 +5,15 @@ the lake's commits name) plus the portal's own tables, computed once when the sn
 balances now, the jobs, the decisions, the error budgets, head-of-line blocking (`PORTAL_TABLES`). What a view takes
 seconds to compute is computed there, not per request. Requests read a snapshot through their own cursor.
 
-`LakeReader` holds the current snapshot and a thread that looks at the lake every `refresh_s`; when its signature
-(the committed files, their sizes and times) changed, a new snapshot is built beside the current one and swapped in
+`LakeReader` holds the current snapshot and a thread that looks at the lake every `refresh_s`; when the lake has a
+new commit, a new snapshot is built beside the current one and swapped in
 whole: a request sees the old snapshot or the new one, never half of each, and never waits for a refresh.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -125,20 +126,15 @@ def _materialize(con, name: str, sql: str) -> None:
 
 
 def lake_signature(lake: Path) -> str:
-    """What changes when the lake gains (or loses) committed data: a digest of the lake's table files as
-    analytics lists them (its `table_files`, the readers' one way to the files), with sizes and times."""
-    from analytics.lake import SCHEMAS, table_files
+    """What changes when the lake's books change: its commit (analytics.commits: a table's files are those the
+    lake's manifest names, swapped atomically by each commit), as the one reader's check reads it."""
+    from analytics.commits import read_manifest
 
-    h = hashlib.sha256()
-    for table in SCHEMAS:
-        files = table_files(lake, table, listed=True) or []
-        for f in files:
-            try:
-                st = Path(f).stat()
-            except OSError:
-                continue
-            h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()
+    m = read_manifest(lake)
+    if m is None:
+        return "no commit"
+    h = hashlib.sha256(json.dumps({"commit": m.get("commit"), "tables": m.get("tables")}, sort_keys=True).encode())
+    return f"{m.get('commit')}:{h.hexdigest()[:16]}"
 
 
 @dataclass
