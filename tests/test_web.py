@@ -331,6 +331,53 @@ def test_team_names_that_are_paths(env):
     assert c.get("/teams/org", headers=h).status_code == 404  # a prefix of the name is another team
 
 
+def test_burst_submit_is_signed_as_the_portal_principal(env):
+    """`serve --user portal --password-file …` gives the producer a connection with the portal's signing key: the
+    request goes out as `burst.requested` with `requested_by`, signed as `portal` (streams/principals.py)."""
+    from streams.clients import KafkaConnection
+    from streams.principals import HEADER_PRINCIPAL, HEADER_SIG, new_key, sign
+    from streams.producer import LedgerProducer
+
+    sent = []
+
+    class Fake:
+        def send(self, topic, value=None, key=None, headers=None, timestamp_ms=None):
+            sent.append((topic, key, value, headers))
+
+            class Done:
+                def get(self, timeout=None):
+                    return None
+            return Done()
+
+        def flush(self, timeout=None):
+            pass
+
+        def close(self, timeout=None):
+            pass
+
+    key = new_key()
+    conn = KafkaConnection(bootstrap="unused:9092", username="portal", signing_key=key.hex())
+    p = env["portal"]
+    portal = Portal(cfg=portal_config(), reader=p.reader, store=p.store, tokens=TokenCache(p.store, ttl_s=0),
+                    producer_factory=lambda: LedgerProducer(conn, client=Fake()))
+    c = TestClient(build_app(portal))
+    r = c.post("/api/v1/bursts", json={"pool": POOL, "team": "vision", "chips": 4, **_window(), "reason": "eval"},
+               headers=_h(env, "alice"))
+    assert r.status_code == 202, r.text
+    (topic, k, value, headers), = sent
+    body = json.loads(value)
+    assert topic == "chipledger.quota" and body["type"] == "burst.requested" and body["requested_by"] == "alice"
+    assert body["team"] == "vision" and body["request_id"] == r.json()["request_id"]
+    h = dict(headers)
+    assert h[HEADER_PRINCIPAL] == b"portal"
+    assert h[HEADER_SIG] == sign(key, k, value, [x for x in headers if x[0] not in (HEADER_PRINCIPAL, HEADER_SIG)])
+    pending = c.get("/api/v1/teams/vision/bursts", headers=_h(env, "alice")).json()["bursts"]
+    assert [b["status"] for b in pending if b["request_id"] == body["request_id"]] == ["pending"]
+    # another team's member cannot send for vision; the rate limit holds
+    assert c.post("/api/v1/bursts", json={"pool": POOL, "team": "vision", "chips": 4, **_window()},
+                  headers=_h(env, "eve")).status_code == 404
+
+
 def test_write_rate_limit(env):
     from chipledger.web.auth import RateLimiter
 

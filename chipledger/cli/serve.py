@@ -68,8 +68,8 @@ def serve(
         def producer_factory():
             from streams.producer import LedgerProducer
 
-            # the portal sends burst.requested as its own principal (DESIGN §3); the signed-producer options of
-            # the SDK apply here once they land (issue 31)
+            # the portal sends burst.requested as its own principal (DESIGN §3): the connection of --user (its
+            # signing key `<user>.key` beside --password-file, or [kafka] signing_key_file) signs every record
             return LedgerProducer(conn)
     reader = LakeReader(lake_path, refresh_s=cfg.serve.refresh_s, slo=cfg.slo, duckdb_config=cfg.lake.duckdb_config())
     try:
