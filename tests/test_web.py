@@ -89,13 +89,14 @@ def api_requests(env) -> dict[str, tuple[str, str, dict | None]]:
         "/api/v1/teams/{team}/bursts": ("GET", "/api/v1/teams/vision/bursts", None),
         "/api/v1/bursts/dry-run": ("POST", "/api/v1/bursts/dry-run", burst),
         "/api/v1/bursts": ("POST", "/api/v1/bursts", burst),
+        "/api/v1/snapshots": ("GET", "/api/v1/snapshots?once=true", None),
     }
 
 
 # what each role gets for each route about team vision (alice: vision's member; eve: ads-ml's; root: admin;
 # sre: an SRE through the proxy; carol: vision's admin by config; dave: a token without a team or role)
 OK = 200
-FLEET = {"/api/v1/pools", "/api/v1/teams", "/api/v1/slos", "/api/v1/head-of-line", "/api/v1/whoami"}
+FLEET = {"/api/v1/snapshots", "/api/v1/pools", "/api/v1/teams", "/api/v1/slos", "/api/v1/head-of-line", "/api/v1/whoami"}
 EXPECTED_SPECIAL = {
     # no Kafka in this portal: 503 for everyone who may send
     "/api/v1/bursts": 503,
@@ -376,6 +377,13 @@ def test_burst_submit_is_signed_as_the_portal_principal(env):
     # another team's member cannot send for vision; the rate limit holds
     assert c.post("/api/v1/bursts", json={"pool": POOL, "team": "vision", "chips": 4, **_window()},
                   headers=_h(env, "eve")).status_code == 404
+
+
+def test_snapshot_events(env):
+    r = env["client"].get("/api/v1/snapshots?once=true", headers=_h(env, "alice"))
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    event, data = r.text.strip().splitlines()
+    assert event == "event: snapshot" and json.loads(data[len("data: "):])["snapshot"] >= 1
 
 
 def test_write_rate_limit(env):

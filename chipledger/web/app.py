@@ -570,6 +570,33 @@ def build_app(portal: Portal) -> FastAPI:
                 raise HTTPException(403, "CSRF token missing or wrong")
         return _submit(portal, p, req)
 
+    @api.get("/snapshots", tags=["fleet"], responses={200: {"content": {"text/event-stream": {}}}})
+    async def snapshots(request: Request, once: bool = Query(False, description="send the current snapshot and end"),
+                        p: Principal = Depends(who)):
+        """Server-sent events: `event: snapshot` with the lake snapshot's number and when it was read, now and each
+        time a new snapshot is swapped in (the books closed again): a client refreshes what it shows then."""
+        import asyncio
+
+        from fastapi.responses import StreamingResponse
+
+        async def stream():
+            last = None
+            while True:
+                snap = portal.reader._snap
+                if snap is not None and snap.version != last:
+                    last = snap.version
+                    data = json.dumps({"snapshot": snap.version, "read_at": _epoch_iso(snap.built_at)})
+                    yield f"event: snapshot\ndata: {data}\n\n"
+                    if once:
+                        return
+                if await request.is_disconnected():
+                    return
+                await asyncio.sleep(1.0)
+
+        if portal.reader._snap is None:
+            portal.reader.snapshot  # the first snapshot, before the stream starts
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+
     app.include_router(api)
 
     # ---------------------------------------------------------------------------------- pages
@@ -761,6 +788,10 @@ def build_app(portal: Portal) -> FastAPI:
 # --------------------------------------------------------------------------------------------------------------
 # reads
 # --------------------------------------------------------------------------------------------------------------
+
+def _epoch_iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
 
 def _duration(s) -> str:
     if s is None:
