@@ -117,3 +117,36 @@ def test_statements_and_jobs_view_count_only_preemptions(tmp_path):
     assert ("\nInterrupted by an admin (requeued): 1 runs (1.0 chip-hours of work lost); lost to failures: 1 runs "
             "(1.0 chip-hours of work lost). Neither counts as a preemption.\n\n## ") in md
     assert "Interrupted by an admin (requeued): 1 runs" in f.with_suffix(".html").read_text()
+
+
+def test_why_shows_the_schedulers_own_reason(tmp_path):
+    """job.waiting: the fold keeps the last reason on the job (cleared as it starts); `why` shows it."""
+    d = "2026-11-02T"
+    events = setup()[:3] + [
+        ev(4, "job.submitted", d + "00:00:00Z", job_id="big", team="t", chips=2),  # more than the pool has
+        ev(5, "job.waiting", d + "00:01:00Z", job_id="big", reason="Resources"),
+        ev(6, "job.waiting", d + "00:02:00Z", job_id="big", reason="Priority",
+           message="waiting for higher-priority jobs in the cohort"),
+        ev(7, "pool.tick", d + "02:00:00Z"),
+    ]
+    state, steps = fold(events)
+    assert all(s.applied for s in steps)
+    job = state.jobs["big"]
+    assert (job.waiting_reason, job.waiting_message) == ("Priority", "waiting for higher-priority jobs in the cohort")
+    assert state.copy().jobs["big"].waiting_reason == "Priority"  # saved with the state
+    src = tmp_path / "e.jsonl"
+    src.write_text("".join(json.dumps(e) + "\n" for e in events))
+    lake = tmp_path / "lake"
+    r = runner.invoke(app, ["run", "--events", str(src), "--lake", str(lake), "--store", f"sqlite:///{tmp_path}/s.db"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["why", "big", "--lake", str(lake), "--json"])
+    assert r.exit_code == 0, r.output
+    ex = json.loads(r.output)
+    assert (ex["scheduler_reason"], ex["scheduler_message"], ex["scheduler_reason_at"]) == (
+        "Priority", "waiting for higher-priority jobs in the cohort", "2026-11-02T00:02:00Z")
+    r = runner.invoke(app, ["why", "big", "--lake", str(lake)])
+    assert "the scheduler says, as of 2026-11-02T00:02:00Z: Priority: waiting for higher-priority" in r.output
+    # started: the reason it gave for the wait is gone
+    started, _ = fold(events + [ev(8, "chip.registered", d + "02:00:00Z", chip_id="c2", node="n1"),
+                                ev(9, "job.started", d + "02:00:01Z", job_id="big")])
+    assert started.jobs["big"].waiting_reason is None and started.jobs["big"].waiting_message is None

@@ -394,7 +394,7 @@ def test_parse_event_never_raises_on_wrong_input_types():
 
 def test_rejection_precedence_is_the_enum_order():
     # wrong_role, not_owner and clock_ahead: issue 31's contract
-    order = [RC.bad_key, RC.wrong_role, RC.not_owner, RC.too_large, RC.not_json, RC.too_deep, RC.unknown_type,
+    order = [RC.bad_key, RC.bad_signature, RC.wrong_role, RC.not_owner, RC.too_large, RC.not_json, RC.too_deep, RC.unknown_type,
              RC.schema_invalid, RC.unknown_pool, RC.clock_ahead, RC.clock_jump, RC.too_late, RC.unknown_chip, RC.unknown_job, RC.unknown_grant,
              RC.illegal_transition, RC.progress_backwards, RC.over_limit, RC.duplicate_conflict]
     assert list(RC) == order
@@ -588,3 +588,17 @@ def test_role_table():
     assert check(portal, "job.submitted", east).code == RC.wrong_role
     with pytest.raises(ValueError):
         Principal("x", frozenset({"root"}), frozenset())
+
+
+def test_json_schema_export_has_the_new_types_and_fields(tmp_path):
+    from schemas.export import export_json_schemas
+    written = {p.name for p in export_json_schemas(tmp_path)}
+    assert {"job.waiting.schema.json", "price.set.schema.json", "budget.set.schema.json"} <= written
+    preempted = json.loads((tmp_path / "job.preempted.schema.json").read_text())
+    cause = preempted["properties"]["cause"]["anyOf"][0]
+    assert cause["enum"] == ["preempted", "requeued", "failure"]
+    submitted = json.loads((tmp_path / "job.submitted.schema.json").read_text())["properties"]
+    assert submitted["expected_runtime_s"]["anyOf"][0]["minimum"] == 1 and "namespace" in submitted
+    price = json.loads((tmp_path / "price.set.schema.json").read_text())
+    assert set(price["required"]) >= {"price_id", "per_chip_hour", "unit"}
+    assert price["additionalProperties"] is False

@@ -105,8 +105,13 @@ def alerts(
     try:
         cfg = load_config(config)
         root = lake or Path(cfg.lake.path)
-        if not root.is_dir():
-            raise AlertsError(f"lake {root} does not exist (run `chipledger run` or `chipledger demo` first)")
+        from analytics.commits import open_lake
+        from analytics.lake import LakeError
+
+        try:
+            open_lake(root)
+        except LakeError as e:
+            raise AlertsError(str(e)) from None
         try:
             t = parse_instant(at) if at is not None else None
         except ValueError:
@@ -137,7 +142,7 @@ def alerts(
         from chipledger.monitoring.alertmanager import AlertmanagerError, send
 
         try:
-            sent = send(alertmanager, ev.alerts)
+            sent = send(alertmanager, ev.alerts, runbook_url=cfg.slo.runbook_url)
         except AlertmanagerError as e:
             _fail(str(e), EXIT_ERROR)
         err.print(f"sent {sent} alert(s) to {alertmanager}", highlight=False)
@@ -177,9 +182,7 @@ def statements(
         every = cfg.statements.every
     if (period is None) == (every is None):
         _fail("give exactly one of --period, --every and --due", 2)
-    lake = lake or Path(cfg.lake.path)
-    if not lake.is_dir():
-        _fail(f"lake {lake} does not exist (run `chipledger run` or `chipledger demo` first)")
+    lake = _lake_dir(lake, cfg)
     out = out or Path(cfg.statements.out)
     try:
         formats = parse_formats(fmt or cfg.statements.formats)
@@ -226,9 +229,7 @@ def why(
     from chipledger.reports.why import explain
 
     cfg = _config(config)
-    lake = lake or Path(cfg.lake.path)
-    if not lake.is_dir():
-        _fail(f"lake {lake} does not exist (run `chipledger run` or `chipledger demo` first)")
+    lake = _lake_dir(lake, cfg)
     ex = _lake_read(lambda: explain(connect(lake, config=cfg.lake.duckdb_config()), job_id), lake)
     if as_json:
         console.file.write(json.dumps(ex.as_dict()) + "\n")

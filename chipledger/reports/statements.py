@@ -168,21 +168,19 @@ def books_closed_through(con) -> dict[str, datetime]:
 def books_closed_through_files(lake: Path) -> dict[str, datetime]:
     import duckdb
 
-    from analytics.lake import table_files
+    from analytics.lake import read_parquet_sql, table_files
 
     events, journal = table_files(lake, "events"), table_files(lake, "journal")
     if events is None:
         return {}
     con = duckdb.connect()
     try:
-        quoted = events.replace("'", "''")
-        con.execute(f"CREATE VIEW event_log AS SELECT pool, applied_at FROM read_parquet('{quoted}')")
+        con.execute(f"CREATE VIEW event_log AS SELECT pool, applied_at FROM ({read_parquet_sql(events)})")
         if journal is None:
             con.execute("CREATE VIEW journal_postings AS SELECT NULL::VARCHAR AS pool, NULL::TIMESTAMPTZ AS hour "
                         "WHERE false")
         else:
-            quoted = journal.replace("'", "''")
-            con.execute(f"CREATE VIEW journal_postings AS SELECT pool, hour FROM read_parquet('{quoted}')")
+            con.execute(f"CREATE VIEW journal_postings AS SELECT pool, hour FROM ({read_parquet_sql(journal)})")
         return books_closed_through(con)
     finally:
         con.close()
