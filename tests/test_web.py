@@ -498,3 +498,52 @@ def test_estimate_start():
     assert e.start_s == 1500
     assert estimate_start(0, 0, [], [], job, 4000).start_s is None
     assert estimate_start(0, 0, [Running(8000, None)], [], job, 8000).start_s is None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# review-portal: defects found by a hostile review (each test failed before its fix)
+# ----------------------------------------------------------------------------------------------------------------
+
+def test_estimate_basis_never_names_another_teams_job():
+    """[medium] A queue entry's `estimate_basis` read 'no estimate: job X ahead of it has no expected runtime', X
+    the job id of whoever is ahead in the pool: another team's job id, which the API otherwise hides (job_id null,
+    and with visibility = team not even the team)."""
+    ahead = [Waiting("secret-job-of-ads-ml", 1000, 600), Waiting("other-teams-secret", 1000, None)]
+    est = estimate_start(0, 0, [Running(2000, 100)], ahead, Waiting("mine", 1000, 60), 8000)
+    assert est.start_s is None
+    assert "secret" not in est.basis and "2nd" in est.basis, est.basis
+
+
+def test_chunked_body_is_limited_too(env):
+    """[medium, DoS] The body limit read only Content-Length: a chunked body (no Content-Length) of any size was
+    read whole (forms and JSON)."""
+    client = env["client"]
+
+    def chunks():
+        for _ in range(64):
+            yield b"x" * 4096
+
+    r = client.post("/api/v1/bursts/dry-run", content=chunks(),
+                    headers={**_h(env, "alice"), "Content-Type": "application/json"})
+    assert r.status_code == 413
+    r = client.post("/login", content=chunks(), headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 413
+
+
+def test_unknown_token_ids_are_not_remembered(env):
+    """[medium, DoS] Every unknown token id an anonymous caller sent was cached forever (a dict growing without
+    bound)."""
+    cache = TokenCache(env["store"], ttl_s=60)
+    for i in range(2000):
+        cache.lookup(f"clp_{i:012x}_secret")
+    assert len(cache._cache) <= 1024
+
+
+def test_cookie_session_cannot_skip_csrf_with_another_authorization_scheme(env):
+    """[low] POST /api/v1/bursts with the session cookie and any non-Bearer Authorization header (e.g. Basic)
+    skipped the CSRF check."""
+    client = TestClient(env["client"].app)
+    client.cookies.set("clp_session", env["tokens"]["alice"][1])
+    r = client.post("/api/v1/bursts", json={"pool": POOL, "team": "vision", "chips": 4, **_window()},
+                    headers={"Authorization": "Basic Zm9vOmJhcg=="})
+    assert r.status_code == 403, r.text
