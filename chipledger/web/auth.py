@@ -102,6 +102,8 @@ def principal_for(cfg: ServeConfig, user: str, groups: list[str], via: str, toke
 class TokenCache:
     """Tokens looked up in the store, kept for a few seconds (a revoked token stops working within `ttl_s`)."""
 
+    MAX_ENTRIES = 1024
+
     def __init__(self, store, ttl_s: float = 2.0):
         self.store = store
         self.ttl_s = ttl_s
@@ -123,7 +125,12 @@ class TokenCache:
         else:
             row = self.store.token(token_id)
             with self._lock:
-                self._cache[token_id] = (now, row)
+                if row is None:  # unknown ids are not remembered: anyone may send any number of them
+                    self._cache.pop(token_id, None)
+                else:
+                    if len(self._cache) >= self.MAX_ENTRIES:
+                        self._cache.clear()
+                    self._cache[token_id] = (now, row)
         if row is None or row.revoked_at is not None:
             return None
         if not hmac.compare_digest(row.secret_sha256, hash_secret(secret)):
