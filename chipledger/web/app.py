@@ -376,6 +376,30 @@ class Identity:
         return None
 
 
+class BodyLimit:
+    """ASGI middleware: a request body larger than MAX_BODY_BYTES is refused with 413, whether it says its length
+    (Content-Length, checked up front in `security`) or is sent in chunks (counted here as it is read)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > MAX_BODY_BYTES:
+                    raise HTTPException(413, "request body too large")
+            return message
+
+        await self.app(scope, limited, send)
+
+
 def build_app(portal: Portal) -> FastAPI:
     app = FastAPI(title="chipledger portal API", version="1", docs_url=None, redoc_url=None,
                   openapi_url="/api/v1/openapi.json",
@@ -390,6 +414,8 @@ def build_app(portal: Portal) -> FastAPI:
     templates.env.filters["ts"] = lambda v: "–" if v is None else (v if isinstance(v, str) else _iso(v))
     templates.env.filters["dur"] = _duration
     templates.env.filters["epoch"] = lambda v: datetime.fromtimestamp(v, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    app.add_middleware(BodyLimit)  # outermost: also a body sent in chunks, without a Content-Length
 
     @app.middleware("http")
     async def security(request: Request, call_next):
@@ -564,7 +590,7 @@ def build_app(portal: Portal) -> FastAPI:
     @api.post("/bursts", response_model=SubmittedOut, status_code=202, tags=["bursts"])
     def burst_submit(req: BurstIn, request: Request, p: Principal = Depends(who)):
         _burst_allowed(p, req)
-        if p.via != "token" or request.cookies.get(SESSION_COOKIE) and not request.headers.get("authorization"):
+        if p.via != "token" or not request.headers.get("authorization", "").lower().startswith("bearer "):
             # a browser's ambient credentials (the proxy's header, the session cookie) need the form's CSRF token
             if not portal.csrf.check(p.session_key(), request.headers.get("x-csrf-token")):
                 raise HTTPException(403, "CSRF token missing or wrong")
