@@ -547,3 +547,41 @@ def test_cookie_session_cannot_skip_csrf_with_another_authorization_scheme(env):
     r = client.post("/api/v1/bursts", json={"pool": POOL, "team": "vision", "chips": 4, **_window()},
                     headers={"Authorization": "Basic Zm9vOmJhcg=="})
     assert r.status_code == 403, r.text
+
+
+def test_job_page_why_is_of_that_job_not_another_teams_namesake(env, tmp_path):
+    """[high] Job ids are a scheduler's names, unique only within a pool: the job page read its row (the latest
+    submission of that id) but its `why` from `reports.why.explain(job_id)`, which prefers any *pending* job of that
+    id: a member whose job shares its id with another team's pending job in another pool read that team's pool,
+    team, reason, Kueue message, queue position and decisions."""
+    lines = env["events"].read_text().splitlines()
+    last = json.loads(lines[-1])["occurred_at"]
+    later = last[:-3] + "59Z"
+    h100 = "us-east1-a/h100-80gb"
+    extra = [
+        {"event_id": "dup-ads", "type": "job.submitted", "occurred_at": last, "pool": h100, "source": "cluster-a/kueue",
+         "job_id": "train-1", "team": "ads-ml", "chips": 4096, "priority": 1000},
+        {"event_id": "dup-vision", "type": "job.submitted", "occurred_at": later, "pool": POOL,
+         "source": "cluster-c/kueue", "job_id": "train-1", "team": "vision", "chips": 1},
+        {"event_id": "dup-vision-end", "type": "job.finished", "occurred_at": later, "pool": POOL,
+         "source": "cluster-c/kueue", "job_id": "train-1", "outcome": "cancelled"},
+    ]
+    events = tmp_path / "events.jsonl"
+    events.write_text("\n".join(lines + [json.dumps(e) for e in extra]) + "\n")
+    lake = tmp_path / "lake"
+    res = CliRunner().invoke(cli_app, ["run", "--events", str(events), "--lake", str(lake), "--store",
+                                       f"sqlite:///{tmp_path / 'store.db'}"])
+    assert res.exit_code == 0, res.output
+    portal = Portal(cfg=portal_config(), reader=LakeReader(lake), store=env["store"], tokens=TokenCache(env["store"], ttl_s=0))
+    snap = portal.reader.snapshot
+    assert {r["team"] for r in snap.rows("SELECT team FROM pending WHERE job_id = 'train-1'")} == {"ads-ml"}
+    client = TestClient(build_app(portal))
+    r = client.get("/api/v1/jobs/train-1", headers=_h(env, "alice"))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["team"] == "vision" and body["pool"] == POOL
+    why = json.dumps(body["why"]) + json.dumps(body["timeline"])
+    assert "ads-ml" not in why and h100 not in why, body["why"]
+    assert body["why"].get("team") in (None, "vision")
+    page = client.get("/jobs/train-1", headers=_h(env, "alice"))
+    assert page.status_code == 200 and "ads-ml" not in page.text and h100 not in page.text

@@ -959,6 +959,17 @@ def _job_compute(s: Snapshot, job_id: str) -> Optional[JobOut]:
         ex = explain(cur, job_id)
     finally:
         cur.close()
+    if (ex.pool, ex.team) != (j["pool"], j["team"]):
+        # `explain` found a namesake (job ids are unique only within a pool: it prefers a pending job of that id,
+        # maybe another team's in another pool): none of it is this job's, so none of it is shown
+        from chipledger.reports.why import Explanation
+
+        last = s.rows("SELECT last_type FROM portal_job_last WHERE pool = ? AND job_id = ?", [j["pool"], job_id])
+        kind = last[0]["last_type"] if last else ""
+        status = ("finished" if j["finished_at"] is not None else
+                  {"job.submitted": "pending", "job.preempted": "pending", "job.released": "pending",
+                   "job.waiting": "pending"}.get(kind, "running" if kind else "unknown"))
+        ex = Explanation(job_id, True, pool=j["pool"], team=j["team"], status=status)
     timeline = []
     for r in s.rows("SELECT applied_at, type, body FROM events WHERE job_id = ? AND pool = ? AND applied_at >= ? "
                     "ORDER BY applied_at, \"offset\"", [job_id, j["pool"], j["submitted_at"]]):
