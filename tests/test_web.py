@@ -585,3 +585,28 @@ def test_job_page_why_is_of_that_job_not_another_teams_namesake(env, tmp_path):
     assert body["why"].get("team") in (None, "vision")
     page = client.get("/jobs/train-1", headers=_h(env, "alice"))
     assert page.status_code == 200 and "ads-ml" not in page.text and h100 not in page.text
+
+
+def test_head_of_line_blockers_are_not_other_teams_job_ids(env):
+    """[medium] `top_blockers` of a team's head-of-line row (API /api/v1/head-of-line and the queue page) listed the
+    jobs that blocked its jobs: mostly other teams' jobs ahead in the queue, by id, whatever `[serve] visibility`
+    (and /api/v1/jobs/{id} of each is 404 to the member)."""
+    snap = env["portal"].reader.snapshot
+    team_of = {r["job_id"]: r["team"] for r in snap.rows("SELECT job_id, team FROM portal_jobs")}
+    client = env["client"]
+    seen = 0
+    for user, team in (("alice", "vision"), ("eve", "ads-ml")):
+        r = client.get("/api/v1/head-of-line", headers=_h(env, user))
+        assert r.status_code == 200
+        for row in r.json()["head_of_line"]:
+            for b in (row["top_blockers"] or "").split(","):
+                if b in team_of:
+                    seen += 1
+                    assert team_of[b] == team, (user, row)
+        page = client.get(f"/teams/{team}/queue", headers=_h(env, user))
+        assert page.status_code == 200
+        for job_id, owner in team_of.items():
+            if owner != team and job_id.startswith("job-"):
+                assert f">{job_id}" not in page.text and f",{job_id}" not in page.text, (user, job_id)
+    staff = client.get("/api/v1/head-of-line", headers=_h(env, "root")).json()["head_of_line"]
+    assert any(row["top_blockers"] for row in staff)  # admins still see them all

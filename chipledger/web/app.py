@@ -559,7 +559,7 @@ def build_app(portal: Portal) -> FastAPI:
             out.append(HolOut(pool=r["pool"], team=r["team"], waits_blocked=r["waits_blocked"],
                               jobs_affected=r["jobs_affected"], blocked_s=r["blocked_s"],
                               blocked_mchip_s=r["blocked_mchip_s"],
-                              top_blockers=r["top_blockers"] if mine else None))  # other teams' job ids: not theirs
+                              top_blockers=_blockers(s, p, r) if mine else None))  # other teams' job ids: not theirs
         return HolsOut(head_of_line=out, snapshot=s.version)
 
     @api.get("/teams/{team:path}/statements", response_model=StatementsOut, tags=["statements"])
@@ -712,7 +712,8 @@ def build_app(portal: Portal) -> FastAPI:
         team_or_404(p, team)
         s = snap()
         return render(request, "queue.html", p, team=team, queue=_queue(portal, s, p, None, team),
-                      hol=[r for r in s.cached_rows("SELECT * FROM portal_hol WHERE team = ?", [team])],
+                      hol=[{**r, "top_blockers": _blockers(s, p, r)}
+                           for r in s.cached_rows("SELECT * FROM portal_hol WHERE team = ?", [team])],
                       accuracy=portal.accuracy)
 
     @app.get("/jobs/{job_id}", include_in_schema=False, response_class=HTMLResponse)
@@ -936,6 +937,20 @@ def _queue_compute(s: Snapshot) -> list[QueueEntry]:
             estimate_basis=est.basis))
         ahead.append(w)
     return out
+
+
+def _blockers(s: Snapshot, p: Principal, row: dict) -> str:
+    """A head-of-line row's top blockers as the caller may see them: the jobs that blocked a team's jobs are mostly
+    other teams' (the jobs ahead in the pool's queue), and other teams' job ids are not shown to members."""
+    ids = [x for x in (row.get("top_blockers") or "").split(",") if x]
+    if not ids or p.is_staff:
+        return ",".join(ids)
+    owners = s.memo(("job_teams", row["pool"]), lambda: {
+        r["job_id"]: r["team"] for r in s.rows("SELECT job_id, arg_max(team, submitted_at) AS team FROM portal_jobs "
+                                               "WHERE pool = ? GROUP BY job_id", [row["pool"]])})
+    shown = [x for x in ids if owners.get(x) is not None and p.can_read_team(owners[x])]
+    hidden = len(ids) - len(shown)
+    return ",".join(shown + ([f"{hidden} job(s) of other teams"] if hidden else []))
 
 
 def _job(s: Snapshot, p: Principal, job_id: str) -> Optional[JobOut]:
