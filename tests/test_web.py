@@ -610,3 +610,21 @@ def test_head_of_line_blockers_are_not_other_teams_job_ids(env):
                 assert f">{job_id}" not in page.text and f",{job_id}" not in page.text, (user, job_id)
     staff = client.get("/api/v1/head-of-line", headers=_h(env, "root")).json()["head_of_line"]
     assert any(row["top_blockers"] for row in staff)  # admins still see them all
+
+
+def test_many_distinct_lookups_do_not_evict_the_warmed_queue(env, monkeypatch):
+    """[medium, DoS] The snapshot's memo was cleared whole when 4096 answers were kept: any signed-in caller asking
+    for 4096 distinct job ids (cheap 404s) also dropped the queue with its estimates, which the refresh computes once
+    (seconds on a large lake), so every following queue read recomputed it."""
+    import chipledger.web.app as web_app
+
+    portal = env["portal"]
+    snap = portal.reader.snapshot
+    web_app.queue_all(snap)
+    calls = []
+    real = web_app._queue_compute
+    monkeypatch.setattr(web_app, "_queue_compute", lambda s: calls.append(1) or real(s))
+    for i in range(snap.MEMO_MAX + 10):
+        snap.memo(("job", f"no-such-job-{i}"), lambda: None)
+    assert env["client"].get("/api/v1/queue", headers=_h(env, "alice")).status_code == 200
+    assert calls == []

@@ -879,7 +879,7 @@ def _runtime_model(s: Snapshot) -> tuple[dict, dict, dict]:
 
 def queue_all(s: Snapshot) -> list[QueueEntry]:
     """Every pending job with its estimated start, computed once per snapshot (at its refresh: `LakeReader.warm`)."""
-    return s.memo("queue", lambda: _queue_compute(s))
+    return s.memo("queue", lambda: _queue_compute(s), pin=True)
 
 
 def _queue(portal: Portal, s: Snapshot, p: Principal, pool: Optional[str], team: Optional[str]) -> list[QueueEntry]:
