@@ -628,3 +628,27 @@ def test_many_distinct_lookups_do_not_evict_the_warmed_queue(env, monkeypatch):
         snap.memo(("job", f"no-such-job-{i}"), lambda: None)
     assert env["client"].get("/api/v1/queue", headers=_h(env, "alice")).status_code == 200
     assert calls == []
+
+
+def test_event_stream_ends_when_its_token_is_revoked(env):
+    """[low] GET /api/v1/snapshots (server-sent events) checked the token once: a stream opened before its token was
+    revoked went on telling the lake's snapshots for ever."""
+    import threading
+
+    st = env["store"]
+    token_id, token = new_token(st, "mallory", "vision")
+    done = threading.Event()
+    events = []
+
+    def read():
+        with env["client"].stream("GET", "/api/v1/snapshots", headers={"Authorization": f"Bearer {token}"}) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                events.append(line)
+                if line.startswith("event:") and len([x for x in events if x.startswith("event:")]) == 1:
+                    st.revoke_token(token_id, datetime.now(timezone.utc))
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert done.wait(15), "the stream went on after its token was revoked"
+    assert any(x.startswith("event: snapshot") for x in events)

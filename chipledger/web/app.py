@@ -617,6 +617,8 @@ def build_app(portal: Portal) -> FastAPI:
                         return
                 if await request.is_disconnected():
                     return
+                if identity(request) is None:  # its token revoked (or its session gone): the stream ends too
+                    return
                 await asyncio.sleep(1.0)
 
         if portal.reader._snap is None:
