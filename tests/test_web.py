@@ -652,3 +652,20 @@ def test_event_stream_ends_when_its_token_is_revoked(env):
     threading.Thread(target=read, daemon=True).start()
     assert done.wait(15), "the stream went on after its token was revoked"
     assert any(x.startswith("event: snapshot") for x in events)
+
+
+def test_forged_cursors_are_400_not_500(env):
+    """[low] A cursor is base64 JSON the caller can forge: one whose instant was not a time, or whose parts were not
+    strings (a dict: unhashable as the memo's key), was a 500 Internal Server Error."""
+    import base64
+
+    def forge(key):
+        return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
+
+    client = env["client"]
+    for key in (["not a time", "x"], [{"a": 1}, [1, 2]], ["2026-11-02T00:00:00Z"], [1, 2], "x"):
+        for path in ("/api/v1/teams/vision/jobs", "/api/v1/decisions",
+                     "/api/v1/teams/vision/balances?since=2026-11-01T00:00:00Z"):
+            sep = "&" if "?" in path else "?"
+            r = client.get(f"{path}{sep}cursor={forge(key)}", headers=_h(env, "alice"))
+            assert r.status_code == 400, (path, key, r.status_code)

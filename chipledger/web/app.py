@@ -328,9 +328,14 @@ def _cursor_decode(cursor: Optional[str]) -> Optional[list]:
     try:
         pad = "=" * (-len(cursor) % 4)
         key = json.loads(base64.urlsafe_b64decode(cursor + pad))
-        if not isinstance(key, list) or len(key) > 4:
+        # every cursor this API gives out is [an instant (ISO, UTC), a name]: anything else is refused here, not
+        # handed to the database (a 500) or to the snapshot's memo as its key (unhashable lists and dicts)
+        if not isinstance(key, list) or len(key) != 2 or not all(isinstance(k, str) for k in key):
             raise ValueError
-        return key
+        at = datetime.strptime(key[0], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+        if len(key[1]) > 256:
+            raise ValueError
+        return [_iso(at), key[1]]
     except Exception:
         raise HTTPException(400, "cursor is not one this API gave out") from None
 
