@@ -669,3 +669,28 @@ def test_forged_cursors_are_400_not_500(env):
             sep = "&" if "?" in path else "?"
             r = client.get(f"{path}{sep}cursor={forge(key)}", headers=_h(env, "alice"))
             assert r.status_code == 400, (path, key, r.status_code)
+
+
+def test_event_streams_per_caller_are_bounded(env):
+    """[medium, DoS] GET /api/v1/snapshots (an endless stream) could be opened any number of times by one signed-in
+    caller, each holding a connection and a task for ever; a caller now has at most MAX_STREAMS_PER_CALLER open."""
+    from contextlib import ExitStack
+
+    from chipledger.web.app import MAX_STREAMS_PER_CALLER
+
+    client = env["client"]
+    with ExitStack() as stack:
+        for _ in range(MAX_STREAMS_PER_CALLER):
+            r = stack.enter_context(client.stream("GET", "/api/v1/snapshots", headers=_h(env, "eve")))
+            assert r.status_code == 200
+        r = client.get("/api/v1/snapshots?once=true", headers=_h(env, "eve"))
+        assert r.status_code == 429
+        assert client.get("/api/v1/snapshots?once=true", headers=_h(env, "alice")).status_code == 200
+    import time
+
+    for _ in range(50):  # closed streams give their places back (as the server notices the disconnect)
+        if client.get("/api/v1/snapshots?once=true", headers=_h(env, "eve")).status_code == 200:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("closed streams were still counted")

@@ -39,6 +39,7 @@ CSP = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'
 MAX_BODY_BYTES = 16 << 10
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,127}$")
 PAGE_REFRESH_S = 60
+MAX_STREAMS_PER_CALLER = 8  # open /api/v1/snapshots streams per caller: each holds a connection and a task
 
 
 @dataclass
@@ -56,6 +57,7 @@ class Portal:
     statements_dir: Optional[Path] = None
     accuracy: Optional[dict] = None                         # the start estimate's measured accuracy (docs/portal.md)
     sent: list = field(default_factory=list)                # burst requests this process sent (pending until decided)
+    streams: dict = field(default_factory=dict)             # open event streams per caller (session key)
     _producer: Any = None
 
     def __post_init__(self):
@@ -610,7 +612,23 @@ def build_app(portal: Portal) -> FastAPI:
 
         from fastapi.responses import StreamingResponse
 
+        key = p.session_key()
+        if portal.streams.get(key, 0) >= MAX_STREAMS_PER_CALLER:
+            raise HTTPException(429, f"at most {MAX_STREAMS_PER_CALLER} event streams at once per caller")
+        portal.streams[key] = portal.streams.get(key, 0) + 1
+
         async def stream():
+            try:
+                async for chunk in events():
+                    yield chunk
+            finally:
+                left = portal.streams.get(key, 1) - 1
+                if left > 0:
+                    portal.streams[key] = left
+                else:
+                    portal.streams.pop(key, None)
+
+        async def events():
             last = None
             while True:
                 snap = portal.reader._snap
