@@ -694,3 +694,52 @@ def test_event_streams_per_caller_are_bounded(env):
         time.sleep(0.1)
     else:
         raise AssertionError("closed streams were still counted")
+
+
+def test_a_page_read_during_a_refresh_names_and_uses_one_snapshot(env):
+    """[low] A page read its data from the snapshot it took, but its footer named whatever snapshot was current when
+    it rendered, and the burst form's dry run took the snapshot again: a refresh swapping in between made one page
+    of two snapshots (half an update). Each page now reads and names one snapshot."""
+    import dataclasses as dc
+
+    portal = env["portal"]
+    reader = portal.reader
+    old = reader.snapshot
+    newer = dc.replace(old, version=old.version + 1000, _memo={}, _pinned={})
+
+    class Swapping:  # the refresh swaps `newer` in right after a route took its snapshot
+        def __init__(self):
+            self._snap = old
+            self.last_error = None
+            self.warm = None
+
+        @property
+        def snapshot(self):
+            s, self._snap = self._snap, newer
+            return s
+
+    client = env["client"]
+    for path in ("/teams/vision", "/teams/vision/queue", "/teams/vision/bursts", "/fleet", f"/jobs/{_vision_job(env)}"):
+        portal.reader = Swapping()
+        try:
+            r = client.get(path, headers=_h(env, "alice"))
+        finally:
+            portal.reader = reader
+        assert r.status_code == 200, path
+        assert f"lake snapshot {old.version}," in r.text, path
+    csrf = re.search(r'name="csrf" value="([^"]+)"', client.get("/teams/vision/bursts", headers=_h(env, "alice")).text)
+    seen = []
+    import chipledger.web.burst as burst_mod
+
+    real = burst_mod.dry_run
+    portal.reader = Swapping()
+    try:
+        burst_mod.dry_run = lambda snap, *a, **k: seen.append(snap) or real(old, *a, **k)
+        r = client.post("/teams/vision/bursts", headers=_h(env, "alice"),
+                        data={"pool": POOL, "chips": "4", "window_start": "2026-11-04T08:00",
+                              "window_end": "2026-11-04T12:00", "action": "dry-run", "csrf": csrf.group(1)})
+    finally:
+        burst_mod.dry_run = real
+        portal.reader = reader
+    assert r.status_code == 200, r.text[:500]
+    assert seen == [old] and f"lake snapshot {old.version}," in r.text

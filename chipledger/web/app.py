@@ -655,8 +655,11 @@ def build_app(portal: Portal) -> FastAPI:
         return identity(request)
 
     def render(request: Request, name: str, p: Optional[Principal], status: int = 200, **ctx):
+        # the footer names the snapshot the page was read from (a route passes its own: a refresh may have swapped
+        # in a newer one meanwhile)
+        ctx.setdefault("snapshot", portal.reader._snap)
         ctx.update(request=request, me=p, csrf=portal.csrf.token(p.session_key()) if p else None,
-                   refresh_s=PAGE_REFRESH_S, snapshot=portal.reader._snap)
+                   refresh_s=PAGE_REFRESH_S)
         return templates.TemplateResponse(request, name, ctx, status_code=status)
 
     def signin_redirect():
@@ -726,7 +729,7 @@ def build_app(portal: Portal) -> FastAPI:
         recent = s.memo(("recent", team), lambda: s.rows(
             "SELECT job_id, pool, chips, submitted_at, first_started_at, finished_at, outcome, preemptions FROM jobs "
             "WHERE team = ? ORDER BY submitted_at DESC, job_id DESC LIMIT 15", [team]))
-        return render(request, "home.html", p, team=team, balances=bal, pools=pools, recent=recent,
+        return render(request, "home.html", p, snapshot=s, team=team, balances=bal, pools=pools, recent=recent,
                       slos=slo_rows, queue_len=len(q), fair_share=_fair_share_sentence)
 
     @app.get("/teams/{team:path}/queue", include_in_schema=False, response_class=HTMLResponse)
@@ -736,7 +739,7 @@ def build_app(portal: Portal) -> FastAPI:
             return signin_redirect()
         team_or_404(p, team)
         s = snap()
-        return render(request, "queue.html", p, team=team, queue=_queue(portal, s, p, None, team),
+        return render(request, "queue.html", p, snapshot=s, team=team, queue=_queue(portal, s, p, None, team),
                       hol=[{**r, "top_blockers": _blockers(s, p, r)}
                            for r in s.cached_rows("SELECT * FROM portal_hol WHERE team = ?", [team])],
                       accuracy=portal.accuracy)
@@ -746,10 +749,11 @@ def build_app(portal: Portal) -> FastAPI:
         p = page_user(request)
         if p is None:
             return signin_redirect()
-        out = _job(snap(), p, job_id)
+        s = snap()
+        out = _job(s, p, job_id)
         if out is None:
             return render(request, "error.html", p, 404, message="no such job")
-        return render(request, "job.html", p, job=out)
+        return render(request, "job.html", p, snapshot=s, job=out)
 
     @app.get("/teams/{team:path}/statements", include_in_schema=False, response_class=HTMLResponse)
     def statements_page(request: Request, team: str):
@@ -766,7 +770,7 @@ def build_app(portal: Portal) -> FastAPI:
             return signin_redirect()
         team_or_404(p, team)
         s = snap()
-        return render(request, "bursts.html", p, team=team, bursts=_bursts(portal, s, team),
+        return render(request, "bursts.html", p, snapshot=s, team=team, bursts=_bursts(portal, s, team),
                       pools=[r["pool"] for r in s.cached_rows("SELECT pool FROM portal_pools ORDER BY pool")],
                       kafka=portal.producer_factory is not None, dry=None, form=None, error=None, sent=None)
 
@@ -793,13 +797,13 @@ def build_app(portal: Portal) -> FastAPI:
             if action == "submit":
                 ctx["sent"] = _submit(portal, p, req)
             else:
-                ctx["dry"] = _dry_run(portal, req, p.user)
+                ctx["dry"] = _dry_run(portal, req, p.user, s)
         except HTTPException as e:
             ctx["error"] = e.detail
         except ValueError as e:
             ctx["error"] = str(e).splitlines()[0]
         ctx["bursts"] = _bursts(portal, s, team)
-        return render(request, "bursts.html", p, 200 if ctx["error"] is None else 400, **ctx)
+        return render(request, "bursts.html", p, 200 if ctx["error"] is None else 400, snapshot=s, **ctx)
 
     # a team's home last: `{team:path}` (team names may be paths, `org/team`) would take the pages above
     app.get("/teams/{team:path}", include_in_schema=False, response_class=HTMLResponse)(team_home)
@@ -812,7 +816,7 @@ def build_app(portal: Portal) -> FastAPI:
         if not p.sees_fleet:
             return render(request, "error.html", p, 404, message="the fleet page is for admins and SREs here")
         s = snap()
-        return render(request, "fleet.html", p,
+        return render(request, "fleet.html", p, snapshot=s,
                       pools=s.cached_rows("SELECT * FROM portal_pools ORDER BY pool"),
                       balances=s.cached_rows("SELECT * FROM portal_balances_now ORDER BY pool, team"),
                       slos=_slos(s, None), hol=s.cached_rows("SELECT * FROM portal_hol ORDER BY blocked_mchip_s DESC LIMIT 10"),
@@ -1109,10 +1113,10 @@ def portal_sent(portal: Portal, team: str) -> list[dict]:
     return [x for x in portal.sent if x["team"] == team]
 
 
-def _dry_run(portal: Portal, req: BurstIn, user: str) -> dict:
+def _dry_run(portal: Portal, req: BurstIn, user: str, s: Optional[Snapshot] = None) -> dict:
     if not portal.dry_limiter.allow(user):
         raise HTTPException(429, "too many dry runs: try again in a minute")
-    out = burst_mod.dry_run(portal.reader.snapshot, req.pool, req.team, req.chips, req.window_start, req.window_end,
+    out = burst_mod.dry_run(s or portal.reader.snapshot, req.pool, req.team, req.chips, req.window_start, req.window_end,
                             portal.cfg.slo.availability)
     if out is None:
         raise HTTPException(404, "no such pool (or its books have not closed yet)")
