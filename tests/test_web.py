@@ -743,3 +743,28 @@ def test_a_page_read_during_a_refresh_names_and_uses_one_snapshot(env):
         portal.reader = reader
     assert r.status_code == 200, r.text[:500]
     assert seen == [old] and f"lake snapshot {old.version}," in r.text
+
+
+def test_any_name_the_ledger_accepts_has_its_pages(env):
+    """[medium] Routes checked names against ASCII [A-Za-z0-9._/:@-]{1,128}, narrower than the events' names (1-256
+    characters, any letters): the members of a team named with a space, an accent or more than 128 characters got 404
+    on every page of their team and could not ask for a burst, and `serve tokens create --team` refused to make them
+    a token; a job id with a slash (a Kubernetes namespace/name) could not be addressed at all. Markup characters
+    are still refused."""
+    from urllib.parse import quote as q
+
+    c = env["client"]
+    for team in ("équipe ml", "x" * 200, "研究/视觉"):
+        res = CliRunner().invoke(cli_app, ["serve", "tokens", "create", "--user", "zoé", "--team", team,
+                                           "--store", env["store_url"]])
+        assert res.exit_code == 0, res.output
+        h = {"Authorization": f"Bearer {res.stdout.strip().splitlines()[-1]}"}
+        assert c.get(f"/api/v1/teams/{q(team, safe='/')}/balances", headers=h).status_code == 200, team
+        assert c.get(f"/teams/{q(team, safe='/')}/queue", headers=h).status_code == 200, team
+        r = c.post("/api/v1/bursts/dry-run", headers=h, json={"pool": POOL, "team": team, "chips": 1, **_window()})
+        assert r.status_code == 200, (team, r.text)
+        assert c.get(f"/api/v1/teams/{q(team, safe='/')}/balances", headers=_h(env, "alice")).status_code == 404
+    r = c.get("/api/v1/jobs/research%2Ftrain-1", headers=_h(env, "alice"))
+    assert r.status_code == 404 and r.json()["detail"] == "no such job"  # the route's answer, not "Not Found"
+    assert c.get("/api/v1/teams/vision%0A/balances", headers=_h(env, "root")).status_code == 404
+    assert c.get("/api/v1/teams/%3Cscript%3E/balances", headers=_h(env, "root")).status_code == 404

@@ -37,7 +37,9 @@ LOGIN_CSRF_COOKIE = "clp_login"
 CSP = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; "
        "base-uri 'none'")
 MAX_BODY_BYTES = 16 << 10
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,127}$")
+# a name in a URL: as long as events' names (schemas.events.Name: 1 to 256 characters, no control characters), any
+# letters (accents, spaces, slashes: Kubernetes namespace/name), only not markup characters (refused as hostile)
+NAME_RE = re.compile(r"^[^\x00-\x1f\x7f-\x9f<>\"'`&\\]{1,256}$")
 PAGE_REFRESH_S = 60
 MAX_STREAMS_PER_CALLER = 8  # open /api/v1/snapshots streams per caller: each holds a connection and a task
 
@@ -264,7 +266,7 @@ class StatementsOut(BaseModel):
 
 class BurstIn(BaseModel):
     pool: str = Field(max_length=256)
-    team: str = Field(max_length=128)
+    team: str = Field(max_length=256)
     chips: float = Field(gt=0, le=1_000_000)
     window_start: datetime
     window_end: datetime
@@ -501,7 +503,7 @@ def build_app(portal: Portal) -> FastAPI:
         s = snap()
         return QueueOut(queue=_queue(portal, s, p, pool, team), snapshot=s.version)
 
-    @api.get("/jobs/{job_id}", response_model=JobOut, tags=["jobs"])
+    @api.get("/jobs/{job_id:path}", response_model=JobOut, tags=["jobs"])
     def job(job_id: str, p: Principal = Depends(who)):
         out = _job(snap(), p, job_id)
         if out is None:
@@ -744,7 +746,7 @@ def build_app(portal: Portal) -> FastAPI:
                            for r in s.cached_rows("SELECT * FROM portal_hol WHERE team = ?", [team])],
                       accuracy=portal.accuracy)
 
-    @app.get("/jobs/{job_id}", include_in_schema=False, response_class=HTMLResponse)
+    @app.get("/jobs/{job_id:path}", include_in_schema=False, response_class=HTMLResponse)
     def job_page(request: Request, job_id: str):
         p = page_user(request)
         if p is None:
