@@ -1,0 +1,135 @@
+"""What chips cost (ledger/costs.py, analytics/cost_views.py; docs/statements.md "Cost"), hand-computed.
+
+Pool of 4 chips (c1–c4). T0 is Monday 2026-11-02 08:00 UTC: hour of the week 8. Team a holds 2 chips of quota and
+runs j1 on 3 chips (2 in quota, 1 borrowed) from T0 to T0 + 3 h; one chip stays idle.
+
+Prices in USD-cent per chip-hour: `std` 100 in every hour from T0, set again to 200 from T0 + 30 min (a price change
+mid-run), and `peak` 400 in hour of the week 9 (T0 + 1 h … T0 + 2 h: a band beats a whole-week price). So a chip
+costs 0.5 h × 100 + 0.5 h × 200 + 1 h × 400 + 1 h × 200 = 750 cents over the 3 h:
+in_quota a = 2 × 750 = 1500, borrowed a = 750, idle = 750 (+ 10 s of 4 idle chips at 200 after j1 ends: 2.22…).
+Team a's monthly budget is 2000 cents: it spends 2250, so the budget is crossed and `budget_page` fires.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime, timezone
+
+import pytest
+
+from ledger import Fleet, PoolState
+from ledger.costs import COST_SCALE, CostRow, hour_of_week
+
+from tests.test_evolve import (
+    CFG, POOL, T0, budget, chip, configured, finish, grant, price, start, submit, tick,
+)
+
+H = 3600
+CHIPS = ["c1", "c2", "c3", "c4"]
+
+
+def _events(with_prices: bool = True):
+    priced = [price("std", 100), price("peak", 400, hours_of_week=[9]), budget("ba", "a", 2000)] if with_prices else []
+    return [configured(), *[chip(c) for c in CHIPS], grant("ga", "a", 2), grant("gb", "b", 1), *priced,
+            submit("j1", "a", 3), start("j1", 0, chip_ids=CHIPS[:3]),
+            *([price("std", 200, 1800)] if with_prices else []),
+            finish("j1", "succeeded", 3 * H), tick(3 * H + 10)]
+
+
+def _fold(events, pause_at=None):
+    fleet = Fleet(CFG)
+    rows: list[CostRow] = []
+    for i, e in enumerate(events):
+        step = fleet.apply(e)
+        assert step.applied, (e, step.rejection)
+        rows += step.costs
+        if pause_at is not None and i == pause_at:  # a close of the books mid-run, then a restart from the state
+            fleet.close()
+            rows += fleet.close_facts().get("costs", [])
+            fleet = Fleet.from_dict(fleet.to_dict(), CFG)
+    fleet.close()
+    rows += fleet.close_facts().get("costs", [])
+    return rows
+
+
+def _totals(rows):
+    out: dict = defaultdict(int)
+    for r in rows:
+        out[(r.account, r.team)] += r.cost_scaled
+    return dict(out)
+
+
+def test_hour_of_week():
+    assert hour_of_week(T0) == 8  # Monday 08:00
+    assert hour_of_week(T0 - 8 * H) == 0
+    assert hour_of_week(T0 - 8 * H - 1) == 167
+
+
+def test_hand_computed_costs():
+    rows = _fold(_events())
+    assert _totals(rows) == {("in_quota", "a"): 1500 * COST_SCALE, ("borrowed", "a"): 750 * COST_SCALE,
+                             ("idle", None): 750 * COST_SCALE + 10 * 4000 * 200}
+    by_hour = defaultdict(int)
+    for r in rows:
+        if r.account == "in_quota":
+            by_hour[(r.hour - T0, r.price_id, r.per_chip_hour)] += r.amount_mchip_s
+    # the first hour split at the price change (T0 + 30 min), the second hour in the peak band
+    assert dict(by_hour) == {(0, "std", 100): 2000 * 1800, (0, "std", 200): 2000 * 1800,
+                             (H, "peak", 400): 2000 * H, (2 * H, "std", 200): 2000 * H}
+    assert all(r.pool == POOL and r.unit == "USD-cent" and r.cost_scaled == r.amount_mchip_s * r.per_chip_hour
+               for r in rows)
+
+
+@pytest.mark.parametrize("pause_at", [9, 11, 12])
+def test_costs_do_not_depend_on_where_the_fold_paused(pause_at):
+    assert _totals(_fold(_events(), pause_at)) == _totals(_fold(_events()))
+
+
+def test_no_price_no_cost_rows():
+    assert _fold(_events(with_prices=False)) == []
+
+
+def test_price_versions_survive_a_restart():
+    fleet = Fleet(CFG)
+    for e in _events()[:10]:
+        fleet.apply(e)
+    state = fleet.pools[POOL]
+    again = PoolState.from_dict(state.to_dict())
+    assert again.price_versions == state.price_versions and len(state.price_versions) == 2
+
+
+def _lake(tmp_path, with_prices=True):
+    from chipledger.embedded import run_file
+
+    f = tmp_path / "events.jsonl"
+    events = _events(with_prices)
+    f.write_text("".join(e.model_dump_json() + "\n" for e in events))
+    summary, _ = run_file(f, tmp_path / "lake", events_process=False)
+    assert summary.accepted == len(events)
+    return tmp_path / "lake"
+
+
+def test_cost_and_budget_views(tmp_path):
+    from analytics.views import connect
+
+    con = connect(_lake(tmp_path))
+    got = dict(con.execute("SELECT account || ':' || coalesce(team, ''), sum(cost_scaled) FROM cost "
+                           "GROUP BY 1").fetchall())
+    assert got == {"in_quota:a": 1500 * COST_SCALE, "borrowed:a": 750 * COST_SCALE,
+                   "idle:": 750 * COST_SCALE + 10 * 4000 * 200}
+    assert con.execute("SELECT DISTINCT flavor, unit FROM cost").fetchall() == [("h100", "USD-cent")]
+    [(team, period, start, budget_, spent, left)] = con.execute(
+        'SELECT team, period, period_start, budget, spent, "left" FROM budget').fetchall()
+    assert (team, period, budget_, spent, left) == ("a", "month", 2000, 2250, -250)
+    assert start == datetime(2026, 11, 1, tzinfo=timezone.utc)
+    firing = con.execute("SELECT alert, severity, team, unit FROM budget_alerts WHERE firing").fetchall()
+    assert ("budget_page", "page", "a", "USD-cent") in firing
+
+
+def test_a_lake_with_no_prices_shows_no_costs(tmp_path):
+    from analytics.views import connect
+
+    con = connect(_lake(tmp_path, with_prices=False))
+    assert con.execute("SELECT count(*) FROM cost_postings").fetchone() == (0,)
+    assert con.execute("SELECT count(*), count(cost), count(unit) FROM cost").fetchone()[1:] == (0, 0)
+    assert con.execute("SELECT count(*) FROM budget_alerts").fetchone() == (0,)
