@@ -28,12 +28,12 @@ H = 3600
 CHIPS = ["c1", "c2", "c3", "c4"]
 
 
-def _events(with_prices: bool = True):
+def _events(with_prices: bool = True, end: int = 3 * H + 10):
     priced = [price("std", 100), price("peak", 400, hours_of_week=[9]), budget("ba", "a", 2000)] if with_prices else []
     return [configured(), *[chip(c) for c in CHIPS], grant("ga", "a", 2), grant("gb", "b", 1), *priced,
             submit("j1", "a", 3), start("j1", 0, chip_ids=CHIPS[:3]),
             *([price("std", 200, 1800)] if with_prices else []),
-            finish("j1", "succeeded", 3 * H), tick(3 * H + 10)]
+            finish("j1", "succeeded", 3 * H), tick(end)]
 
 
 def _fold(events, pause_at=None):
@@ -98,11 +98,11 @@ def test_price_versions_survive_a_restart():
     assert again.price_versions == state.price_versions and len(state.price_versions) == 2
 
 
-def _lake(tmp_path, with_prices=True):
+def _lake(tmp_path, with_prices=True, end=3 * H + 10):
     from chipledger.embedded import run_file
 
     f = tmp_path / "events.jsonl"
-    events = _events(with_prices)
+    events = _events(with_prices, end)
     f.write_text("".join(e.model_dump_json() + "\n" for e in events))
     summary, _ = run_file(f, tmp_path / "lake", events_process=False)
     assert summary.accepted == len(events)
@@ -133,3 +133,38 @@ def test_a_lake_with_no_prices_shows_no_costs(tmp_path):
     assert con.execute("SELECT count(*) FROM cost_postings").fetchone() == (0,)
     assert con.execute("SELECT count(*), count(cost), count(unit) FROM cost").fetchone()[1:] == (0, 0)
     assert con.execute("SELECT count(*) FROM budget_alerts").fetchone() == (0,)
+
+
+def test_statement_shows_cost_budget_and_peak(tmp_path):
+    from analytics.views import connect
+    from chipledger.reports.statements import parse_period, compute_statements, render_files
+
+    con = connect(_lake(tmp_path))
+    [st] = compute_statements(con, parse_period("2026-11-02..2026-11-02"), teams=["a"])
+    cost = st["cost"]
+    assert cost["priced"] and cost["totals"] == [{"unit": "USD-cent", "total_scaled": 2250 * COST_SCALE,
+                                                  "total": 2250.0}]
+    [pool] = cost["by_pool"]
+    assert (pool["flavor"], pool["in_quota"], pool["borrowed"], pool["burst"]) == ("h100", 1500.0, 750.0, 0.0)
+    [b] = cost["budgets"]
+    assert (b["budget"], b["spent"], b["left"]) == (2000, 2250.0, -250.0)
+    # the peak hour (the band's 400 > the cheapest 100): 3 chips × 1 h = 1200 cents; no off-peak hour had room for 3
+    # chip-hours (1 idle chip while j1 ran, 4 idle chips for 10 s after): the use stays at its peak cost
+    [peak] = cost["peak"]
+    assert (peak["peak_mchip_s"], peak["peak_cost"], peak["off_peak_cost"], peak["off_peak_had_room"]) == (
+        3 * 3_600_000, 1200.0, 1200.0, False)
+    md = render_files(st, ("md",))
+    assert any(b"2250.00 USD-cent" in v for v in md.values())
+
+
+def test_peak_use_moves_to_the_nearest_off_peak_hour_with_room(tmp_path):
+    """The pool idles (4 chips) for the hour T0 + 3 h … 4 h at 200: the nearest off-peak hour with room for the peak
+    hour's 3 chip-hours (the hours before and after the peak had 1 idle chip only)."""
+    from analytics.views import connect
+    from chipledger.reports.costs import team_costs
+
+    con = connect(_lake(tmp_path, end=4 * H))
+    [peak] = team_costs(con, datetime(2026, 11, 2, tzinfo=timezone.utc), datetime(2026, 11, 3, tzinfo=timezone.utc),
+                        ["a"])["a"]["peak"]
+    assert (peak["peak_cost"], peak["off_peak_cost"], peak["saving"], peak["off_peak_had_room"]) == (
+        1200.0, 600.0, 600.0, True)

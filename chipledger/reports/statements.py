@@ -27,6 +27,7 @@ from urllib.parse import quote
 import orjson
 
 from analytics.slo_views import SloParams
+from chipledger.reports.costs import team_costs
 
 FORMATS = ("md", "html", "csv", "json")
 STATEMENT_SCHEMA = "chipledger.statement/1"
@@ -369,6 +370,8 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
                 "allocated_chip_h": _chip_h(int(alloc)), "lost_work_mchip_s": int(lost)})
 
     reconciliation = {pool: _reconcile(pool, books) for pool, books in pool_books.items()}
+    flavors = dict(_rows(con, "SELECT pool, flavor FROM pool_flavors"))
+    costs = team_costs(con, period.start, period.end, want)
     fleet_closed = min(closed.values())
     out = []
     for team in chosen:
@@ -376,10 +379,17 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
         pool_closed = [closed[pl] for pl in team_pools if pl in closed] or [fleet_closed]
         closed_through = min(pool_closed)
         per_pool = accounts.get(team, {})
-        total = _empty_accounts()
-        for acc in per_pool.values():
+        # chip-seconds are added only within one flavor: an hour of an H100 is not an hour of a TPU
+        by_flavor: dict[str, dict[str, int]] = {}
+        for pl, acc in per_pool.items():
+            fl = by_flavor.setdefault(flavors.get(pl) or pl, _empty_accounts())
             for k in TEAM_ACCOUNTS:
-                total[k] += acc[k]
+                fl[k] += acc[k]
+        total: Optional[dict[str, int]] = _empty_accounts()
+        if len(by_flavor) == 1:
+            total = next(iter(by_flavor.values()))
+        elif by_flavor:
+            total = None
         alloc, lost = goodput.get(team, (0, 0))
         out.append({
             "schema": STATEMENT_SCHEMA,
@@ -388,8 +398,12 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
             "partial": closed_through < period.end,
             "books_closed_through": _iso(min(closed_through, period.end)),
             "computed_at_positions": positions,
-            "totals": _account_block(total),
-            "pools": [{"pool": pl, **_account_block(per_pool.get(pl, _empty_accounts())),
+            # None when the team used pools of unlike flavors: then the totals are per flavor, and across them in
+            # money or billing units only (`cost`)
+            "totals": None if total is None else _account_block(total),
+            "totals_by_flavor": [{"flavor": fl, **_account_block(acc)} for fl, acc in sorted(by_flavor.items())],
+            "cost": costs.get(team) or {"priced": False, "by_pool": [], "totals": [], "budgets": [], "peak": []},
+            "pools": [{"pool": pl, "flavor": flavors.get(pl), **_account_block(per_pool.get(pl, _empty_accounts())),
                        "daily": _daily_rows(pool_daily.get(team, {}).get(pl, {}))} for pl in team_pools],
             "daily": _daily_rows(daily.get(team, {})),
             "preemptions": {
@@ -559,7 +573,9 @@ def render_csv(st: dict) -> bytes:
     w.writerow(CSV_COLUMNS)
     head = {"period": st["period"]["label"], "team": st["team"], "partial": str(st["partial"]).lower(),
             "books_closed_through": st["books_closed_through"]}
-    for row in [*st["pools"], {"pool": "(total)", **st["totals"]}]:
+    totals = ([{"pool": "(total)", **st["totals"]}] if st["totals"] is not None else
+              [{"pool": f"(total {t['flavor']})", **t} for t in st["totals_by_flavor"]])
+    for row in [*st["pools"], *totals]:
         merged = {**head, **row}
         w.writerow([merged.get(c, "") for c in CSV_COLUMNS])
     return buf.getvalue().encode()
