@@ -11,13 +11,13 @@ in money or billing units only (a `unit`).
   each pool's budgets in effect in the period: a budget id set again replaces its earlier setting), spent (the
   team's in_quota + borrowed + burst cost in the period), left, the share of the period elapsed at the evaluation
   instant (`calc_now`), and the forecast of the period's end at the period's rate so far.
-- `budget_burn`: per team, unit and window (the period so far, the last 1 d, the last 6 h): burn rate = the
-  window's spend rate / the budget's rate (budget / period length). Windows are whole hours ending with the hour
-  of the evaluation instant.
+- `budget_burn`: per team, unit and window (1 h, 6 h, 1 d, 3 d ending at the evaluation instant): burn rate = the
+  window's spend rate / the budget's rate (budget / the current period's length); an hour's cost counts by its
+  share inside the window.
 - `budget_alerts`: the SLO burn alerts' shape (severity, alert, slo = 'budget', pool = '*', burn_rate, long_win,
   long_burn, short_win, short_burn, target, evaluated_at, firing) plus team, unit, period, spent, budget and
-  forecast: `budget_page` (period and 6 h both burn ≥ 2×, or the budget is spent), `budget_ticket` (period and
-  1 d both ≥ 1×: the forecast passes the budget).
+  forecast: `budget_page` (1 d and 1 h both burn ≥ 2×), `budget_ticket` (3 d and 6 h both ≥ 1×: at this rate the
+  budget is spent before the period ends). `chipledger slo rules` gives Prometheus the same rules.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ COST_SCALE = 3_600_000  # ledger.costs.COST_SCALE (the core is not imported by a
 COST_RAW_VIEW_NAMES = {"costs": "cost_postings"}
 
 # the budget alert rules: (alert, severity, burn rate, long window, short window)
-BUDGET_RULES = (("budget_page", "page", 2.0, "period", "6h"), ("budget_ticket", "ticket", 1.0, "period", "1d"))
-_WINDOW_S = {"6h": 6 * 3600, "1d": 86400}
+# (chipledger/monitoring/slo_rules.py gives Prometheus the same rules over the same windows)
+BUDGET_RULES = (("budget_page", "page", 2.0, "1d", "1h"), ("budget_ticket", "ticket", 1.0, "3d", "6h"))
+BUDGET_WINDOWS_S = {"1h": 3600, "6h": 6 * 3600, "1d": 86400, "3d": 3 * 86400}
 
 _PERIOD_END = ("CASE b.period WHEN 'month' THEN p.period_start + INTERVAL 1 MONTH "
                "ELSE p.period_start + INTERVAL 3 MONTH END")
@@ -97,33 +98,30 @@ COST_VIEWS: dict[str, str] = {
                now.now_at AS evaluated_at
         FROM amounts a LEFT JOIN spent s USING (team, period, unit, period_start) CROSS JOIN now
     """,
-    # the current period's burn per window: (spend in the window / its length) / (budget / period length)
+    # the current period's burn per window ending at the evaluation instant: (the team's spend in the window / its
+    # length) / (budget / the period's length). An hour's cost rows count by the share of the hour inside the window
+    # (spread evenly over the hour), as Prometheus' rate() over the counter of /metrics sees it
     "budget_burn": f"""
-        WITH now AS (SELECT as_of_s, as_of_s - as_of_s % 3600 AS hour_s FROM calc_now),
+        WITH now AS (SELECT as_of_s FROM calc_now),
         cur AS (
             SELECT b.* FROM budget b CROSS JOIN now
             WHERE epoch(b.period_start) <= now.as_of_s AND now.as_of_s < epoch(b.period_end)
-        ), wins AS (
-            SELECT 'period' AS win, NULL::BIGINT AS len_s
-            UNION ALL {" UNION ALL ".join(f"SELECT '{k}', {v}" for k, v in _WINDOW_S.items())}
-        ), w AS (
-            SELECT cur.*, wins.win,
-                   CASE WHEN wins.len_s IS NULL THEN epoch(cur.period_start)::BIGINT
-                        ELSE greatest(epoch(cur.period_start)::BIGINT, now.hour_s + 3600 - wins.len_s) END AS from_s,
-                   now.as_of_s
-            FROM cur CROSS JOIN wins CROSS JOIN now
-        ), s AS (
-            SELECT w.team, w.unit, w.period, w.win, any_value(w.from_s) AS from_s, any_value(w.as_of_s) AS as_of_s,
-                   any_value(w.budget) AS budget, any_value(w.period_start) AS period_start,
-                   any_value(w.period_end) AS period_end,
-                   coalesce(sum(c.cost_scaled::HUGEINT), 0) AS spent_scaled
+        ), wins AS ({" UNION ALL ".join(f"SELECT '{k}' AS win, {v} AS len_s" for k, v in BUDGET_WINDOWS_S.items())}),
+        w AS (SELECT cur.*, wins.win, wins.len_s, now.as_of_s - wins.len_s AS from_s, now.as_of_s
+              FROM cur CROSS JOIN wins CROSS JOIN now),
+        s AS (
+            SELECT w.team, w.unit, w.period, w.win, any_value(w.len_s) AS len_s, any_value(w.budget) AS budget,
+                   any_value(w.period_start) AS period_start, any_value(w.period_end) AS period_end,
+                   coalesce(sum(c.cost_scaled::HUGEINT
+                                * (least(epoch(c.hour)::BIGINT + 3600, w.as_of_s)
+                                   - greatest(epoch(c.hour)::BIGINT, w.from_s)) / 3600.0), 0) AS spent_scaled
             FROM w LEFT JOIN cost_postings c ON c.team = w.team AND c.unit = w.unit
-                 AND epoch(c.hour) >= w.from_s AND epoch(c.hour) < w.as_of_s
+                 AND epoch(c.hour) + 3600 > w.from_s AND epoch(c.hour) < w.as_of_s
                  AND c.account IN ('in_quota', 'borrowed', 'burst')
             GROUP BY w.team, w.unit, w.period, w.win
         )
         SELECT team, unit, period, period_start, win, spent_scaled / {COST_SCALE}.0 AS spent, budget,
-               CASE WHEN budget > 0 THEN (spent_scaled / {COST_SCALE}.0 / greatest(1, as_of_s - from_s))
+               CASE WHEN budget > 0 THEN (spent_scaled / {COST_SCALE}.0 / len_s)
                     / (budget / (epoch(period_end) - epoch(period_start))) END AS burn
         FROM s
     """,
@@ -143,8 +141,7 @@ COST_VIEWS: dict[str, str] = {
         )
         SELECT b.severity, b.alert, b.slo, b.pool, b.burn_rate, b.long_win, b.long_burn, b.short_win, b.short_burn,
                b.target, g.evaluated_at, b.team, b.unit, b.period, g.spent, g.budget, g.forecast_end,
-               coalesce((b.long_burn >= b.burn_rate AND b.short_burn >= b.burn_rate)
-                        OR (b.alert = 'budget_page' AND g.spent >= g.budget AND g.budget > 0), false) AS firing
+               coalesce(b.long_burn >= b.burn_rate AND b.short_burn >= b.burn_rate, false) AS firing
         FROM b JOIN budget g ON g.team = b.team AND g.unit = b.unit AND g.period = b.period
                              AND g.period_start = b.period_start
     """,

@@ -156,8 +156,9 @@ def evaluate(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, *, max_
     found = [Alert(*r) for r in rows]
     if pool is None:  # a team's budget is across pools: its alerts are not a pool's
         found += [Alert(*r) for r in con.execute("""
-            SELECT severity, alert, slo, pool, burn_rate, long_win, long_burn, short_win, coalesce(short_burn, 0),
-                   target, evaluated_at, team, unit, period, spent, budget, forecast_end
+            SELECT severity, alert, slo, pool, burn_rate::DOUBLE, long_win, long_burn::DOUBLE, short_win,
+                   coalesce(short_burn, 0)::DOUBLE, target::DOUBLE, evaluated_at, team, unit, period, spent::DOUBLE,
+                   budget::DOUBLE, forecast_end::DOUBLE
             FROM budget_alerts WHERE firing ORDER BY team, unit, alert""").fetchall()]
         found.sort(key=lambda a: a.severity != "page")  # pages first (stable: each kind keeps its order)
     return Evaluation(found, datetime.fromtimestamp(int(as_of_s), timezone.utc), newest, age_s,

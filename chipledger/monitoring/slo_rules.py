@@ -13,6 +13,13 @@ and thresholds of the `burn_alerts` view (docs/analytics.md):
   (page_1h, page_6h, ticket_3d, as in `chipledger alerts`), `long_window`, `short_window`, and the `pool` (and
   `team`) of the series.
 
+Budgets (analytics/cost_views.py `budget_alerts`, the same rules): `chipledger:team_cost:rate<window>{team, unit}`
+(the teams' in-quota, borrowed and burst cost per second, from `chipledger_team_cost_total`), the burn
+`chipledger:budget_burn:rate<window>{team, unit, period}` (that rate / `chipledger_team_budget_rate`, the budget
+per second of its current period), and `ChipledgerBudgetBurn`: page at 2× over 1d and 1h, ticket at 1× over 3d
+and 6h; labels `severity`, `slo` = budget, `alert` (budget_page, budget_ticket, as in `chipledger alerts`),
+`long_window`, `short_window`, and the series' `team`, `unit`, `period`.
+
 Availability is a pool's SLO (its chips); quota honoured, scheduling latency, goodput and throughput are counted per team
 and rated per pool and team, so a page names the team whose in-quota jobs do not start.
 """
@@ -23,6 +30,7 @@ from dataclasses import dataclass
 
 import yaml
 
+from analytics.cost_views import BUDGET_RULES, BUDGET_WINDOWS_S
 from analytics.slo_views import SLOS
 from streams.metrics import SLO_COUNTERS
 
@@ -34,6 +42,7 @@ BURN_RULES = (
 )
 SHORT_WINDOWS = ("5m", "30m", "1h", "6h", "3d")
 ALERT_NAME = "ChipledgerErrorBudgetBurn"
+BUDGET_ALERT_NAME = "ChipledgerBudgetBurn"
 
 _DESCRIBE = {
     "availability": "registered chips of the pool are down or in maintenance",
@@ -113,6 +122,39 @@ def alert_rule(spec: SloSpec, alert: str, severity: str, burn: float, long_w: st
     }
 
 
+def budget_annotations(burn: float, long_w: str, short_w: str, team: str = "{{ $labels.team }}",
+                       unit: str = "{{ $labels.unit }}") -> dict:
+    """The annotations of a budget burn alert (Prometheus' rule and `chipledger alerts --alertmanager` alike)."""
+    return {
+        "summary": f"team {team} spends its {unit} budget at {burn:g}x or more",
+        "description": (f"Team {team} spends its cost budget in {unit} at {burn:g}x the rate that lasts the period "
+                        f"or faster, over both {long_w} and {short_w}: at this rate the budget runs out before the "
+                        f"period ends."),
+        "look_at": f"`chipledger sql \"SELECT * FROM budget WHERE team = '{team}'\"`; the team's statement "
+                   f"(`chipledger statements --team {team}`): cost per pool and peak-band use",
+    }
+
+
+def budget_groups() -> list[dict]:
+    """The budget burn rules: cost rates and burns per window, and the alerts of BUDGET_RULES."""
+    rules: list[dict] = []
+    for w in BUDGET_WINDOWS_S:
+        rules.append({"record": f"chipledger:team_cost:rate{w}",
+                      "expr": f"sum by (team, unit) (rate(chipledger_team_cost_total[{w}]))"})
+        rules.append({"record": f"chipledger:budget_burn:rate{w}",
+                      "expr": (f"chipledger:team_cost:rate{w}\n/ on (team, unit) group_right\n"
+                               f"sum by (team, unit, period) (chipledger_team_budget_rate > 0)")})
+    alerts = [{
+        "alert": BUDGET_ALERT_NAME,
+        "expr": (f"chipledger:budget_burn:rate{long_w} >= {burn:g}\nand\n"
+                 f"chipledger:budget_burn:rate{short_w} >= {burn:g}"),
+        "labels": {"severity": severity, "slo": "budget", "alert": alert, "long_window": long_w,
+                   "short_window": short_w},
+        "annotations": budget_annotations(burn, long_w, short_w),
+    } for alert, severity, burn, long_w, short_w in BUDGET_RULES]
+    return [{"name": "chipledger-budget", "rules": rules}, {"name": "chipledger-budget-alerts", "rules": alerts}]
+
+
 def rule_groups(slo_params) -> dict:
     """The rule file as a dict (YAML-ready): one recording group per SLO, one alerting group."""
     budget_w = f"{int(slo_params.window_days)}d"
@@ -133,6 +175,7 @@ def rule_groups(slo_params) -> dict:
         for alert, severity, burn, long_w, short_w in BURN_RULES:
             alerts.append(alert_rule(spec, alert, severity, burn, long_w, short_w, int(slo_params.window_days)))
     groups.append({"name": "chipledger-slo-alerts", "rules": alerts})
+    groups += budget_groups()
     return {"groups": groups}
 
 
