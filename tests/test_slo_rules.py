@@ -37,7 +37,7 @@ def test_the_rule_file_has_every_window_and_alert_and_passes_promtool_check(tmp_
     alerts = [r for g in groups for r in g["rules"] if "alert" in r]
     assert {(a["labels"]["slo"], a["labels"]["alert"], a["labels"]["severity"]) for a in alerts} == {
         (slo, a, sev) for slo in ("availability", "quota_honoured", "sched_latency", "goodput", "throughput")
-        for a, sev, *_ in BURN_RULES}
+        for a, sev, *_ in BURN_RULES} | {("budget", "budget_page", "page"), ("budget", "budget_ticket", "ticket")}
     page = next(a for a in alerts if a["labels"]["slo"] == "availability" and a["labels"]["alert"] == "page_1h")
     assert "ratio_rate1h{slo=\"availability\"} >= (14.4 * 0.01)" in page["expr"]
     assert "ratio_rate5m{slo=\"availability\"} >= (14.4 * 0.01)" in page["expr"]
@@ -49,7 +49,8 @@ def test_the_rule_file_has_every_window_and_alert_and_passes_promtool_check(tmp_
     assert yaml.safe_load(out.read_text()) == rule_groups(params)
     check = promtool("check", "rules", str(out))
     assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
-    assert b"SUCCESS: 60 rules found" in check.stdout  # 5 SLOs x (9 recording + 3 alerting)
+    # 5 SLOs x (9 recording + 3 alerting), and the budgets' 4 windows x 2 recording + 2 alerting
+    assert b"SUCCESS: 70 rules found" in check.stdout
 
 
 def test_targets_come_from_the_slo_section(tmp_path):

@@ -140,10 +140,12 @@ def budget_groups() -> list[dict]:
     rules: list[dict] = []
     for w in BUDGET_WINDOWS_S:
         rules.append({"record": f"chipledger:team_cost:rate{w}",
-                      "expr": f"sum by (team, unit) (rate(chipledger_team_cost_total[{w}]))"})
+                      "expr": f"sum by (team, unit) (rate(chipledger_team_cost_total[{w}]))",
+                      "labels": {"slo": "budget"}})
         rules.append({"record": f"chipledger:budget_burn:rate{w}",
                       "expr": (f"chipledger:team_cost:rate{w}\n/ on (team, unit) group_right\n"
-                               f"sum by (team, unit, period) (chipledger_team_budget_rate > 0)")})
+                               f"sum by (team, unit, period) (chipledger_team_budget_rate > 0)"),
+                      "labels": {"slo": "budget"}})
     alerts = [{
         "alert": BUDGET_ALERT_NAME,
         "expr": (f"chipledger:budget_burn:rate{long_w} >= {burn:g}\nand\n"
