@@ -168,3 +168,30 @@ def test_peak_use_moves_to_the_nearest_off_peak_hour_with_room(tmp_path):
                         ["a"])["a"]["peak"]
     assert (peak["peak_cost"], peak["off_peak_cost"], peak["saving"], peak["off_peak_had_room"]) == (
         1200.0, 600.0, 600.0, True)
+
+
+def test_report_shows_cost_per_pool_and_budgets(tmp_path):
+    from analytics.views import connect
+    from chipledger.reports.costs import pool_costs
+    from chipledger.reports.report import build_report
+
+    con = connect(_lake(tmp_path))
+    rep = build_report(con)
+    [cost] = [s for s in rep.sections if s.title.startswith("Cost")]
+    # use 2250 + idle 750 + 10 s of 4 idle chips at 200 (2.22…)
+    assert cost.rows[0] == [POOL, "USD-cent", "2,250.00", "752.22", "0.00", "3,002.22"]
+    assert [r[0] for r in cost.rows] == [POOL, "(total)"]
+    [budgets] = [s for s in rep.sections if s.title.startswith("Budgets")]
+    assert budgets.rows[0][:4] == ["a", "month", "2026-11-01", "USD-cent"] and budgets.marks[(0, 6)] == "bad"
+    [pc] = pool_costs(con)
+    assert (pc["used"], pc["idle"], pc["unavailable"]) == (2250.0, 752.222222, 0.0)
+
+
+def test_report_without_prices_says_cost_unknown(tmp_path):
+    from analytics.views import connect
+    from chipledger.reports.report import build_report
+
+    rep = build_report(connect(_lake(tmp_path, with_prices=False)))
+    [cost] = [s for s in rep.sections if s.title.startswith("Cost")]
+    assert cost.rows == [] and "unknown" in cost.note
+    assert not [s for s in rep.sections if s.title.startswith("Budgets")]
