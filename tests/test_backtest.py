@@ -185,3 +185,15 @@ def test_a_team_name_of_the_contracts_full_length_is_backtested(tmp_path):
                               "--quota", f"{team}=2", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["configs"]["alt.toml"]["quota"] == {"p/h100": {team: 2.0}}
+
+
+def test_backtest_prices_a_configuration(tmp_path):
+    """The log's price (360 cents a chip-hour: 0.1 a chip-second) prices the simulated use. Baseline: b1 4 chips ×
+    1000 s and a1 2 × 50 s = 4100 chip-s (410 cents), idle 4 × 1050 − 4100 = 100 chip-s (10 cents). No price in
+    the log: no cost (unknown, not zero)."""
+    alt, base = configs(tmp_path)
+    price = {"type": "price.set", "at": 0, "price_id": "std", "per_chip_hour": 360, "unit": "USD-cent"}
+    r = backtest("--events", log(tmp_path, extra=[price]), "--config", alt, "--baseline", base)
+    b = r["configs"]["base.toml"]
+    assert b["cost"] == {"USD-cent": {"use": pytest.approx(410.0), "idle": pytest.approx(10.0), "peak_share": 0.0}}
+    assert backtest("--events", log(tmp_path), "--config", alt)["configs"]["alt.toml"]["cost"] == {}
