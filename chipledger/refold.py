@@ -25,7 +25,7 @@ from schemas import Rejection
 from schemas.parse import parse_payload
 
 #: the lake tables the fold writes as facts (a lake without them is upgraded by folding its events again)
-FACT_TABLES = ("waits", "free_chips", "progress", "chip_states", "grant_intervals")
+FACT_TABLES = ("waits", "free_chips", "progress", "chip_states", "grant_intervals", "prices", "budgets", "costs")
 
 
 def missing_fact_tables(lake: Path) -> list[str]:

@@ -195,3 +195,27 @@ def test_report_without_prices_says_cost_unknown(tmp_path):
     [cost] = [s for s in rep.sections if s.title.startswith("Cost")]
     assert cost.rows == [] and "unknown" in cost.note
     assert not [s for s in rep.sections if s.title.startswith("Budgets")]
+
+
+def test_a_lake_written_before_costs_is_upgraded_by_folding_again(tmp_path):
+    """A committed lake whose manifest has no `costs` table (written before this version): readers say to run
+    `lake upgrade`, which folds the events again and commits the costs."""
+    import json as json_mod
+
+    from typer.testing import CliRunner
+
+    from analytics.commits import LakeLayoutError
+    from analytics.views import connect
+    from chipledger.cli import app
+
+    lake = _lake(tmp_path)
+    want = connect(lake).execute("SELECT sum(cost_scaled) FROM cost_postings").fetchone()
+    manifest = lake / "_lake.json"
+    m = json_mod.loads(manifest.read_text())
+    del m["tables"]["costs"]
+    manifest.write_text(json_mod.dumps(m))
+    with pytest.raises(LakeLayoutError, match="lake upgrade"):
+        connect(lake)
+    r = CliRunner().invoke(app, ["lake", "upgrade", "--lake", str(lake)])
+    assert r.exit_code == 0, r.output
+    assert connect(lake).execute("SELECT sum(cost_scaled) FROM cost_postings").fetchone() == want
