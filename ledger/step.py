@@ -119,7 +119,8 @@ class Step:
                 f"job_runs={self.job_runs}, decisions={self.decisions}, balances={self.balances}, "
                 f"pending={self.pending}, waits={self.waits}, free_chips={self.free_chips}, "
                 f"progress={self.progress}, chip_states={self.chip_states}, "
-                f"grant_intervals={self.grant_intervals}, prices={self.prices}, budgets={self.budgets}, costs={self.costs})")
+                f"grant_intervals={self.grant_intervals}, prices={self.prices}, budgets={self.budgets}, "
+                f"costs={self.costs})")
 
     @property
     def applied(self) -> bool:

@@ -20,7 +20,8 @@ import pytest
 from chipledger.adapters.importers.sacct import import_sacct
 from chipledger.adapters.slurm import commands
 from chipledger.adapters.slurm.actuate import Actuator, Ops, decisions_from_jsonl
-from chipledger.adapters.slurm.mapping import (BILLING_UNIT, CHIP_MIN_UNIT, Assoc, MapReport, billing_prices, budgets_of, Node, Run, chip_ids, decision_of, gpu_limits, gres_gpus,
+from chipledger.adapters.slurm.mapping import (BILLING_UNIT, CHIP_MIN_UNIT, billing_prices, budgets_of)
+from chipledger.adapters.slurm.mapping import (Assoc, MapReport, Node, Run, chip_ids, decision_of, gpu_limits, gres_gpus,
                                       grants_of, hostnames, job_events, node_state_events, pools_of, runs_by_job)
 from chipledger.adapters.slurm.watch import Slurm, Watcher, WatchError, _not_in_accounting_yet
 

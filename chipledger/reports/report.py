@@ -237,7 +237,8 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
     rep.sections.append(Section(
         "Cost (priced by the fold; idle and unavailable are the pool's)",
         ["pool", "unit", "teams' use", "idle", "unavailable", "total"],
-        [[pl, u, num(float(a or 0), 2), num(float(i or 0), 2), num(float(n or 0), 2), num(float(t), 2)] for pl, u, a, i, n, t in costs]
+        [[pl, u, num(float(a or 0), 2), num(float(i or 0), 2), num(float(n or 0), 2), num(float(t), 2)]
+         for pl, u, a, i, n, t in costs]
         + [["(total)", u, "", "", "", num(v, 2)] for u, v in sorted(units.items())],
         note="" if costs else "no price set (price.set): cost unknown, not zero"))
     budgets = _rows(con, """

@@ -287,7 +287,8 @@ class Watcher:
         have_p = st.setdefault("prices", {})
         have_b = st.setdefault("budgets", {})
         budgets = budgets_of(self.cluster, pools, self.slurm.assoc_mins(self.cluster), report)
-        want_p = {f"{p}|{BILLING_UNIT}": v for p, v in billing_prices(self.cluster, pools, self.slurm.billing()).items()}
+        weights = billing_prices(self.cluster, pools, self.slurm.billing())
+        want_p = {f"{p}|{BILLING_UNIT}": v for p, v in weights.items()}
         want_p.update({f"{p}|{CHIP_MIN_UNIT}": 60 for (_a, p, _t, unit) in budgets if unit == CHIP_MIN_UNIT})
         for key, per_chip_hour in sorted(want_p.items()):
             if have_p.get(key) != per_chip_hour:
