@@ -144,9 +144,23 @@ def fold_and_summarize(events: Path, out: Path, console: Console, fold_config: F
         t.add_row(pool, team, f"{quota:,.0f}", f"{used:,.0f}", share, f"{borrowed:,.0f}")
     console.print(t)
     console.print(f"lake: {out / 'lake'}   store: {store_url}")
-    console.print(f'try: chipledger sql --lake {out / "lake"} "SELECT * FROM jobs ORDER BY allocated_mchip_s DESC LIMIT 5"')
     statements = _first_week_statements(out, con, console)
+    _next_commands(out, con, console)
     return {"summary": summary.as_dict(), "pools": pools, "teams": teams, "statements": statements}
+
+
+def _next_commands(out: Path, con, console: Console) -> None:
+    """What to run next on the demo's lake. From the folder `make demo` ran in, with the default --out, the
+    commands need no --lake: a reading command falls back to demo/lake when there is no ./lake."""
+    lake = "" if out == Path("demo") else f" --lake {out / 'lake'}"
+    job = con.execute("SELECT job_id FROM jobs WHERE preemptions > 0 ORDER BY preemptions DESC, job_id LIMIT 1"
+                      ).fetchone()
+    console.print("next, on this lake" + ("" if lake else " (demo/lake is read when there is no ./lake)") + ":",
+                  highlight=False)
+    for cmd in (f"chipledger report{lake}", f"chipledger pending{lake}",
+                f"chipledger why {job[0] if job else 'JOB_ID'}{lake}", f"chipledger alerts{lake}",
+                f'chipledger sql{lake} "SELECT * FROM jobs ORDER BY allocated_mchip_s DESC LIMIT 5"'):
+        console.print(f"  {cmd}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _first_week_statements(out: Path, con, console: Console) -> list:

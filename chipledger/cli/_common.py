@@ -10,7 +10,7 @@ import typer.core
 from rich.console import Console
 from rich.markup import escape
 
-from chipledger.config import Config, ConfigError, load_config
+from chipledger.config import Config, ConfigError, LakeConfig, load_config
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, add_completion=True,
                   help="chipledger: an event-sourced quota and demand ledger for shared accelerator fleets.")
@@ -102,8 +102,25 @@ def _connect(lake: Path, **kwargs):
     return _lake_read(lambda: connect(lake, **kwargs), lake)
 
 
+DEMO_LAKE = Path("demo") / "lake"  # where `make demo` (chipledger demo) writes its lake
+
+
+def _lake_path(lake: Optional[Path], cfg: Config) -> Path:
+    """The lake a reading command reads: --lake, else [lake] path. When that is the default ./lake, which does not
+    exist, and `make demo`'s demo/lake does, the demo's lake, said in one line on stderr: the command a newcomer
+    types after `make demo` works (issue 35, item 10)."""
+    if lake is not None:
+        return lake
+    root = Path(cfg.lake.path)
+    if cfg.lake.path == LakeConfig.path and not root.exists() and DEMO_LAKE.is_dir():
+        err.print(f"(reading the demo's lake {DEMO_LAKE}: there is no ./{root}; --lake or [lake] path chooses "
+                  f"another)", highlight=False, markup=False, soft_wrap=True)
+        return DEMO_LAKE
+    return root
+
+
 def _lake_dir(lake: Optional[Path], cfg: Config) -> Path:
-    lake = lake or Path(cfg.lake.path)
+    lake = _lake_path(lake, cfg)
     if not lake.is_dir():
         _fail(f"lake {lake} does not exist (run `chipledger run` or `chipledger demo` first)")
     return lake

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from chipledger.config import ConfigError, load_config
 
-from chipledger.cli._common import ConfigOpt, PoolOpt, _config, _connect, _fail, _instant, _lake_dir, _lake_error, _lake_read, _os_error, app, console, err
+from chipledger.cli._common import ConfigOpt, PoolOpt, _config, _connect, _fail, _instant, _lake_dir, _lake_error, _lake_path, _lake_read, _os_error, app, console, err
 
 
 @app.command()
@@ -37,15 +37,16 @@ def report(
     t0, t1 = _instant(since, "--since"), _instant(until, "--until")
     if t0 is not None and t1 is not None and t1 <= t0:
         _fail("--until must be after --since", 2)
-    con = _connect(_lake_dir(lake, cfg), slo=cfg.slo, as_of=t1, materialize=True, config=cfg.lake.duckdb_config())
+    lake = _lake_dir(lake, cfg)
+    con = _connect(lake, slo=cfg.slo, as_of=t1, materialize=True, config=cfg.lake.duckdb_config())
     if pool is not None:  # an unknown pool is an error, not an empty report (the rule `alerts` uses)
         from chipledger.monitoring.alerts import AlertsError, check_pool, known_pools
 
         try:
-            check_pool(_lake_read(lambda: known_pools(con), _lake_dir(lake, cfg)), pool)
+            check_pool(_lake_read(lambda: known_pools(con), lake), pool)
         except AlertsError as e:
             _fail(str(e), 2)
-    rep = _lake_read(lambda: build_report(con, pool=pool, since=t0, until=t1), lake or Path(cfg.lake.path))
+    rep = _lake_read(lambda: build_report(con, pool=pool, since=t0, until=t1), lake)
     if not as_json:
         print_report(rep, console)
     written = []
@@ -104,7 +105,7 @@ def alerts(
 
     try:
         cfg = load_config(config)
-        root = lake or Path(cfg.lake.path)
+        root = _lake_path(lake, cfg)
         if not root.is_dir():
             raise AlertsError(f"lake {root} does not exist (run `chipledger run` or `chipledger demo` first)")
         try:
@@ -177,9 +178,7 @@ def statements(
         every = cfg.statements.every
     if (period is None) == (every is None):
         _fail("give exactly one of --period, --every and --due", 2)
-    lake = lake or Path(cfg.lake.path)
-    if not lake.is_dir():
-        _fail(f"lake {lake} does not exist (run `chipledger run` or `chipledger demo` first)")
+    lake = _lake_dir(lake, cfg)
     out = out or Path(cfg.statements.out)
     try:
         formats = parse_formats(fmt or cfg.statements.formats)
@@ -226,9 +225,7 @@ def why(
     from chipledger.reports.why import explain
 
     cfg = _config(config)
-    lake = lake or Path(cfg.lake.path)
-    if not lake.is_dir():
-        _fail(f"lake {lake} does not exist (run `chipledger run` or `chipledger demo` first)")
+    lake = _lake_dir(lake, cfg)
     ex = _lake_read(lambda: explain(connect(lake, config=cfg.lake.duckdb_config()), job_id), lake)
     if as_json:
         console.file.write(json.dumps(ex.as_dict()) + "\n")
@@ -253,15 +250,16 @@ def pending(
     from chipledger.reports.why import _duration, pending_queue
 
     cfg = _config(config)
-    con = _connect(_lake_dir(lake, cfg), config=cfg.lake.duckdb_config())
+    lake = _lake_dir(lake, cfg)
+    con = _connect(lake, config=cfg.lake.duckdb_config())
     if pool is not None:
         from chipledger.monitoring.alerts import AlertsError, check_pool, known_pools
 
         try:
-            check_pool(_lake_read(lambda: known_pools(con), _lake_dir(lake, cfg)), pool)
+            check_pool(_lake_read(lambda: known_pools(con), lake), pool)
         except AlertsError as e:
             _fail(str(e), 2)
-    rows = _lake_read(lambda: pending_queue(con, pool, team), lake or Path(cfg.lake.path))
+    rows = _lake_read(lambda: pending_queue(con, pool, team), lake)
     if as_json:
         console.file.write(json.dumps(rows) + "\n")
         return
