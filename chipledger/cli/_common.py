@@ -31,8 +31,10 @@ app.add_typer(slo_app, name="slo")
 grafana_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="A Grafana dashboard over /metrics.")
 app.add_typer(grafana_app, name="grafana")
 
-console = Console()
-err = Console(stderr=True)
+from chipledger.reports.tables import CliConsole  # noqa: E402 - wide in a pipe: lines and tables never folded
+
+console = CliConsole()
+err = CliConsole(stderr=True)
 
 PROGRESS_MIN_BYTES = 8 << 20  # show a progress bar for files larger than this
 

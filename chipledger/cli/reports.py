@@ -11,6 +11,8 @@ import typer.core
 from rich.markup import escape
 from rich.table import Table
 
+from chipledger.reports.tables import id_column, print_table
+
 from chipledger.config import ConfigError, load_config
 
 from chipledger.cli._common import ConfigOpt, PoolOpt, _config, _connect, _fail, _instant, _lake_dir, _lake_error, _lake_path, _lake_read, _os_error, app, console, err
@@ -204,10 +206,10 @@ def statements(
         return
     t = Table(title=f"statements in {out}")
     for col in ("period", "team", "state", "files"):
-        t.add_column(col)
+        id_column(t, col)
     for s in done:
         t.add_row(s.period.label, s.team, "partial" if s.partial else "closed", str(len(s.files)))
-    console.print(t)
+    print_table(t, console)
     if not done:
         console.print("no statement due" if every else "no team in the lake")
 
@@ -259,6 +261,14 @@ def pending(
             check_pool(_lake_read(lambda: known_pools(con), lake), pool)
         except AlertsError as e:
             _fail(str(e), 2)
+    if team is not None:
+        from chipledger.monitoring.alerts import AlertsError, check_team
+        from chipledger.reports.statements import known_teams
+
+        try:
+            check_team(_lake_read(lambda: known_teams(con), lake), team)
+        except AlertsError as e:
+            _fail(str(e), 2)
     rows = _lake_read(lambda: pending_queue(con, pool, team), lake)
     if as_json:
         console.file.write(json.dumps(rows) + "\n")
@@ -269,10 +279,11 @@ def pending(
         return
     t = Table(title="pending jobs, in queue order")
     for col, right in (("pool", False), ("#", True), ("team #", True), ("team", False), ("job", False),
-                       ("priority", True), ("chips", True), ("waited", True), ("reason", False)):
-        t.add_column(col, justify="right" if right else "left", overflow="fold")
+                       ("priority", True), ("chips", True), ("waited", True)):
+        id_column(t, col, right=right)
+    t.add_column("reason")  # text: wraps at spaces only
     for r in rows:
         t.add_row(*map(escape, (r["pool"], f"{r['position']}/{r['queue_length']}", str(r["team_position"]),
                                 r["team"], r["job_id"], str(r["priority"]), f"{r['chips']:g}",
                                 _duration(r["waited_s"]), r["reason"])))
-    console.print(t)
+    print_table(t, console)

@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
+from chipledger.reports.tables import print_table
+
 from chipledger.config import Config
 
 from chipledger.cli._common import ConfigOpt, PROGRESS_MIN_BYTES, _config, _fail, _os_error, app, console, err
@@ -90,7 +92,7 @@ def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, 
 def _counts_table(title: str) -> Table:
     t = Table(title=title, show_header=False)
     t.add_column("what")
-    t.add_column("count", justify="right")
+    t.add_column("count", justify="right", no_wrap=True)
     return t
 
 
@@ -116,7 +118,7 @@ def print_summary(summary) -> None:
     rate = summary.lines / summary.seconds if summary.seconds else 0
     t.add_row("seconds", f"{summary.seconds:.2f} ({rate:,.0f} lines/s)")
     t.add_row("ledger core", summary.core)
-    console.print(t)
+    print_table(t, console)
     console.print(f"lake: {summary.lake}")
 
 
@@ -183,7 +185,8 @@ def _demo_json(result: dict, out: Path) -> dict:
 @app.command()
 def backtest(
     events: Path = typer.Option(..., "--events", help="event log (JSONL) whose demand is replayed"),
-    config: Path = typer.Option(..., "--config", help="the configuration to try ([policy], [backtest] quota)"),
+    config: Optional[Path] = typer.Option(None, "--config", help="the configuration to try ([policy], [backtest] "
+                                          "quota; default: the defaults, with --quota)"),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="a second configuration, side by side "
                                             "(default: the defaults with the log's own quotas)"),
     out: Optional[Path] = typer.Option(None, "--out", help="folder for backtest.json and backtest.html"),
@@ -191,6 +194,8 @@ def backtest(
                                         "--config's run (overrides its [backtest] quota)"),
     days: Optional[float] = typer.Option(None, "--days", help="only jobs submitted within this many days of "
                                          "the log's start"),
+    new_team: bool = typer.Option(False, "--new-team", help="let --quota name a team the log does not have "
+                                  "(else an error listing the log's teams)"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ):
     """Replay a log's demand (submissions, chips, priorities, observed run times) through the simulated
@@ -199,13 +204,21 @@ def backtest(
     waits (docs/backtest.md)."""
     from chipledger.sim.backtest import BacktestError, print_report, run_cli
 
+    if config is None and quota is None:
+        _fail("give --config FILE or --quota team=chips,… (or both): the change to try", 2)
+    # the column of the change is named by what changed: the file, the --quota, or both (issue 35, item 11)
+    alt_name = " + ".join(n for n in (config.name if config is not None else None,
+                                      f"--quota {quota}" if quota else None) if n)
     try:
         base_cfg = _config(baseline) if baseline is not None else Config()
-        alt_cfg = _config(config)
-        report = run_cli(events, alt_cfg, base_cfg, config.name,
-                         baseline.name if baseline is not None else "defaults", quota, days, out)
-    except BacktestError as err:
-        _fail(str(err))
+        alt_cfg = _config(config) if config is not None else Config()
+        report = run_cli(events, alt_cfg, base_cfg, alt_name,
+                         baseline.name if baseline is not None else "defaults", quota, days, out,
+                         allow_new_team=new_team)
+    except BacktestError as e:
+        _fail(str(e), e.exit_code)
+    for w in report.get("warnings", []):
+        err.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)
     if as_json:
         console.file.write(json.dumps(report) + "\n")
     else:

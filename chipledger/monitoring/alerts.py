@@ -102,6 +102,15 @@ def check_pool(pools, pool: Optional[str]) -> None:
         raise AlertsError(f"unknown pool {pool!r}; the lake knows: {shown or 'none'}")
 
 
+def check_team(teams, team: Optional[str]) -> None:
+    """An unknown --team is an error naming the teams the lake knows (as `statements --team` says it): a typo
+    never reads as "no job pending" (issue 35, item 3)."""
+    if team is not None and team not in teams:
+        teams = sorted(teams)
+        shown = ", ".join(teams[:40]) + (f" (+{len(teams) - 40})" if len(teams) > 40 else "")
+        raise AlertsError(f"unknown team {team!r}; the lake knows: {shown or 'none'}")
+
+
 def evaluate(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, *, max_age_s: Optional[int] = None,
              at: Optional[datetime] = None, now: Optional[datetime] = None) -> Evaluation:
     """The firing alerts of `con` (analytics.views.connect, made with `as_of=at`), pages first, then by SLO and

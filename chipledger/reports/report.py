@@ -18,6 +18,8 @@ import duckdb
 from rich.console import Console
 from rich.table import Table
 
+from chipledger.reports.tables import print_table
+
 from analytics.slo_views import sched_latency_sql
 from chipledger.reports import charts
 
@@ -297,11 +299,11 @@ def print_report(rep: Report, console: Console) -> None:
     for s in rep.sections:
         t = Table(title=s.title, title_justify="left", title_style="bold")
         for i, c in enumerate(s.columns):
-            t.add_column(c, justify="left" if i < 2 else "right", overflow="fold")
+            t.add_column(c, justify="left" if i < 2 else "right")
         for r in s.rows:
             t.add_row(*r)
         if s.rows:
-            console.print(t)
+            print_table(t, console)
         else:
             console.print(f"[bold]{s.title}[/]: {s.note}", highlight=False)
 
