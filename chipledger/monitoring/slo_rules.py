@@ -9,7 +9,8 @@ and thresholds of the `burn_alerts` view (docs/analytics.md):
   budget (1 − target) as `chipledger:slo_target:ratio` and `chipledger:slo_error_budget:ratio`; the budget left
   over the window `chipledger:slo_error_budget_remaining:ratio`;
 - alerting rules `ChipledgerErrorBudgetBurn`: page when both the 1h and the 5m error ratio burn at least 14.4×
-  the budget, page at 6× over 6h and 30m, ticket at 1× over 3d and 6h; labels `severity`, `slo`, `alert`
+  the budget, page at 6× over 6h and 30m, ticket at 1× over 3d and 6h, and a ticket (`budget_exhausted`) while
+  the budget window's budget is spent; labels `severity`, `slo`, `alert`
   (page_1h, page_6h, ticket_3d, as in `chipledger alerts`), `long_window`, `short_window`, and the `pool` (and
   `team`) of the series.
 
@@ -33,6 +34,12 @@ BURN_RULES = (
     ("ticket_3d", "ticket", 1.0, "3d", "6h"),
 )
 SHORT_WINDOWS = ("5m", "30m", "1h", "6h", "3d")
+
+
+def budget_rule(slo_params) -> tuple:
+    """The ticket while the budget window's error budget is spent (the burn_alerts view's `budget_exhausted`)."""
+    budget_w = f"{int(slo_params.window_days)}d"
+    return ("budget_exhausted", "ticket", 1.0, budget_w, budget_w)
 ALERT_NAME = "ChipledgerErrorBudgetBurn"
 
 _DESCRIBE = {
@@ -97,19 +104,24 @@ def alert_rule(spec: SloSpec, alert: str, severity: str, burn: float, long_w: st
     threshold = f"({burn:g} * {spec.budget:g})"
     sel = f'{{slo="{spec.slo}"}}'
     who = "pool {{ $labels.pool }}" + (" team {{ $labels.team }}" if "team" in spec.by else "")
+    if long_w == short_w:  # the budget rule: the whole window's budget spent
+        expr = f"chipledger:slo_errors:ratio_rate{long_w}{sel} >= {threshold}"
+        summary = f"{spec.slo} error budget spent on {who}"
+        description = (f"The {spec.slo} SLO (target {100 * spec.target:g}%) of {who} has spent its {window_days}-day "
+                       f"error budget (budget left below 0): {_DESCRIBE[spec.slo]}.")
+    else:
+        expr = (f"chipledger:slo_errors:ratio_rate{long_w}{sel} >= {threshold}\n"
+                f"and\nchipledger:slo_errors:ratio_rate{short_w}{sel} >= {threshold}")
+        summary = f"{spec.slo} error budget burning at {burn:g}x or more on {who}"
+        description = (f"The {spec.slo} SLO (target {100 * spec.target:g}%) of {who} spends its "
+                       f"{window_days}-day error budget at {burn:g}x the sustainable rate or faster, over "
+                       f"both {long_w} and {short_w}: {_DESCRIBE[spec.slo]}.")
     return {
         "alert": ALERT_NAME,
-        "expr": (f"chipledger:slo_errors:ratio_rate{long_w}{sel} >= {threshold}\n"
-                 f"and\nchipledger:slo_errors:ratio_rate{short_w}{sel} >= {threshold}"),
+        "expr": expr,
         "labels": {"severity": severity, "slo": spec.slo, "alert": alert, "long_window": long_w,
                    "short_window": short_w},
-        "annotations": {
-            "summary": f"{spec.slo} error budget burning at {burn:g}x or more on {who}",
-            "description": (f"The {spec.slo} SLO (target {100 * spec.target:g}%) of {who} spends its "
-                            f"{window_days}-day error budget at {burn:g}x the sustainable rate or faster, over "
-                            f"both {long_w} and {short_w}: {_DESCRIBE[spec.slo]}."),
-            "look_at": _team(spec, _LOOK[spec.slo]),
-        },
+        "annotations": {"summary": summary, "description": description, "look_at": _team(spec, _LOOK[spec.slo])},
     }
 
 
@@ -130,7 +142,7 @@ def rule_groups(slo_params) -> dict:
         groups.append({"name": f"chipledger-slo-{spec.slo}", "rules": rules})
     alerts = []
     for spec in specs(slo_params):
-        for alert, severity, burn, long_w, short_w in BURN_RULES:
+        for alert, severity, burn, long_w, short_w in BURN_RULES + (budget_rule(slo_params),):
             alerts.append(alert_rule(spec, alert, severity, burn, long_w, short_w, int(slo_params.window_days)))
     groups.append({"name": "chipledger-slo-alerts", "rules": alerts})
     return {"groups": groups}

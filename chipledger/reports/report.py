@@ -110,13 +110,14 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
         budget_rows, marks=marks, summary=True))
 
     alerts = _rows(con, f"""
-        SELECT severity, alert, slo, pool, burn_rate, long_win, long_burn, short_win, short_burn FROM burn_alerts
-        WHERE firing AND {in_pool} ORDER BY severity, alert, slo, pool""", p)
+        SELECT severity, alert, slo, pool, coalesce(team, ''), burn_rate, long_win, long_burn, short_win, short_burn
+        FROM burn_alerts WHERE firing AND {in_pool} ORDER BY severity, alert, slo, pool, team NULLS FIRST""", p)
     rep.firing_pages = sum(1 for a in alerts if a[0] == "page")
     rep.sections.append(Section(
-        "Burn-rate alerts firing", ["severity", "alert", "SLO", "pool", "threshold", "long window", "short window"],
-        [[sev, alert, slo, pl, f"{rate:g}×", f"{lw}: {lb:.1f}×", f"{sw}: {sb:.1f}×"]
-         for sev, alert, slo, pl, rate, lw, lb, sw, sb in alerts],
+        "Burn-rate alerts firing",
+        ["severity", "alert", "SLO", "pool", "team", "threshold", "long window", "short window"],
+        [[sev, alert, slo, pl, tm, f"{rate:g}×", f"{lw}: {lb:.1f}×", f"{sw}: {sb:.1f}×"]
+         for sev, alert, slo, pl, tm, rate, lw, lb, sw, sb in alerts],
         note="" if alerts else "none", summary=True,
         marks={(i, 0): "bad" if a[0] == "page" else "warn" for i, a in enumerate(alerts)}))
 
