@@ -65,3 +65,22 @@ def test_on_a_narrow_terminal_ids_and_numbers_stay_whole():
     print_table(t, con)
     text = out.getvalue()
     assert pool in text and job in text and "15,741,000" in text and "…" not in text
+
+
+def test_a_run_that_accepts_nothing_fails_and_a_sacct_dump_names_the_importer(tmp_path):
+    """Item 7: `chipledger run` on a raw sacct file dead-lettered 9 of 9 lines and exited 0, without a hint."""
+    from pathlib import Path
+
+    sacct = Path(__file__).parent / "fixtures" / "sacct" / "two_partitions_new_york.txt"
+    res = runner.invoke(app, ["run", "--events", str(sacct), "--lake", str(tmp_path / "lake"),
+                              "--store", f"sqlite:///{tmp_path / 'a.db'}"])
+    assert res.exit_code == 1, res.output
+    [line] = res.stderr.splitlines()
+    assert line.startswith(f"error: no line of {sacct} was accepted: ") and "not_json" in line
+    assert f"chipledger import sacct {sacct} -o events.jsonl" in line
+    junk = tmp_path / "junk.jsonl"
+    junk.write_text('{"type": "job.finished"}\nnot json\n')
+    res = runner.invoke(app, ["run", "--events", str(junk), "--lake", str(tmp_path / "lake2"),
+                              "--store", f"sqlite:///{tmp_path / 'b.db'}", "--json"])
+    assert res.exit_code == 1 and json.loads(res.stdout)["accepted"] == 0
+    assert "`chipledger run` folds JSONL events, one JSON object per line" in res.stderr

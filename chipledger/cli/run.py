@@ -42,10 +42,34 @@ def run(
                   highlight=False, markup=False, soft_wrap=True)
         if strict:
             raise typer.Exit(1)
+    if summary.accepted == 0 and summary.dead_letter_total:
+        # a run that accepts nothing is a failure, not a success with a table of dead letters (issue 35, item 7)
+        codes = ", ".join(f"{c} {n:,}" for c, n in sorted(summary.dead_letters.items()))
+        hint = _foreign_format_hint(events)
+        _fail(f"no line of {events} was accepted: {summary.dead_letter_total:,} dead letter(s) ({codes}); "
+              + (hint or "`chipledger run` folds JSONL events, one JSON object per line (docs/events.md)"), 1)
     if strict and summary.dead_letter_total:
         err.print(f"error: --strict: {summary.dead_letter_total:,} line(s) became dead letters (lines "
                   f"{_dead_lines(summary)})", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(1)
+
+
+def _foreign_format_hint(events: Path) -> str:
+    """What to run instead when the file is another format an importer reads (Slurm's sacct output), or ""."""
+    try:
+        with events.open("rb") as f:
+            head = f.read(4096).decode("utf-8", "replace").lstrip("\ufeff")
+    except OSError:
+        return ""
+    first = next((line for line in head.splitlines() if line.strip()), "")
+    cols = {c.strip() for c in first.split("|")}
+    if "|" in first and "JobID" in cols and ({"State", "Submit", "Start", "AllocTRES", "Partition"} & cols):
+        return (f"it looks like Slurm accounting (`sacct --parsable2`): convert it first with "
+                f"`chipledger import sacct {events} -o events.jsonl`, then `chipledger run --events events.jsonl`")
+    if first.split()[:1] == ["JobID"]:
+        return ("it looks like `sacct` output in columns: dump it with `sacct --parsable2 -a -D -X --format=…` "
+                "(docs/importers.md) and convert it with `chipledger import sacct FILE -o events.jsonl`")
+    return ""
 
 
 def _dead_lines(summary, code=None) -> str:
