@@ -37,9 +37,23 @@ SHORT_WINDOWS = ("5m", "30m", "1h", "6h", "3d")
 
 
 def budget_rule(slo_params) -> tuple:
-    """The ticket while the budget window's error budget is spent (the burn_alerts view's `budget_exhausted`)."""
+    """The ticket while the budget window's error budget is spent (the burn_alerts view's `budget_exhausted`), in
+    BURN_RULES' shape: burn at least 1 over the budget window (its budget left below 0)."""
     budget_w = f"{int(slo_params.window_days)}d"
     return ("budget_exhausted", "ticket", 1.0, budget_w, budget_w)
+
+
+def budget_alert_rule(spec, slo_params) -> dict:
+    """The alerting rule of budget_rule: an exhausted budget is never silent, even when nothing burns fast now."""
+    alert, severity, burn, window, _ = budget_rule(slo_params)
+    rule = alert_rule(spec, alert, severity, burn, window, window, int(slo_params.window_days))
+    who = "pool {{ $labels.pool }}" + (" team {{ $labels.team }}" if "team" in spec.by else "")
+    rule["expr"] = f'chipledger:slo_errors:ratio_rate{window}{{slo="{spec.slo}"}} >= ({burn:g} * {spec.budget:g})'
+    rule["annotations"]["summary"] = f"{spec.slo} error budget spent on {who}"
+    rule["annotations"]["description"] = (
+        f"The {spec.slo} SLO (target {100 * spec.target:g}%) of {who} has spent its {int(slo_params.window_days)}-day "
+        f"error budget (budget left below 0): {_DESCRIBE[spec.slo]}.")
+    return rule
 ALERT_NAME = "ChipledgerErrorBudgetBurn"
 
 _DESCRIBE = {
@@ -104,24 +118,19 @@ def alert_rule(spec: SloSpec, alert: str, severity: str, burn: float, long_w: st
     threshold = f"({burn:g} * {spec.budget:g})"
     sel = f'{{slo="{spec.slo}"}}'
     who = "pool {{ $labels.pool }}" + (" team {{ $labels.team }}" if "team" in spec.by else "")
-    if long_w == short_w:  # the budget rule: the whole window's budget spent
-        expr = f"chipledger:slo_errors:ratio_rate{long_w}{sel} >= {threshold}"
-        summary = f"{spec.slo} error budget spent on {who}"
-        description = (f"The {spec.slo} SLO (target {100 * spec.target:g}%) of {who} has spent its {window_days}-day "
-                       f"error budget (budget left below 0): {_DESCRIBE[spec.slo]}.")
-    else:
-        expr = (f"chipledger:slo_errors:ratio_rate{long_w}{sel} >= {threshold}\n"
-                f"and\nchipledger:slo_errors:ratio_rate{short_w}{sel} >= {threshold}")
-        summary = f"{spec.slo} error budget burning at {burn:g}x or more on {who}"
-        description = (f"The {spec.slo} SLO (target {100 * spec.target:g}%) of {who} spends its "
-                       f"{window_days}-day error budget at {burn:g}x the sustainable rate or faster, over "
-                       f"both {long_w} and {short_w}: {_DESCRIBE[spec.slo]}.")
     return {
         "alert": ALERT_NAME,
-        "expr": expr,
+        "expr": (f"chipledger:slo_errors:ratio_rate{long_w}{sel} >= {threshold}\n"
+                 f"and\nchipledger:slo_errors:ratio_rate{short_w}{sel} >= {threshold}"),
         "labels": {"severity": severity, "slo": spec.slo, "alert": alert, "long_window": long_w,
                    "short_window": short_w},
-        "annotations": {"summary": summary, "description": description, "look_at": _team(spec, _LOOK[spec.slo])},
+        "annotations": {
+            "summary": f"{spec.slo} error budget burning at {burn:g}x or more on {who}",
+            "description": (f"The {spec.slo} SLO (target {100 * spec.target:g}%) of {who} spends its "
+                            f"{window_days}-day error budget at {burn:g}x the sustainable rate or faster, over "
+                            f"both {long_w} and {short_w}: {_DESCRIBE[spec.slo]}."),
+            "look_at": _team(spec, _LOOK[spec.slo]),
+        },
     }
 
 
@@ -142,9 +151,10 @@ def rule_groups(slo_params) -> dict:
         groups.append({"name": f"chipledger-slo-{spec.slo}", "rules": rules})
     alerts = []
     for spec in specs(slo_params):
-        for alert, severity, burn, long_w, short_w in BURN_RULES + (budget_rule(slo_params),):
+        for alert, severity, burn, long_w, short_w in BURN_RULES:
             alerts.append(alert_rule(spec, alert, severity, burn, long_w, short_w, int(slo_params.window_days)))
     groups.append({"name": "chipledger-slo-alerts", "rules": alerts})
+    alerts += [budget_alert_rule(spec, slo_params) for spec in specs(slo_params)]
     return {"groups": groups}
 
 
