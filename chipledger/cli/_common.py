@@ -37,6 +37,25 @@ console = CliConsole()
 err = CliConsole(stderr=True)
 
 PROGRESS_MIN_BYTES = 8 << 20  # show a progress bar for files larger than this
+DEMO_LAKE = Path("demo") / "lake"  # where `make demo` (chipledger demo) writes its lake
+
+
+def _demo_lake(lake: Optional[Path], config: Optional[Path]) -> Optional[Path]:
+    """The lake a reading command reads when no --lake is given: after `make demo`, with no ./lake and no [lake]
+    path of one's own, `make demo`'s demo/lake, said in one line on stderr, so the command a newcomer types next
+    works (issue 35, item 10). Otherwise `lake` as given (None: [lake] path, as before). A config that cannot be
+    read is left for the command to report."""
+    if lake is not None or not DEMO_LAKE.is_dir():
+        return lake
+    try:
+        cfg = load_config(config)
+    except ConfigError:
+        return lake
+    if cfg.lake.path != LakeConfig.path or Path(cfg.lake.path).exists():
+        return lake
+    err.print(f"(reading the demo's lake {DEMO_LAKE}: there is no ./{cfg.lake.path}; --lake or [lake] path "
+              f"chooses another)", highlight=False, markup=False, soft_wrap=True)
+    return DEMO_LAKE
 
 ConfigOpt = typer.Option(None, "--config", help="chipledger.toml (default: ./chipledger.toml if present)",
                          exists=False, dir_okay=False)
@@ -104,25 +123,8 @@ def _connect(lake: Path, **kwargs):
     return _lake_read(lambda: connect(lake, **kwargs), lake)
 
 
-DEMO_LAKE = Path("demo") / "lake"  # where `make demo` (chipledger demo) writes its lake
-
-
-def _lake_path(lake: Optional[Path], cfg: Config) -> Path:
-    """The lake a reading command reads: --lake, else [lake] path. When that is the default ./lake, which does not
-    exist, and `make demo`'s demo/lake does, the demo's lake, said in one line on stderr: the command a newcomer
-    types after `make demo` works (issue 35, item 10)."""
-    if lake is not None:
-        return lake
-    root = Path(cfg.lake.path)
-    if cfg.lake.path == LakeConfig.path and not root.exists() and DEMO_LAKE.is_dir():
-        err.print(f"(reading the demo's lake {DEMO_LAKE}: there is no ./{root}; --lake or [lake] path chooses "
-                  f"another)", highlight=False, markup=False, soft_wrap=True)
-        return DEMO_LAKE
-    return root
-
-
 def _lake_dir(lake: Optional[Path], cfg: Config) -> Path:
-    lake = _lake_path(lake, cfg)
+    lake = lake or Path(cfg.lake.path)
     if not lake.is_dir():
         _fail(f"lake {lake} does not exist (run `chipledger run` or `chipledger demo` first)")
     return lake

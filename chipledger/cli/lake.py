@@ -29,6 +29,9 @@ def sql(
 
     from analytics.views import connect, view_names
     from chipledger.cli.output import FORMATS, render
+    from chipledger.cli._common import _demo_lake
+
+    lake = _demo_lake(lake, config)
 
     if fmt not in FORMATS:
         _fail(f"--format must be one of {', '.join(FORMATS)}", 2)

@@ -56,7 +56,9 @@ def serve_metrics(
 
     from chipledger.config import fold_config
     from chipledger.monitoring.server import LakeMetrics, run_server
+    from chipledger.cli._common import _demo_lake
 
+    lake = _demo_lake(lake, config)
     cfg = _config(config)
     lm = LakeMetrics(_lake_dir(lake, cfg), fold_config(cfg))
     try:

@@ -15,7 +15,7 @@ from chipledger.reports.tables import id_column, print_table
 
 from chipledger.config import ConfigError, load_config
 
-from chipledger.cli._common import ConfigOpt, PoolOpt, _config, _connect, _fail, _instant, _lake_dir, _lake_error, _lake_path, _lake_read, _os_error, app, console, err
+from chipledger.cli._common import ConfigOpt, PoolOpt, _config, _connect, _demo_lake, _fail, _instant, _lake_dir, _lake_error, _lake_read, _os_error, app, console, err
 
 
 @app.command()
@@ -32,6 +32,7 @@ def report(
 ):
     """The SLO summary: error budgets, burn-rate alerts, availability, quota honoured, scheduling latency,
     goodput, fragmentation and demand peaks; with --out, charts as PNG and one HTML page."""
+    lake = _demo_lake(lake, config)
     from analytics.views import connect
     from chipledger.reports.report import build_report, print_report, write_report
 
@@ -99,6 +100,7 @@ def alerts(
     """Print the instant evaluated and the burn-rate alerts firing (SRE workbook windows: 1h & 5m at 14.4x and
     6h & 30m at 6x page, 3d & 6h at 1x ticket). Exit 0: none firing; 1: tickets only; 2: a page-level alert
     fires; 3: error (no lake, a lake without events, an unknown --pool, stale with --max-age, a bad option)."""
+    lake = _demo_lake(lake, config)
     import duckdb
 
     from analytics.views import connect
@@ -107,7 +109,7 @@ def alerts(
 
     try:
         cfg = load_config(config)
-        root = _lake_path(lake, cfg)
+        root = lake or Path(cfg.lake.path)
         if not root.is_dir():
             raise AlertsError(f"lake {root} does not exist (run `chipledger run` or `chipledger demo` first)")
         try:
@@ -169,6 +171,7 @@ def statements(
 ):
     """Issue quota statements per team and period: entitlement, use in quota, borrowed, burst, preemptions,
     goodput, scheduling, error budgets, fair share, top jobs (Markdown, HTML, CSV, JSON)."""
+    lake = _demo_lake(lake, config)
     import duckdb
 
     from chipledger.reports.statements import StatementError, issue, issue_due, parse_formats, parse_period
@@ -223,6 +226,7 @@ def why(
 ):
     """Why is this job pending? Its current reason (recorded at the latest close of the books), earlier
     reasons and the preemption decisions naming it. Exit 1 when the lake does not know the job."""
+    lake = _demo_lake(lake, config)
     from analytics.views import connect
     from chipledger.reports.why import explain
 
@@ -248,6 +252,7 @@ def pending(
 ):
     """The pending jobs at each pool's latest close of the books, in queue order (highest priority, longest
     waiting, job id): position in the pool and in the team, priority, chips, time waited, reason."""
+    lake = _demo_lake(lake, config)
     from analytics.views import connect
     from chipledger.reports.why import _duration, pending_queue
 
