@@ -84,3 +84,72 @@ def test_a_run_that_accepts_nothing_fails_and_a_sacct_dump_names_the_importer(tm
                               "--store", f"sqlite:///{tmp_path / 'b.db'}", "--json"])
     assert res.exit_code == 1 and json.loads(res.stdout)["accepted"] == 0
     assert "`chipledger run` folds JSONL events, one JSON object per line" in res.stderr
+
+
+def _ev(n, typ, minute, **fields):
+    from datetime import datetime, timedelta, timezone
+
+    at = datetime(2026, 11, 2, tzinfo=timezone.utc) + timedelta(minutes=minute)
+    return json.dumps({"event_id": f"e{n}", "type": typ, "occurred_at": at.isoformat().replace("+00:00", "Z"),
+                       "pool": "lab/a100", "source": "lab/kueue", **fields})
+
+
+@pytest.fixture(scope="module")
+def why_lake(tmp_path_factory):
+    """8 chips; team a: quota 2 + borrowing limit 1, team b: quota 6. j-big (a, 4 chips) can never start under
+    these grants (1 short), j-huge (b, 10 chips) never in this pool (2 short); j-gone was cancelled before it ran;
+    j-ok ran and finished."""
+    tmp = tmp_path_factory.mktemp("why")
+    rows = [("pool.configured", 0, {"flavor": "a100", "chips_per_node": 4})]
+    rows += [("chip.registered", 0, {"chip_id": f"c{i}", "node": f"n{i // 4}"}) for i in range(8)]
+    rows += [("quota.granted", 0, {"grant_id": "g-a", "team": "a", "chips": 2, "borrowing_limit": 1}),
+             ("quota.granted", 0, {"grant_id": "g-b", "team": "b", "chips": 6}),
+             ("job.submitted", 10, {"job_id": "j-big", "team": "a", "chips": 4, "priority": 0}),
+             ("job.submitted", 10, {"job_id": "j-huge", "team": "b", "chips": 10, "priority": 0}),
+             ("job.submitted", 20, {"job_id": "j-gone", "team": "a", "chips": 1, "priority": 0}),
+             ("job.finished", 30, {"job_id": "j-gone", "outcome": "cancelled"}),
+             ("job.submitted", 20, {"job_id": "j-ok", "team": "b", "chips": 1, "priority": 5}),
+             ("job.started", 21, {"job_id": "j-ok"}),
+             ("job.finished", 50, {"job_id": "j-ok", "outcome": "succeeded"}),
+             ("pool.tick", 120, {})]
+    rows.sort(key=lambda r: r[1])
+    src = tmp / "events.jsonl"
+    src.write_text("".join(_ev(i, t, m, **f) + "\n" for i, (t, m, f) in enumerate(rows)))
+    res = runner.invoke(app, ["run", "--events", str(src), "--lake", str(tmp / "lake"),
+                              "--store", f"sqlite:///{tmp / 'w.db'}"])
+    assert res.exit_code == 0, res.output
+    return tmp / "lake"
+
+
+def test_why_says_a_job_can_never_start_and_by_how_much(why_lake):
+    """Item 5: 32 chips against quota 18 + borrowing limit 11 was "would start when its team's own jobs
+    finish"."""
+    res = runner.invoke(app, ["why", "j-big", "--lake", str(why_lake)])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0] == "job j-big (team a, pool lab/a100): pending"
+    assert lines[1] == ("  cannot start: it asks for 4 chips and team a may hold at most 3 in lab/a100 under the "
+                        "current grants (quota 2 + borrowing limit 1): 1 chips short, whatever else runs")
+    assert "  would start when: a larger quota or borrowing_limit for team a (by at least 1 chips)" in res.stdout
+    doc = json.loads(runner.invoke(app, ["why", "j-big", "--lake", str(why_lake), "--json"]).stdout)
+    assert doc["short_chips"] == 1.0 and doc["status"] == "pending"
+    res = runner.invoke(app, ["why", "j-huge", "--lake", str(why_lake)])
+    assert ("  cannot start: it asks for 10 chips and pool lab/a100 has 8 registered: 2 chips short, whatever else "
+            "runs") in res.stdout.splitlines()
+
+
+def test_why_on_a_cancelled_job_that_never_ran_and_on_a_finished_job(why_lake):
+    """Item 5 and 12: a job cancelled before it ever ran is not "finished"; a finished job's timeline."""
+    res = runner.invoke(app, ["why", "j-gone", "--lake", str(why_lake)])
+    lines = res.stdout.splitlines()
+    assert lines[0] == "job j-gone (team a, pool lab/a100): cancelled before it ever started"
+    assert lines[-2:] == ["    2026-11-02T00:20:00Z  submitted: 1 chips, priority 0",
+                          "    2026-11-02T00:30:00Z  finished: cancelled (it never ran)"]
+    assert json.loads(runner.invoke(app, ["why", "j-gone", "--lake", str(why_lake), "--json"]).stdout)["status"] \
+        == "cancelled"
+    res = runner.invoke(app, ["why", "j-ok", "--lake", str(why_lake)])
+    lines = res.stdout.splitlines()
+    assert lines[0] == "job j-ok (team b, pool lab/a100): finished, succeeded"
+    assert lines[lines.index("  timeline:") + 1:] == [
+        "    2026-11-02T00:20:00Z  submitted: 1 chips, priority 5", "    2026-11-02T00:21:00Z  started (run 1)",
+        "    2026-11-02T00:50:00Z  finished: succeeded"]
