@@ -153,3 +153,47 @@ def test_why_on_a_cancelled_job_that_never_ran_and_on_a_finished_job(why_lake):
     assert lines[lines.index("  timeline:") + 1:] == [
         "    2026-11-02T00:20:00Z  submitted: 1 chips, priority 5", "    2026-11-02T00:21:00Z  started (run 1)",
         "    2026-11-02T00:50:00Z  finished: succeeded"]
+
+
+def test_slurm_actuate_dry_run_lists_each_victim_and_why_it_is_skipped(tmp_path, monkeypatch):
+    """Items 9 and 12: `slurm actuate --dry-run` printed only counts; it lists each decision's victims, what would
+    be done to each and why one is skipped, and --json says the same for scripts."""
+    import chipledger.adapters.slurm.actuate as actuate
+
+    states = {"4": "RUNNING", "5": "COMPLETED"}
+    monkeypatch.setattr(actuate, "Ops", lambda: _FakeOps(states))
+    decisions = tmp_path / "decisions.jsonl"
+    rows = [{"decision_id": "d-1", "type": "decision.preempt", "pool": "c1/h100", "rule": "reclaim",
+             "beneficiary": {"job_id": "7", "team": "nlp"},
+             "victims": [{"job_id": "4", "team": "speech", "chips": 16}, {"job_id": "5", "team": "speech", "chips": 8}]},
+            {"decision_id": "d-2", "type": "decision.preempt", "pool": "c2/a100", "rule": "reclaim",
+             "beneficiary": {"job_id": "8", "team": "nlp"}, "victims": [{"job_id": "9", "team": "ads", "chips": 4}]}]
+    decisions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["slurm", "actuate", "--cluster", "c1", "--decisions", str(decisions), "--state", str(tmp_path / "s"),
+            "--dry-run"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    out = res.stdout.splitlines()
+    assert any("d-1" in ln and " 4 " in ln and "speech" in ln and "would requeue" in ln for ln in out), res.stdout
+    assert any("d-1" in ln and " 5 " in ln and "skipped: not running (completed)" in ln for ln in out), res.stdout
+    assert any("d-2" in ln and "decision skipped: pool c2/a100 is not of cluster c1" in ln for ln in out), res.stdout
+    assert out[-1] == "decisions 2 applied 1 gone 1 skipped 1 (dry run)"
+    doc = json.loads(runner.invoke(app, args + ["--json"]).stdout)
+    assert doc["dry_run"] and doc["totals"] == {"decisions": 2, "applied": 1, "gone": 1, "skipped": 1}
+    assert doc["decisions"][0]["victims"] == [
+        {"job_id": "4", "team": "speech", "chips": 16, "done": "would requeue"},
+        {"job_id": "5", "team": "speech", "chips": 8, "skipped": "not running (completed)"}]
+    assert doc["decisions"][1]["skipped"] == "pool c2/a100 is not of cluster c1"
+
+
+class _FakeOps:
+    def __init__(self, states):
+        self.states = states
+
+    def job_state(self, job):
+        return self.states.get(job)
+
+    def mark(self, job, comment):
+        raise AssertionError("a dry run changes nothing")
+
+    requeue = cancel = mark

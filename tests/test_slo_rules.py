@@ -223,3 +223,26 @@ def test_promtool_finds_each_alert_firing_when_it_should_and_quiet_when_it_shoul
     assert "SUCCESS" in out
     print(f"promtool test rules: {len(tests)} evaluation times, {len(input_series)} series of {minutes} minutes, "
           f"{sum(len(t['exp_alerts']) for t in tests)} expected alerts")
+
+
+def test_slo_rules_json_is_the_rule_file_and_promtool_reads_it(tmp_path):
+    """Issue 35, item 9: `slo rules --json` is the same rule file as JSON (which Prometheus reads: JSON is YAML);
+    with --out, what was written."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from chipledger.cli import app
+
+    res = CliRunner().invoke(app, ["slo", "rules", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc == rule_groups(SloParams())
+    (tmp_path / "rules.json").write_text(res.stdout)
+    check = promtool("check", "rules", str(tmp_path / "rules.json"))
+    assert b"SUCCESS: 65 rules found" in check.stdout
+    res = CliRunner().invoke(app, ["slo", "rules", "--json", "--out", str(tmp_path / "r.yml")])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["written"] == str(tmp_path / "r.yml") and (tmp_path / "r.yml").is_file()
+    assert sum(g["recording_rules"] + g["alerting_rules"] for g in summary["groups"]) == 65

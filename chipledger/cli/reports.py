@@ -34,7 +34,7 @@ def report(
     goodput, fragmentation and demand peaks; with --out, charts as PNG and one HTML page."""
     lake = _demo_lake(lake, config)
     from analytics.views import connect
-    from chipledger.reports.report import build_report, print_report, write_report
+    from chipledger.reports.report import build_report, print_report, typed, write_report
 
     cfg = _config(config)
     t0, t1 = _instant(since, "--since"), _instant(until, "--until")
@@ -64,7 +64,10 @@ def report(
     if as_json:
         console.file.write(json.dumps({
             "title": rep.title, "subtitle": rep.subtitle, "pool": pool, "firing_pages": rep.firing_pages,
-            "sections": [{"title": s.title, "columns": s.columns, "rows": s.rows, "note": s.note} for s in rep.sections],
+            # typed values (numbers, fractions for percentages, null for "–"), as `alerts --json` has; the page and
+            # the tables show the same cells as text
+            "sections": [{"title": s.title, "columns": s.columns, "rows": [[typed(c) for c in r] for r in s.rows],
+                          "note": s.note} for s in rep.sections],
             "files": [str(p) for p in written]}) + "\n")
 
 
