@@ -197,3 +197,40 @@ class _FakeOps:
         raise AssertionError("a dry run changes nothing")
 
     requeue = cancel = mark
+
+
+def test_statements_per_flavor_folded_tables_and_a_period_after_the_books(demo_lake_of, tmp_path):
+    """Item 11: "(total)" added A100, H100 and TPU chip-hours; the preemptions table was not folded at 50 rows and
+    wrapped ids; the fair-share factor had 6 decimals; a period after the books' end wrote all-zero files, exit 0."""
+    lake = demo_lake_of(14, 7)
+    res = runner.invoke(app, ["statements", "--lake", str(lake), "--period", "2026-11-02..2026-11-15", "--team",
+                              "ads-ml", "--out", str(tmp_path / "st"), "--store", f"sqlite:///{tmp_path / 's.db'}"])
+    assert res.exit_code == 0, res.output
+    folder = tmp_path / "st" / "2026-11-02..2026-11-15"
+    st = json.loads((folder / "ads-ml.json").read_text())
+    flavors = [t["flavor"] for t in st["totals_by_flavor"]]
+    assert flavors == ["a100-40gb", "h100-80gb", "tpu-v5e"]
+    for k in ("entitled_mchip_s", "used_mchip_s"):
+        assert sum(t[k] for t in st["totals_by_flavor"]) == st["totals"][k]
+    csv = (folder / "ads-ml.csv").read_text().splitlines()
+    assert [r.split(",")[2] for r in csv if "(total" in r] == [f"(total {f})" for f in flavors]
+    md = (folder / "ads-ml.md").read_text()
+    assert "| | a100-40gb chip-hours | h100-80gb chip-hours | tpu-v5e chip-hours |" in md
+    assert "Chips of different flavors are not added up" in md
+    suffered = st["preemptions"]["suffered"]["jobs"]
+    assert len(suffered) > 50
+    section = md.split("## Preemptions suffered")[1].split("## Preemptions caused")[0]
+    assert sum(1 for line in section.splitlines() if line.startswith("| 2026-")) == 50
+    assert f"… and {len(suffered) - 50} more (the first 50 shown" in section
+    fair = md.split("## Fair share")[1].split("##")[0]
+    factors = [line.split("|")[3].strip() for line in fair.splitlines() if line.startswith("| us-")]
+    assert factors and all(len(f.split(".")[1]) == 3 for f in factors if f != "n/a")
+    html = (folder / "ads-ml.html").read_text()
+    assert f"<details><summary>{len(suffered) - 50} more</summary>" in html and 'td.id { white-space: nowrap; }' in html
+    # a period that starts after the books end is an error, and writes nothing
+    res = runner.invoke(app, ["statements", "--lake", str(lake), "--period", "2026-12", "--out", str(tmp_path / "x"),
+                              "--store", f"sqlite:///{tmp_path / 's.db'}"])
+    assert res.exit_code == 2 and not (tmp_path / "x").exists()
+    assert res.stderr.splitlines() == ["error: period 2026-12 starts at 2026-12-01T00:00:00Z, after the books end "
+                                       "(2026-11-16T00:00:00Z): nothing to state yet (a period up to 2026-11-16 is "
+                                       "partial)"]
