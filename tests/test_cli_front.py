@@ -234,3 +234,18 @@ def test_statements_per_flavor_folded_tables_and_a_period_after_the_books(demo_l
     assert res.stderr.splitlines() == ["error: period 2026-12 starts at 2026-12-01T00:00:00Z, after the books end "
                                        "(2026-11-16T00:00:00Z): nothing to state yet (a period up to 2026-11-16 is "
                                        "partial)"]
+
+
+def test_the_reports_demand_heatmap_is_per_pool(demo_lake_of):
+    """Item 11: the report's demand heat map added the chips of unlike pools; one map per pool."""
+    from analytics.views import connect
+    from chipledger.reports import charts
+    from chipledger.reports.report import build_report
+
+    rep = build_report(connect(demo_lake_of(14, 7), materialize=True))
+    assert sorted(rep.heatmaps) == ["us-central1-c/a100-40gb", "us-east1-a/h100-80gb", "us-west4-a/tpu-v5e"]
+    assert rep.heatmap == []  # no one map of every pool
+    fig = charts.heatmap_charts(rep.heatmaps)
+    assert [ax.get_title() for ax in fig.axes if ax.get_title()] == sorted(rep.heatmaps)
+    one = build_report(connect(demo_lake_of(14, 7), materialize=True), pool="us-west4-a/tpu-v5e")
+    assert list(one.heatmaps) == ["us-west4-a/tpu-v5e"] and one.heatmap == one.heatmaps["us-west4-a/tpu-v5e"]

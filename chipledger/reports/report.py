@@ -45,7 +45,9 @@ class Report:
     capacity_chips: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # pool -> account -> chips
     latency_labels: list[str] = field(default_factory=list)
     latency_p: tuple[list, list, list] = ([], [], [])
-    heatmap: list[list[Optional[float]]] = field(default_factory=list)
+    heatmap: list[list[Optional[float]]] = field(default_factory=list)  # the one pool's (a --pool report), else empty
+    # per pool: chips of unlike pools (A100, H100, TPU) are never added up, so one heat map each
+    heatmaps: dict[str, list[list[Optional[float]]]] = field(default_factory=dict)
     sched_slo_s: int = 600
     firing_pages: int = 0
 
@@ -256,11 +258,12 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
         series.setdefault(pl, {}).setdefault(account, [0.0] * len(hours))[index[h]] = chips
     rep.capacity_hours, rep.capacity_chips = hours, series
     heat = _rows(con, f"""
-        SELECT day_of_week, hour_of_day, sum(demand_chips) FROM demand_shaping
-        WHERE team IS NULL AND {in_pool} GROUP BY ALL""", p)
-    rep.heatmap = [[None] * 24 for _ in range(7)]
-    for d, h, v in heat:
-        rep.heatmap[d][h] = v
+        SELECT pool, day_of_week, hour_of_day, demand_chips FROM demand_shaping
+        WHERE team IS NULL AND {in_pool} ORDER BY pool""", p)
+    for pl, d, h, v in heat:
+        rep.heatmaps.setdefault(pl, [[None] * 24 for _ in range(7)])[d][h] = v
+    if len(rep.heatmaps) == 1:
+        rep.heatmap = next(iter(rep.heatmaps.values()))
     return rep
 
 
@@ -339,8 +342,8 @@ def write_report(rep: Report, out: Path) -> list[Path]:
                      charts.capacity_charts(rep.capacity_hours, rep.capacity_chips)),
         "latency": ("Scheduling latency percentiles",
                     charts.latency_chart(rep.latency_labels, *rep.latency_p, threshold_s=rep.sched_slo_s)),
-        "demand_heatmap": ("Demand by hour of week (running + pending chips, mean)",
-                           charts.heatmap_chart(rep.heatmap)),
+        "demand_heatmap": ("Demand by hour of week per pool (running + pending chips, mean)",
+                           charts.heatmap_charts(rep.heatmaps)),
     }
     written = [charts.save_png(fig, out / f"{name}.png") for name, (_, fig) in figures.items()]
     def block(s: Section):
