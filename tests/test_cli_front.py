@@ -249,3 +249,16 @@ def test_the_reports_demand_heatmap_is_per_pool(demo_lake_of):
     assert [ax.get_title() for ax in fig.axes if ax.get_title()] == sorted(rep.heatmaps)
     one = build_report(connect(demo_lake_of(14, 7), materialize=True), pool="us-west4-a/tpu-v5e")
     assert list(one.heatmaps) == ["us-west4-a/tpu-v5e"] and one.heatmap == one.heatmaps["us-west4-a/tpu-v5e"]
+
+
+def test_sql_dot_commands_as_the_argument(waiting_lake):
+    """Item 12: `chipledger sql ".tables"` was a DuckDB parser error, and .tables listed the internal views."""
+    res = runner.invoke(app, ["sql", "--lake", str(waiting_lake), ".tables"])
+    assert res.exit_code == 0, res.output
+    views = res.stdout.split()
+    assert {"journal", "jobs", "pending", "error_budget", "burn_alerts"} <= set(views)
+    assert not [v for v in views if v.startswith(("base_", "calc_"))]
+    res = runner.invoke(app, ["sql", "--lake", str(waiting_lake), ".schema jobs"])
+    assert res.exit_code == 0 and "job_id" in res.stdout
+    res = runner.invoke(app, ["sql", "--lake", str(waiting_lake), ".nope"])
+    assert res.exit_code == 1 and "unknown command .nope" in res.stderr

@@ -44,6 +44,14 @@ def sql(
         if failures and not sys.stdin.isatty():
             raise typer.Exit(1)
         return
+    if query.lstrip().startswith("."):  # a shell command as the argument: `chipledger sql .tables`, `.schema jobs`
+        import io
+
+        from chipledger.cli.sqlshell import run_shell
+
+        if run_shell(con, io.StringIO(query.strip() + "\n"), console, err, fmt, view_names(), limit=limit):
+            raise typer.Exit(1)
+        return
     try:
         cur = con.execute(query)
         rows = cur.fetchall()
