@@ -13,7 +13,7 @@ import threading
 from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Union
+from typing import Callable, Iterable, Optional
 
 import orjson
 import pyarrow as pa
@@ -71,8 +71,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("chips_milli", pa.int64()), ("priority", pa.int64()), ("waiting_since", TS), ("reason", pa.string()),
         ("message", pa.string()),
     ]),
-    # facts (ledger.fold WaitRow, FreeChipsRow; docs/analytics.md): each wait of a job to be started, posted when it
-    # ends and, still open, at a close of the books (superseded by a later posting of the same wait)
+    # facts (ledger.waits WaitRow, ledger.chips FreeChipsRow; docs/analytics.md): each wait of a job to be started,
+    # posted when it ends and, still open, at a close of the books (superseded by a later posting of the same wait)
     "waits": pa.schema([
         ("pool", pa.string()), ("job_id", pa.string()), ("team", pa.string()), ("run_index", pa.int32()),
         ("kind", pa.string()), ("priority", pa.int64()), ("chips_milli", pa.int64()), ("submitted_at", TS),
@@ -86,7 +86,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("in_use_milli", pa.int64()), ("down_milli", pa.int64()), ("free_milli", pa.int64()),
         ("free_whole_nodes_milli", pa.int64()), ("largest_startable_milli", pa.int64()),
     ]),
-    # each interval between two progress reports of a run of a job, posted at the second (ledger.fold ProgressRow):
+    # each interval between two progress reports of a run of a job, posted at the second (ledger.progress ProgressRow):
     # the throughput SLO's facts
     "progress": pa.schema([
         ("pool", pa.string()), ("job_id", pa.string()), ("team", pa.string()), ("run_index", pa.int32()),
@@ -361,28 +361,29 @@ class LakeWriter:
 
 
 def lake_has_data(root: Path) -> bool:
-    root = Path(root)
-    return any((root / t).exists() and any((root / t).rglob("*.parquet")) for t in TABLES)
+    """Whether the lake holds books: committed files (or the files of a lake written before commits)."""
+    from analytics.commits import committed_rows_exist
+
+    return committed_rows_exist(root)
 
 
 def clear_lake(root: Path) -> None:
-    """Remove the lake's tables (only the folders this project writes)."""
+    """Remove the lake's tables, manifest and staged files (only what this project writes)."""
+    from analytics.commits import MANIFEST, STAGING
+
     root = Path(root)
-    for t in (*TABLES, CACHE_DIR):
+    for t in (*TABLES, CACHE_DIR, STAGING):
         if (root / t).exists():
             shutil.rmtree(root / t)
+    (root / MANIFEST).unlink(missing_ok=True)
 
 
-def table_files(root: Path, table: str, listed: bool = False) -> Optional[Union[str, list[str]]]:
-    """A glob for the table's files, or None when the table has none yet. `listed`: the files there now, by name,
-    instead of a glob (a view over a list binds without listing the folders again: a view over views over a table of
-    hundreds of day files is bound many times; but it does not see files written later)."""
-    base = Path(root) / table
-    if listed:
-        return sorted(str(p) for p in base.rglob("*.parquet")) or None
-    if base.exists() and next(base.rglob("*.parquet"), None) is not None:
-        return str(base / "**" / "*.parquet")
-    return None
+def table_files(root: Path, table: str, listed: bool = True) -> Optional[list[str]]:
+    """The table's committed files (analytics.commits.open_lake: the lake's layout is checked first), or None when
+    it has none. (`listed` is kept for callers of an earlier version: a table is always its listed files now.)"""
+    from analytics.commits import open_lake
+
+    return open_lake(root, (table,)).table_files(table)
 
 
 def check_events_files(root: Path) -> frozenset:
@@ -417,14 +418,15 @@ def events_view_sql(files, widths: frozenset) -> str:
     return sql
 
 
-def upgrade_events_files(root: Path) -> list[Path]:
+def upgrade_events_files(root: Path, files: Optional[Iterable] = None) -> list[Path]:
     """Give the `events` files written by an earlier version (without the typed fields, or without the later ones)
     the fields they lack, taken from each row's body, and return them. Each file is written anew beside itself and
     renamed over itself, so a reader sees the old file or the new one, never both, and an interrupted upgrade can
-    simply be run again."""
+    simply be run again. `files`: those to look at (a committed lake's: analytics.commits); default every events
+    file in the folder (a lake written before commits)."""
     schema = SCHEMAS["events"]
     done = []
-    for path in sorted((Path(root) / "events").rglob("*.parquet")):
+    for path in sorted(Path(p) for p in (files if files is not None else (Path(root) / "events").rglob("*.parquet"))):
         n = pq.read_metadata(path).num_columns
         if n == len(schema):
             continue

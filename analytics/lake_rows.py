@@ -14,12 +14,12 @@ from analytics.lake import SCHEMAS
 
 
 def read_rows(root: Path, table: str) -> Iterator[tuple]:
-    """Every row of `table` in the lake at `root`, file by file (files in name order, i.e. by day)."""
+    """Every row of `table` in the lake at `root`, file by file (its committed files in name order, i.e. by
+    day)."""
+    from analytics.commits import open_lake
+
     schema = SCHEMAS[table]
-    base = Path(root) / table
-    if not base.exists():
-        return
-    for path in sorted(base.rglob("*.parquet")):
+    for path in open_lake(root, (table,)).table_files(table) or ():
         t = pq.read_table(path, schema=schema)
         cols = []
         for f in schema:

@@ -1,7 +1,10 @@
 """DuckDB views over the lake, with stable names and documented columns (see docs/analytics.md).
 
-`connect(lake)` opens an in-memory DuckDB database whose views read the lake's Parquet files. A table with no
-files yet is an empty view of the same columns, so queries work on a fresh lake.
+`connect(lake)` opens an in-memory DuckDB database whose views read the lake's committed Parquet files (the files
+the manifest of its latest commit names: analytics/commits.py; never a glob over the folders). A table with no
+files yet is an empty view of the same columns, so queries work on a fresh lake. `connect(lake, read_only=True)`
+(`chipledger sql`) reads them through Arrow datasets and turns DuckDB's own file access off: no statement can
+read or write a file, the lake's included.
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ from typing import Collection, Optional, Union
 
 import duckdb
 
-from analytics.lake import (EVENT_FIELDS, SCHEMAS, check_events_files, empty_view_sql, events_view_sql, read_parquet_sql,
-                            table_files)
+from analytics.commits import open_lake
+from analytics.lake import EVENT_FIELDS, SCHEMAS, empty_view_sql, read_parquet_sql
 from analytics.policy_views import POLICY_RAW_VIEW_NAMES, POLICY_VIEWS
 from analytics.slo_views import (DUCKDB, SloParams, duckdb_base_views, job_run_totals_sql, journal_sql,
                                  settings_rows, slo_views)
@@ -65,20 +68,25 @@ DERIVED_VIEWS = {
             SELECT pool, job_id, submission,
                    min(applied_at) FILTER (WHERE type = 'job.started') AS first_started_at,
                    max(applied_at) FILTER (WHERE type = 'job.finished') AS finished_at,
-                   arg_max(outcome, applied_at) FILTER (WHERE type = 'job.finished') AS outcome,
-                   count(*) FILTER (WHERE type = 'job.preempted') AS preemptions
+                   arg_max(outcome, applied_at) FILTER (WHERE type = 'job.finished') AS outcome
             FROM e GROUP BY pool, job_id, submission
         ), runs AS (
+            -- interruptions by the core's cause (DESIGN §4): the runs' end_reason; only `preempted` is a preemption
             SELECT pool, job_id, submitted_at, sum(allocated_mchip_s)::BIGINT AS allocated_mchip_s,
-                   sum(lost_mchip_s)::BIGINT AS lost_mchip_s
+                   sum(lost_mchip_s)::BIGINT AS lost_mchip_s,
+                   count(DISTINCT run_index) FILTER (WHERE end_reason = 'preempted') AS preemptions,
+                   count(DISTINCT run_index) FILTER (WHERE end_reason = 'requeued') AS requeues,
+                   count(DISTINCT run_index) FILTER (WHERE end_reason = 'failure') AS failures
             FROM job_runs GROUP BY pool, job_id, submitted_at
         )
         SELECT sub.job_id, sub.pool, sub.team, sub."user", sub.chips_milli / 1000.0 AS chips, sub.chips_milli,
                coalesce(sub.priority, 0) AS priority, coalesce(sub.preemptible, true) AS preemptible,
                sub.submitted_at, ev.first_started_at, ev.finished_at, ev.outcome,
-               coalesce(ev.preemptions, 0)::BIGINT AS preemptions,
+               coalesce(runs.preemptions, 0)::BIGINT AS preemptions,
                coalesce(runs.allocated_mchip_s, 0)::BIGINT AS allocated_mchip_s,
-               coalesce(runs.lost_mchip_s, 0)::BIGINT AS lost_mchip_s
+               coalesce(runs.lost_mchip_s, 0)::BIGINT AS lost_mchip_s,
+               coalesce(runs.requeues, 0)::BIGINT AS requeues,
+               coalesce(runs.failures, 0)::BIGINT AS failures
         FROM sub LEFT JOIN ev USING (pool, job_id, submission)
                  LEFT JOIN runs ON runs.pool = sub.pool AND runs.job_id = sub.job_id
                                AND runs.submitted_at = sub.submitted_at
@@ -238,7 +246,7 @@ _RAW_VIEW_NAMES = {"journal": "journal_postings", "events": "event_log", "waits"
 
 def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] = None,
             as_of: Optional[datetime] = None, materialize: Union[bool, Collection[str]] = False,
-            config: Optional[dict[str, str]] = None) -> duckdb.DuckDBPyConnection:
+            config: Optional[dict[str, str]] = None, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with every lake view defined. Times are shown in UTC.
 
     `slo` sets the targets and thresholds the SLO views use (tables `slo_targets`, `slo_settings`; defaults
@@ -250,26 +258,34 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     opened, before anything is computed (`memory_limit` and `temp_directory`, for a lake whose intermediates outgrow
     the memory: DuckDB then spills them to that folder).
 
+    The lake is checked first (analytics.commits.open_lake: a lake of another layout, or missing a table, raises a
+    LakeLayoutError saying what to run), and the views read the files of its latest commit: a connection is a
+    snapshot of one commit (connect again to see later ones). `read_only`: the tables are read through Arrow datasets
+    over those files and DuckDB's external access is off and its configuration locked, so no statement can read or
+    write a file (COPY … TO, read_csv, ATTACH, INSTALL are refused), the lake's own files included.
+
     Every view is an aggregation of the lake's rows and the fold's facts (`waits`, `free_chips`, `chip_states`,
     `grant_intervals`): nothing of the core's state is rebuilt in SQL, so no view needs a cache (docs/analytics.md,
     docs/benchmarks.md)."""
+    snapshot = open_lake(lake)
     con = duckdb.connect(database, config=config or {})
     con.execute("SET enable_progress_bar = false")  # DuckDB would draw it in stdout, amid csv or json
     con.execute("SET TimeZone = 'UTC'")
     con.execute("SET parquet_metadata_cache = true")  # views over views bind the same files many times
     con.execute("SET preserve_insertion_order = false")
-    # a materializing connection is a snapshot of the lake at connect (its tables are computed then): its views read
-    # the files there then, listed, which binds much faster than a glob over hundreds of day folders. A plain
-    # connection (`chipledger sql`'s shell, say) reads globs: it sees the files written while it is open
-    listed = bool(materialize)
     for table in SCHEMAS:
         name = _RAW_VIEW_NAMES.get(table, table)
-        files = table_files(lake, table, listed=listed)
+        files = snapshot.table_files(table)
         if files is None:
             sql = empty_view_sql(table)
+        elif read_only:
+            import pyarrow.dataset as pads
+
+            con.register(f"_committed_{table}", pads.dataset(files, schema=SCHEMAS[table], format="parquet"))
+            sql = f'SELECT * FROM "_committed_{table}"'
         else:
-            # events files of the first typed layout lack the later fields: read by name, null there
-            sql = events_view_sql(files, check_events_files(lake)) if table == "events" else read_parquet_sql(files)
+            # every committed file has every column (a file of an earlier layout is upgraded before a commit names it)
+            sql = read_parquet_sql(files)
         if table == "events":
             # the table as stored (typed fields included) for the views; event_log without the typed fields
             con.execute(f'CREATE OR REPLACE VIEW "base_event_log" AS {sql}')
@@ -293,6 +309,10 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
         con.execute(f'CREATE OR REPLACE {kind} "{name}" AS {sql}')
     for name, sql in (*WAIT_VIEWS.items(), *POLICY_VIEWS.items()):
         con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')
+    if read_only:
+        # last: once off, DuckDB's file access cannot be turned on again, and the lock keeps every setting
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
     return con
 
 
@@ -307,6 +327,27 @@ def duckdb_error_line(e: Exception) -> tuple[str, bool]:
     if isinstance(e, duckdb.OutOfMemoryException) or "could not allocate" in str(e):
         return f"{first} ({MEMORY_HINT})", True
     return first, False
+
+
+READ_ONLY_HINT = "pass --allow-files to let DuckDB read and write files beside the lake's views"
+
+
+def refusal_line(e: Exception) -> Optional[str]:
+    """The one line saying why a read-only connection (`connect(read_only=True)`) refused a statement, or None when
+    `e` is not such a refusal: a file read or written (COPY … TO, read_csv, ATTACH, INSTALL, …), or a setting."""
+    text = str(e)
+    first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    if isinstance(e, duckdb.PermissionException) or "disabled by configuration" in text:
+        return (f"refused: `chipledger sql` reads the lake's committed files and no other file, and writes none "
+                f"({first}); {READ_ONLY_HINT}")
+    if "configuration has been locked" in text:
+        return f"refused: `chipledger sql` does not change DuckDB's settings ({first}); {READ_ONLY_HINT}"
+    return None
+
+
+def unreadable_file(e: Exception) -> bool:
+    """Whether a read-only connection's error is a committed file Arrow could not read (damaged, truncated)."""
+    return "registered as '_committed_" in str(e)
 
 
 def view_names() -> list[str]:

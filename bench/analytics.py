@@ -49,6 +49,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from analytics.commits import adopt  # noqa: E402
 from analytics.lake import DUCK_TYPES, EVENT_FIELDS, SCHEMAS  # noqa: E402
 from analytics.sqlite_mirror import materialize, mirror  # noqa: E402
 from analytics.views import MATERIALIZED, connect  # noqa: E402
@@ -277,6 +278,7 @@ def generate(out: Path, events: int, seed: int = 5) -> dict:
         SELECT pool, to_timestamp(hour_s) AS hour, account, team, amount::BIGINT AS amount_mchip_s,
                strftime(to_timestamp(hour_s), '%Y-%m-%d') AS day
         FROM rows) TO '{lake / "journal"}' (FORMAT parquet, PARTITION_BY (day), COMPRESSION zstd)""", [list(POOLS)])
+    adopt(lake)  # the generated files become the lake's books, in one commit (the fact tables empty until folded)
     return {"events": n_events, "jobs": n_jobs, "runs": n_runs, "days": (horizon - T0) / 86400,
             "chips": n_chips * len(POOLS)}
 
@@ -352,6 +354,7 @@ def copy_lake(src: Path, dst: Path, copies: int) -> dict:
                                                (SELECT ?::BIGINT AS copy, ? AS suffix))
                     TO '{out}' (FORMAT parquet, COMPRESSION zstd)""", [files, copy, copy_suffix(copy)]).fetchone()[0]
     con.close()
+    adopt(dst)  # the copies' files become the lake's books, in one commit (as `lake upgrade` adopts a lake)
     return rows
 
 
@@ -373,10 +376,14 @@ def compute_views(con, views, execute, cpu: Optional[dict] = None) -> dict[str, 
     return times
 
 
+#: connect(read_only=...) for the timed passes (--read-only: the tables through Arrow datasets, as `chipledger sql`)
+READ_ONLY = False
+
+
 def duckdb_once(lake: Path, config: Optional[dict] = None) -> tuple:
     """One DuckDB pass: connect(materialize=True), then every report view. Returns the connection and the figures."""
     cpu0 = time.process_time()
-    connect_s, duck = timed(lambda: connect(lake, materialize=True, config=config))
+    connect_s, duck = timed(lambda: connect(lake, materialize=True, config=config, read_only=READ_ONLY))
     cpu_connect = time.process_time() - cpu0
     cpu: dict[str, float] = {}
     times = compute_views(duck, PORTABLE_VIEWS, lambda c, q: c.execute(q), cpu)
@@ -524,7 +531,12 @@ def main() -> None:
     ap.add_argument("--sqlite-max-events", type=int, default=1_000_000,
                     help="run the SQLite baseline on the same rows up to this size; above it, on a lake of this "
                          "size generated the same way (SQLite needs hours for the fragmentation view at 10M); 0: none")
+    ap.add_argument("--read-only", action="store_true",
+                    help="read the committed files through Arrow datasets with DuckDB's file access off, as "
+                         "`chipledger sql` does (analytics.views.connect(read_only=True)), instead of read_parquet")
     args = ap.parse_args()
+    global READ_ONLY
+    READ_ONLY = args.read_only
 
     def lake_of(n: int) -> Path:
         out = args.out / f"{n}"

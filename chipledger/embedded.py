@@ -1,7 +1,9 @@
 """The embedded run: fold a JSONL event file in-process with the ledger core, write the lake and the store.
 
 This is the same core the Kafka worker uses; only the edges differ (a file instead of topics). Each run folds
-its file from an empty state. Bad lines become dead letters with their raw bytes; the run never stops for them.
+its file from an empty state. The run writes its files (the events process's too) into a staging folder of the lake
+and commits them in one manifest swap at its end (analytics/commits.py): until then no reader sees any of them, and
+a run interrupted (Ctrl-C, SIGKILL) leaves the lake as it was; its staged files are removed by the next run. Bad lines become dead letters with their raw bytes; the run never stops for them.
 A line longer than `[ledger] max_event_bytes` is never held whole: it is `too_large`, and its dead letter keeps
 its first max_event_bytes bytes (the detail gives its size and sha256).
 """
@@ -12,6 +14,8 @@ import gc
 import hashlib
 import multiprocessing
 import os
+import shutil
+import signal
 import time
 from array import array
 from collections import Counter
@@ -20,18 +24,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional
 
-from analytics.lake import TABLES, LakeWriter, clear_lake, lake_has_data
+import orjson
+from analytics.commits import (LakeLayoutError, clear_uncommitted, publish, read_manifest, staging_dir,
+                                unlisted_parquet)
+from analytics.lake import TABLES, LakeError, LakeWriter, clear_lake
 from analytics.lake_rows import read_rows
 import ledger
 from ledger import Fleet, FoldConfig
-from schemas import Rejection, parse_event
+from schemas import Rejection, RejectionCode, parse_event
 from schemas.parse import DEFAULT_MAX_EVENT_BYTES, size_rejection
+from streams import logline
 from streams.rows import (applied_event_row, close_rows, deadletter_row, event_row,  # noqa: F401 (event_row: re-export)
                           output_lists)
 
 ProgressFn = Callable[[int], None]  # called with bytes read so far
 
-# The cyclic garbage collector during a run (docs/benchmarks.md, issue 22 part 5). The fold makes almost no
+# The cyclic garbage collector during a run (docs/benchmarks-history.md, issue 22 part 5). The fold makes almost no
 # cyclic garbage (30 objects in 300,000 events: what it drops is freed by reference counting), but the run's
 # process allocates many tracked containers that live long (the pools' state, the lake's buffered rows), and the
 # collector's automatic passes over them (a young pass every 700 net allocations, an older one every tenth, a full
@@ -76,6 +84,10 @@ class RunError(RuntimeError):
     pass
 
 
+class RunInterrupted(RunError):
+    """The run was interrupted (Ctrl-C) before its commit: nothing of it is in the lake or the store."""
+
+
 @dataclass
 class RunSummary:
     source: str
@@ -92,6 +104,7 @@ class RunSummary:
     pools: int = 0
     seconds: float = 0.0
     core: str = field(default_factory=lambda: ledger.CORE)  # the fold compiled or as plain Python (ledger/_compiled.py)
+    commit: int = 0  # the lake's commit that made the run's files its books
 
     @property
     def dead_letter_total(self) -> int:
@@ -103,7 +116,7 @@ class RunSummary:
             "blank": self.blank, "accepted": self.accepted, "duplicates": self.duplicates, "late": self.late,
             "dead_letters": dict(sorted(self.dead_letters.items())),
             "dead_letter_lines": dict(sorted(self.dead_letter_lines.items())), "rows_written": dict(self.rows_written),
-            "pools": self.pools, "seconds": round(self.seconds, 3), "core": self.core,
+            "pools": self.pools, "seconds": round(self.seconds, 3), "core": self.core, "commit": self.commit,
         }
 
 
@@ -150,6 +163,82 @@ def _lines(f, max_bytes: int):
             size += len(chunk)
             chunk = readline(1 << 20)
         yield head, read, size_rejection(size, max_bytes, digest.hexdigest())
+
+
+# A plain file has no append time (docs/events.md, "Clocks ahead"). An event that would move its pool's clock more
+# than FILE_TOLERANCE ahead (max(max_clock_skew_s, dedup_window_s)) is judged by the file's own next lines of that
+# pool (at most LOOKAHEAD_POOL_LINES of them, within LOOKAHEAD_LINES lines of the file): an honest gap is followed
+# by lines at or after it; the lines after one event far ahead are far behind it. Later lines may honestly be late
+# by up to the dedup window (the fold applies them), so they vouch for an event up to that far ahead of them; an
+# event further ahead of the latest of them is `clock_ahead` and not folded: it could only have made them too_late.
+# With no later line of the pool in reach there is nothing to judge it by, and nothing after it to harm: it is folded.
+LOOKAHEAD_LINES = 100_000
+LOOKAHEAD_POOL_LINES = 16
+
+
+def file_tolerance_s(config: FoldConfig) -> int:
+    """How far ahead of its pool's next lines a plain file's event may be (see above)."""
+    return max(config.max_clock_skew_s, config.dedup_window_s)
+
+
+def _latest_next_s(path: Path, at: int, event, max_bytes: int, tolerance_s: int) -> Optional[int]:
+    """The latest event time of the next lines of `event`'s pool after byte `at` of the file at `path` (None: no
+    such line within reach). It stops at the first line that vouches for the event (at most tolerance_s before it):
+    an honest gap costs a read up to the pool's next line."""
+    vouch = event.at_s - tolerance_s
+    needle = orjson.dumps(event.pool)  # the pool as JSON text: a cheap filter before a line is parsed
+    latest: Optional[int] = None
+    found = 0
+    with open(path, "rb") as f:
+        f.seek(at)
+        for i, (line, _, too_large) in enumerate(_lines(f, max_bytes)):
+            if i >= LOOKAHEAD_LINES or found >= LOOKAHEAD_POOL_LINES:
+                break
+            if too_large is not None or needle not in line:
+                continue
+            raw = line.rstrip(b"\r\n")
+            if logline.is_wrapped(raw):
+                un = logline.unwrap(raw)
+                if isinstance(un, Rejection):
+                    continue
+                raw = un[0]
+            other = parse_event(raw, max_bytes)
+            if isinstance(other, Rejection) or other.pool != event.pool:
+                continue
+            found += 1
+            t = other.at_s
+            if t >= vouch:
+                return t
+            if latest is None or t > latest:
+                latest = t
+    return latest
+
+
+def _ahead_of_file(events_path: Path, at: int, event, pools: dict, config: FoldConfig,
+                   max_bytes: int) -> Optional[Rejection]:
+    """`clock_ahead` for a plain line whose event would move its pool's clock (or start a pool) further ahead than
+    the file's next lines of that pool vouch for; None otherwise (see FILE_TOLERANCE above)."""
+    state = pools.get(event.pool)
+    tolerance = file_tolerance_s(config)
+    t = event.at_s
+    if state is None:
+        if event.type != "pool.configured":
+            return None
+    elif not tolerance < t - state.clock <= config.max_clock_jump_s:  # (further: clock_jump, the fold's)
+        return None
+    latest = _latest_next_s(events_path, at, event, max_bytes, tolerance)
+    if latest is None or t - latest <= tolerance:
+        return None
+    return Rejection(RejectionCode.clock_ahead,
+                     f"event time {_utc(t)} UTC is {t - latest} s ahead of the latest of the next lines of pool "
+                     f"{event.pool[:128]!r} in this file ({_utc(latest)} UTC), more than they may be late "
+                     f"({tolerance} s: the larger of [ledger] max_clock_skew_s and dedup_window_s): a file has no "
+                     f"append time, so its own later lines are the evidence; not applied, the pool clock is not "
+                     f"moved (docs/events.md, Clocks ahead)")
+
+
+def _utc(t: int) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _raw(line: bytes, offset: int) -> bytes:
@@ -232,6 +321,13 @@ class _EventsProcess:
         return what
 
     def _failure(self) -> str:
+        try:  # the process may have said why before it stopped reading
+            if self._conn.poll(1):
+                status, what = self._conn.recv()
+                if status != "ok":
+                    return f"writing the lake's events table failed: {what}"
+        except (EOFError, OSError):
+            pass
         self._proc.join(timeout=5)
         return f"the process writing the lake's events table stopped (exit code {self._proc.exitcode})"
 
@@ -246,6 +342,9 @@ class _EventsProcess:
 def _events_child(events_path: Path, lake: Path, run_id: str, topic: str, max_event_bytes: int, conn) -> None:
     """The events process's work (see _EventsProcess): read batches of (line number, event time, applied time,
     lateness) until an empty one, write those lines' rows, answer ("ok", rows written) or ("error", why)."""
+    # Ctrl-C reaches the whole process group: the run's process decides (it stops this one), so no second
+    # KeyboardInterrupt and traceback from here
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     gc.freeze()  # what came with the fork (the run's modules and state) is not this process's garbage
     paused = GcPause()  # the collector as in the run's process (see GC_FREEZE_MASK)
     writer = LakeWriter(lake, run_id)
@@ -263,7 +362,10 @@ def _events_child(events_path: Path, lake: Path, run_id: str, topic: str, max_ev
                     for n, (line, _, _) in lines:
                         if n == offset:
                             break
-                    event = parse_event(_raw(line, offset), max_event_bytes)
+                    raw = _raw(line, offset)
+                    if logline.is_wrapped(raw):  # (the run applied it: a well-formed export line)
+                        raw = logline.unwrap(raw)[0]
+                    event = parse_event(raw, max_event_bytes)
                     writer.add("events", applied_event_row(event, batch[i + 1], batch[i + 2], batch[i + 3], topic, 0,
                                                            offset))
                     rows += 1
@@ -297,22 +399,25 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
     events_path, lake = Path(events_path), Path(lake)
     if not events_path.is_file():
         raise RunError(f"events file {events_path} does not exist")
-    if lake_has_data(lake):
-        if not overwrite:
-            raise RunError(f"lake {lake} already has data; pass --overwrite to replace it, or choose another --lake")
-        clear_lake(lake)
+    previous = _previous_commit(lake, overwrite)
     started = time.monotonic()
     started_wall = datetime.now(timezone.utc)
     run_id = file_digest(events_path)
     summary = RunSummary(source=str(events_path), lake=str(lake), run_id=run_id)
-    writer = LakeWriter(lake, run_id)
+    # file names: the input's digest (the same input gives the same names); replacing a lake's books, the commit's
+    # number too, so no staged file has a committed file's name
+    names = run_id if not previous else f"{run_id}-c{previous + 1}"
+    stage = staging_dir(lake, f"run-{names}")
+    writer = LakeWriter(stage, names)
     fleet = Fleet(fold_config)
+    pools = fleet.pools
+    tolerance_s = file_tolerance_s(fold_config)
     topic = f"file:{events_path.name}"
     seen_clock = 0  # the latest event time applied so far: when a dead letter was seen, in event time
     early: list = []  # dead letters before any event was applied: stamped with the first applied time
     read_bytes = 0
     add, extend = writer.add, writer.extend
-    events = _events_table(events_path, lake, run_id, topic, max_event_bytes, writer, events_process)
+    events = _events_table(events_path, stage, names, topic, max_event_bytes, writer, events_process)
 
     def dead(row: tuple) -> None:
         if seen_clock:
@@ -320,78 +425,169 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
         else:
             early.append(row)
 
-    paused = GcPause()
     try:
-        with open(events_path, "rb") as f:
-            for offset, (line, n, too_large) in enumerate(_lines(f, max_event_bytes), start=1):
-                read_bytes += n
-                if not offset & GC_FREEZE_MASK:
-                    paused.checkpoint()
-                if progress is not None and offset % 4096 == 0:
-                    progress(read_bytes)
-                if too_large is not None:
-                    dead(deadletter_row(line, too_large, topic, 0, offset, seen_clock))
-                    summary.dead_letters[too_large.code.value] += 1
-                    _note_line(summary, too_large.code.value, offset)
-                    continue
-                raw = _raw(line, offset)
-                if not raw.strip():
-                    summary.blank += 1
-                    continue
-                event = parse_event(raw, max_event_bytes)
-                if isinstance(event, Rejection):
-                    dead(deadletter_row(raw, event, topic, 0, offset, seen_clock))
-                    summary.dead_letters[event.code.value] += 1
-                    _note_line(summary, event.code.value, offset)
-                    continue
-                step = fleet.apply(event, raw)
-                if step.rejection is not None:
-                    dead(deadletter_row(raw, step.rejection, topic, 0, offset, seen_clock, event))
-                    summary.dead_letters[step.rejection.code.value] += 1
-                    _note_line(summary, step.rejection.code.value, offset)
-                    continue
-                if step.duplicate:
-                    summary.duplicates += 1
-                    continue
-                summary.accepted += 1
-                at = step.applied_at
-                if at > seen_clock:
-                    seen_clock = at
-                    if early:  # the dead letters that came before any applied event
-                        for row in early:
-                            add("deadletters", row[:3] + (at,) + row[4:])
-                        early.clear()
-                if step.lateness_s:
-                    summary.late += 1
-                events.applied(event, step, offset)
-                for table, rows in output_lists(step):
-                    extend(table, rows)
-        events_written = events.close()
-    finally:
-        events.stop()
-        paused.end()
-    summary.lines = offset if read_bytes else 0
-    for row in early:  # no event was applied at all: the dead letters keep time 0 (1970-01-01)
-        add("deadletters", row)
-    for table, row in close_rows(*fleet.close(), {**fleet.policy_rows(), **fleet.close_facts()}):
-        add(table, row)
-    written = writer.close()
-    if events_written:
-        written["events"] = events_written
+        paused = GcPause()
+        try:
+            with open(events_path, "rb") as f:
+                for offset, (line, n, too_large) in enumerate(_lines(f, max_event_bytes), start=1):
+                    read_bytes += n
+                    if not offset & GC_FREEZE_MASK:
+                        paused.checkpoint()
+                    if progress is not None and offset % 4096 == 0:
+                        progress(read_bytes)
+                    if too_large is not None:
+                        dead(deadletter_row(line, too_large, topic, 0, offset, seen_clock))
+                        summary.dead_letters[too_large.code.value] += 1
+                        _note_line(summary, too_large.code.value, offset)
+                        continue
+                    raw = _raw(line, offset)
+                    if not raw.strip():
+                        summary.blank += 1
+                        continue
+                    origin = appended = None
+                    wrapped = raw.startswith(logline.PREFIX)
+                    if wrapped:  # a line of a `log export`: the record's value, its append time and origin
+                        un = logline.unwrap(raw)
+                        if isinstance(un, Rejection):
+                            dead(deadletter_row(raw, un, topic, 0, offset, seen_clock))
+                            summary.dead_letters[un.code.value] += 1
+                            _note_line(summary, un.code.value, offset)
+                            continue
+                        raw, origin, appended = un
+                    event = parse_event(raw, max_event_bytes)
+                    if isinstance(event, Rejection):
+                        dead(deadletter_row(raw, event, topic, 0, offset, seen_clock))
+                        summary.dead_letters[event.code.value] += 1
+                        _note_line(summary, event.code.value, offset)
+                        continue
+                    if not wrapped:  # a plain line: no append time; one that would move its pool's clock far is checked
+                        pool_state = pools.get(event.pool)
+                        if (event.at_s - pool_state.clock > tolerance_s if pool_state is not None
+                                else event.type == "pool.configured"):
+                            ahead = _ahead_of_file(events_path, f.tell(), event, pools, fold_config, max_event_bytes)
+                            if ahead is not None:
+                                dead(deadletter_row(raw, ahead, topic, 0, offset, seen_clock, event))
+                                summary.dead_letters[ahead.code.value] += 1
+                                _note_line(summary, ahead.code.value, offset)
+                                continue
+                    step = fleet.apply(event, raw, origin, appended)
+                    if step.rejection is not None:
+                        dead(deadletter_row(raw, step.rejection, topic, 0, offset, seen_clock, event))
+                        summary.dead_letters[step.rejection.code.value] += 1
+                        _note_line(summary, step.rejection.code.value, offset)
+                        continue
+                    if step.duplicate:
+                        summary.duplicates += 1
+                        continue
+                    summary.accepted += 1
+                    at = step.applied_at
+                    if at > seen_clock:
+                        seen_clock = at
+                        if early:  # the dead letters that came before any applied event
+                            for row in early:
+                                add("deadletters", row[:3] + (at,) + row[4:])
+                            early.clear()
+                    if step.lateness_s:
+                        summary.late += 1
+                    events.applied(event, step, offset)
+                    for table, rows in output_lists(step):
+                        extend(table, rows)
+            events_written = events.close()
+        finally:
+            events.stop()
+            paused.end()
+        summary.lines = offset if read_bytes else 0
+        for row in early:  # no event was applied at all: the dead letters keep time 0 (1970-01-01)
+            add("deadletters", row)
+        for table, row in close_rows(*fleet.close(), {**fleet.policy_rows(), **fleet.close_facts()}):
+            add(table, row)
+        written = writer.close()
+        if events_written:
+            written["events"] = events_written
+    except BaseException as exc:
+        # nothing of this run is committed: its staged files go (the next run would remove them too)
+        try:
+            writer.wait()
+        except Exception:  # noqa: BLE001 - a write failing now changes nothing: the folder goes
+            pass
+        shutil.rmtree(stage, ignore_errors=True)
+        if isinstance(exc, KeyboardInterrupt):
+            raise RunInterrupted(f"interrupted: nothing of this run was committed to lake {lake} (it is as it was); "
+                                 f"run it again (no --overwrite needed for what never committed)") from None
+        raise
     summary.rows_written = {t: written[t] for t in TABLES if t in written}  # in lake table order
     summary.pools = len(fleet.pools)
-    summary.seconds = time.monotonic() - started
     if progress is not None:
         progress(read_bytes)
-    if store is not None:
-        store.save(
-            fleet.pools.values(),
-            run={"run_id": f"{run_id}-{started_wall:%Y%m%dT%H%M%S}", "kind": "embedded", "source": str(events_path),
-                 "lake": str(lake), "started_at": started_wall, "finished_at": datetime.now(timezone.utc),
-                 "lines": summary.lines, "accepted": summary.accepted, "duplicates": summary.duplicates,
-                 "dead_letters": summary.dead_letter_total, "summary_json": summary.as_dict()},
-            tracking=[("embedded", topic, 0, summary.lines)],
-            replace_all=True,  # the run folded from an empty state: pools of earlier runs are not current
-            decisions=read_rows(lake, "decisions"),  # the run's decisions, indexed (replacing earlier runs')
-        )
+    # the commit and the store's record of the run: Ctrl-C waits for them (a second or two), so an interrupted run
+    # is either wholly committed or not at all
+    with _sigint_deferred():
+        try:
+            summary.commit = publish(lake, stage, by=f"run {run_id} of {events_path.name}", replace=TABLES,
+                                     grace_s=0)
+        except LakeError as e:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise RunError(str(e)) from None
+        summary.seconds = time.monotonic() - started
+        if store is not None:
+            store.save(
+                fleet.pools.values(),
+                run={"run_id": f"{run_id}-{started_wall:%Y%m%dT%H%M%S}", "kind": "embedded",
+                     "source": str(events_path), "lake": str(lake), "started_at": started_wall,
+                     "finished_at": datetime.now(timezone.utc), "lines": summary.lines, "accepted": summary.accepted,
+                     "duplicates": summary.duplicates, "dead_letters": summary.dead_letter_total,
+                     "summary_json": summary.as_dict()},
+                tracking=[("embedded", topic, 0, summary.lines)],
+                replace_all=True,  # the run folded from an empty state: pools of earlier runs are not current
+                decisions=read_rows(lake, "decisions"),  # the run's decisions, indexed (replacing earlier runs')
+            )
     return summary, fleet
+
+
+def _previous_commit(lake: Path, overwrite: bool) -> int:
+    """Check the lake a run is about to replace and return its commit number (0: no books yet). Staged files of an
+    interrupted run are removed; a lake with books needs `overwrite`; a lake written before commits (or with a
+    broken manifest) is cleared with `overwrite` (its files are not this layout's)."""
+    clear_uncommitted(lake)
+    try:
+        m = read_manifest(lake)
+    except LakeLayoutError as e:
+        if not overwrite:
+            raise RunError(f"{e} (or pass --overwrite to replace the lake)") from None
+        clear_lake(lake)
+        return 0
+    if m is None:
+        if unlisted_parquet(lake):
+            if not overwrite:
+                raise RunError(f"lake {lake} already has data (written before commits); pass --overwrite to replace "
+                               f"it, or choose another --lake")
+            clear_lake(lake)
+        return 0
+    if any(m["tables"].get(t) for t in TABLES):
+        if not overwrite:
+            raise RunError(f"lake {lake} already has data; pass --overwrite to replace it, or choose another --lake")
+    return int(m.get("commit", 0))
+
+
+class _sigint_deferred:
+    """SIGINT held back while the block runs (in the main thread; elsewhere a no-op): a Ctrl-C then comes after it."""
+
+    def __enter__(self):
+        self.blocked = hasattr(signal, "pthread_sigmask") and threading_is_main()
+        if self.blocked:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        return self
+
+    def __exit__(self, *exc):
+        if self.blocked:
+            try:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            except KeyboardInterrupt:  # the Ctrl-C held back: the run is committed, so it is done
+                pass
+        return False
+
+
+def threading_is_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

@@ -2,9 +2,10 @@
 
 The lake's `events` are every event the fold applied, in the order it applied them (applied_at, then topic,
 partition and offset: the order the views use). Folding them again with the same core gives the facts it would
-have written then (`waits`, `free_chips`); only the fact tables missing from the lake are written, beside the
-lake first and moved into place table by table, so an interrupted upgrade leaves no half table and can be run
-again. The other tables are left as they are.
+have written then (`waits`, `free_chips`, `progress`, `chip_states`, `grant_intervals`); only the fact tables missing
+from the lake are written (or those asked for), staged beside the lake and committed together in one manifest swap
+(analytics/commits.py), so an interrupted upgrade leaves nothing half visible and can be run again. The other tables
+are left as they are.
 """
 
 from __future__ import annotations
@@ -17,45 +18,50 @@ from typing import Optional
 import duckdb
 import orjson
 
+from analytics.commits import missing_tables, open_lake, publish, staging_dir
 from analytics.lake import SCHEMAS, LakeWriter, read_parquet_sql
 from ledger import Fleet, FoldConfig
 from schemas import Rejection
 from schemas.parse import parse_payload
 
 #: the lake tables the fold writes as facts (a lake without them is upgraded by folding its events again)
-FACT_TABLES = ("waits", "free_chips", "chip_states", "grant_intervals")
+FACT_TABLES = ("waits", "free_chips", "progress", "chip_states", "grant_intervals")
 
 
 def missing_fact_tables(lake: Path) -> list[str]:
-    """The fact tables a lake with events has no folder of. A folder, not files: a table the fold wrote no row of
-    (a lake without grants has no grant_intervals) is an empty folder after an upgrade (`refold_facts`), and is
-    not folded again at every upgrade."""
+    """The fact tables a committed lake with events does not have (its manifest names no such table: an earlier
+    version did not write it). A table the fold wrote no row of (a lake without grants has no grant_intervals) is
+    an empty table after an upgrade (`refold_facts`), and is not folded again at every upgrade."""
     lake = Path(lake)
-    if not any((lake / "events").rglob("*.parquet")):
+    missing = [t for t in missing_tables(lake) if t in FACT_TABLES]
+    if not missing or not open_lake(lake, ("events",)).table_files("events"):
         return []
-    return [t for t in FACT_TABLES if not (lake / t).is_dir()]
+    return missing
 
 
 def refold_facts(lake: Path, fold_config: FoldConfig = FoldConfig(), batch: int = 50_000,
                  tables: Optional[list[str]] = None) -> dict:
-    """Fold the lake's events again and write the fact tables `tables` (default: the missing ones). Returns
-    {"events": n, "rejected": n, "rows": {table: n}}. Rejections can only come from a lake whose events another
-    core folded differently; they are counted, not written."""
+    """Fold the committed lake's events again and commit the fact tables `tables` (default: the missing ones) in one
+    commit, replacing those tables. Returns {"events": n, "rejected": n, "rows": {table: n}}. Rejections can only
+    come from a lake whose events another core folded differently; they are counted, not written."""
     lake = Path(lake)
     tables = missing_fact_tables(lake) if tables is None else tables
     out = {"events": 0, "rejected": Counter(), "rows": {t: 0 for t in tables}}
     if not tables:
         return out
-    tmp = lake / ".upgrading"
-    shutil.rmtree(tmp, ignore_errors=True)
-    writer = LakeWriter(tmp, "upgrade")
+    snap = open_lake(lake, ("events",))
+    stage = staging_dir(lake, "upgrade")
+    shutil.rmtree(stage, ignore_errors=True)
+    writer = LakeWriter(stage, f"upgrade-{snap.commit + 1:08d}")
     fleet = Fleet(fold_config)
-    days = sorted(p for p in (lake / "events").iterdir() if p.is_dir() and any(p.glob("*.parquet")))
+    days: dict[str, list[str]] = {}
+    for f in snap.table_files("events") or ():
+        days.setdefault(Path(f).parent.name, []).append(f)
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
     try:
-        for day in days:  # the files are by day of applied_at: in time order, one day sorted at a time
-            cur = con.execute(f'SELECT body FROM ({read_parquet_sql(str(day / "*.parquet"))}) '
+        for day in sorted(days):  # the files are by day of applied_at: in time order, one day sorted at a time
+            cur = con.execute(f'SELECT body FROM ({read_parquet_sql(days[day])}) '
                               f'ORDER BY applied_at, topic, "partition", "offset"')
             while rows := cur.fetchmany(batch):
                 for (body,) in rows:
@@ -79,14 +85,10 @@ def refold_facts(lake: Path, fold_config: FoldConfig = FoldConfig(), batch: int 
         written = writer.close()
         for t in tables:
             out["rows"][t] = written.get(t, 0)
-            if (tmp / t).exists():
-                shutil.rmtree(lake / t, ignore_errors=True)
-                (tmp / t).rename(lake / t)
-            else:  # nothing to write (a lake without chips or jobs): an empty folder says it was folded
-                (lake / t).mkdir(exist_ok=True)
+        publish(lake, stage, by=f"lake upgrade: {', '.join(tables)} folded again", replace=tables)
     finally:
         con.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(stage, ignore_errors=True)
     out["rejected"] = dict(out["rejected"])
     return out
 

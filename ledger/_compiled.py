@@ -1,12 +1,12 @@
 """The compiled core: the fold's modules built with mypyc, used only when built from exactly these sources.
 
-`make` (scripts/build_core.py) compiles `ledger/{books,state,fold,policy,fleet,prices}.py` into native modules under
-`<venv>/chipledger-core/` (or `$CHIPLEDGER_CORE_DIR`) with a manifest holding a digest of the sources it was
-built from. `activate` puts that folder first on the `ledger` package's path when the manifest matches the
-sources on disk and this interpreter, so `import ledger.fold` loads the native module; otherwise (not built,
-built from other sources, `CHIPLEDGER_PURE_PYTHON=1`) the same modules run as plain Python. Both give
-identical outputs (tests/test_compiled_core.py); the compiled one folds about 1.5x faster
-(docs/benchmarks.md). This module itself is never compiled.
+`make` (scripts/build_core.py) compiles the modules in MODULES (`ledger/{books,state,step,...,fold,policy}.py`)
+into native modules under `<venv>/chipledger-core/` (or `$CHIPLEDGER_CORE_DIR`) with a manifest holding a digest of
+the sources it was built from. `activate` puts that folder first on the `ledger` package's path when the manifest
+matches the sources on disk and this interpreter, so `import ledger.fold` loads the native module; otherwise (not
+built, built from other sources, `CHIPLEDGER_PURE_PYTHON=1`) the same modules run as plain Python. Both give
+identical outputs (tests/test_compiled_core.py); the compiled one folds about 1.5x faster (docs/benchmarks.md).
+This module itself is never compiled.
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ import sys
 import warnings
 from pathlib import Path
 
-MODULES = ("books", "state", "fold", "policy", "fleet", "prices")  # compiled together (they call each other natively)
+# compiled together (they call each other natively): the fold's modules by concern (ledger/step.py lists them), the
+# policy, the fleet and prices
+MODULES = ("books", "state", "step", "rates", "hol", "waits", "chips", "grants", "jobs", "progress", "clock",
+           "invariants", "fold", "policy", "fleet", "prices")
 SOURCE_DIR = Path(__file__).resolve().parent
 MANIFEST = "manifest.json"
 

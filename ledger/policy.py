@@ -428,7 +428,7 @@ def _on_whole_nodes(job: Job, ctx: _Context) -> bool:
     return cpn is None or job.chips_milli <= whole_nodes_milli(ctx._state, cpn)
 
 
-STARTABLE = (READY, WOULD_BORROW)  # the reasons of a job that could start now (head-of-line blocking: ledger.fold)
+STARTABLE = (READY, WOULD_BORROW)  # the reasons of a job that could start now (head-of-line blocking: ledger.hol)
 
 
 def cached_limits(state: PoolState) -> tuple[dict, list]:

@@ -57,6 +57,22 @@ def fingerprint(body: Any) -> int:  # any bytes-like value (bytes, bytearray, me
     return crc32(body) << 32 | adler32(body)
 
 
+#: between an origin and an event id in the dedup window's keys: a control character, which neither may hold
+ORIGIN_SEP = "\x1f"
+
+
+def origin_of(source: str) -> str:
+    """The origin that stands in for an event's cluster when the edge gives none (a file): the cluster part of its
+    `source`, the text before the first '/' (DESIGN §3)."""
+    cut = source.find("/")
+    return source if cut < 0 else source[:cut]
+
+
+def dedup_key(origin: str, event_id: str) -> str:
+    """The dedup window's key of an event id from an origin (ids are deduplicated per origin)."""
+    return origin + ORIGIN_SEP + event_id
+
+
 def digest_of(body: Any) -> int:
     """What the dedup window compares: a body's digest, or the digest itself when the window already holds it
     (it keeps an accepted event's raw bytes and digests them only when needed)."""
@@ -206,7 +222,7 @@ class Job:
 
 @dataclass(slots=True)
 class Progress:
-    """What the fold keeps of a job's progress reports (fact `progress`, ledger.fold): the unit's name, the count
+    """What the fold keeps of a job's progress reports (fact `progress`, ledger.progress): the unit's name, the count
     last reported and the run it was reported in, the start of the open interval (instant, count, the run's
     allocation then), the count at the last checkpoint (a restart continues from it), the reference rate (units
     per chip-second; -1: not known yet) with the healthy stretch gathered for it (rates, seconds), and the chips
@@ -241,9 +257,10 @@ class PoolState:
     capacity_milli: int = 0
     unavailable_milli: int = 0
     charged_milli: int = 0  # sum of team use
-    # dedup window: event_id -> (fingerprint, event time); order of arrival for expiry
+    # dedup window: dedup_key(origin, event_id) -> (fingerprint, event time); order of arrival for expiry
     dedup: dict[str, tuple[Any, int]] = field(default_factory=dict)
     dedup_order: deque = field(default_factory=deque)
+    legacy_ids: bool = False  # the window holds ids saved before they were kept per origin (plain event ids, oldest)
     # counters
     applied: int = 0
     duplicates: int = 0
@@ -308,7 +325,7 @@ class PoolState:
     queue_changes: int = 0  # jobs joined or left a queue (derived; with run_epoch and other_epoch: when to look again)
     hol_sig: Optional[tuple] = None  # those counters at the last look at head-of-line blocking (derived)
     hol_any: bool = True  # some pending job could start at the last look (derived: after a restore, look)
-    # the head-of-line index (ledger.fold._hol; derived, built at the first look, None until then and after a
+    # the head-of-line index (ledger.hol._hol; derived, built at the first look, None until then and after a
     # restore): pending jobs per (team, chips per node) sorted by (chips, job id), every pending job's queue key
     # sorted, the most chips each group could start with at the last look, the jobs that could start then, the
     # jobs queued since, the decisions in flight then and the first three jobs that could not start then
@@ -449,6 +466,7 @@ class PoolState:
         for eid, fp, at in d["dedup"]:
             s.dedup[eid] = (fp, at)
             s.dedup_order.append(eid)
+        s.legacy_ids = bool(s.dedup_order) and ORIGIN_SEP not in s.dedup_order[0]
         s.applied, s.duplicates, s.rejected = d["applied"], d["duplicates"], d["rejected"]
         s.late_events, s.max_lateness_s = d["late_events"], d["max_lateness_s"]
         s.positions = dict(d.get("positions") or {})

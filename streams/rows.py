@@ -32,7 +32,7 @@ def canonical_json(e) -> str:
 
 def event_row(e, step, topic: str, partition: int, offset: int) -> tuple:
     """The lake row of an applied event (column order of analytics.lake.SCHEMAS['events']). The body is the
-    event's canonical JSON: exactly what was folded (a message with a repeated key, say, was read one way);
+    event's canonical JSON: exactly what was folded, whatever the spelling of the message;
     the typed fields after it are taken from the same parsed event."""
     return applied_event_row(e, step.occurred_s, step.applied_at, step.lateness_s, topic, partition, offset)
 

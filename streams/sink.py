@@ -11,11 +11,15 @@ Each poll is one batch:
 3. one store transaction: the pools' balances (from the latest state snapshot of each pool in the batch), the
    decisions index, the output positions read `(sink, topic, partition, offset)`, the marks (as tracking rows
    `(sink@topic/pool, input topic, input partition, input offset)`) and the batch number;
-4. the staged files are moved into the lake.
+4. the lake's commit (analytics/commits.py `publish`): the staged files are moved into the tables' folders and one
+   manifest swap names them, with the batch number as the lake's mark `sink:<name>`. Until then no reader sees them.
 
-After a crash: batches whose number the store has are moved into place (step 4 was cut short), later ones are
-deleted (their records are read again from the stored positions). So a replayed message changes nothing, and a
-re-sent one neither.
+The store is the truth of what was consumed; the lake's mark says which of those batches it has committed. After a
+crash between them (store at batch N, lake's mark N-1), the sink's start commits batch N from its staged folder
+(the folder keeps the list of its files, so a commit cut short after moving some of them finishes); a staged batch
+the lake's mark already covers is removed; a staged batch beyond the store's number is deleted (its records are
+read again from the stored positions). So a batch is in the lake exactly when the store has it, a replayed message
+changes nothing, and a re-sent one neither.
 
 Before an item counts, its origin must be a position the worker can have folded (`check_origin`): an input
 or log topic, a partition the item's pool hashes to (Kafka's default partitioner, as the producers key by pool),
@@ -41,6 +45,7 @@ from typing import Callable, Optional
 
 import orjson
 
+from analytics.commits import LakeLayoutError, lake_layout, mark as lake_mark, publish, LAYOUT_VERSION
 from analytics.lake import DAY_COLUMN, EARLIER_EVENT_WIDTHS, SCHEMAS, LakeWriter, complete_event_row
 from ledger.state import PoolState
 from schemas import INPUT_TOPICS, OUTPUT_TOPICS, Rejection, RejectionCode
@@ -265,6 +270,10 @@ class Sink:
         self.batch_ms = batch_ms
         self.timeout_s = timeout_s
         self.staging = self.lake / "_staging" / name
+        layout = lake_layout(self.lake)
+        if layout not in (None, LAYOUT_VERSION):  # commits to a lake of another layout would hide its files
+            raise LakeLayoutError(f"lake {self.lake} has layout {layout} (this sink writes layout {LAYOUT_VERSION}): "
+                                  f"run `chipledger lake upgrade --lake {self.lake}`")
         self.stats = SinkStats()
         self._marks: dict[tuple[str, str, str, int], int] = {}
         self._batch = self.store.position(self._batch_consumer, "lake", 0) or 0
@@ -277,13 +286,23 @@ class Sink:
     def _batch_consumer(self) -> str:
         return f"{self.name}:batch"
 
+    @property
+    def lake_mark(self) -> str:
+        """The lake's mark of the last batch this sink committed (analytics.commits.mark)."""
+        return f"sink:{self.name}"
+
     # --- start ------------------------------------------------------------------------------------------
     def recover(self) -> None:
-        """Finish the last committed batch's move into the lake; delete staged batches the store never got."""
+        """Commit to the lake the staged batches the store has and the lake does not (a crash between the store's
+        transaction and the lake's commit); remove those the lake has and those the store never got."""
         if not self.staging.exists():
             return
-        for d in sorted(self.staging.iterdir()):
-            if d.is_dir() and d.name.isdigit() and int(d.name) <= self._batch:
+        committed = lake_mark(self.lake, self.lake_mark) or 0
+        for d in sorted(self.staging.iterdir(), key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit()
+                                                                else 0)):
+            if d.is_dir() and d.name.isdigit() and committed < int(d.name) <= self._batch:
+                log.warning("sink %s: batch %s is in the store but not in the lake (a crash between them): "
+                            "committing it now", self.name, d.name)
                 self._publish(d)
             else:
                 shutil.rmtree(d, ignore_errors=True)
@@ -424,13 +443,11 @@ class Sink:
                                    pool if isinstance(pool, str) else None, base64.b64encode(raw).decode("ascii")))
 
     def _publish(self, stage: Path) -> None:
-        """Move a committed batch's files from staging into the lake (idempotent: a file moved already is gone)."""
+        """The lake's commit of a batch the store has: its staged files join their tables in one manifest swap, with
+        the batch number as the lake's mark (idempotent: a file moved already is not moved again)."""
         if stage.exists():
-            for f in sorted(stage.rglob("*.parquet")):
-                dest = self.lake / f.relative_to(stage)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                f.replace(dest)
-            shutil.rmtree(stage, ignore_errors=True)
+            batch = int(stage.name)
+            publish(self.lake, stage, by=f"sink {self.name} batch {batch}", marks={self.lake_mark: batch})
 
     def poll_once(self, timeout_ms: int = 200, batch_ms: Optional[int] = None) -> int:
         """Read for up to `batch_ms` (default: the sink's) or `max_records` records and write what came as one

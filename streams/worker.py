@@ -117,6 +117,11 @@ class Pending:
     timestamp_ms: int
     arrived: float
     last_of_record: bool = True  # the last input record of its log record: acks the log record
+    # what the log record says of the input record (the Kafka edge fills them; None: not known): the cluster of the
+    # verified principal it was accepted from (ids are deduplicated per origin; None: the event's `source` stands
+    # in) and its broker append time in epoch seconds (LogAppendTime: an event further ahead is `clock_ahead`)
+    origin_cluster: Optional[str] = None
+    appended_s: Optional[int] = None
 
 
 #: the largest output record the worker writes (the broker's default max.message.bytes is 1 MiB; room is left
@@ -935,7 +940,8 @@ class PoolWorker(Continuity):
             # makes the next owner skip the record for good, an event lost)
             touched[key_pool] = p
             return []
-        new, step = evolve(state, event, self.settings.fold_config, p.value)
+        new, step = evolve(state, event, self.settings.fold_config, p.value, origin=p.origin_cluster,
+                           appended_s=p.appended_s)
         self.last_applied[key_pool] = self.clock()
         if new is not None:
             new.positions[tpk] = p.offset

@@ -16,6 +16,7 @@ import pytest
 
 from analytics.lake import SCHEMAS, read_parquet_sql
 from analytics.views import connect
+from analytics.commits import adopt
 from chipledger.refold import FACT_TABLES, refold_facts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +41,10 @@ def lakes(tmp_path_factory):
     return bench, root / "one" / "lake", root / "k" / "lake", rows
 
 
+#: the fact tables the generated lake has rows of (its jobs report no progress: `progress` stays empty)
+FOLDED = tuple(t for t in FACT_TABLES if t != "progress")
+
+
 def _table(lake: Path, table: str) -> str:
     return read_parquet_sql(str(lake / table / "**" / "*.parquet"))
 
@@ -47,7 +52,7 @@ def _table(lake: Path, table: str) -> str:
 def test_every_table_is_copied_k_times_in_the_same_layout(lakes):
     bench, one, k, rows = lakes
     con = duckdb.connect()
-    for t in ("events", "job_runs", "journal", *FACT_TABLES):
+    for t in ("events", "job_runs", "journal", *FOLDED):
         n = con.execute(f"SELECT count(*) FROM ({_table(one, t)})").fetchone()[0]
         assert n > 0 and rows[t] == K * n, t
         # the same day folders, each with a file per copy of the lake's schema
@@ -85,11 +90,12 @@ def test_the_copies_are_what_the_fold_of_the_copied_events_writes(lakes, tmp_pat
     again = tmp_path / "lake"
     again.mkdir()
     shutil.copytree(k / "events", again / "events")
+    adopt(again, refoldable=FACT_TABLES)  # a lake of its events alone, committed (as `lake upgrade` adopts one)
     res = refold_facts(again, tables=list(FACT_TABLES))
     assert res["rejected"] == {} and res["events"] > 0
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
-    for t in FACT_TABLES:
+    for t in FOLDED:
         a, b = _table(again, t), _table(k, t)
         assert res["rows"][t] == con.execute(f"SELECT count(*) FROM ({b})").fetchone()[0] > 0, t
         for x, y in ((a, b), (b, a)):

@@ -53,13 +53,21 @@ def test_the_events_process_writes_the_files_the_run_would(tmp_path):
     assert [name for name in fa if fa[name] != fb[name]] == []
 
 
-def test_a_failed_events_process_fails_the_run(tmp_path):
+def test_a_failed_events_process_fails_the_run(tmp_path, monkeypatch):
+    import chipledger.embedded as embedded
+
     events = tmp_path / "events.jsonl"
     write_events(events, seed=3, days=1)
     lake = tmp_path / "lake"
     lake.mkdir()
-    (lake / "events").write_text("a file where the events table's folder would go")
+
+    def broken(*args):  # only the events process builds events rows (it inherits this by the fork)
+        raise OSError("the disk of the events table failed")
+
+    monkeypatch.setattr(embedded, "applied_event_row", broken)
     with pytest.raises(RunError, match="events table failed"):
         run_file(events, lake)
+    staging = lake / "_staging"
+    assert not (lake / "_lake.json").exists() and not (staging.exists() and any(staging.iterdir()))  # nothing left
     assert multiprocessing.active_children() == []  # nothing left running
     assert gc.isenabled() and gc.get_freeze_count() == 0  # the collector given back (chipledger.embedded.GcPause)

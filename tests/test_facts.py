@@ -20,6 +20,8 @@ from tests.test_evolve import (
 N1 = ["c1", "c2", "c3", "c4"]
 N2 = ["c5", "c6", "c7", "c8"]
 
+from lake_support import commit_written  # noqa: E402  (tests/lake_support.py)
+
 
 def _scenario():
     return [configured(), *[chip(c, node="n1") for c in N1], *[chip(c, node="n2") for c in N2],
@@ -228,15 +230,17 @@ def test_waits_view_keeps_each_waits_last_posting(tmp_path):
         writer = LakeWriter(tmp_path / "lake", run_id)
         writer.extend("waits", rows)
         writer.close()
+    commit_written(tmp_path / "lake")
     got = connect(tmp_path / "lake").execute(
         'SELECT job_id, run_index, "end", epoch(posted_at)::BIGINT - ? FROM waits ORDER BY ALL', [T0]).fetchall()
     assert got == [("a", 0, "started", 7300), ("b", 0, "open", 7200), ("c", 0, "started", 100),
                    ("d", 0, "finished", 5), ("d", 0, "started", 5), ("r", 0, "started", 10), ("r", 1, "open", 7200)]
 
 
-def test_a_materializing_connection_reads_the_files_there_at_connect(tmp_path):
-    """connect(materialize=...) is a snapshot (its views read the files listed at connect); a plain connection reads
-    globs and sees the files written while it is open."""
+def test_a_connection_reads_the_files_of_the_commit_there_at_connect(tmp_path):
+    """Every connection (materializing or not) is a snapshot of the lake's latest commit at connect: its views read
+    the files that commit names; a file written later is read from the commit that names it on, by a new connection,
+    and a file no commit names never (analytics/commits.py)."""
     from analytics.lake import LakeWriter, table_files
     from analytics.views import connect
 
@@ -247,13 +251,17 @@ def test_a_materializing_connection_reads_the_files_there_at_connect(tmp_path):
         writer.close()
 
     write("1", "x")
+    commit_written(tmp_path / "lake")
     assert table_files(tmp_path / "lake", "waits", listed=True) == [
         str(p) for p in sorted((tmp_path / "lake" / "waits").rglob("*.parquet"))]
     assert table_files(tmp_path / "lake", "free_chips", listed=True) is None
     snapshot, live = connect(tmp_path / "lake", materialize=True), connect(tmp_path / "lake")
     write("2", "y")
     assert snapshot.execute("SELECT job_id FROM waits").fetchall() == [("x",)]
-    assert live.execute("SELECT job_id FROM waits ORDER BY 1").fetchall() == [("x",), ("y",)]
+    assert live.execute("SELECT job_id FROM waits ORDER BY 1").fetchall() == [("x",)]
+    assert connect(tmp_path / "lake").execute("SELECT job_id FROM waits ORDER BY 1").fetchall() == [("x",)]
+    commit_written(tmp_path / "lake")
+    assert connect(tmp_path / "lake").execute("SELECT job_id FROM waits ORDER BY 1").fetchall() == [("x",), ("y",)]
 
 
 def test_a_chip_registered_makes_a_waiting_job_startable():
@@ -393,6 +401,7 @@ def test_base_runs_sums_only_the_runs_posted_more_than_once(tmp_path):
         writer = LakeWriter(tmp_path / "lake", run_id)
         writer.extend("job_runs", rows)
         writer.close()
+    commit_written(tmp_path / "lake")
     con = connect(tmp_path / "lake")
     got = con.execute("SELECT job_id, chips_milli, started_s - ?, ended_s - ?, end_reason, allocated_mchip_s, "
                       "lost_mchip_s FROM base_runs ORDER BY ALL", [T0, T0]).fetchall()

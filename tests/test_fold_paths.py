@@ -1,5 +1,5 @@
-"""The fold's cheaper paths (docs/benchmarks.md, third speed pass) give what the plain ones gave: raw bytes kept
-in the dedup window and digested lazily, the pool's idle account derived from the others, a Step's shared empty
+"""The fold's cheaper paths (docs/benchmarks-history.md, third speed pass) give what the plain ones gave: raw bytes
+kept in the dedup window and digested lazily, the pool's idle account derived from the others, a Step's shared empty
 output lists, the clock's next stop, the memo of a job's milli-chips."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from ledger import Fleet, FoldConfig, PoolState, close_books, evolve
 from ledger.books import CAPACITY, IDLE, IN_QUOTA, OVERCOMMITTED, UNAVAILABLE
-from ledger.state import NO_ROWS, fingerprint
+from ledger.state import NO_ROWS, dedup_key, fingerprint, origin_of
 from schemas import RejectionCode as RC
 
 from tests.test_evolve import CFG, H, POOL, T0, chip, chip_state, configured, finish, grant, start, submit, tick
@@ -34,7 +34,7 @@ def test_the_window_keeps_raw_bytes_and_saves_their_digests():
     events = [configured(), chip("c1"), submit("j1", "a", 1, at=10), tick(20)]  # a tick has no check of its own
     state, _ = _pool(events)
     last = events[-1]
-    assert state.dedup[last.event_id][0] == _raw(last)  # kept as received: digested only if the id comes again
+    assert state.dedup[dedup_key(origin_of(last.source), last.event_id)][0] == _raw(last)  # kept as received: digested only if the id comes again
     saved = state.to_dict()["dedup"]
     assert [row[1] for row in saved] == [fingerprint(_raw(e)) for e in events]
     assert all(isinstance(row[1], int) for row in saved)

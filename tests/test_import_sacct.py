@@ -319,10 +319,21 @@ def test_jobs_view(new_york):
     # submitted 01:05 EST, started 03:05 EDT: one hour of queueing
     assert _job(con, "51024")[:3] == (0, None, 3600)
     # requeued once; the first run (23:05:30 → 01:30 EST) was lost work
-    # an admin requeue loses no work (a PREEMPTED run would: 51005)
-    assert _job(con, "51006")[:5] == (1, "succeeded", 30, 2000 * (8670 + 10800), 0)
+    # an admin requeue loses no work (a PREEMPTED run would: 51005), and since issue 35 item 4 it is not a
+    # preemption either: a requeue (was counted as 1 preemption)
+    assert _job(con, "51006")[:5] == (0, "succeeded", 30, 2000 * (8670 + 10800), 0)
     assert _job(con, "51005")[:2] == (1, None)  # preempted, not requeued in the file: still pending
-    assert _job(con, "51007")[:2] == (1, None)  # node failure, requeued, running at the end
+    # node failure, requeued, running at the end: a failure, not a preemption (was counted as 1 preemption)
+    assert _job(con, "51007")[:2] == (0, None)
+    causes = dict(((j, (p, r, f)) for j, p, r, f in con.execute(
+        "SELECT job_id, preemptions, requeues, failures FROM jobs WHERE job_id IN ('51005', '51006', '51007')"
+    ).fetchall()))
+    assert causes == {"51005": (1, 0, 0), "51006": (0, 1, 0), "51007": (0, 0, 1)}
+    ends = dict(con.execute("SELECT job_id, end_reason FROM job_run_totals WHERE job_id IN ('51005', '51006', "
+                            "'51007') AND run_index = 1").fetchall())
+    assert ends == {"51005": "preempted", "51006": "requeued", "51007": "failure"}
+    assert con.execute("SELECT sum(preemptions) FROM jobs").fetchone()[0] == con.execute(
+        "SELECT count(*) FROM job_run_totals WHERE end_reason = 'preempted'").fetchone()[0] == 1
     assert _job(con, "51004")[:3] == (0, "cancelled", None)
     assert _job(con, "51003")[1] == "failed"  # TIMEOUT
     restart = con.execute("SELECT epoch(started_at) FROM job_run_totals WHERE job_id = '51006' AND run_index = 2"

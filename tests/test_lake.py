@@ -10,6 +10,8 @@ from analytics.views import connect, view_names
 DAY = 86_400
 T0 = 1_793_577_600  # 2026-11-02T00:00:00Z
 
+from lake_support import commit_written  # noqa: E402  (tests/lake_support.py)
+
 
 def journal_row(t, amount=1000):
     return ("p", t, "capacity", None, amount)
@@ -28,6 +30,7 @@ def test_rows_land_in_day_partitions_and_old_days_are_written_early(tmp_path):
     assert w.close() == {"journal": 120}
     on_disk = sorted(p.parent.name for p in (tmp_path / "journal").rglob("*.parquet"))
     assert on_disk == [f"day=2026-11-0{d}" for d in range(2, 7)]
+    commit_written(tmp_path)
     con = connect(tmp_path)
     assert con.execute("SELECT count(*), sum(amount_mchip_s) FROM journal_postings").fetchone() == (120, 120_000)
     assert con.execute("SELECT min(hour)::VARCHAR FROM journal").fetchone()[0].startswith("2026-11-02 00:00:00")
@@ -41,6 +44,7 @@ def test_late_rows_for_a_written_day_go_to_a_new_file(tmp_path):
     w.close()
     files = sorted(p.name for p in (tmp_path / "journal" / "day=2026-11-02").iterdir())
     assert files == ["part-run1-0001.parquet", "part-run1-0002.parquet"]
+    commit_written(tmp_path)
     assert connect(tmp_path).execute("SELECT count(*) FROM journal_postings").fetchone()[0] == 3
 
 
@@ -52,7 +56,8 @@ def test_empty_lake_has_every_view(tmp_path):
     cols = [d[0] for d in con.execute("SELECT * FROM jobs").description]
     assert cols == ["job_id", "pool", "team", "user", "chips", "chips_milli", "priority", "preemptible", "submitted_at",
                     "first_started_at",
-                    "finished_at", "outcome", "preemptions", "allocated_mchip_s", "lost_mchip_s"]
+                    "finished_at", "outcome", "preemptions", "allocated_mchip_s", "lost_mchip_s",
+                    "requeues", "failures"]  # (requeues, failures: issue 35 item 4's causes)
     assert "error_code" in [d[0] for d in con.execute("SELECT * FROM deadletters").description]
     assert set(SCHEMAS) == {"events", "journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips",
                             "progress", "chip_states", "grant_intervals", "prices", "budgets", "deadletters"}

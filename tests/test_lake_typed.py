@@ -152,9 +152,12 @@ def test_the_sink_completes_rows_of_a_worker_before_the_user_field(tmp_path):
     assert con.execute('SELECT job_id, team, "user" FROM events').fetchall() == [("j", "a", None)]
 
 
-def test_events_files_before_the_user_field_open_as_they_are_and_upgrade(tmp_path):
-    """Files of the first typed layout (25 columns, written before `user`) open without an upgrade, `user` null,
-    alone or beside files with it; `lake upgrade` adds the column (from the bodies) in place."""
+def test_events_files_before_the_user_field_are_upgraded_with_the_lake(tmp_path):
+    """Files of the first typed layout (25 columns, written before `user`) are in lakes written before commits: every
+    reader says in one line to run `lake upgrade`, which adopts the lake and adds the column (from the bodies) in
+    place, alone or beside files with it."""
+    from analytics.commits import MANIFEST
+
     lines = (ROOT / "tests/fixtures/hand.jsonl").read_text().splitlines()
     with_user = [json.dumps({**json.loads(x), "user": "alice"}) if '"job.submitted"' in x else x for x in lines]
     fixture = tmp_path / "users.jsonl"
@@ -168,22 +171,24 @@ def test_events_files_before_the_user_field_open_as_they_are_and_upgrade(tmp_pat
     want_all = connect(lake).execute('SELECT * EXCLUDE ("user") FROM events ORDER BY "offset"').fetchall()
     (only,) = (lake / "events").rglob("*.parquet")
     t = pq.read_table(only, partitioning=None)
-    # split in two: the rows up to h-009 as the first typed layout wrote them (no `user`), the rest as now
+    # as the earlier version wrote the lake: no manifest, the rows up to h-009 as the first typed layout wrote them
+    # (no `user`), the rest as now
+    (lake / MANIFEST).unlink()
     old, new = t.slice(0, 9), t.slice(9)
     assert old.column("event_id").to_pylist()[-2:] == ["h-008", "h-009"]
     files = [only.with_name("part-old-0001.parquet"), only]
     pq.write_table(old.select(t.schema.names[:25]), files[0])
     pq.write_table(new, files[1])
-    assert connect(lake).execute('SELECT * EXCLUDE ("user") FROM events ORDER BY "offset"').fetchall() == want_all
-    assert connect(lake).execute(query).fetchall() == [("h-008", "a", None), ("h-010", "b", "alice")]
-    pq.write_table(new.select(t.schema.names[:25]), files[1])  # every file of the earlier layout
-    assert connect(lake).execute(query).fetchall() == [("h-008", "a", None), ("h-010", "b", None)]
-    assert connect(lake).execute('SELECT DISTINCT "user" FROM usage_by_user').fetchall() == [(None,)]
+    with pytest.raises(LakeError, match="chipledger lake upgrade"):
+        connect(lake)
+    refused = CliRunner().invoke(app, ["sql", "SELECT 1", "--lake", str(lake)])
+    assert refused.exit_code == 1 and refused.stderr.count("\n") == 1 and "lake upgrade" in refused.stderr
 
     up = CliRunner().invoke(app, ["lake", "upgrade", "--lake", str(lake)])
     assert up.exit_code == 0, up.output
-    assert sorted(up.stdout.split()) == sorted(str(f) for f in files)
+    assert sorted(up.stdout.split()) == [str(files[0])]
     assert all(pq.read_metadata(f).num_columns == 26 for f in files)
+    assert connect(lake).execute('SELECT * EXCLUDE ("user") FROM events ORDER BY "offset"').fetchall() == want_all
     # from the bodies: these were written with a user (a real file of the earlier layout never has one)
     assert connect(lake).execute(query).fetchall() == [("h-008", "a", "alice"), ("h-010", "b", "alice")]
 
@@ -198,7 +203,7 @@ def test_events_files_of_an_earlier_version_are_refused_clearly(tmp_path):
     with pytest.raises(LakeError, match=r"part-old-0001.parquet: an events file with 11 columns, expected 26 .*"
                                         r"chipledger lake upgrade --lake .*chipledger run --overwrite"):
         check_events_files(tmp_path)
-    with pytest.raises(LakeError, match="earlier version"):
+    with pytest.raises(LakeError, match="written before commits.*chipledger lake upgrade"):
         connect(tmp_path)
 
 
@@ -213,6 +218,9 @@ def test_lake_upgrade_gives_files_of_an_earlier_version_their_typed_fields_in_pl
     typed_want = connect(lake).execute(f"SELECT {COLS} FROM base_event_log ORDER BY \"offset\"").fetchall()
     files = sorted((lake / "events").rglob("*.parquet"))
     assert files and any(v != NONE15 for v in typed_want)
+    from analytics.commits import MANIFEST
+
+    (lake / MANIFEST).unlink()  # as an earlier version wrote the lake: no manifest
     for f in files:  # as an earlier version wrote them: no typed fields
         t = pq.read_table(f, partitioning=None)
         pq.write_table(t.select(t.schema.names[:LEGACY_EVENT_COLUMNS]), f)

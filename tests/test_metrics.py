@@ -172,6 +172,10 @@ def test_names_follow_prometheus_conventions_and_promtool_check_metrics_passes(s
 
 
 def test_serve_metrics_follows_files_added_to_the_lake_and_refolds_when_one_changes(scenario_lake, tmp_path):
+    """serve-metrics folds on the files each commit adds (a sink's batch, a day rolling over); a file only dropped into
+    the lake is not folded."""
+    from lake_support import commit_written
+
     lake, _ = scenario_lake
     grown = tmp_path / "lake"
     days = sorted(p.name for p in (lake / "events").iterdir())
@@ -182,12 +186,16 @@ def test_serve_metrics_follows_files_added_to_the_lake_and_refolds_when_one_chan
             src = lake / table / day
             if src.exists():
                 shutil.copytree(src, grown / table / day)
+        commit_written(grown)
 
     copy_day(days[0])
     lm = LakeMetrics(grown, FOLD)
     n1 = lm.poll()
     s1 = samples(exposition(registry_of(lm, process=False)).decode())
     assert lm.poll() == 0  # nothing added
+    shutil.copytree(lake / "events" / days[1], grown / "events" / days[1])
+    assert lm.poll() == 0  # nothing committed
+    shutil.rmtree(grown / "events" / days[1])
     for d in days[1:]:
         copy_day(d)
     n2 = lm.poll()
@@ -387,9 +395,12 @@ def test_a_scrape_changes_nothing_the_fold_does():
 
 
 def test_serve_metrics_retries_a_file_caught_mid_write_without_counting_twice(scenario_lake, tmp_path):
+    from lake_support import commit_written
+
     lake, _ = scenario_lake
     grown = tmp_path / "lake"
     shutil.copytree(lake / "events", grown / "events")
+    commit_written(grown)
     whole = LakeMetrics(lake, FOLD)
     n = whole.poll()
     last = sorted((grown / "events").rglob("*.parquet"))[-1]

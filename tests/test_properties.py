@@ -208,7 +208,9 @@ def event_logs(draw, max_steps: int = 45):
             log.append(dict(draw(st.sampled_from(log))))  # the exact same body again
         elif action == "conflict" and log:
             d = dict(draw(st.sampled_from(log)))
-            d["source"] = "someone-else"  # same id, another body
+            # same id, another body, from the same origin (ids are deduplicated per origin: the cluster part of
+            # `source`, "hypothesis"; another origin's event with this id would be an event of its own)
+            d["source"] = "hypothesis/another-replica"
             log.append(d)
         elif action == "stranger":
             if draw(st.booleans()):

@@ -1,7 +1,7 @@
-"""The embedded run's cyclic garbage collector (chipledger/embedded.py, GcPause; docs/benchmarks.md, issue 22 part 5):
-automatic collection is off while `chipledger run` folds; every GC_FREEZE_MASK + 1 lines the objects made since the
-last checkpoint are collected once (the cycles those lines made are freed, so memory stays bounded) and what survives
-is frozen; after the run the collector is as the caller had it (after a failed run too:
+"""The embedded run's cyclic garbage collector (chipledger/embedded.py, GcPause; docs/benchmarks-history.md, issue 22
+part 5): automatic collection is off while `chipledger run` folds; every GC_FREEZE_MASK + 1 lines the objects made
+since the last checkpoint are collected once (the cycles those lines made are freed, so memory stays bounded) and
+what survives is frozen; after the run the collector is as the caller had it (after a failed run too:
 tests/test_embedded_events_process.py)."""
 
 from __future__ import annotations

@@ -588,3 +588,17 @@ def test_role_table():
     assert check(portal, "job.submitted", east).code == RC.wrong_role
     with pytest.raises(ValueError):
         Principal("x", frozenset({"root"}), frozenset())
+
+
+def test_json_schema_export_has_the_new_types_and_fields(tmp_path):
+    from schemas.export import export_json_schemas
+    written = {p.name for p in export_json_schemas(tmp_path)}
+    assert {"job.waiting.schema.json", "price.set.schema.json", "budget.set.schema.json"} <= written
+    preempted = json.loads((tmp_path / "job.preempted.schema.json").read_text())
+    cause = preempted["properties"]["cause"]["anyOf"][0]
+    assert cause["enum"] == ["preempted", "requeued", "failure"]
+    submitted = json.loads((tmp_path / "job.submitted.schema.json").read_text())["properties"]
+    assert submitted["expected_runtime_s"]["anyOf"][0]["minimum"] == 1 and "namespace" in submitted
+    price = json.loads((tmp_path / "price.set.schema.json").read_text())
+    assert set(price["required"]) >= {"price_id", "per_chip_hour", "unit"}
+    assert price["additionalProperties"] is False

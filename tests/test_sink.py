@@ -83,21 +83,77 @@ def test_state_snapshots_become_balances_and_decisions_are_indexed(tmp_path):
     assert connect(tmp_path / "lake").execute("SELECT decision_id, rule FROM decision_log").fetchall() == [("d-1", "burst")]
 
 
-def test_a_batch_staged_but_not_committed_is_discarded_and_a_committed_one_is_published(tmp_path):
+def test_a_batch_staged_but_not_committed_is_discarded_and_a_committed_one_is_published(tmp_path, monkeypatch):
+    import pytest
+
+    import streams.sink as sink_mod
+    from analytics.commits import mark, read_manifest
+
     sink = make(tmp_path)
     sink.handle([rec(J, 0, rows_record(POOL, [journal_item(0, H, 1000)]))])
+    assert mark(tmp_path / "lake", "sink:sink") == 1
+    # a crash between the store's transaction of batch 2 and the lake's commit of it: the store has it, the lake not
+    real = sink_mod.publish
+
+    def crash(lake, stage, **kw):
+        # cut short after moving one of the staged files into the table's folder (a commit half done)
+        f = next(stage.rglob("*.parquet"))
+        from analytics.commits import staged_files
+        staged_files(stage)
+        dest = lake / f.relative_to(stage)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        f.replace(dest)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sink_mod, "publish", crash)
+    with pytest.raises(KeyboardInterrupt):
+        sink.handle([rec(J, 1, rows_record(POOL, [journal_item(1, H + 3600, 2000)]))])
+    monkeypatch.setattr(sink_mod, "publish", real)
+    assert sink.store.position("sink:batch", "lake", 0) == 2 and mark(tmp_path / "lake", "sink:sink") == 1
+    assert [r[2] for r in journal(tmp_path)] == [1000]  # the moved file is not committed: not read
     staging = tmp_path / "lake" / "_staging" / "sink"
-    # a crash after the store commit of batch 1 but before its files moved: simulate by staging them again
-    committed = staging / "1" / "journal" / "day=2026-11-02"
-    committed.mkdir(parents=True)
-    moved = next((tmp_path / "lake" / "journal").rglob("*.parquet"))
-    moved.replace(committed / moved.name)
-    # and a batch 2 that was written but never committed
-    (staging / "2" / "journal").mkdir(parents=True)
-    (staging / "2" / "journal" / "junk.parquet").write_bytes(b"not committed")
-    make(tmp_path)  # start-up recovery
+    # and a batch 3 that was written but never reached the store
+    (staging / "3" / "journal").mkdir(parents=True)
+    (staging / "3" / "journal" / "junk.parquet").write_bytes(b"not committed")
+    make(tmp_path)  # start-up recovery: batch 2 committed, batch 3 discarded
     assert not staging.exists() or not any(staging.iterdir())
+    assert mark(tmp_path / "lake", "sink:sink") == 2
+    assert [r[2] for r in journal(tmp_path)] == [1000, 2000]
+    commits = read_manifest(tmp_path / "lake")["commit"]
+    make(tmp_path)  # nothing more to do: no commit
+    assert read_manifest(tmp_path / "lake")["commit"] == commits
+
+
+def test_a_file_dropped_into_the_lake_beside_the_sinks_files_is_not_read(tmp_path):
+    import shutil
+
+    sink = make(tmp_path)
+    sink.handle([rec(J, 0, rows_record(POOL, [journal_item(0, H, 1000)]))])
+    f = next((tmp_path / "lake" / "journal").rglob("*.parquet"))
+    shutil.copy(f, f.with_name("part-forged-0001.parquet"))
     assert [r[2] for r in journal(tmp_path)] == [1000]
+    sink.handle([rec(J, 1, rows_record(POOL, [journal_item(1, H + 3600, 5)]))])  # nor after the next commit
+    assert sorted(r[2] for r in journal(tmp_path)) == [5, 1000]
+
+
+def test_compaction_is_one_more_commit_and_changes_no_view(tmp_path):
+    from analytics.commits import compact, open_lake
+
+    sink = make(tmp_path)
+    for i in range(4):
+        sink.handle([rec(J, i, rows_record(POOL, [journal_item(i, H + i, 1000 + i)]))])
+    before = journal(tmp_path)
+    snap = open_lake(tmp_path / "lake")
+    assert len(snap.table_files("journal")) == 4
+    con = connect(tmp_path / "lake")  # a reader opened before the compaction keeps reading its files
+    replaced = compact(tmp_path / "lake")
+    assert replaced["journal"] == 4 and replaced["events"] == 4
+    after = open_lake(tmp_path / "lake")
+    assert after.commit == snap.commit + 1 and len(after.table_files("journal")) == 1
+    assert journal(tmp_path) == before
+    assert con.execute("SELECT count(*) FROM journal_postings").fetchone()[0] == 4
+    sink.handle([rec(J, 4, rows_record(POOL, [journal_item(4, H + 4, 7)]))])  # the sink goes on after it
+    assert len(journal(tmp_path)) == 5
 
 
 def test_a_record_that_is_not_an_output_is_a_dead_letter_of_the_sink_and_the_sink_goes_on(tmp_path):
@@ -178,3 +234,30 @@ def test_forged_origins_are_dead_lettered_and_move_no_mark(tmp_path):
     # an output record keyed by another pool than it names is refused too
     assert "key" in check_origin(None, POOL, ["chipledger.jobs", part, 1], b"other/pool")
     assert check_origin(None, POOL, ["chipledger.log", 0, 1], POOL.encode()) is None
+
+
+def test_the_sink_refuses_a_lake_written_before_commits_in_one_line(tmp_path):
+    import pytest
+
+    from analytics.commits import LakeLayoutError
+    from analytics.lake import LakeWriter
+
+    w = LakeWriter(tmp_path / "lake", "old")
+    w.add("journal", (POOL, H, "idle", None, 5))
+    w.close()  # a file in a table's folder and no manifest: layout 1
+    with pytest.raises(LakeLayoutError, match=r"layout 1 .*chipledger lake upgrade --lake"):
+        make(tmp_path)
+
+
+def test_retired_files_are_deleted_after_their_grace(tmp_path, monkeypatch):
+    import analytics.commits as commits
+
+    sink = make(tmp_path)
+    for i in range(2):
+        sink.handle([rec(J, i, rows_record(POOL, [journal_item(i, H + 3600 * i, 10 + i)]))])
+    old = set(commits.open_lake(tmp_path / "lake").all_files())
+    commits.compact(tmp_path / "lake")
+    assert all(Path(f).exists() for f in old)  # a reader that opened the lake before still finds them
+    monkeypatch.setattr(commits, "RETIRE_GRACE_S", 0)
+    assert commits.purge_retired(tmp_path / "lake") == len(old)
+    assert not any(Path(f).exists() for f in old) and [r[2] for r in journal(tmp_path)] == [10, 11]

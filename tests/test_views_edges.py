@@ -59,15 +59,18 @@ def test_a_job_id_reused_after_the_job_finished_is_another_job(tmp_path):
     assert runs == [("a", 1, 600_000), ("b", 1, 1_200_000)]
 
 
-def test_a_repeated_json_key_is_read_the_way_the_ledger_read_it(tmp_path):
+def test_a_repeated_json_key_is_a_dead_letter(tmp_path):
+    # issue 31 (item 8) changed this: a repeated key was read as the ledger's parser read it (the last one winning);
+    # parsers disagree on which copy wins, so the contract now takes neither (schema_invalid)
     sub = json.dumps(ev("s", "job.submitted", "01:00", job_id="X", team="a", chips=1))
-    sub = sub[:-1] + ', "job_id": "C"}'  # the last key wins, as in the ledger's parser
+    sub = sub[:-1] + ', "job_id": "C"}'
     items = setup_lines() + [sub, ev("b", "job.started", "01:00", job_id="C"),
                              ev("f", "job.finished", "01:30", job_id="C", outcome="succeeded")]
     summary, con = fold(tmp_path, items)
-    assert summary.dead_letters == {}
-    assert con.execute("SELECT job_id, outcome, allocated_mchip_s FROM jobs").fetchall() == [
-        ("C", "succeeded", 1_800_000)]
+    assert summary.dead_letters == {"schema_invalid": 1, "unknown_job": 2}
+    assert con.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
+    (detail,) = con.execute("SELECT detail FROM deadletters WHERE error_code = 'schema_invalid'").fetchone()
+    assert "'job_id' appears more than once" in detail
 
 
 def test_dead_letters_before_any_event_get_the_first_event_time(tmp_path):

@@ -1186,3 +1186,32 @@ def test_the_snapshot_for_the_store_leaves_out_the_dedup_window_and_loads():
     full, snap = orjson.loads(value), orjson.loads(snapshot)
     assert full["dedup"] and snap["dedup"] == [] and {**full, "dedup": []} == snap
     assert PoolState.from_dict(snap).pool == state.pool
+
+
+def test_the_fold_gets_the_log_records_origin_and_append_time():
+    """Issue 31: what the Kafka edge knows of a record (the verified principal's cluster, the broker's append time)
+    reaches the core: an event further ahead of its append time than max_clock_skew_s is a clock_ahead dead letter,
+    and ids are deduplicated per origin, not per source."""
+    from streams.worker import Pending
+
+    h = Harness()
+    lines = [validate(line) for line in _valid_lines()[:3]]  # lab/a100: configured, chips
+    at = lines[0].at_s
+
+    def fold(e, origin, appended_s, offset):
+        value = canonical_value(e)
+        p = Pending(None, topic_for(e.type), 0, offset, e.pool.encode(), value, at * 1000, 0.0,
+                    origin_cluster=origin, appended_s=appended_s)
+        return h.worker.fold_one(e.pool, p)
+
+    for k, e in enumerate(lines):
+        assert fold(e, "lab", at, k)[0][0] != "chipledger.deadletter"
+    tick = validate(orjson.dumps({"event_id": "t-ahead", "type": "pool.tick", "occurred_at": "2026-11-09T00:00:00Z",
+                                  "pool": lines[0].pool, "source": "lab/agent"}))
+    (out,) = fold(tick, "lab", at, 10)
+    assert out[0] == "chipledger.deadletter" and out[1]["tables"]["deadletters"][0][4] == "clock_ahead"
+    assert h.worker.pools[lines[0].pool].clock == at
+    # the same id and body from another origin is its own event (no duplicate of a cluster-a record)
+    (out,) = fold(lines[2], "other-cluster", None, 11)
+    assert out[0] == "chipledger.deadletter" and out[1]["tables"]["deadletters"][0][4] == "illegal_transition"
+    assert fold(lines[2], "lab", None, 12) == [] and h.worker.counts["duplicates"] == 1

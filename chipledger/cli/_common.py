@@ -110,10 +110,14 @@ def _lake_read(read, lake: Path):
     instead of a traceback."""
     import duckdb
 
+    from analytics.lake import LakeError
+
     try:
         return read()
     except duckdb.Error as e:
         _fail(_lake_error(lake, e))
+    except LakeError as e:  # a lake of another layout, or missing a table: one line saying what to run
+        _fail(str(e))
 
 
 def _connect(lake: Path, **kwargs):
@@ -123,10 +127,17 @@ def _connect(lake: Path, **kwargs):
     return _lake_read(lambda: connect(lake, **kwargs), lake)
 
 
-def _lake_dir(lake: Optional[Path], cfg: Config) -> Path:
+def _lake_dir(lake: Optional[Path], cfg: Config, code: int = 1) -> Path:
+    """The lake a reader reads, checked (analytics.commits.open_lake): one line saying what to run, exit `code`,
+    for a lake that is not there, of another layout, or missing a table or a committed file."""
+    from analytics.commits import open_lake
+    from analytics.lake import LakeError
+
     lake = lake or Path(cfg.lake.path)
-    if not lake.is_dir():
-        _fail(f"lake {lake} does not exist (run `chipledger run` or `chipledger demo` first)")
+    try:
+        open_lake(lake)
+    except LakeError as e:
+        _fail(str(e), code)
     return lake
 
 

@@ -422,6 +422,7 @@ def sink(
 ):
     """Write the worker's outputs (lake rows, decisions, dead letters, balances) to the lake and the store,
     exactly once: positions and effects in one store transaction."""
+    from analytics.lake import LakeError
     from store import open_store
     from store.repo import StoreError
     from streams.sink import Sink
@@ -438,6 +439,8 @@ def sink(
                  timeout_s=timeout)
     except KafkaSetupError as e:
         _fail(str(e), 2)
+    except LakeError as e:  # a lake of another layout: one line saying what to run
+        _fail(str(e))
     try:
         stats = s.run(idle_exit_s=until_idle)
     except KeyboardInterrupt:

@@ -10,7 +10,8 @@ from typing import Optional
 import typer
 import typer.core
 
-from chipledger.cli._common import ConfigOpt, _config, _connect, _fail, _lake_dir, _os_error, app, console, err, lake_app, schema_app
+from chipledger.cli._common import (ConfigOpt, _config, _connect, _fail, _lake_dir, _lake_error, _os_error, app,
+                                   console, err, lake_app, schema_app)
 
 
 @app.command()
@@ -21,10 +22,14 @@ def sql(
     fmt: str = typer.Option("table", "--format", "-f", help="table | csv | json | ndjson"),
     limit: int = typer.Option(100, "--limit", min=0, help="rows a table shows (0: all); csv, json and ndjson "
                                                          "are never cut"),
+    allow_files: bool = typer.Option(False, "--allow-files",
+                                     help="let DuckDB read and write files (COPY … TO, read_csv, ATTACH, …); by "
+                                          "default it reads the lake's committed files and nothing else"),
     config: Optional[Path] = ConfigOpt,
 ):
     """Run SQL with DuckDB over the lake's views; without a query, an interactive shell (until .quit or end of
-    input; statements end with ';'). Quote the column "at" (a DuckDB keyword): ORDER BY "at"."""
+    input; statements end with ';'). Quote the column "at" (a DuckDB keyword): ORDER BY "at". The lake is read
+    read-only: DuckDB's file access is off (COPY … TO, read_csv, ATTACH refused) unless --allow-files."""
     import duckdb
 
     from analytics.views import connect, view_names
@@ -36,7 +41,7 @@ def sql(
     if fmt not in FORMATS:
         _fail(f"--format must be one of {', '.join(FORMATS)}", 2)
     cfg = _config(config)
-    con = _connect(_lake_dir(lake, cfg), slo=cfg.slo, config=cfg.lake.duckdb_config())
+    con = _connect(_lake_dir(lake, cfg), slo=cfg.slo, config=cfg.lake.duckdb_config(), read_only=not allow_files)
     if query is None:
         from chipledger.cli.sqlshell import run_shell
 
@@ -57,9 +62,14 @@ def sql(
         rows = cur.fetchall()
         columns = [d[0] for d in cur.description] if cur.description else []
     except duckdb.Error as e:
-        from analytics.views import duckdb_error_line
+        from analytics.views import duckdb_error_line, refusal_line, unreadable_file
 
         line, out_of_memory = duckdb_error_line(e)
+        refused = refusal_line(e)
+        if refused:
+            _fail(refused)
+        if unreadable_file(e):
+            _fail(_lake_error(_lake_dir(lake, cfg), e))
         _fail(f"query failed: {line}" if out_of_memory else f"query failed: {e}")
     render(columns, rows, fmt, console, limit=limit)
 
@@ -69,39 +79,77 @@ def lake_upgrade(
     lake: Optional[Path] = typer.Option(None, "--lake", help="the lake's folder (default [lake] path)"),
     config: Optional[Path] = ConfigOpt,
 ):
-    """Bring a lake written by an earlier chipledger up to this version's tables, in place: `events` files gain
-    the typed event fields they lack (all of them, or the later `user`), taken from each row's JSON body, and the
-    fact tables the fold now writes (`waits`, `free_chips`) are written by folding the lake's events again (with
-    this config's [ledger] and [policy]). Safe to run again, and while readers are open."""
+    """Bring a lake written by an earlier chipledger up to this version's layout, in place: `events` files gain
+    the typed event fields they lack (all of them, or the later `user`), taken from each row's JSON body; a lake
+    written before commits (layout 1) is adopted: the Parquet files in its tables' folders become its books, in one
+    commit (docs/upgrading.md); and the fact tables the fold now writes (`waits`, `free_chips`, `progress`,
+    `chip_states`, `grant_intervals`) that the lake lacks are written by folding its events again (with this
+    config's [ledger] and [policy]), in one more commit. Safe to run again, and while readers are open."""
+    from analytics.commits import LAYOUT_VERSION, adopt, lake_layout, open_lake
     from analytics.lake import LakeError, upgrade_events_files
     from chipledger.config import fold_config
-    from chipledger.refold import missing_fact_tables, refold_facts
+    from chipledger.refold import FACT_TABLES, missing_fact_tables, refold_facts
 
     cfg = _config(config)
     root = lake or Path(cfg.lake.path)
     if not root.is_dir():
         _fail(f"no lake at {root}", 2)
     try:
-        done = upgrade_events_files(root)
+        layout = lake_layout(root)
+        if layout is not None and layout > LAYOUT_VERSION:
+            _fail(f"lake {root} has layout {layout}, written by a newer chipledger: upgrade chipledger")
+        committed = open_lake(root, ("events",)).table_files("events") if layout == LAYOUT_VERSION else None
+        done = upgrade_events_files(root, committed or [] if layout == LAYOUT_VERSION else None)
+        for p in done:
+            typer.echo(str(p))
+        if done:
+            typer.echo(f"{len(done)} events file(s) upgraded in {root}", err=True)
+        adopted = adopt(root, refoldable=FACT_TABLES) if layout == 1 else {}
+        if adopted:
+            per_table = ", ".join(f"{t} {n}" for t, n in adopted.items() if n)
+            typer.echo(f"adopted {sum(adopted.values()):,} Parquet file(s) written before commits as the lake's books "
+                       f"(layout {LAYOUT_VERSION}): {per_table}", err=True)
+        missing = missing_fact_tables(root)
+        if missing:
+            try:
+                out = refold_facts(root, fold_config(cfg), tables=missing)
+            except (OSError, ValueError) as e:
+                _fail(f"{root}: could not fold the lake's events again: {e}", 1)
+            rows = ", ".join(f"{t} {n:,} rows" for t, n in out["rows"].items())
+            typer.echo(f"folded {out['events']:,} events again: {rows}", err=True)
+            if out["rejected"]:
+                typer.echo(f"warning: {sum(out['rejected'].values()):,} events of the lake were not applied this time "
+                           f"({out['rejected']}): written by another version of the core?", err=True)
+        open_lake(root)  # what every reader checks: the upgrade must leave a lake they read
     except LakeError as e:
         _fail(str(e), 1)
-    for p in done:
-        typer.echo(str(p))
-    missing = missing_fact_tables(root)
-    if done:
-        typer.echo(f"{len(done)} events file(s) upgraded in {root}", err=True)
-    if missing:
-        try:
-            out = refold_facts(root, fold_config(cfg), tables=missing)
-        except (OSError, ValueError) as e:
-            _fail(f"{root}: could not fold the lake's events again: {e}", 1)
-        rows = ", ".join(f"{t} {n:,} rows" for t, n in out["rows"].items())
-        typer.echo(f"folded {out['events']:,} events again: {rows}", err=True)
-        if out["rejected"]:
-            typer.echo(f"warning: {sum(out['rejected'].values()):,} events of the lake were not applied this time "
-                       f"({out['rejected']}): written by another version of the core?", err=True)
-    if not done and not missing:
+    if not done and not missing and not adopted:
         typer.echo(f"{root}: nothing to upgrade", err=True)
+
+
+@lake_app.command("compact")
+def lake_compact(
+    lake: Optional[Path] = typer.Option(None, "--lake", help="the lake's folder (default [lake] path)"),
+    min_files: int = typer.Option(2, "--min-files", min=2, help="rewrite a table's day when it has this many files"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """Rewrite the sink's small files (one per table, day and batch) as one file per table and day, in one commit:
+    readers see the old files or the new ones, never both; the old files are deleted 10 minutes later. Safe while
+    the sink runs."""
+    from analytics.commits import compact
+
+    from analytics.lake import LakeError
+
+    root = _lake_dir(lake, _config(config))
+    try:
+        replaced = compact(root, min_files=min_files)
+    except LakeError as e:
+        _fail(str(e))
+    n = sum(replaced.values())
+    if not n:
+        typer.echo(f"{root}: nothing to compact (no table has a day of {min_files} files or more)", err=True)
+        return
+    typer.echo(f"{root}: compacted {n:,} file(s): " + ", ".join(f"{t} {k}" for t, k in replaced.items() if k), err=True)
 
 
 @lake_app.command("cache")

@@ -113,8 +113,13 @@ def alerts(
     try:
         cfg = load_config(config)
         root = lake or Path(cfg.lake.path)
-        if not root.is_dir():
-            raise AlertsError(f"lake {root} does not exist (run `chipledger run` or `chipledger demo` first)")
+        from analytics.commits import open_lake
+        from analytics.lake import LakeError
+
+        try:
+            open_lake(root)
+        except LakeError as e:
+            raise AlertsError(str(e)) from None
         try:
             t = parse_instant(at) if at is not None else None
         except ValueError:

@@ -81,7 +81,7 @@ def _dead_lines(summary, code=None) -> str:
 
 def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, overwrite: bool, check: bool):
     from chipledger.config import fold_config
-    from chipledger.embedded import RunError, run_file
+    from chipledger.embedded import RunError, RunInterrupted, run_file
     from store import open_store
     from store.repo import StoreError
 
@@ -106,6 +106,12 @@ def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, 
         else:
             summary, _ = run_file(events, lake, fold_config=fold, overwrite=overwrite, store=st,
                                   max_event_bytes=cfg.ledger.max_event_bytes)
+    except RunInterrupted as e:  # Ctrl-C: one line, the shell's code for SIGINT
+        err.print(str(e), highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(130)
+    except KeyboardInterrupt:  # before the run began
+        err.print(f"interrupted: nothing was committed to lake {lake}", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(130)
     except RunError as e:
         _fail(str(e))
     except OSError as e:

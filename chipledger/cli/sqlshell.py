@@ -18,7 +18,7 @@ import duckdb
 from rich.console import Console
 from rich.markup import escape
 
-from analytics.views import duckdb_error_line
+from analytics.views import duckdb_error_line, refusal_line
 from chipledger.cli.output import FORMATS, render
 
 HELP = ("SQL over the lake views; end a statement with ';'. Commands: .tables  .schema NAME  "
@@ -95,7 +95,8 @@ def run_shell(con: duckdb.DuckDBPyConnection, inp: TextIO, out: Console, err: Co
             except duckdb.Error as e:
                 failures += 1
                 line, out_of_memory = duckdb_error_line(e)
-                err.print(f"[red]error:[/] {escape(line if out_of_memory else str(e))}", soft_wrap=True)
+                refused = refusal_line(e)
+                err.print(f"[red]error:[/] {escape(refused or (line if out_of_memory else str(e)))}", soft_wrap=True)
                 continue
             if columns:
                 render(columns, rows, fmt, out, limit=limit)

@@ -6,8 +6,8 @@ had them, with the counters the core keeps in them, so the collector (streams/me
 the worker's does. Dead letters are not in the log: their counter is fed from the lake's `deadletters` rows. The
 fold uses the configuration's [ledger], [policy] and [slo] (sched_slo_s), as `chipledger run` does.
 
-The lake is followed: at each poll the files added since (what the sink or a day rolling over leaves) are folded
-on; a file that disappeared or changed (`chipledger run --overwrite`) makes the whole lake be folded again (the
+The lake is followed: at each poll the files committed since (what the sink or a day rolling over commits: only
+committed files, analytics/commits.py) are folded on; a file that disappeared or changed (`chipledger run --overwrite`) makes the whole lake be folded again (the
 counters restart, which Prometheus' `rate` treats as a counter reset).
 """
 
@@ -21,7 +21,7 @@ from typing import Optional
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from analytics.lake import check_events_files
+from analytics.commits import open_lake
 from ledger import Fleet
 from schemas import Rejection, parse_event
 from streams.metrics import MetricsCollector, bound_port, registry_of, serve
@@ -51,7 +51,7 @@ class LakeMetrics:
 
     def _files(self, table: str) -> dict[Path, tuple[int, int]]:
         out = {}
-        for p in sorted((self.lake / table).rglob("*.parquet")):
+        for p in map(Path, open_lake(self.lake, (table,), check_files=False).table_files(table) or ()):
             try:
                 st = p.stat()
             except FileNotFoundError:
@@ -69,8 +69,6 @@ class LakeMetrics:
             self._reset()
         new_events = [p for p in events if p not in self.seen]
         new_dead = [p for p in dead if p not in self.seen]
-        if new_events:
-            check_events_files(self.lake)
         # every added events file is read before any is folded (one caught mid-write raises here, and nothing is
         # marked seen: the next poll reads them all again); the fold itself reads no file
         n = self._fold([pq.read_table(p, columns=_EVENT_COLUMNS, partitioning=None) for p in new_events])

@@ -169,21 +169,19 @@ def books_closed_through(con) -> dict[str, datetime]:
 def books_closed_through_files(lake: Path) -> dict[str, datetime]:
     import duckdb
 
-    from analytics.lake import table_files
+    from analytics.lake import read_parquet_sql, table_files
 
     events, journal = table_files(lake, "events"), table_files(lake, "journal")
     if events is None:
         return {}
     con = duckdb.connect()
     try:
-        quoted = events.replace("'", "''")
-        con.execute(f"CREATE VIEW event_log AS SELECT pool, applied_at FROM read_parquet('{quoted}')")
+        con.execute(f"CREATE VIEW event_log AS SELECT pool, applied_at FROM ({read_parquet_sql(events)})")
         if journal is None:
             con.execute("CREATE VIEW journal_postings AS SELECT NULL::VARCHAR AS pool, NULL::TIMESTAMPTZ AS hour "
                         "WHERE false")
         else:
-            quoted = journal.replace("'", "''")
-            con.execute(f"CREATE VIEW journal_postings AS SELECT pool, hour FROM read_parquet('{quoted}')")
+            con.execute(f"CREATE VIEW journal_postings AS SELECT pool, hour FROM ({read_parquet_sql(journal)})")
         return books_closed_through(con)
     finally:
         con.close()
@@ -299,6 +297,15 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
                 "job_id": job_id, "pool": pool, "at": _iso(ended_at), "chips": chips_milli / 1000,
                 "allocated_mchip_s": int(alloc), "lost_work_mchip_s": int(lost), "decision_id": decision_id,
                 "beneficiary_team": ben_team, "beneficiary_job_id": ben_job})
+    # other interruptions (DESIGN §4's causes): runs requeued by an admin or interrupted by a failure in the period;
+    # their work lost counts in goodput, but they are not preemptions
+    interrupted: dict[str, dict[str, dict]] = {}
+    for team, cause, runs, lost in _rows(con, """
+            SELECT team, end_reason, count(*), sum(lost_mchip_s)::BIGINT FROM job_run_totals
+            WHERE end_reason IN ('requeued', 'failure') AND ended_at >= ? AND ended_at < ?
+            GROUP BY ALL ORDER BY ALL""", p):
+        if team in want:
+            interrupted.setdefault(team, {})[cause] = {"count": int(runs), "lost_work_mchip_s": int(lost or 0)}
     # preemptions caused: decisions the ledger issued for the team's jobs, with the work they cost, split into
     # the team's own jobs (the priority rule preempts within a team) and other teams' jobs
     caused: dict[str, list[dict]] = {}
@@ -399,6 +406,8 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
                 "suffered": _preemption_block(suffered.get(team, []), "jobs"),
                 "caused": _caused_block(caused.get(team, [])),
             },
+            "interruptions": {cause: interrupted.get(team, {}).get(cause, {"count": 0, "lost_work_mchip_s": 0})
+                              for cause in ("requeued", "failure")},
             "goodput": {"allocated_mchip_s": alloc, "lost_mchip_s": lost, "goodput": _ratio(alloc - lost, alloc),
                         "target": slo.goodput, "met": None if not alloc else (alloc - lost) / alloc >= slo.goodput},
             "throughput": throughput.get(team) or _throughput_block(None, [], [], slo),

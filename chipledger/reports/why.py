@@ -35,6 +35,10 @@ class Explanation:
     waiting_since: Optional[str] = None
     waited_s: Optional[int] = None
     unblock: Optional[str] = None         # pending: what would let it start
+    # the scheduler's own reason for its wait (its last job.waiting since it was last started or submitted), and at
+    scheduler_reason: Optional[str] = None
+    scheduler_message: Optional[str] = None
+    scheduler_reason_at: Optional[str] = None
     # progress reported: per run (run, unit, units per chip-second, reference, slow seconds, share of judged chip
     # time at or above the fraction), and each slow stretch (run, from, until, seconds, worst fraction of the
     # reference, unhealthy chips held)
@@ -62,6 +66,9 @@ class Explanation:
             out.append(f"  cannot start: {self.never}")
         if self.reason is not None:
             out.append(f"  why, as of {self.as_of}: {self.reason}: {self.message}")
+        if self.scheduler_reason is not None:
+            said = f": {self.scheduler_message}" if self.scheduler_message else ""
+            out.append(f"  the scheduler says, as of {self.scheduler_reason_at}: {self.scheduler_reason}{said}")
         if self.position is not None:
             out.append(f"  queue: {self.position} of {self.queue_length} pending in the pool, {self.team_position} "
                        f"in its team's queue; waiting since {self.waiting_since} ({_duration(self.waited_s)})")
@@ -209,10 +216,12 @@ def explain(con, job_id: str) -> Explanation:
                JOIN decisions d USING (decision_id) WHERE v.job_id = ? AND v.pool = ?
                ORDER BY 1, 2""", [job_id, ex.pool, job_id, ex.pool]).fetchall():
         ex.decisions.append((_fmt(at), did, role, message))
+    if ex.status in ("pending", "held"):
+        ex.unblock = UNBLOCK.get(ex.reason or "") if ex.status == "pending" else None
+        _scheduler_reason(con, ex)
     if ex.status == "pending":
-        ex.unblock = UNBLOCK.get(ex.reason or "")
         _never_fits(con, ex)
-    else:
+    elif ex.status != "held":
         _timeline(con, ex)
     _throughput(con, ex)
     return ex
@@ -291,6 +300,19 @@ def _timeline(con, ex: Explanation) -> None:
         else:
             what = f"finished: {outcome}" + ("" if runs else " (it never ran)")
         ex.timeline.append((_fmt(at), what))
+
+
+def _scheduler_reason(con, ex: Explanation) -> None:
+    """The scheduler's own reason (job.waiting) for the job's current wait: its latest job.waiting after the job's
+    latest start or submission (the fold keeps the same on the job and clears it as the job starts)."""
+    row = con.execute(
+        """SELECT body->>'$.reason', body->>'$.message', applied_at FROM events
+           WHERE job_id = ? AND pool = ? AND type = 'job.waiting'
+             AND applied_at >= coalesce((SELECT max(applied_at) FROM events WHERE job_id = ? AND pool = ?
+                                         AND type IN ('job.started', 'job.submitted')), '-infinity'::TIMESTAMPTZ)
+           ORDER BY applied_at DESC, "offset" DESC LIMIT 1""", [ex.job_id, ex.pool, ex.job_id, ex.pool]).fetchone()
+    if row is not None:
+        ex.scheduler_reason, ex.scheduler_message, ex.scheduler_reason_at = row[0], row[1], _fmt(row[2])
 
 
 def _throughput(con, ex: Explanation) -> None:

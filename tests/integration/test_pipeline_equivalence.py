@@ -143,3 +143,16 @@ def test_emit_worker_sink_equals_run(bootstrap, tmp_path):
 
     assert balances(store) == balances(open_store(f"sqlite:///{tmp_path / 'run.db'}"))
     assert store.position("sink", "chipledger.journal", 0) is not None
+
+    # the sink's books are its commits: the lake's mark is the store's last batch, every file in the tables' folders
+    # is committed (none half visible), and compacting the sink's small files is one more commit that changes no view
+    from analytics.commits import compact, mark, open_lake, unlisted_parquet
+
+    lake = tmp_path / "lake"
+    assert mark(lake, "sink:sink") == store.position("sink:batch", "lake", 0) > 1
+    snap = open_lake(lake)
+    assert sorted(snap.all_files()) == sorted(str(lake / f) for fs in unlisted_parquet(lake).values() for f in fs)
+    assert not any((lake / "_staging").rglob("*.parquet"))
+    replaced = compact(lake)
+    assert replaced["events"] > 1 and open_lake(lake).commit == snap.commit + 1
+    assert lake_tables(lake) == got

@@ -26,7 +26,8 @@ submitted once (at the first record's Eligible when the column is there, else it
 run's Start, and every run but the last goes back to the queue, as `slurm watch` books it: the records become
 `Run`s and go through the watcher's own walk, chipledger/adapters/slurm/mapping.job_events (one rule, one place): PREEMPTED → `job.preempted`; REQUEUED with the actuator's AdminComment →
 `job.preempted` with its decision id; REQUEUED otherwise (an admin's `scontrol requeue`) → `job.checkpointed`
-then `job.preempted`, so no work is lost; with the Eligible column each of those is held (`held`) until the next
+then `job.preempted` with `cause: requeued`, so no work is lost and it is not a preemption; NODE_FAIL and other
+requeued states → `cause: failure`; with the Eligible column each of those is held (`held`) until the next
 record's Eligible (`job.released`): Slurm's hold-off after a requeue is not demand. The last record decides the
 outcome. A dump without any JobID of
 several records may have been made without -D: the report says so loudly. With `cluster` and `nodes` (a

@@ -154,9 +154,12 @@ def decisions_from_lake(lake: Path) -> list[dict]:
     """The `decision.preempt` rows of a lake's `decisions` table (embedded runs), in decision order."""
     import duckdb
 
-    from analytics.lake import read_parquet_sql, table_files
+    from analytics.lake import LakeError, read_parquet_sql, table_files
 
-    files = table_files(Path(lake), "decisions")
+    try:
+        files = table_files(Path(lake), "decisions")  # the committed files (the lake's layout checked)
+    except LakeError as e:
+        raise ActuateError(str(e)) from None
     if files is None:
         return []
     con = duckdb.connect()

@@ -17,8 +17,9 @@ events, and a watcher that restarts sends nothing new (docs/slurm.md has the tab
 - A run that ended PREEMPTED → `job.preempted` (the run's work is lost). A run that ended REQUEUED is an
   `scontrol requeue`: when its AdminComment carries the actuator's mark (`chipledger-preempt:<decision id>`,
   set by `slurm actuate` just before it requeues) it is that decision's `job.preempted`; otherwise it is an
-  admin requeue, booked as `job.checkpointed` then `job.preempted` at its End, so it loses no work. Any other
-  state of an earlier run (NODE_FAIL, BOOT_FAIL… with requeue) → `job.preempted` with its work lost.
+  admin requeue, booked as `job.checkpointed` then `job.preempted` with `cause: requeued` at its End, so it loses
+  no work and is not a preemption. Any other state of an earlier run (NODE_FAIL, BOOT_FAIL… with requeue) →
+  `job.preempted` with `cause: failure`, its work lost (not a preemption either).
 - The last record decides the outcome (`job.finished`), or the job is still pending/running.
 - The job's `User` (of its first run) is the submission's `user`: per-user books (`usage_by_user`) compare with
   `sreport cluster AccountUtilizationByUser`. Ids do not depend on it.
@@ -285,8 +286,18 @@ def _back_to_queue(cluster: str, source: str, pool: str, job: str, r: Run, t: in
                        _id(cluster, job, key, "requeued-checkpoint"), job_id=job))
         report.notes["admin requeues (no work lost)"] += 1
     out.append(_ev(t, RANK_FREE, "job.preempted", pool, source, _id(cluster, job, key, r.state.lower()),
-                   job_id=job, decision_id=decision, held=True if held else None))
+                   job_id=job, decision_id=decision, cause=cause_of(r.state, decision),
+                   held=True if held else None))
     return out
+
+
+def cause_of(state: str, decision: Optional[str]) -> Optional[str]:
+    """The `cause` of the job.preempted of a run that ended in `state` (DESIGN §4; None: preempted, the default):
+    PREEMPTED, or anything the actuator did for a decision, is a preemption; REQUEUED without the actuator's mark
+    is an admin's `scontrol requeue`; any other state of a run Slurm requeued (NODE_FAIL, BOOT_FAIL…) a failure."""
+    if decision is not None or state == "PREEMPTED":
+        return None
+    return "requeued" if state == "REQUEUED" else "failure"
 
 
 def node_state_events(cluster: str, source: str, pools: dict, events: Iterable[tuple], since: int = 0,
