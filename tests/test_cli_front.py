@@ -262,3 +262,18 @@ def test_sql_dot_commands_as_the_argument(waiting_lake):
     assert res.exit_code == 0 and "job_id" in res.stdout
     res = runner.invoke(app, ["sql", "--lake", str(waiting_lake), ".nope"])
     assert res.exit_code == 1 and "unknown command .nope" in res.stderr
+
+
+def test_one_exit_code_scheme(waiting_lake, tmp_path):
+    """Item 12: exit codes differed between commands for the same error; docs/cli.md, "Exit codes": 1 the command
+    could not do its work (here: no lake), 2 the command line is wrong (an unknown name), alerts 3 for any error."""
+    nowhere = str(tmp_path / "nowhere")
+    for args in (["report"], ["pending"], ["why", "j1"], ["statements", "--period", "2026-11"], ["sql", "SELECT 1"],
+                 ["lake", "upgrade"], ["serve-metrics"]):
+        res = runner.invoke(app, [*args, "--lake", nowhere])
+        assert res.exit_code == 1, (args, res.output)
+        assert len(res.stderr.splitlines()) == 1 and res.stderr.startswith("error: "), (args, res.stderr)
+    for args in (["report", "--pool", "x/y"], ["pending", "--pool", "x/y"], ["pending", "--team", "nobody"]):
+        res = runner.invoke(app, [*args, "--lake", str(waiting_lake)])
+        assert res.exit_code == 2 and res.stderr.startswith("error: unknown "), (args, res.output)
+    assert runner.invoke(app, ["alerts", "--lake", nowhere]).exit_code == 3

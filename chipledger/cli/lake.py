@@ -92,8 +92,8 @@ def lake_upgrade(
 
     cfg = _config(config)
     root = lake or Path(cfg.lake.path)
-    if not root.is_dir():
-        _fail(f"no lake at {root}", 2)
+    if not root.is_dir():  # a missing lake is exit 1 here as in every command (docs/cli.md, "Exit codes")
+        _fail(f"no lake at {root}", 1)
     try:
         layout = lake_layout(root)
         if layout is not None and layout > LAYOUT_VERSION:
@@ -163,8 +163,8 @@ def lake_cache(
     import shutil
 
     root = lake or Path(_config(config).lake.path)
-    if not root.is_dir():
-        _fail(f"no lake at {root}", 2)
+    if not root.is_dir():  # a missing lake is exit 1 here as in every command (docs/cli.md, "Exit codes")
+        _fail(f"no lake at {root}", 1)
     old = root / "_cache"
     removed = old.exists()
     if removed:
