@@ -277,3 +277,21 @@ def test_one_exit_code_scheme(waiting_lake, tmp_path):
         res = runner.invoke(app, [*args, "--lake", str(waiting_lake)])
         assert res.exit_code == 2 and res.stderr.startswith("error: unknown "), (args, res.output)
     assert runner.invoke(app, ["alerts", "--lake", nowhere]).exit_code == 3
+
+
+def test_pending_says_as_of_when_and_takes_at(waiting_lake):
+    """Item 12: `pending` gains "as of" and --at (the queue at the latest close of the books at or before it)."""
+    res = runner.invoke(app, ["pending", "--lake", str(waiting_lake)])
+    assert res.exit_code == 0, res.output
+    assert "as of 2026-11-02T09:06:40Z (the latest close of the books)" in res.stdout
+    res = runner.invoke(app, ["pending", "--lake", str(waiting_lake), "--at", "2026-11-02T09:05:00Z"])
+    assert res.exit_code == 0, res.output
+    assert "as of 2026-11-02T09:00:00Z (the latest close of the books at or before 2026-11-02T09:05:00Z)" in res.stdout
+    assert any(" a1 " in line for line in res.stdout.splitlines())
+    [row] = json.loads(runner.invoke(app, ["pending", "--lake", str(waiting_lake), "--at", "2026-11-02T09:05:00Z",
+                                           "--json"]).stdout)
+    assert (row["job_id"], row["at"]) == ("a1", "2026-11-02T09:00:00Z")
+    res = runner.invoke(app, ["pending", "--lake", str(waiting_lake), "--at", "2026-11-02T08:10:00Z"])
+    assert res.exit_code == 1 and "no close of the books at or before --at 2026-11-02T08:10:00Z" in res.stderr
+    res = runner.invoke(app, ["pending", "--lake", str(waiting_lake), "--at", "noon"])
+    assert res.exit_code == 2

@@ -257,12 +257,14 @@ def pending(
     team: Optional[str] = typer.Option(None, "--team", help="only this team"),
     config: Optional[Path] = ConfigOpt,
     as_json: bool = typer.Option(False, "--json", help="print the queue as JSON"),
+    at: Optional[str] = typer.Option(None, "--at", help="the queue at the latest close of the books at or before "
+                                                       "this instant (ISO 8601; default: the latest)"),
 ):
     """The pending jobs at each pool's latest close of the books, in queue order (highest priority, longest
     waiting, job id): position in the pool and in the team, priority, chips, time waited, reason."""
     lake = _demo_lake(lake, config)
     from analytics.views import connect
-    from chipledger.reports.why import _duration, pending_queue
+    from chipledger.reports.why import _duration, books_as_of, pending_queue
 
     cfg = _config(config)
     lake = _lake_dir(lake, cfg)
@@ -282,15 +284,21 @@ def pending(
             check_team(_lake_read(lambda: known_teams(con), lake), team)
         except AlertsError as e:
             _fail(str(e), 2)
-    rows = _lake_read(lambda: pending_queue(con, pool, team), lake)
+    t_at = _instant(at, "--at")
+    rows = _lake_read(lambda: pending_queue(con, pool, team, at=t_at), lake)
+    as_of = _lake_read(lambda: books_as_of(con, pool, t_at), lake)
     if as_json:
         console.file.write(json.dumps(rows) + "\n")
         return
+    if as_of is None:
+        _fail(f"no close of the books at or before --at {at}" if at else "the lake has no books yet", 1)
     if not rows:
-        console.print("no job pending" + (f" in {pool}" if pool else "") + (f" for team {team}" if team else ""),
-                      markup=False, highlight=False)
+        console.print("no job pending" + (f" in {pool}" if pool else "") + (f" for team {team}" if team else "")
+                      + f" as of {as_of}", markup=False, highlight=False)
         return
-    t = Table(title="pending jobs, in queue order")
+    console.print(f"pending jobs, in queue order, as of {as_of} (the latest close of the books"
+                  + (f" at or before {at})" if at else ")"), markup=False, highlight=False, soft_wrap=True)
+    t = Table()
     for col, right in (("pool", False), ("#", True), ("team #", True), ("team", False), ("job", False),
                        ("priority", True), ("chips", True), ("waited", True)):
         id_column(t, col, right=right)

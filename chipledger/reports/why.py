@@ -128,6 +128,12 @@ def _duration(s: Optional[int]) -> str:
     return " ".join(f"{v}{u}" for v, u in ((d, "d"), (h, "h"), (m, "m"), (sec, "s")) if v) or "0s"
 
 
+# the queue at each pool's latest close of the books at or before an instant (`pending` is the latest of all)
+PENDING_AT_SQL = """(
+        SELECT p.* FROM pending_history p
+        JOIN (SELECT pool, max("at") AS "at" FROM balance_log WHERE "at" <= $at GROUP BY pool) latest
+        USING (pool, "at"))"""
+
 QUEUE_SQL = """
     SELECT * FROM (
         SELECT pool, team, job_id, priority, chips, waiting_since, waited_s, reason, message, "at",
@@ -140,10 +146,15 @@ QUEUE_SQL = """
     ORDER BY pool, position"""
 
 
-def pending_queue(con, pool: Optional[str] = None, team: Optional[str] = None) -> list[dict]:
-    """The jobs pending at each pool's latest close of the books, in the pool's queue order (as Kueue's
-    pending-workloads view): position, team position, priority, chips, waited, reason."""
-    cur = con.execute(QUEUE_SQL, {"pool": pool, "team": team, "job": None})
+def pending_queue(con, pool: Optional[str] = None, team: Optional[str] = None, at=None) -> list[dict]:
+    """The jobs pending at each pool's latest close of the books (at or before `at`, a datetime, when given), in the
+    pool's queue order (as Kueue's pending-workloads view): position, team position, priority, chips, waited, reason;
+    `at` in each row is the close of the books it was recorded at."""
+    if at is None:
+        cur = con.execute(QUEUE_SQL, {"pool": pool, "team": team, "job": None})
+    else:
+        cur = con.execute(QUEUE_SQL.replace("FROM pending)", f"FROM {PENDING_AT_SQL})"),
+                          {"pool": pool, "team": team, "job": None, "at": at})
     cols = [c[0] for c in cur.description]
     out = []
     for r in cur.fetchall():
@@ -152,6 +163,13 @@ def pending_queue(con, pool: Optional[str] = None, team: Optional[str] = None) -
         row["waited_s"] = None if row["waited_s"] is None else int(row["waited_s"])
         out.append(row)
     return out
+
+
+def books_as_of(con, pool: Optional[str] = None, at=None) -> Optional[str]:
+    """The instant the queue is as of: the latest close of the books (of `pool`, at or before `at`)."""
+    row = con.execute('SELECT max("at") FROM balance_log WHERE ($pool IS NULL OR pool = $pool) '
+                      'AND ($at IS NULL OR "at" <= $at)', {"pool": pool, "at": at}).fetchone()
+    return _fmt(row[0]) if row else None
 
 
 def _fmt(ts) -> Optional[str]:
