@@ -295,3 +295,21 @@ def test_pending_says_as_of_when_and_takes_at(waiting_lake):
     assert res.exit_code == 1 and "no close of the books at or before --at 2026-11-02T08:10:00Z" in res.stderr
     res = runner.invoke(app, ["pending", "--lake", str(waiting_lake), "--at", "noon"])
     assert res.exit_code == 2
+
+
+def test_lake_upgrade_json(tmp_path):
+    """Item 9: `lake upgrade --json` says what was done, for scripts."""
+    from test_lake_commits import HAND, _layout_one, cli, run
+
+    lake = tmp_path / "lake"
+    assert run(HAND, lake).exit_code == 0
+    _layout_one(lake)
+    (lake / "waits").rename(tmp_path / "waits-gone")
+    up = cli("lake", "upgrade", "--lake", lake, "--json")
+    assert up.exit_code == 0, up.output
+    doc = json.loads(up.stdout)
+    assert (doc["layout_before"], doc["layout"], doc["upgraded"]) == (1, 2, True)
+    assert sum(doc["adopted_files"].values()) > 0
+    assert {"waits", "progress"} <= set(doc["refolded"]["rows"])
+    again = json.loads(cli("lake", "upgrade", "--lake", lake, "--json").stdout)
+    assert again["upgraded"] is False and again["refolded"] is None
