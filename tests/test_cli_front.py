@@ -313,3 +313,20 @@ def test_lake_upgrade_json(tmp_path):
     assert {"waits", "progress"} <= set(doc["refolded"]["rows"])
     again = json.loads(cli("lake", "upgrade", "--lake", lake, "--json").stdout)
     assert again["upgraded"] is False and again["refolded"] is None
+
+
+def test_long_commands_show_progress_on_a_terminal_only(monkeypatch, why_lake, tmp_path):
+    """Item 12: long commands were silent until done; on a terminal a spinner says what they do, and in a pipe or a
+    log nothing is written (no escape codes)."""
+    import chipledger.cli._common as common
+
+    buf = io.StringIO()
+    monkeypatch.setattr(common, "err", Console(file=buf, force_terminal=True, width=80))
+    with common._working("issuing the statements of 2026-11…"):
+        pass
+    assert "issuing the statements of 2026-11…" in buf.getvalue()
+    monkeypatch.undo()
+    res = runner.invoke(app, ["statements", "--lake", str(why_lake), "--period", "2026-11-02..2026-11-02",
+                              "--out", str(tmp_path / "st"), "--store", f"sqlite:///{tmp_path / 's.db'}"])
+    assert res.exit_code == 0, res.output
+    assert "\x1b[" not in res.stdout + res.stderr and "issuing" not in res.stderr

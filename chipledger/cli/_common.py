@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -38,6 +39,17 @@ err = CliConsole(stderr=True)
 
 PROGRESS_MIN_BYTES = 8 << 20  # show a progress bar for files larger than this
 DEMO_LAKE = Path("demo") / "lake"  # where `make demo` (chipledger demo) writes its lake
+
+
+@contextmanager
+def _working(what: str):
+    """A spinner with `what` on stderr while a long command works, on a terminal only: nothing is written to a pipe
+    or a log file (no escape codes there), and the spinner is gone when the work is done (issue 35, item 12)."""
+    if not err.is_terminal:
+        yield
+        return
+    with err.status(what, spinner="dots"):
+        yield
 
 
 def _demo_lake(lake: Optional[Path], config: Optional[Path]) -> Optional[Path]:

@@ -117,7 +117,10 @@ def lake_upgrade(
         missing = missing_fact_tables(root)
         if missing:
             try:
-                out = refold_facts(root, fold_config(cfg), tables=missing)
+                from chipledger.cli._common import _working
+
+                with _working(f"folding the lake's events again for {', '.join(missing)}…"):
+                    out = refold_facts(root, fold_config(cfg), tables=missing)
             except (OSError, ValueError) as e:
                 _fail(f"{root}: could not fold the lake's events again: {e}", 1)
             report["refolded"] = {"events": out["events"], "rows": dict(out["rows"]),

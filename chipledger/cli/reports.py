@@ -15,7 +15,7 @@ from chipledger.reports.tables import id_column, print_table
 
 from chipledger.config import ConfigError, load_config
 
-from chipledger.cli._common import ConfigOpt, PoolOpt, _config, _connect, _demo_lake, _fail, _instant, _lake_dir, _lake_error, _lake_read, _os_error, app, console, err
+from chipledger.cli._common import ConfigOpt, PoolOpt, _config, _connect, _demo_lake, _fail, _working, _instant, _lake_dir, _lake_error, _lake_read, _os_error, app, console, err
 
 
 @app.command()
@@ -49,7 +49,8 @@ def report(
             check_pool(_lake_read(lambda: known_pools(con), lake), pool)
         except AlertsError as e:
             _fail(str(e), 2)
-    rep = _lake_read(lambda: build_report(con, pool=pool, since=t0, until=t1), lake)
+    with _working("computing the report…"):
+        rep = _lake_read(lambda: build_report(con, pool=pool, since=t0, until=t1), lake)
     if not as_json:
         print_report(rep, console)
     written = []
@@ -199,11 +200,13 @@ def statements(
         if every is not None:
             if every not in ("week", "month"):
                 _fail("--every must be week or month", 2)
-            done = issue_due(lake, every, out, st, teams=team or None, formats=formats, slo=cfg.slo,
-                             workers=workers, duckdb_config=cfg.lake.duckdb_config())
+            with _working(f"issuing the {every}ly statements due…"):
+                done = issue_due(lake, every, out, st, teams=team or None, formats=formats, slo=cfg.slo,
+                                 workers=workers, duckdb_config=cfg.lake.duckdb_config())
         else:
-            done = issue(lake, parse_period(period), out, teams=team or None, formats=formats, slo=cfg.slo,
-                         store=st, workers=workers, duckdb_config=cfg.lake.duckdb_config())
+            with _working(f"issuing the statements of {period}…"):
+                done = issue(lake, parse_period(period), out, teams=team or None, formats=formats, slo=cfg.slo,
+                             store=st, workers=workers, duckdb_config=cfg.lake.duckdb_config())
     except (StatementError, StoreError) as e:
         _fail(str(e), 2)
     except OSError as e:

@@ -16,7 +16,7 @@ from chipledger.reports.tables import print_table
 
 from chipledger.config import Config
 
-from chipledger.cli._common import ConfigOpt, PROGRESS_MIN_BYTES, _config, _fail, _os_error, app, console, err
+from chipledger.cli._common import ConfigOpt, PROGRESS_MIN_BYTES, _config, _fail, _os_error, _working, app, console, err
 
 
 @app.command()
@@ -178,7 +178,8 @@ def demo(
         if not days > 0:
             _fail(f"--days must be more than 0, got {days:g}", 2)
         try:
-            result = run_demo(out, seed=seed, days=days, console=shown, fold_config=fold)
+            with _working(f"simulating {days:g} days of the fleet and folding them…"):
+                result = run_demo(out, seed=seed, days=days, console=shown, fold_config=fold)
         except OSError as e:
             _fail(f"cannot write the demo into {out}: {_os_error(e)}")
         if as_json:
@@ -242,9 +243,10 @@ def backtest(
     try:
         base_cfg = _config(baseline) if baseline is not None else Config()
         alt_cfg = _config(config) if config is not None else Config()
-        report = run_cli(events, alt_cfg, base_cfg, alt_name,
-                         baseline.name if baseline is not None else "defaults", quota, days, out,
-                         allow_new_team=new_team)
+        with _working("replaying the demand under both configurations…"):
+            report = run_cli(events, alt_cfg, base_cfg, alt_name,
+                             baseline.name if baseline is not None else "defaults", quota, days, out,
+                             allow_new_team=new_team)
     except BacktestError as e:
         _fail(str(e), e.exit_code)
     for w in report.get("warnings", []):
