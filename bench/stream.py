@@ -523,7 +523,7 @@ def main(argv=None) -> int:
             bootstrap = args.bootstrap
         else:
             data_dir = tmp / "kafka"
-            bootstrap = broker.up(port=free_port(), data_dir=data_dir, timeout_s=180)["bootstrap_servers"]
+            bootstrap = broker.up(port=free_port(), data_dir=data_dir, timeout_s=180, secure=False)["bootstrap_servers"]
         create_topics(bootstrap, partitions=3, timeout_s=60)
         variants = [""] + args.variant if args.latency_only else [""]
         more = int(args.rate * args.seconds) * (args.repeat * len(variants) if args.latency_only else 1)
@@ -579,7 +579,7 @@ def main(argv=None) -> int:
         to_lines = scenario_lines(args.seed + 1, 300 * 30, pools=8)[: 300 * 30]  # pools on every partition
         # on a broker of its own: a new group on this one would fold everything above first
         second = tmp / "kafka-takeover"
-        bs2 = broker.up(port=free_port(), data_dir=second, timeout_s=180)["bootstrap_servers"]
+        bs2 = broker.up(port=free_port(), data_dir=second, timeout_s=180, secure=False)["bootstrap_servers"]
         try:
             create_topics(bs2, partitions=2, timeout_s=60)  # one partition per worker, pools on both
             to = takeover(bs2, tmp, to_lines)

@@ -38,6 +38,10 @@ class KafkaConfig:
     ssl_certfile: str = ""  # a client certificate (PEM), with ssl_keyfile, when the brokers ask for one
     ssl_keyfile: str = ""
     ssl_check_hostname: bool = True
+    # producers: the principal's signing key (64 hex digits; default `<user>.key` beside password_file)
+    signing_key_file: str = ""
+    # the worker: the principals registry (streams/principals.py); every input record must be signed by one
+    principals_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,7 @@ class WorkerConfig:
     data_dir: str = ".chipledger-worker"  # the worker's table state (rocksdb files)
     table_store: str = "rocksdb"  # rocksdb | memory
     sequencer_wait_ms: int = 60_000  # how long a record waits for its producer's previous one, topics caught up
+    sequencer_block_ms: int = 2_000  # ... and how long when another producer's records wait behind it
     session_timeout_s: float = 6.0  # a dead worker's pools move to another after this (Kafka's minimum: 6 s)
     tick_interval_s: int = 60  # a pool quiet this long gets a pool.tick closing past hours; 0: no ticks
     fetch_max_wait_ms: int = 20  # how long the broker may hold a fetch of the input topics (Faust fixes 1,500)
@@ -196,6 +201,21 @@ class BacktestConfig:
 
 
 @dataclass(frozen=True)
+class KubeConfig:
+    """[kube]: what `chipledger kube watch` reads as chips and teams (docs/kube.md)."""
+
+    resources: str = "nvidia.com/gpu,amd.com/gpu,google.com/tpu"  # extended resources counted as chips, comma-separated
+    team_label: str = ""  # a ClusterQueue label naming its team; "": the team is the ClusterQueue's name
+
+    def __post_init__(self):
+        if not self.resource_list():
+            raise ValueError("[kube] resources must name at least one resource, e.g. nvidia.com/gpu")
+
+    def resource_list(self) -> tuple[str, ...]:
+        return tuple(r.strip() for r in self.resources.split(",") if r.strip())
+
+
+@dataclass(frozen=True)
 class Config:
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -206,6 +226,7 @@ class Config:
     statements: StatementsConfig = field(default_factory=StatementsConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     backtest: BacktestConfig = field(default_factory=BacktestConfig)
+    kube: KubeConfig = field(default_factory=KubeConfig)
 
 
 _TYPES = {"int": int, "str": str, "bool": bool, "float": float}
@@ -217,7 +238,7 @@ _MOVED = {("policy", "capacity_slo_target"): "[slo] availability (the capacity S
                                        "headers, not by time: docs/streaming.md)"}
 _SECTION_CLASSES = {"kafka": KafkaConfig, "store": StoreConfig, "lake": LakeConfig, "ledger": LedgerConfig,
                     "slo": SloConfig, "policy": PolicyConfig, "statements": StatementsConfig,
-                    "worker": WorkerConfig, "backtest": BacktestConfig}
+                    "worker": WorkerConfig, "backtest": BacktestConfig, "kube": KubeConfig}
 
 
 def _coerce(section: str, key: str, value: Any, target: type, origin: str):

@@ -12,6 +12,7 @@ from enum import Enum
 
 class RejectionCode(str, Enum):
     bad_key = "bad_key"                    # Kafka only: no message key, or not the event's pool / partition
+    bad_signature = "bad_signature"        # Kafka only: unsigned, unknown principal or a signature that does not check (streams.principals)
     wrong_role = "wrong_role"              # Kafka only: the principal's roles may not send this event type (schemas.roles)
     not_owner = "not_owner"                # Kafka only: the pool is not of a cluster the principal speaks for
     too_large = "too_large"                # the message is over [ledger] max_event_bytes (checked before parsing)

@@ -27,8 +27,9 @@ ROLES: dict[str, frozenset[str]] = {
     "admin": frozenset({"pool.configured", "burst.requested", "pool.tick"}) | _QUOTA | _PRICES,
     "cluster": _CHIPS_AND_JOBS | {"pool.tick"},
     "portal": frozenset({"burst.requested"}),  # for the signed-in member's team, with requested_by (the portal checks the team)
-    # the worker, the sink and readers send no input event
-    "worker": frozenset(),
+    # the worker sends the pool.tick of quiet pools (signed with its own key, streams/worker.py); the sink and
+    # readers send no input event
+    "worker": frozenset({"pool.tick"}),
     "reader": frozenset(),
 }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import json
 from datetime import datetime, timezone
 from typing import Iterable, Optional
@@ -33,13 +35,34 @@ DRIVER_PACKAGES = {"MySQLdb": "mysqlclient", "pymysql": "PyMySQL", "mysql": "mys
                    "aiomysql": "aiomysql", "aiosqlite": "aiosqlite"}
 
 
+_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*):[^@\s]*@")
+
+
+def mask_url(url: str) -> str:
+    """A database URL as it may be printed: its password (if any) as `***` (issue 31: `run` and `sink` errors printed
+    it). Works on URLs SQLAlchemy cannot parse too."""
+    return _USERINFO.sub(lambda m: f"{m.group('head')}:***@", str(url))
+
+
+def _hide(text: str, url: str) -> str:
+    """`text` (a driver's message) with the URL's password, wherever it appears, as `***`."""
+    try:
+        password = make_url(url).password
+    except ArgumentError:
+        password = None
+    text = mask_url(text)
+    # a password long enough not to be a common word part, echoed by a driver outside a URL
+    return text.replace(str(password), "***") if password and len(str(password)) >= 6 else text
+
+
 def open_store(url: str) -> "Store":
     """Open (and create the tables of) the store at a SQLAlchemy URL, e.g. sqlite:///chipledger.db or
-    postgresql://user@host/db (psycopg 3)."""
+    postgresql://user@host/db (psycopg 3). Error messages never show the URL's password."""
+    shown = mask_url(url)
     try:
         parsed = make_url(url)
     except ArgumentError as err:
-        raise StoreError(f"not a database URL: {url!r} ({err})") from None
+        raise StoreError(f"not a database URL: {shown!r} ({_hide(str(err), url)})") from None
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
     try:
@@ -50,13 +73,13 @@ def open_store(url: str) -> "Store":
         raise StoreError(f"store {parsed.drivername}: the database driver is not installed (Python module "
                          f"{module or '?'}): pip install {package}") from None
     except NoSuchModuleError:
-        raise StoreError(f"store {url!r}: unknown database kind {parsed.drivername!r} (sqlite:///FILE or "
+        raise StoreError(f"store {shown!r}: unknown database kind {parsed.drivername!r} (sqlite:///FILE or "
                          "postgresql://USER@HOST/DB)") from None
     try:
         Base.metadata.create_all(engine)
         upgrade_tables(engine)
     except Exception as err:  # an unreachable server or unwritable file: say so plainly
-        raise StoreError(f"cannot open store {url!r}: {err}") from err
+        raise StoreError(f"cannot open store {shown!r}: {_hide(str(err), url)}") from None
     return Store(engine)
 
 

@@ -4,11 +4,14 @@
 |---|---|
 | `admin` | write `chipledger.quota` (quota grants, bursts: the fleet admins) |
 | `cluster` | write `chipledger.jobs` and `chipledger.chips` (cluster controllers, Slurm adapter, node agents) |
+| `portal` | write `chipledger.quota` (burst requests of signed-in members) |
 | `worker` | read the inputs and `chipledger.log`; write `chipledger.log`, the output topics and `chipledger.quota`'s `pool.tick`s; own every topic, consumer group and transactional id that starts with its app id (Faust's table changelogs, its group) |
 | `sink` | read the output topics (and describe the inputs and the log: their ends); own the consumer group named like the user and those starting with `<user>.` |
 | `reader` | read the input, log and output topics; own the consumer group named like the user and those starting with `<user>.` |
 
-A user may hold several roles (its ACLs are the union). Everything else is refused: the broker runs the
+Topic ACLs say which topics a principal may write; what it may say there (event types, its own clusters' pools)
+is checked by the worker on each signed record (streams/principals.py, schemas/roles.py). A user may hold several
+roles (its ACLs are the union). Everything else is refused: the broker runs the
 standard authorizer with `allow.everyone.if.no.acl.found=false`, and only the super user (`kafka-admin` on the
 local broker) creates topics, users and ACLs. A user's roles are read back from its ACLs (`list_users`).
 
@@ -35,11 +38,17 @@ __all__ = ["ROLES", "LOG_TOPIC", "UserInfo", "role_acls", "add_user", "remove_us
 #: the sequenced log (streams/worker.py's sequencer writes it; h-stream15): named here so its ACLs exist already
 LOG_TOPIC = getattr(_topics, "TOPIC_LOG", "chipledger.log")
 DEFAULT_WORKER_APP_ID = "chipledger-worker"
-ROLES = ("admin", "cluster", "worker", "sink", "reader")
+ROLES = ("admin", "cluster", "portal", "worker", "sink", "reader")
+#: every worker's app id starts with this, and only worker principals may be named so (their consumer groups, topics
+#: and transactional ids): a reader named `chipledger-worker-eu` would own that worker's group and could commit its
+#: offsets past events never folded
+WORKER_PREFIX = "chipledger-worker"
 MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
-#: the users `chipledger kafka up --secure` creates: user name -> roles
+#: the users `chipledger kafka up` creates: user name -> roles
 DEFAULT_USERS = {"admin": ("admin",), "cluster": ("cluster",), "worker": ("worker",), "sink": ("sink",),
                  "reader": ("reader",)}
+#: the roles that send input events: their users get a signing key and an entry in the principals registry
+SIGNING_ROLES = ("admin", "cluster", "portal", "worker")
 
 
 @dataclass(frozen=True)
@@ -58,15 +67,19 @@ def _own_groups(user: str) -> list[tuple]:
 
 
 def _check_not_over(name: str, roles: Iterable[str], app_id: str) -> None:
-    """A user without the worker role may own no name of the worker's (its groups, topics, transactional ids)."""
-    if "worker" not in roles and (name == app_id or app_id.startswith(f"{name}.")):
-        raise ValueError(f"user name {name!r} would own the worker's consumer group {app_id!r}: choose another name")
+    """A user without the worker role may own no name of a worker's (its groups, topics, transactional ids): names
+    starting with WORKER_PREFIX are the worker role's; and a worker's app id must start with it."""
+    if "worker" not in roles and (name.startswith(WORKER_PREFIX) or name == app_id or app_id.startswith(f"{name}.")):
+        raise ValueError(f"user name {name!r} would own the worker's consumer group {app_id!r} (names starting with "
+                         f"{WORKER_PREFIX!r} are the worker role's): choose another name")
+    if "worker" in roles and not app_id.startswith(WORKER_PREFIX):
+        raise ValueError(f"a worker's app id must start with {WORKER_PREFIX!r} (reserved for workers), got {app_id!r}")
 
 
 def _grants(role: str, user: str, app_id: str) -> list[tuple]:
     """(resource type, name, pattern, operation) of a role."""
     lit, pre = "LITERAL", "PREFIXED"
-    if role == "admin":
+    if role in ("admin", "portal"):
         return [("TOPIC", TOPIC_QUOTA, lit, "WRITE")]
     if role == "cluster":
         return [("TOPIC", TOPIC_JOBS, lit, "WRITE"), ("TOPIC", TOPIC_CHIPS, lit, "WRITE")]
@@ -130,6 +143,8 @@ def _roles_of(acls, user: str) -> tuple[tuple[str, ...], Optional[str]]:
     matched = [r for r in ROLES if grants[r] <= have]
     # a role whose grants another matched role includes says nothing more (a reader can do what a sink does)
     roles = [r for r in matched if not any(o != r and grants[r] < grants[o] for o in matched)]
+    if "admin" in roles and "portal" in roles:  # the same ACLs: which one it is, the principals registry says
+        roles.remove("portal")
     return tuple(roles), (app_id if "worker" in roles else None)
 
 
@@ -139,7 +154,7 @@ def _check_user(name: str) -> None:
 
 
 def add_user(conn: "str | KafkaConnection", name: str, roles: Iterable[str], password: "str | Secret",
-             app_id: str = DEFAULT_WORKER_APP_ID, timeout_s: float = 30) -> UserInfo:
+             app_id: str = DEFAULT_WORKER_APP_ID, timeout_s: float = 30, may: Iterable[str] = ()) -> UserInfo:
     """Create or update the SCRAM user `name` (SCRAM-SHA-512 and -256, with `password`) and make its ACLs
     exactly those of `roles` (ACLs of roles it no longer has are deleted). `conn` must be a super user."""
     from kafka.admin import UserScramCredentialUpsertion
@@ -155,6 +170,10 @@ def add_user(conn: "str | KafkaConnection", name: str, roles: Iterable[str], pas
     if len(str.__str__(password)) < 8:
         raise ValueError("a password needs at least 8 characters")
     want = role_acls(roles, name, app_id)
+    if set(may) and "cluster" in roles and not set(roles) & {"admin", "portal"}:
+        # --may pools / quota / prices: those types go to chipledger.quota (schemas.topic_for); what the principal
+        # may say there is still the worker's check (its clusters' pools, its --may types only)
+        want += [a for a in role_acls(["admin"], name, app_id)]
     admin = admin_client(conn, timeout_s)
     try:
         for m in MECHANISMS:  # one request per mechanism: the broker takes one change per user and request
@@ -223,9 +242,14 @@ def list_users(conn: "str | KafkaConnection", timeout_s: float = 30) -> list[Use
         admin.close()
 
 
-def provision_defaults(conn: KafkaConnection, secrets_dir: Path, timeout_s: float = 60) -> dict[str, Path]:
+def provision_defaults(conn: KafkaConnection, secrets_dir: Path, timeout_s: float = 60,
+                       clusters: Iterable[str] = ("*",)) -> dict[str, Path]:
     """The users of DEFAULT_USERS, each with a random password in `secrets_dir/<user>.password` (0600, made
-    once; an existing file's password is set again, so a re-run keeps them). Returns user -> password file."""
+    once; an existing file's password is set again, so a re-run keeps them), and the principals registry
+    `secrets_dir/principals.json` with the producing users (admin, cluster: of `clusters`, worker) and their
+    signing keys in `secrets_dir/<user>.key` (0600, kept once made). Returns user -> password file."""
+    from streams.principals import Registry, RegistryError, read_key_file, write_secret_file
+
     import os
     import secrets
 
@@ -240,7 +264,30 @@ def provision_defaults(conn: KafkaConnection, secrets_dir: Path, timeout_s: floa
                 fh.write(secrets.token_urlsafe(24) + "\n")
         add_user(conn, user, roles, Secret(path.read_text().splitlines()[0]), timeout_s=timeout_s)
         out[user] = path
+    registry_path = secrets_dir / PRINCIPALS_FILE
+    try:
+        registry = Registry.load(registry_path) if registry_path.is_file() else Registry(path=registry_path)
+    except RegistryError:
+        registry = Registry(path=registry_path)
+    for user, roles in DEFAULT_USERS.items():
+        if not set(roles) & set(SIGNING_ROLES):
+            continue
+        key_path = secrets_dir / f"{user}.key"
+        key = None
+        if key_path.is_file():
+            try:
+                key = read_key_file(key_path)
+            except RegistryError:
+                key = None
+        entry = registry.put(user, roles, clusters if "cluster" in roles else (), key=key)
+        if key is None:
+            write_secret_file(key_path, entry.key.hex() + "\n")
+    registry.save()
     return out
+
+
+#: the principals registry of a local broker, in its secrets folder (the worker's `[kafka] principals_file`)
+PRINCIPALS_FILE = "principals.json"
 
 
 def local_connection(info: dict, user: Optional[str] = None) -> KafkaConnection:
@@ -252,7 +299,9 @@ def local_connection(info: dict, user: Optional[str] = None) -> KafkaConnection:
     if not info.get("secure"):
         return KafkaConnection(bootstrap=info["bootstrap_servers"])
     name = user or broker.SUPER_USER
+    key_file = Path(info["secrets_dir"]) / f"{name}.key"  # a producing default user signs (streams/principals.py)
     return KafkaConnection(bootstrap=info["bootstrap_servers"], security_protocol=info["security_protocol"],
                            sasl_mechanism="PLAIN" if name == broker.SUPER_USER else "SCRAM-SHA-512",
                            username=name, password=read_password_file(Path(info["secrets_dir"]) / f"{name}.password"),
-                           ssl_cafile=info.get("ca_file"))
+                           ssl_cafile=info.get("ca_file"),
+                           signing_key=key_file.read_text().strip() if key_file.is_file() else None)

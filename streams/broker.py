@@ -681,15 +681,17 @@ def up(
     data_dir: Path = Path(".kafka"),
     controller_port: int | None = None,
     timeout_s: float = 120,
-    secure: bool = False,
-    tls: bool = False,
+    secure: bool = True,
+    tls: bool | None = None,
 ) -> dict:
     """Start (or find) the single-node KRaft broker for ``data_dir`` on 127.0.0.1:port.
 
-    ``secure``: SASL on every listener (SCRAM for users, PLAIN for the super user :data:`SUPER_USER`, whose
+    Secure by default (issue 31). ``secure``: SASL on every listener (SCRAM for users, PLAIN for the super user :data:`SUPER_USER`, whose
     password is made in ``data_dir/secrets``), the standard authorizer, nothing allowed without an ACL
     (streams/acl.py creates the users and their ACLs). ``tls`` (with ``secure``): the client listener is
-    SASL_SSL, with a throw-away CA and broker certificate in ``data_dir/tls`` (``ca.pem`` for the clients).
+    SASL_SSL, with a throw-away CA and broker certificate in ``data_dir/tls`` (``ca.pem`` for the clients); by
+    default as ``secure``. ``secure=False``: a plain PLAINTEXT broker (anyone who reaches the port may write
+    anything: tests, benchmarks, `chipledger kafka up --insecure`).
 
     Returns {pid, port, controller_port, bootstrap_servers, data_dir, log, version,
     cluster_id, ready}.  If the broker of this data_dir is already running, returns it
@@ -699,6 +701,8 @@ def up(
     BrokerError naming the problem (no java/mvn, Maven failure, port in use, broker
     exited early, timeout) with the tail of the relevant output.
     """
+    if tls is None:
+        tls = secure
     if tls and not secure:
         raise BrokerError("--tls goes with --secure (TLS on the SASL listener)")
     data_dir = _dir(data_dir)
@@ -873,7 +877,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "jars":
             print(ensure_jars())
         elif args.command == "up":
-            info = up(args.port, args.data_dir, args.controller_port, args.timeout or 120)
+            info = up(args.port, args.data_dir, args.controller_port, args.timeout or 120, secure=False)
             print(json.dumps(info, default=str, indent=1))
         elif args.command == "down":
             print("stopped" if down(args.data_dir, args.timeout or 60) else "not running")

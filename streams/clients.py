@@ -89,6 +89,8 @@ class KafkaConnection:
     ssl_certfile: Optional[str] = None
     ssl_keyfile: Optional[str] = None
     ssl_check_hostname: bool = True
+    # the producer's signing key (streams/principals.py), 64 hex digits; the principal is `username`
+    signing_key: Optional[Secret] = field(default=None, repr=False)
 
     def __post_init__(self):
         if self.security_protocol not in PROTOCOLS:
@@ -99,6 +101,8 @@ class KafkaConnection:
                                      f"got {self.sasl_mechanism!r}")
         if self.password is not None and not isinstance(self.password, Secret):
             object.__setattr__(self, "password", Secret(self.password))
+        if self.signing_key is not None and not isinstance(self.signing_key, Secret):
+            object.__setattr__(self, "signing_key", Secret(self.signing_key))
         if self.sasl:
             if not self.username:
                 raise KafkaSecurityError(f"security protocol {self.security_protocol} needs a user name: set [kafka] "
@@ -131,6 +135,12 @@ class KafkaConnection:
 
     def __str__(self) -> str:
         return self.describe()
+
+    def signer(self) -> Optional[tuple[str, bytes]]:
+        """(principal, signing key) when this connection signs what it produces, else None."""
+        if not self.signing_key:
+            return None
+        return (self.username or ""), bytes.fromhex(self.signing_key.reveal())
 
     def with_bootstrap(self, bootstrap: Optional[str]) -> "KafkaConnection":
         return self if not bootstrap else replace(self, bootstrap=bootstrap)
@@ -209,7 +219,8 @@ def as_connection(bootstrap_or_connection: Union[str, KafkaConnection, None]) ->
 
 def connection_from_config(kafka_cfg, *, bootstrap: Optional[str] = None, username: Optional[str] = None,
                            password_file: Optional[Union[str, Path]] = None,
-                           ssl_cafile: Optional[Union[str, Path]] = None) -> KafkaConnection:
+                           ssl_cafile: Optional[Union[str, Path]] = None,
+                           signing_key_file: Optional[Union[str, Path]] = None) -> KafkaConnection:
     """The connection of a `[kafka]` section (chipledger.config.KafkaConfig, env overrides applied), with the
     command-line overrides (None: the config's). An empty `security_protocol` means: SASL_SSL with a user and
     a CA file, SASL_PLAINTEXT with a user, SSL with a CA file only, else PLAINTEXT.
@@ -224,6 +235,20 @@ def connection_from_config(kafka_cfg, *, bootstrap: Optional[str] = None, userna
         password = read_password_file(pw_file)
     elif kafka_cfg.password:
         password = Secret(kafka_cfg.password)
+    # the signing key: the option, [kafka] signing_key_file, else `<user>.key` beside the password file (where `kafka
+    # up` and `kafka users add` write it)
+    key_file = signing_key_file or getattr(kafka_cfg, "signing_key_file", "") or None
+    if key_file is None and pw_file and user:
+        beside = Path(pw_file).expanduser().with_name(f"{Path(pw_file).stem}.key")
+        key_file = beside if beside.is_file() else None
+    signing_key = None
+    if key_file:
+        from streams.principals import RegistryError, read_key_file
+
+        try:
+            signing_key = Secret(read_key_file(key_file).hex())
+        except RegistryError as exc:
+            raise KafkaSecurityError(str(exc)) from None
     protocol = (kafka_cfg.security_protocol or "").strip().upper()
     if not protocol:
         protocol = ("SASL_SSL" if cafile else "SASL_PLAINTEXT") if user else ("SSL" if cafile else "PLAINTEXT")
@@ -237,6 +262,7 @@ def connection_from_config(kafka_cfg, *, bootstrap: Optional[str] = None, userna
         ssl_certfile=kafka_cfg.ssl_certfile or None,
         ssl_keyfile=kafka_cfg.ssl_keyfile or None,
         ssl_check_hostname=kafka_cfg.ssl_check_hostname,
+        signing_key=signing_key,
     )
 
 

@@ -7,7 +7,9 @@ export began, keeps the records of `pool` (all pools when None), and drops what 
 record whose input origin (topic, partition, offset) is at or below one already exported for its pool (the
 sequencer logs a record again when it crashed between writing it and saving its state).
 
-A record's value is written as it is, one per line. Two kinds of value cannot be one JSONL line: an empty value
+A record's value is written as it is, one per line; a record the worker logged with its broker append time and
+the cluster it was accepted from is written as a log line (streams/logline.py) that carries them, so `chipledger
+run` on the export applies the same checks (`clock_ahead`, ids per cluster) and gives the same books. Two kinds of value cannot be one JSONL line: an empty value
 and one that holds a newline byte (no SDK producer sends either: they are foreign garbage, dead-lettered as
 `not_json` by the fold). They are left out of the file and counted in `ExportReport.unexportable`.
 """
@@ -19,7 +21,8 @@ from pathlib import Path
 from typing import BinaryIO, Optional
 
 from schemas.topics import TOPIC_LOG
-from streams.sequencer import HEADER_BATCH, HEADER_ORIGIN, key_partition, unpack_batch
+from streams.sequencer import HEADER_ORIGIN, batch_format, key_partition, unpack_batch
+from streams.logline import wrap
 
 
 @dataclass
@@ -44,10 +47,10 @@ def _origin(headers) -> Optional[tuple[str, int, int]]:
 
 
 class _Rec:
-    __slots__ = ("key", "value", "headers")
+    __slots__ = ("key", "value", "headers", "entry")
 
-    def __init__(self, key, value, headers):
-        self.key, self.value, self.headers = key, value, headers
+    def __init__(self, key, value, headers, entry=None):
+        self.key, self.value, self.headers, self.entry = key, value, headers, entry
 
 
 def export_records(records, out: BinaryIO, pool: Optional[str] = None,
@@ -62,14 +65,15 @@ def export_records(records, out: BinaryIO, pool: Optional[str] = None,
         key = rec.key or b""
         if want is not None and key != want:
             continue
-        if any(name == HEADER_BATCH for name, _ in rec.headers or ()):
+        fmt = batch_format(rec.headers)
+        if fmt is not None:
             try:
-                entries = unpack_batch(rec.value or b"")
+                entries = unpack_batch(rec.value or b"", fmt)
             except ValueError:
                 entries = []
             if entries:
-                export_records([_Rec(key, e.value, [(HEADER_ORIGIN, f"{e.topic}:{e.partition}:{e.offset}".encode())])
-                                for e in entries], out, pool, report)
+                export_records([_Rec(key, e.value, [(HEADER_ORIGIN, f"{e.topic}:{e.partition}:{e.offset}".encode())],
+                                     e) for e in entries], out, pool, report)
                 continue
         report.records += 1
         origin = _origin(rec.headers)
@@ -83,6 +87,9 @@ def export_records(records, out: BinaryIO, pool: Optional[str] = None,
         if not value or b"\n" in value or b"\r" in value:
             report.unexportable += 1
             continue
+        e = getattr(rec, "entry", None)
+        if e is not None and (e.appended_ms >= 0 or e.origin):
+            value = wrap(value, e.appended_ms if e.appended_ms >= 0 else None, e.origin or None)
         out.write(value + b"\n")
         report.written += 1
         report.pools.add(key.decode("utf-8", "replace"))

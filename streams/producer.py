@@ -20,7 +20,11 @@ Guarantees:
   instance's previous record of the same pool, 0 for its first): the worker's sequencer releases a record
   into `chipledger.log` once its predecessor is there, so for one producer the fold order is its send order
   whatever the timing (see docs/streaming.md and streams/sequencer.py). The record timestamp is the send time
-  (never before the previous record's); it never changes the order.
+  (never before the previous record's); it never changes the order (the input topics replace it with the
+  broker's append time: `message.timestamp.type=LogAppendTime`);
+- with a signing key (`KafkaConnection.signing_key`: `[kafka] signing_key_file`, or `<user>.key` beside the
+  password file) every record is signed: headers `chipledger-principal` (the user) and `chipledger-sig`
+  (streams/principals.py). A worker with a principals registry dead-letters unsigned records (`bad_signature`).
 
 Transport failures raise `KafkaSetupError` (no broker, topic missing) or resolve the returned future with the
 error (delivery failed after retries).
@@ -68,6 +72,7 @@ _GUARANTEES = {"acks": ("all", -1), "enable_idempotence": (True,)}
 _FORBIDDEN = ("key_serializer", "value_serializer", "partitioner", "bootstrap_servers")
 
 from streams.sequencer import HEADER_PRODUCER, HEADER_PREV, HEADER_SEQ  # noqa: E402 - stamped on every record
+from streams.principals import HEADER_PRINCIPAL, HEADER_SIG, sign  # noqa: E402 - signed when there is a key
 
 
 class InvalidEvent(ValueError):
@@ -135,6 +140,7 @@ class LedgerProducer:
         self._prev: dict[bytes, int] = {}  # pool key -> seq of this producer's last record of that pool
         self._last_ms = 0
         self._order = threading.Lock()  # seq, timestamp and hand-over to Kafka in one step: send order = seq order
+        self._signer = self.connection.signer()
         if client is not None:
             self._producer = client
             return
@@ -173,6 +179,10 @@ class LedgerProducer:
                 prev = self._prev.get(key, 0)
                 headers = [(HEADER_PRODUCER, self._id_header), (HEADER_SEQ, str(self._seq).encode("ascii")),
                            (HEADER_PREV, str(prev).encode("ascii"))]
+                if self._signer is not None:
+                    who, signing_key = self._signer
+                    headers += [(HEADER_PRINCIPAL, who.encode("utf-8")),
+                                (HEADER_SIG, sign(signing_key, key, value, headers))]
                 future = self._producer.send(topic, value=value, key=key, headers=headers,
                                              timestamp_ms=self._last_ms)
                 self._prev[key] = self._seq

@@ -17,6 +17,11 @@ when they arrived or on their record timestamps:
   sent without our headers) is released after `wait_ms` once every input topic-partition of the pool's
   partition is caught up (everything up to its high watermark was read): a logged, *forced* release. A
   predecessor arriving after that is released when it arrives (it is then a late event for the fold);
+- a waiting head that holds back records of *another* producer behind it on its topic-partition is released
+  (forced, the input topics caught up) after `block_ms` (default 2 s) instead: a missing or forged predecessor
+  delays its own producer's records for `wait_ms` at most, and the others' for `block_ms` at most (issue 31).
+  Offsets stay in order per input topic-partition (the fold, the sink and `log export` skip what was logged
+  twice by that order), so the held record itself goes then; only its own producer's order can suffer;
 - when several heads may go, the one of the lowest topic rank (quota < jobs < chips) goes first.
 
 Heads are released in offset order per input topic-partition, so "the last offset released per input
@@ -135,9 +140,10 @@ class Sequencer:
     `push(pool, tp, offset, stamp, arrived, item)` adds a record (per topic-partition in offset order);
     `release(pool, state, now, caught_up)` pops what may go now, in log order, and updates `state`."""
 
-    def __init__(self, input_topics: Iterable[str] = INPUT_TOPICS, wait_ms: int = 60_000):
+    def __init__(self, input_topics: Iterable[str] = INPUT_TOPICS, wait_ms: int = 60_000, block_ms: int = 2_000):
         self.input_topics = tuple(input_topics)
         self.wait_ms = wait_ms
+        self.block_ms = min(block_ms, wait_ms)
         self._buf: dict[str, dict[TP, deque]] = {}
         self._partition: dict[str, int] = {}
         self.buffered = 0
@@ -198,12 +204,15 @@ class Sequencer:
                 if why is not None:
                     go = (tp, None if why == "ok" else why)
                     break
-                if waiting is None or h.arrived < bufs[waiting][0].arrived:
-                    waiting = tp
-            if go is None and waiting is not None:
-                h = bufs[waiting][0]
-                if (now - h.arrived) * 1000 >= self.wait_ms and all(caught_up(tp) for tp in tps):
-                    go = (waiting, "forced")
+                waited_ms = (now - h.arrived) * 1000
+                # a head waits for its predecessor up to wait_ms; when it holds back another producer's records
+                # behind it on its topic-partition, only up to block_ms: a missing or forged predecessor delays
+                # its own producer's records, the others' by block_ms at most (issue 31)
+                if waited_ms >= self.wait_ms or (waited_ms >= self.block_ms and _blocks_others(q)):
+                    if waiting is None or h.arrived < bufs[waiting][0].arrived:
+                        waiting = tp
+            if go is None and waiting is not None and all(caught_up(tp) for tp in tps):
+                go = (waiting, "forced")
             if go is None:
                 break
             tp, note = go
@@ -225,6 +234,22 @@ class Sequencer:
             del self._partition[pool]
         self.buffered -= n
         return n
+
+
+BLOCK_SCAN = 64  # records behind a waiting head looked at for another producer's
+
+
+def _blocks_others(q: deque) -> bool:
+    """Whether a record of another producer (or an unstamped one) waits behind the head of `q`."""
+    head = q[0].stamp
+    for i, h in enumerate(q):
+        if i == 0:
+            continue
+        if i > BLOCK_SCAN:
+            return True  # a long queue behind one head: not all of it is the head's own producer's
+        if h.stamp is None or head is None or h.stamp.producer != head.producer:
+            return True
+    return False
 
 
 @functools.lru_cache(maxsize=65_536)  # pure-Python murmur2: once per key and partition count, not per record
@@ -407,45 +432,82 @@ class Intake:
 
 # --- log records: several input records of one pool in one Kafka record ---------------------------------------
 
-HEADER_BATCH = "chipledger-batch"  # on a log record whose value is a batch (below); its value: the format, b"1"
-_ENTRY = struct.Struct(">BIqqI")  # topic rank, partition, offset, record timestamp ms, length of the bytes
+HEADER_BATCH = "chipledger-batch"  # on a log record whose value is a batch (below); its value: the format, b"1" or b"2"
+_ENTRY = struct.Struct(">BIqqI")  # format 1: topic rank, partition, offset, record timestamp ms, length of the bytes
+#: format 2 (issue 31): also the broker's append time in ms (-1: the input topic keeps producer times) and who the
+#: record was accepted from (the principal and the cluster, `origin`; empty when the worker trusts every record)
+_ENTRY2 = struct.Struct(">BIqqqHHI")
 LOG_BATCH_BYTES = 512 * 1024  # a batch is closed at this size (one larger record is a batch of its own)
 LOG_BATCH_RECORDS = 1000
+BATCH_FORMAT = b"2"
 
 
 class Entry(NamedTuple):
-    """One input record in a log record: its origin, record timestamp and bytes (exactly as received)."""
+    """One input record in a log record: its origin, record timestamp and bytes (exactly as received), the broker's
+    append time (LogAppendTime, -1 when unknown) and who it was accepted from."""
 
     topic: str
     partition: int
     offset: int
     timestamp_ms: int
     value: bytes
+    appended_ms: int = -1
+    principal: str = ""
+    origin: str = ""
 
 
 def pack_batch(entries: Iterable[Entry]) -> bytes:
-    """The value of a log record holding `entries` (in log order): for each, a fixed header and its bytes."""
+    """The value of a log record holding `entries` (in log order), format 2: for each, a fixed header, the
+    principal and origin (UTF-8) and its bytes."""
     out = []
     for e in entries:
-        out.append(_ENTRY.pack(TOPIC_RANK[e.topic], e.partition, e.offset, e.timestamp_ms, len(e.value)))
-        out.append(e.value)
+        who, where = e.principal.encode(), e.origin.encode()
+        out.append(_ENTRY2.pack(TOPIC_RANK[e.topic], e.partition, e.offset, e.timestamp_ms, e.appended_ms,
+                                len(who), len(where), len(e.value)))
+        out += [who, where, e.value]
     return b"".join(out)
 
 
-def unpack_batch(value: bytes) -> list[Entry]:
-    """The entries of a log record's value (ValueError when it is not a batch this module wrote)."""
+def unpack_batch(value: bytes, fmt: bytes = BATCH_FORMAT) -> list[Entry]:
+    """The entries of a log record's value of format `fmt` (the HEADER_BATCH value; ValueError when it is not a
+    batch this module wrote)."""
     out, i, n = [], 0, len(value)
     view = memoryview(value)
+    if fmt == b"1":
+        while i < n:
+            if i + _ENTRY.size > n:
+                raise ValueError("a truncated log batch")
+            rank, part, off, ts, length = _ENTRY.unpack_from(view, i)
+            i += _ENTRY.size
+            if rank >= len(INPUT_TOPICS) or i + length > n:
+                raise ValueError("a malformed log batch")
+            out.append(Entry(INPUT_TOPICS[rank], part, off, ts, bytes(view[i:i + length])))
+            i += length
+        return out
+    if fmt != b"2":
+        raise ValueError(f"unknown log batch format {bytes(fmt)[:8]!r}")
     while i < n:
-        if i + _ENTRY.size > n:
+        if i + _ENTRY2.size > n:
             raise ValueError("a truncated log batch")
-        rank, part, off, ts, length = _ENTRY.unpack_from(view, i)
-        i += _ENTRY.size
-        if rank >= len(INPUT_TOPICS) or i + length > n:
+        rank, part, off, ts, appended, lwho, lwhere, length = _ENTRY2.unpack_from(view, i)
+        i += _ENTRY2.size
+        if rank >= len(INPUT_TOPICS) or i + lwho + lwhere + length > n:
             raise ValueError("a malformed log batch")
-        out.append(Entry(INPUT_TOPICS[rank], part, off, ts, bytes(view[i:i + length])))
+        who = bytes(view[i:i + lwho]).decode("utf-8", "replace")
+        i += lwho
+        where = bytes(view[i:i + lwhere]).decode("utf-8", "replace")
+        i += lwhere
+        out.append(Entry(INPUT_TOPICS[rank], part, off, ts, bytes(view[i:i + length]), appended, who, where))
         i += length
     return out
+
+
+def batch_format(headers) -> Optional[bytes]:
+    """The batch format of a log record (its HEADER_BATCH value), None when it is not a batch."""
+    for name, value in headers or ():
+        if name == HEADER_BATCH:
+            return bytes(value) if value else b"1"
+    return None
 
 
 def batches(entries: list[Entry], max_bytes: int = LOG_BATCH_BYTES, max_records: int = LOG_BATCH_RECORDS):
@@ -456,6 +518,6 @@ def batches(entries: list[Entry], max_bytes: int = LOG_BATCH_BYTES, max_records:
             yield cur
             cur, size = [], 0
         cur.append(e)
-        size += len(e.value) + _ENTRY.size
+        size += len(e.value) + _ENTRY2.size + len(e.principal) + len(e.origin)
     if cur:
         yield cur

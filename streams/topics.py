@@ -29,8 +29,12 @@ COPARTITIONED = tuple(INPUT_TOPICS) + (TOPIC_LOG,)
 #: topic configs at creation: the log is kept for good (restarts, replicas and audits re-read it); the log and the
 #: outputs take records up to 8 MiB (a log record is an input record plus headers, a dead letter holds an input
 #: record's bytes in base64), so an input the broker accepted can always be logged and dead-lettered
+#: The inputs keep the broker's append time, not the producer's (a producer's clock is a claim; issue 31): the worker
+#: passes it to the core, which refuses an event further ahead of it than [ledger] max_clock_skew_s (clock_ahead)
+INPUT_CONFIGS = {"message.timestamp.type": "LogAppendTime"}
 TOPIC_CONFIGS = {TOPIC_LOG: {"retention.ms": "-1", "retention.bytes": "-1", "max.message.bytes": str(8 << 20)},
-                 **{t: {"max.message.bytes": str(8 << 20)} for t in OUTPUT_TOPICS}}
+                 **{t: {"max.message.bytes": str(8 << 20)} for t in OUTPUT_TOPICS},
+                 **{t: dict(INPUT_CONFIGS) for t in INPUT_TOPICS}}
 
 _UNKNOWN_TOPIC = 3  # UNKNOWN_TOPIC_OR_PARTITION
 _TOPIC_EXISTS = 36  # TOPIC_ALREADY_EXISTS
@@ -130,6 +134,26 @@ def _check_inputs(counts: dict[str, int], partitions: int) -> None:
         )
 
 
+def _adopt_append_time(admin, names: list[str]) -> list[str]:
+    """Existing input topics that still keep producer times get message.timestamp.type=LogAppendTime (an
+    incremental change: their other configs stay). Returns those changed."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    if not names:
+        return []
+    described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names])
+    topics = described.get("topic", {}) if isinstance(described, dict) else {}
+    todo = [n for n in names if (topics.get(n, {}).get("message.timestamp.type") or {}).get("value") != "LogAppendTime"]
+    if todo:
+        result = admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, n, configs=dict(INPUT_CONFIGS))
+                                      for n in todo])
+        failed = {n: r for n, r in (result.get("topic") or {}).items() if r != "OK"}
+        if failed:
+            raise KafkaSetupError(f"cannot make the input topics keep the broker's append time: {failed}")
+        log.warning("input topics %s now keep the broker's append time (LogAppendTime)", ", ".join(todo))
+    return todo
+
+
 def create_topics(bootstrap: "str | KafkaConnection", partitions: int = 3, replication: int = 1, timeout_s: float = 30) -> dict[str, str]:
     """Create the input and output topics that are missing; return {topic: "created" | "exists"}.
 
@@ -176,6 +200,8 @@ def create_topics(bootstrap: "str | KafkaConnection", partitions: int = 3, repli
                 _check_inputs(_partition_counts(admin, raced), partitions)
             result.update({n: "created" for n in created})
             result.update({n: "exists" for n in raced})
+        for name in _adopt_append_time(admin, [n for n in INPUT_TOPICS if result.get(n) == "exists"]):
+            result[name] = "exists, now LogAppendTime"
         log.info("topics at %s: %s", bootstrap, result)
         return {name: result[name] for name in ALL_TOPICS}
     except Errors.KafkaError as exc:

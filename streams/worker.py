@@ -52,12 +52,13 @@ from ledger.books import HOUR_S
 from ledger.fold import DEFAULT_CONFIG, FoldConfig, evolve
 from ledger.state import PoolState
 from schemas import INPUT_TOPICS, Rejection, RejectionCode, parse_event
+from schemas.parse import DEFAULT_MAX_EVENT_BYTES, size_rejection
 from schemas.topics import TOPIC_DEADLETTER, TOPIC_DECISIONS, TOPIC_JOURNAL, TOPIC_LOG, TOPIC_QUOTA
 from streams.clients import KafkaConnection, as_connection
 from streams.rows import deadletter_row, step_rows
-from streams.sequencer import (HEADER_BATCH, HEADER_ORIGIN, HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ,
-                               HEADER_TIMESTAMP, TP, AckGate, Entry, Intake, SeqState, Sequencer, batches, key_partition,
-                               pack_batch, stamp_of, unpack_batch)
+from streams.sequencer import (BATCH_FORMAT, HEADER_BATCH, HEADER_ORIGIN, HEADER_PREV, HEADER_PRODUCER, HEADER_SEQ,
+                               HEADER_TIMESTAMP, TP, AckGate, Entry, Intake, SeqState, Sequencer, Stamp, batch_format,
+                               batches, key_partition, pack_batch, stamp_of, unpack_batch)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ TABLE_NAME = "pool-state"
 SEQ_TABLE_NAME = "sequencer-state"
 TICK_SOURCE = "chipledger/worker"
 BAD_KEY = getattr(RejectionCode, "bad_key", RejectionCode.schema_invalid)
+BAD_SIGNATURE = RejectionCode.bad_signature
 
 SendFn = Callable[..., Awaitable[Any]]  # (topic, key, value, headers=None) -> awaitable delivery
 
@@ -79,6 +81,11 @@ class WorkerSettings:
     table_store: str = "rocksdb"  # rocksdb | memory
     partitions: int = 3
     sequencer_wait_ms: int = 60_000  # how long a record waits for its predecessor once its topics are caught up
+    sequencer_block_ms: int = 2_000  # ... and how long when it holds back another producer's records behind it
+    # the principals registry (streams/principals.py): every input record must be signed by one of them and be
+    # theirs to send (schemas/roles.py); None: every record is trusted (a plain broker, tests)
+    principals: Any = None
+    principals_reload_s: float = 1.0  # how often the registry file is looked at for changes (revocation)
     tick_interval_s: int = 60     # 0: no ticks
     checkpoint_interval_ms: int = 500  # how often handled records are made durable (state written, inputs acked)
     drain_interval_ms: int = 10
@@ -88,6 +95,7 @@ class WorkerSettings:
     freeze_gc: bool = False  # run_worker (its own process): gc.freeze() at each checkpoint, see PoolWorker._gc
     full_gc_interval_s: float = 600  # with freeze_gc: how often everything is collected (one longer pause)
     fold_config: FoldConfig = field(default_factory=lambda: DEFAULT_CONFIG)
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES  # [ledger] max_event_bytes: a longer value is too_large
     metrics_port: Optional[int] = None  # serve Prometheus /metrics (streams/metrics.py) on this port; 0: any free
     metrics_host: str = "127.0.0.1"
     log_stalls_ms: int = 0  # log each event-loop stall longer than this, with what held the loop (streams/stalls.py)
@@ -317,11 +325,12 @@ class Fetched:
 
     __slots__ = ("message", "__weakref__")
 
-    def __init__(self, topic, partition, offset, key, value, timestamp_s, headers):
+    def __init__(self, topic, partition, offset, key, value, timestamp_s, headers, timestamp_type=0):
         from types import SimpleNamespace
 
         self.message = SimpleNamespace(topic=topic, partition=partition, offset=offset, key=key, value=value,
-                                       timestamp=timestamp_s, headers=list(headers or ()))
+                                       timestamp=timestamp_s, headers=list(headers or ()),
+                                       timestamp_type=timestamp_type)
 
     def ack(self) -> None:  # committed by offset (the stage's `commit`), like every other record
         pass
@@ -454,7 +463,9 @@ class SequencerStage(Continuity):
                  end_of=None, first_of=None):
         self.settings = settings
         self.commit = commit  # async (events) -> None: commit the offsets of these records (in order per partition)
-        self.seq = Sequencer(INPUT_TOPICS, wait_ms=settings.sequencer_wait_ms)
+        self.seq = Sequencer(INPUT_TOPICS, wait_ms=settings.sequencer_wait_ms, block_ms=settings.sequencer_block_ms)
+        self.registry = settings.principals
+        self._registry_checked = float("-inf")
         self.load, self.store, self.send, self.caught_up, self.clock = load, store, send, caught_up, clock
         self.states: dict[str, SeqState] = {}
         self.gate = AckGate()
@@ -469,7 +480,7 @@ class SequencerStage(Continuity):
         self.lock = asyncio.Lock()
         self._pending_dead: list = []  # (pool, tp, offset, item): sequencer dead letters not sent yet
         self.counts = {"received": 0, "logged": 0, "log_records": 0, "dropped_logged": 0, "forced": 0, "late": 0,
-                       "dead_letters": 0, "checkpoints": 0, "delivered_again": 0}
+                       "dead_letters": 0, "refused": 0, "checkpoints": 0, "delivered_again": 0}
         self._init_continuity(fetch, start_offsets, end_of, first_of)
 
     def receive(self, event) -> None:
@@ -492,12 +503,29 @@ class SequencerStage(Continuity):
         key = _key_bytes(m.key)
         value = m.value if isinstance(m.value, bytes) else (m.value or b"")
         ts_ms = int(round((m.timestamp or 0) * 1000))
+        # the broker's clock, not the producer's, when the topic has message.timestamp.type=LogAppendTime
+        appended_ms = ts_ms if getattr(m, "timestamp_type", 0) == 1 else -1
         why = self._bad_key(key, value, m.partition)
         if why is not None:
-            self._dead(tp, m.offset, key, value, ts_ms, why)
+            self._dead(tp, m.offset, key, value, ts_ms, Rejection(BAD_KEY, why))
             return
-        self.seq.push(key.decode("utf-8"), tp, m.offset, stamp_of(m.headers), self.clock(),
-                      (event, key, value, ts_ms, list(m.headers or ())))
+        headers = list(m.headers or ())
+        stamp = stamp_of(headers)
+        principal = origin = ""
+        if self.registry is not None:
+            verdict = self.registry.verify(key, value, headers)
+            if isinstance(verdict, Rejection) and verdict.code == BAD_SIGNATURE and self.registry.reload():
+                # a principal added (or a key rotated) a moment ago: its first records come before the drain's look
+                verdict = self.registry.verify(key, value, headers)
+            if isinstance(verdict, Rejection):  # unsigned, badly signed, wrong_role, not_owner: never logged
+                self.counts["refused"] += 1
+                self._dead(tp, m.offset, key, value, ts_ms, verdict)
+                return
+            principal, origin = verdict.principal, verdict.origin
+            if stamp is not None:  # producer ids are the principal's own: no one else can take a place in its order
+                stamp = Stamp(f"{principal}/{stamp.producer}", stamp.seq, stamp.prev)
+        self.seq.push(key.decode("utf-8"), tp, m.offset, stamp, self.clock(),
+                      (event, key, value, ts_ms, headers, appended_ms, principal, origin))
 
     def _bad_key(self, key: Optional[bytes], value: bytes, partition: int) -> Optional[str]:
         """Why a record cannot be sequenced under its key, or None. (A body that does not parse is logged: the
@@ -523,8 +551,8 @@ class SequencerStage(Continuity):
             return f"message key {pool[:200]!r} is not the event's pool {body['pool'][:200]!r} (producers key by pool)"
         return None
 
-    def _dead(self, tp: TP, offset: int, key: Optional[bytes], value: bytes, ts_ms: int, detail: str) -> None:
-        row = deadletter_row(value, Rejection(BAD_KEY, detail), tp.topic, tp.partition, offset, ts_ms // 1000)
+    def _dead(self, tp: TP, offset: int, key: Optional[bytes], value: bytes, ts_ms: int, rejection: Rejection) -> None:
+        row = deadletter_row(value, rejection, tp.topic, tp.partition, offset, ts_ms // 1000)
         pool = (key or b"").decode("utf-8", "replace")
         item = {"origin": [tp.topic, tp.partition, offset], "tables": {"deadletters": [list(row)]}}
         self._pending_dead.append((pool, tp, offset, item))
@@ -545,6 +573,11 @@ class SequencerStage(Continuity):
     async def _drain(self) -> int:
         await self._fill_holes()
         now = self.clock()
+        if self.registry is not None and now - self._registry_checked >= self.settings.principals_reload_s:
+            self._registry_checked = now
+            if self.registry.reload():  # `kafka users add/remove`: from the next record on
+                log.warning("worker: principals registry %s read: %d principal(s)", self.registry.path,
+                            len(self.registry.entries))
         n = 0
         if self._pending_dead:
             dead, self._pending_dead = self._pending_dead, []
@@ -562,7 +595,7 @@ class SequencerStage(Continuity):
             entries: list[Entry] = []
             key = None
             for r in self.seq.release(pool, state, now, self.caught_up):
-                event, key, value, ts_ms, headers = r.item
+                event, key, value, ts_ms, headers, appended_ms, principal, origin = r.item
                 self._done.append((r.tp, r.offset))
                 n += 1
                 if r.note == "logged":
@@ -578,12 +611,12 @@ class SequencerStage(Continuity):
                                 r.tp.topic, r.tp.partition, r.offset, pool, *(stamp or ("-", "-", "-")), r.note,
                                 f"waited {self.settings.sequencer_wait_ms} ms for the previous record, the input "
                                 "topics caught up" if r.note == "forced" else "after its successor was forced")
-                entries.append(Entry(r.tp.topic, r.tp.partition, r.offset, ts_ms, value))
+                entries.append(Entry(r.tp.topic, r.tp.partition, r.offset, ts_ms, value, appended_ms, principal, origin))
                 self._touched[pool] = event
                 self.counts["logged"] += 1
             # several records of the pool per log record: the fold's per-record cost of Faust is paid per batch
             for group in batches(entries):
-                self._inflight.append(await self.send(TOPIC_LOG, key, pack_batch(group), [(HEADER_BATCH, b"1")]))
+                self._inflight.append(await self.send(TOPIC_LOG, key, pack_batch(group), [(HEADER_BATCH, BATCH_FORMAT)]))
                 self.counts["log_records"] += 1
         ckpt = self._ckpt
         if ckpt is not None and ckpt.done():
@@ -777,16 +810,18 @@ class PoolWorker(Continuity):
         self.received_next[ltp] = m.offset + 1
         key = _key_bytes(m.key) or b""
         value = m.value if isinstance(m.value, bytes) else (m.value or b"")
-        if any(name == HEADER_BATCH for name, _ in m.headers or ()):
+        fmt = batch_format(m.headers)
+        if fmt is not None:
             try:
-                entries = unpack_batch(value)
+                entries = unpack_batch(value, fmt)
             except ValueError:
                 entries = None
             if entries:
                 now = self.clock()
                 for i, e in enumerate(entries):
                     self.queue.append(Pending(event, e.topic, e.partition, e.offset, key, e.value, e.timestamp_ms,
-                                              now, i == len(entries) - 1))
+                                              now, i == len(entries) - 1, e.origin or None,
+                                              e.appended_ms // 1000 if e.appended_ms >= 0 else None))
                 self.counts["received"] += len(entries)
                 return
         origin = _origin(m.headers)
@@ -919,7 +954,13 @@ class PoolWorker(Continuity):
         """Fold one log record; returns its outputs as (output topic, item), item = {"origin", "tables"}."""
         touched = self._touched
         origin = [p.topic, p.partition, p.offset]
-        event = parse_event(p.value)
+        limit = self.settings.max_event_bytes
+        if len(p.value) > limit:
+            # the dead letter of `chipledger run`: the first max_event_bytes bytes, the whole message's size and sha256
+            rej = size_rejection(len(p.value), limit, hashlib.sha256(p.value).hexdigest())
+            head = Pending(p.event, p.topic, p.partition, p.offset, p.key, p.value[:limit], p.timestamp_ms, p.arrived)
+            return [self._dead(head, rej, None, self.pools.get(key_pool), origin)]
+        event = parse_event(p.value, limit)
         if isinstance(event, Rejection):
             return [self._dead(p, event, None, None, origin)]
         if event.pool != key_pool:
@@ -1143,7 +1184,7 @@ class DirectReader:
                 for r in got.get(ktp, ()):
                     if lo <= r.offset < hi:
                         out.append(Fetched(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp / 1000,
-                                           r.headers))
+                                           r.headers, r.timestamp_type))
                 if (out and out[-1].message.offset >= hi - 1) or await c.position(ktp) >= hi:
                     return
         finally:
@@ -1452,7 +1493,15 @@ def make_app(settings: WorkerSettings):
                 key = tick["pool"].encode()
                 headers = [(HEADER_PRODUCER, ids["producer"].encode()), (HEADER_SEQ, str(ids["seq"]).encode()),
                            (HEADER_PREV, str(ids["prev"].get(key, 0)).encode())]
-                await app.producer.send_and_wait(TOPIC_QUOTA, key, canonical_value(event), None, None, headers)
+                value = canonical_value(event)
+                if settings.principals is not None:  # signed like every input: the worker's own registry entry
+                    from streams.principals import HEADER_PRINCIPAL, HEADER_SIG, sign
+
+                    me = settings.connection().username or ""
+                    entry = settings.principals.entries.get(me)
+                    if entry is not None:
+                        headers += [(HEADER_PRINCIPAL, me.encode()), (HEADER_SIG, sign(entry.key, key, value, headers))]
+                await app.producer.send_and_wait(TOPIC_QUOTA, key, value, None, None, headers)
                 ids["prev"][key] = ids["seq"]
                 worker.counts["ticks"] += 1
                 worker.last_applied[tick["pool"]] = worker.clock()

@@ -58,7 +58,7 @@ def start_broker(data_dir: Path, port: int) -> dict:
     """Start a broker for a test module; a failure to start fails the test (the prerequisites were there)."""
     try:
         broker.ensure_jars()
-        return broker.up(port=port, data_dir=data_dir, timeout_s=180)
+        return broker.up(port=port, data_dir=data_dir, timeout_s=180, secure=False)
     except broker.BrokerError as exc:
         if broker.status(data_dir):
             broker.down(data_dir)

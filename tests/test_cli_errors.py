@@ -102,3 +102,18 @@ def test_a_damaged_parquet_file_is_one_line_of_error(lake, tmp_path):
                   "--store", f"sqlite:///{tmp_path / 'st.db'}"]):
         line = one_error(args, 1)
         assert "cannot read the lake" in line and part.name in line, line
+
+
+def test_a_store_urls_password_is_never_printed(tmp_path):
+    """`run` and `sink` printed the store URL with its password when the store could not be opened (issue 31)."""
+    from store.repo import mask_url
+
+    events = tmp_path / "e.jsonl"
+    events.write_text("")
+    for url in ("postgresql://alice:s3cr3t-pw@127.0.0.1:1/ledger", "bogus://alice:s3cr3t-pw@h/db"):
+        for args in (["run", "--events", events, "--lake", tmp_path / "lake", "--store", url],
+                     ["sink", "--store", url, "--bootstrap", "127.0.0.1:1", "--timeout", "1"]):
+            res = CliRunner().invoke(app, [str(a) for a in args])
+            assert res.exit_code != 0 and "s3cr3t-pw" not in res.output and "alice:***@" in res.output, res.output
+    assert mask_url("postgresql://u:p@h/db") == "postgresql://u:***@h/db"
+    assert mask_url("sqlite:///x.db") == "sqlite:///x.db"

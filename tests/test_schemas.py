@@ -394,7 +394,7 @@ def test_parse_event_never_raises_on_wrong_input_types():
 
 def test_rejection_precedence_is_the_enum_order():
     # wrong_role, not_owner and clock_ahead: issue 31's contract
-    order = [RC.bad_key, RC.wrong_role, RC.not_owner, RC.too_large, RC.not_json, RC.too_deep, RC.unknown_type,
+    order = [RC.bad_key, RC.bad_signature, RC.wrong_role, RC.not_owner, RC.too_large, RC.not_json, RC.too_deep, RC.unknown_type,
              RC.schema_invalid, RC.unknown_pool, RC.clock_ahead, RC.clock_jump, RC.too_late, RC.unknown_chip, RC.unknown_job, RC.unknown_grant,
              RC.illegal_transition, RC.progress_backwards, RC.over_limit, RC.duplicate_conflict]
     assert list(RC) == order

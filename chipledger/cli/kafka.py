@@ -17,41 +17,53 @@ from chipledger.cli._common import BootstrapOpt, ConfigOpt, DataDirOpt, KafkaCaF
 
 
 @kafka_app.command("up")
-def kafka_up(port: int = typer.Option(9092, help="client port on 127.0.0.1 (the SASL listener with --secure)"),
+def kafka_up(port: int = typer.Option(9092, help="client port on 127.0.0.1 (the SASL listener unless --insecure)"),
              data_dir: Path = DataDirOpt,
              timeout: float = typer.Option(120, help="seconds to wait for the broker to answer"),
-             secure: bool = typer.Option(False, "--secure", help="SASL/SCRAM, the standard authorizer (nothing "
-                                         "allowed without an ACL) and the users of docs/security.md"),
-             tls: bool = typer.Option(False, "--tls", help="with --secure: TLS on the listener (a throw-away CA "
-                                      "in DATA_DIR/tls/ca.pem)")):
+             insecure: bool = typer.Option(False, "--insecure", help="a plain broker: no authentication, no TLS, no "
+                                           "ACLs (anyone who reaches the port may write anything; tests only)"),
+             tls: bool = typer.Option(True, "--tls/--no-tls", help="TLS on the SASL listener (a throw-away CA in "
+                                      "DATA_DIR/tls/ca.pem); --no-tls: SASL_PLAINTEXT"),
+             secure: bool = typer.Option(True, "--secure", hidden=True, help="the default (kept for scripts)"),
+             cluster: list[str] = typer.Option(["*"], "--cluster", help="the clusters the default `cluster` user "
+                                               "speaks for (repeatable; default every cluster: add one user per "
+                                               "cluster with `kafka users add … --cluster NAME`)")):
     """Download the broker jars once (Maven), format KRaft storage, start the broker and wait until it answers.
 
-    With --secure it also creates the users admin, cluster, worker, sink and reader with their ACLs; their
-    passwords are in DATA_DIR/secrets/<user>.password (0600), never printed."""
+    Secure by default: SASL/SCRAM over TLS, the standard authorizer (nothing allowed without an ACL), the users
+    admin, cluster, worker, sink and reader with their ACLs (passwords in DATA_DIR/secrets/<user>.password, 0600,
+    never printed), the producers' signing keys (DATA_DIR/secrets/<user>.key) and the principals registry the
+    worker checks every record against (DATA_DIR/secrets/principals.json). --insecure: a plain broker."""
     from streams import broker
 
-    if tls and not secure:
-        _fail("--tls goes with --secure", 2)
+    secure = not insecure
+    tls = tls and secure
     try:
         info = broker.up(port=port, data_dir=data_dir, timeout_s=timeout, secure=secure, tls=tls)
     except broker.BrokerError as e:
         _fail(str(e))
     console.print(f"kafka {info.get('version', '')} up at {info['bootstrap_servers']} (pid {info['pid']}, "
                   f"{info['security_protocol']}, log {info['log']})", highlight=False, soft_wrap=True)
-    if secure:
-        from streams.acl import local_connection, provision_defaults
-        from streams.topics import KafkaSetupError
+    if not secure:
+        err.print("INSECURE: no authentication, no TLS, no ACLs: anyone who reaches the port may grant quota, forge "
+                  "job events or write the books (docs/security.md); for tests only", highlight=False, soft_wrap=True)
+        return
+    from streams.acl import PRINCIPALS_FILE, local_connection, provision_defaults
+    from streams.topics import KafkaSetupError
 
-        try:
-            files = provision_defaults(local_connection(info), info["secrets_dir"], timeout_s=timeout)
-        except KafkaSetupError as e:
-            _fail(str(e), 2)
-        console.print(f"users {', '.join(files)}: passwords in {info['secrets_dir']}/<user>.password; super user "
-                      f"{broker.SUPER_USER} (PLAIN) in {info['secrets_dir']}/{broker.SUPER_USER}.password",
+    try:
+        files = provision_defaults(local_connection(info), info["secrets_dir"], timeout_s=timeout, clusters=cluster)
+    except KafkaSetupError as e:
+        _fail(str(e), 2)
+    secrets_dir = info["secrets_dir"]
+    console.print(f"users {', '.join(files)}: passwords in {secrets_dir}/<user>.password, signing keys of admin, "
+                  f"cluster and worker in {secrets_dir}/<user>.key (0600); super user {broker.SUPER_USER} (PLAIN) in "
+                  f"{secrets_dir}/{broker.SUPER_USER}.password", highlight=False, soft_wrap=True)
+    console.print(f"the worker checks every record against {secrets_dir}/{PRINCIPALS_FILE} "
+                  "([kafka] principals_file / CHIPLEDGER_KAFKA_PRINCIPALS_FILE)", highlight=False, soft_wrap=True)
+    if tls:
+        console.print(f"clients trust the CA {info['ca_file']} (--ca-file / [kafka] ssl_cafile)",
                       highlight=False, soft_wrap=True)
-        if tls:
-            console.print(f"clients trust the CA {info['ca_file']} (--ca-file / [kafka] ssl_cafile)",
-                          highlight=False, soft_wrap=True)
 
 
 @kafka_app.command("status")
@@ -106,10 +118,37 @@ def _super(cfg: Config, bootstrap, user, password_file, ca_file, data_dir: Path)
     info = broker.status(data_dir)
     if info is None or not info.get("secure"):
         _fail(f"no credentials given and no secure local broker runs in {data_dir}: pass --user and "
-              "--password-file of a super user, or start one with `chipledger kafka up --secure`", 2)
+              "--password-file of a super user, or start one with `chipledger kafka up`", 2)
     try:
         return local_connection(info).with_bootstrap(bootstrap)
     except KafkaSecurityError as e:
+        _fail(str(e), 2)
+
+
+def _registry_path(cfg: Config, principals: Optional[Path], data_dir: Path) -> Optional[Path]:
+    if principals is not None:
+        return principals
+    if cfg.kafka.principals_file:
+        return Path(cfg.kafka.principals_file)
+    from streams.acl import PRINCIPALS_FILE
+
+    local = Path(data_dir) / "secrets" / PRINCIPALS_FILE
+    return local if local.parent.is_dir() else None
+
+
+def _registry(cfg: Config, principals: Optional[Path], data_dir: Path, must: bool = True):
+    """The principals registry `users` changes (made when missing)."""
+    from streams.principals import Registry, RegistryError
+
+    path = _registry_path(cfg, principals, data_dir)
+    if path is None:
+        if not must:
+            return None
+        _fail("no principals registry: pass --principals FILE or set [kafka] principals_file (the local broker's is "
+              "DATA_DIR/secrets/principals.json)", 2)
+    try:
+        return Registry.load(path) if path.exists() else Registry(path=path)
+    except RegistryError as e:
         _fail(str(e), 2)
 
 
@@ -124,12 +163,26 @@ def users_add(
                                                     help="or: the user's password is in this environment variable "
                                                          "(docker-compose)"),
     app_id: str = typer.Option("chipledger-worker", "--app-id",
-                               help="worker role: the Faust app id its topics, groups and ids start with"),
+                               help="worker role: the Faust app id its topics, groups and ids start with (starts "
+                                    "with chipledger-worker)"),
+    cluster: list[str] = typer.Option([], "--cluster", help="cluster / portal role: a cluster it speaks for (the "
+                                                            "CLUSTER of pools CLUSTER/NAME; repeatable)"),
+    may: list[str] = typer.Option([], "--may", help="cluster role: also pools (pool.configured), quota (quota.*) or "
+                                                    "prices (price.set, budget.set) for its own clusters' pools"),
+    new_key_file: Optional[Path] = typer.Option(None, "--new-key-file", dir_okay=False,
+                                                help="where the producer's signing key is written (0600; default: "
+                                                     "beside --new-password-file, NAME.key)"),
+    rotate_key: bool = typer.Option(False, "--rotate-key", help="give an existing principal a new signing key"),
+    principals: Optional[Path] = typer.Option(None, "--principals", dir_okay=False,
+                                              help="the principals registry (default [kafka] principals_file, else "
+                                                   "the local broker's DATA_DIR/secrets/principals.json)"),
     bootstrap: Optional[str] = BootstrapOpt, config: Optional[Path] = ConfigOpt,
     user: Optional[str] = KafkaUserOpt, password_file: Optional[Path] = KafkaPasswordFileOpt,
     ca_file: Optional[Path] = KafkaCaFileOpt, data_dir: Path = DataDirOpt, timeout: float = KafkaTimeoutOpt,
 ):
-    """Create a user, or set its password and roles (to rotate a password, give a new file)."""
+    """Create a user, or set its password and roles (to rotate a password, give a new file). A producing user
+    (admin, cluster, portal, worker) also gets a signing key and its entry in the principals registry: its roles,
+    clusters and --may rights, which the worker checks on every record it sends."""
     import os
     import secrets
 
@@ -141,6 +194,24 @@ def users_add(
 
     if (new_password_file is None) == (password_from_env is None):
         _fail("give exactly one of --new-password-file and --password-from-env", 2)
+    from streams.acl import SIGNING_ROLES
+
+    signs = bool(set(role) & set(SIGNING_ROLES))
+    cfg0 = _config(config)
+    registry = _registry(cfg0, principals, data_dir) if signs else None
+    if signs:
+        if new_key_file is None and new_password_file is not None:
+            new_key_file = new_password_file.with_name(f"{new_password_file.stem}.key")
+        if new_key_file is None:
+            _fail("a producing user needs --new-key-file (its signing key) with --password-from-env", 2)
+        from streams.principals import new_key
+
+        try:
+            entry = registry.put(name, role, cluster, may, key=new_key() if rotate_key else None)
+        except ValueError as e:
+            _fail(str(e), 2)
+    elif cluster or may:
+        _fail("--cluster and --may are for producing roles (cluster, portal)", 2)
     if password_from_env is not None and not os.environ.get(password_from_env):
         _fail(f"the environment variable {password_from_env} is not set", 2)
     conn = _super(_config(config), bootstrap, user, password_file, ca_file, data_dir)
@@ -156,13 +227,25 @@ def users_add(
     try:
         password = (Secret(os.environ[password_from_env]) if password_from_env is not None
                     else read_password_file(new_password_file))
-        info = add_user(conn, name, role, password, app_id=app_id, timeout_s=timeout)
+        info = add_user(conn, name, role, password, app_id=app_id, timeout_s=timeout, may=may)
+        if registry is not None:
+            from streams.principals import write_secret_file
+
+            write_secret_file(new_key_file, entry.key.hex() + "\n")
+            registry.save()
+        elif principals is not None or _registry_path(cfg0, None, data_dir) is not None:
+            reg = _registry(cfg0, principals, data_dir, must=False)
+            if reg is not None and reg.remove(name):  # no producing role any more: its signatures stop counting
+                reg.save()
     except (KafkaSetupError, KafkaSecurityError, ValueError) as e:
         if made:
             new_password_file.unlink(missing_ok=True)
         _fail(str(e), 2)
     console.print(f"user {info.name}: roles {', '.join(info.roles)}"
                   + (f" (app id {info.app_id})" if info.app_id else "")
+                  + (f"; clusters {', '.join(sorted(entry.principal.clusters))}"
+                     + (f", may {', '.join(sorted(entry.principal.may))}" if entry.principal.may else "")
+                     + f"; signing key in {new_key_file}, registry {registry.path}" if registry is not None else "")
                   + f"; password {'written to' if made else 'from'} {new_password_file or password_from_env}",
                   highlight=False,
                   soft_wrap=True)
@@ -179,18 +262,33 @@ def users_list(
     from streams.acl import list_users
     from streams.topics import KafkaSetupError
 
-    conn = _super(_config(config), bootstrap, user, password_file, ca_file, data_dir)
+    cfg = _config(config)
+    conn = _super(cfg, bootstrap, user, password_file, ca_file, data_dir)
     try:
         users = list_users(conn, timeout_s=timeout)
     except KafkaSetupError as e:
         _fail(str(e), 2)
+    reg = _registry(cfg, None, data_dir, must=False)
+    known = reg.entries if reg is not None else {}
+    from dataclasses import replace
+
+    # a producing principal's roles are the registry's (its ACLs alone cannot tell admin from portal, or a
+    # cluster's --may quota from the admin role)
+    users = [replace(u, roles=tuple(sorted(known[u.name].principal.roles))) if u.name in known else u for u in users]
     if as_json:
         console.file.write(json.dumps([{"name": u.name, "mechanisms": list(u.mechanisms), "roles": list(u.roles),
-                                        "app_id": u.app_id} for u in users]) + "\n")
+                                        "app_id": u.app_id,
+                                        **({"clusters": sorted(known[u.name].principal.clusters),
+                                            "may": sorted(known[u.name].principal.may)} if u.name in known else {})}
+                                       for u in users]) + "\n")
         return
     for u in users:
+        p = known[u.name].principal if u.name in known else None
         console.print(f"{u.name:<20} {','.join(u.roles) or '(no role)':<20} {','.join(u.mechanisms)}"
-                      + (f"  app id {u.app_id}" if u.app_id else ""), markup=False, highlight=False, soft_wrap=True)
+                      + (f"  app id {u.app_id}" if u.app_id else "")
+                      + (f"  clusters {','.join(sorted(p.clusters))}" + (f" may {','.join(sorted(p.may))}" if p.may
+                                                                          else "") if p is not None else ""),
+                      markup=False, highlight=False, soft_wrap=True)
 
 
 @users_app.command("remove")
@@ -204,11 +302,16 @@ def users_remove(
     from streams.acl import remove_user
     from streams.topics import KafkaSetupError
 
-    conn = _super(_config(config), bootstrap, user, password_file, ca_file, data_dir)
+    cfg = _config(config)
+    conn = _super(cfg, bootstrap, user, password_file, ca_file, data_dir)
     try:
         gone = remove_user(conn, name, timeout_s=timeout)
     except KafkaSetupError as e:
         _fail(str(e), 2)
+    reg = _registry(cfg, None, data_dir, must=False)
+    if reg is not None and reg.remove(name):  # the worker refuses its records from its next look at the file
+        reg.save()
+        gone = True
     console.print(f"user {name}: {'removed' if gone else 'did not exist'}", highlight=False)
     if not gone:
         raise typer.Exit(1)
@@ -302,6 +405,15 @@ def worker(
                                                     help="how long a record waits for its producer's previous "
                                                          "record of its pool once the input topics are caught up "
                                                          "(default [worker] sequencer_wait_ms = 60000)"),
+    sequencer_block_ms: Optional[int] = typer.Option(None, "--sequencer-block-ms", min=0,
+                                                     help="... and how long when records of another producer wait "
+                                                          "behind it (default [worker] sequencer_block_ms = 2000)"),
+    principals: Optional[Path] = typer.Option(None, "--principals", dir_okay=False,
+                                              help="the principals registry every input record is checked against "
+                                                   "(default [kafka] principals_file)"),
+    trust_unsigned: bool = typer.Option(False, "--trust-unsigned",
+                                        help="without a registry: trust every record's claims (a plain broker; "
+                                             "never on a shared one)"),
     session_timeout: Optional[float] = typer.Option(None, "--session-timeout", min=1.0,
                                                     help="seconds before a dead worker's pools move to another "
                                                          "(default [worker] session_timeout_s = 6)"),
@@ -351,13 +463,30 @@ def worker(
     if store_kind not in ("rocksdb", "memory"):
         _fail(f"--table-store must be rocksdb or memory, got {store_kind!r}", 2)
     from chipledger.config import fold_config
+    from streams.principals import Registry, RegistryError
 
     fold = fold_config(cfg)  # [ledger] and [policy]
+    registry_path = principals or (Path(cfg.kafka.principals_file) if cfg.kafka.principals_file else None)
+    registry = None
+    if registry_path is not None:
+        try:
+            registry = Registry.load(registry_path)
+        except RegistryError as e:
+            _fail(str(e), 2)
+    elif conn.sasl and not trust_unsigned:
+        _fail("the worker checks who sent each record against the principals registry: pass --principals FILE or "
+              "set [kafka] principals_file (`chipledger kafka up` made DATA_DIR/secrets/principals.json), or "
+              "--trust-unsigned to trust every record's claims", 2)
+    if conn.sasl and not app_id.startswith("chipledger-worker"):  # the worker role's ACLs cover only these
+        _fail(f"--app-id must start with chipledger-worker (consumer group names reserved for workers), got "
+              f"{app_id!r}", 2)
 
     settings = WorkerSettings(
         bootstrap=bootstrap, kafka=conn, app_id=app_id, data_dir=data_dir or Path(cfg.worker.data_dir), table_store=store_kind,
         partitions=counts[INPUT_TOPICS[0]],
         sequencer_wait_ms=cfg.worker.sequencer_wait_ms if sequencer_wait_ms is None else sequencer_wait_ms,
+        sequencer_block_ms=cfg.worker.sequencer_block_ms if sequencer_block_ms is None else sequencer_block_ms,
+        principals=registry,
         session_timeout_s=cfg.worker.session_timeout_s if session_timeout is None else session_timeout,
         tick_interval_s=cfg.worker.tick_interval_s if tick_interval is None else tick_interval,
         fetch_max_wait_ms=cfg.worker.fetch_max_wait_ms if fetch_max_wait_ms is None else fetch_max_wait_ms,
@@ -365,12 +494,19 @@ def worker(
         checkpoint_interval_ms=(cfg.worker.checkpoint_interval_ms if checkpoint_interval_ms is None
                                 else checkpoint_interval_ms),
         fold_config=fold, metrics_port=metrics_port, metrics_host=metrics_host,
+        max_event_bytes=cfg.ledger.max_event_bytes,
     )
     import ledger
 
     err.print(f"worker {app_id}: {conn.describe()}, {settings.partitions} partitions, table {store_kind} in "
               f"{settings.data_dir}", highlight=False)
     err.print(f"worker {app_id}: ledger core {ledger.CORE}", highlight=False, soft_wrap=True)
+    if registry is not None:
+        err.print(f"worker {app_id}: every input record must be signed by one of the {len(registry.entries)} "
+                  f"principal(s) of {registry.path}", highlight=False, soft_wrap=True)
+    else:
+        err.print(f"worker {app_id}: UNSIGNED RECORDS TRUSTED: no principals registry, so a record's source and "
+                  "pool are taken at their word (docs/security.md)", highlight=False, soft_wrap=True)
     run_worker(settings, loglevel)
 
 

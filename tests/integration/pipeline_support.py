@@ -17,16 +17,24 @@ REPO = Path(__file__).resolve().parents[2]
 class WorkerProcess:
     """`chipledger worker` in a subprocess (its own process group, so kill -9 takes Faust's threads with it)."""
 
-    def __init__(self, bootstrap: str, data_dir: Path, log: Path, *args: str, app_id: str = "it-worker"):
+    #: the fixtures are dated around 2026-11 and 2026-12 (tests/hostile_records.py's T_GAP: 2026-12-06): judged
+    #: against today's broker append times, those after today would be `clock_ahead` on Kafka while `chipledger run` on
+    #: the same file applies them. So the pipeline tests' workers allow ten years of skew; the tests of clock_ahead
+    #: itself (test_kafka_trust.py) pass clock_skew_s=None for the default (300 s).
+    FIXTURE_SKEW_S = 10 * 365 * 86400
+
+    def __init__(self, bootstrap: str, data_dir: Path, log: Path, *args: str, app_id: str = "it-worker",
+                 clock_skew_s: int | None = FIXTURE_SKEW_S):
         self.cmd = [sys.executable, "-m", "chipledger.cli", "worker", "--bootstrap", bootstrap, "--data-dir",
                     str(data_dir), "--app-id", app_id, "--loglevel", "warning", *args]
         self.log = log
         self.proc = None
+        self.env = {} if clock_skew_s is None else {"CHIPLEDGER_LEDGER_MAX_CLOCK_SKEW_S": str(clock_skew_s)}
 
     def start(self) -> "WorkerProcess":
         out = open(self.log, "ab")
         self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"})
         out.close()
         return self
 

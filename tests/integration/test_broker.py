@@ -41,7 +41,7 @@ def kafka_env(tmp_path_factory):
 @pytest.fixture
 def kafka(kafka_env):
     """The running broker (restarted if a previous test stopped it): up() is idempotent."""
-    return broker.up(port=kafka_env["port"], data_dir=kafka_env["data_dir"], timeout_s=180)
+    return broker.up(port=kafka_env["port"], data_dir=kafka_env["data_dir"], timeout_s=180, secure=False)
 
 
 def test_status_reports_running_broker(kafka, kafka_env):
@@ -60,7 +60,7 @@ def test_status_reports_running_broker(kafka, kafka_env):
 
 def test_up_again_returns_the_running_broker(kafka, kafka_env):
     t0 = time.monotonic()
-    again = broker.up(port=kafka_env["port"], data_dir=kafka_env["data_dir"])
+    again = broker.up(port=kafka_env["port"], data_dir=kafka_env["data_dir"], secure=False)
     assert again["pid"] == kafka["pid"]
     assert time.monotonic() - t0 < 5
 
@@ -106,7 +106,7 @@ def test_create_produce_consume_roundtrip(kafka):
 
 def test_up_on_busy_port_raises_clear_error(kafka, tmp_path):
     with pytest.raises(broker.BrokerError, match="already in use"):
-        broker.up(port=kafka["port"], data_dir=tmp_path / "other", timeout_s=30)
+        broker.up(port=kafka["port"], data_dir=tmp_path / "other", timeout_s=30, secure=False)
     assert broker.status(tmp_path / "other") is None
 
 

@@ -123,11 +123,21 @@ def test_environment_is_valid_configuration(compose):
         assert cfg.worker.table_store == "rocksdb" and cfg.lake.path == "/data/lake"
         assert all(k.startswith("CHIPLEDGER_") or k == "PGPASSWORD" for k in env)
         if name != "cli":  # every Kafka client authenticates, as its own principal
-            conn = connection_from_config(cfg.kafka)
+            signs = cfg.kafka.signing_key_file
+            if signs:  # made by the users service in its volume: here only its place is checked
+                assert name == "emit" and signs.startswith("/emit-key/")
+            conn = connection_from_config(cfg.kafka.__class__(**{**cfg.kafka.__dict__, "signing_key_file": ""}))
             assert conn.security_protocol == "SASL_PLAINTEXT" and conn.password
             principals[name] = conn.username
     assert principals == {"topics": "kafka-admin", "users": "kafka-admin", "worker": "worker", "sink": "sink",
                           "emit": "emit"}
+    # the worker checks every record against the registry the users service writes; only they mount it
+    registry = {name for name, _, svc in _commands(compose)
+                if (svc.get("environment") or {}).get("CHIPLEDGER_KAFKA_PRINCIPALS_FILE")}
+    assert registry == {"users", "worker"}
+    mounts = {name: [str(v).split(":")[0] for v in svc.get("volumes") or ()] for name, _, svc in _commands(compose)}
+    assert {n for n, vs in mounts.items() if "principals" in vs} == {"users", "worker"}
+    assert {n for n, vs in mounts.items() if "emit-key" in vs} == {"users", "emit"}
 
 
 def test_no_secret_in_the_file_and_nothing_published(compose_raw, compose):

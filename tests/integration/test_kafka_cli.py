@@ -17,10 +17,11 @@ def test_kafka_up_status_down(tmp_path):
     runner = CliRunner()
     data = tmp_path / "kafka"
     port = free_port()
-    res = runner.invoke(app, ["kafka", "up", "--port", str(port), "--data-dir", str(data)])
+    res = runner.invoke(app, ["kafka", "up", "--insecure", "--port", str(port), "--data-dir", str(data)])
     try:
         assert res.exit_code == 0, res.output
-        assert f"127.0.0.1:{port}" in res.output
+        assert f"127.0.0.1:{port}" in res.output and "PLAINTEXT" in res.output
+        assert "INSECURE" in res.stderr  # a plain broker says so (the secure default: test_kafka_tls.py)
         res = runner.invoke(app, ["kafka", "status", "--data-dir", str(data)])
         assert res.exit_code == 0, res.output
         assert "ready" in res.output

@@ -55,7 +55,8 @@ class Secure:
 
     def env(self, user: str, password_file: Path | None = None) -> dict:
         return {"CHIPLEDGER_KAFKA_BOOTSTRAP": self.info["bootstrap_servers"], "CHIPLEDGER_KAFKA_USERNAME": user,
-                "CHIPLEDGER_KAFKA_PASSWORD_FILE": str(password_file or self.secrets / f"{user}.password")}
+                "CHIPLEDGER_KAFKA_PASSWORD_FILE": str(password_file or self.secrets / f"{user}.password"),
+                "CHIPLEDGER_KAFKA_PRINCIPALS_FILE": str(self.secrets / "principals.json")}
 
     def passwords(self) -> list[str]:
         files = list(self.secrets.glob("*.password")) + list(self.data_dir.parent.glob("*.password"))
@@ -69,7 +70,7 @@ def secure(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("kafka-secure") / "kafka"
     port = free_port()
     runner = CliRunner()
-    res = runner.invoke(app, ["kafka", "up", "--secure", "--port", str(port), "--data-dir", str(data_dir),
+    res = runner.invoke(app, ["kafka", "up", "--no-tls", "--port", str(port), "--data-dir", str(data_dir),
                               "--timeout", "180"])
     if res.exit_code != 0:
         if broker.status(data_dir):
@@ -242,7 +243,9 @@ def test_admin_worker_and_sink_give_the_books_of_run_and_a_forged_record_is_dead
     assert sum(forged_rows.values()) == 9 and all(r[4] == forged_pool for r in forged_rows)
     want_dl = Counter({r: n for r, n in run_tables["deadletters"].items() if r[0] not in PARSE_CODES})
     # the probe, and the bytes the other tests wrote to the input topics (emit refuses what does not parse)
-    probe_dl = Counter({r: n for r, n in got["deadletters"].items() if r[2] == "admin-probe" or r[0] in PARSE_CODES})
+    # ... and the unsigned bytes the other tests wrote as plain producers (bad_signature before any parse)
+    probe_dl = Counter({r: n for r, n in got["deadletters"].items()
+                        if r[2] == "admin-probe" or r[0] in PARSE_CODES or r[0] == "bad_signature"})
     assert got["deadletters"] - forged_rows - probe_dl == want_dl
 
     # no password anywhere: CLI outputs (kafka up, users, emit), worker log, sink log, broker log, exceptions

@@ -1,4 +1,4 @@
-"""`chipledger kafka up --secure --tls`: SASL/SCRAM over TLS with a throw-away CA. Each role's representative check
+"""`chipledger kafka up` (the secure default): SASL/SCRAM over TLS with a throw-away CA. Each role's representative check
 over TLS, the worker and the sink over TLS give the books of `chipledger run`, and a client that does not trust the
 CA (another CA, or the system's) is refused. One broker for the module."""
 
@@ -37,7 +37,7 @@ def tls(tmp_path_factory):
     check_prerequisites()
     broker.ensure_jars()
     data_dir = tmp_path_factory.mktemp("kafka-tls") / "kafka"
-    res = CliRunner().invoke(app, ["kafka", "up", "--secure", "--tls", "--port", str(free_port()), "--data-dir",
+    res = CliRunner().invoke(app, ["kafka", "up", "--port", str(free_port()), "--data-dir",
                                    str(data_dir), "--timeout", "180"])
     if res.exit_code != 0:
         if broker.status(data_dir):
@@ -110,7 +110,8 @@ def test_worker_and_sink_over_tls_give_the_books_of_run(tls, tmp_path):
                                   "--timeout", "30"], env=env)
     assert emitted.exit_code in (0, 1), emitted.output
     worker_env = {**env, "CHIPLEDGER_KAFKA_USERNAME": "worker",
-                  "CHIPLEDGER_KAFKA_PASSWORD_FILE": str(Path(tls["secrets_dir"]) / "worker.password")}
+                  "CHIPLEDGER_KAFKA_PASSWORD_FILE": str(Path(tls["secrets_dir"]) / "worker.password"),
+                  "CHIPLEDGER_KAFKA_PRINCIPALS_FILE": str(Path(tls["secrets_dir"]) / "principals.json")}
     os.environ.update(worker_env)
     try:
         worker = WorkerProcess(tls["bootstrap_servers"], tmp_path / "w", tmp_path / "worker.log", "--tick-interval",

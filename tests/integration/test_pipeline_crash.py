@@ -131,7 +131,7 @@ def test_kill9_worker_and_restart_broker_mid_stream_lose_and_double_nothing(kafk
                 # the producer is sending the rest: stop the broker under it, start it again
                 broker.down(kafka["data_dir"], timeout_s=60)
                 time.sleep(2)
-                broker.up(port=kafka["port"], data_dir=kafka["data_dir"], timeout_s=180)
+                broker.up(port=kafka["port"], data_dir=kafka["data_dir"], timeout_s=180, secure=False)
                 restarted_broker = True
                 broker_back = time.monotonic()
                 print(f"{time.monotonic() - t0:6.1f}s broker stopped and started")

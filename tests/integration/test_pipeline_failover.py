@@ -117,7 +117,7 @@ def test_three_workers_kill9_at_random_and_a_broker_restart_lose_and_double_noth
                     restart_broker_at = None
                     broker.down(kafka["data_dir"], timeout_s=60)
                     time.sleep(1)
-                    broker.up(port=kafka["port"], data_dir=kafka["data_dir"], timeout_s=180)
+                    broker.up(port=kafka["port"], data_dir=kafka["data_dir"], timeout_s=180, secure=False)
                     print(f"{time.monotonic() - t0:6.1f}s broker stopped and started")
                 for k, w in enumerate(workers):
                     if not w.alive():  # Faust gives up when the broker vanishes at a bad moment: a supervisor
@@ -192,7 +192,7 @@ def test_the_direct_reader_reads_again_after_a_broker_restart(kafka):
         try:
             assert await values() == [] and await reader.start_offsets([tp]) == {}  # no answer: asked again later
         finally:
-            broker.up(port=kafka["port"], data_dir=kafka["data_dir"], timeout_s=180)
+            broker.up(port=kafka["port"], data_dir=kafka["data_dir"], timeout_s=180, secure=False)
         for _ in range(12):  # the leader is elected again a moment after the broker is up
             got = await values()
             if got:
