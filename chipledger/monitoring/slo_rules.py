@@ -46,7 +46,8 @@ def budget_rule(slo_params) -> tuple:
 def budget_alert_rule(spec, slo_params) -> dict:
     """The alerting rule of budget_rule: an exhausted budget is never silent, even when nothing burns fast now."""
     alert, severity, burn, window, _ = budget_rule(slo_params)
-    rule = alert_rule(spec, alert, severity, burn, window, window, int(slo_params.window_days))
+    rule = alert_rule(spec, alert, severity, burn, window, window, int(slo_params.window_days),
+                      getattr(slo_params, "runbook_url", ""))
     who = "pool {{ $labels.pool }}" + (" team {{ $labels.team }}" if "team" in spec.by else "")
     rule["expr"] = f'chipledger:slo_errors:ratio_rate{window}{{slo="{spec.slo}"}} >= ({burn:g} * {spec.budget:g})'
     rule["annotations"]["summary"] = f"{spec.slo} error budget spent on {who}"
