@@ -242,9 +242,9 @@ def test_slo_rules_json_is_the_rule_file_and_promtool_reads_it(tmp_path):
     assert doc == rule_groups(SloParams())
     (tmp_path / "rules.json").write_text(res.stdout)
     check = promtool("check", "rules", str(tmp_path / "rules.json"))
-    assert b"SUCCESS: 65 rules found" in check.stdout
+    assert b"SUCCESS: 75 rules found" in check.stdout
     res = CliRunner().invoke(app, ["slo", "rules", "--json", "--out", str(tmp_path / "r.yml")])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
     assert summary["written"] == str(tmp_path / "r.yml") and (tmp_path / "r.yml").is_file()
-    assert sum(g["recording_rules"] + g["alerting_rules"] for g in summary["groups"]) == 65
+    assert sum(g["recording_rules"] + g["alerting_rules"] for g in summary["groups"]) == 75
