@@ -347,3 +347,23 @@ def test_a_first_look_at_a_workload_evicted_before_is_logged():
     mp.local_queue(lq(), "ns-a/lq", T0)
     mp.workload(wl(ADMITTED, stats={"Preempted": 2}), "w1", T0 + 7)
     assert len(said) == 1 and "2 earlier eviction(s)" in said[0] and "Preempted" in said[0]
+
+
+def test_a_short_jobs_placement_is_taken_when_its_pods_are_bound(tmp_path: Path):
+    """A job shorter than the settle time: its Pods are done before its start is due; the placement seen while they
+    were bound stays on the start."""
+    sink = ListSink()
+    now = [T0 + 7]
+    w = Watcher("c1", tmp_path / "s.json", sink, settle_s=5, clock=lambda: now[0])
+    for kind, objs in {"resourceflavors": [flavor()], "nodes": [node()], "clusterqueues": [cq()],
+                       "localqueues": [lq()], "workloads": [], "pods": []}.items():
+        w.listed(kind, objs, "10")
+    w.observe("pods", pod("p1", "n0"), "uid-p1")  # seen bound before the admission
+    w.observe("workloads", wl(ADMITTED), "w1")
+    now[0] = T0 + 9
+    w.observe("pods", pod("p1", "n0", phase="Succeeded"), "uid-p1")
+    w.observe("workloads", wl(ADMITTED + [("Finished", "True", 8, "Succeeded", "")]), "w1")
+    now[0] = T0 + 20
+    w.flush()
+    (s,) = [e for e in sink.events if e["type"] == "job.started"]
+    assert s["chip_ids"] == ["n0-gpu0", "n0-gpu1"] and not w.state["placed"]

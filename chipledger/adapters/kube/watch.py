@@ -283,8 +283,27 @@ class Mapper:
         v = m.pod_view(obj, self.resources)
         if v["chips"] > 0 and not v["gone"]:
             self.st["pods"][uid] = v
+            if v["node"]:  # bound: the start of its job, not sent yet, gets its placement now (a short job's Pods
+                # may be gone by the time the start is due)
+                owners = set(v["owners"])
+                for juid, rec in list(self.st["jobs"].items()):
+                    if not rec.get("ignored") and rec["phase"] == "running" and owners.intersection(rec.get("owners") or ()):
+                        self._place_pending(juid)
         else:
             self.st["pods"].pop(uid, None)
+
+    def _place_pending(self, uid: str) -> None:
+        """Put the placement on job `uid`'s start while that start waits to be sent (once: a start sent keeps what
+        it had)."""
+        rec = self.st["jobs"][uid]
+        eid = event_id(self.cluster, uid, "started", rec["started"])
+        for p in reversed(self.st["pending"]):
+            if p["body"]["event_id"] == eid:
+                if "chip_ids" not in p["body"]:
+                    chips = self.placement(uid, rec["started"])
+                    if chips:
+                        p["body"]["chip_ids"] = chips
+                return
 
     def placement(self, uid: str, started: int) -> Optional[list]:
         """The chips of job `uid`'s run started at `started` (mapping.place), recorded as held; None when not known
@@ -451,6 +470,7 @@ class Mapper:
         rec["started"] = self._job_emit(rec, ta, RANK_START, "job.started", "started")
         rec["phase"] = "running"
         rec["evicted"] = None
+        self._place_pending(rec["uid"])  # (its Pods may have been seen bound before the admission)
 
 
 class Watcher:
