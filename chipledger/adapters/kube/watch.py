@@ -374,7 +374,8 @@ class Mapper:
             st["jobs"][v["uid"]] = rec
             at = max(v["created"] or now, st["pools"][pool]["at"])
             self._submit(rec, v, at, "submitted")
-            if sum(v["evictions"].values()) and (v["conds"].get("Admitted") or [""])[0] == "True":
+            if sum(v["evictions"].values()) and (v["conds"].get("Admitted") or [""])[0] == "True" \
+                    and (v["conds"].get("Finished") or [""])[0] != "True":
                 # a first look at a Workload evicted before: Kueue keeps the count (schedulingStats), not the times
                 self.log(f"{rec['job']}: first seen admitted after {sum(v['evictions'].values())} earlier "
                          f"eviction(s) {json.dumps(v['evictions'], sort_keys=True)}: booked from its last admission")
@@ -550,7 +551,7 @@ class Watcher:
             st["sent"][p["body"]["event_id"]] = p["at"]
             res.by_type[p["body"]["type"]] += 1
         if unplaced:
-            self.log(f"{unplaced} start(s) sent without placement (their Pods not all bound yet)")
+            self.log(f"{unplaced} start(s) sent without placement (their Pods not bound, or gone, when seen)")
         ids = {p["body"]["event_id"] for p in due}
         st["pending"] = [p for p in st["pending"] if p["body"]["event_id"] not in ids]
         if st["pools"] and (final or st["last_tick"] is None or watermark - st["last_tick"] >= self.tick_s) \
