@@ -3,8 +3,9 @@
 One workload of real Jobs runs once for the module (about a minute) in one cohort of four ClusterQueues (teams) on
 one ResourceFlavor of two kwok Nodes with 8 GPUs each: a team borrowing, Kueue reclaiming its quota
 (InCohortReclamation), a priority preemption inside a ClusterQueue (InClusterQueue), an admin's deactivation and
-reactivation, a Job that fails, a Job deleted while pending, a Node cordoned and a Node NotReady for a moment, and a
-reclaim decided by the ledger (the reclaiming ClusterQueue has Kueue's own reclaim off) applied by `kube actuate`.
+reactivation, a Job that fails, a pending Job deactivated, reactivated and deleted, a Node cordoned and a Node
+NotReady for a moment (while no job runs on them), and a reclaim decided by the ledger (the reclaiming ClusterQueue
+has Kueue's own reclaim off) applied by `kube actuate`. Each ClusterQueue is team `<cohort>/<name>`.
 The watcher runs with the least-privilege ClusterRole of deploy/kube/rbac.yaml (a token bound to it, not admin), is
 stopped and restarted mid-run (resuming its watches), and restarted once more with its cursor set to a version
 the API server no longer serves (a forced `410 Gone`: it lists again). Then:
@@ -14,7 +15,8 @@ the API server no longer serves (a forced `410 Gone`: it lists again). Then:
   within one second per admission;
 - every event id is sent once; a fresh `--once` on the final cursor sends nothing but ticks;
 - the ledger's reclaim evicts the real victim through `kube actuate`; Kueue requeues and readmits it; its
-  `job.preempted` carries the decision's id.
+  `job.preempted` carries the decision's id;
+- each start carries the chips of its Pods' Nodes; the pending Job deactivated is no demand while inactive.
 """
 
 from __future__ import annotations
@@ -576,3 +578,22 @@ def test_starts_carry_the_placement_of_their_pods(workload):
         job = next((j for j in last if j.startswith(f"{namespace}/job-{pod.rsplit('-', 1)[0]}-")), None)
         if job is not None and node:
             assert any(c.startswith(node + "-") for c in last[job]["chip_ids"]), (pod, node, last[job])
+
+
+def test_a_pending_workload_deactivated_is_no_demand_until_active_again(workload):
+    """c2, pending, deactivated then active again then deleted: its waits stop at the deactivation (cancelled) and
+    start again at the resubmission; nothing waits in between."""
+    from analytics.views import connect
+
+    ns = workload["ns"]
+    evs = [e for e in _events(workload["out"]) if e.get("job_id", "").startswith(f"{ns['c']}/job-c2-")
+           and e["type"] != "job.waiting"]
+    sub1, cancelled, sub2, deleted = evs
+    rows = connect(workload["dir"] / "lake").execute(
+        "SELECT began_at, ended_at, \"end\" FROM waits WHERE job_id = ? ORDER BY began_at",
+        [evs[0]["job_id"]]).fetchall()
+    iso = lambda t: t.strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+    assert [(iso(b), iso(e)) for b, e, _ in rows] == [(sub1["occurred_at"], cancelled["occurred_at"]),
+                                                       (sub2["occurred_at"], deleted["occurred_at"])], rows
+    assert all(end not in ("started", "open") for _, _, end in rows)
+    assert cancelled["occurred_at"] < sub2["occurred_at"]

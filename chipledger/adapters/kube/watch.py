@@ -1,6 +1,7 @@
 """`chipledger kube watch`: follow a Kubernetes cluster with Kueue and send what happens as chipledger events, once.
 
-Resumable watches, one per kind (ResourceFlavors, Nodes, ClusterQueues, LocalQueues, Workloads): list, then watch
+Resumable watches, one per kind (ResourceFlavors, Nodes, ClusterQueues, LocalQueues, Workloads, and the Pods of
+Kueue's workloads for placement): list, then watch
 from the list's resourceVersion with bookmarks; a `410 Gone` (the version was compacted away) lists again, and an
 object the new list lacks is treated as deleted. Each object seen is read into a view (mapping.py) and compared
 with the view kept in the state: the differences become events whose ids derive from the object's uid and the
