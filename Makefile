@@ -32,7 +32,8 @@ test: $(CORE)
 	bash scripts/chromium.sh ensure
 	bash scripts/slurm.sh ensure
 	bash scripts/valgrind.sh ensure
-	$(PY) -m pytest
+	PYTHON=$(PY) bash scripts/kube.sh ensure  # builds once per machine (~14 min, cached in ~/.cache/chipledger/kube)
+	$(PY) -m pytest; status=$$?; bash scripts/kube.sh stop; exit $$status
 
 bench: $(CORE)
 	$(PY) bench/replay.py

@@ -52,6 +52,9 @@ class SloParams:
     throughput_fraction: float = 0.8
     throughput_reference_s: int = 1800
     throughput_reference_reports: int = 3
+    # the alerts' `runbook_url` annotation (Prometheus rules and `chipledger alerts --alertmanager`); `{slo}` and
+    # `{alert}` are replaced by the SLO and the alert (page_1h, page_6h, ticket_3d); empty: no annotation
+    runbook_url: str = ""
 
     def __post_init__(self):
         for name in SLOS:

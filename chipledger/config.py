@@ -201,6 +201,21 @@ class BacktestConfig:
 
 
 @dataclass(frozen=True)
+class KubeConfig:
+    """[kube]: what `chipledger kube watch` reads as chips and teams (docs/kube.md)."""
+
+    resources: str = "nvidia.com/gpu,amd.com/gpu,google.com/tpu"  # extended resources counted as chips, comma-separated
+    team_label: str = ""  # a ClusterQueue label naming its team; "": the team is the ClusterQueue's name
+
+    def __post_init__(self):
+        if not self.resource_list():
+            raise ValueError("[kube] resources must name at least one resource, e.g. nvidia.com/gpu")
+
+    def resource_list(self) -> tuple[str, ...]:
+        return tuple(r.strip() for r in self.resources.split(",") if r.strip())
+
+
+@dataclass(frozen=True)
 class Config:
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -211,6 +226,7 @@ class Config:
     statements: StatementsConfig = field(default_factory=StatementsConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     backtest: BacktestConfig = field(default_factory=BacktestConfig)
+    kube: KubeConfig = field(default_factory=KubeConfig)
 
 
 _TYPES = {"int": int, "str": str, "bool": bool, "float": float}
@@ -222,7 +238,7 @@ _MOVED = {("policy", "capacity_slo_target"): "[slo] availability (the capacity S
                                        "headers, not by time: docs/streaming.md)"}
 _SECTION_CLASSES = {"kafka": KafkaConfig, "store": StoreConfig, "lake": LakeConfig, "ledger": LedgerConfig,
                     "slo": SloConfig, "policy": PolicyConfig, "statements": StatementsConfig,
-                    "worker": WorkerConfig, "backtest": BacktestConfig}
+                    "worker": WorkerConfig, "backtest": BacktestConfig, "kube": KubeConfig}
 
 
 def _coerce(section: str, key: str, value: Any, target: type, origin: str):

@@ -249,10 +249,12 @@ all_idle() {
 
 # Accounts (lower-case: Slurm lower-cases them), their GPU quotas as GrpTRES, root in every account (it runs
 # most test jobs, with --account), the TEST_USERS in vision (jobs submitted for them with `sbatch --uid`), and QOS
-# `high` that preempts `normal` by requeue.
+# `high` that preempts `normal` by requeue. vision and nlp are under the parent account research (the ledger's
+# teams research/vision and research/nlp of the org research); speech is a top-level account.
 setup_accounts() {
     sacctmgr -i add qos high Priority=1000 Preempt=normal PreemptMode=requeue >/dev/null
-    sacctmgr -i add account vision,nlp,speech Cluster="$CLUSTER" >/dev/null
+    sacctmgr -i add account research,speech Cluster="$CLUSTER" >/dev/null
+    sacctmgr -i add account vision,nlp Cluster="$CLUSTER" Parent=research >/dev/null
     sacctmgr -i modify account vision set GrpTRES=gres/gpu:a100=8 >/dev/null
     sacctmgr -i modify account nlp set GrpTRES=gres/gpu:a100=4,gres/gpu:h100=8 >/dev/null
     sacctmgr -i add user root Account=vision,nlp,speech QOS=normal,high DefaultQOS=normal >/dev/null

@@ -103,3 +103,29 @@ def slurm():
     finally:
         cluster.stop()
         shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kube():
+    """A real kube-apiserver, etcd, kube-controller-manager, kube-scheduler, kwok and Kueue on 127.0.0.1, started
+    once for the session by scripts/kube.sh (or reused when `make test` already started it) and stopped at the end
+    if started here (tests/kube_support.py). Without the built binaries: skipped loudly, or a failure with
+    CHIPLEDGER_REQUIRE_KUBE=1."""
+    import kube_support
+
+    try:
+        cluster = kube_support.Cluster()
+    except kube_support.KubeUnavailable as err:
+        msg = f"KUBERNETES TESTS NOT RUN: {err}"
+        if kube_support.required():
+            pytest.fail(f"{msg} ({kube_support.REQUIRE_ENV}=1)", pytrace=False)
+        pytest.skip(msg)
+    try:
+        cluster.start()
+    except Exception as err:  # built but would not start: always a failure (the logs are kept)
+        cluster.stop()
+        pytest.fail(f"could not start the Kubernetes control plane: {err}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

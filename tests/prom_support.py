@@ -87,18 +87,20 @@ def stop(proc: subprocess.Popen) -> None:
 class Prometheus:
     """A Prometheus server whose scrape targets and rule files the tests set (`configure`, then a reload)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, data: Optional[Path] = None, retention: str = "1d"):
+        """`data`: the TSDB folder (default root/data); `retention`: long for blocks backfilled from the past."""
         self.binary = tool("prometheus")
         self.root = root
+        root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = root / "prometheus.yml"
         self.log = root / "prometheus.log"
         self.configure([], [])
         self.proc = subprocess.Popen(
-            [self.binary, f"--config.file={self.config}", f"--storage.tsdb.path={root / 'data'}",
+            [self.binary, f"--config.file={self.config}", f"--storage.tsdb.path={data or root / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
-             "--storage.tsdb.retention.time=1d", "--log.level=warn"],
+             f"--storage.tsdb.retention.time={retention}", "--log.level=warn"],
             stdout=self.log.open("w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         wait_ready(f"{self.url}/-/ready", self.proc, self.log)
 
@@ -114,8 +116,8 @@ class Prometheus:
         q = urllib.parse.urlencode(params)
         return http_json(f"{self.url}/api/v1/{path}" + (f"?{q}" if q else ""))
 
-    def query(self, expr: str) -> list:
-        out = self.api("query", query=expr)
+    def query(self, expr: str, at: Optional[float] = None) -> list:
+        out = self.api("query", query=expr, **({} if at is None else {"time": at}))
         assert out["status"] == "success", out
         return out["data"]["result"]
 

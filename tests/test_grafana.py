@@ -60,3 +60,46 @@ def test_every_expression_parses_and_chips_are_summed_only_by_pool_or_flavor(tmp
                 assert keep & {"pool", "flavor"}, e
                 summed += 1
     assert summed >= 5  # the check saw the sums of chips
+
+
+def test_slo_panels_read_at_a_glance():
+    """Burn panels: one legend per window and series, a threshold line at the alert's factor; a budget-left stat per
+    SLO; pending chips show 0 rather than "No data"."""
+    from analytics.slo_views import SLOS
+    from chipledger.monitoring.slo_rules import BURN_RULES
+
+    panels = {p["title"]: p for p in dashboard()["panels"]}
+    for _, severity, factor, long_w, short_w in BURN_RULES:
+        (p,) = [p for t, p in panels.items() if t.startswith(f"Burn rate over {long_w} and {short_w} ")]
+        legends = [t["legendFormat"] for t in p["targets"]]
+        assert legends == [f"{{{{slo}}}} {{{{pool}}}} {{{{team}}}} over {w}" for w in (long_w, short_w)]
+        steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        assert steps[-1]["value"] == factor and p["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] \
+            in ("line", "dashed")
+    stats = [p for p in panels.values() if p["type"] == "stat" and p["title"].startswith("Budget left: ")]
+    assert [p["title"].removeprefix("Budget left: ") for p in stats] == list(SLOS)
+    assert all('slo="' in p["targets"][0]["expr"] for p in stats)
+    pending = panels["Pending chips by reason"]
+    assert pending["fieldConfig"]["defaults"]["noValue"] == "0"
+    assert any(" or " in t["expr"] and "0 * chipledger_pool_registered_chips" in t["expr"] for t in pending["targets"])
+
+
+def test_alerts_carry_the_runbook_url_from_config():
+    from analytics.slo_views import SloParams
+    from chipledger.monitoring.alertmanager import payload
+    from chipledger.monitoring.slo_rules import rule_groups
+
+    params = SloParams(runbook_url="https://runbooks.example/{slo}#{alert}")
+    alerts = [r for g in rule_groups(params)["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts and all(r["annotations"]["runbook_url"] == f"https://runbooks.example/{r['labels']['slo']}#"
+                                                             f"{r['labels']['alert']}" for r in alerts)
+    assert all("runbook_url" not in r["annotations"] for g in rule_groups(SloParams())["groups"]
+               for r in g["rules"] if "alert" in r)
+    from datetime import datetime, timezone
+
+    from chipledger.monitoring.alerts import Alert
+
+    a = Alert("page", "page_1h", "availability", "c/p", 14.4, "1h", 20.0, "5m", 30.0, 0.99,
+              datetime(2026, 11, 4, tzinfo=timezone.utc))
+    (item,) = payload([a], runbook_url=params.runbook_url)
+    assert item["annotations"]["runbook_url"] == "https://runbooks.example/availability#page_1h"

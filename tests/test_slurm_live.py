@@ -39,6 +39,9 @@ from chipledger.adapters.slurm.watch import JsonlSink, Watcher, parse_since
 from ledger.fold import FoldConfig
 
 CLUSTER = "chipledger"
+# the ledger's team of each Slurm account: vision and nlp are under the parent account research (scripts/slurm.sh)
+TEAM = {"vision": "research/vision", "nlp": "research/nlp", "speech": "speech"}
+ORGS = {"research": ("vision", "nlp")}
 SETTLE_S = 2
 WORKLOAD_MAX_S = 240  # the workload below takes ~90 s, up to ~150 s on a loaded machine
 
@@ -116,7 +119,7 @@ def _sreport_by_partition(cluster, start: int, end: int) -> dict:
             if len(f) >= 4 and f[1]:
                 used = sum(int(v) for v in f[2:-1])
                 if used:
-                    out[(part, f[1])] = used
+                    out[(part, TEAM[f[1]])] = used
     return out
 
 
@@ -141,10 +144,10 @@ def _sreport(cluster, start: int, end: int) -> tuple[dict, dict, dict]:
     used, by_user = {}, {}
     for x in accounts.splitlines():
         f = x.split("|")  # cluster|account|login|proper name|TRES|used
-        if len(f) == 6 and f[2] == "" and f[1] != "root":  # account rows (no user)
-            used[f[1]] = int(f[5])
+        if len(f) == 6 and f[2] == "" and f[1] in TEAM:  # account rows (no user), by the ledger's team name
+            used[TEAM[f[1]]] = int(f[5])
         elif len(f) == 6 and f[2] and int(f[5]):  # user rows
-            by_user[(f[1], f[2])] = int(f[5])
+            by_user[(TEAM[f[1]], f[2])] = int(f[5])
     return used, by_user, {"allocated": int(alloc), "down": int(down), "planned_down": int(pdown), "idle": int(idle),
                   "planned": int(planned), "reported": int(reported),
                   "maintenance_gpu_s": pdown_cpu // cpus * gpus}  # n4's node-seconds in PLND Down x its GPUs
@@ -212,7 +215,7 @@ def _eligible_demand(dump: Path) -> tuple[dict, dict]:
             eligible[(job, k)] = el
             until = start if start is not None else end
             if until is not None and until > el:
-                demand[r["Account"]] += (until - el) * _gpus(r)
+                demand[TEAM[r["Account"]]] += (until - el) * _gpus(r)
     return dict(demand), eligible
 
 
@@ -388,7 +391,7 @@ def test_watch_maps_what_slurm_did(slurm, workload):
     multi = [e for e in evs if e["job_id"] == jobs["multi"] and e["type"] == "job.submitted"]
     assert multi[0]["chips"] == 16 and multi[0]["chips_per_node"] == 8
     teams = {e["team"] for e in evs if e["type"] == "job.submitted"}
-    assert teams == {"vision", "nlp", "speech"}
+    assert teams == set(TEAM.values())  # the account hierarchy: research/vision, research/nlp, speech
     users = {e["job_id"]: e.get("user") for e in evs if e["type"] == "job.submitted"}
     assert users[jobs["alice"]] == "alice" and users[jobs["bob"]] == "bob" and users[jobs["ok"]] == "root"
     assert set(users.values()) == {"root", "alice", "bob"}
@@ -409,7 +412,7 @@ def test_watch_books_equal_sreport(slurm, workload):
     print(f"per account and user: sreport {sorted(by_user.items())}\n"
           f"                      ledger  {sorted(users.items())}")
     assert users == by_user
-    assert {u for (a, u) in users if a == "vision"} == {"root", "alice", "bob"}
+    assert {u for (a, u) in users if a == "research/vision"} == {"root", "alice", "bob"}
     by_part, sreport_by_part = _books_by_pool(d / "lake"), _sreport_by_partition(slurm, start, end)
     print(f"per partition and account: sreport {sorted(sreport_by_part.items())}\n"
           f"                           ledger  {sorted(by_part.items())}")
@@ -485,7 +488,7 @@ def test_import_sacct_books_equal_sreport(slurm, workload):
     _sacct_dump(slurm, workload)
     (d / "sinfo.json").write_text(slurm.cmd("sinfo", "--json"))
     (d / "assoc.txt").write_text(slurm.cmd("sacctmgr", "-P", "show", "assoc",
-                                           "format=id,account,user,partition,grptres"))
+                                           "format=id,account,user,partition,grptres,parentname"))
     (d / "node-events.txt").write_text(slurm.cmd("sacctmgr", "-n", "-P", "show", "event", "event=node",
                                                  f"start={_iso(workload['since'])}",
                                                  "format=nodename,start,end,state,reason"))
@@ -511,3 +514,94 @@ def test_import_sacct_books_equal_sreport(slurm, workload):
     assert pool["capacity"] == util["reported"] and pool["idle"] + maint == util["idle"] + util["planned"]
     assert pool["unavailable"] == util["down"] + maint
     assert (teams, pool) == _books(d / "lake")  # and the same books as the watcher's
+
+
+def _usage_lake(workload) -> Path:
+    """The watcher's events folded with the books closed at the hour after the workload (what sreport rolls up)."""
+    d = workload["dir"]
+    lake = d / "usage-lake"
+    if not lake.exists():
+        end = _hour(workload["end"]) + 3600
+        _fold(_with_final_ticks(workload["out"], d / "usage-closed.jsonl", end), lake)
+    return lake
+
+
+def test_usage_equals_sreport_account_utilization_by_user(slurm, workload):
+    """`chipledger usage -t seconds -P` against `sreport -t seconds -T gres/gpu cluster AccountUtilizationByUser`:
+    the org research (Slurm's parent account), its teams, speech and every user, to the GPU-second (sreport adds the
+    GPU types up; the ledger keeps a row per flavor: summed here, for the comparison only)."""
+    start = _hour(workload["since"])
+    end = _hour(workload["end"]) + 3600
+    lake = _usage_lake(workload)
+    res = CliRunner().invoke(app, ["usage", "--lake", str(lake), "-S", _iso(start), "-E", _iso(end), "-t", "seconds",
+                                   "-P", "-n"])
+    assert res.exit_code == 0, res.output
+    ours: Counter = Counter()
+    for line in res.stdout.splitlines():
+        cluster, account, login, tres, used = line.split("|")
+        assert cluster == CLUSTER and tres in ("chip/a100", "chip/h100")
+        ours[(account, login)] += int(used)
+    slurm.cmd("sacctmgr", "-i", "rollup", _iso(start), _iso(end))
+    text = slurm.cmd("sreport", "-n", "-P", "-t", "seconds", "-T", "gres/gpu", "cluster", "AccountUtilizationByUser",
+                     f"start={_iso(start)}", f"end={_iso(end)}")
+    theirs = {}
+    for x in text.splitlines():
+        f = x.split("|")  # cluster|account|login|proper name|TRES|used
+        if len(f) == 6 and f[1] != "root" and int(f[5]):
+            theirs[(TEAM.get(f[1], f[1]), f[2])] = int(f[5])
+    print(f"\nsreport AccountUtilizationByUser {sorted(theirs.items())}\nchipledger usage               "
+          f"{sorted(ours.items())}")
+    assert dict(ours) == theirs
+    assert ("research", "") in theirs and theirs[("research", "")] == sum(
+        theirs.get((TEAM[a], ""), 0) for a in ORGS["research"])
+    # hours: the same numbers in another unit (sreport rounds its hours; the ledger's are exact)
+    res = CliRunner().invoke(app, ["usage", "--lake", str(lake), "-S", _iso(start), "-E", _iso(end), "-t",
+                                   "minutes", "-P", "-n", "--no-users"])
+    assert res.exit_code == 0, res.output
+    assert {r.split("|")[1] for r in res.stdout.splitlines()} == {"research", *TEAM.values()}
+
+
+def test_share_tree_is_sshares(slurm, workload):
+    """`chipledger share` against `sshare -l -a`: the same tree (the org research over its teams vision and nlp,
+    speech at the top, each team's users that ran jobs), and each user's usage equal to sreport's per user.
+
+    sshare's RawUsage is not compared: the test cluster purges a finished job after MinJobAge=2 s, and Slurm's
+    priority plugin adds usage once per PriorityCalcPeriod (measured on 22.05.8: jobs of a few seconds never reached
+    RawUsage, even with PriorityCalcPeriod=1 and a fair-share weight). The ledger's raw shares are the nominal
+    quota per pool, Slurm's the associations' Fairshare (1 here): a different quantity too."""
+    lake = _usage_lake(workload)
+    res = CliRunner().invoke(app, ["share", "--lake", str(lake), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    ours = {(r["account"], r["user"] or "") for r in rows}
+    text = slurm.cmd("sshare", "-l", "-a", "-P", "-n", "-o", "Account,User,RawShares")
+    tree, parent, depth_of = set(), {}, {}
+    stack: list = []
+    for x in text.splitlines():
+        account, user, _ = x.split("|")
+        depth = len(account) - len(account.lstrip(" "))
+        account = account.strip()
+        if not user:
+            while stack and stack[-1][1] >= depth:
+                stack.pop()
+            parent[account] = stack[-1][0] if stack else None
+            stack.append((account, depth))
+        if account != "root":
+            tree.add((TEAM.get(account, account), user))
+    assert parent["vision"] == parent["nlp"] == "research" and parent["research"] == parent["speech"] == "root"
+    assert {a for a, u in ours if not u} == {"research", *TEAM.values()}
+    assert ours <= tree  # every team and user the ledger shows is an association of sshare's tree
+    # teams: the core's numbers (nominal quota as raw shares: vision a100 8, nlp a100 4 and h100 8, speech none)
+    shares = {(r["pool"], r["account"]): r["raw_shares"] for r in rows if not r["user"]}
+    assert shares[(f"{CLUSTER}/a100", "research/vision")] == 8 and shares[(f"{CLUSTER}/h100", "research/nlp")] == 8
+    assert shares[(f"{CLUSTER}/a100", "research")] == 12
+    teams = [r for r in rows if not r["user"] and r["account"] in TEAM.values()]
+    assert teams and all(r["fair_share"] is not None and 0 <= r["fair_share"] <= 1 for r in teams)
+    # users: their allocated GPU-seconds, all pools together, are sreport's per account and user
+    start, end = _hour(workload["since"]), _hour(workload["end"]) + 3600
+    _, by_user, _ = _sreport(slurm, start, end)
+    users: Counter = Counter()
+    for r in rows:
+        if r["user"]:
+            users[(r["account"], r["user"])] += round(r["raw_usage_chip_s"])
+    assert dict(users) == by_user

@@ -314,12 +314,13 @@ class FakeSlurm:
         self.registered = registered
         self.node_events_ = [("n2", 1796297849, None, "DRAIN", "fan")]  # drained at 11:37:29, still
         self.reservations_ = []
+        self.parents_ = {"vision": "root", "nlp": "root", "speech": "root"}
 
     def slurm(self):
         return Slurm(nodes=lambda: self.nodes_, assocs=lambda c: self.assocs_, runs=lambda since: self.runs_,
                      registered_at=lambda c: self.registered, queue=lambda: self.queue_,
                      node_events=lambda c, since: self.node_events_,
-                     reservations=lambda c, since: self.reservations_)
+                     reservations=lambda c, since: self.reservations_, account_parents=lambda c: self.parents_)
 
 
 NOW = 1796298000  # 2026-12-03T11:40:00Z, after every captured record (11:37:23 … 11:37:35)
@@ -528,3 +529,26 @@ def test_a_powered_down_node_is_down_for_its_node_event(nodes):
         "2026-12-04T12:06:24Z": {("healthy", None)},
         "2026-12-04T12:06:57Z": {("down", "DOWN~: ResumeTimeout reached")}}
     assert len(evs) == 3 * 8
+
+
+def test_the_account_hierarchy_names_teams_org_slash_team(tmp_path, nodes, assocs, runs):
+    """`sacctmgr show assoc format=account,user,parentname`: an account under a parent account other than root is
+    the team `parent/account`, deeper ones `a/b/account`; its jobs and its GrpTRES grants carry that name."""
+    from chipledger.adapters.slurm.commands import account_parents_from_text
+    from chipledger.adapters.slurm.mapping import team_paths
+
+    text = ("Account|User|Par Name\nroot||\nroot|root|\nresearch||root\nvision||research\nvision|alice|\n"
+            "cv||vision\nspeech||root\n")
+    parents = account_parents_from_text(text)
+    assert parents == {"research": "root", "vision": "research", "cv": "vision", "speech": "root"}
+    assert team_paths(parents) == {"research": "research", "vision": "research/vision", "cv": "research/vision/cv",
+                                   "speech": "speech"}
+    assert account_parents_from_text("vision||research\nspeech||root\n") == {"vision": "research", "speech": "root"}
+    assert team_paths({"a": "b", "b": "a"}) == {"a": "b/a", "b": "a/b"}  # a cycle (never in Slurm) ends
+    fake = FakeSlurm(nodes, assocs, runs)
+    fake.parents_ = {"vision": "research", "nlp": "research", "research": "root", "speech": "root"}
+    sink = ListSink()
+    _watcher(tmp_path, fake, sink).poll()
+    teams = {e["team"] for e in sink.events if e["type"] in ("job.submitted", "quota.granted")}
+    assert teams and teams <= {"research/vision", "research/nlp", "speech"}
+    assert "research/vision" in teams

@@ -87,7 +87,8 @@ def import_sacct_cmd(src: Path = typer.Argument(..., help="output of sacct --par
                      nodes: Optional[Path] = typer.Option(None, help="`sinfo --json` or `scontrol show node -o` dump: the chips (needs "
                                                          "--cluster)"),
                      assoc: Optional[Path] = typer.Option(None, help="`sacctmgr -P show assoc format=id,account,user,"
-                                                          "partition,grptres` dump: GPU quotas (needs --nodes)"),
+                                                          "partition,grptres[,parentname]` dump: GPU quotas (needs --nodes); with "
+                                                          "parentname, teams named org/team by the account hierarchy"),
                      inventory_at: Optional[str] = typer.Option(None, help="when the chips and quotas take effect "
                                                                 "(ISO 8601 or epoch; default the first Submit)"),
                      node_events: Optional[Path] = typer.Option(None, help="`sacctmgr -n -P show event event=node "

@@ -1,4 +1,5 @@
-"""`chipledger slo rules`, `grafana dashboard` and `serve-metrics`: Prometheus and Grafana over the ledger."""
+"""`chipledger slo rules`, `grafana dashboard`, `serve-metrics` and `metrics history`: Prometheus and Grafana over the
+ledger."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Optional
 import typer
 import typer.core
 
-from chipledger.cli._common import ConfigOpt, _config, _fail, _lake_dir, _write_text, app, err, grafana_app, slo_app
+from chipledger.cli._common import (ConfigOpt, _config, _fail, _instant, _lake_dir, _write_text, app, err, grafana_app,
+                                   slo_app)
 
 
 @slo_app.command("rules")
@@ -59,18 +61,102 @@ def serve_metrics(
 
     cfg = _config(config)
     lm = LakeMetrics(_lake_dir(lake, cfg), fold_config(cfg))
-    try:
-        n = lm.poll()
-    except Exception as e:  # noqa: BLE001 - a lake that cannot be read: say which and why
-        _fail(f"cannot read lake {lm.lake}: {e}")
-    err.print(f"serve-metrics: folded {n:,} events of {len(lm.fleet.pools)} pools from {lm.lake}", highlight=False)
+
+    listening = False
 
     def started(bound: int) -> None:
-        err.print(f"serve-metrics: http://{host}:{bound}/metrics", highlight=False)
+        nonlocal listening
+        listening = True
+        err.print(f"serve-metrics: http://{host}:{bound}/metrics (folding {lm.lake}: chipledger_metrics_loading 1 "
+                  f"until done)", highlight=False)
+
+    def loaded(n: int) -> None:
+        err.print(f"serve-metrics: folded {n:,} events of {len(lm.fleet.pools)} pools from {lm.lake}",
+                  highlight=False)
 
     try:
-        asyncio.run(run_server(lm, host, port, poll, started=started))
-    except OSError as e:
-        _fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
+        asyncio.run(run_server(lm, host, port, poll, started=started, loaded=loaded))
     except KeyboardInterrupt:
         pass
+    except OSError as e:
+        if not listening:
+            _fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
+        _fail(f"cannot read lake {lm.lake}: {e}")
+    except Exception as e:  # noqa: BLE001 - a lake that cannot be read: say which and why
+        _fail(f"cannot read lake {lm.lake}: {e}")
+
+
+metrics_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                          help="The metrics of /metrics over a lake's history (for Prometheus backfill).")
+app.add_typer(metrics_app, name="metrics")
+
+
+def _seconds(text: str, option: str) -> int:
+    from chipledger.monitoring.alerts import AlertsError, parse_duration
+
+    try:
+        s = parse_duration(text)
+    except AlertsError:
+        _fail(f"{option} {text!r} is not a duration (e.g. 60s, 5m, 1h)", 2)
+    if s <= 0:
+        _fail(f"{option} must be positive, got {text!r}", 2)
+    return s
+
+
+@metrics_app.command("history")
+def metrics_history(
+    lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
+    out: Path = typer.Option(..., "--out", "-o", help="OpenMetrics file to write ('-': standard output)"),
+    step: str = typer.Option("60s", "--step", help="time between two samples of a series (event time)"),
+    start: Optional[str] = typer.Option(None, "--start", help="first instant (ISO 8601; default: the first event)"),
+    end: Optional[str] = typer.Option(None, "--end", help="last instant (ISO 8601; default: the last event)"),
+    config: Optional[Path] = ConfigOpt,
+):
+    """Write the lake's history as OpenMetrics for `promtool tsdb create-blocks-from openmetrics FILE DATA_DIR`: the
+    series /metrics serves (same names and labels), sampled every --step of event time, as a worker folding the
+    lake's events as they happened would have served them. Then backfill the recording rules with `promtool tsdb
+    create-blocks-from rules` (docs/monitoring.md, "History")."""
+    import sys
+
+    from chipledger.config import fold_config
+    from chipledger.monitoring.history import write_history
+
+    cfg = _config(config)
+    lake_dir = _lake_dir(lake, cfg)
+    step_s = _seconds(step, "--step")
+    if step_s > 300:
+        err.print(f"metrics history: --step {step_s} s is longer than Prometheus' lookback (5 minutes by default): "
+                  "gauges go stale between two samples", highlight=False, soft_wrap=True)
+    t0, t1 = _instant(start, "--start"), _instant(end, "--end")
+    start_s = None if t0 is None else int(t0.timestamp())
+    end_s = None if t1 is None else int(t1.timestamp())
+    if start_s is not None and end_s is not None and end_s < start_s:
+        _fail("--end is before --start", 2)
+    try:
+        if str(out) == "-":
+            summary = write_history(lake_dir, fold_config(cfg), sys.stdout, step_s, start_s, end_s)
+        else:
+            tmp = out.with_name(out.name + ".part")
+            with tmp.open("w", encoding="utf-8") as f:
+                summary = write_history(lake_dir, fold_config(cfg), f, step_s, start_s, end_s)
+            tmp.replace(out)
+    except OSError as e:
+        _fail(f"cannot write {out}: {e.strerror or e}")
+    except duckdb_errors() as e:
+        _fail(f"cannot read lake {lake_dir}: {e}")
+    from datetime import datetime, timezone
+
+    def iso(s):
+        return "-" if s is None else datetime.fromtimestamp(s, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    err.print(f"metrics history: {summary.events:,} events folded, {summary.series:,} series, {summary.samples:,} "
+              f"samples at {summary.steps:,} instants {iso(summary.first_s)} .. {iso(summary.last_s)} every {step_s} s"
+              + (f"; {summary.skipped:,} event rows did not fold again (a lake written with another [ledger] or "
+                 f"[policy] configuration?)" if summary.skipped else "")
+              + ("" if str(out) == "-" else f" -> {out}"), highlight=False, soft_wrap=True)
+
+
+def duckdb_errors():
+    import duckdb
+
+    return duckdb.Error

@@ -142,7 +142,7 @@ def alerts(
         from chipledger.monitoring.alertmanager import AlertmanagerError, send
 
         try:
-            sent = send(alertmanager, ev.alerts)
+            sent = send(alertmanager, ev.alerts, runbook_url=cfg.slo.runbook_url)
         except AlertmanagerError as e:
             _fail(str(e), EXIT_ERROR)
         err.print(f"sent {sent} alert(s) to {alertmanager}", highlight=False)

@@ -123,7 +123,7 @@ def print_summary(summary) -> None:
     t.add_row("seconds", f"{summary.seconds:.2f} ({rate:,.0f} lines/s)")
     t.add_row("ledger core", summary.core)
     console.print(t)
-    console.print(f"lake: {summary.lake}")
+    console.print(f"lake: {summary.lake} (commit {summary.commit}: the run's files are its books)", highlight=False)
 
 
 @app.command()

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from typing import Iterable
 
-from chipledger.monitoring.slo_rules import ALERT_NAME, _DESCRIBE
+from chipledger.monitoring.slo_rules import ALERT_NAME, _DESCRIBE, runbook
 
 #: what `look_at` tells for a pool-level alert (the lake's burn_alerts are per SLO and pool)
 _LOOK = {
@@ -33,8 +33,9 @@ class AlertmanagerError(RuntimeError):
     pass
 
 
-def payload(alerts: Iterable, generator_url: str = "") -> list[dict]:
-    """The API v2 body for chipledger.monitoring.alerts.Alert values."""
+def payload(alerts: Iterable, generator_url: str = "", runbook_url: str = "") -> list[dict]:
+    """The API v2 body for chipledger.monitoring.alerts.Alert values; `runbook_url`: the `[slo] runbook_url`
+    template (the Prometheus rules' annotation of the same name)."""
     out = []
     for a in alerts:
         labels = {"alertname": ALERT_NAME, "severity": a.severity, "slo": a.slo, "pool": a.pool,
@@ -51,6 +52,7 @@ def payload(alerts: Iterable, generator_url: str = "") -> list[dict]:
                                 f"{a.long_burn:.1f}x over {a.long_win} and {a.short_burn:.1f}x over {a.short_win} "
                                 f"(threshold {a.burn_rate:g}x): {_DESCRIBE[a.slo]}."),
                 "look_at": _LOOK[a.slo].format(pool=a.pool),
+                **runbook(runbook_url, a.slo, a.alert),
             },
             "startsAt": a.evaluated_at.isoformat().replace("+00:00", "Z"),
         }
@@ -60,14 +62,14 @@ def payload(alerts: Iterable, generator_url: str = "") -> list[dict]:
     return out
 
 
-def send(url: str, alerts: list, timeout_s: float = 10.0) -> int:
+def send(url: str, alerts: list, timeout_s: float = 10.0, runbook_url: str = "") -> int:
     """POST the alerts to the Alertmanager at `url` (its base URL, e.g. http://127.0.0.1:9093); returns how many
     were sent. Raises AlertmanagerError with a sentence when it cannot be reached or refuses them."""
     if not alerts:
         return 0
     if not url.startswith(("http://", "https://")):
         raise AlertmanagerError(f"--alertmanager {url!r} is not an http:// or https:// URL")
-    body = json.dumps(payload(alerts)).encode()
+    body = json.dumps(payload(alerts, runbook_url=runbook_url)).encode()
     req = urllib.request.Request(url.rstrip("/") + "/api/v2/alerts", data=body, method="POST",
                                  headers={"Content-Type": "application/json"})
     try:

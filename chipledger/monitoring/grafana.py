@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 
-from chipledger.monitoring.slo_rules import ALERT_NAME
+from analytics.slo_views import SLOS
+from chipledger.monitoring.slo_rules import ALERT_NAME, BURN_RULES
 
 POOL = 'pool=~"$pool"'
 TEAM = 'pool=~"$pool", team=~"$team"'
@@ -32,15 +33,55 @@ def _ts(title: str, exprs: list[tuple[str, str]], unit: str = "short", stack: bo
     return panel
 
 
+def _zero(panel: dict) -> dict:
+    """No series shows as 0, not "No data"."""
+    panel["fieldConfig"]["defaults"]["noValue"] = "0"
+    return panel
+
+
 def _row(title: str) -> dict:
     return {"type": "row", "title": title, "collapsed": False, "panels": []}
 
 
-def panels() -> list[dict]:
-    def burn(w: str) -> list[tuple[str, str]]:
-        return [(f"chipledger:slo_errors:ratio_rate{w}{{{POOL}}} / on (slo) group_left () "
-                 "chipledger:slo_error_budget:ratio", "{{slo}} {{pool}} {{team}}")]
+def _thresholds(panel: dict, factor: float, color: str = "red") -> dict:
+    """Draw a dashed line at `factor` (the alert's burn rate) on a time series panel."""
+    d = panel["fieldConfig"]["defaults"]
+    d["thresholds"] = {"mode": "absolute", "steps": [{"color": "transparent", "value": None},
+                                                     {"color": color, "value": factor}]}
+    d["custom"]["thresholdsStyle"] = {"mode": "dashed"}
+    return panel
 
+
+def burn_panel(long_w: str, short_w: str, factor: float, severity: str) -> dict:
+    """Burn rate (error ratio / budget) over an alert's two windows: one legend entry per window and series, and
+    the alert's factor as a threshold line (it fires when both windows are above it)."""
+    def burn(w: str) -> tuple[str, str]:
+        return (f"chipledger:slo_errors:ratio_rate{w}{{{POOL}}} / on (slo) group_left () "
+                "chipledger:slo_error_budget:ratio", "{{slo}} {{pool}} {{team}} over " + w)
+
+    return _thresholds(_ts(f"Burn rate over {long_w} and {short_w} ({severity} at {factor:g} on both)",
+                           [burn(long_w), burn(short_w)],
+                           desc=f"Error ratio over each window divided by the error budget (1 − target): 1 spends "
+                                f"the budget exactly over the window; the {severity} fires when both lines are at "
+                                f"or above {factor:g} (the dashed line)."), factor)
+
+
+def budget_stat(slo: str) -> dict:
+    """A stat: the budget left of one SLO, its worst pool (and team), as a share of the budget."""
+    panel = _ts(f"Budget left: {slo}", [(
+        f'min(chipledger:slo_error_budget_remaining:ratio{{slo="{slo}", {POOL}}})', slo)], unit="percentunit",
+        kind="stat", desc=f"1 − errors over the budget window / budget, the lowest of the selected pools (and "
+                          f"teams) for {slo}; below 0 the SLO is missed.")
+    panel["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                        "colorMode": "background", "graphMode": "area", "textMode": "value"}
+    panel["fieldConfig"]["defaults"]["thresholds"] = {"mode": "absolute", "steps": [
+        {"color": "red", "value": None}, {"color": "orange", "value": 0}, {"color": "green", "value": 0.25}]}
+    panel["fieldConfig"]["defaults"]["noValue"] = "no events"  # e.g. throughput while no job reports progress
+    panel["gridPos_w"] = 24 // len(SLOS)
+    return panel
+
+
+def panels() -> list[dict]:
     return [
         _row("Fleet (per pool; sums only by flavor)"),
         _ts("Chips by pool", [
@@ -80,16 +121,19 @@ def panels() -> list[dict]:
         _ts("Jobs waiting longer than [slo] sched_slo_s now", [
             (f"chipledger_team_pending_jobs_over_slo{{{TEAM}}}", "{{pool}} {{team}}"),
         ], desc="The wait SLOs count a wait when it ends: this shows the waits that will count as late."),
-        _ts("Pending chips by reason", [
+        _zero(_ts("Pending chips by reason", [
             (f"sum by (pool, reason) (chipledger_team_pending_chips{{{TEAM}}})", "{{pool}} {{reason}}"),
-        ], stack=True, desc="Why jobs wait (docs/policy.md); `chipledger why JOB` tells one job's story."),
+            # nothing pending has no series at all: 0 per pool, so the panel shows 0 rather than "No data"
+            (f"sum by (pool) (chipledger_team_pending_chips{{{TEAM}}}) or sum by (pool) "
+             f"(0 * chipledger_pool_registered_chips{{{POOL}}})", "{{pool}} all reasons"),
+        ], stack=False, desc="Why jobs wait (docs/policy.md); `chipledger why JOB` tells one job's story. "
+                             "\"all reasons\" is their sum, 0 when nothing waits.")),
         _row("SLOs: error budgets and burn rates"),
+        *[budget_stat(slo) for slo in SLOS],
         _ts("Error budget left (rolling window)", [
             (f"chipledger:slo_error_budget_remaining:ratio{{{POOL}}}", "{{slo}} {{pool}} {{team}}"),
         ], unit="percentunit", desc="1 − (errors over the window / budget); below 0 the SLO is missed."),
-        _ts("Burn rate over 1h and 5m (page at 14.4 on both)", burn("1h") + burn("5m")),
-        _ts("Burn rate over 6h and 30m (page at 6 on both)", burn("6h") + burn("30m")),
-        _ts("Burn rate over 3d and 6h (ticket at 1 on both)", burn("3d") + burn("6h")),
+        *[burn_panel(long_w, short_w, factor, severity) for _, severity, factor, long_w, short_w in BURN_RULES],
         _ts("Burn-rate alerts firing", [
             (f'count by (severity, slo, pool) (ALERTS{{alertname="{ALERT_NAME}", alertstate="firing", {POOL}}})',
              "{{severity}} {{slo}} {{pool}}"),
@@ -147,10 +191,14 @@ def _layout(items: list[dict]) -> list[dict]:
             p["gridPos"] = {"h": 1, "w": 24, "x": 0, "y": y}
             y += 1
         else:
-            p["gridPos"] = {"h": 8, "w": 12, "x": x, "y": y}
-            x += 12
-            if x >= 24:
+            w = p.pop("gridPos_w", 12)
+            h = 4 if p["type"] == "stat" else 8
+            if x + w > 24:
                 x, y = 0, y + 8
+            p["gridPos"] = {"h": h, "w": w, "x": x, "y": y}
+            x += w
+            if x >= 24:
+                x, y = 0, y + h
         out.append(p)
     return out
 

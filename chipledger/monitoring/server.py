@@ -6,6 +6,11 @@ had them, with the counters the core keeps in them, so the collector (streams/me
 the worker's does. Dead letters are not in the log: their counter is fed from the lake's `deadletters` rows. The
 fold uses the configuration's [ledger], [policy] and [slo] (sched_slo_s), as `chipledger run` does.
 
+The port is bound before the lake is folded (a large lake takes minutes): while the first fold runs, /metrics
+answers with `chipledger_metrics_loading 1` alone (and the process is `up` for Prometheus), then with every series
+and `chipledger_metrics_loading 0`. The first fold runs in a worker thread; the scrapes read nothing of the states
+until it is over, and every later fold runs in the server's own loop, between two scrapes.
+
 The lake is followed: at each poll the files committed since (what the sink or a day rolling over commits: only
 committed files, analytics/commits.py) are folded on; a file that disappeared or changed (`chipledger run --overwrite`) makes the whole lake be folded again (the
 counters restart, which Prometheus' `rate` treats as a counter reset).
@@ -46,8 +51,15 @@ class LakeMetrics:
         self.collector = MetricsCollector(self.fleet.pools, self.fold_config, states_dead_letters=False)
         self.seen: dict[Path, tuple[int, int]] = {}  # file -> (size, mtime_ns) folded
 
+    loading = False  # the first fold is running (in another thread): the states must not be read
+
     def collect(self):  # the registry's collector: the current one (a rebuild makes a new one)
-        return self.collector.collect()
+        from prometheus_client.core import GaugeMetricFamily
+
+        yield GaugeMetricFamily("chipledger_metrics_loading", "1 while serve-metrics folds the lake for the first "
+                                "time (no other series is served then), else 0", value=1 if self.loading else 0)
+        if not self.loading:
+            yield from self.collector.collect()
 
     def _files(self, table: str) -> dict[Path, tuple[int, int]]:
         out = {}
@@ -109,13 +121,22 @@ class LakeMetrics:
 
 
 async def run_server(lake_metrics: LakeMetrics, host: str, port: int, poll_s: float,
-                     started=None, stop: Optional[asyncio.Event] = None) -> None:
-    """Serve /metrics and poll the lake every `poll_s` seconds until `stop` is set (or forever)."""
+                     started=None, stop: Optional[asyncio.Event] = None, loaded=None) -> None:
+    """Serve /metrics, fold the lake (in a worker thread, the port answering meanwhile with
+    `chipledger_metrics_loading 1`; `loaded(events folded)` after), then poll the lake every `poll_s` seconds until
+    `stop` is set (or forever). An error of the first fold is raised (the lake cannot be read)."""
     runner = await serve(registry_of(lake_metrics), host, port)
     if started is not None:
         started(bound_port(runner))
     stop = stop or asyncio.Event()
     try:
+        lake_metrics.loading = True
+        try:
+            n = await asyncio.to_thread(lake_metrics.poll)
+        finally:
+            lake_metrics.loading = False
+        if loaded is not None:
+            loaded(n)
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), poll_s)

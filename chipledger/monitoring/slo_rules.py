@@ -4,7 +4,7 @@
 The SRE workbook's multi-window, multi-burn-rate alerts (ch. 5 of "The Site Reliability Workbook"), the windows
 and thresholds of the `burn_alerts` view (docs/analytics.md):
 
-- recording rules: each SLO's error ratio (1 − good/total) over 5m, 30m, 1h, 6h, 3d and the budget window
+- recording rules: each SLO's error ratio (1 − good/total; 0 over a window without events) over 5m, 30m, 1h, 6h, 3d and the budget window
   (`[slo] window_days`, 30d), `chipledger:slo_errors:ratio_rate<window>{slo, pool[, team]}`; the target and the
   budget (1 − target) as `chipledger:slo_target:ratio` and `chipledger:slo_error_budget:ratio`; the budget left
   over the window `chipledger:slo_error_budget_remaining:ratio`;
@@ -84,7 +84,10 @@ def ratio_rule(spec: SloSpec, window: str) -> dict:
     by = ", ".join(spec.by)
     total = f"sum by ({by}) (rate({spec.total}[{window}]))"
     good = f"sum by ({by}) (rate({spec.good}[{window}]))"
-    return {"record": f"chipledger:slo_errors:ratio_rate{window}", "expr": f"({total} - {good}) / {total}",
+    # a window without events has no errors, not 0/0: the ratio is 0 there (a NaN would show as a gap or "NaN" in
+    # Grafana and make the budget left NaN; the alerts compare with >=, which NaN never is, so they do not change)
+    return {"record": f"chipledger:slo_errors:ratio_rate{window}",
+            "expr": f"({total} - {good}) / ({total} > 0)\nor\n{total} * 0",
             "labels": {"slo": spec.slo}}
 
 
@@ -93,7 +96,7 @@ def _team(spec: SloSpec, template: str) -> str:
 
 
 def alert_rule(spec: SloSpec, alert: str, severity: str, burn: float, long_w: str, short_w: str,
-               window_days: int) -> dict:
+               window_days: int, runbook_url: str = "") -> dict:
     threshold = f"({burn:g} * {spec.budget:g})"
     sel = f'{{slo="{spec.slo}"}}'
     who = "pool {{ $labels.pool }}" + (" team {{ $labels.team }}" if "team" in spec.by else "")
@@ -109,8 +112,16 @@ def alert_rule(spec: SloSpec, alert: str, severity: str, burn: float, long_w: st
                             f"{window_days}-day error budget at {burn:g}x the sustainable rate or faster, over "
                             f"both {long_w} and {short_w}: {_DESCRIBE[spec.slo]}."),
             "look_at": _team(spec, _LOOK[spec.slo]),
+            **runbook(runbook_url, spec.slo, alert),
         },
     }
+
+
+def runbook(template: str, slo: str, alert: str) -> dict:
+    """The `runbook_url` annotation from `[slo] runbook_url` (`{slo}` and `{alert}` filled in), or none."""
+    if not template:
+        return {}
+    return {"runbook_url": template.replace("{slo}", slo).replace("{alert}", alert)}
 
 
 def rule_groups(slo_params) -> dict:
@@ -131,7 +142,8 @@ def rule_groups(slo_params) -> dict:
     alerts = []
     for spec in specs(slo_params):
         for alert, severity, burn, long_w, short_w in BURN_RULES:
-            alerts.append(alert_rule(spec, alert, severity, burn, long_w, short_w, int(slo_params.window_days)))
+            alerts.append(alert_rule(spec, alert, severity, burn, long_w, short_w, int(slo_params.window_days),
+                                     getattr(slo_params, "runbook_url", "")))
     groups.append({"name": "chipledger-slo-alerts", "rules": alerts})
     return {"groups": groups}
 

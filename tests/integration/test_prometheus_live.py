@@ -59,10 +59,14 @@ def burning_lake(tmp_path_factory):
 
 
 def _copy_days(src: Path, dst: Path, days: list[str]) -> None:
+    """The days' files copied into `dst` and committed (a reader sees only committed files)."""
+    from lake_support import commit_written
+
     for table in ("events", "deadletters"):
         for d in days:
             if (src / table / d).exists():
                 shutil.copytree(src / table / d, dst / table / d)
+    commit_written(dst)
 
 
 def _value(prom: Prometheus, expr: str) -> dict:

@@ -374,8 +374,10 @@ class _Emitter:
     """Hands the records of one job (one, or several runs of a requeued job) to the mapping `slurm watch` uses
     (chipledger/adapters/slurm/mapping.job_events: the one walk over a job's runs) and schedules its events."""
 
-    def __init__(self, writer: TraceWriter, adjust: Counter, eligible_column: bool = False):
+    def __init__(self, writer: TraceWriter, adjust: Counter, eligible_column: bool = False,
+                 teams: Optional[dict] = None):
         self.w = writer
+        self.teams = teams  # account -> team name (the account hierarchy of the --assoc dump, when it has it)
         self.adjust = adjust
         self.eligible_column = eligible_column
         self.mapped = MapReport()  # what the mapping adjusted or left out, merged into the notes at the end
@@ -385,7 +387,7 @@ class _Emitter:
         r0 = records[0]
         runs = [Run(r.job_id, r.team, r.user, r.flavor, r.submit, r.eligible, r.start, r.end, r.state, r.chips,
                     r.nodes, r.priority, r.admin_comment) for r in records]
-        events = job_events(r0.prefix, SOURCE, runs, self.mapped, eligible=self.eligible_column)
+        events = job_events(r0.prefix, SOURCE, runs, self.mapped, eligible=self.eligible_column, teams=self.teams)
         if not events:
             return
         if r0.multi_partition:
@@ -433,6 +435,19 @@ def _read(path: Path) -> str:
         raise TraceFormatError(f"{path}: {e}") from None
 
 
+def load_team_paths(path: Path) -> dict[str, str]:
+    """account -> team name (`org/team`) from an assoc dump with a header naming a ParentName column (`sacctmgr -P
+    show assoc format=id,account,user,partition,grptres,parentname`); empty without one (teams = accounts)."""
+    from chipledger.adapters.slurm.commands import account_parents_from_text
+    from chipledger.adapters.slurm.mapping import team_paths
+
+    text = Path(path).read_text()
+    head = text.split("\n", 1)[0].lower()
+    if "par" not in head or "account" not in head:
+        return {}
+    return team_paths(account_parents_from_text(text))
+
+
 def load_assocs(path: Path) -> list[Assoc]:
     """Associations from `sacctmgr -P show assoc format=id,account,user,partition,grptres` (header optional)."""
     from chipledger.adapters.slurm.commands import assocs_from_text
@@ -467,6 +482,7 @@ def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8
         raise TraceFormatError("--nodes and --assoc need --cluster (the pools are named <cluster>/<partition>)")
     node_list = load_nodes(nodes) if nodes is not None else None
     assoc_list = load_assocs(assoc) if assoc is not None else None
+    teams = load_team_paths(assoc) if assoc is not None else None
     clock = _Clock(tz)
     report = ImportReport(source=str(path), output=str(out))
     plan, digest = _first_pass(path, clock, report, cluster)
@@ -477,7 +493,7 @@ def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8
 
     writer = TraceWriter(out, report, SOURCE, prefix)
     adjust: Counter = Counter()
-    emitter = _Emitter(writer, adjust, plan.eligible_column)
+    emitter = _Emitter(writer, adjust, plan.eligible_column, teams)
     first_all = min((f for f, _ in plan.pool_first.values()), default=None)
     inv_at = inventory_at if inventory_at is not None else first_all
     specs = pools_of(cluster, node_list) if node_list is not None else {}
@@ -488,7 +504,7 @@ def import_sacct(path: Path, out: Path, tz: str = "UTC", chips_per_node: int = 8
                 for c in chip_ids(n):
                     writer.emit(inv_at, "chip.registered", spec.pool, chip_id=c, node=n.name)
         if assoc_list is not None:
-            for (assoc_id, pool, team), chips in sorted(grants_of(cluster, specs, assoc_list).items()):
+            for (assoc_id, pool, team), chips in sorted(grants_of(cluster, specs, assoc_list, teams=teams).items()):
                 writer.emit(inv_at, "quota.granted", pool, grant_id=f"slurm:{cluster}:assoc{assoc_id}:{pool}:v1",
                             team=team, chips=chips)
         if node_events is not None or reservations is not None:

@@ -252,6 +252,32 @@ def assocs_from_text(text: str) -> list[Assoc]:
     return out
 
 
+PARENT_FORMAT = "account,user,parentname"
+
+
+def account_parents_from_text(text: str) -> dict[str, str]:
+    """account -> its parent account, from `sacctmgr -P show assoc format=account,user,parentname` (with or
+    without its header line): the account associations' ParentName (`root` for a top-level account)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    cols = ["account", "user", "parentname"]
+    if lines and "account" in lines[0].lower() and "par" in lines[0].lower():
+        cols = [c.strip().lower().replace(" ", "") for c in lines[0].split("|")]
+        cols = ["parentname" if c in ("parname", "parentname") else c for c in cols]
+        lines = lines[1:]
+    out = {}
+    for ln in lines:
+        f = dict(zip(cols, ln.split("|")))
+        account, user, parent = (f.get(k, "").strip() for k in ("account", "user", "parentname"))
+        if account and not user and parent:
+            out[account] = parent
+    return out
+
+
+def account_parents(cluster: str) -> dict[str, str]:
+    return account_parents_from_text(run(["sacctmgr", "-n", "-P", "show", "assoc", f"cluster={cluster}",
+                                          f"format={PARENT_FORMAT}"]))
+
+
 def assocs(cluster: str) -> list[Assoc]:
     return assocs_from_text(run(["sacctmgr", "-n", "-P", "show", "assoc", f"cluster={cluster}",
                                  f"format={ASSOC_FORMAT}"]))

@@ -21,6 +21,9 @@ events, and a watcher that restarts sends nothing new (docs/slurm.md has the tab
   no work and is not a preemption. Any other state of an earlier run (NODE_FAIL, BOOT_FAIL… with requeue) →
   `job.preempted` with `cause: failure`, its work lost (not a preemption either).
 - The last record decides the outcome (`job.finished`), or the job is still pending/running.
+- The team is the job's account, named by its place in Slurm's account hierarchy (`team_paths`): an account under
+  a parent account other than `root` is `parent/account` (deeper: `a/b/account`), the `org/team` names the
+  ledger's org views read (`balances_org`, `chipledger share`); a top-level account is its own name.
 - The job's `User` (of its first run) is the submission's `user`: per-user books (`usage_by_user`) compare with
   `sreport cluster AccountUtilizationByUser`. Ids do not depend on it.
 """
@@ -148,11 +151,28 @@ def decision_of(admin_comment: str) -> Optional[str]:
     return rest or None
 
 
+def team_paths(parents: dict[str, str]) -> dict[str, str]:
+    """account -> its team name: the account's ancestors below `root`, then itself, joined by '/' (Slurm's
+    account hierarchy as the ledger's `org/team`). `parents`: account -> parent account (`sacctmgr show assoc`'s
+    ParentName of the account associations)."""
+    out = {}
+    for account in parents:
+        chain, seen, p = [account], {account}, parents.get(account)
+        while p and p != "root" and p not in seen:
+            chain.append(p)
+            seen.add(p)
+            p = parents.get(p)
+        out[account] = "/".join(reversed(chain))
+    return out
+
+
 def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, since: int = 0,
-               pools: Optional[set] = None, *, eligible: bool = True) -> list[Event]:
+               pools: Optional[set] = None, *, eligible: bool = True,
+               teams: Optional[dict[str, str]] = None) -> list[Event]:
     """The events of one job from all its runs (any order; chained by Submit). `since`: nothing earlier is
     written (times before it are moved to it). `pools`: the pools that exist (None: any); a job of another
-    partition is skipped as `no_pool`. `eligible=False` (a sacct dump without the Eligible column): the first
+    partition is skipped as `no_pool`. `teams`: account -> team name (`team_paths`; absent: the account).
+    `eligible=False` (a sacct dump without the Eligible column): the first
     wait starts at Submit. Times out of order in the records (a Start before Submit or before the previous
     run's End, an End before Start) are moved later and counted in `report.notes`. This is the one walk over
     a job's runs: `slurm watch` and `import sacct` both call it."""
@@ -183,7 +203,7 @@ def job_events(cluster: str, source: str, runs: list[Run], report: MapReport, si
     out: list[Event] = []
     cursor = max(first_wait, since)
     out.append(_ev(cursor, RANK_SUBMIT, "job.submitted", pool, source, _id(cluster, job, key0, "submitted"),
-                   job_id=job, team=r0.account, chips=r0.gpus, priority=clamp_priority(r0.priority),
+                   job_id=job, team=(teams or {}).get(r0.account, r0.account), chips=r0.gpus, priority=clamp_priority(r0.priority),
                    preemptible=True, chips_per_node=per_node, user=r0.user or None))
     running = False
     n = len(runs)
@@ -410,12 +430,15 @@ def inventory_events(cluster: str, source: str, pools: dict[str, PoolSpec], at: 
 
 
 def grants_of(cluster: str, pools: dict[str, PoolSpec], assocs: Iterable[Assoc],
-              report: Optional[MapReport] = None) -> dict[tuple[str, str, str], int]:
+              report: Optional[MapReport] = None, teams: Optional[dict[str, str]] = None
+              ) -> dict[tuple[str, str, str], int]:
     """(assoc id, pool, team) → chips: a typed limit `gres/gpu:TYPE=N` is a grant in every pool of flavor TYPE;
     an untyped `gres/gpu=N` is a grant in the association's partition's pool, or in the only pool of a cluster
     with one; on a cluster of several pools an untyped limit of an association without partition is noted and
     not mapped (Slurm caps the sum over all GPU types; the ledger's quota is per pool). A user's limit is
-    inside its account's: only account associations (no user) become grants."""
+    inside its account's: only account associations (no user) become grants. `teams`: account -> team name
+    (`team_paths`)."""
+    teams = teams or {}
     by_flavor: dict[str, list[str]] = {}
     for spec in pools.values():
         by_flavor.setdefault(spec.flavor, []).append(spec.pool)
@@ -436,7 +459,7 @@ def grants_of(cluster: str, pools: dict[str, PoolSpec], assocs: Iterable[Assoc],
                     report.notes["untyped gres/gpu limits on a cluster of several pools, not mapped"] += 1
                 targets = []
             for p in targets:
-                out[(a.assoc_id, p, a.account)] = n
+                out[(a.assoc_id, p, teams.get(a.account, a.account))] = n
     return out
 
 

@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 from chipledger.adapters.slurm import commands
 from chipledger.adapters.slurm.mapping import (ACTIVE, BACK_TO_QUEUE, OUTCOME, RANK_CHIP, RANK_REGISTER, RANK_QUOTA, RANK_TICK, Event, MapReport, PoolSpec, chip_ids,
-                                      grants_of, inventory_events, job_events, node_state_events,
+                                      grants_of, inventory_events, job_events, node_state_events, team_paths,
                                       pools_of, runs_by_job,
                                       _ev, _id)
 
@@ -53,6 +53,7 @@ class Slurm:
     registered_at: Callable = commands.cluster_registered_at
     node_events: Callable = commands.node_events
     reservations: Callable = commands.reservations
+    account_parents: Callable = commands.account_parents
 
 
 @dataclass
@@ -173,7 +174,8 @@ class Watcher:
         # watermark: the instant up to which this poll sends, so it goes out now and in order
         observed_at = max(watermark, since) if prev is not None else None
         self._inventory(pools, observed_at)
-        self._grants(pools, observed_at, report)
+        teams = team_paths(self.slurm.account_parents(self.cluster))  # accounts under parents: org/team
+        self._grants(pools, observed_at, report, teams)
         candidates = [Event(x["at"], x["rank"], x["body"]) for x in st["pending"]]
         if st["inventory_at"] is not None:
             candidates += node_state_events(self.cluster, self.source, pools,
@@ -182,7 +184,7 @@ class Watcher:
         known = set(st["pools"])
         submitted_jobs = {k.split(":", 3)[2] for k in st["sent"] if k.endswith(":submitted")}
         for job_id, job_runs in runs_by_job(runs).items():
-            evs = job_events(self.cluster, self.source, job_runs, report, since=since, pools=known)
+            evs = job_events(self.cluster, self.source, job_runs, report, since=since, pools=known, teams=teams)
             if evs and evs[0].body["type"] == "job.submitted" and evs[0].body["event_id"] not in st["sent"] \
                     and job_id in submitted_jobs:
                 evs = evs[1:]  # its first run left the look-back: submitted already, under the older run's id
@@ -244,11 +246,12 @@ class Watcher:
                     self._pending(at, RANK_CHIP, "chip.retired", p, _id(self.cluster, c, "retired", at), chip_id=c)
                 st["pools"][p] = now_chips
 
-    def _grants(self, pools: dict[str, PoolSpec], observed_at: Optional[int], report: MapReport) -> None:
+    def _grants(self, pools: dict[str, PoolSpec], observed_at: Optional[int], report: MapReport,
+                teams: Optional[dict] = None) -> None:
         st = self.state
         at = observed_at if observed_at is not None else st["inventory_at"]
         want = {f"{a}|{p}|{t}": n for (a, p, t), n in grants_of(self.cluster, pools, self.slurm.assocs(self.cluster),
-                                                                 report).items()}
+                                                                 report, teams).items()}
         have = st["grants"]
         for key in sorted(set(have) | set(want)):
             old = have.get(key)

@@ -36,6 +36,9 @@ _MAINT_PER_NODE_S = 1.0 / (45 * 86400)  # each node gets planned maintenance abo
 
 
 class _Pool:
+    """One pool: its chips, nodes and placement buckets (this module), its queue (scheduler.py), its teams' quotas
+    and use (demand.py), the rates of its processes."""
+
     __slots__ = (
         "idx", "name", "flavor", "sched_src", "health_src", "inv_src", "cpn", "gpu", "n_nodes",
         "n_chips", "chip_ids", "node_names", "state", "free", "jobs_on", "tokens",

@@ -31,6 +31,8 @@ DEGRADED_SPEED = 0.5   # the share of its speed a job keeps while it holds a deg
 
 
 class _Job:
+    """A job as the cluster sees it; its `token` changes at each start and stop, voiding the timers set before."""
+
     __slots__ = ("id", "pool", "team", "milli", "prio", "preemptible", "work", "done", "run_start",
                  "run_done0", "run_end", "ckpt_t", "ckpt_iv", "fail_at", "outcome", "state", "token",
                  "chips", "seq", "queued", "parked", "n_preempt", "placement", "reclaim_t",
