@@ -42,6 +42,10 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("chip_ids", pa.list_(pa.string())),
         # added later (LATER_EVENT_FIELDS): files and rows of earlier versions end before it
         ("user", pa.string()),
+        # the cluster the event was accepted from (the Kafka worker: its signed principal's, `*` for a principal of
+        # every cluster; `run` on a log export: the export line's); null when no principal vouched for it (a plain
+        # file, a worker without a principals registry). For audit: docs/security.md
+        ("accepted_from", pa.string()),
     ]),
     "journal": pa.schema([
         ("pool", pa.string()), ("hour", TS), ("account", pa.string()), ("team", pa.string()),
@@ -117,6 +121,13 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("pool", pa.string()), ("budget_id", pa.string()), ("team", pa.string()), ("period", pa.string()),
         ("amount", pa.int64()), ("unit", pa.string()), ("effective_from", TS), ("set_at", TS),
     ]),
+    # each journal posting priced (ledger.costs CostRow): cost = cost_scaled / 3,600,000 in `unit`, exact; no
+    # row where no price held (cost unknown, never zero)
+    "costs": pa.schema([
+        ("pool", pa.string()), ("hour", TS), ("account", pa.string()), ("team", pa.string()), ("unit", pa.string()),
+        ("price_id", pa.string()), ("per_chip_hour", pa.int64()), ("amount_mchip_s", pa.int64()),
+        ("cost_scaled", pa.int64()),
+    ]),
     "deadletters": pa.schema([
         ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()), ("seen_at", TS),
         ("error_code", pa.string()), ("detail", pa.string()), ("event_id", pa.string()),
@@ -152,7 +163,7 @@ def read_parquet_sql(files, union_by_name: bool = False) -> str:
 DAY_COLUMN = {"events": "applied_at", "journal": "hour", "job_runs": "posted_at", "decisions": "at",
               "balances": "at", "pending": "at", "waits": "posted_at", "free_chips": "at", "progress": "posted_at",
               "chip_states": "at", "grant_intervals": "posted_at", "prices": "set_at",
-              "budgets": "set_at", "deadletters": "seen_at"}
+              "budgets": "set_at", "costs": "hour", "deadletters": "seen_at"}
 
 TABLES = tuple(SCHEMAS)
 # the analytics cache's folder in the lake (analytics/views.py): derived, removed with the lake's tables
@@ -169,7 +180,7 @@ LEGACY_EVENT_COLUMNS = len(SCHEMAS["events"]) - len(EVENT_FIELDS)
 #: schema_version unchanged): an events file or row of an earlier version ends before one of them. No earlier
 #: version can have written such a field (its parser refused unknown fields), so those files are read with it null
 #: (no upgrade needed: `events_view_sql`), and rows of an earlier worker are completed from their body
-LATER_EVENT_FIELDS: tuple[str, ...] = ("user",)
+LATER_EVENT_FIELDS: tuple[str, ...] = ("user", "accepted_from")
 #: the width of an events file or row of the first typed layout (before LATER_EVENT_FIELDS)
 FIRST_TYPED_EVENT_COLUMNS = len(SCHEMAS["events"]) - len(LATER_EVENT_FIELDS)
 #: the widths of events rows an earlier worker sends: without the typed fields, then without each later one

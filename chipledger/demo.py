@@ -22,6 +22,8 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from chipledger.reports.tables import print_table
+
 from analytics.views import connect
 from chipledger.embedded import run_file
 from chipledger.sim.scenario import corrupt, generate
@@ -75,11 +77,45 @@ class LedgerLoop:
         return [orjson.loads(d.body) for d in step.decisions]
 
 
+# the demo's prices (USD-cent per chip-hour, by flavor; the scenario generator itself sets none): a base price in
+# every hour and a peak band on weekdays 09:00–17:59 UTC at 1.6×, so a newcomer sees costs, budgets and peak use
+DEMO_BASE_PRICE = {"h100": 250, "a100": 150, "tpu": 120}
+DEMO_PEAK_HOURS = [d * 24 + h for d in range(5) for h in range(9, 18)]
+
+
+def _base_price(flavor: str) -> int:
+    return next((v for k, v in DEMO_BASE_PRICE.items() if k in flavor.lower()), 100)
+
+
+def with_prices(events):
+    """The scenario's events with the demo's prices and budgets: after each pool.configured, a base price and a
+    peak band for the pool; after a team's first quota.granted in a pool, its monthly budget there (its quota's
+    chips × 432 h at the base price, 60% of a month: a team that uses its quota all month, borrows or bursts
+    crosses it, and its budget alerts fire)."""
+    budgeted: set = set()
+    prices: dict = {}
+    for e in events:
+        yield e
+        if e.get("type") == "pool.configured":
+            base = prices[e["pool"]] = _base_price(str(e.get("flavor", "")))
+            common = {"occurred_at": e["occurred_at"], "pool": e["pool"], "source": "finance/demo", "unit": "USD-cent"}
+            yield {"event_id": f"price-base-{e['pool']}", "type": "price.set", **common, "price_id": "base",
+                   "per_chip_hour": base}
+            yield {"event_id": f"price-peak-{e['pool']}", "type": "price.set", **common, "price_id": "peak",
+                   "per_chip_hour": base * 16 // 10, "hours_of_week": DEMO_PEAK_HOURS}
+        elif e.get("type") == "quota.granted" and (e["pool"], e["team"]) not in budgeted and e["pool"] in prices:
+            budgeted.add((e["pool"], e["team"]))
+            yield {"event_id": f"budget-{e['pool']}-{e['team']}", "type": "budget.set",
+                   "occurred_at": e["occurred_at"], "pool": e["pool"], "source": "finance/demo",
+                   "budget_id": f"{e['team']}-monthly", "team": e["team"], "period": "month",
+                   "amount": int(float(e["chips"]) * 432 * prices[e["pool"]]), "unit": "USD-cent"}
+
+
 def write_events(path: Path, seed: int, days: float, fold_config: FoldConfig = FoldConfig()) -> int:
     n = 0
     path.parent.mkdir(parents=True, exist_ok=True)
-    events = generate(seed=seed, days=days, follow=LedgerLoop(fold_config), load=DEMO_LOAD,
-                      failure_scale=DEMO_FAILURE_SCALE, progress=True)
+    events = with_prices(generate(seed=seed, days=days, follow=LedgerLoop(fold_config), load=DEMO_LOAD,
+                                  failure_scale=DEMO_FAILURE_SCALE, progress=True))
     lines = (json.dumps(e, separators=(",", ":")) for e in events)
     with open(path, "w") as f:
         for line in corrupt(lines, seed=seed, every=2000):
@@ -128,25 +164,39 @@ def fold_and_summarize(events: Path, out: Path, console: Console, fold_config: F
         f"coalesce(sum(amount_mchip_s) FILTER (WHERE account = '{a}'), 0) / 3.6e6 AS {a}" for a in ACCOUNT_ORDER)
     pools = con.execute(POOL_SUMMARY_SQL.format(cols=cols)).fetchall()
     t = Table(title="chip-hours by account per pool")
-    t.add_column("account")
+    t.add_column("account", no_wrap=True)
     for row in pools:
-        t.add_column(row[0].replace("/", "/\n"), justify="right")
+        t.add_column(row[0].replace("/", "/\n"), justify="right", no_wrap=True)
     for i, a in enumerate(ACCOUNT_ORDER, start=1):
         t.add_row(a, *(f"{row[i]:,.0f}" for row in pools))
-    console.print(t)
+    print_table(t, console)
     teams = con.execute(TEAM_SUMMARY_SQL).fetchall()
     t = Table(title="each team's use against its quota (chip-hours)")
     for c in ("pool", "team", "quota", "used", "of quota", "borrowed"):
-        t.add_column(c, justify="left" if c in ("pool", "team") else "right", no_wrap=c == "pool")
+        t.add_column(c, justify="left" if c in ("pool", "team") else "right", no_wrap=True)
     for pool, team, quota, used, borrowed in teams:
         quota, used, borrowed = quota or 0.0, used or 0.0, borrowed or 0.0
         share = f"{used / quota:.0%}" if quota else "no quota"
         t.add_row(pool, team, f"{quota:,.0f}", f"{used:,.0f}", share, f"{borrowed:,.0f}")
-    console.print(t)
+    print_table(t, console)
     console.print(f"lake: {out / 'lake'}   store: {store_url}")
-    console.print(f'try: chipledger sql --lake {out / "lake"} "SELECT * FROM jobs ORDER BY allocated_mchip_s DESC LIMIT 5"')
     statements = _first_week_statements(out, con, console)
+    _next_commands(out, con, console)
     return {"summary": summary.as_dict(), "pools": pools, "teams": teams, "statements": statements}
+
+
+def _next_commands(out: Path, con, console: Console) -> None:
+    """What to run next on the demo's lake. From the folder `make demo` ran in, with the default --out, the
+    commands need no --lake: a reading command falls back to demo/lake when there is no ./lake."""
+    lake = "" if out == Path("demo") else f" --lake {out / 'lake'}"
+    job = con.execute("SELECT job_id FROM jobs WHERE preemptions > 0 ORDER BY preemptions DESC, job_id LIMIT 1"
+                      ).fetchone()
+    console.print("next, on this lake" + ("" if lake else " (demo/lake is read when there is no ./lake)") + ":",
+                  highlight=False)
+    for cmd in (f"chipledger report{lake}", f"chipledger pending{lake}",
+                f"chipledger why {job[0] if job else 'JOB_ID'}{lake}", f"chipledger alerts{lake}",
+                f'chipledger sql{lake} "SELECT * FROM jobs ORDER BY allocated_mchip_s DESC LIMIT 5"'):
+        console.print(f"  {cmd}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _first_week_statements(out: Path, con, console: Console) -> list:

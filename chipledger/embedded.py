@@ -257,9 +257,9 @@ class _EventsHere:
         self.topic = topic
         self.rows = 0
 
-    def applied(self, event, step, offset: int) -> None:
+    def applied(self, event, step, offset: int, origin: Optional[str] = None) -> None:
         self.add("events", applied_event_row(event, step.occurred_s, step.applied_at, step.lateness_s, self.topic,
-                                             0, offset))
+                                             0, offset, origin))
         self.rows += 1
 
     def close(self) -> int:
@@ -291,7 +291,8 @@ class _EventsProcess:
         self._batch = array("q")
         self.rows = 0
 
-    def applied(self, event, step, offset: int) -> None:
+    def applied(self, event, step, offset: int, origin: Optional[str] = None) -> None:
+        # (the events process reads the line's origin itself)
         batch = self._batch
         batch.extend((offset, step.occurred_s, step.applied_at, step.lateness_s))
         if len(batch) >= 4 * EVENTS_BATCH:
@@ -363,11 +364,12 @@ def _events_child(events_path: Path, lake: Path, run_id: str, topic: str, max_ev
                         if n == offset:
                             break
                     raw = _raw(line, offset)
+                    origin = None
                     if logline.is_wrapped(raw):  # (the run applied it: a well-formed export line)
-                        raw = logline.unwrap(raw)[0]
+                        raw, origin, _ = logline.unwrap(raw)
                     event = parse_event(raw, max_event_bytes)
                     writer.add("events", applied_event_row(event, batch[i + 1], batch[i + 2], batch[i + 3], topic, 0,
-                                                           offset))
+                                                           offset, origin))
                     rows += 1
                     if not rows & GC_FREEZE_MASK:
                         paused.checkpoint()
@@ -489,7 +491,7 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
                             early.clear()
                     if step.lateness_s:
                         summary.late += 1
-                    events.applied(event, step, offset)
+                    events.applied(event, step, offset, origin)
                     for table, rows in output_lists(step):
                         extend(table, rows)
             events_written = events.close()

@@ -14,9 +14,9 @@ import urllib.error
 import urllib.request
 from typing import Iterable
 
-from chipledger.monitoring.slo_rules import ALERT_NAME, _DESCRIBE, runbook
+from chipledger.monitoring.slo_rules import ALERT_NAME, BUDGET_ALERT_NAME, _DESCRIBE, budget_annotations, runbook
 
-#: what `look_at` tells for a pool-level alert (the lake's burn_alerts are per SLO and pool)
+#: what `look_at` tells (the lake's burn_alerts are per SLO, pool and team: the rules' labels)
 _LOOK = {
     "availability": "chipledger report --pool {pool} (availability by day, error budgets)",
     "quota_honoured": "chipledger sql \"SELECT job_id, team, reason, message FROM pending WHERE pool = '{pool}'\" "
@@ -38,6 +38,16 @@ def payload(alerts: Iterable, generator_url: str = "", runbook_url: str = "") ->
     template (the Prometheus rules' annotation of the same name)."""
     out = []
     for a in alerts:
+        if a.slo == "budget":  # the labels and annotations of slo_rules' budget rule
+            item = {"labels": {"alertname": BUDGET_ALERT_NAME, "severity": a.severity, "slo": "budget",
+                               "alert": a.alert, "team": a.team, "unit": a.unit, "period": a.period,
+                               "long_window": a.long_win, "short_window": a.short_win},
+                    "annotations": budget_annotations(a.burn_rate, a.long_win, a.short_win, team=a.team, unit=a.unit),
+                    "startsAt": a.evaluated_at.isoformat().replace("+00:00", "Z")}
+            if generator_url:
+                item["generatorURL"] = generator_url
+            out.append(item)
+            continue
         labels = {"alertname": ALERT_NAME, "severity": a.severity, "slo": a.slo, "pool": a.pool,
                   "alert": a.alert, "long_window": a.long_win, "short_window": a.short_win}
         team = getattr(a, "team", None)
@@ -47,7 +57,8 @@ def payload(alerts: Iterable, generator_url: str = "", runbook_url: str = "") ->
         item = {
             "labels": labels,
             "annotations": {
-                "summary": f"{a.slo} error budget burning at {a.burn_rate:g}x or more on {who}",
+                "summary": (f"{a.slo} error budget spent on {who}" if a.alert == "budget_exhausted" else
+                            f"{a.slo} error budget burning at {a.burn_rate:g}x or more on {who}"),
                 "description": (f"The {a.slo} SLO (target {100 * a.target:g}%) of {who} burns its error budget at "
                                 f"{a.long_burn:.1f}x over {a.long_win} and {a.short_burn:.1f}x over {a.short_win} "
                                 f"(threshold {a.burn_rate:g}x): {_DESCRIBE[a.slo]}."),
