@@ -768,3 +768,17 @@ def test_any_name_the_ledger_accepts_has_its_pages(env):
     assert r.status_code == 404 and r.json()["detail"] == "no such job"  # the route's answer, not "Not Found"
     assert c.get("/api/v1/teams/vision%0A/balances", headers=_h(env, "root")).status_code == 404
     assert c.get("/api/v1/teams/%3Cscript%3E/balances", headers=_h(env, "root")).status_code == 404
+
+
+def test_a_team_admin_is_not_a_fleet_admin(env):
+    """[high] `[serve] members` `carol=vision:admin` (an admin of one team) gave carol the role `admin` outright:
+    she read every team's balances, jobs, statements and bursts and could ask for bursts for any team, as if she
+    were `carol=*:admin`."""
+    client = env["client"]
+    h = _h(env, "carol")
+    assert client.get("/api/v1/teams/vision/balances", headers=h).status_code == 200
+    assert client.get("/api/v1/teams/ads-ml/balances", headers=h).status_code == 404
+    assert client.get("/teams/ads-ml", headers=h).status_code == 404
+    r = client.post("/api/v1/bursts/dry-run", headers=h, json={"pool": POOL, "team": "ads-ml", "chips": 1, **_window()})
+    assert r.status_code == 404
+    assert client.get("/api/v1/teams/ads-ml/balances", headers=_h(env, "root")).status_code == 200

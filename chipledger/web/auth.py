@@ -87,11 +87,13 @@ def principal_for(cfg: ServeConfig, user: str, groups: list[str], via: str, toke
     roles: set[str] = set()
     for name in [user, *(f"group:{g}" for g in groups)]:
         for team, role in members.get(name, ()):
-            roles.add(role)
-            if team != "*" and role == "member":
+            if team == "*":
+                roles.add(role)     # admin or sre of the fleet (a member of every team: as good as an sre)
+            else:
+                # of one team, whatever the role: a member of it; never an admin or SRE of the fleet (`admin` and
+                # `sre` roles make `is_staff`, which reads every team)
                 teams.add(team)
-            if team != "*" and role != "member":  # a team admin: member of it, and admin
-                teams.add(team)
+                roles.add("member")
     if token_team:
         teams.add(token_team)
         roles.add("member")
