@@ -28,9 +28,12 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     strict: bool = typer.Option(False, "--strict", help="exit 1 when a line became a dead letter or the file "
                                                         "has no events (for CI and scripts)"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="processes folding disjoint sets of pools "
+                                       "(default: the machine's cores); the lake has the same rows whatever the "
+                                       "number (docs/architecture.md, Parallel replays)"),
 ):
     """Fold an event file in-process (no Kafka, no server) and write the lake and the store."""
-    summary = _run(events, lake, store, _config(config), overwrite, check)
+    summary = _run(events, lake, store, _config(config), overwrite, check, jobs)
     if as_json:
         console.file.write(json.dumps(summary.as_dict()) + "\n")
     else:
@@ -53,9 +56,10 @@ def _dead_lines(summary, code=None) -> str:
     return shown + (f", … ({total - len(lines[:10]):,} more)" if total > len(lines[:10]) else "")
 
 
-def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, overwrite: bool, check: bool):
+def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, overwrite: bool, check: bool,
+         jobs: Optional[int] = None):
     from chipledger.config import fold_config
-    from chipledger.embedded import RunError, RunInterrupted, run_file
+    from chipledger.embedded import RunError, RunInterrupted, cores, run_file
     from store import open_store
     from store.repo import StoreError
 
@@ -76,10 +80,10 @@ def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, 
                 task = bar.add_task(f"folding {events.name}", total=size)
                 summary, _ = run_file(events, lake, fold_config=fold, overwrite=overwrite, store=st,
                                       progress=lambda n: bar.update(task, completed=n),
-                                      max_event_bytes=cfg.ledger.max_event_bytes)
+                                      max_event_bytes=cfg.ledger.max_event_bytes, jobs=jobs or cores())
         else:
             summary, _ = run_file(events, lake, fold_config=fold, overwrite=overwrite, store=st,
-                                  max_event_bytes=cfg.ledger.max_event_bytes)
+                                  max_event_bytes=cfg.ledger.max_event_bytes, jobs=jobs or cores())
     except RunInterrupted as e:  # Ctrl-C: one line, the shell's code for SIGINT
         err.print(str(e), highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(130)
