@@ -110,3 +110,19 @@ def test_ctrl_c_during_a_parallel_run_leaves_nothing_visible(fleet_file, tmp_pat
     assert not (lake / "_lake.json").exists()
     staging = lake / "_staging"
     assert not (staging.exists() and any(staging.rglob("*.parquet")))
+
+
+def test_lake_upgrade_with_two_jobs_folds_the_facts_of_one(fleet_file, tmp_path):
+    from chipledger.refold import FACT_TABLES, refold_facts
+
+    digests = []
+    for j in (1, 2):
+        lake = tmp_path / f"lake-{j}"
+        run_file(fleet_file, lake, jobs=1)
+        out = refold_facts(lake, tables=list(FACT_TABLES), jobs=j)
+        assert out["events"] > 3_000 and not out["rejected"], out
+        d = lake_digests(lake)
+        digests.append((out, {t: d[t] for t in FACT_TABLES}))
+    assert digests[0] == digests[1]
+    run_file(fleet_file, tmp_path / "lake-run", jobs=2)
+    assert digests[0][1] == {t: d for t, d in lake_digests(tmp_path / "lake-run").items() if t in FACT_TABLES}

@@ -67,6 +67,8 @@ def sql(
 def lake_upgrade(
     lake: Optional[Path] = typer.Option(None, "--lake", help="the lake's folder (default [lake] path)"),
     config: Optional[Path] = ConfigOpt,
+    jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="processes folding disjoint sets of pools "
+                                       "again (default: the machine's cores); the same rows whatever the number"),
 ):
     """Bring a lake written by an earlier chipledger up to this version's layout, in place: `events` files gain
     the typed event fields they lack (all of them, or the later `user`), taken from each row's JSON body; a lake
@@ -77,6 +79,7 @@ def lake_upgrade(
     from analytics.commits import LAYOUT_VERSION, adopt, lake_layout, open_lake
     from analytics.lake import LakeError, upgrade_events_files
     from chipledger.config import fold_config
+    from chipledger.embedded import cores
     from chipledger.refold import FACT_TABLES, missing_fact_tables, refold_facts
 
     cfg = _config(config)
@@ -101,7 +104,7 @@ def lake_upgrade(
         missing = missing_fact_tables(root)
         if missing:
             try:
-                out = refold_facts(root, fold_config(cfg), tables=missing)
+                out = refold_facts(root, fold_config(cfg), tables=missing, jobs=jobs or cores())
             except (OSError, ValueError) as e:
                 _fail(f"{root}: could not fold the lake's events again: {e}", 1)
             rows = ", ".join(f"{t} {n:,} rows" for t, n in out["rows"].items())
