@@ -126,3 +126,25 @@ def test_lake_upgrade_with_two_jobs_folds_the_facts_of_one(fleet_file, tmp_path)
     assert digests[0] == digests[1]
     run_file(fleet_file, tmp_path / "lake-run", jobs=2)
     assert digests[0][1] == {t: d for t, d in lake_digests(tmp_path / "lake-run").items() if t in FACT_TABLES}
+
+
+def test_a_backtest_sweep_in_parallel_reports_what_one_process_does(fleet_file, tmp_path):
+    from typer.testing import CliRunner
+
+    from chipledger.cli import app
+
+    cfgs = []
+    for i, grace in enumerate((60, 600, 3600)):
+        c = tmp_path / f"c{i}.toml"
+        c.write_text(f"[policy]\npreemption_grace_s = {grace}\n")
+        cfgs += ["--config", str(c)]
+    reports = []
+    for j in (1, 2):
+        res = CliRunner().invoke(app, ["backtest", "--events", str(fleet_file), *cfgs, "--jobs", str(j), "--json"])
+        assert res.exit_code == 0, res.output
+        r = json.loads(res.stdout)
+        for c in r["configs"].values():
+            assert c.pop("seconds") >= 0
+        reports.append(r)
+    assert list(reports[0]["configs"]) == ["defaults", "c0.toml", "c1.toml", "c2.toml"]
+    assert reports[0] == reports[1]

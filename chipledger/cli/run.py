@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 import typer.core
@@ -193,7 +193,8 @@ def _demo_json(result: dict, out: Path) -> dict:
 @app.command()
 def backtest(
     events: Path = typer.Option(..., "--events", help="event log (JSONL) whose demand is replayed"),
-    config: Path = typer.Option(..., "--config", help="the configuration to try ([policy], [backtest] quota)"),
+    config: List[Path] = typer.Option(..., "--config", help="the configuration to try ([policy], [backtest] quota); "
+                                      "repeat it for a sweep (the configurations are simulated in parallel)"),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="a second configuration, side by side "
                                             "(default: the defaults with the log's own quotas)"),
     out: Optional[Path] = typer.Option(None, "--out", help="folder for backtest.json and backtest.html"),
@@ -202,18 +203,22 @@ def backtest(
     days: Optional[float] = typer.Option(None, "--days", help="only jobs submitted within this many days of "
                                          "the log's start"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="configurations simulated at once, each in a "
+                                       "process of its own (default: the machine's cores)"),
 ):
     """Replay a log's demand (submissions, chips, priorities, observed run times) through the simulated
     cluster under --config (and --baseline), the ledger deciding; report quota honoured, waits, lost work,
     utilisation, borrowed share, fairness and bursts side by side, and the simulated against the observed
     waits (docs/backtest.md)."""
+    from chipledger.embedded import cores
     from chipledger.sim.backtest import BacktestError, print_report, run_cli
 
     try:
         base_cfg = _config(baseline) if baseline is not None else Config()
-        alt_cfg = _config(config)
-        report = run_cli(events, alt_cfg, base_cfg, config.name,
-                         baseline.name if baseline is not None else "defaults", quota, days, out)
+        alt_cfg = _config(config[0])
+        report = run_cli(events, alt_cfg, base_cfg, config[0].name,
+                         baseline.name if baseline is not None else "defaults", quota, days, out,
+                         more=tuple((c.name, _config(c)) for c in config[1:]), jobs=jobs or cores())
     except BacktestError as err:
         _fail(str(err))
     if as_json:
