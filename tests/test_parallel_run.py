@@ -32,9 +32,11 @@ def _with_bad_lines(path):
     first = json.loads(lines[40])
     late = {**json.loads(lines[300]), "event_id": "late-1", "type": "pool.tick"}
     late = {k: late[k] for k in ("event_id", "type", "occurred_at", "pool", "source")}
+    ahead = {**late, "event_id": "ahead-1", "occurred_at": "2027-06-01T00:00:00Z"}  # clock_ahead: judged per pool
     escaped = json.dumps({**late, "event_id": "esc-1"}, ensure_ascii=True).replace('"pool"', '"p\\u006fol"')
     bad = [b"not json", b'{"type": "job.started"}', lines[40], json.dumps({**first, "source": "x"}).encode(),
-           json.dumps(late).encode(), b"", b"[1, 2]", escaped.encode(), b'{"pool": "nowhere", "type": "x"}']
+           json.dumps(late).encode(), b"", b"[1, 2]", escaped.encode(), b'{"pool": "nowhere", "type": "x"}',
+           json.dumps(ahead).encode()]
     out = [b"\xef\xbb\xbf" + bad[0], lines[0]]
     for i, line in enumerate(lines[1:], 1):
         out.append(line)
@@ -73,6 +75,7 @@ def test_two_jobs_write_the_lake_of_one(fleet_file, tmp_path):
     assert len(pools) >= 2, pools
     (a, fa), (b, fb) = (run_file(fleet_file, tmp_path / f"lake-{j}", jobs=j) for j in (1, 2))
     assert a.accepted > 3_000 and a.dead_letter_total >= 8 and a.duplicates >= 1 and a.late >= 1
+    assert a.dead_letters["clock_ahead"] >= 1
     da, db = a.as_dict(), b.as_dict()
     for d in (da, db):
         d.pop("seconds"), d.pop("lake")
