@@ -1,4 +1,4 @@
-"""The held state (ledger/fold.py): a job back in the queue but not eligible yet (`job.preempted` with `held`,
+"""The held state (ledger/jobs.py): a job back in the queue but not eligible yet (`job.preempted` with `held`,
 until `job.released`) is neither running nor pending: no pending demand, no wait, no candidate for decisions.
 Hand-computed books and facts, exact to the milli-chip-second (times are offsets from T0, the start of an hour).
 """
