@@ -8,6 +8,7 @@ COPY ledger ./ledger
 COPY streams ./streams
 COPY schemas ./schemas
 COPY analytics ./analytics
+COPY store ./store
 COPY scripts/build_core.py ./scripts/build_core.py
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
  && pip install --no-cache-dir -c requirements.lock '.[core]' \

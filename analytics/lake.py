@@ -42,6 +42,10 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("chip_ids", pa.list_(pa.string())),
         # added later (LATER_EVENT_FIELDS): files and rows of earlier versions end before it
         ("user", pa.string()),
+        # the cluster the event was accepted from (the Kafka worker: its signed principal's, `*` for a principal of
+        # every cluster; `run` on a log export: the export line's); null when no principal vouched for it (a plain
+        # file, a worker without a principals registry). For audit: docs/security.md
+        ("accepted_from", pa.string()),
     ]),
     "journal": pa.schema([
         ("pool", pa.string()), ("hour", TS), ("account", pa.string()), ("team", pa.string()),
@@ -169,7 +173,7 @@ LEGACY_EVENT_COLUMNS = len(SCHEMAS["events"]) - len(EVENT_FIELDS)
 #: schema_version unchanged): an events file or row of an earlier version ends before one of them. No earlier
 #: version can have written such a field (its parser refused unknown fields), so those files are read with it null
 #: (no upgrade needed: `events_view_sql`), and rows of an earlier worker are completed from their body
-LATER_EVENT_FIELDS: tuple[str, ...] = ("user",)
+LATER_EVENT_FIELDS: tuple[str, ...] = ("user", "accepted_from")
 #: the width of an events file or row of the first typed layout (before LATER_EVENT_FIELDS)
 FIRST_TYPED_EVENT_COLUMNS = len(SCHEMAS["events"]) - len(LATER_EVENT_FIELDS)
 #: the widths of events rows an earlier worker sends: without the typed fields, then without each later one

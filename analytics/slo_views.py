@@ -30,6 +30,12 @@ BURN_RULES = (
     ("page_6h", "page", "6h", "30m", 6.0),
     ("ticket_3d", "ticket", "3d", "6h", 1.0),
 )
+# and the budget itself: a ticket while the rolling window's budget is spent (burn >= 1 over the whole window,
+# i.e. budget left < 0), so an exhausted budget is never silent when nothing burns fast right now (issue 35, item 6)
+BUDGET_RULE = ("budget_exhausted", "ticket", "budget", "budget", 1.0)
+# the labels every alert carries beside its rule: the pool, and the team for the SLOs counted per team (the
+# Prometheus rules' series labels, streams/metrics.py SLO_COUNTERS): one label set for the CLI and Prometheus
+TEAM_SLOS = ("quota_honoured", "sched_latency", "goodput", "throughput")
 WINDOWS_S = {"5m": 300, "30m": 1800, "1h": 3600, "6h": 21600, "3d": 259200}
 
 PEAK_FRACTION = 0.9  # an hour of the week is a pool peak when its demand is at least 90% of the pool's highest
@@ -237,7 +243,7 @@ def slo_views(d: Dialect) -> dict[str, str]:
 
     rules = "\nUNION ALL\n".join(
         f"SELECT '{a}' AS alert, '{sev}' AS severity, '{lw}' AS long_win, '{sw}' AS short_win, CAST({f} AS DOUBLE) AS burn_rate"
-        for a, sev, lw, sw, f in BURN_RULES)
+        for a, sev, lw, sw, f in BURN_RULES + (BUDGET_RULE,))
     hour_of_week = "CAST(((hour_s + 259200) % 604800) / 3600 AS INTEGER)"  # 1970-01-01 was a Thursday: +3 days
     return {
         # the instant the windows end at: [slo] as_of, else the latest event applied
@@ -321,15 +327,15 @@ def slo_views(d: Dialect) -> dict[str, str]:
         # what each SLO counts as good out of total, at the instant it became known (not availability, which is
         # continuous: see calc_slo_window)
         "calc_sli_points": """
-            SELECT 'quota_honoured' AS slo, pool, resolved_s AS at_s, good, 1 AS total
+            SELECT 'quota_honoured' AS slo, pool, team, resolved_s AS at_s, good, 1 AS total
             FROM calc_waits WHERE kind = 'first_start' AND in_quota = 1 AND good IS NOT NULL
             UNION ALL
-            SELECT 'sched_latency', pool, resolved_s, good, 1 FROM calc_waits WHERE good IS NOT NULL
+            SELECT 'sched_latency', pool, team, resolved_s, good, 1 FROM calc_waits WHERE good IS NOT NULL
             UNION ALL
-            SELECT 'goodput', pool, ended_s, allocated_mchip_s - lost_mchip_s, allocated_mchip_s
+            SELECT 'goodput', pool, team, ended_s, allocated_mchip_s - lost_mchip_s, allocated_mchip_s
             FROM base_runs WHERE ended_s IS NOT NULL
             UNION ALL
-            SELECT 'throughput', pool, ended_s, CASE WHEN slow THEN 0 ELSE charged_mchip_s END, charged_mchip_s
+            SELECT 'throughput', pool, team, ended_s, CASE WHEN slow THEN 0 ELSE charged_mchip_s END, charged_mchip_s
             FROM base_progress WHERE slow IS NOT NULL
         """,
         # throughput SLO per pool, team and UTC day (of the intervals' ends): of the chip-seconds of the judged
@@ -350,32 +356,35 @@ def slo_views(d: Dialect) -> dict[str, str]:
             GROUP BY pool, team, ended_s - ended_s % 86400
         """,
         # good and total in each window (as_of_s - len_s, as_of_s] (the error budget's, window_days, and the burn-rate
-        # alerts'), per SLO and pool, in one pass over the data: a row per SLO and pool with something measured, in
-        # any window or none (n_<win>: the rows in the window; 0: it holds nothing)
+        # alerts'), per SLO, pool and team ('' for availability, a pool's SLO: the labels of the Prometheus rules),
+        # in one pass over the data: a row per SLO, pool and team with something measured, in any window or none
+        # (n_<win>: the rows in the window; 0: it holds nothing)
         "calc_slo_sums": f"""
-            SELECT 'availability' AS slo, pool, {availability_sums}
+            SELECT 'availability' AS slo, pool, '' AS team, {availability_sums}
             FROM calc_free_steps CROSS JOIN calc_now GROUP BY pool
             UNION ALL
-            SELECT slo, pool, {point_sums}
-            FROM calc_sli_points CROSS JOIN calc_now GROUP BY slo, pool
+            SELECT slo, pool, coalesce(team, '') AS team, {point_sums}
+            FROM calc_sli_points CROSS JOIN calc_now GROUP BY slo, pool, coalesce(team, '')
         """,
-        # every SLO and pool with something measured
-        "calc_slo_keys": "SELECT slo, pool FROM calc_slo_sums",
+        # every SLO, pool and team with something measured
+        "calc_slo_keys": "SELECT slo, pool, team FROM calc_slo_sums",
         # the windows: the error budget's (window_days) and the burn-rate alerts'
         "calc_windows": window_rows,
         # good and total per SLO, pool and window (win: budget, 5m, 30m, 1h, 6h, 3d), where the window holds a row
         "calc_slo_window": f"""
-            SELECT slo, pool, win, good, total FROM (
-                SELECT s.slo, s.pool, w.win, {pick('n')} AS n, CAST({pick('good')} AS BIGINT) AS good,
+            SELECT slo, pool, team, win, good, total FROM (
+                SELECT s.slo, s.pool, s.team, w.win, {pick('n')} AS n, CAST({pick('good')} AS BIGINT) AS good,
                        CAST({pick('total')} AS BIGINT) AS total
                 FROM calc_slo_sums s CROSS JOIN calc_windows w
             ) x WHERE n > 0
         """,
         "error_budget": f"""
             WITH p AS (
-                SELECT k.slo, k.pool, coalesce(w.good, 0) AS good, coalesce(w.total, 0) AS total
+                SELECT k.slo, k.pool, CAST(sum(coalesce(w.good, 0)) AS BIGINT) AS good,
+                       CAST(sum(coalesce(w.total, 0)) AS BIGINT) AS total
                 FROM calc_slo_keys k LEFT JOIN calc_slo_window w ON w.slo = k.slo AND w.pool = k.pool
-                                                               AND w.win = 'budget'
+                                                               AND w.team = k.team AND w.win = 'budget'
+                GROUP BY k.slo, k.pool
             ), w AS (
                 SELECT slo, pool, good, total FROM p
                 UNION ALL
@@ -391,20 +400,25 @@ def slo_views(d: Dialect) -> dict[str, str]:
             FROM w JOIN slo_targets t ON t.slo = w.slo CROSS JOIN calc_now
         """,
         # burn rate = (bad / total in the window) / (1 - target); an alert fires when both windows burn at least
-        # its rate
+        # its rate; budget_exhausted when the budget window's burn is at least 1 (its budget left below 0). Per SLO,
+        # pool and team (NULL for availability): the label set of the Prometheus rules (chipledger slo rules)
         "burn_alerts": f"""
             WITH rules AS ({rules}), burn AS (
-                SELECT w.slo, w.pool, w.win, t.target,
+                SELECT w.slo, w.pool, w.team, w.win, t.target,
                        (w.total - w.good) * 1.0 / nullif(w.total, 0) / (1 - t.target) AS burn
-                FROM calc_slo_window w JOIN slo_targets t ON t.slo = w.slo WHERE w.win <> 'budget'
+                FROM calc_slo_window w JOIN slo_targets t ON t.slo = w.slo
             ), keys AS (
-                SELECT k.slo, k.pool, t.target FROM calc_slo_keys k JOIN slo_targets t ON t.slo = k.slo
+                SELECT k.slo, k.pool, k.team, t.target FROM calc_slo_keys k JOIN slo_targets t ON t.slo = k.slo
             ), b AS (
-                SELECT r.alert, r.severity, k.slo, k.pool, r.burn_rate, r.long_win, r.short_win, k.target,
-                       (SELECT burn FROM burn x WHERE x.slo = k.slo AND x.pool = k.pool AND x.win = r.long_win)
-                           AS long_burn,
-                       (SELECT burn FROM burn x WHERE x.slo = k.slo AND x.pool = k.pool AND x.win = r.short_win)
-                           AS short_burn
+                SELECT r.alert, r.severity, k.slo, k.pool, nullif(k.team, '') AS team, r.burn_rate,
+                       CASE WHEN r.long_win = 'budget' THEN CAST(CAST((SELECT window_days FROM slo_settings) AS BIGINT) AS VARCHAR) || 'd'
+                            ELSE r.long_win END AS long_win,
+                       CASE WHEN r.short_win = 'budget' THEN CAST(CAST((SELECT window_days FROM slo_settings) AS BIGINT) AS VARCHAR) || 'd'
+                            ELSE r.short_win END AS short_win, k.target,
+                       (SELECT burn FROM burn x WHERE x.slo = k.slo AND x.pool = k.pool AND x.team = k.team
+                                                  AND x.win = r.long_win) AS long_burn,
+                       (SELECT burn FROM burn x WHERE x.slo = k.slo AND x.pool = k.pool AND x.team = k.team
+                                                  AND x.win = r.short_win) AS short_burn
                 FROM rules r CROSS JOIN keys k
             )
             SELECT b.*, coalesce(long_burn >= burn_rate AND short_burn >= burn_rate, false) AS firing,

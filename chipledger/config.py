@@ -200,6 +200,59 @@ class BacktestConfig:
             raise ValueError(f"[backtest] coop_share must be between 0 and 1, got {self.coop_share}")
 
 
+SERVE_ROLES = ("member", "admin", "sre")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """`chipledger serve` (docs/portal.md): where it listens, who is who, what a team member may see."""
+
+    host: str = "127.0.0.1"              # loopback unless configured
+    port: int = 8470
+    # who is who: comma-separated `NAME=TEAM:ROLE`, NAME a user or `group:GROUP` (the proxy's groups), TEAM a team
+    # or `*` (every team: admins, SREs), ROLE member | admin | sre; e.g. "alice=vision:member, group:sre=*:sre"
+    members: str = ""
+    # what a team member sees of other teams: "fleet" (pool totals, SLOs and other teams' balances), "team" (only
+    # their own team's; pool totals without other teams' names)
+    visibility: str = "fleet"
+    # an authenticating proxy (oauth2-proxy and the like): its addresses, comma-separated; only requests from them
+    # may name the user (and groups) in these headers
+    trusted_proxies: str = ""
+    user_header: str = "X-Forwarded-User"
+    groups_header: str = "X-Forwarded-Groups"
+    refresh_s: float = 5.0               # how often the lake is looked at for new commits
+    writes_per_minute: int = 10          # burst requests (and other writes) per user and minute
+    secure_cookies: bool = False         # the session cookie only over HTTPS (set it behind TLS)
+    kafka: bool = False                  # send burst requests through [kafka] (also: `serve --bootstrap`)
+
+    def __post_init__(self):
+        if self.visibility not in ("fleet", "team"):
+            raise ValueError(f"[serve] visibility must be fleet or team, got {self.visibility!r}")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"[serve] port must be 1..65535, got {self.port}")
+        if self.refresh_s <= 0 or self.writes_per_minute <= 0:
+            raise ValueError("[serve] refresh_s and writes_per_minute must be more than 0")
+        self.memberships()
+
+    def memberships(self) -> dict[str, list[tuple[str, str]]]:
+        """NAME (user, or `group:G`) -> [(team or '*', role)]."""
+        out: dict[str, list[tuple[str, str]]] = {}
+        for item in (x.strip() for x in self.members.split(",")):
+            if not item:
+                continue
+            name, sep, rest = item.partition("=")
+            team, sep2, role = rest.partition(":")
+            name, team, role = name.strip(), team.strip(), role.strip()
+            if not sep or not sep2 or not name or not team or role not in SERVE_ROLES:
+                raise ValueError(f"[serve] members: {item!r} is not NAME=TEAM:ROLE with ROLE one of "
+                                 f"{', '.join(SERVE_ROLES)}")
+            out.setdefault(name, []).append((team, role))
+        return out
+
+    def proxies(self) -> frozenset[str]:
+        return frozenset(x.strip() for x in self.trusted_proxies.split(",") if x.strip())
+
+
 @dataclass(frozen=True)
 class KubeConfig:
     """[kube]: what `chipledger kube watch` reads as chips and teams (docs/kube.md)."""
@@ -226,6 +279,7 @@ class Config:
     statements: StatementsConfig = field(default_factory=StatementsConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     backtest: BacktestConfig = field(default_factory=BacktestConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     kube: KubeConfig = field(default_factory=KubeConfig)
 
 
@@ -238,7 +292,8 @@ _MOVED = {("policy", "capacity_slo_target"): "[slo] availability (the capacity S
                                        "headers, not by time: docs/streaming.md)"}
 _SECTION_CLASSES = {"kafka": KafkaConfig, "store": StoreConfig, "lake": LakeConfig, "ledger": LedgerConfig,
                     "slo": SloConfig, "policy": PolicyConfig, "statements": StatementsConfig,
-                    "worker": WorkerConfig, "backtest": BacktestConfig, "kube": KubeConfig}
+                    "worker": WorkerConfig, "backtest": BacktestConfig, "kube": KubeConfig,
+                    "serve": ServeConfig}
 
 
 def _coerce(section: str, key: str, value: Any, target: type, origin: str):

@@ -22,6 +22,8 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from chipledger.reports.tables import print_table
+
 from analytics.views import connect
 from chipledger.embedded import run_file
 from chipledger.sim.scenario import corrupt, generate
@@ -128,25 +130,39 @@ def fold_and_summarize(events: Path, out: Path, console: Console, fold_config: F
         f"coalesce(sum(amount_mchip_s) FILTER (WHERE account = '{a}'), 0) / 3.6e6 AS {a}" for a in ACCOUNT_ORDER)
     pools = con.execute(POOL_SUMMARY_SQL.format(cols=cols)).fetchall()
     t = Table(title="chip-hours by account per pool")
-    t.add_column("account")
+    t.add_column("account", no_wrap=True)
     for row in pools:
-        t.add_column(row[0].replace("/", "/\n"), justify="right")
+        t.add_column(row[0].replace("/", "/\n"), justify="right", no_wrap=True)
     for i, a in enumerate(ACCOUNT_ORDER, start=1):
         t.add_row(a, *(f"{row[i]:,.0f}" for row in pools))
-    console.print(t)
+    print_table(t, console)
     teams = con.execute(TEAM_SUMMARY_SQL).fetchall()
     t = Table(title="each team's use against its quota (chip-hours)")
     for c in ("pool", "team", "quota", "used", "of quota", "borrowed"):
-        t.add_column(c, justify="left" if c in ("pool", "team") else "right", no_wrap=c == "pool")
+        t.add_column(c, justify="left" if c in ("pool", "team") else "right", no_wrap=True)
     for pool, team, quota, used, borrowed in teams:
         quota, used, borrowed = quota or 0.0, used or 0.0, borrowed or 0.0
         share = f"{used / quota:.0%}" if quota else "no quota"
         t.add_row(pool, team, f"{quota:,.0f}", f"{used:,.0f}", share, f"{borrowed:,.0f}")
-    console.print(t)
+    print_table(t, console)
     console.print(f"lake: {out / 'lake'}   store: {store_url}")
-    console.print(f'try: chipledger sql --lake {out / "lake"} "SELECT * FROM jobs ORDER BY allocated_mchip_s DESC LIMIT 5"')
     statements = _first_week_statements(out, con, console)
+    _next_commands(out, con, console)
     return {"summary": summary.as_dict(), "pools": pools, "teams": teams, "statements": statements}
+
+
+def _next_commands(out: Path, con, console: Console) -> None:
+    """What to run next on the demo's lake. From the folder `make demo` ran in, with the default --out, the
+    commands need no --lake: a reading command falls back to demo/lake when there is no ./lake."""
+    lake = "" if out == Path("demo") else f" --lake {out / 'lake'}"
+    job = con.execute("SELECT job_id FROM jobs WHERE preemptions > 0 ORDER BY preemptions DESC, job_id LIMIT 1"
+                      ).fetchone()
+    console.print("next, on this lake" + ("" if lake else " (demo/lake is read when there is no ./lake)") + ":",
+                  highlight=False)
+    for cmd in (f"chipledger report{lake}", f"chipledger pending{lake}",
+                f"chipledger why {job[0] if job else 'JOB_ID'}{lake}", f"chipledger alerts{lake}",
+                f'chipledger sql{lake} "SELECT * FROM jobs ORDER BY allocated_mchip_s DESC LIMIT 5"'):
+        console.print(f"  {cmd}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _first_week_statements(out: Path, con, console: Console) -> list:
@@ -158,7 +174,9 @@ def _first_week_statements(out: Path, con, console: Console) -> list:
     weeks = closed_periods("week", first, min(closed.values())) if first is not None and closed else []
     if not weeks:
         return []
-    issued = issue(out / "lake", weeks[0], out / "statements", formats=("md", "html", "json"))
+    # recorded in the demo's store, so the portal's statements archive lists them (docs/portal.md)
+    store = open_store(f"sqlite:///{(out / 'chipledger.db').resolve()}")
+    issued = issue(out / "lake", weeks[0], out / "statements", formats=("md", "html", "json"), store=store)
     console.print(f"quota statements for {weeks[0].label}: {len(issued)} teams → {out / 'statements' / weeks[0].label}"
                   f" (chipledger statements --lake {out / 'lake'} --period …)")
     return issued

@@ -257,9 +257,9 @@ class _EventsHere:
         self.topic = topic
         self.rows = 0
 
-    def applied(self, event, step, offset: int) -> None:
+    def applied(self, event, step, offset: int, origin: Optional[str] = None) -> None:
         self.add("events", applied_event_row(event, step.occurred_s, step.applied_at, step.lateness_s, self.topic,
-                                             0, offset))
+                                             0, offset, origin))
         self.rows += 1
 
     def close(self) -> int:
@@ -291,7 +291,8 @@ class _EventsProcess:
         self._batch = array("q")
         self.rows = 0
 
-    def applied(self, event, step, offset: int) -> None:
+    def applied(self, event, step, offset: int, origin: Optional[str] = None) -> None:
+        # (the events process reads the line's origin itself)
         batch = self._batch
         batch.extend((offset, step.occurred_s, step.applied_at, step.lateness_s))
         if len(batch) >= 4 * EVENTS_BATCH:
@@ -363,11 +364,12 @@ def _events_child(events_path: Path, lake: Path, run_id: str, topic: str, max_ev
                         if n == offset:
                             break
                     raw = _raw(line, offset)
+                    origin = None
                     if logline.is_wrapped(raw):  # (the run applied it: a well-formed export line)
-                        raw = logline.unwrap(raw)[0]
+                        raw, origin, _ = logline.unwrap(raw)
                     event = parse_event(raw, max_event_bytes)
                     writer.add("events", applied_event_row(event, batch[i + 1], batch[i + 2], batch[i + 3], topic, 0,
-                                                           offset))
+                                                           offset, origin))
                     rows += 1
                     if not rows & GC_FREEZE_MASK:
                         paused.checkpoint()
@@ -399,9 +401,10 @@ def fold_lines(events_path: Path, fleet: Fleet, summary: RunSummary, dead, appli
     """Fold the lines of the file at `events_path` into `fleet`: the one per-line rule of a run, used by the run's
     process (chipledger.embedded.run_file) and by each process of a pool-parallel run (chipledger.parallel).
     `dead(row, code, line)` gets each dead letter (its row's seen_at is 0: the caller stamps it) and
-    `applied(event, step, line)` each applied event; blank lines, duplicates and late events are counted in
-    `summary`. `mine`: when given, a function of the line number saying whether this process folds that line (the
-    others are read past). Returns (the number of lines, the bytes read)."""
+    `applied(event, step, line, origin)` each applied event (`origin`: a `log export` line's, else None); blank
+    lines, duplicates and late events are counted in `summary`. `mine`: when given, a function of the line number
+    saying whether this process folds that line (the others are read past). Returns (the number of lines, the bytes
+    read)."""
     pools = fleet.pools
     fold_config = fleet.config
     tolerance_s = file_tolerance_s(fold_config)
@@ -453,7 +456,7 @@ def fold_lines(events_path: Path, fleet: Fleet, summary: RunSummary, dead, appli
             summary.accepted += 1
             if step.lateness_s:
                 summary.late += 1
-            applied(event, step, offset)
+            applied(event, step, offset, origin)
     return offset, read_bytes
 
 
@@ -545,7 +548,7 @@ def _fold_here(events_path: Path, stage: Path, names: str, fold_config: FoldConf
         else:
             early.append(row)
 
-    def applied(event, step, offset: int) -> None:
+    def applied(event, step, offset: int, origin: Optional[str]) -> None:
         nonlocal seen_clock
         at = step.applied_at
         if at > seen_clock:
@@ -554,7 +557,7 @@ def _fold_here(events_path: Path, stage: Path, names: str, fold_config: FoldConf
                 for row in early:
                     add("deadletters", row[:3] + (at,) + row[4:])
                 early.clear()
-        events.applied(event, step, offset)
+        events.applied(event, step, offset, origin)
         for table, rows in output_lists(step):
             extend(table, rows)
 

@@ -166,7 +166,7 @@ def fold_parallel(events_path: Path, stage: Path, names: str, fold_config: FoldC
                                                                                            fold_config), read_bytes
 
 
-def _never_applied(event, step, line) -> None:  # this process's lines are never events
+def _never_applied(event, step, line, origin) -> None:  # this process's lines are never events
     raise AssertionError(f"line {line} has a pool yet was routed as having none")
 
 
@@ -238,7 +238,7 @@ def _worker(k: int, events_path: Path, stage: Path, names: str, fold_config: Fol
         misrouted(row[8], line)
         dead.append((line, code, row))
 
-    def on_applied(event, step, line):
+    def on_applied(event, step, line, origin):
         nonlocal seen
         if event.pool not in mine_pools:
             misrouted(event.pool, line)
@@ -246,7 +246,7 @@ def _worker(k: int, events_path: Path, stage: Path, names: str, fold_config: Fol
         if at > seen:
             seen = at
             raises.extend((line, at))
-        add("events", applied_event_row(event, step.occurred_s, at, step.lateness_s, topic, 0, line))
+        add("events", applied_event_row(event, step.occurred_s, at, step.lateness_s, topic, 0, line, origin))
         for table, rows in output_lists(step):
             extend(table, rows)
 

@@ -1205,36 +1205,52 @@ def forecast_demand_milli(state: PoolState, start: int, end: int) -> tuple[int, 
     return peak, known
 
 
-def decide_burst(state: PoolState, e, t: int, config) -> tuple[DecisionBurst, Optional[list]]:
-    """Approve, cut or deny a burst request. Returns the decision and, when chips are granted, the
-    reservation [team, chips_milli, window_start, window_end, active]."""
-    ws, we = e.window_start, e.window_end
-    ws_s = epoch_s(ws)
-    we_s = epoch_s(we)
-    asked = e.chips_milli
-    team = e.team
+class BurstInputs(NamedTuple):
+    """What a burst verdict is computed from (docs/policy.md, "Bursts"): gathered from a PoolState by the fold
+    (`burst_inputs`), or from the facts the fold wrote to the lake by the portal's dry run (chipledger/web/burst.py);
+    both then call the one rule, `burst_verdict`."""
+    available_milli: int          # chips available now (registered, healthy or degraded)
+    guarded_others_milli: int     # other teams' unused quota they do not lend
+    forecast_peak_milli: int      # the peak of the hour-of-week demand profile over the window
+    forecast_hours_known: int     # hours of that window with history
+    other_bursts_milli: int       # chips of other bursts reserved over the window
+    fair_share_factor: float      # the team's F
+    budget_left: float            # the capacity error budget left (fraction)
+    budget_burn: float            # its burn rate over the last closed hour
+    holds_reservation: bool       # the request id already holds a reservation
+
+
+def burst_inputs(state: PoolState, team: str, request_id: str, window_start_s: int, window_end_s: int, t: int,
+                 config) -> BurstInputs:
+    """The inputs of a burst verdict, from the pool's state at t."""
     limits = team_limits(state)
     available = state.capacity_milli - state.unavailable_milli
     guarded_others = sum(guarded_milli(tm, limits.get(n, (None, None))[1])
                          for n, tm in state.teams.items() if n != team)
-    start = max(ws_s, t)
-    peak, known = forecast_demand_milli(state, start, we_s)
-    reserved = sum(b[1] for b in state.bursts.values() if b[2] < we_s and b[3] > start)
-    idle = available - guarded_others - peak - reserved
+    start = max(window_start_s, t)
+    peak, known = forecast_demand_milli(state, start, window_end_s)
+    reserved = sum(b[1] for b in state.bursts.values() if b[2] < window_end_s and b[3] > start)
     fs = fair_shares(state, t, config.decay_half_life_s)
     f = fs[team][1] if team in fs else 1.0
+    left, burn = budget_state(state, config.capacity_slo_target)
+    return BurstInputs(available, guarded_others, peak, known, reserved, f, left, burn, request_id in state.bursts)
+
+
+def burst_verdict(inp: BurstInputs, asked: int, window_end_s: int, t: int) -> tuple[str, int, dict, str]:
+    """The burst rule, pure over its inputs: (verdict, chips granted in milli, the numbers it used, why)."""
+    available, guarded_others, peak, known, reserved, f, left, burn, holds = inp
+    idle = available - guarded_others - peak - reserved
     share = 1.0 if f >= 0.5 else 2.0 * f
     allowed = int(max(idle, 0) * share) // MILLI * MILLI  # whole chips
-    left, burn = budget_state(state, config.capacity_slo_target)
     numbers = {"requested_chips": asked / MILLI, "available_chips": available / MILLI,
                "others_guaranteed_chips": guarded_others / MILLI, "forecast_demand_chips": peak / MILLI,
                "forecast_hours_with_history": float(known), "other_bursts_chips": reserved / MILLI,
                "forecast_idle_chips": idle / MILLI, "fair_share_factor": round(f, 6),
                "fair_share_allowance": round(share, 6), "error_budget_left": round(left, 6),
                "error_budget_burn_rate": round(burn, 6)}
-    if we_s <= t:
+    if window_end_s <= t:
         granted, why = 0, "its window is already over"
-    elif e.request_id in state.bursts:
+    elif holds:
         granted, why = 0, "this request id already holds a reservation"
     elif left <= 0 or burn >= FAST_BURN:
         granted, why = 0, (f"the pool's capacity error budget is burning ({left:.0%} left, last hour at "
@@ -1245,6 +1261,19 @@ def decide_burst(state: PoolState, e, t: int, config) -> tuple[DecisionBurst, Op
                f"{_chips(guarded_others)} others' unlent quota, {_chips(peak)} peak forecast demand, "
                f"{_chips(reserved)} other bursts), team F={f:.2f} allows {share:.0%} of it")
     verdict = "approved" if granted >= asked else ("partial" if granted > 0 else "denied")
+    return verdict, granted, numbers, why
+
+
+def decide_burst(state: PoolState, e, t: int, config) -> tuple[DecisionBurst, Optional[list]]:
+    """Approve, cut or deny a burst request. Returns the decision and, when chips are granted, the
+    reservation [team, chips_milli, window_start, window_end, active]."""
+    ws, we = e.window_start, e.window_end
+    ws_s = epoch_s(ws)
+    we_s = epoch_s(we)
+    asked = e.chips_milli
+    team = e.team
+    inp = burst_inputs(state, team, e.request_id, ws_s, we_s, t, config)
+    verdict, granted, numbers, why = burst_verdict(inp, asked, we_s, t)
     message = f"burst {e.request_id} of team {team}: {verdict}, {_chips(granted)} of {_chips(asked)} chips: {why}"
     d = DecisionBurst(decision_id=f"{e.event_id}:burst:{e.request_id}", pool=state.pool, at=_ts(t),
                       request_id=e.request_id, team=team, verdict=verdict, chips_granted=granted / MILLI,

@@ -154,3 +154,16 @@ class StatementRun(Base):
     output_digest: Mapped[str] = mapped_column(String(128))  # e.g. "sha256:…" of the files written
     formats: Mapped[str] = mapped_column(String(128))      # e.g. "md,html,csv,json"
     issued_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class ApiToken(Base):
+    """One row per API token of the portal (`chipledger serve tokens`): whose it is, the team it acts for, and the
+    SHA-256 of its secret (the secret itself is shown once, at creation, and never stored)."""
+
+    __tablename__ = "api_tokens"
+    token_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user: Mapped[str] = mapped_column(String(256), index=True)
+    team: Mapped[Optional[str]] = mapped_column(String(256), nullable=True)
+    secret_sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[Optional[datetime]] = mapped_column(UTCDateTime(), nullable=True)

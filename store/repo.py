@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from ledger.books import BORROWED, BURST, ENTITLED, IDLE, IN_QUOTA, OVERCOMMITTED
 from ledger.policy import store_balances
 from ledger.state import PoolState
-from store.models import (Base, DecisionIndex, GrantRow, PoolBalance, RunLog, StatementRun, TeamBalance,
+from store.models import (ApiToken, Base, DecisionIndex, GrantRow, PoolBalance, RunLog, StatementRun, TeamBalance,
                                  Tracking)
 
 
@@ -191,6 +191,32 @@ class Store:
             q = q.where(StatementRun.team == team)
         with Session(self.engine) as session:
             return list(session.scalars(q))
+
+    def add_token(self, row: ApiToken) -> None:
+        with Session(self.engine) as session, session.begin():
+            session.add(row)
+
+    def tokens(self, user: Optional[str] = None, team: Optional[str] = None) -> list[ApiToken]:
+        q = select(ApiToken).order_by(ApiToken.created_at, ApiToken.token_id)
+        if user is not None:
+            q = q.where(ApiToken.user == user)
+        if team is not None:
+            q = q.where(ApiToken.team == team)
+        with Session(self.engine) as session:
+            return list(session.scalars(q))
+
+    def token(self, token_id: str) -> Optional[ApiToken]:
+        with Session(self.engine) as session:
+            return session.get(ApiToken, token_id)
+
+    def revoke_token(self, token_id: str, at: datetime) -> bool:
+        """Revoke a token (from `at` on); False when there is no such token or it was revoked already."""
+        with Session(self.engine) as session, session.begin():
+            row = session.get(ApiToken, token_id)
+            if row is None or row.revoked_at is not None:
+                return False
+            row.revoked_at = at
+            return True
 
     def position(self, consumer: str, topic: str, partition: int) -> Optional[int]:
         with Session(self.engine) as session:

@@ -30,19 +30,22 @@ def canonical_json(e) -> str:
     return e.__pydantic_serializer__.to_json(e, exclude_none=True).decode()
 
 
-def event_row(e, step, topic: str, partition: int, offset: int) -> tuple:
+def event_row(e, step, topic: str, partition: int, offset: int, accepted_from: Optional[str] = None) -> tuple:
     """The lake row of an applied event (column order of analytics.lake.SCHEMAS['events']). The body is the
     event's canonical JSON: exactly what was folded, whatever the spelling of the message;
     the typed fields after it are taken from the same parsed event."""
-    return applied_event_row(e, step.occurred_s, step.applied_at, step.lateness_s, topic, partition, offset)
+    return applied_event_row(e, step.occurred_s, step.applied_at, step.lateness_s, topic, partition, offset,
+                             accepted_from)
 
 
 def applied_event_row(e, occurred_s: int, applied_at: int, lateness_s: int, topic: str, partition: int,
-                      offset: int) -> tuple:
+                      offset: int, accepted_from: Optional[str] = None) -> tuple:
     """`event_row` given what the fold's step said about the event: when it occurred, when it was applied, how
-    late (the embedded run's events process has these numbers, not the step)."""
-    return (e.event_id, e.type, e.pool, e.source, occurred_s, applied_at, lateness_s,
-            topic, partition, offset, canonical_json(e), *event_fields(e))
+    late (the embedded run's events process has these numbers, not the step). `accepted_from`: the cluster the
+    event was accepted from (the last column; event_fields leaves it null, the event does not say it)."""
+    row = (e.event_id, e.type, e.pool, e.source, occurred_s, applied_at, lateness_s,
+           topic, partition, offset, canonical_json(e), *event_fields(e))
+    return row if accepted_from is None else row[:-1] + (accepted_from,)
 
 
 def deadletter_row(raw: bytes, rejection: Rejection, topic: str, partition: int, offset: int, seen_at: int,
@@ -63,10 +66,11 @@ def deadletter_row(raw: bytes, rejection: Rejection, topic: str, partition: int,
             base64.b64encode(raw).decode("ascii"))
 
 
-def step_rows(event, step: Step, topic: str, partition: int, offset: int) -> list[tuple[str, tuple]]:
+def step_rows(event, step: Step, topic: str, partition: int, offset: int,
+              accepted_from: Optional[str] = None) -> list[tuple[str, tuple]]:
     """(table, row) pairs of an applied step, in the order they are written: the event, then each output list
     of the step in lake table order (journal, job_runs, decisions, and whatever the core adds)."""
-    out = [("events", event_row(event, step, topic, partition, offset))]
+    out = [("events", event_row(event, step, topic, partition, offset, accepted_from))]
     for table, rows in output_lists(step):
         out.extend([(table, row) for row in rows])
     return out

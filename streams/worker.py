@@ -995,7 +995,7 @@ class PoolWorker(Continuity):
             return []
         self.counts["applied"] += 1
         tables: dict[str, list] = {}
-        for table, row in step_rows(event, step, p.topic, p.partition, p.offset):
+        for table, row in step_rows(event, step, p.topic, p.partition, p.offset, p.origin_cluster):
             tables.setdefault(table, []).append(list(row))
         decisions = tables.pop("decisions", None)
         out = [(TOPIC_JOURNAL, {"origin": origin, "tables": tables})]

@@ -22,13 +22,31 @@ def alerts(lake, *args):
     return CliRunner().invoke(app, ["alerts", "--lake", str(lake), *args])
 
 
-def test_quiet_at_the_end_of_the_log(lake):
+def test_spent_budgets_are_tickets_at_the_end_of_the_log(lake):
+    """Issue 35, item 6: nothing burns fast at the end of the log, but budgets spent over the window are not
+    silent: a ticket each (exit 1), per pool and team, as the Prometheus rules label them."""
     res = alerts(lake)
-    assert res.exit_code == 0, res.output
-    first, second = res.stdout.splitlines()
+    assert res.exit_code == 1, res.output
+    first, *lines = res.stdout.splitlines()
     assert first.startswith("evaluated at 2026-11-04T00:00:00Z (newest event 2026-11-04T00:00:00Z, ")
     assert first.endswith(" s before now; 1 pool(s))")
-    assert second == "no burn-rate alert firing"
+    assert lines == [
+        "TICKET budget_exhausted goodput        pool p/h100 team b: error budget spent: 440.0% of the 30d budget "
+        "consumed (target 90%)",
+        "TICKET budget_exhausted quota_honoured pool p/h100 team a: error budget spent: 1000.0% of the 30d budget "
+        "consumed (target 95%)",
+        "TICKET budget_exhausted sched_latency  pool p/h100 team a: error budget spent: 500.0% of the 30d budget "
+        "consumed (target 90%)",
+        "TICKET budget_exhausted sched_latency  pool p/h100 team b: error budget spent: 666.7% of the 30d budget "
+        "consumed (target 90%)"]
+
+
+def test_quiet_when_no_budget_is_spent(lake, tmp_path):
+    cfg = tmp_path / "loose.toml"
+    cfg.write_text("[slo]\navailability = 0.5\nquota_honoured = 0.4\nsched_latency = 0.3\ngoodput = 0.2\n")
+    res = alerts(lake, "--config", str(cfg))
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines()[1] == "no burn-rate alert firing"
 
 
 def test_a_page_exits_2(lake):
@@ -36,10 +54,19 @@ def test_a_page_exits_2(lake):
     assert res.exit_code == 2
     head, *lines = res.output.splitlines()
     assert head == "evaluated at 2026-11-02T03:00:00Z (newest event 2026-11-02T03:00:00Z, 0 s before --at; 1 pool(s))"
-    assert lines[0].startswith("PAGE   page_6h   sched_latency  p/h100: burning 6.0× over 6h and 10.0× over 30m")
-    assert [ln.split()[:3] for ln in lines[1:]] == [
-        ["TICKET", "ticket_3d", "availability"], ["TICKET", "ticket_3d", "goodput"],
-        ["TICKET", "ticket_3d", "quota_honoured"], ["TICKET", "ticket_3d", "sched_latency"]]
+    assert lines[0].startswith("PAGE   page_6h          sched_latency  pool p/h100 team b: burning 6.7× over 6h and "
+                               "10.0× over 30m")
+    assert [ln.split(":")[0].split() for ln in lines[1:]] == [
+        ["TICKET", "budget_exhausted", "availability", "pool", "p/h100"],
+        ["TICKET", "budget_exhausted", "goodput", "pool", "p/h100", "team", "b"],
+        ["TICKET", "budget_exhausted", "quota_honoured", "pool", "p/h100", "team", "a"],
+        ["TICKET", "budget_exhausted", "sched_latency", "pool", "p/h100", "team", "a"],
+        ["TICKET", "budget_exhausted", "sched_latency", "pool", "p/h100", "team", "b"],
+        ["TICKET", "ticket_3d", "availability", "pool", "p/h100"],
+        ["TICKET", "ticket_3d", "goodput", "pool", "p/h100", "team", "b"],
+        ["TICKET", "ticket_3d", "quota_honoured", "pool", "p/h100", "team", "a"],
+        ["TICKET", "ticket_3d", "sched_latency", "pool", "p/h100", "team", "a"],
+        ["TICKET", "ticket_3d", "sched_latency", "pool", "p/h100", "team", "b"]]
 
 
 def test_tickets_only_exit_1(lake):
@@ -51,11 +78,12 @@ def test_tickets_only_exit_1(lake):
         "2026-11-02T06:00:00Z", "2026-11-02T03:00:00Z", ["p/h100"])  # newest at or before --at
     got = doc["firing"]
     # availability no longer: 1,200 chip-s down of 6 x 21,600 in the last 6 hours is 0.93x the budget rate
-    assert {(a["severity"], a["slo"]) for a in got} == {("ticket", s) for s in
-                                                         ("goodput", "quota_honoured", "sched_latency")}
-    qh = next(a for a in got if a["slo"] == "quota_honoured")
-    assert (qh["alert"], qh["long_win"], qh["short_win"], qh["burn_rate"], qh["target"]) == (
-        "ticket_3d", "3d", "6h", 1.0, 0.95)
+    assert {(a["severity"], a["slo"], a["team"]) for a in got if a["alert"] == "ticket_3d"} == {
+        ("ticket", "goodput", "b"), ("ticket", "quota_honoured", "a"), ("ticket", "sched_latency", "a"),
+        ("ticket", "sched_latency", "b")}
+    qh = next(a for a in got if a["slo"] == "quota_honoured" and a["alert"] == "ticket_3d")
+    assert (qh["alert"], qh["pool"], qh["team"], qh["long_win"], qh["short_win"], qh["burn_rate"], qh["target"]) == (
+        "ticket_3d", "p/h100", "a", "3d", "6h", 1.0, 0.95)
     assert qh["long_burn"] == pytest.approx(10.0) and qh["evaluated_at"] == "2026-11-02T06:00:00Z"
 
 
@@ -66,7 +94,7 @@ def test_pool_filter_and_config_targets(lake, tmp_path):
     cfg.write_text("[slo]\nsched_latency = 0.5\n")
     res = alerts(lake, "--at", "2026-11-02T03:00:00Z", "--config", str(cfg))
     assert res.exit_code == 1 and "PAGE" not in res.output
-    assert "ticket_3d sched_latency  p/h100: burning 1.2× over 3d" in res.output
+    assert "ticket_3d        sched_latency  pool p/h100 team b: burning 1.3× over 3d" in res.output
 
 
 def test_bad_instant_is_an_error(lake):
@@ -101,8 +129,8 @@ def test_usage_errors_are_errors_not_pages(lake):
 
 
 def test_max_age_staleness(lake):
-    # against --at: the newest event (2026-11-04 00:00) is 1 h before 01:00
-    assert alerts(lake, "--at", "2026-11-04T01:00:00Z", "--max-age", "2h").exit_code == 0
+    # against --at: the newest event (2026-11-04 00:00) is 1 h before 01:00 (fresh: the spent budgets' tickets)
+    assert alerts(lake, "--at", "2026-11-04T01:00:00Z", "--max-age", "2h").exit_code == 1
     line = error_line(alerts(lake, "--at", "2026-11-04T01:00:00Z", "--max-age", "30m"))
     assert line == ("error: stale: the newest event is at 2026-11-04T00:00:00Z, 3,600 s before "
                     "2026-11-04T01:00:00Z (--at), more than --max-age 1,800 s")
@@ -130,7 +158,7 @@ def test_evaluate_returns_the_alerts_and_the_instant(lake):
 
     at = datetime(2026, 11, 2, 3, tzinfo=timezone.utc)
     ev = evaluate(connect(lake, as_of=at), at=at)
-    assert ev.evaluated_at == at and ev.alerts[0].severity == "page" and len(ev.alerts) == 5
+    assert ev.evaluated_at == at and ev.alerts[0].severity == "page" and len(ev.alerts) == 11
 
 
 def test_report_refuses_an_unknown_pool(lake):
@@ -150,3 +178,28 @@ def test_an_instant_before_the_first_event_is_an_error_not_all_clear(lake):
     assert "(newest event 2026-11-02T03:00:00Z, 0 s before --at" in head, head  # the lake has one at 03:00
     head = alerts(lake, "--at", "2026-11-02T03:00:30Z").output.splitlines()[0]
     assert "(newest event 2026-11-02T03:00:00Z, 30 s before --at" in head, head
+
+
+def test_one_label_set_for_the_cli_and_the_prometheus_rules(lake):
+    """Issue 35, item 6: the CLI's alerts were per pool while the rules are per pool and team for 4 of 5 SLOs, so
+    Alertmanager could not merge the same burn from both. Each alert `alerts --alertmanager` sends carries exactly
+    the labels the matching Prometheus rule gives it (the rule's own and its series' pool and team)."""
+    from datetime import datetime, timezone
+
+    from analytics.slo_views import SloParams
+    from analytics.views import connect
+    from chipledger.monitoring.alertmanager import payload
+    from chipledger.monitoring.alerts import evaluate
+    from chipledger.monitoring.slo_rules import ALERT_NAME, rule_groups, specs
+
+    rules = {(r["labels"]["slo"], r["labels"]["alert"]): r for g in rule_groups(SloParams())["groups"]
+             for r in g["rules"] if "alert" in r}
+    series = {s.slo: s.by for s in specs(SloParams())}
+    at = datetime(2026, 11, 2, 3, tzinfo=timezone.utc)
+    ev = evaluate(connect(lake, as_of=at), at=at)
+    assert {a.alert for a in ev.alerts} == {"page_6h", "ticket_3d", "budget_exhausted"}
+    for a, item in zip(ev.alerts, payload(ev.alerts)):
+        rule = rules[(a.slo, a.alert)]
+        assert rule["alert"] == item["labels"]["alertname"] == ALERT_NAME
+        assert set(item["labels"]) == {"alertname", *rule["labels"], *series[a.slo]}, a
+        assert {k: item["labels"][k] for k in rule["labels"]} == rule["labels"], a

@@ -62,7 +62,7 @@ def backtest(*args):
 def test_hand_computed_backtest_exact_waits(tmp_path):
     alt, base = configs(tmp_path)
     r = backtest("--events", log(tmp_path), "--config", alt, "--baseline", base, "--quota", "a=4")
-    b, a = r["configs"]["base.toml"], r["configs"]["alt.toml"]
+    b, a = r["configs"]["base.toml"], r["configs"]["alt.toml + --quota a=4"]
     # baseline: no quota anywhere, nobody is reclaimed from: a1 waits for b1 to finish at 1000 s
     assert b["waits_by_team"]["a"] == {"jobs": 1, "p50_s": 900.0, "p90_s": 900.0, "p99_s": 900.0}
     assert b["waits_by_team"]["b"]["p99_s"] == 0.0
@@ -84,7 +84,7 @@ def test_hand_computed_backtest_exact_waits(tmp_path):
     assert a["borrowed_share"] == pytest.approx((4 * 170 + 4 * 1000) / (4 * 170 + 2 * 50 + 4 * 1000))
     # observed: both started at once; fidelity gap = simulated − observed
     assert r["observed"]["waits_by_pool"]["p/h100"]["p50_s"] == 0.0
-    assert r["fidelity"]["alt.toml"]["p/h100"]["p99_s"] == {"simulated": 70.0, "observed": 0.0, "gap": 70.0}
+    assert r["fidelity"]["alt.toml + --quota a=4"]["p/h100"]["p99_s"] == {"simulated": 70.0, "observed": 0.0, "gap": 70.0}
 
 
 def test_same_inputs_same_report(tmp_path):
@@ -99,7 +99,7 @@ def test_same_inputs_same_report(tmp_path):
     assert one == two
     page1 = (tmp_path / "o1" / "backtest.html").read_text()
     assert page1 == (tmp_path / "o2" / "backtest.html").read_text()
-    assert json.loads((tmp_path / "o1" / "backtest.json").read_text())["configs"]["alt.toml"]["quota"] == {
+    assert json.loads((tmp_path / "o1" / "backtest.json").read_text())["configs"]["alt.toml + --quota a=2"]["quota"] == {
         "p/h100": {"a": 2.0}}
 
 
@@ -121,7 +121,7 @@ def test_bad_input_is_a_clear_error(tmp_path):
     for args, msg in ((["--quota", "a=lots"], "is not a number of chips"), (["--quota", "nope"], "expected team=chips"),
                       (["--quota", "q/x:a=1"], "no pool 'q/x' in the log"), (["--days", "-1"], "--days must be")):
         res = runner.invoke(app, ["backtest", "--events", str(src), "--config", str(alt), *args])
-        assert res.exit_code == 1 and msg in res.output, res.output
+        assert res.exit_code == 2 and msg in res.output, res.output  # a wrong option value: docs/cli.md
     res = runner.invoke(app, ["backtest", "--events", str(tmp_path / "none.jsonl"), "--config", str(alt)])
     assert res.exit_code == 1 and "cannot read" in res.output
     bad = tmp_path / "bad.jsonl"
@@ -184,4 +184,33 @@ def test_a_team_name_of_the_contracts_full_length_is_backtested(tmp_path):
     res = runner.invoke(app, ["backtest", "--events", str(log(tmp_path, team_a=team)), "--config", str(alt),
                               "--quota", f"{team}=2", "--json"])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout)["configs"]["alt.toml"]["quota"] == {"p/h100": {team: 2.0}}
+    assert json.loads(res.stdout)["configs"][f"alt.toml + --quota {team}=2"]["quota"] == {"p/h100": {team: 2.0}}
+
+
+def test_a_quota_for_a_team_the_log_does_not_have_is_an_error_unless_asked(tmp_path):
+    """Issue 35, item 3: `--quota llm-pretrian=60` (a typo) was a new team's grant, without a word; now one
+    error line naming the log's teams (exit 2), and --new-team adds it on purpose. A grant larger than its pool
+    warns. The change's column is named by what changed (item 11)."""
+    src = log(tmp_path)
+    res = runner.invoke(app, ["backtest", "--events", str(src), "--quota", "aa=2"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.strip().splitlines() == [
+        "error: quota 'aa=2': no team 'aa' in the log (teams: a, b); --new-team to add a team the log does not have"]
+    res = runner.invoke(app, ["backtest", "--events", str(src), "--quota", "aa=2", "--new-team", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["configs"]["--quota aa=2"]["quota"] == {"p/h100": {"aa": 2.0}}
+    res = runner.invoke(app, ["backtest", "--events", str(src), "--quota", "a=600"])
+    assert res.exit_code == 0, res.output
+    assert "warning: quota a=600 in p/h100 is more than the pool's 4 registered chips" in res.stderr
+    assert "--quota a=600" in res.stdout and "alt.toml" not in res.stdout
+    # without a change to try, nothing to compare
+    res = runner.invoke(app, ["backtest", "--events", str(src)])
+    assert res.exit_code == 2 and "give --config FILE or --quota" in res.stderr
+
+
+def test_quota_honoured_at_100_percent_says_why(tmp_path):
+    """Issue 35, item 11: the simulated cluster starts jobs at once, so quota honoured is 100% in both columns:
+    the table says so."""
+    res = runner.invoke(app, ["backtest", "--events", str(log(tmp_path)), "--quota", "a=4"])
+    assert res.exit_code == 0, res.output
+    assert "note: quota honoured: the simulated cluster starts a job as soon as the ledger allows it" in res.stdout

@@ -45,7 +45,12 @@ def test_report_json(lake):
     assert titles[0].startswith("Error budgets") and "Goodput of the runs that ended in the period" in titles
     budgets = doc["sections"][0]
     assert budgets["columns"][:3] == ["SLO", "target", "attained"]
-    assert ["quota_honoured", "95.00%", "50.000%"] == budgets["rows"][2][:3]
+    # typed numbers, not display strings (issue 35, item 9): fractions for percentages, good / total as numbers
+    assert budgets["rows"][2] == ["quota_honoured", 0.95, 0.5, {"good": 1, "total": 2, "unit": "waits"},
+                                  pytest.approx(10.0), pytest.approx(-9.0)]
+    assert not any(isinstance(v, str) and v.endswith("%") for s in doc["sections"] for r in s["rows"] for v in r)
+    days = next(s for s in doc["sections"] if s["title"] == "Availability by day")
+    assert days["rows"][0][:2] == ["2026-11-02", "p/h100"] and isinstance(days["rows"][0][2], float)
 
 
 def test_statements_json(lake, tmp_path):

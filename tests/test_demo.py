@@ -90,3 +90,21 @@ def test_the_demo_cluster_acts_on_the_ledgers_decisions(demo_lake_of):
     sts = compute_statements(con, parse_period("2026-W46"))
     jobs = [j for st in sts for j in st["preemptions"]["suffered"]["jobs"]]
     assert sum(1 for j in jobs if j["decision_id"] and j["beneficiary_team"]) >= 0.5 * len(jobs) > 0
+
+
+def test_after_the_demo_the_next_commands_read_its_lake(tmp_path, monkeypatch):
+    """Issue 35, item 10: after `make demo` (chipledger demo, out demo/) in a folder, the obvious next
+    commands need no --lake: with no ./lake they read demo/lake and say so on stderr."""
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    res = runner.invoke(app, ["demo", "--days", "2", "--seed", "3"])
+    assert res.exit_code == 0, res.output
+    assert "next, on this lake" in res.output and "  chipledger report\n" in res.output
+    for args in (["report"], ["pending"], ["alerts"], ["sql", "SELECT count(*) AS n FROM jobs"]):
+        res = runner.invoke(app, args)
+        assert res.exit_code in (0, 1, 2) if args == ["alerts"] else res.exit_code == 0, (args, res.output)
+        assert "does not exist" not in res.output, args
+        assert "reading the demo's lake demo/lake" in res.stderr, args
+    # a ./lake of one's own wins, and an explicit --lake is never replaced
+    res = runner.invoke(app, ["report", "--lake", "elsewhere"])
+    assert res.exit_code != 0 and "elsewhere does not exist" in res.stderr

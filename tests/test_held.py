@@ -145,7 +145,7 @@ def test_cli_run_books_a_held_job_and_why_says_it_is_held(tmp_path):
                               "SELECT sum(amount_mchip_s)::BIGINT AS p FROM journal WHERE account = 'pending'"])
     assert json.loads(res.stdout) == [{"p": 2000 * 300}]
     res = runner.invoke(app, ["why", "j", "--lake", str(lake)])
-    assert res.output.splitlines()[0] == f"job j (team ads, pool {POOL}): finished"
+    assert res.output.splitlines()[0].startswith(f"job j (team ads, pool {POOL}): finished, ")
 
 
 def test_held_jobs_are_a_gauge_per_team_at_a_scrape():

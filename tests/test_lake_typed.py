@@ -30,7 +30,8 @@ T_S = 1_793_577_600
 ENV = {"occurred_at": T, "pool": "lab/a100", "source": "lab/kueue"}
 # the typed fields, timestamps as epoch seconds
 COLS = ", ".join(f'epoch("{f}")::BIGINT' if f.startswith("effective_") else f'"{f}"' for f in EVENT_FIELDS)
-NONE15 = (None,) * 15
+NONE15 = (None,) * 15  # the fields an event's own type can have
+NONE_TYPED = NONE15 + (None,)  # ... and accepted_from (who vouched for it: null in a plain run)
 
 
 def ev(**kw):
@@ -42,7 +43,7 @@ def ev(**kw):
 def test_the_typed_fields_follow_the_body():
     assert EVENT_FIELDS == ("job_id", "team", "chip_id", "node", "state", "grant_id", "request_id", "chips_milli",
                             "priority", "preemptible", "outcome", "effective_from", "effective_until", "chip_ids",
-                            "user")
+                            "user", "accepted_from")
     assert SCHEMAS["events"].names[:LEGACY_EVENT_COLUMNS][-1] == "body"
 
 
@@ -71,7 +72,7 @@ def test_the_typed_fields_follow_the_body():
      ("j", None, None, None, None, None, None, None, None, None, "failed", None, None, None, None)),
 ])
 def test_event_fields(payload, want):
-    assert event_fields(ev(**payload)) == want
+    assert event_fields(ev(**payload)) == want + (None,)  # accepted_from: not the event's to say
 
 
 def test_an_embedded_run_writes_the_typed_fields(tmp_path):
@@ -101,7 +102,7 @@ def test_an_embedded_run_writes_the_typed_fields(tmp_path):
         ("h-023", "ja1", n, n, n, n, n, n, n, n, n, "failed", n, n, n, n),
         ("h-024",) + NONE15,
     ]
-    assert rows == want
+    assert rows == [r + (None,) for r in want]  # a plain file: no principal vouched for any (accepted_from null)
     # the events view shows them under the same names; event_log is the table without them
     assert con.execute("SELECT team, chips_milli, priority, preemptible FROM events WHERE event_id = 'h-010'"
                        ).fetchone() == ("b", 1000, 5, False)
@@ -112,16 +113,16 @@ def test_a_row_of_an_earlier_worker_is_completed_from_its_body():
     body = json.dumps({"event_id": "e1", "type": "job.submitted", **ENV, "job_id": "j", "team": "a", "chips": 2})
     row = ("e1", "job.submitted", "lab/a100", "lab/kueue", T_S, T_S, 0, "t", 0, 7, body)
     assert complete_event_row(row) == row + ("j", "a", None, None, None, None, None, 2000, 0, True, None, None,
-                                             None, None, None)
+                                             None, None, None, None)
     # a body that is not an event (not JSON, or no type) leaves the fields null; a row of another shape is refused
-    assert complete_event_row(row[:-1] + ("{}",))[LEGACY_EVENT_COLUMNS:] == NONE15
-    assert complete_event_row(row[:-1] + ("not json",))[LEGACY_EVENT_COLUMNS:] == NONE15
-    with pytest.raises(LakeError, match="expected 26 .or 11 or 25"):
+    assert complete_event_row(row[:-1] + ("{}",))[LEGACY_EVENT_COLUMNS:] == NONE_TYPED
+    assert complete_event_row(row[:-1] + ("not json",))[LEGACY_EVENT_COLUMNS:] == NONE_TYPED
+    with pytest.raises(LakeError, match="expected 27 .or 11 or 25 or 26"):
         complete_event_row(row[:5])
     # a row of the first typed layout (25 columns, before `user`): the later field from the body
     with_user = json.dumps({**json.loads(body), "user": "alice"})
     typed = complete_event_row(row[:-1] + (with_user,))[:25]
-    assert complete_event_row(typed) == typed + ("alice",)
+    assert complete_event_row(typed) == typed + ("alice", None)
     assert complete_event_row(complete_event_row(row)[:25]) == complete_event_row(row)
 
 
@@ -187,7 +188,7 @@ def test_events_files_before_the_user_field_are_upgraded_with_the_lake(tmp_path)
     up = CliRunner().invoke(app, ["lake", "upgrade", "--lake", str(lake)])
     assert up.exit_code == 0, up.output
     assert sorted(up.stdout.split()) == [str(files[0])]
-    assert all(pq.read_metadata(f).num_columns == 26 for f in files)
+    assert all(pq.read_metadata(f).num_columns == len(SCHEMAS["events"]) for f in files)
     assert connect(lake).execute('SELECT * EXCLUDE ("user") FROM events ORDER BY "offset"').fetchall() == want_all
     # from the bodies: these were written with a user (a real file of the earlier layout never has one)
     assert connect(lake).execute(query).fetchall() == [("h-008", "a", "alice"), ("h-010", "b", "alice")]
@@ -200,7 +201,7 @@ def test_events_files_of_an_earlier_version_are_refused_clearly(tmp_path):
     row = ["e1", "pool.tick", "p", "s", T_S, T_S, 0, "t", 0, 0, "{}"]
     pq.write_table(pa.Table.from_arrays([pa.array([v], type=f.type) for v, f in zip(row, legacy)], schema=legacy),
                    out / "part-old-0001.parquet")
-    with pytest.raises(LakeError, match=r"part-old-0001.parquet: an events file with 11 columns, expected 26 .*"
+    with pytest.raises(LakeError, match=r"part-old-0001.parquet: an events file with 11 columns, expected 27 .*"
                                         r"chipledger lake upgrade --lake .*chipledger run --overwrite"):
         check_events_files(tmp_path)
     with pytest.raises(LakeError, match="written before commits.*chipledger lake upgrade"):
@@ -217,7 +218,7 @@ def test_lake_upgrade_gives_files_of_an_earlier_version_their_typed_fields_in_pl
     want = connect(lake).execute(query).fetchall()
     typed_want = connect(lake).execute(f"SELECT {COLS} FROM base_event_log ORDER BY \"offset\"").fetchall()
     files = sorted((lake / "events").rglob("*.parquet"))
-    assert files and any(v != NONE15 for v in typed_want)
+    assert files and any(v != NONE_TYPED for v in typed_want)
     from analytics.commits import MANIFEST
 
     (lake / MANIFEST).unlink()  # as an earlier version wrote the lake: no manifest
@@ -239,7 +240,7 @@ def test_lake_upgrade_gives_files_of_an_earlier_version_their_typed_fields_in_pl
     again = runner.invoke(app, ["lake", "upgrade", "--lake", str(lake)])
     assert again.exit_code == 0 and again.stdout == "" and "nothing to upgrade" in again.stderr
     missing = runner.invoke(app, ["lake", "upgrade", "--lake", str(tmp_path / "nowhere")])
-    assert missing.exit_code == 2 and "no lake at" in missing.stderr
+    assert missing.exit_code == 1 and "no lake at" in missing.stderr  # docs/cli.md, "Exit codes"
 
 
 def _bench():

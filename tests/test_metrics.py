@@ -331,7 +331,7 @@ def test_alertmanager_payload_has_the_labels_of_the_prometheus_rules():
     from chipledger.monitoring.alertmanager import AlertmanagerError, payload, send
     from chipledger.monitoring.alerts import Alert
 
-    a = Alert("page", "page_1h", "availability", "lab/a100", 14.4, "1h", 30.0, "5m", 40.0, 0.99,
+    a = Alert("page", "page_1h", "availability", "lab/a100", None, 14.4, "1h", 30.0, "5m", 40.0, 0.99,
               datetime(2026, 11, 2, 3, tzinfo=timezone.utc))
     (item,) = payload([a])
     assert item["labels"] == {"alertname": "ChipledgerErrorBudgetBurn", "severity": "page", "slo": "availability",

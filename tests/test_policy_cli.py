@@ -152,7 +152,7 @@ def test_why_shows_a_finished_jobs_whole_history_and_pending_shows_the_queue(tmp
     res = runner.invoke(app, ["why", "a1", "--lake", str(lake)])
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
-    assert lines[0] == "job a1 (team org/ads, pool us-east1-a/h100): finished"
+    assert lines[0] == "job a1 (team org/ads, pool us-east1-a/h100): finished, succeeded"
     history = lines[lines.index("  reasons recorded while it waited (each change):") + 1:
                     lines.index("  decisions naming it:")]
     assert len(history) == 1 and history[-1].startswith("    2026-11-02T09:00:00Z  preemption_in_flight: decision tick-2060:reclaim:a1")

@@ -233,3 +233,21 @@ def test_a_principal_added_a_moment_ago_is_known_at_its_first_record(registry):
                         headers=signed(registry, "kueue-new", v))
     stage.receive(SimpleNamespace(message=m, ack=lambda: None))
     assert stage.counts["refused"] == 0 and stage.seq.buffered == 1
+
+
+def test_run_on_a_log_export_records_the_cluster_each_event_was_accepted_from(tmp_path):
+    from analytics.views import connect
+    from chipledger.embedded import run_file
+    from streams import logline
+
+    cfg = ev("pool.configured")
+    job = ev("job.submitted", i=1)
+    plain = ev("job.submitted", i=2)
+    path = tmp_path / "export.jsonl"
+    path.write_bytes(logline.wrap(cfg, 1_793_577_600_000, "*") + b"\n"
+                     + logline.wrap(job, 1_793_577_600_000, "us-east1-a") + b"\n" + plain + b"\n")
+    for events_process in (False, True):
+        lake = tmp_path / f"lake-{events_process}"
+        run_file(path, lake, events_process=events_process)
+        got = dict(connect(lake).execute("SELECT event_id, accepted_from FROM base_event_log").fetchall())
+        assert got == {"pool.configured-1": "*", "job.submitted-1": "us-east1-a", "job.submitted-2": None}

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from analytics.slo_views import SloParams
 from chipledger.cli import app
-from chipledger.monitoring.slo_rules import ALERT_NAME, BURN_RULES, openslo, prometheus_rules, rule_groups, specs
+from chipledger.monitoring.slo_rules import ALERT_NAME, BURN_RULES, budget_rule, openslo, prometheus_rules, rule_groups, specs
 from ledger import Fleet, FoldConfig
 from schemas import parse_event
 from streams.metrics import SLO_COUNTERS, MetricsCollector
@@ -37,7 +37,10 @@ def test_the_rule_file_has_every_window_and_alert_and_passes_promtool_check(tmp_
     alerts = [r for g in groups for r in g["rules"] if "alert" in r]
     assert {(a["labels"]["slo"], a["labels"]["alert"], a["labels"]["severity"]) for a in alerts} == {
         (slo, a, sev) for slo in ("availability", "quota_honoured", "sched_latency", "goodput", "throughput")
-        for a, sev, *_ in BURN_RULES}
+        for a, sev, *_ in BURN_RULES + (budget_rule(params),)}
+    spent = next(a for a in alerts if a["labels"]["slo"] == "sched_latency" and a["labels"]["alert"] == "budget_exhausted")
+    assert spent["expr"] == 'chipledger:slo_errors:ratio_rate30d{slo="sched_latency"} >= (1 * 0.1)'
+    assert spent["labels"]["severity"] == "ticket"
     page = next(a for a in alerts if a["labels"]["slo"] == "availability" and a["labels"]["alert"] == "page_1h")
     assert "ratio_rate1h{slo=\"availability\"} >= (14.4 * 0.01)" in page["expr"]
     assert "ratio_rate5m{slo=\"availability\"} >= (14.4 * 0.01)" in page["expr"]
@@ -49,7 +52,7 @@ def test_the_rule_file_has_every_window_and_alert_and_passes_promtool_check(tmp_
     assert yaml.safe_load(out.read_text()) == rule_groups(params)
     check = promtool("check", "rules", str(out))
     assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
-    assert b"SUCCESS: 60 rules found" in check.stdout  # 5 SLOs x (9 recording + 3 alerting)
+    assert b"SUCCESS: 65 rules found" in check.stdout  # 5 SLOs x (9 recording + 4 alerting)
 
 
 def test_targets_come_from_the_slo_section(tmp_path):
@@ -137,7 +140,7 @@ def _iso(t: int) -> str:
     return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-_MIN = {"5m": 5, "30m": 30, "1h": 60, "6h": 360, "3d": 4320}
+_MIN = {"5m": 5, "30m": 30, "1h": 60, "6h": 360, "3d": 4320, "30d": 43200}
 
 
 def _ratios(series, spec, k: int, w: int) -> dict:
@@ -171,7 +174,7 @@ def test_promtool_finds_each_alert_firing_when_it_should_and_quiet_when_it_shoul
         """The alerts firing at minute k, or None when a ratio is too near its threshold to call."""
         firing = []
         for slo, spec in sp.items():
-            for alert, _sev, burn, long_w, short_w in BURN_RULES:
+            for alert, _sev, burn, long_w, short_w in BURN_RULES + (budget_rule(params),):
                 th = burn * spec.budget
                 rl, rs = _ratios(series, spec, k, _MIN[long_w]), _ratios(series, spec, k, _MIN[short_w])
                 for key in rl:
@@ -220,3 +223,26 @@ def test_promtool_finds_each_alert_firing_when_it_should_and_quiet_when_it_shoul
     assert "SUCCESS" in out
     print(f"promtool test rules: {len(tests)} evaluation times, {len(input_series)} series of {minutes} minutes, "
           f"{sum(len(t['exp_alerts']) for t in tests)} expected alerts")
+
+
+def test_slo_rules_json_is_the_rule_file_and_promtool_reads_it(tmp_path):
+    """Issue 35, item 9: `slo rules --json` is the same rule file as JSON (which Prometheus reads: JSON is YAML);
+    with --out, what was written."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from chipledger.cli import app
+
+    res = CliRunner().invoke(app, ["slo", "rules", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc == rule_groups(SloParams())
+    (tmp_path / "rules.json").write_text(res.stdout)
+    check = promtool("check", "rules", str(tmp_path / "rules.json"))
+    assert b"SUCCESS: 65 rules found" in check.stdout
+    res = CliRunner().invoke(app, ["slo", "rules", "--json", "--out", str(tmp_path / "r.yml")])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["written"] == str(tmp_path / "r.yml") and (tmp_path / "r.yml").is_file()
+    assert sum(g["recording_rules"] + g["alerting_rules"] for g in summary["groups"]) == 65

@@ -220,31 +220,48 @@ def test_error_budget_over_the_whole_history(slo_lake):
     assert {k: rows[("goodput", None)][k] for k in ("good", "total")} == {"good": 31_200_000, "total": 37_800_000}
 
 
-def test_burn_alerts_at_the_end_of_the_log_are_quiet(slo_lake):
-    # nothing happened in the last 6 hours before Wednesday 00:00: no short window burns
-    assert q(connect(slo_lake), "SELECT alert, slo FROM burn_alerts WHERE firing") == []
+def test_at_the_end_of_the_log_only_the_spent_budgets_fire(slo_lake):
+    # nothing happened in the last 6 hours before Wednesday 00:00: no short window burns; but budgets spent over
+    # the 30-day window are a ticket each, per pool and team as the Prometheus rules' labels (issue 35, item 6)
+    rows = q(connect(slo_lake), "SELECT alert, severity, slo, team, long_win, short_win, long_burn FROM burn_alerts "
+                                "WHERE firing ORDER BY slo, team")
+    assert [(r["alert"], r["severity"], r["slo"], r["team"], r["long_win"], r["short_win"]) for r in rows] == [
+        ("budget_exhausted", "ticket", "goodput", "b", "30d", "30d"),
+        ("budget_exhausted", "ticket", "quota_honoured", "a", "30d", "30d"),
+        ("budget_exhausted", "ticket", "sched_latency", "a", "30d", "30d"),
+        ("budget_exhausted", "ticket", "sched_latency", "b", "30d", "30d")]
+    # the budget's burn over its window is the share of the budget consumed (error_budget): 10x for quota honoured
+    assert rows[1]["long_burn"] == pytest.approx(10.0)
 
 
 def test_burn_alerts_evaluated_at_03_00(slo_lake):
     con = connect(slo_lake, as_of=datetime(2026, 11, 2, 3, tzinfo=timezone.utc))
-    rows = {(r["alert"], r["slo"]): r for r in q(con, "SELECT * FROM burn_alerts")}
-    firing = sorted(k for k, r in rows.items() if r["firing"])
-    assert firing == [("page_6h", "sched_latency"), ("ticket_3d", "availability"), ("ticket_3d", "goodput"),
-                      ("ticket_3d", "quota_honoured"), ("ticket_3d", "sched_latency")]
-    sl = rows[("page_6h", "sched_latency")]
-    # 6 h: 3 of 5 waits late = 0.6 / 0.1 budget; 30 min: B1's second restart, late at 02:40 = 1.0 / 0.1
-    assert (sl["long_burn"], sl["short_burn"], sl["burn_rate"]) == (pytest.approx(6.0), pytest.approx(10.0), 6.0)
-    av = rows[("page_1h", "availability")]
+    # per SLO, pool and team (None: availability, a pool's SLO), the labels of the Prometheus rules
+    rows = {(r["alert"], r["slo"], r["team"]): r for r in q(con, "SELECT * FROM burn_alerts")}
+    firing = sorted((k for k, r in rows.items() if r["firing"]), key=str)
+    assert firing == sorted([("page_6h", "sched_latency", "b"), ("ticket_3d", "availability", None),
+                             ("ticket_3d", "goodput", "b"), ("ticket_3d", "quota_honoured", "a"),
+                             ("ticket_3d", "sched_latency", "a"), ("ticket_3d", "sched_latency", "b")]
+                            + [("budget_exhausted", k[1], k[2]) for k in (
+                                ("", "availability", None), ("", "goodput", "b"), ("", "quota_honoured", "a"),
+                                ("", "sched_latency", "a"), ("", "sched_latency", "b"))], key=str)
+    sl = rows[("page_6h", "sched_latency", "b")]
+    # team b, 6 h: 2 of B1's 3 waits late = 0.667 / 0.1 budget; 30 min: B1's second restart, late at 02:40 = 1.0 / 0.1
+    assert (sl["long_burn"], sl["short_burn"], sl["burn_rate"]) == (pytest.approx(20 / 3), pytest.approx(10.0), 6.0)
+    # team a: A1 within, A3 late: 0.5 / 0.1 over 6 h, nothing in the last 30 minutes
+    sla = rows[("page_6h", "sched_latency", "a")]
+    assert (sla["long_burn"], sla["short_burn"], sla["firing"]) == (pytest.approx(5.0), None, False)
+    av = rows[("page_1h", "availability", None)]
     # last hour: 1,200 of 21,600 chip-s down; last 5 minutes: none
     assert (av["long_burn"], av["short_burn"], av["firing"]) == (pytest.approx(1200 / 21600 / 0.01), 0.0, False)
-    av6 = rows[("page_6h", "availability")]
+    av6 = rows[("page_6h", "availability", None)]
     # 6 h window: the pool exists from 00:00 (64,800 chip-s); 30 min window: c5 down 02:30-02:40
     assert (av6["long_burn"], av6["short_burn"]) == (pytest.approx(1200 / 64800 / 0.01),
                                                      pytest.approx(600 / 10800 / 0.01))
-    gp = rows[("page_1h", "goodput")]
-    # runs ending in (02:00, 03:00]: B1's 2nd (3.0M, all lost), A3, B1's 3rd, A1: 3.0 lost of 27.0
-    assert gp["long_burn"] == pytest.approx(3.0 / 27.0 / 0.1)
-    assert rows[("page_1h", "quota_honoured")]["long_burn"] is None  # nothing resolved in that hour
+    gp, gpa = rows[("page_1h", "goodput", "b")], rows[("page_1h", "goodput", "a")]
+    # runs ending in (02:00, 03:00]: team b: B1's 2nd (3.0M, all lost) and 3rd (1.2M); team a: A3 and A1, none lost
+    assert gp["long_burn"] == pytest.approx(3.0 / 4.2 / 0.1) and gpa["long_burn"] == 0.0
+    assert rows[("page_1h", "quota_honoured", "a")]["long_burn"] is None  # nothing resolved in that hour
     assert all(r["evaluated_at"] == datetime(2026, 11, 2, 3, tzinfo=timezone.utc) for r in rows.values())
 
 

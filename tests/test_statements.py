@@ -200,7 +200,7 @@ def test_html_and_markdown_structure(books):
     assert "![use against quota](org%252Falpha.svg)" in md and (folder / "org%2Falpha.svg").read_bytes().startswith(b"<?xml")
     assert "| Entitled (quota × time) | 36.0 |" in md
     csv = (folder / "org%2Falpha.csv").read_text().splitlines()
-    assert csv[0].startswith("period,team,pool,partial,") and csv[-1].split(",")[2] == "(total)"
+    assert csv[0].startswith("period,team,pool,partial,") and csv[-1].split(",")[2] == "(total a100)"  # per flavor
 
 
 def test_partial_period_is_marked(books):

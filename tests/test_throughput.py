@@ -214,9 +214,12 @@ def test_a_saved_state_without_progress_leaves_the_throughput_fields_out():
     (state,) = f.pools.values()
     saved = state.to_dict()
     names = [x.name for x in fields(Job)]
-    # the job's list ends with progress (the fields after it, `displaced`, are saved apart, only where set)
-    assert len(saved["jobs"]["j"]) == names.index("progress") == len(names) - 2
+    # the job's list ends with progress (the fields after it, `displaced` and the scheduler's `waiting_*` reason, are
+    # saved apart, only where set)
+    assert names[names.index("progress") + 1:] == ["displaced", "waiting_reason", "waiting_message"]
+    assert len(saved["jobs"]["j"]) == names.index("progress")
     assert len(saved["jobs"]["k"]) == names.index("progress") + 1
     assert "displaced" not in saved or not saved["displaced"]
+    assert "waiting" not in saved or not saved["waiting"]
     again = PoolState.from_dict(saved)
     assert again.jobs["j"] == state.jobs["j"] and again.jobs["k"] == state.jobs["k"]

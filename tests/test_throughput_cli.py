@@ -56,7 +56,7 @@ def test_sql_throughput_and_slo_views(hand):
     (budget,) = sql(hand, "SELECT * FROM error_budget WHERE slo = 'throughput' AND pool IS NOT NULL")
     assert (budget["good"], budget["total"], budget["unit"]) == (1_350_000, 2_150_000, "mchip_s")
     alerts = sql(hand, "SELECT alert FROM burn_alerts WHERE slo = 'throughput'")
-    assert sorted(a["alert"] for a in alerts) == ["page_1h", "page_6h", "ticket_3d"]
+    assert sorted(a["alert"] for a in alerts) == ["budget_exhausted", "page_1h", "page_6h", "ticket_3d"]
 
 
 def test_report_shows_the_throughput_and_the_degraded_chip(hand):

@@ -10,7 +10,7 @@ import sys
 
 from chipledger.cli._common import app, console
 # each group's module registers its commands on import, in the order `chipledger --help` lists them
-from chipledger.cli import run, lake, reports, usage, imports, kafka, monitoring  # noqa: F401,E402
+from chipledger.cli import run, lake, reports, usage, imports, kafka, monitoring, serve  # noqa: F401,E402
 from chipledger.cli.slurm import slurm_app  # `chipledger slurm watch|actuate` (docs/slurm.md)
 
 from chipledger.cli.kube import kube_app  # `chipledger kube watch|actuate` (docs/kube.md)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -10,7 +11,7 @@ import typer.core
 from rich.console import Console
 from rich.markup import escape
 
-from chipledger.config import Config, ConfigError, load_config
+from chipledger.config import Config, ConfigError, LakeConfig, load_config
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, add_completion=True,
                   help="chipledger: an event-sourced quota and demand ledger for shared accelerator fleets.")
@@ -31,10 +32,42 @@ app.add_typer(slo_app, name="slo")
 grafana_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="A Grafana dashboard over /metrics.")
 app.add_typer(grafana_app, name="grafana")
 
-console = Console()
-err = Console(stderr=True)
+from chipledger.reports.tables import CliConsole  # noqa: E402 - wide in a pipe: lines and tables never folded
+
+console = CliConsole()
+err = CliConsole(stderr=True)
 
 PROGRESS_MIN_BYTES = 8 << 20  # show a progress bar for files larger than this
+DEMO_LAKE = Path("demo") / "lake"  # where `make demo` (chipledger demo) writes its lake
+
+
+@contextmanager
+def _working(what: str):
+    """A spinner with `what` on stderr while a long command works, on a terminal only: nothing is written to a pipe
+    or a log file (no escape codes there), and the spinner is gone when the work is done (issue 35, item 12)."""
+    if not err.is_terminal:
+        yield
+        return
+    with err.status(what, spinner="dots"):
+        yield
+
+
+def _demo_lake(lake: Optional[Path], config: Optional[Path]) -> Optional[Path]:
+    """The lake a reading command reads when no --lake is given: after `make demo`, with no ./lake and no [lake]
+    path of one's own, `make demo`'s demo/lake, said in one line on stderr, so the command a newcomer types next
+    works (issue 35, item 10). Otherwise `lake` as given (None: [lake] path, as before). A config that cannot be
+    read is left for the command to report."""
+    if lake is not None or not DEMO_LAKE.is_dir():
+        return lake
+    try:
+        cfg = load_config(config)
+    except ConfigError:
+        return lake
+    if cfg.lake.path != LakeConfig.path or Path(cfg.lake.path).exists():
+        return lake
+    err.print(f"(reading the demo's lake {DEMO_LAKE}: there is no ./{cfg.lake.path}; --lake or [lake] path "
+              f"chooses another)", highlight=False, markup=False, soft_wrap=True)
+    return DEMO_LAKE
 
 ConfigOpt = typer.Option(None, "--config", help="chipledger.toml (default: ./chipledger.toml if present)",
                          exists=False, dir_okay=False)

@@ -41,7 +41,9 @@ def _import(fmt: str, src: Path, out: Path, as_json: bool, **options) -> None:
     _add_breakdown(t, "rows skipped", report.skipped)
     t.add_row("pools", ", ".join(report.pools))
     t.add_row("time span", f"{report.first_at} … {report.last_at}")
-    console.print(t)
+    from chipledger.reports.tables import print_table
+
+    print_table(t, console)
     for note in report.notes:
         console.print(f"note: {escape(str(note))}")
     console.print(f"events: {out}  (fold them: chipledger run --events {out})")

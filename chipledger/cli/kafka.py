@@ -99,7 +99,7 @@ def kafka_down(data_dir: Path = DataDirOpt, timeout: float = typer.Option(60, he
 
 
 users_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
-                        help="SCRAM users of a secure broker and their roles (admin, cluster, worker, sink, "
+                        help="SCRAM users of a secure broker and their roles (admin, cluster, portal, worker, sink, "
                              "reader: docs/security.md). Needs the super user: [kafka] credentials, --user/"
                              "--password-file, or else the local broker of --data-dir.")
 
@@ -155,7 +155,7 @@ def _registry(cfg: Config, principals: Optional[Path], data_dir: Path, must: boo
 @users_app.command("add")
 def users_add(
     name: str = typer.Argument(..., help="user name (the principal User:NAME)"),
-    role: list[str] = typer.Option(..., "--role", help="admin | cluster | worker | sink | reader (repeatable)"),
+    role: list[str] = typer.Option(..., "--role", help="admin | cluster | portal | worker | sink | reader (repeatable)"),
     new_password_file: Optional[Path] = typer.Option(None, "--new-password-file", dir_okay=False,
                                                      help="the user's password: read from this file if it exists, "
                                                           "else a random one is written to it (0600)"),

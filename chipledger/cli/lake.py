@@ -34,6 +34,9 @@ def sql(
 
     from analytics.views import connect, view_names
     from chipledger.cli.output import FORMATS, render
+    from chipledger.cli._common import _demo_lake
+
+    lake = _demo_lake(lake, config)
 
     if fmt not in FORMATS:
         _fail(f"--format must be one of {', '.join(FORMATS)}", 2)
@@ -44,6 +47,14 @@ def sql(
 
         failures = run_shell(con, sys.stdin, console, err, fmt, view_names(), limit=limit)
         if failures and not sys.stdin.isatty():
+            raise typer.Exit(1)
+        return
+    if query.lstrip().startswith("."):  # a shell command as the argument: `chipledger sql .tables`, `.schema jobs`
+        import io
+
+        from chipledger.cli.sqlshell import run_shell
+
+        if run_shell(con, io.StringIO(query.strip() + "\n"), console, err, fmt, view_names(), limit=limit):
             raise typer.Exit(1)
         return
     try:
@@ -67,6 +78,8 @@ def sql(
 def lake_upgrade(
     lake: Optional[Path] = typer.Option(None, "--lake", help="the lake's folder (default [lake] path)"),
     config: Optional[Path] = ConfigOpt,
+    as_json: bool = typer.Option(False, "--json", help="print what was done as JSON (events files upgraded, files "
+                                                       "adopted per table, fact tables folded again)"),
     jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="processes folding disjoint sets of pools "
                                        "again (default: the machine's cores); the same rows whatever the number"),
 ):
@@ -84,19 +97,22 @@ def lake_upgrade(
 
     cfg = _config(config)
     root = lake or Path(cfg.lake.path)
-    if not root.is_dir():
-        _fail(f"no lake at {root}", 2)
+    if not root.is_dir():  # a missing lake is exit 1 here as in every command (docs/cli.md, "Exit codes")
+        _fail(f"no lake at {root}", 1)
     try:
         layout = lake_layout(root)
         if layout is not None and layout > LAYOUT_VERSION:
             _fail(f"lake {root} has layout {layout}, written by a newer chipledger: upgrade chipledger")
         committed = open_lake(root, ("events",)).table_files("events") if layout == LAYOUT_VERSION else None
         done = upgrade_events_files(root, committed or [] if layout == LAYOUT_VERSION else None)
-        for p in done:
+        report = {"lake": str(root), "layout_before": layout, "events_files_upgraded": [str(p) for p in done],
+                  "adopted_files": {}, "refolded": None}
+        for p in done if not as_json else ():
             typer.echo(str(p))
         if done:
             typer.echo(f"{len(done)} events file(s) upgraded in {root}", err=True)
         adopted = adopt(root, refoldable=FACT_TABLES) if layout == 1 else {}
+        report["adopted_files"] = dict(adopted)
         if adopted:
             per_table = ", ".join(f"{t} {n}" for t, n in adopted.items() if n)
             typer.echo(f"adopted {sum(adopted.values()):,} Parquet file(s) written before commits as the lake's books "
@@ -104,9 +120,14 @@ def lake_upgrade(
         missing = missing_fact_tables(root)
         if missing:
             try:
-                out = refold_facts(root, fold_config(cfg), tables=missing, jobs=jobs or cores())
+                from chipledger.cli._common import _working
+
+                with _working(f"folding the lake's events again for {', '.join(missing)}…"):
+                    out = refold_facts(root, fold_config(cfg), tables=missing, jobs=jobs or cores())
             except (OSError, ValueError) as e:
                 _fail(f"{root}: could not fold the lake's events again: {e}", 1)
+            report["refolded"] = {"events": out["events"], "rows": dict(out["rows"]),
+                                  "not_applied": dict(out["rejected"])}
             rows = ", ".join(f"{t} {n:,} rows" for t, n in out["rows"].items())
             typer.echo(f"folded {out['events']:,} events again: {rows}", err=True)
             if out["rejected"]:
@@ -115,6 +136,10 @@ def lake_upgrade(
         open_lake(root)  # what every reader checks: the upgrade must leave a lake they read
     except LakeError as e:
         _fail(str(e), 1)
+    if as_json:
+        report["layout"] = LAYOUT_VERSION
+        report["upgraded"] = bool(done or missing or adopted)
+        typer.echo(json.dumps(report))
     if not done and not missing and not adopted:
         typer.echo(f"{root}: nothing to upgrade", err=True)
 
@@ -155,8 +180,8 @@ def lake_cache(
     import shutil
 
     root = lake or Path(_config(config).lake.path)
-    if not root.is_dir():
-        _fail(f"no lake at {root}", 2)
+    if not root.is_dir():  # a missing lake is exit 1 here as in every command (docs/cli.md, "Exit codes")
+        _fail(f"no lake at {root}", 1)
     old = root / "_cache"
     removed = old.exists()
     if removed:

@@ -18,15 +18,39 @@ def slo_rules_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="file to write (default: standard output)"),
     fmt: str = typer.Option("prometheus", "--format", help="prometheus (rule file) | openslo (OpenSLO v1 documents)"),
     config: Optional[Path] = ConfigOpt,
+    as_json: bool = typer.Option(False, "--json", help="without --out: the rule file as JSON (Prometheus reads it: "
+                                                       "JSON is YAML); with --out: what was written, as JSON"),
 ):
     """Prometheus recording rules (error ratio of each SLO over 5m, 30m, 1h, 6h, 3d and the budget window) and
     multi-window burn-rate alerting rules (page 14.4x over 1h & 5m, page 6x over 6h & 30m, ticket 1x over 3d &
-    6h) from the [slo] targets, over the counters of /metrics. Check them with `promtool check rules`."""
+    6h, and a ticket while a budget is spent) from the [slo] targets, over the counters of /metrics. Check them
+    with `promtool check rules`."""
     from chipledger.monitoring.slo_rules import openslo, prometheus_rules
 
     cfg = _config(config)
     if fmt not in ("prometheus", "openslo"):
         _fail(f"--format must be prometheus or openslo, got {fmt!r}", 2)
+    if as_json:
+        import json
+
+        import yaml
+
+        if fmt == "prometheus":
+            from chipledger.monitoring.slo_rules import rule_groups
+
+            doc = rule_groups(cfg.slo)
+        else:
+            doc = list(yaml.safe_load_all(openslo(cfg.slo)))
+        if out is None:
+            _write_text(json.dumps(doc) + "\n", None)
+            return
+        _write_text(prometheus_rules(cfg.slo) if fmt == "prometheus" else openslo(cfg.slo), out)
+        groups = doc["groups"] if fmt == "prometheus" else []
+        typer.echo(json.dumps({"written": str(out), "format": fmt, "groups": [
+            {"name": g["name"], "recording_rules": sum("record" in r for r in g["rules"]),
+             "alerting_rules": sum("alert" in r for r in g["rules"])} for g in groups],
+            "documents": len(doc) if fmt == "openslo" else None}))
+        return
     _write_text(prometheus_rules(cfg.slo) if fmt == "prometheus" else openslo(cfg.slo), out)
 
 
@@ -58,7 +82,9 @@ def serve_metrics(
 
     from chipledger.config import fold_config
     from chipledger.monitoring.server import LakeMetrics, run_server
+    from chipledger.cli._common import _demo_lake
 
+    lake = _demo_lake(lake, config)
     cfg = _config(config)
     lm = LakeMetrics(_lake_dir(lake, cfg), fold_config(cfg))
 

@@ -14,7 +14,7 @@ from rich.table import Table
 
 FORMATS = ("table", "csv", "json", "ndjson")
 TABLE_LIMIT = 100  # rows a table shows by default: a person reads a table, a program reads csv/json/ndjson
-MAX_PIPE_WIDTH = 400  # columns of a table written to a pipe or file (no terminal to fit): wide, not folded
+from chipledger.reports.tables import MAX_PIPE_WIDTH, CliConsole, id_column, print_table  # noqa: F401
 
 
 def _plain(v):
@@ -47,16 +47,16 @@ def render(columns: Sequence[str], rows: Sequence[Sequence], fmt: str, console: 
     else:
         shown = rows[:limit] if limit else rows
         table = Table(title=title, show_lines=False)
-        for c in columns:
-            table.add_column(c, overflow="fold")
+        for c, cells in zip(columns, zip(*shown) if shown else [()] * len(columns)):
+            # text with spaces may wrap at a space; ids and numbers never wrap
+            if any(isinstance(v, str) and " " in v for v in cells):
+                table.add_column(c, overflow="fold")
+            else:
+                id_column(table, c, right=any(isinstance(v, (int, float, Decimal)) for v in cells))
         for r in shown:
-            table.add_row(*("" if v is None else (f"{v:,.3f}" if isinstance(v, float) else str(_plain(v))) for v in r))
-        if console.is_terminal:
-            console.print(table)
-        else:  # a pipe or a file: as wide as the table needs (up to a bound) rather than folded into 80 columns
-            natural = console.measure(table, options=console.options.update_width(MAX_PIPE_WIDTH)).maximum
-            width = min(MAX_PIPE_WIDTH, max(console.width, natural))
-            Console(file=console.file, width=width, no_color=console.no_color, highlight=False).print(table)
+            table.add_row(*("" if v is None else (f"{v:,.3f}" if isinstance(v, (float, Decimal)) else str(_plain(v)))
+                            for v in r))
+        print_table(table, console)
         if len(shown) < len(rows):
             console.print(f"({len(rows) - len(shown):,} more row(s) not shown, {len(rows):,} in all: --limit N or "
                           "--limit 0 for more, or --format csv|json|ndjson for every row)", highlight=False)

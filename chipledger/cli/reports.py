@@ -11,9 +11,11 @@ import typer.core
 from rich.markup import escape
 from rich.table import Table
 
+from chipledger.reports.tables import id_column, print_table
+
 from chipledger.config import ConfigError, load_config
 
-from chipledger.cli._common import ConfigOpt, PoolOpt, _config, _connect, _fail, _instant, _lake_dir, _lake_error, _lake_read, _os_error, app, console, err
+from chipledger.cli._common import ConfigOpt, PoolOpt, _config, _connect, _demo_lake, _fail, _working, _instant, _lake_dir, _lake_error, _lake_read, _os_error, app, console, err
 
 
 @app.command()
@@ -30,22 +32,25 @@ def report(
 ):
     """The SLO summary: error budgets, burn-rate alerts, availability, quota honoured, scheduling latency,
     goodput, fragmentation and demand peaks; with --out, charts as PNG and one HTML page."""
+    lake = _demo_lake(lake, config)
     from analytics.views import connect
-    from chipledger.reports.report import build_report, print_report, write_report
+    from chipledger.reports.report import build_report, print_report, typed, write_report
 
     cfg = _config(config)
     t0, t1 = _instant(since, "--since"), _instant(until, "--until")
     if t0 is not None and t1 is not None and t1 <= t0:
         _fail("--until must be after --since", 2)
-    con = _connect(_lake_dir(lake, cfg), slo=cfg.slo, as_of=t1, materialize=True, config=cfg.lake.duckdb_config())
+    lake = _lake_dir(lake, cfg)
+    con = _connect(lake, slo=cfg.slo, as_of=t1, materialize=True, config=cfg.lake.duckdb_config())
     if pool is not None:  # an unknown pool is an error, not an empty report (the rule `alerts` uses)
         from chipledger.monitoring.alerts import AlertsError, check_pool, known_pools
 
         try:
-            check_pool(_lake_read(lambda: known_pools(con), _lake_dir(lake, cfg)), pool)
+            check_pool(_lake_read(lambda: known_pools(con), lake), pool)
         except AlertsError as e:
             _fail(str(e), 2)
-    rep = _lake_read(lambda: build_report(con, pool=pool, since=t0, until=t1), lake or Path(cfg.lake.path))
+    with _working("computing the report…"):
+        rep = _lake_read(lambda: build_report(con, pool=pool, since=t0, until=t1), lake)
     if not as_json:
         print_report(rep, console)
     written = []
@@ -60,7 +65,10 @@ def report(
     if as_json:
         console.file.write(json.dumps({
             "title": rep.title, "subtitle": rep.subtitle, "pool": pool, "firing_pages": rep.firing_pages,
-            "sections": [{"title": s.title, "columns": s.columns, "rows": s.rows, "note": s.note} for s in rep.sections],
+            # typed values (numbers, fractions for percentages, null for "–"), as `alerts --json` has; the page and
+            # the tables show the same cells as text
+            "sections": [{"title": s.title, "columns": s.columns, "rows": [[typed(c) for c in r] for r in s.rows],
+                          "note": s.note} for s in rep.sections],
             "files": [str(p) for p in written]}) + "\n")
 
 
@@ -96,6 +104,7 @@ def alerts(
     """Print the instant evaluated and the burn-rate alerts firing (SRE workbook windows: 1h & 5m at 14.4x and
     6h & 30m at 6x page, 3d & 6h at 1x ticket). Exit 0: none firing; 1: tickets only; 2: a page-level alert
     fires; 3: error (no lake, a lake without events, an unknown --pool, stale with --max-age, a bad option)."""
+    lake = _demo_lake(lake, config)
     import duckdb
 
     from analytics.views import connect
@@ -171,6 +180,7 @@ def statements(
 ):
     """Issue quota statements per team and period: entitlement, use in quota, borrowed, burst, preemptions,
     goodput, scheduling, error budgets, fair share, top jobs (Markdown, HTML, CSV, JSON)."""
+    lake = _demo_lake(lake, config)
     import duckdb
 
     from chipledger.reports.statements import StatementError, issue, issue_due, parse_formats, parse_period
@@ -190,11 +200,13 @@ def statements(
         if every is not None:
             if every not in ("week", "month"):
                 _fail("--every must be week or month", 2)
-            done = issue_due(lake, every, out, st, teams=team or None, formats=formats, slo=cfg.slo,
-                             workers=workers, duckdb_config=cfg.lake.duckdb_config())
+            with _working(f"issuing the {every}ly statements due…"):
+                done = issue_due(lake, every, out, st, teams=team or None, formats=formats, slo=cfg.slo,
+                                 workers=workers, duckdb_config=cfg.lake.duckdb_config())
         else:
-            done = issue(lake, parse_period(period), out, teams=team or None, formats=formats, slo=cfg.slo,
-                         store=st, workers=workers, duckdb_config=cfg.lake.duckdb_config())
+            with _working(f"issuing the statements of {period}…"):
+                done = issue(lake, parse_period(period), out, teams=team or None, formats=formats, slo=cfg.slo,
+                             store=st, workers=workers, duckdb_config=cfg.lake.duckdb_config())
     except (StatementError, StoreError) as e:
         _fail(str(e), 2)
     except OSError as e:
@@ -208,10 +220,10 @@ def statements(
         return
     t = Table(title=f"statements in {out}")
     for col in ("period", "team", "state", "files"):
-        t.add_column(col)
+        id_column(t, col)
     for s in done:
         t.add_row(s.period.label, s.team, "partial" if s.partial else "closed", str(len(s.files)))
-    console.print(t)
+    print_table(t, console)
     if not done:
         console.print("no statement due" if every else "no team in the lake")
 
@@ -225,6 +237,7 @@ def why(
 ):
     """Why is this job pending? Its current reason (recorded at the latest close of the books), earlier
     reasons and the preemption decisions naming it. Exit 1 when the lake does not know the job."""
+    lake = _demo_lake(lake, config)
     from analytics.views import connect
     from chipledger.reports.why import explain
 
@@ -247,35 +260,54 @@ def pending(
     team: Optional[str] = typer.Option(None, "--team", help="only this team"),
     config: Optional[Path] = ConfigOpt,
     as_json: bool = typer.Option(False, "--json", help="print the queue as JSON"),
+    at: Optional[str] = typer.Option(None, "--at", help="the queue at the latest close of the books at or before "
+                                                       "this instant (ISO 8601; default: the latest)"),
 ):
     """The pending jobs at each pool's latest close of the books, in queue order (highest priority, longest
     waiting, job id): position in the pool and in the team, priority, chips, time waited, reason."""
+    lake = _demo_lake(lake, config)
     from analytics.views import connect
-    from chipledger.reports.why import _duration, pending_queue
+    from chipledger.reports.why import _duration, books_as_of, pending_queue
 
     cfg = _config(config)
-    con = _connect(_lake_dir(lake, cfg), config=cfg.lake.duckdb_config())
+    lake = _lake_dir(lake, cfg)
+    con = _connect(lake, config=cfg.lake.duckdb_config())
     if pool is not None:
         from chipledger.monitoring.alerts import AlertsError, check_pool, known_pools
 
         try:
-            check_pool(_lake_read(lambda: known_pools(con), _lake_dir(lake, cfg)), pool)
+            check_pool(_lake_read(lambda: known_pools(con), lake), pool)
         except AlertsError as e:
             _fail(str(e), 2)
-    rows = _lake_read(lambda: pending_queue(con, pool, team), lake or Path(cfg.lake.path))
+    if team is not None:
+        from chipledger.monitoring.alerts import AlertsError, check_team
+        from chipledger.reports.statements import known_teams
+
+        try:
+            check_team(_lake_read(lambda: known_teams(con), lake), team)
+        except AlertsError as e:
+            _fail(str(e), 2)
+    t_at = _instant(at, "--at")
+    rows = _lake_read(lambda: pending_queue(con, pool, team, at=t_at), lake)
+    as_of = _lake_read(lambda: books_as_of(con, pool, t_at), lake)
     if as_json:
         console.file.write(json.dumps(rows) + "\n")
         return
+    if as_of is None:
+        _fail(f"no close of the books at or before --at {at}" if at else "the lake has no books yet", 1)
     if not rows:
-        console.print("no job pending" + (f" in {pool}" if pool else "") + (f" for team {team}" if team else ""),
-                      markup=False, highlight=False)
+        console.print("no job pending" + (f" in {pool}" if pool else "") + (f" for team {team}" if team else "")
+                      + f" as of {as_of}", markup=False, highlight=False)
         return
-    t = Table(title="pending jobs, in queue order")
+    console.print(f"pending jobs, in queue order, as of {as_of} (the latest close of the books"
+                  + (f" at or before {at})" if at else ")"), markup=False, highlight=False, soft_wrap=True)
+    t = Table()
     for col, right in (("pool", False), ("#", True), ("team #", True), ("team", False), ("job", False),
-                       ("priority", True), ("chips", True), ("waited", True), ("reason", False)):
-        t.add_column(col, justify="right" if right else "left", overflow="fold")
+                       ("priority", True), ("chips", True), ("waited", True)):
+        id_column(t, col, right=right)
+    t.add_column("reason")  # text: wraps at spaces only
     for r in rows:
         t.add_row(*map(escape, (r["pool"], f"{r['position']}/{r['queue_length']}", str(r["team_position"]),
                                 r["team"], r["job_id"], str(r["priority"]), f"{r['chips']:g}",
                                 _duration(r["waited_s"]), r["reason"])))
-    console.print(t)
+    print_table(t, console)

@@ -12,9 +12,11 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
+from chipledger.reports.tables import print_table
+
 from chipledger.config import Config
 
-from chipledger.cli._common import ConfigOpt, PROGRESS_MIN_BYTES, _config, _fail, _os_error, app, console, err
+from chipledger.cli._common import ConfigOpt, PROGRESS_MIN_BYTES, _config, _fail, _os_error, _working, app, console, err
 
 
 @app.command()
@@ -43,10 +45,34 @@ def run(
                   highlight=False, markup=False, soft_wrap=True)
         if strict:
             raise typer.Exit(1)
+    if summary.accepted == 0 and summary.dead_letter_total:
+        # a run that accepts nothing is a failure, not a success with a table of dead letters (issue 35, item 7)
+        codes = ", ".join(f"{c} {n:,}" for c, n in sorted(summary.dead_letters.items()))
+        hint = _foreign_format_hint(events)
+        _fail(f"no line of {events} was accepted: {summary.dead_letter_total:,} dead letter(s) ({codes}); "
+              + (hint or "`chipledger run` folds JSONL events, one JSON object per line (docs/events.md)"), 1)
     if strict and summary.dead_letter_total:
         err.print(f"error: --strict: {summary.dead_letter_total:,} line(s) became dead letters (lines "
                   f"{_dead_lines(summary)})", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(1)
+
+
+def _foreign_format_hint(events: Path) -> str:
+    """What to run instead when the file is another format an importer reads (Slurm's sacct output), or ""."""
+    try:
+        with events.open("rb") as f:
+            head = f.read(4096).decode("utf-8", "replace").lstrip("\ufeff")
+    except OSError:
+        return ""
+    first = next((line for line in head.splitlines() if line.strip()), "")
+    cols = {c.strip() for c in first.split("|")}
+    if "|" in first and "JobID" in cols and ({"State", "Submit", "Start", "AllocTRES", "Partition"} & cols):
+        return (f"it looks like Slurm accounting (`sacct --parsable2`): convert it first with "
+                f"`chipledger import sacct {events} -o events.jsonl`, then `chipledger run --events events.jsonl`")
+    if first.split()[:1] == ["JobID"]:
+        return ("it looks like `sacct` output in columns: dump it with `sacct --parsable2 -a -D -X --format=…` "
+                "(docs/importers.md) and convert it with `chipledger import sacct FILE -o events.jsonl`")
+    return ""
 
 
 def _dead_lines(summary, code=None) -> str:
@@ -100,7 +126,7 @@ def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, 
 def _counts_table(title: str) -> Table:
     t = Table(title=title, show_header=False)
     t.add_column("what")
-    t.add_column("count", justify="right")
+    t.add_column("count", justify="right", no_wrap=True)
     return t
 
 
@@ -126,7 +152,7 @@ def print_summary(summary) -> None:
     rate = summary.lines / summary.seconds if summary.seconds else 0
     t.add_row("seconds", f"{summary.seconds:.2f} ({rate:,.0f} lines/s)")
     t.add_row("ledger core", summary.core)
-    console.print(t)
+    print_table(t, console)
     console.print(f"lake: {summary.lake} (commit {summary.commit}: the run's files are its books)", highlight=False)
 
 
@@ -156,7 +182,8 @@ def demo(
         if not days > 0:
             _fail(f"--days must be more than 0, got {days:g}", 2)
         try:
-            result = run_demo(out, seed=seed, days=days, console=shown, fold_config=fold)
+            with _working(f"simulating {days:g} days of the fleet and folding them…"):
+                result = run_demo(out, seed=seed, days=days, console=shown, fold_config=fold)
         except OSError as e:
             _fail(f"cannot write the demo into {out}: {_os_error(e)}")
         if as_json:
@@ -193,8 +220,9 @@ def _demo_json(result: dict, out: Path) -> dict:
 @app.command()
 def backtest(
     events: Path = typer.Option(..., "--events", help="event log (JSONL) whose demand is replayed"),
-    config: List[Path] = typer.Option(..., "--config", help="the configuration to try ([policy], [backtest] quota); "
-                                      "repeat it for a sweep (the configurations are simulated in parallel)"),
+    config: Optional[List[Path]] = typer.Option(None, "--config", help="the configuration to try ([policy], "
+                                                "[backtest] quota; default: the defaults, with --quota); repeat it "
+                                                "for a sweep (the configurations are simulated in parallel)"),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="a second configuration, side by side "
                                             "(default: the defaults with the log's own quotas)"),
     out: Optional[Path] = typer.Option(None, "--out", help="folder for backtest.json and backtest.html"),
@@ -202,6 +230,8 @@ def backtest(
                                         "--config's run (overrides its [backtest] quota)"),
     days: Optional[float] = typer.Option(None, "--days", help="only jobs submitted within this many days of "
                                          "the log's start"),
+    new_team: bool = typer.Option(False, "--new-team", help="let --quota name a team the log does not have "
+                                  "(else an error listing the log's teams)"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
     jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="configurations simulated at once, each in a "
                                        "process of its own (default: the machine's cores)"),
@@ -213,14 +243,24 @@ def backtest(
     from chipledger.embedded import cores
     from chipledger.sim.backtest import BacktestError, print_report, run_cli
 
+    configs = list(config or [])
+    if not configs and quota is None:
+        _fail("give --config FILE or --quota team=chips,… (or both): the change to try", 2)
+    # the column of the change is named by what changed: the file, the --quota, or both (issue 35, item 11)
+    alt_name = " + ".join(n for n in (configs[0].name if configs else None,
+                                      f"--quota {quota}" if quota else None) if n)
     try:
         base_cfg = _config(baseline) if baseline is not None else Config()
-        alt_cfg = _config(config[0])
-        report = run_cli(events, alt_cfg, base_cfg, config[0].name,
-                         baseline.name if baseline is not None else "defaults", quota, days, out,
-                         more=tuple((c.name, _config(c)) for c in config[1:]), jobs=jobs or cores())
-    except BacktestError as err:
-        _fail(str(err))
+        alt_cfg = _config(configs[0]) if configs else Config()
+        with _working("replaying the demand under every configuration…"):
+            report = run_cli(events, alt_cfg, base_cfg, alt_name,
+                             baseline.name if baseline is not None else "defaults", quota, days, out,
+                             allow_new_team=new_team, more=tuple((c.name, _config(c)) for c in configs[1:]),
+                             jobs=jobs or cores())
+    except BacktestError as e:
+        _fail(str(e), e.exit_code)
+    for w in report.get("warnings", []):
+        err.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)
     if as_json:
         console.file.write(json.dumps(report) + "\n")
     else:

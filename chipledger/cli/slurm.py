@@ -11,10 +11,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from chipledger.reports.tables import CliConsole
+
 slurm_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                         help="A live Slurm: watch it into events, apply the ledger's preemptions to it.")
-err = Console(stderr=True)
-out = Console()
+err = CliConsole(stderr=True)  # wide in a pipe: lines and tables never folded
+out = CliConsole()
 
 
 def _fail(message: str, code: int = 1):
@@ -135,8 +137,11 @@ def actuate(
     follow: bool = typer.Option(False, "--follow", help="with --kafka: keep consuming"),
     bootstrap: Optional[str] = typer.Option(None, "--bootstrap", help="Kafka bootstrap (default [kafka] bootstrap)"),
     config: Optional[Path] = ConfigOpt,
+    as_json: bool = typer.Option(False, "--json", help="print each decision's victims and what was done (or would "
+                                                       "be) as JSON"),
 ):
-    """Apply each decision.preempt of this cluster's pools to its victims, once per decision id."""
+    """Apply each decision.preempt of this cluster's pools to its victims, once per decision id. Prints each
+    decision's victims and what was done to each, or why it was skipped (--dry-run: what would be done)."""
     from chipledger.adapters.slurm.actuate import (ActuateError, Actuator, decisions_from_jsonl, decisions_from_kafka,
                                           decisions_from_lake)
     from chipledger.adapters.slurm.commands import SlurmError
@@ -149,9 +154,11 @@ def actuate(
     except ActuateError as e:
         _fail(str(e), 2)
     totals = {"decisions": 0, "applied": 0, "gone": 0, "skipped": 0}
+    outcomes = []
 
     def one(d: dict) -> None:
         o = act.apply(d)
+        outcomes.append((o, {str(v.get("job_id", "")): v for v in d.get("victims") or ()}))
         totals["decisions"] += 1
         totals["applied"] += len(o.applied)
         totals["gone"] += len(o.gone)
@@ -174,4 +181,46 @@ def actuate(
         _fail(str(e), 1)
     except KeyboardInterrupt:
         pass
+    if as_json:
+        out.file.write(json.dumps({"dry_run": dry_run, "action": action, "totals": totals,
+                                   "decisions": [_outcome_json(o, victims) for o, victims in outcomes]}) + "\n")
+        return
+    _print_outcomes(outcomes)
     out.print(" ".join(f"{k} {v}" for k, v in totals.items()) + (" (dry run)" if dry_run else ""), highlight=False)
+
+
+def _outcome_json(o, victims: dict) -> dict:
+    """One decision: its victims and what was done (or would be) to each, or why the decision was skipped."""
+    return {"decision_id": o.decision_id, "pool": o.pool, "skipped": o.skipped or None,
+            "victims": [{"job_id": j, "team": victims.get(j, {}).get("team"), "chips": victims.get(j, {}).get("chips"),
+                         "done": what} for j, what in o.applied]
+                       + [{"job_id": j, "team": victims.get(j, {}).get("team"), "chips": victims.get(j, {}).get("chips"),
+                           "skipped": f"not running ({state.lower() if state else 'gone'})"} for j, state in o.gone]}
+
+
+def _print_outcomes(outcomes: list) -> None:
+    """A table: each decision's victims and what was done to each (or would be), or why it was skipped."""
+    from rich.table import Table
+
+    from chipledger.reports.tables import id_column, print_table
+
+    if not outcomes:
+        return
+    t = Table(title="decisions and their victims")
+    for col in ("decision", "pool", "victim", "team", "chips"):
+        id_column(t, col, right=col == "chips")
+    t.add_column("what")
+    for o, victims in outcomes:
+        if o.skipped:
+            t.add_row(o.decision_id, o.pool, "–", "", "", f"decision skipped: {o.skipped}")
+            continue
+        for j, what in o.applied:
+            v = victims.get(j, {})
+            t.add_row(o.decision_id, o.pool, j, str(v.get("team", "")), str(v.get("chips", "")), what)
+        for j, state in o.gone:
+            v = victims.get(j, {})
+            t.add_row(o.decision_id, o.pool, j, str(v.get("team", "")), str(v.get("chips", "")),
+                      f"skipped: not running ({state.lower() if state else 'gone'})")
+    for cell in t.columns:
+        cell._cells = [escape(c) if isinstance(c, str) else c for c in cell._cells]
+    print_table(t, out)

@@ -113,8 +113,9 @@ def run_shell(con: duckdb.DuckDBPyConnection, inp: TextIO, out: Console, err: Co
                     break
                 if cmd == ".help":
                     out.print(HELP, highlight=False)
-                elif cmd == ".tables":
-                    out.print("  ".join(views or []), highlight=False, soft_wrap=True)
+                elif cmd == ".tables":  # the views a person queries; base_* and calc_* are the views' internals
+                    out.print("  ".join(v for v in views or [] if not v.startswith(("base_", "calc_"))),
+                              highlight=False, soft_wrap=True)
                 elif cmd == ".schema":
                     schema(arg.strip())
                 elif cmd == ".format" and arg.strip() in FORMATS:

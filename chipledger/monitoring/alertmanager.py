@@ -16,7 +16,7 @@ from typing import Iterable
 
 from chipledger.monitoring.slo_rules import ALERT_NAME, _DESCRIBE, runbook
 
-#: what `look_at` tells for a pool-level alert (the lake's burn_alerts are per SLO and pool)
+#: what `look_at` tells (the lake's burn_alerts are per SLO, pool and team: the rules' labels)
 _LOOK = {
     "availability": "chipledger report --pool {pool} (availability by day, error budgets)",
     "quota_honoured": "chipledger sql \"SELECT job_id, team, reason, message FROM pending WHERE pool = '{pool}'\" "
@@ -47,7 +47,8 @@ def payload(alerts: Iterable, generator_url: str = "", runbook_url: str = "") ->
         item = {
             "labels": labels,
             "annotations": {
-                "summary": f"{a.slo} error budget burning at {a.burn_rate:g}x or more on {who}",
+                "summary": (f"{a.slo} error budget spent on {who}" if a.alert == "budget_exhausted" else
+                            f"{a.slo} error budget burning at {a.burn_rate:g}x or more on {who}"),
                 "description": (f"The {a.slo} SLO (target {100 * a.target:g}%) of {who} burns its error budget at "
                                 f"{a.long_burn:.1f}x over {a.long_win} and {a.short_burn:.1f}x over {a.short_win} "
                                 f"(threshold {a.burn_rate:g}x): {_DESCRIBE[a.slo]}."),

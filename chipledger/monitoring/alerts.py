@@ -6,6 +6,10 @@ say so); printing and the exit status are the CLI's. A monitor must never read "
 that cannot answer: no lake, a lake without events, an unknown pool or (with `max_age_s`) a lake whose newest
 event is too old are errors (`AlertsError`), which the CLI reports with their own exit status.
 
+Every alert carries the labels of the Prometheus rules of `chipledger slo rules`: the SLO, the pool, and the team for
+the SLOs counted per team, so Alertmanager merges the same burn from both. An error budget already spent over its
+window is a ticket (`budget_exhausted`) even when nothing burns fast right now.
+
 Exit status: 0 when nothing fires, 1 when only ticket-level alerts fire, 2 when a page-level alert fires,
 3 on any error (the lake cannot answer, a bad option).
 """
@@ -29,9 +33,10 @@ class AlertsError(ValueError):
 @dataclass(frozen=True)
 class Alert:
     severity: str       # page | ticket
-    alert: str          # page_1h | page_6h | ticket_3d
+    alert: str          # page_1h | page_6h | ticket_3d | budget_exhausted
     slo: str
     pool: str
+    team: Optional[str]  # the team, for the SLOs counted per team (the Prometheus rules' labels); None: availability
     burn_rate: float    # the rule's threshold (× the budget rate)
     long_win: str
     long_burn: float
@@ -45,10 +50,17 @@ class Alert:
         d["evaluated_at"] = _iso(self.evaluated_at)
         return d
 
+    @property
+    def who(self) -> str:
+        return f"pool {self.pool}" + (f" team {self.team}" if self.team else "")
+
     def line(self) -> str:
-        return (f"{self.severity.upper():6} {self.alert:9} {self.slo:14} {self.pool}: burning {self.long_burn:.1f}× "
-                f"over {self.long_win} and {self.short_burn:.1f}× over {self.short_win} (threshold "
-                f"{self.burn_rate:g}×, target {100 * self.target:g}%)")
+        head = f"{self.severity.upper():6} {self.alert:16} {self.slo:14} {self.who}: "
+        if self.alert == "budget_exhausted":
+            return (head + f"error budget spent: {100 * self.long_burn:.1f}% of the {self.long_win} budget consumed "
+                           f"(target {100 * self.target:g}%)")
+        return (head + f"burning {self.long_burn:.1f}× over {self.long_win} and {self.short_burn:.1f}× over "
+                       f"{self.short_win} (threshold {self.burn_rate:g}×, target {100 * self.target:g}%)")
 
 
 @dataclass(frozen=True)
@@ -102,6 +114,15 @@ def check_pool(pools, pool: Optional[str]) -> None:
         raise AlertsError(f"unknown pool {pool!r}; the lake knows: {shown or 'none'}")
 
 
+def check_team(teams, team: Optional[str]) -> None:
+    """An unknown --team is an error naming the teams the lake knows (as `statements --team` says it): a typo
+    never reads as "no job pending" (issue 35, item 3)."""
+    if team is not None and team not in teams:
+        teams = sorted(teams)
+        shown = ", ".join(teams[:40]) + (f" (+{len(teams) - 40})" if len(teams) > 40 else "")
+        raise AlertsError(f"unknown team {team!r}; the lake knows: {shown or 'none'}")
+
+
 def evaluate(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, *, max_age_s: Optional[int] = None,
              at: Optional[datetime] = None, now: Optional[datetime] = None) -> Evaluation:
     """The firing alerts of `con` (analytics.views.connect, made with `as_of=at`), pages first, then by SLO and
@@ -134,9 +155,10 @@ def evaluate(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, *, max_
                           f"--max-age {max_age_s:,} s")
     (as_of_s,) = con.execute("SELECT as_of_s FROM calc_now").fetchone()
     rows = con.execute("""
-        SELECT severity, alert, slo, pool, burn_rate, long_win, long_burn, short_win, short_burn, target, evaluated_at
+        SELECT severity, alert, slo, pool, team, burn_rate, long_win, long_burn, short_win, short_burn, target,
+               evaluated_at
         FROM burn_alerts WHERE firing AND ($pool IS NULL OR pool = $pool)
-        ORDER BY severity = 'page' DESC, alert, slo, pool""", {"pool": pool}).fetchall()
+        ORDER BY severity = 'page' DESC, alert, slo, pool, team NULLS FIRST""", {"pool": pool}).fetchall()
     return Evaluation([Alert(*r) for r in rows], datetime.fromtimestamp(int(as_of_s), timezone.utc), newest, age_s,
                       [pool] if pool is not None else sorted(pools))
 

@@ -9,7 +9,8 @@ and thresholds of the `burn_alerts` view (docs/analytics.md):
   budget (1 − target) as `chipledger:slo_target:ratio` and `chipledger:slo_error_budget:ratio`; the budget left
   over the window `chipledger:slo_error_budget_remaining:ratio`;
 - alerting rules `ChipledgerErrorBudgetBurn`: page when both the 1h and the 5m error ratio burn at least 14.4×
-  the budget, page at 6× over 6h and 30m, ticket at 1× over 3d and 6h; labels `severity`, `slo`, `alert`
+  the budget, page at 6× over 6h and 30m, ticket at 1× over 3d and 6h, and a ticket (`budget_exhausted`) while
+  the budget window's budget is spent; labels `severity`, `slo`, `alert`
   (page_1h, page_6h, ticket_3d, as in `chipledger alerts`), `long_window`, `short_window`, and the `pool` (and
   `team`) of the series.
 
@@ -33,6 +34,27 @@ BURN_RULES = (
     ("ticket_3d", "ticket", 1.0, "3d", "6h"),
 )
 SHORT_WINDOWS = ("5m", "30m", "1h", "6h", "3d")
+
+
+def budget_rule(slo_params) -> tuple:
+    """The ticket while the budget window's error budget is spent (the burn_alerts view's `budget_exhausted`), in
+    BURN_RULES' shape: burn at least 1 over the budget window (its budget left below 0)."""
+    budget_w = f"{int(slo_params.window_days)}d"
+    return ("budget_exhausted", "ticket", 1.0, budget_w, budget_w)
+
+
+def budget_alert_rule(spec, slo_params) -> dict:
+    """The alerting rule of budget_rule: an exhausted budget is never silent, even when nothing burns fast now."""
+    alert, severity, burn, window, _ = budget_rule(slo_params)
+    rule = alert_rule(spec, alert, severity, burn, window, window, int(slo_params.window_days),
+                      getattr(slo_params, "runbook_url", ""))
+    who = "pool {{ $labels.pool }}" + (" team {{ $labels.team }}" if "team" in spec.by else "")
+    rule["expr"] = f'chipledger:slo_errors:ratio_rate{window}{{slo="{spec.slo}"}} >= ({burn:g} * {spec.budget:g})'
+    rule["annotations"]["summary"] = f"{spec.slo} error budget spent on {who}"
+    rule["annotations"]["description"] = (
+        f"The {spec.slo} SLO (target {100 * spec.target:g}%) of {who} has spent its {int(slo_params.window_days)}-day "
+        f"error budget (budget left below 0): {_DESCRIBE[spec.slo]}.")
+    return rule
 ALERT_NAME = "ChipledgerErrorBudgetBurn"
 
 _DESCRIBE = {
@@ -145,6 +167,7 @@ def rule_groups(slo_params) -> dict:
             alerts.append(alert_rule(spec, alert, severity, burn, long_w, short_w, int(slo_params.window_days),
                                      getattr(slo_params, "runbook_url", "")))
     groups.append({"name": "chipledger-slo-alerts", "rules": alerts})
+    alerts += [budget_alert_rule(spec, slo_params) for spec in specs(slo_params)]
     return {"groups": groups}
 
 

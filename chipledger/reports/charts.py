@@ -132,6 +132,29 @@ def heatmap_chart(matrix: Sequence[Sequence[Optional[float]]], title: str = "Dem
     return fig
 
 
+def heatmap_charts(matrices: dict, unit: str = "chips") -> Figure:
+    """One 7 × 24 heat map per pool, one above the other, each with its own colour scale: demand in chips of
+    unlike pools (flavors) is never added up."""
+    import numpy as np
+
+    pools = list(matrices) or [None]
+    fig = Figure(figsize=(10, 1.2 + 2.6 * len(pools)), layout="constrained")
+    axes = fig.subplots(len(pools), 1, squeeze=False)[:, 0]
+    for ax, pool in zip(axes, pools):
+        matrix = matrices.get(pool) if pool is not None else None
+        data = np.array([[np.nan if v is None else v for v in row] for row in matrix or []], dtype=float)
+        if data.size and not np.all(np.isnan(data)):
+            im = ax.imshow(np.ma.masked_invalid(data), aspect="auto", cmap="viridis", interpolation="nearest", vmin=0)
+            fig.colorbar(im, ax=ax, label=unit)
+        else:
+            _no_data(ax)
+        ax.set_yticks(range(7), DAYS)
+        ax.set_xticks(range(0, 24, 3), [f"{h:02d}" for h in range(0, 24, 3)])
+        ax.set_title(pool or "Demand by hour of week")
+    axes[-1].set_xlabel("hour (UTC)")
+    return fig
+
+
 def _no_data(ax) -> None:
     ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="#868e96")
 

@@ -18,6 +18,8 @@ import duckdb
 from rich.console import Console
 from rich.table import Table
 
+from chipledger.reports.tables import print_table
+
 from analytics.slo_views import sched_latency_sql
 from chipledger.reports import charts
 
@@ -43,19 +45,38 @@ class Report:
     capacity_chips: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # pool -> account -> chips
     latency_labels: list[str] = field(default_factory=list)
     latency_p: tuple[list, list, list] = ([], [], [])
-    heatmap: list[list[Optional[float]]] = field(default_factory=list)
+    heatmap: list[list[Optional[float]]] = field(default_factory=list)  # the one pool's (a --pool report), else empty
+    # per pool: chips of unlike pools (A100, H100, TPU) are never added up, so one heat map each
+    heatmaps: dict[str, list[list[Optional[float]]]] = field(default_factory=dict)
     sched_slo_s: int = 600
     firing_pages: int = 0
 
 
+class Cell(str):
+    """A cell as shown (a str, for tables and the page) that keeps the typed value it shows (`value`: a number, a
+    fraction for a percentage, None for "–", or a dict for a composite such as good / total), for `--json`."""
+
+    value: object
+
+    def __new__(cls, text: str, value: object):
+        cell = super().__new__(cls, text)
+        cell.value = value
+        return cell
+
+
+def typed(cell):
+    """What `report --json` holds for a cell: its typed value (numbers as numbers, fractions for percentages)."""
+    return cell.value if isinstance(cell, Cell) else (None if cell == "–" else cell)
+
+
 def pct(v: Optional[float], digits: int = 2) -> str:
-    return "–" if v is None else f"{100 * v:.{digits}f}%"
+    return Cell("–" if v is None else f"{100 * v:.{digits}f}%", None if v is None else float(v))
 
 
 def num(v, digits: int = 1) -> str:
     if v is None:
-        return "–"
-    return f"{v:,.{digits}f}" if isinstance(v, float) else f"{v:,}"
+        return Cell("–", None)
+    return Cell(f"{v:,.{digits}f}" if isinstance(v, float) else f"{v:,}", v)
 
 
 def _epoch(t: Optional[datetime]) -> Optional[int]:
@@ -97,7 +118,8 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
             marks[i, 2] = "bad"
         if r is not None and r < 0:
             marks[i, 5] = "bad"
-    budget_rows = [[slo, pct(t), pct(sli, 3), f"{num(g, 0)} / {num(tot, 0)} {unit}", pct(c, 1), pct(r, 1)]
+    budget_rows = [[slo, pct(t), pct(sli, 3), Cell(f"{num(g, 0)} / {num(tot, 0)} {unit}",
+                                                   {"good": g, "total": tot, "unit": unit}), pct(c, 1), pct(r, 1)]
                    for slo, t, sli, g, tot, unit, c, r in budget]
     if budget and not any(b[0] == "throughput" for b in budget):  # said, not left out: no job reported progress
         target = con.execute("SELECT target FROM slo_targets WHERE slo = 'throughput'").fetchone()[0]
@@ -108,13 +130,15 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
         budget_rows, marks=marks, summary=True))
 
     alerts = _rows(con, f"""
-        SELECT severity, alert, slo, pool, burn_rate, long_win, long_burn, short_win, short_burn FROM burn_alerts
-        WHERE firing AND {in_pool} ORDER BY severity, alert, slo, pool""", p)
+        SELECT severity, alert, slo, pool, coalesce(team, ''), burn_rate, long_win, long_burn, short_win, short_burn
+        FROM burn_alerts WHERE firing AND {in_pool} ORDER BY severity, alert, slo, pool, team NULLS FIRST""", p)
     rep.firing_pages = sum(1 for a in alerts if a[0] == "page")
     rep.sections.append(Section(
-        "Burn-rate alerts firing", ["severity", "alert", "SLO", "pool", "threshold", "long window", "short window"],
-        [[sev, alert, slo, pl, f"{rate:g}×", f"{lw}: {lb:.1f}×", f"{sw}: {sb:.1f}×"]
-         for sev, alert, slo, pl, rate, lw, lb, sw, sb in alerts],
+        "Burn-rate alerts firing",
+        ["severity", "alert", "SLO", "pool", "team", "threshold", "long window", "short window"],
+        [[sev, alert, slo, pl, tm, Cell(f"{rate:g}×", rate), Cell(f"{lw}: {lb:.1f}×", {"window": lw, "burn": lb}),
+          Cell(f"{sw}: {sb:.1f}×", {"window": sw, "burn": sb})]
+         for sev, alert, slo, pl, tm, rate, lw, lb, sw, sb in alerts],
         note="" if alerts else "none", summary=True,
         marks={(i, 0): "bad" if a[0] == "page" else "warn" for i, a in enumerate(alerts)}))
 
@@ -147,7 +171,7 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
         "Scheduling latency (seconds)",
         ["pool", "priority", "class", "waits", "first starts", "restarts", "p50", "p90", "p99", "max",
          f"within {rep.sched_slo_s} s"],
-        [[pl, str(pr), qc, num(w), num(fs), num(rs), num(a), num(b), num(c), num(m), pct(ws)]
+        [[pl, Cell(str(pr), pr), qc, num(w), num(fs), num(rs), num(a), num(b), num(c), num(m), pct(ws)]
          for pl, pr, qc, w, fs, rs, a, b, c, m, ws in latency],
         note="" if latency else "no job started in the period"))
     rep.latency_labels = [f"{pl} · prio {pr} · {qc}" for pl, pr, qc, *_ in latency]
@@ -188,7 +212,8 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
         "Fragmentation (free chips not on whole free nodes)",
         ["pool", "hours with placement known", "fragmented share of free chips", "smallest largest-job (chips)",
          "mean free chips"],
-        [[pl, f"{num(k)} of {num(t)}", pct(fr, 1), num(mn, 0), num(mf)] for pl, k, t, fr, mn, mf in frag],
+        [[pl, Cell(f"{num(k)} of {num(t)}", {"count": k, "of": t}), pct(fr, 1), num(mn, 0), num(mf)]
+         for pl, k, t, fr, mn, mf in frag],
         note="" if frag else "no chip placement in the period"))
 
     hol = _rows(con, f"""
@@ -210,12 +235,12 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
     drivers = {}
     for pl, team, share in _rows(con, f"SELECT pool, team, share_of_peak FROM demand_peak_teams "
                                       f"WHERE {in_pool} AND rank <= 3 ORDER BY pool, rank", p):
-        drivers.setdefault(pl, []).append(f"{team} {pct(share, 0)}")
+        drivers.setdefault(pl, []).append(Cell(f"{team} {pct(share, 0)}", {"team": team, "share": share}))
     rep.sections.append(Section(
         "Demand shaping (hour of week, whole history)",
         ["pool", "peak / average", "peak hours (UTC)", "teams driving the peaks", "off-peak hours with idle chips",
          "mean idle chips then"],
-        [[pl, num(pta, 2), _shorten(hours or "–"), ", ".join(drivers.get(pl, [])) or "–", num(n), num(idle)]
+        [[pl, num(pta, 2), _shorten(hours or "–"), Cell(", ".join(drivers.get(pl, [])) or "–", [d.value for d in drivers.get(pl, [])]), num(n), num(idle)]
          for pl, pta, hours, n, idle in peaks],
         note="" if peaks else "no demand recorded"))
 
@@ -233,11 +258,12 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
         series.setdefault(pl, {}).setdefault(account, [0.0] * len(hours))[index[h]] = chips
     rep.capacity_hours, rep.capacity_chips = hours, series
     heat = _rows(con, f"""
-        SELECT day_of_week, hour_of_day, sum(demand_chips) FROM demand_shaping
-        WHERE team IS NULL AND {in_pool} GROUP BY ALL""", p)
-    rep.heatmap = [[None] * 24 for _ in range(7)]
-    for d, h, v in heat:
-        rep.heatmap[d][h] = v
+        SELECT pool, day_of_week, hour_of_day, demand_chips FROM demand_shaping
+        WHERE team IS NULL AND {in_pool} ORDER BY pool""", p)
+    for pl, d, h, v in heat:
+        rep.heatmaps.setdefault(pl, [[None] * 24 for _ in range(7)])[d][h] = v
+    if len(rep.heatmaps) == 1:
+        rep.heatmap = next(iter(rep.heatmaps.values()))
     return rep
 
 
@@ -297,11 +323,11 @@ def print_report(rep: Report, console: Console) -> None:
     for s in rep.sections:
         t = Table(title=s.title, title_justify="left", title_style="bold")
         for i, c in enumerate(s.columns):
-            t.add_column(c, justify="left" if i < 2 else "right", overflow="fold")
+            t.add_column(c, justify="left" if i < 2 else "right")
         for r in s.rows:
             t.add_row(*r)
         if s.rows:
-            console.print(t)
+            print_table(t, console)
         else:
             console.print(f"[bold]{s.title}[/]: {s.note}", highlight=False)
 
@@ -316,8 +342,8 @@ def write_report(rep: Report, out: Path) -> list[Path]:
                      charts.capacity_charts(rep.capacity_hours, rep.capacity_chips)),
         "latency": ("Scheduling latency percentiles",
                     charts.latency_chart(rep.latency_labels, *rep.latency_p, threshold_s=rep.sched_slo_s)),
-        "demand_heatmap": ("Demand by hour of week (running + pending chips, mean)",
-                           charts.heatmap_chart(rep.heatmap)),
+        "demand_heatmap": ("Demand by hour of week per pool (running + pending chips, mean)",
+                           charts.heatmap_charts(rep.heatmaps)),
     }
     written = [charts.save_png(fig, out / f"{name}.png") for name, (_, fig) in figures.items()]
     def block(s: Section):

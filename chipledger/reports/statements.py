@@ -29,6 +29,7 @@ import orjson
 from analytics.slo_views import SloParams
 
 FORMATS = ("md", "html", "csv", "json")
+FOLD_ROWS = 50  # rows of a long table (preemptions, fair share) shown in Markdown and HTML; the rest folded
 STATEMENT_SCHEMA = "chipledger.statement/1"
 TOP_JOBS = 10
 MCHIP_S_PER_CHIP_H = 3_600_000
@@ -231,6 +232,11 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
     closed = books_closed_through(con)
     if not closed:
         raise StatementError("the lake has no applied events: run `chipledger run` (or the worker and sink) first")
+    books_end = max(closed.values())
+    if period.start >= books_end:  # nothing of it is in the books: an error, not a set of all-zero statements
+        raise StatementError(f"period {period.label} starts at {_iso(period.start)}, after the books end "
+                             f"({_iso(books_end)}): nothing to state yet (a period up to {books_end:%Y-%m-%d} "
+                             f"is partial)")
     all_teams = known_teams(con)
     if teams is None:
         chosen = all_teams
@@ -369,6 +375,9 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
                 "allocated_chip_h": _chip_h(int(alloc)), "lost_work_mchip_s": int(lost)})
 
     reconciliation = {pool: _reconcile(pool, books) for pool, books in pool_books.items()}
+    # chips of unlike flavors are never added up (an A100 chip-hour is not an H100's): totals per flavor
+    flavors = dict(_rows(con, """SELECT pool, arg_max(body->>'$.flavor', applied_at) FROM events
+                                 WHERE type = 'pool.configured' GROUP BY pool"""))
     fleet_closed = min(closed.values())
     out = []
     for team in chosen:
@@ -388,8 +397,9 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
             "partial": closed_through < period.end,
             "books_closed_through": _iso(min(closed_through, period.end)),
             "computed_at_positions": positions,
-            "totals": _account_block(total),
-            "pools": [{"pool": pl, **_account_block(per_pool.get(pl, _empty_accounts())),
+            "totals": _account_block(total),  # all pools together: of one flavor only when totals_by_flavor has one
+            "totals_by_flavor": _flavor_totals(per_pool, team_pools, flavors),
+            "pools": [{"pool": pl, "flavor": flavors.get(pl), **_account_block(per_pool.get(pl, _empty_accounts())),
                        "daily": _daily_rows(pool_daily.get(team, {}).get(pl, {}))} for pl in team_pools],
             "daily": _daily_rows(daily.get(team, {})),
             "preemptions": {
@@ -454,6 +464,17 @@ def _throughput_block(row: Optional[list], chips: list, jobs: list, slo: SloPara
 def _daily_rows(days: dict[str, dict[str, int]]) -> list[dict]:
     return [{"day": d, **{f"{a}_mchip_s": v.get(a, 0) for a in ("entitled", "in_quota", "borrowed", "burst")}}
             for d, v in sorted(days.items())]
+
+
+def _flavor_totals(per_pool: dict, team_pools: list, flavors: dict) -> list[dict]:
+    """The team's accounts summed per flavor (the pools' `pool.configured` flavor), never across flavors."""
+    by: dict[str, tuple[list, dict]] = {}
+    for pl in team_pools:
+        pools, total = by.setdefault(flavors.get(pl) or pl, ([], _empty_accounts()))
+        pools.append(pl)
+        for k in TEAM_ACCOUNTS:
+            total[k] += per_pool.get(pl, _empty_accounts())[k]
+    return [{"flavor": f, "pools": pools, **_account_block(total)} for f, (pools, total) in sorted(by.items())]
 
 
 def _round(x) -> Optional[float]:
@@ -559,7 +580,8 @@ def render_csv(st: dict) -> bytes:
     w.writerow(CSV_COLUMNS)
     head = {"period": st["period"]["label"], "team": st["team"], "partial": str(st["partial"]).lower(),
             "books_closed_through": st["books_closed_through"]}
-    for row in [*st["pools"], {"pool": "(total)", **st["totals"]}]:
+    # a total row per flavor: chips of unlike flavors are never added up
+    for row in [*st["pools"], *({**t, "pool": f"(total {t['flavor']})"} for t in st["totals_by_flavor"])]:
         merged = {**head, **row}
         w.writerow([merged.get(c, "") for c in CSV_COLUMNS])
     return buf.getvalue().encode()
@@ -670,6 +692,8 @@ def _jinja_env(markdown: bool = False):
     env.filters["pct"] = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"
     env.filters["secs"] = lambda v: "n/a" if v is None else f"{v:,} s"
     env.filters["yesno"] = lambda v: "n/a" if v is None else ("met" if v else "missed")
+    env.filters["factor"] = lambda v: "n/a" if v is None else f"{v:.3f}"  # the fair-share factor is an estimate
+    env.globals["FOLD_ROWS"] = FOLD_ROWS
     return env
 
 

@@ -22,7 +22,8 @@ class Explanation:
     found: bool
     pool: Optional[str] = None
     team: Optional[str] = None
-    status: Optional[str] = None          # pending | running | finished | unknown
+    status: Optional[str] = None          # pending | running | held | finished | cancelled (before it ever ran)
+    outcome: Optional[str] = None         # a finished job's outcome: succeeded | failed | cancelled
     as_of: Optional[str] = None           # the instant the reason was recorded (UTC)
     reason: Optional[str] = None
     message: Optional[str] = None
@@ -43,6 +44,11 @@ class Explanation:
     # reference, unhealthy chips held)
     throughput: list = field(default_factory=list)
     slowdowns: list = field(default_factory=list)
+    # pending: a sentence when it cannot start under the current grants or in this pool at all, whatever else runs
+    never: Optional[str] = None
+    short_chips: Optional[float] = None   # ... by how many chips
+    # what happened to it, in the log's order: [(at, what)] (submitted, started, preempted, released, finished)
+    timeline: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -50,7 +56,14 @@ class Explanation:
     def lines(self) -> list[str]:
         if not self.found:
             return [f"job {self.job_id}: not in the lake (never submitted in the folded events?)"]
-        out = [f"job {self.job_id} (team {self.team}, pool {self.pool}): {self.status}"]
+        status = self.status
+        if self.status == "finished" and self.outcome:
+            status = f"finished, {self.outcome}"
+        elif self.status == "cancelled":
+            status = "cancelled before it ever started"
+        out = [f"job {self.job_id} (team {self.team}, pool {self.pool}): {status}"]
+        if self.never:
+            out.append(f"  cannot start: {self.never}")
         if self.reason is not None:
             out.append(f"  why, as of {self.as_of}: {self.reason}: {self.message}")
         if self.scheduler_reason is not None:
@@ -79,6 +92,9 @@ class Explanation:
                 cause = f"; unhealthy chips held: {chips}" if chips else "; every chip it held was healthy"
                 out.append(f"    run {run}: {since} … {until} ({_duration(secs)}), down to {100 * worst:.0f}% of "
                            f"its reference rate{cause}")
+        if self.timeline:
+            out.append("  timeline:")
+            out.extend(f"    {at}  {what}" for at, what in self.timeline)
         return out
 
 
@@ -112,6 +128,12 @@ def _duration(s: Optional[int]) -> str:
     return " ".join(f"{v}{u}" for v, u in ((d, "d"), (h, "h"), (m, "m"), (sec, "s")) if v) or "0s"
 
 
+# the queue at each pool's latest close of the books at or before an instant (`pending` is the latest of all)
+PENDING_AT_SQL = """(
+        SELECT p.* FROM pending_history p
+        JOIN (SELECT pool, max("at") AS "at" FROM balance_log WHERE "at" <= $at GROUP BY pool) latest
+        USING (pool, "at"))"""
+
 QUEUE_SQL = """
     SELECT * FROM (
         SELECT pool, team, job_id, priority, chips, waiting_since, waited_s, reason, message, "at",
@@ -124,10 +146,15 @@ QUEUE_SQL = """
     ORDER BY pool, position"""
 
 
-def pending_queue(con, pool: Optional[str] = None, team: Optional[str] = None) -> list[dict]:
-    """The jobs pending at each pool's latest close of the books, in the pool's queue order (as Kueue's
-    pending-workloads view): position, team position, priority, chips, waited, reason."""
-    cur = con.execute(QUEUE_SQL, {"pool": pool, "team": team, "job": None})
+def pending_queue(con, pool: Optional[str] = None, team: Optional[str] = None, at=None) -> list[dict]:
+    """The jobs pending at each pool's latest close of the books (at or before `at`, a datetime, when given), in the
+    pool's queue order (as Kueue's pending-workloads view): position, team position, priority, chips, waited, reason;
+    `at` in each row is the close of the books it was recorded at."""
+    if at is None:
+        cur = con.execute(QUEUE_SQL, {"pool": pool, "team": team, "job": None})
+    else:
+        cur = con.execute(QUEUE_SQL.replace("FROM pending)", f"FROM {PENDING_AT_SQL})"),
+                          {"pool": pool, "team": team, "job": None, "at": at})
     cols = [c[0] for c in cur.description]
     out = []
     for r in cur.fetchall():
@@ -136,6 +163,13 @@ def pending_queue(con, pool: Optional[str] = None, team: Optional[str] = None) -
         row["waited_s"] = None if row["waited_s"] is None else int(row["waited_s"])
         out.append(row)
     return out
+
+
+def books_as_of(con, pool: Optional[str] = None, at=None) -> Optional[str]:
+    """The instant the queue is as of: the latest close of the books (of `pool`, at or before `at`)."""
+    row = con.execute('SELECT max("at") FROM balance_log WHERE ($pool IS NULL OR pool = $pool) '
+                      'AND ($at IS NULL OR "at" <= $at)', {"pool": pool, "at": at}).fetchone()
+    return _fmt(row[0]) if row else None
 
 
 def _fmt(ts) -> Optional[str]:
@@ -171,6 +205,12 @@ def explain(con, job_id: str) -> Explanation:
             kind = "held"
         ex.status = {"job.finished": "finished", "job.preempted": "pending", "job.submitted": "pending",
                      "job.released": "pending", "held": "held"}.get(kind, "running")
+        if ex.status == "finished":
+            ex.outcome = con.execute(
+                "SELECT outcome FROM events WHERE job_id = ? AND pool = ? AND type = 'job.finished' "
+                "ORDER BY applied_at DESC, \"offset\" DESC LIMIT 1", [job_id, ex.pool]).fetchone()[0]
+            if ex.outcome == "cancelled" and job is not None and job[3] is None:
+                ex.status = "cancelled"  # it never ran: not "finished"
         if ex.status == "held":
             ex.as_of, ex.reason = _fmt(last[2]), "held"
             ex.message = ("back in the queue but not eligible yet (job.preempted with held): not pending demand "
@@ -197,8 +237,87 @@ def explain(con, job_id: str) -> Explanation:
     if ex.status in ("pending", "held"):
         ex.unblock = UNBLOCK.get(ex.reason or "") if ex.status == "pending" else None
         _scheduler_reason(con, ex)
+    if ex.status == "pending":
+        _never_fits(con, ex)
+    elif ex.status != "held":
+        _timeline(con, ex)
     _throughput(con, ex)
     return ex
+
+
+def _chips_text(milli: int) -> str:
+    return f"{milli / 1000:g}"
+
+
+def _never_fits(con, ex: Explanation) -> None:
+    """Whether the pending job can start at all: more chips than the pool has registered, or than its team may hold
+    under the grants in effect (their quota plus their borrowing limits, when every grant has one), whatever else
+    runs; and by how much. The reason the core records says what blocks it now; this says that waiting cannot help."""
+    row = con.execute("SELECT chips_milli FROM jobs WHERE job_id = ? AND pool = ? ORDER BY submitted_at DESC LIMIT 1",
+                      [ex.job_id, ex.pool]).fetchone()
+    if row is None or row[0] is None:
+        return
+    chips = int(row[0])
+    cap = con.execute("SELECT registered_milli FROM base_free_chips WHERE pool = ? ORDER BY at_s DESC LIMIT 1",
+                      [ex.pool]).fetchone()
+    if cap is not None and cap[0] is not None and chips > cap[0]:
+        ex.short_chips = (chips - cap[0]) / 1000
+        ex.never = (f"it asks for {_chips_text(chips)} chips and pool {ex.pool} has {_chips_text(cap[0])} registered: "
+                    f"{_chips_text(chips - cap[0])} chips short, whatever else runs")
+        ex.unblock = f"more chips registered in {ex.pool}, or a job of at most {_chips_text(cap[0])} chips"
+        return
+    grants = con.execute(
+        """SELECT g.grant_id, g.chips_milli,
+                  (SELECT e.body->>'$.borrowing_limit' FROM events e
+                   WHERE e.type = 'quota.granted' AND e.pool = g.pool AND e.grant_id = g.grant_id
+                   ORDER BY e.applied_at DESC, e."offset" DESC LIMIT 1) AS borrowing_limit
+           FROM grant_intervals g JOIN (SELECT max("at") AS at FROM pending WHERE pool = $pool) n ON true
+           WHERE g.pool = $pool AND g.team = $team AND g.effective_from <= n.at
+                 AND (g.effective_until IS NULL OR g.effective_until > n.at)""",
+        {"pool": ex.pool, "team": ex.team}).fetchall()
+    if not grants or any(limit is None for _, _, limit in grants):
+        return  # no grant (it may borrow all it can find) or one without a limit: no bound from the grants
+    nominal = sum(int(m) for _, m, _ in grants)
+    limit = sum(round(float(b) * 1000) for _, _, b in grants)
+    if chips > nominal + limit:
+        ex.short_chips = (chips - nominal - limit) / 1000
+        ex.never = (f"it asks for {_chips_text(chips)} chips and team {ex.team} may hold at most "
+                    f"{_chips_text(nominal + limit)} in {ex.pool} under the current grants (quota "
+                    f"{_chips_text(nominal)} + borrowing limit {_chips_text(limit)}): {_chips_text(chips - nominal - limit)}"
+                    f" chips short, whatever else runs")
+        ex.unblock = (f"a larger quota or borrowing_limit for team {ex.team} (by at least "
+                      f"{_chips_text(chips - nominal - limit)} chips), an approved burst, or a smaller job")
+
+
+_TIMELINE_TYPES = ("job.submitted", "job.started", "job.preempted", "job.released", "job.finished")
+
+
+def _timeline(con, ex: Explanation) -> None:
+    """What happened to the job, in the log's order (its latest submission's events)."""
+    rows = con.execute(
+        f"""SELECT occurred_at, type, chips_milli, priority, outcome, body->>'$.cause', body->>'$.decision_id',
+                   body->>'$.held', body->>'$.reason'
+            FROM events WHERE job_id = ? AND pool = ? AND type IN {_TIMELINE_TYPES}
+            ORDER BY applied_at, "offset" """, [ex.job_id, ex.pool]).fetchall()
+    starts = [i for i, r in enumerate(rows) if r[1] == "job.submitted"]
+    rows = rows[starts[-1]:] if starts else rows
+    runs = 0
+    for at, kind, chips, prio, outcome, cause, decision, held, reason in rows:
+        if kind == "job.submitted":
+            what = f"submitted: {_chips_text(chips)} chips, priority {prio}"
+        elif kind == "job.started":
+            runs += 1
+            what = f"started (run {runs})"
+        elif kind == "job.preempted":
+            what = {"requeued": "requeued by an admin", "failure": "interrupted by a failure"}.get(cause or "",
+                                                                                                  "preempted")
+            what += (f" by decision {decision}" if decision else "") + (f" ({reason})" if reason else "")
+            what += ", held" if held == "true" else ""
+        elif kind == "job.released":
+            what = "released (pending again)"
+        else:
+            what = f"finished: {outcome}" + ("" if runs else " (it never ran)")
+        ex.timeline.append((_fmt(at), what))
 
 
 def _scheduler_reason(con, ex: Explanation) -> None:

@@ -24,7 +24,14 @@ MILLI = 1000
 
 
 class BacktestError(ValueError):
-    """Bad input to a backtest (file, quota text): the CLI prints it without a traceback."""
+    """Bad input to a backtest (file, quota text): the CLI prints it without a traceback. `exit_code` follows
+    docs/cli.md's scheme: 2 for a wrong option value or an unknown name, 1 for a file that cannot be used."""
+
+    exit_code = 1
+
+
+class BacktestUsageError(BacktestError):
+    exit_code = 2
 
 
 @dataclass
@@ -43,27 +50,32 @@ class Demand:
     first_invalid: str = ""
 
 
-def parse_quota(text: str, pools) -> dict:
-    """`team=chips,…` (in every pool) or `pool:team=chips,…` as {pool: {team: chips}}."""
+def parse_quota(text: str, pools, teams=None, allow_new_team: bool = False) -> dict:
+    """`team=chips,…` (in every pool) or `pool:team=chips,…` as {pool: {team: chips}}. With `teams` (the log's),
+    a team the log does not know is an error naming the known ones, unless `allow_new_team`: a typo never
+    becomes a new team silently."""
     out: dict = {}
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
         name, eq, value = part.rpartition("=")
         if not eq or not name:
-            raise BacktestError(f"quota {part!r}: expected team=chips or pool:team=chips")
+            raise BacktestUsageError(f"quota {part!r}: expected team=chips or pool:team=chips")
         try:
             chips = float(value)
         except ValueError:
-            raise BacktestError(f"quota {part!r}: {value!r} is not a number of chips") from None
+            raise BacktestUsageError(f"quota {part!r}: {value!r} is not a number of chips") from None
         if not math.isfinite(chips) or chips < 0:
-            raise BacktestError(f"quota {part!r}: chips must be a non-negative number")
+            raise BacktestUsageError(f"quota {part!r}: chips must be a non-negative number")
         pool, colon, team = name.rpartition(":")
         targets = [pool] if colon else list(pools)
         if colon and pool not in pools:
-            raise BacktestError(f"quota {part!r}: no pool {pool!r} in the log (pools: {', '.join(sorted(pools))})")
+            raise BacktestUsageError(f"quota {part!r}: no pool {pool!r} in the log (pools: {', '.join(sorted(pools))})")
         if not team:
-            raise BacktestError(f"quota {part!r}: empty team name")
+            raise BacktestUsageError(f"quota {part!r}: empty team name")
+        if teams is not None and team not in teams and not allow_new_team:
+            raise BacktestUsageError(f"quota {part!r}: no team {team!r} in the log (teams: {', '.join(sorted(teams))}); "
+                                f"--new-team to add a team the log does not have")
         for p in targets:
             out.setdefault(p, {})[team] = chips
     return out
@@ -389,8 +401,26 @@ def html_report(report: dict) -> str:
 # the command
 # ---------------------------------------------------------------------------------------------------------
 
+def demand_teams(demand: Demand) -> set:
+    """The teams a log knows: those with a grant and those that submitted a job."""
+    return {t for q in demand.quotas.values() for t in q} | {j.team for j in demand.jobs}
+
+
+def oversized_quotas(quotas: dict, pools: dict) -> list[str]:
+    """A sentence for each grant larger than its pool's registered chips (legal, as in a real cluster, but
+    most often a typo)."""
+    return [f"quota {team}={chips:g} in {pool} is more than the pool's {pools[pool][0]:g} registered chips"
+            for pool, q in sorted(quotas.items()) if pool in pools for team, chips in sorted(q.items())
+            if chips > pools[pool][0]]
+
+
+SIM_STARTS_AT_ONCE = ("the simulated cluster starts a job as soon as the ledger allows it (no scheduling cycle, "
+                      "no image pull), so quota honoured is 100% unless chips are short; compare the waits")
+
+
 def run_cli(events: Path, alt_cfg, base_cfg, alt_name: str, base_name: str, quota: Optional[str],
-            days: Optional[float], out: Optional[Path], *, more: tuple = (), jobs: int = 1) -> dict:
+            days: Optional[float], out: Optional[Path], allow_new_team: bool = False, *, more: tuple = (),
+            jobs: int = 1) -> dict:
     """`chipledger backtest`: the baseline and each configuration (`alt_cfg`, then the (name, config) pairs of
     `more`: a sweep) over the log's demand; writes backtest.json and backtest.html into `out` when given; returns
     the report. With `jobs` > 1 (where processes can fork) up to that many configurations are simulated at once,
@@ -398,11 +428,13 @@ def run_cli(events: Path, alt_cfg, base_cfg, alt_name: str, base_name: str, quot
     from chipledger.config import fold_config
 
     if days is not None and not (days > 0 and math.isfinite(days)):
-        raise BacktestError(f"--days must be a positive number, got {days}")
+        raise BacktestUsageError(f"--days must be a positive number, got {days}")
     demand = load_demand(Path(events), days)
     if not demand.jobs:
         raise BacktestError(f"{events}: no job with chips in a pool with registered chips to replay")
     obs = observed(demand)
+    teams = demand_teams(demand)
+    warnings: list[str] = []
     configs = {}
     fid = {}
     runs = []
@@ -413,8 +445,9 @@ def run_cli(events: Path, alt_cfg, base_cfg, alt_name: str, base_name: str, quot
         quotas = {p: dict(q) for p, q in demand.quotas.items()}
         for text in (cfg.backtest.quota, extra):
             if text:
-                for p, q in parse_quota(text, demand.pools).items():
+                for p, q in parse_quota(text, demand.pools, teams, allow_new_team).items():
                     quotas.setdefault(p, {}).update(q)
+        warnings += [w for w in oversized_quotas(quotas, demand.pools) if w not in warnings]
         from dataclasses import replace
 
         fold = replace(fold_config(cfg), policy_rows=False)
@@ -430,7 +463,9 @@ def run_cli(events: Path, alt_cfg, base_cfg, alt_name: str, base_name: str, quot
               "days": (max(j.submitted for j in demand.jobs) - demand.start) / 86400,
               "pools": {p: {"chips": v[0], "chips_per_node": v[1], "flavor": v[2]}
                         for p, v in sorted(demand.pools.items())},
-              "observed": obs, "configs": configs, "fidelity": fid}
+              "observed": obs, "configs": configs, "fidelity": fid, "warnings": warnings}
+    if all(c["quota_honoured"] in (None, 1.0) for c in configs.values()):
+        report["notes"] = [f"quota honoured: {SIM_STARTS_AT_ONCE}"]
     if out is not None:
         out = Path(out)
         try:
@@ -446,6 +481,8 @@ def run_cli(events: Path, alt_cfg, base_cfg, alt_name: str, base_name: str, quot
 def print_report(report: dict, console) -> None:
     from rich.table import Table
 
+    from chipledger.reports.tables import print_table
+
     names = list(report["configs"])
     if report["invalid_lines"]:
         console.print(f"skipped {report['invalid_lines']} invalid line(s) of {report['lines']}; first: "
@@ -453,7 +490,7 @@ def print_report(report: dict, console) -> None:
     t = Table(title=f"backtest of {report['events']}: {report['jobs']:,} jobs, {report['days']:.1f} days")
     t.add_column("figure")
     for n in names:
-        t.add_column(n, justify="right")
+        t.add_column(n, justify="right", no_wrap=True)
     c = report["configs"]
     for label, key, kind in (("quota honoured", "quota_honoured", "pct"), ("in-quota jobs", "in_quota_jobs", "s"),
                              ("lost work, chip-h", "lost_work_chip_h", "h"), ("preemptions", "preemptions", "s"),
@@ -471,7 +508,9 @@ def print_report(report: dict, console) -> None:
                   *[" / ".join(_fmt((c[n]["waits_by_team"].get(tm) or {}).get(k)) for k in ("p50_s", "p90_s", "p99_s"))
                     for n in names])
     _escape_table(t)
-    console.print(t)
+    print_table(t, console)
+    for note in report.get("notes", []):
+        console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     f = Table(title="fidelity: simulated vs observed waits per pool, s (gap = simulated − observed)")
     for col in ("configuration", "pool", "p50", "p90", "p99"):
         f.add_column(col, justify="right" if col.startswith("p") and col != "pool" else "left")
@@ -480,7 +519,7 @@ def print_report(report: dict, console) -> None:
             f.add_row(n, p, *[f"{_fmt(row[k]['simulated'])} vs {_fmt(row[k]['observed'])} ({_gap(row[k]['gap'])})"
                               for k in ("p50_s", "p90_s", "p99_s")])
     _escape_table(f)
-    console.print(f)
+    print_table(f, console)
     for path in report.get("written", []):
         console.print(f"wrote {path}", markup=False, highlight=False)
 

@@ -81,8 +81,9 @@ def lake_tables(lake: Path) -> dict[str, list]:
 
     con = connect(lake)
     q = {
+        # (not accepted_from: who vouched for an event is the Kafka edge's, a plain file's run has none)
         "events": "SELECT event_id, type, pool, source, occurred_at, applied_at, lateness_s, body, "
-                  + ", ".join(f'"{f}"' for f in EVENT_FIELDS) + " FROM base_event_log",
+                  + ", ".join(f'"{f}"' for f in EVENT_FIELDS if f != "accepted_from") + " FROM base_event_log",
         "journal": "SELECT pool, hour, account, team, amount_mchip_s FROM journal WHERE amount_mchip_s <> 0",
         "job_runs": "SELECT * FROM job_runs",
         "decisions": "SELECT decision_id, type, pool, \"at\", rule, message, body FROM decision_log",

@@ -99,7 +99,7 @@ def test_every_chipledger_command_in_compose_exists_with_its_options(compose):
     for name, args, _ in _commands(compose):
         seen[name] = check_cli_args(args).name or "chipledger"  # the root group has no name
     assert seen == {"topics": "create", "worker": "worker", "sink": "sink", "emit": "emit", "cli": "chipledger",
-                    "users": "add"}
+                    "users": "add", "portal": "serve"}
 
 
 def test_the_checker_refuses_what_the_cli_does_not_have():
@@ -125,12 +125,12 @@ def test_environment_is_valid_configuration(compose):
         if name != "cli":  # every Kafka client authenticates, as its own principal
             signs = cfg.kafka.signing_key_file
             if signs:  # made by the users service in its volume: here only its place is checked
-                assert name == "emit" and signs.startswith("/emit-key/")
+                assert (name, signs.split("/")[1]) in (("emit", "emit-key"), ("portal", "portal-key"))
             conn = connection_from_config(cfg.kafka.__class__(**{**cfg.kafka.__dict__, "signing_key_file": ""}))
             assert conn.security_protocol == "SASL_PLAINTEXT" and conn.password
             principals[name] = conn.username
     assert principals == {"topics": "kafka-admin", "users": "kafka-admin", "worker": "worker", "sink": "sink",
-                          "emit": "emit"}
+                          "emit": "emit", "portal": "portal"}
     # the worker checks every record against the registry the users service writes; only they mount it
     registry = {name for name, _, svc in _commands(compose)
                 if (svc.get("environment") or {}).get("CHIPLEDGER_KAFKA_PRINCIPALS_FILE")}
@@ -138,6 +138,7 @@ def test_environment_is_valid_configuration(compose):
     mounts = {name: [str(v).split(":")[0] for v in svc.get("volumes") or ()] for name, _, svc in _commands(compose)}
     assert {n for n, vs in mounts.items() if "principals" in vs} == {"users", "worker"}
     assert {n for n, vs in mounts.items() if "emit-key" in vs} == {"users", "emit"}
+    assert {n for n, vs in mounts.items() if "portal-key" in vs} == {"users", "portal"}
 
 
 def test_no_secret_in_the_file_and_nothing_published(compose_raw, compose):

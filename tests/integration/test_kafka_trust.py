@@ -120,14 +120,17 @@ class Trust:
         """event_id -> (code, raw bytes) of the dead letters so far (the last one of an id)."""
         return {eid: (code, raw) for eid, code, raw in self.dead_letter_rows()}
 
-    def applied(self) -> set[str]:
-        """The event ids the fold applied (their `events` rows on chipledger.journal)."""
-        out = set()
+    def applied_rows(self) -> dict[str, list]:
+        """event id -> its `events` row, of the events the fold applied (on chipledger.journal)."""
+        out = {}
         for r in self.read("chipledger.journal", 3):
             d = json.loads(r.value)
             for item in d.get("items", []) if isinstance(d, dict) else []:
-                out |= {row[0] for row in item.get("tables", {}).get("events", [])}
+                out.update({row[0]: row for row in item.get("tables", {}).get("events", [])})
         return out
+
+    def applied(self) -> set[str]:
+        return set(self.applied_rows())
 
     def logged(self) -> list:
         out = []
@@ -240,6 +243,9 @@ def test_a_principal_of_one_cluster_cannot_act_on_another_clusters_pools_nor_squ
     logged = wait_for(lambda: [e for _, e in trust.logged() if e.value == real], 60, trust)
     assert logged[0].principal == "slurm-west" and logged[0].origin == WEST
     assert not [e for _, e in trust.logged() if e.value == squat]  # never in the log
+    # the events table says, for audit, which cluster each event was accepted from
+    rows = wait_for(trust.applied_rows, 60, trust, lambda got: {"sq-cfg", "sq-job"} <= set(got))
+    assert rows["sq-job"][-1] == WEST and rows["sq-cfg"][-1] == "*"  # the admin speaks for every cluster
 
 
 def test_unsigned_and_badly_signed_records_are_dead_letters_with_their_bytes(trust):

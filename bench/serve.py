@@ -1,0 +1,150 @@
+"""The portal under load: p50/p99 latency and requests/s per route with concurrent clients, while the lake grows,
+against the same server returning a static file (the limit), in one run.
+
+    python bench/serve.py --lake LAKE --store URL [--seconds 10] [--clients 8] [--grow-every 3]
+
+It starts `chipledger serve` (a child process, [serve] refresh_s = 1), creates a token, and for each route runs
+`--clients` threads of back-to-back requests for `--seconds`. Meanwhile a writer commits a copy of one of the lake's
+`events` files under a new name every `--grow-every` seconds (the lake grows: each commit makes the portal build a
+new snapshot in the background, as the sink's commits do). Prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pct(v: list[float], q: float) -> float:
+    v = sorted(v)
+    return v[min(len(v) - 1, max(0, int(round(q * len(v))) - 1))]
+
+
+def run_route(base: str, path: str, headers: dict, seconds: float, clients: int) -> dict:
+    lat: list[float] = []
+    errors = 0
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def worker():
+        nonlocal errors
+        mine, bad = [], 0
+        with httpx.Client(base_url=base, headers=headers, timeout=30) as c:
+            while time.monotonic() < stop:
+                t0 = time.perf_counter()
+                r = c.get(path)
+                mine.append(time.perf_counter() - t0)
+                if r.status_code != 200:
+                    bad += 1
+        with lock:
+            lat.extend(mine)
+            errors += bad
+
+    ts = [threading.Thread(target=worker) for _ in range(clients)]
+    t0 = time.monotonic()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    took = time.monotonic() - t0
+    return {"route": path, "requests": len(lat), "errors": errors, "rps": round(len(lat) / took, 1),
+            "p50_ms": round(1000 * _pct(lat, 0.5), 2), "p99_ms": round(1000 * _pct(lat, 0.99), 2),
+            "mean_ms": round(1000 * statistics.fmean(lat), 2) if lat else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lake", type=Path, required=True, help="a lake to copy (the copy grows; the original is kept)")
+    ap.add_argument("--store", required=True)
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--grow-every", type=float, default=3.0)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/chipledger-bench-serve"))
+    a = ap.parse_args()
+    py = sys.executable
+    shutil.rmtree(a.work, ignore_errors=True)
+    lake = a.work / "lake"
+    shutil.copytree(a.lake, lake)
+    env = {**os.environ, "CHIPLEDGER_SERVE_REFRESH_S": "1", "PYTHONWARNINGS": "ignore"}
+    tok = subprocess.run([py, "-m", "chipledger.cli", "serve", "tokens", "create", "--user", "bench", "--team",
+                          "vision", "--store", a.store], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    token = tok.stdout.strip().splitlines()[-1]
+    port = _free_port()
+    server = subprocess.Popen([py, "-m", "chipledger.cli", "serve", "--lake", str(lake), "--store", a.store,
+                               "--port", str(port)], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    h = {"Authorization": f"Bearer {token}"}
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        job = httpx.get(base + "/api/v1/decisions?limit=1", headers=h).json()
+        first = httpx.get(base + "/api/v1/queue?team=vision", headers=h).json()["queue"]
+        job_id = first[0]["job_id"] if first else None
+        if job_id is None:
+            sys.path.insert(0, str(ROOT))
+            from analytics.views import connect
+
+            job_id = connect(a.lake).execute("SELECT job_id FROM jobs WHERE team = 'vision' "
+                                             "ORDER BY preemptions DESC LIMIT 1").fetchone()[0]
+        routes = ["/static/portal.css", "/api/v1/pools", "/api/v1/teams/vision/balances", "/api/v1/queue?team=vision",
+                  f"/api/v1/jobs/{job_id}", "/api/v1/decisions?limit=100", "/api/v1/slos", "/api/v1/head-of-line",
+                  "/teams/vision", "/teams/vision/queue"]
+        stop = threading.Event()
+        grown = []
+
+        def grow():
+            # as the sink does: a new events file, then a commit that names it (a file only dropped beside the others
+            # is not part of the lake)
+            sys.path.insert(0, str(ROOT))
+            from analytics.commits import commit, open_lake
+
+            files = open_lake(lake, ("events",)).table_files("events") or []
+            i = 0
+            while not stop.wait(a.grow_every):
+                src = Path(files[i % len(files)])
+                dst = src.with_name(f"grown-{i:05d}-{src.name}")
+                shutil.copyfile(src, dst)
+                commit(lake, add={"events": [dst.relative_to(lake).as_posix()]}, by="bench-serve")
+                grown.append(dst.stat().st_size)
+                i += 1
+
+        g = threading.Thread(target=grow, daemon=True)
+        g.start()
+        results = [run_route(base, r, h, a.seconds, a.clients) for r in routes]
+        stop.set()
+        g.join()
+        health = httpx.get(base + "/healthz").json()
+        out = {"lake": str(a.lake), "clients": a.clients, "seconds_per_route": a.seconds,
+               "files_added_while_running": len(grown), "snapshots_built": health["snapshot"],
+               "cpus": os.cpu_count(), "routes": results, "decision_sample": bool(job)}
+        print(json.dumps(out, indent=2))
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1080 @@
+"""The portal's ASGI application: the JSON read API under /api/v1 (OpenAPI at /api/v1/openapi.json) and the
+server-rendered pages, over one `LakeReader` (chipledger/web/lake.py) and the store.
+
+Who sees what is decided by `chipledger.web.auth.Principal`; every route asks it. A team the caller may not read,
+and a job of such a team, is 404 (it does not exist for them). Pages carry no JavaScript: a strict
+Content-Security-Policy (`default-src 'none'`, the stylesheet from 'self'), and they refresh with a
+`<meta http-equiv=refresh>` poll.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import secrets
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Optional
+from urllib.parse import quote
+
+from fastapi import APIRouter, Depends, FastAPI, Form, HTTPException, Query, Request
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.templating import Jinja2Templates
+from pydantic import BaseModel, Field
+
+from chipledger.config import Config
+from chipledger.web import burst as burst_mod
+from chipledger.web.auth import Csrf, Principal, RateLimiter, TokenCache, principal_for
+from chipledger.web.estimate import Running, Waiting, estimate_start
+from chipledger.web.lake import LakeReader, Snapshot
+
+HERE = Path(__file__).parent
+SESSION_COOKIE = "clp_session"
+LOGIN_CSRF_COOKIE = "clp_login"
+CSP = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+       "base-uri 'none'")
+MAX_BODY_BYTES = 16 << 10
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,127}$")
+PAGE_REFRESH_S = 60
+
+
+@dataclass
+class Portal:
+    """What the routes share: configuration, the lake, the store, Kafka, auth helpers."""
+
+    cfg: Config
+    reader: LakeReader
+    store: Any = None
+    producer_factory: Optional[Callable[[], Any]] = None    # None: no Kafka; burst requests are refused
+    tokens: TokenCache = None
+    dry_limiter: RateLimiter = None
+    csrf: Csrf = field(default_factory=Csrf)
+    limiter: RateLimiter = None
+    statements_dir: Optional[Path] = None
+    accuracy: Optional[dict] = None                         # the start estimate's measured accuracy (docs/portal.md)
+    sent: list = field(default_factory=list)                # burst requests this process sent (pending until decided)
+    _producer: Any = None
+
+    def __post_init__(self):
+        if self.tokens is None:
+            self.tokens = TokenCache(self.store)
+        if self.limiter is None:
+            self.limiter = RateLimiter(self.cfg.serve.writes_per_minute)
+        if self.dry_limiter is None:  # a dry run writes nothing but costs a few hundred verdicts: 6x the writes
+            self.dry_limiter = RateLimiter(6 * self.cfg.serve.writes_per_minute)
+        if self.reader is not None and self.reader.warm is None:
+            self.reader.warm = queue_all  # the queue's estimates are computed at each refresh, not per request
+
+    def producer(self):
+        if self.producer_factory is None:
+            return None
+        if self._producer is None:
+            self._producer = self.producer_factory()
+        return self._producer
+
+
+# --------------------------------------------------------------------------------------------------------------
+# response models (units in the field names)
+# --------------------------------------------------------------------------------------------------------------
+
+class Page(BaseModel):
+    next_cursor: Optional[str] = Field(None, description="pass as `cursor` for the next page; null: last page")
+    snapshot: int = Field(description="the lake snapshot the page was read from")
+
+
+class PoolOut(BaseModel):
+    pool: str
+    books_closed_at: Optional[datetime]
+    teams: int
+    registered_chips: Optional[float]
+    healthy_chips: Optional[float]
+    in_use_chips: Optional[float]
+    free_chips: Optional[float]
+
+
+class PoolsOut(BaseModel):
+    pools: list[PoolOut]
+    snapshot: int
+
+
+class TeamOut(BaseModel):
+    team: str
+    pools: list[str]
+
+
+class TeamsOut(BaseModel):
+    teams: list[TeamOut]
+
+
+class BalanceOut(BaseModel):
+    pool: str
+    team: str
+    at: datetime
+    nominal_chips: float
+    used_chips: float
+    borrowed_chips: float
+    burst_chips: float
+    pending_chips: float
+    decayed_usage_mchip_s: int
+    fair_share_factor: float
+    borrowed_share: float
+    lendable_chips: float
+
+
+class BalancesOut(Page):
+    balances: list[BalanceOut]
+
+
+class QueueEntry(BaseModel):
+    pool: str
+    team: Optional[str] = Field(None, description="null when the caller may not see other teams' names")
+    job_id: Optional[str] = Field(None, description="null for another team's job")
+    position: int
+    queue_length: int
+    team_position: int
+    priority: int
+    chips: float
+    waiting_since: Optional[datetime]
+    waited_s: Optional[int]
+    reason: str
+    message: Optional[str]
+    as_of: datetime
+    estimated_start_at: Optional[datetime] = Field(None, description="an estimate with its basis, never a promise")
+    estimate_basis: Optional[str] = None
+
+
+class QueueOut(BaseModel):
+    queue: list[QueueEntry]
+    snapshot: int
+
+
+class TimelineEntry(BaseModel):
+    at: datetime
+    type: str
+    detail: str
+
+
+class JobOut(BaseModel):
+    job_id: str
+    pool: str
+    team: str
+    user: Optional[str]
+    chips: float
+    priority: int
+    status: str
+    submitted_at: datetime
+    first_started_at: Optional[datetime]
+    finished_at: Optional[datetime]
+    outcome: Optional[str]
+    preemptions: int
+    allocated_mchip_s: int
+    lost_mchip_s: int
+    timeline: list[TimelineEntry]
+    why: dict
+
+
+class JobSummary(BaseModel):
+    job_id: str
+    pool: str
+    team: str
+    user: Optional[str]
+    chips: float
+    priority: int
+    submitted_at: datetime
+    first_started_at: Optional[datetime]
+    finished_at: Optional[datetime]
+    outcome: Optional[str]
+    preemptions: int
+    allocated_mchip_s: int
+    lost_mchip_s: int
+
+
+class JobsOut(Page):
+    jobs: list[JobSummary]
+
+
+class DecisionOut(BaseModel):
+    decision_id: str
+    type: str
+    pool: str
+    at: datetime
+    rule: str
+    team: Optional[str]
+    message: str
+    verdict: Optional[str]
+    request_id: Optional[str]
+
+
+class DecisionsOut(Page):
+    decisions: list[DecisionOut]
+
+
+class SloOut(BaseModel):
+    slo: str
+    pool: Optional[str]
+    target: float
+    unit: str
+    good: int
+    total: int
+    sli: Optional[float]
+    budget_consumed: Optional[float]
+    budget_remaining: Optional[float]
+    window_start: Optional[datetime]
+    window_end: Optional[datetime]
+
+
+class SlosOut(BaseModel):
+    slos: list[SloOut]
+    snapshot: int
+
+
+class HolOut(BaseModel):
+    pool: str
+    team: Optional[str]
+    waits_blocked: int
+    jobs_affected: int
+    blocked_s: int
+    blocked_mchip_s: int
+    top_blockers: Optional[str]
+
+
+class HolsOut(BaseModel):
+    head_of_line: list[HolOut]
+    snapshot: int
+
+
+class StatementOut(BaseModel):
+    statement_id: str
+    team: str
+    period_start: datetime
+    period_end: datetime
+    issued_at: datetime
+    formats: list[str]
+    downloads: dict[str, str]
+
+
+class StatementsOut(BaseModel):
+    statements: list[StatementOut]
+
+
+class BurstIn(BaseModel):
+    pool: str = Field(max_length=256)
+    team: str = Field(max_length=128)
+    chips: float = Field(gt=0, le=1_000_000)
+    window_start: datetime
+    window_end: datetime
+    reason: str = Field("", max_length=500)
+
+
+class DryRunOut(BaseModel):
+    pool: str
+    team: str
+    as_of: str
+    verdict: str
+    chips_requested: float
+    chips_granted: float
+    numbers: dict[str, float]
+    message: str
+    nearest_approved_windows: list[dict[str, str]]
+
+
+class BurstOut(BaseModel):
+    request_id: str
+    pool: str
+    team: str
+    chips: float
+    requested_by: Optional[str]
+    requested_at: Optional[datetime]
+    window_start: Optional[datetime]
+    window_end: Optional[datetime]
+    status: str = Field(description="pending (sent, no decision in the lake yet) | approved | partial | denied")
+    chips_granted: Optional[float]
+    message: Optional[str]
+
+
+class BurstsOut(BaseModel):
+    bursts: list[BurstOut]
+    kafka: bool
+
+
+class SubmittedOut(BaseModel):
+    request_id: str
+    event_id: str
+    status: str
+
+
+class WhoAmI(BaseModel):
+    user: str
+    via: str
+    teams: list[str]
+    roles: list[str]
+    visibility: str
+
+
+# --------------------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------------------
+
+def _cursor_encode(key: list) -> str:
+    return base64.urlsafe_b64encode(json.dumps(key, default=str).encode()).decode().rstrip("=")
+
+
+def _cursor_decode(cursor: Optional[str]) -> Optional[list]:
+    if not cursor:
+        return None
+    try:
+        pad = "=" * (-len(cursor) % 4)
+        key = json.loads(base64.urlsafe_b64decode(cursor + pad))
+        if not isinstance(key, list) or len(key) > 4:
+            raise ValueError
+        return key
+    except Exception:
+        raise HTTPException(400, "cursor is not one this API gave out") from None
+
+
+def _chips(milli) -> Optional[float]:
+    return None if milli is None else milli / 1000
+
+
+def _iso(ts) -> Optional[str]:
+    return None if ts is None else ts.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _check_name(value: str, what: str) -> str:
+    if not NAME_RE.match(value or ""):
+        raise HTTPException(422, f"{what} is not a valid name")
+    return value
+
+
+class Identity:
+    """The dependency that turns a request into a Principal (or None)."""
+
+    def __init__(self, portal: Portal):
+        self.portal = portal
+
+    def __call__(self, request: Request) -> Optional[Principal]:
+        cfg = self.portal.cfg.serve
+        client = request.client.host if request.client else ""
+        if client in cfg.proxies():
+            user = request.headers.get(cfg.user_header)
+            if user:
+                groups = [g.strip() for g in request.headers.get(cfg.groups_header, "").split(",") if g.strip()]
+                return principal_for(cfg, user.strip()[:128], groups, "proxy")
+        token = None
+        auth = request.headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            token = auth[7:].strip()
+        elif request.cookies.get(SESSION_COOKIE):
+            token = request.cookies.get(SESSION_COOKIE)
+        if token:
+            row = self.portal.tokens.lookup(token)
+            if row is not None:
+                return principal_for(cfg, row.user, [], "token", token_team=row.team, token_id=row.token_id)
+        return None
+
+
+def build_app(portal: Portal) -> FastAPI:
+    app = FastAPI(title="chipledger portal API", version="1", docs_url=None, redoc_url=None,
+                  openapi_url="/api/v1/openapi.json",
+                  description="Read API of chipledger (docs/portal.md): quota, queues, jobs, SLOs, statements, "
+                              "bursts. Authenticate with `Authorization: Bearer <token>` (`chipledger serve tokens "
+                              "create`).")
+    app.state.portal = portal
+    identity = Identity(portal)
+    templates = Jinja2Templates(directory=str(HERE / "templates"))  # autoescape on for .html
+    templates.env.filters["chips"] = lambda v: "–" if v is None else f"{v:,.1f}"
+    templates.env.filters["pct"] = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"
+    templates.env.filters["ts"] = lambda v: "–" if v is None else (v if isinstance(v, str) else _iso(v))
+    templates.env.filters["dur"] = _duration
+    templates.env.filters["epoch"] = lambda v: datetime.fromtimestamp(v, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    @app.middleware("http")
+    async def security(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            return JSONResponse({"detail": "request body too large"}, status_code=413)
+        response = await call_next(request)
+        response.headers["Content-Security-Policy"] = CSP
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers.setdefault("Cache-Control", "no-store")
+        return response
+
+    def who(request: Request) -> Principal:
+        p = identity(request)
+        if p is None:
+            raise HTTPException(401, "sign in: Authorization: Bearer <token>", headers={"WWW-Authenticate": "Bearer"})
+        return p
+
+    def snap() -> Snapshot:
+        return portal.reader.snapshot
+
+    def team_or_404(p: Principal, team: str) -> str:
+        if not NAME_RE.match(team or "") or not p.can_read_team(team):
+            raise HTTPException(404, "no such team")
+        return team
+
+    api = APIRouter(prefix="/api/v1")
+
+    # ---------------------------------------------------------------------------------- read API
+    @api.get("/whoami", response_model=WhoAmI, tags=["identity"])
+    def whoami(p: Principal = Depends(who)):
+        return WhoAmI(user=p.user, via=p.via, teams=sorted(p.teams), roles=sorted(p.roles), visibility=p.visibility)
+
+    @api.get("/pools", response_model=PoolsOut, tags=["fleet"])
+    def pools(p: Principal = Depends(who)):
+        s = snap()
+        return PoolsOut(snapshot=s.version, pools=[_pool_out(r) for r in s.cached_rows(
+            "SELECT * FROM portal_pools ORDER BY pool")])
+
+    @api.get("/teams", response_model=TeamsOut, tags=["teams"])
+    def teams(p: Principal = Depends(who)):
+        s = snap()
+        rows = s.cached_rows("SELECT team, list(DISTINCT pool ORDER BY pool) AS pools FROM portal_balances_now "
+                      "GROUP BY team ORDER BY team")
+        seen = {r["team"]: r["pools"] for r in rows}
+        names = list(seen) if p.sees_fleet else sorted(p.teams)
+        return TeamsOut(teams=[TeamOut(team=t, pools=seen.get(t, [])) for t in names])
+
+    @api.get("/teams/{team:path}/balances", response_model=BalancesOut, tags=["teams"])
+    def balances(team: str, pool: Optional[str] = None,
+                 since: Optional[datetime] = Query(None, description="history from this instant (omit: now)"),
+                 until: Optional[datetime] = None, limit: int = Query(500, ge=1, le=5000),
+                 cursor: Optional[str] = None, p: Principal = Depends(who)):
+        team_or_404(p, team)
+        s = snap()
+        if since is None and until is None:
+            rows = s.cached_rows("SELECT * FROM portal_balances_now WHERE team = ? AND (? IS NULL OR pool = ?) ORDER BY pool",
+                          [team, pool, pool])
+            return BalancesOut(balances=[BalanceOut(**r) for r in rows], snapshot=s.version)
+        key = _cursor_decode(cursor)
+        rows = s.rows(
+            'SELECT * FROM balances WHERE team = $team AND ($pool IS NULL OR pool = $pool) '
+            'AND ($since IS NULL OR "at" >= $since) AND ($until IS NULL OR "at" < $until) '
+            'AND ($k_at IS NULL OR ("at", pool) > ($k_at::TIMESTAMPTZ, $k_pool)) ORDER BY "at", pool LIMIT $n',
+            {"team": team, "pool": pool, "since": since, "until": until, "k_at": key[0] if key else None,
+             "k_pool": key[1] if key else None, "n": limit + 1})
+        nxt = _cursor_encode([_iso(rows[limit - 1]["at"]), rows[limit - 1]["pool"]]) if len(rows) > limit else None
+        return BalancesOut(balances=[BalanceOut(**r) for r in rows[:limit]], next_cursor=nxt, snapshot=s.version)
+
+    @api.get("/queue", response_model=QueueOut, tags=["queue"])
+    def queue(pool: Optional[str] = None, team: Optional[str] = None, p: Principal = Depends(who)):
+        if team is not None:
+            team_or_404(p, team)
+        s = snap()
+        return QueueOut(queue=_queue(portal, s, p, pool, team), snapshot=s.version)
+
+    @api.get("/jobs/{job_id}", response_model=JobOut, tags=["jobs"])
+    def job(job_id: str, p: Principal = Depends(who)):
+        out = _job(snap(), p, job_id)
+        if out is None:
+            raise HTTPException(404, "no such job")
+        return out
+
+    @api.get("/teams/{team:path}/jobs", response_model=JobsOut, tags=["jobs"])
+    def team_jobs(team: str, pool: Optional[str] = None, limit: int = Query(100, ge=1, le=1000),
+                  cursor: Optional[str] = None, p: Principal = Depends(who)):
+        """The team's jobs, latest submission first, paged."""
+        team_or_404(p, team)
+        s = snap()
+        key = _cursor_decode(cursor)
+        rows = s.cached_rows(
+            "SELECT job_id, pool, team, \"user\", chips, priority, submitted_at, first_started_at, finished_at, outcome, "
+            "preemptions, allocated_mchip_s, lost_mchip_s FROM jobs WHERE team = $team AND ($pool IS NULL OR pool = $pool) "
+            "AND ($k_at IS NULL OR (submitted_at, job_id) < ($k_at::TIMESTAMPTZ, $k_id)) "
+            "ORDER BY submitted_at DESC, job_id DESC LIMIT $n",
+            {"team": team, "pool": pool, "k_at": key[0] if key else None, "k_id": key[1] if key else None,
+             "n": limit + 1})
+        nxt = (_cursor_encode([_iso(rows[limit - 1]["submitted_at"]), rows[limit - 1]["job_id"]])
+               if len(rows) > limit else None)
+        return JobsOut(jobs=[JobSummary(**r) for r in rows[:limit]], next_cursor=nxt, snapshot=s.version)
+
+    @api.get("/decisions", response_model=DecisionsOut, tags=["decisions"])
+    def decisions(pool: Optional[str] = None, team: Optional[str] = None, limit: int = Query(100, ge=1, le=1000),
+                  cursor: Optional[str] = None, p: Principal = Depends(who)):
+        if team is not None:
+            team_or_404(p, team)
+        elif not p.is_staff:
+            if not p.teams:
+                raise HTTPException(404, "no such team")
+        s = snap()
+        key = _cursor_decode(cursor)
+        teams_filter = None if (team is None and p.is_staff) else ([team] if team else sorted(p.teams))
+        rows = s.cached_rows(
+            'SELECT decision_id, type, pool, "at", rule, team, message, verdict, request_id FROM portal_decisions '
+            'WHERE ($pool IS NULL OR pool = $pool) AND ($teams IS NULL OR list_contains($teams, team) '
+            "OR decision_id IN (SELECT decision_id FROM decision_victims WHERE list_contains($teams, team))) "
+            'AND ($k_at IS NULL OR ("at", decision_id) > ($k_at::TIMESTAMPTZ, $k_id)) '
+            'ORDER BY "at", decision_id LIMIT $n',
+            {"pool": pool, "teams": teams_filter, "k_at": key[0] if key else None, "k_id": key[1] if key else None,
+             "n": limit + 1})
+        nxt = (_cursor_encode([_iso(rows[limit - 1]["at"]), rows[limit - 1]["decision_id"]])
+               if len(rows) > limit else None)
+        return DecisionsOut(decisions=[DecisionOut(**r) for r in rows[:limit]], next_cursor=nxt, snapshot=s.version)
+
+    @api.get("/slos", response_model=SlosOut, tags=["slo"])
+    def slos(pool: Optional[str] = None, p: Principal = Depends(who)):
+        s = snap()
+        return SlosOut(slos=_slos(s, pool), snapshot=s.version)
+
+    @api.get("/head-of-line", response_model=HolsOut, tags=["queue"])
+    def head_of_line(pool: Optional[str] = None, p: Principal = Depends(who)):
+        s = snap()
+        rows = s.cached_rows("SELECT * FROM portal_hol WHERE ($1 IS NULL OR pool = $1) ORDER BY pool, team", [pool])
+        out = []
+        for r in rows:
+            mine = p.can_read_team(r["team"])
+            if not mine and not p.sees_fleet:
+                continue  # visibility = team: only the caller's teams
+            out.append(HolOut(pool=r["pool"], team=r["team"], waits_blocked=r["waits_blocked"],
+                              jobs_affected=r["jobs_affected"], blocked_s=r["blocked_s"],
+                              blocked_mchip_s=r["blocked_mchip_s"],
+                              top_blockers=r["top_blockers"] if mine else None))  # other teams' job ids: not theirs
+        return HolsOut(head_of_line=out, snapshot=s.version)
+
+    @api.get("/teams/{team:path}/statements", response_model=StatementsOut, tags=["statements"])
+    def statements(team: str, p: Principal = Depends(who)):
+        team_or_404(p, team)
+        return StatementsOut(statements=_statements(portal, team))
+
+    @api.get("/statements/{statement_id:path}/{fmt}", tags=["statements"],
+             responses={200: {"content": {"application/octet-stream": {}}}})
+    def statement_file(statement_id: str, fmt: str, p: Principal = Depends(who)):
+        path = _statement_path(portal, p, statement_id, fmt)
+        media = {"html": "text/html", "md": "text/markdown", "csv": "text/csv", "json": "application/json",
+                 "svg": "image/svg+xml"}[fmt]
+        return FileResponse(path, media_type=media, filename=path.name,
+                            headers={"Content-Disposition": f'attachment; filename="{path.name}"'})
+
+    @api.get("/teams/{team:path}/bursts", response_model=BurstsOut, tags=["bursts"])
+    def bursts(team: str, p: Principal = Depends(who)):
+        team_or_404(p, team)
+        return BurstsOut(bursts=_bursts(portal, snap(), team), kafka=portal.producer_factory is not None)
+
+    @api.post("/bursts/dry-run", response_model=DryRunOut, tags=["bursts"])
+    def burst_dry_run(req: BurstIn, p: Principal = Depends(who)):
+        _burst_allowed(p, req)
+        out = _dry_run(portal, req, p.user)
+        return DryRunOut(**out)
+
+    @api.post("/bursts", response_model=SubmittedOut, status_code=202, tags=["bursts"])
+    def burst_submit(req: BurstIn, request: Request, p: Principal = Depends(who)):
+        _burst_allowed(p, req)
+        if p.via != "token" or request.cookies.get(SESSION_COOKIE) and not request.headers.get("authorization"):
+            # a browser's ambient credentials (the proxy's header, the session cookie) need the form's CSRF token
+            if not portal.csrf.check(p.session_key(), request.headers.get("x-csrf-token")):
+                raise HTTPException(403, "CSRF token missing or wrong")
+        return _submit(portal, p, req)
+
+    @api.get("/snapshots", tags=["fleet"], responses={200: {"content": {"text/event-stream": {}}}})
+    async def snapshots(request: Request, once: bool = Query(False, description="send the current snapshot and end"),
+                        p: Principal = Depends(who)):
+        """Server-sent events: `event: snapshot` with the lake snapshot's number and when it was read, now and each
+        time a new snapshot is swapped in (the books closed again): a client refreshes what it shows then."""
+        import asyncio
+
+        from fastapi.responses import StreamingResponse
+
+        async def stream():
+            last = None
+            while True:
+                snap = portal.reader._snap
+                if snap is not None and snap.version != last:
+                    last = snap.version
+                    data = json.dumps({"snapshot": snap.version, "read_at": _epoch_iso(snap.built_at)})
+                    yield f"event: snapshot\ndata: {data}\n\n"
+                    if once:
+                        return
+                if await request.is_disconnected():
+                    return
+                await asyncio.sleep(1.0)
+
+        if portal.reader._snap is None:
+            portal.reader.snapshot  # the first snapshot, before the stream starts
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+
+    app.include_router(api)
+
+    # ---------------------------------------------------------------------------------- pages
+    def page_user(request: Request) -> Optional[Principal]:
+        return identity(request)
+
+    def render(request: Request, name: str, p: Optional[Principal], status: int = 200, **ctx):
+        ctx.update(request=request, me=p, csrf=portal.csrf.token(p.session_key()) if p else None,
+                   refresh_s=PAGE_REFRESH_S, snapshot=portal.reader._snap)
+        return templates.TemplateResponse(request, name, ctx, status_code=status)
+
+    def signin_redirect():
+        return RedirectResponse("/login", status_code=303)
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz():
+        s = portal.reader._snap
+        return {"ok": True, "snapshot": s.version if s else None, "refresh_error": portal.reader.last_error}
+
+    @app.get("/static/portal.css", include_in_schema=False)
+    def css():
+        return FileResponse(HERE / "static" / "portal.css", media_type="text/css",
+                            headers={"Cache-Control": "max-age=300"})
+
+    @app.get("/login", include_in_schema=False, response_class=HTMLResponse)
+    def login_form(request: Request):
+        nonce = secrets.token_urlsafe(16)
+        r = render(request, "login.html", None, login_csrf=nonce, error=None)
+        r.set_cookie(LOGIN_CSRF_COOKIE, nonce, httponly=True, samesite="strict",
+                     secure=portal.cfg.serve.secure_cookies)
+        return r
+
+    @app.post("/login", include_in_schema=False)
+    def login(request: Request, token: str = Form(max_length=200), csrf: str = Form(max_length=100)):
+        cookie = request.cookies.get(LOGIN_CSRF_COOKIE, "")
+        if not cookie or not secrets.compare_digest(cookie, csrf):
+            return render(request, "login.html", None, 403, login_csrf=cookie, error="the form expired: try again")
+        row = portal.tokens.lookup(token.strip())
+        if row is None:
+            return render(request, "login.html", None, 401, login_csrf=cookie, error="that token is not valid")
+        r = RedirectResponse("/", status_code=303)
+        r.set_cookie(SESSION_COOKIE, token.strip(), httponly=True, samesite="strict",
+                     secure=portal.cfg.serve.secure_cookies)
+        r.delete_cookie(LOGIN_CSRF_COOKIE)
+        return r
+
+    @app.post("/logout", include_in_schema=False)
+    def logout(request: Request, csrf: str = Form("", max_length=100)):
+        p = page_user(request)
+        if p is not None and not portal.csrf.check(p.session_key(), csrf):
+            raise HTTPException(403, "CSRF token missing or wrong")
+        r = RedirectResponse("/login", status_code=303)
+        r.delete_cookie(SESSION_COOKIE)
+        return r
+
+    @app.get("/", include_in_schema=False)
+    def index(request: Request):
+        p = page_user(request)
+        if p is None:
+            return signin_redirect()
+        if p.home_team:
+            return RedirectResponse(f"/teams/{quote(p.home_team, safe='/')}", status_code=303)
+        return RedirectResponse("/fleet", status_code=303)
+
+    def team_home(request: Request, team: str):
+        p = page_user(request)
+        if p is None:
+            return signin_redirect()
+        team_or_404(p, team)
+        s = snap()
+        bal, pools = s.memo(("home", team), lambda: (
+            s.rows("SELECT * FROM portal_balances_now WHERE team = ? ORDER BY pool", [team]),
+            {r["pool"]: r for r in s.rows("SELECT * FROM portal_pools")}))
+        slo_rows = _slos(s, None)
+        q = _queue(portal, s, p, None, team)
+        recent = s.memo(("recent", team), lambda: s.rows(
+            "SELECT job_id, pool, chips, submitted_at, first_started_at, finished_at, outcome, preemptions FROM jobs "
+            "WHERE team = ? ORDER BY submitted_at DESC, job_id DESC LIMIT 15", [team]))
+        return render(request, "home.html", p, team=team, balances=bal, pools=pools, recent=recent,
+                      slos=slo_rows, queue_len=len(q), fair_share=_fair_share_sentence)
+
+    @app.get("/teams/{team:path}/queue", include_in_schema=False, response_class=HTMLResponse)
+    def team_queue(request: Request, team: str):
+        p = page_user(request)
+        if p is None:
+            return signin_redirect()
+        team_or_404(p, team)
+        s = snap()
+        return render(request, "queue.html", p, team=team, queue=_queue(portal, s, p, None, team),
+                      hol=[r for r in s.cached_rows("SELECT * FROM portal_hol WHERE team = ?", [team])],
+                      accuracy=portal.accuracy)
+
+    @app.get("/jobs/{job_id}", include_in_schema=False, response_class=HTMLResponse)
+    def job_page(request: Request, job_id: str):
+        p = page_user(request)
+        if p is None:
+            return signin_redirect()
+        out = _job(snap(), p, job_id)
+        if out is None:
+            return render(request, "error.html", p, 404, message="no such job")
+        return render(request, "job.html", p, job=out)
+
+    @app.get("/teams/{team:path}/statements", include_in_schema=False, response_class=HTMLResponse)
+    def statements_page(request: Request, team: str):
+        p = page_user(request)
+        if p is None:
+            return signin_redirect()
+        team_or_404(p, team)
+        return render(request, "statements.html", p, team=team, statements=_statements(portal, team))
+
+    @app.get("/teams/{team:path}/bursts", include_in_schema=False, response_class=HTMLResponse)
+    def bursts_page(request: Request, team: str):
+        p = page_user(request)
+        if p is None:
+            return signin_redirect()
+        team_or_404(p, team)
+        s = snap()
+        return render(request, "bursts.html", p, team=team, bursts=_bursts(portal, s, team),
+                      pools=[r["pool"] for r in s.cached_rows("SELECT pool FROM portal_pools ORDER BY pool")],
+                      kafka=portal.producer_factory is not None, dry=None, form=None, error=None, sent=None)
+
+    @app.post("/teams/{team:path}/bursts", include_in_schema=False, response_class=HTMLResponse)
+    def bursts_post(request: Request, team: str, pool: str = Form(max_length=256), chips: float = Form(),
+                    window_start: str = Form(max_length=40), window_end: str = Form(max_length=40),
+                    reason: str = Form("", max_length=500), action: str = Form("dry-run", max_length=10),
+                    csrf: str = Form("", max_length=100)):
+        p = page_user(request)
+        if p is None:
+            return signin_redirect()
+        team_or_404(p, team)
+        if not portal.csrf.check(p.session_key(), csrf):
+            return render(request, "error.html", p, 403, message="the form's CSRF token is missing or wrong")
+        s = snap()
+        form = {"pool": pool, "chips": chips, "window_start": window_start, "window_end": window_end,
+                "reason": reason}
+        ctx = dict(team=team, pools=[r["pool"] for r in s.cached_rows("SELECT pool FROM portal_pools ORDER BY pool")],
+                   kafka=portal.producer_factory is not None, form=form, dry=None, error=None, sent=None)
+        try:
+            req = BurstIn(pool=pool, team=team, chips=chips, window_start=_parse_when(window_start),
+                          window_end=_parse_when(window_end), reason=reason)
+            _burst_allowed(p, req)
+            if action == "submit":
+                ctx["sent"] = _submit(portal, p, req)
+            else:
+                ctx["dry"] = _dry_run(portal, req, p.user)
+        except HTTPException as e:
+            ctx["error"] = e.detail
+        except ValueError as e:
+            ctx["error"] = str(e).splitlines()[0]
+        ctx["bursts"] = _bursts(portal, s, team)
+        return render(request, "bursts.html", p, 200 if ctx["error"] is None else 400, **ctx)
+
+    # a team's home last: `{team:path}` (team names may be paths, `org/team`) would take the pages above
+    app.get("/teams/{team:path}", include_in_schema=False, response_class=HTMLResponse)(team_home)
+
+    @app.get("/fleet", include_in_schema=False, response_class=HTMLResponse)
+    def fleet(request: Request):
+        p = page_user(request)
+        if p is None:
+            return signin_redirect()
+        if not p.sees_fleet:
+            return render(request, "error.html", p, 404, message="the fleet page is for admins and SREs here")
+        s = snap()
+        return render(request, "fleet.html", p,
+                      pools=s.cached_rows("SELECT * FROM portal_pools ORDER BY pool"),
+                      balances=s.cached_rows("SELECT * FROM portal_balances_now ORDER BY pool, team"),
+                      slos=_slos(s, None), hol=s.cached_rows("SELECT * FROM portal_hol ORDER BY blocked_mchip_s DESC LIMIT 10"),
+                      queue=_queue(portal, s, p, None, None)[:50])
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        if request.url.path.startswith("/api/") or exc.status_code not in (403, 404):
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        p = identity(request)
+        return render(request, "error.html", p, exc.status_code, message=str(exc.detail))
+
+    # burst helpers (closures over portal)
+    def _burst_allowed(p: Principal, req: BurstIn) -> None:
+        _check_name(req.pool, "pool")
+        _check_name(req.team, "team")
+        if not p.can_request_burst(req.team):
+            raise HTTPException(404, "no such team")
+        if req.window_end <= req.window_start:
+            raise HTTPException(422, "window_end must be after window_start")
+
+    return app
+
+
+# --------------------------------------------------------------------------------------------------------------
+# reads
+# --------------------------------------------------------------------------------------------------------------
+
+def _epoch_iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _duration(s) -> str:
+    if s is None:
+        return "–"
+    d, r = divmod(int(s), 86400)
+    h, r = divmod(r, 3600)
+    m, sec = divmod(r, 60)
+    return " ".join(f"{v}{u}" for v, u in ((d, "d"), (h, "h"), (m, "m"), (sec, "s")) if v) or "0s"
+
+
+def _fair_share_sentence(f: Optional[float]) -> str:
+    if f is None:
+        return "no fair-share factor recorded yet"
+    if f >= 0.9:
+        return (f"F = {f:.2f}: your team used little of the pool lately; your jobs go ahead of heavier users' and a "
+                f"burst may take all the forecast idle chips")
+    if f >= 0.5:
+        return (f"F = {f:.2f}: your recent use is about your share; a burst may take all the forecast idle chips, "
+                f"and your borrowed jobs are preempted only after heavier users'")
+    return (f"F = {f:.2f}: your team used more than its share lately (it recovers as usage decays); a burst may "
+            f"take only {2 * f:.0%} of the forecast idle chips, and your borrowed jobs are preempted first")
+
+
+def _pool_out(r: dict) -> PoolOut:
+    return PoolOut(pool=r["pool"], books_closed_at=r["books_closed_at"], teams=r["teams"],
+                   registered_chips=_chips(r["registered_milli"]), healthy_chips=_chips(r["healthy_milli"]),
+                   in_use_chips=_chips(r["in_use_milli"]), free_chips=_chips(r["free_milli"]))
+
+
+def _slos(s: Snapshot, pool: Optional[str]) -> list[SloOut]:
+    return s.memo(("slos", pool), lambda: _slos_compute(s, pool))
+
+
+def _slos_compute(s: Snapshot, pool: Optional[str]) -> list[SloOut]:
+    rows = s.rows("SELECT * FROM portal_error_budget WHERE ($1 IS NULL OR pool = $1) ORDER BY slo, pool NULLS FIRST",
+                  [pool])
+    return [SloOut(slo=r["slo"], pool=r["pool"], target=r["target"], unit=r["unit"], good=int(r["good"] or 0),
+                   total=int(r["total"] or 0), sli=r["sli"], budget_consumed=r["consumed"],
+                   budget_remaining=r["remaining"], window_start=r["window_start"], window_end=r["window_end"])
+            for r in rows]
+
+
+def _runtime_model(s: Snapshot) -> tuple[dict, dict, dict]:
+    """Expected runtimes: per job (the producer's), medians per (pool, team, chips) and per pool of finished runs."""
+    expected = {(r["pool"], r["job_id"]): r["expected_runtime_s"] for r in s.rows(
+        "SELECT pool, job_id, arg_max(expected_runtime_s, submitted_at) AS expected_runtime_s FROM portal_expected "
+        "WHERE expected_runtime_s IS NOT NULL GROUP BY ALL")}
+    by_size = {}
+    by_pool = {}
+    for r in s.rows("SELECT pool, team, chips_milli, median(epoch(ended_at) - epoch(started_at))::BIGINT AS m "
+                    "FROM portal_runs WHERE end_reason = 'finished' AND ended_at IS NOT NULL GROUP BY ALL"):
+        by_size[(r["pool"], r["team"], r["chips_milli"])] = r["m"]
+    for r in s.rows("SELECT pool, median(epoch(ended_at) - epoch(started_at))::BIGINT AS m FROM portal_runs "
+                    "WHERE end_reason = 'finished' AND ended_at IS NOT NULL GROUP BY ALL"):
+        by_pool[r["pool"]] = r["m"]
+    return expected, by_size, by_pool
+
+
+def queue_all(s: Snapshot) -> list[QueueEntry]:
+    """Every pending job with its estimated start, computed once per snapshot (at its refresh: `LakeReader.warm`)."""
+    return s.memo("queue", lambda: _queue_compute(s))
+
+
+def _queue(portal: Portal, s: Snapshot, p: Principal, pool: Optional[str], team: Optional[str]) -> list[QueueEntry]:
+    out = []
+    for e in queue_all(s):
+        if pool is not None and e.pool != pool:
+            continue
+        if team is not None and e.team != team:
+            continue
+        mine = p.can_read_team(e.team)
+        if not mine and not p.sees_fleet:
+            continue
+        if not mine:
+            e = e.model_copy(update={"job_id": None, "message": None})
+        out.append(e)
+    return out
+
+
+def _queue_compute(s: Snapshot) -> list[QueueEntry]:
+    rows = s.rows("SELECT * FROM portal_queue ORDER BY pool, position")
+    if not rows:
+        return []
+    expected, by_size, by_pool = _runtime_model(s)
+
+    def runtime(pl, tm, job_id, chips_milli):
+        return expected.get((pl, job_id)) or by_size.get((pl, tm, chips_milli)) or by_pool.get(pl)
+
+    pools = {r["pool"]: r for r in s.rows("SELECT * FROM portal_pools")}
+    running_by_pool: dict[str, list[Running]] = {}
+    for r in s.rows(
+            "SELECT j.pool, j.team, j.job_id, j.chips_milli, l.last_at, "
+            "(SELECT max(started_at) FROM portal_runs x WHERE x.pool = j.pool AND x.job_id = j.job_id) AS started_at "
+            "FROM portal_jobs j JOIN portal_job_last l USING (pool, job_id) "
+            "WHERE l.last_type IN ('job.started', 'job.progress', 'job.checkpointed') AND j.finished_at IS NULL"):
+        rt = runtime(r["pool"], r["team"], r["job_id"], r["chips_milli"])
+        start = r["started_at"] or r["last_at"]
+        end = int(start.timestamp()) + rt if (rt and start) else None
+        running_by_pool.setdefault(r["pool"], []).append(Running(r["chips_milli"], end))
+    out = []
+    ahead_by_pool: dict[str, list[Waiting]] = {}
+    for r in rows:
+        pl = r["pool"]
+        chips_milli = round(r["chips"] * 1000)
+        w = Waiting(r["job_id"], chips_milli, runtime(pl, r["team"], r["job_id"], chips_milli))
+        ahead = ahead_by_pool.setdefault(pl, [])
+        info = pools.get(pl, {})
+        est = estimate_start(int(r["at"].timestamp()), info.get("free_milli") or 0, running_by_pool.get(pl, []),
+                             list(ahead), w, info.get("healthy_milli") or 0)
+        out.append(QueueEntry(
+            pool=pl, team=r["team"], job_id=r["job_id"], position=r["position"], queue_length=r["queue_length"],
+            team_position=r["team_position"], priority=r["priority"], chips=r["chips"],
+            waiting_since=r["waiting_since"], waited_s=None if r["waited_s"] is None else int(r["waited_s"]),
+            reason=r["reason"], message=r["message"], as_of=r["at"],
+            estimated_start_at=None if est.start_s is None else datetime.fromtimestamp(est.start_s, timezone.utc),
+            estimate_basis=est.basis))
+        ahead.append(w)
+    return out
+
+
+def _job(s: Snapshot, p: Principal, job_id: str) -> Optional[JobOut]:
+    if not NAME_RE.match(job_id or ""):
+        return None
+    out = s.memo(("job", job_id), lambda: _job_compute(s, job_id))
+    if out is None or not p.can_read_team(out.team):
+        return None
+    return out
+
+
+def _job_compute(s: Snapshot, job_id: str) -> Optional[JobOut]:
+    rows = s.rows("SELECT * FROM portal_jobs WHERE job_id = ? ORDER BY submitted_at DESC LIMIT 1", [job_id])
+    if not rows:
+        return None
+    j = rows[0]
+    from chipledger.reports.why import explain
+
+    cur = s.cursor()
+    try:
+        ex = explain(cur, job_id)
+    finally:
+        cur.close()
+    timeline = []
+    for r in s.rows("SELECT applied_at, type, body FROM events WHERE job_id = ? AND pool = ? AND applied_at >= ? "
+                    "ORDER BY applied_at, \"offset\"", [job_id, j["pool"], j["submitted_at"]]):
+        timeline.append(TimelineEntry(at=r["applied_at"], type=r["type"], detail=_event_detail(r["type"], r["body"])))
+    for at, did, role, message in ex.decisions:
+        timeline.append(TimelineEntry(at=datetime.strptime(at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc),
+                                      type=f"decision ({role})", detail=message))
+    for r in s.rows("SELECT run_index, started_at, ended_at, end_reason, lost_mchip_s FROM portal_runs "
+                    "WHERE job_id = ? AND pool = ? AND submitted_at = ? AND lost_mchip_s > 0",
+                    [job_id, j["pool"], j["submitted_at"]]):
+        timeline.append(TimelineEntry(at=r["ended_at"] or r["started_at"], type="lost work",
+                                      detail=f"run {r['run_index']} lost {r['lost_mchip_s'] / 3.6e6:.2f} chip-hours of "
+                                             f"work since its last checkpoint ({r['end_reason']})"))
+    timeline.sort(key=lambda e: e.at)
+    return JobOut(job_id=j["job_id"], pool=j["pool"], team=j["team"], user=j["user"], chips=j["chips"],
+                  priority=j["priority"], status=ex.status or "unknown", submitted_at=j["submitted_at"],
+                  first_started_at=j["first_started_at"], finished_at=j["finished_at"], outcome=j["outcome"],
+                  preemptions=j["preemptions"], allocated_mchip_s=j["allocated_mchip_s"],
+                  lost_mchip_s=j["lost_mchip_s"], timeline=timeline,
+                  why={k: v for k, v in ex.as_dict().items() if k not in ("history", "decisions")})
+
+
+def _event_detail(kind: str, body: str) -> str:
+    try:
+        b = json.loads(body)
+    except Exception:
+        return ""
+    if kind == "job.submitted":
+        extra = f", expected to run {_duration(b['expected_runtime_s'])}" if b.get("expected_runtime_s") else ""
+        return f"{b.get('chips')} chips, priority {b.get('priority', 0)}{extra}"
+    if kind == "job.preempted":
+        by = f" by decision {b['decision_id']}" if b.get("decision_id") else ""
+        return f"preempted{by}" + (f" ({b['reason']})" if b.get("reason") else "")
+    if kind == "job.finished":
+        return f"outcome {b.get('outcome')}"
+    if kind == "job.waiting":
+        return f"{b.get('reason')}: {b.get('message', '')}"
+    if kind == "job.started":
+        return f"on {len(b['chip_ids'])} chips" if b.get("chip_ids") else "started"
+    return ""
+
+
+def _statements(portal: Portal, team: str) -> list[StatementOut]:
+    if portal.store is None:
+        return []
+    out = []
+    for r in portal.store.statement_runs(team):
+        fmts = [f for f in r.formats.split(",") if f]
+        out.append(StatementOut(statement_id=r.statement_id, team=r.team, period_start=r.period_start,
+                                period_end=r.period_end, issued_at=r.issued_at, formats=fmts,
+                                downloads={f: f"/api/v1/statements/{quote(r.statement_id, safe='/@')}/{f}"
+                                           for f in fmts}))
+    return out
+
+
+def _statement_path(portal: Portal, p: Principal, statement_id: str, fmt: str) -> Path:
+    from chipledger.reports.statements import file_stem
+
+    if fmt not in ("html", "md", "csv", "json", "svg") or portal.store is None or portal.statements_dir is None:
+        raise HTTPException(404, "no such statement")
+    team, sep, label = statement_id.rpartition("@")
+    if not sep or not re.fullmatch(r"[0-9A-Za-z.\-]{1,40}", label) or not p.can_read_team(team):
+        raise HTTPException(404, "no such statement")
+    if not any(r.statement_id == statement_id for r in portal.store.statement_runs(team)):
+        raise HTTPException(404, "no such statement")
+    base = portal.statements_dir.resolve()
+    path = (base / label / f"{file_stem(team)}.{fmt}").resolve()
+    if base not in path.parents or not path.is_file():
+        raise HTTPException(404, "no such statement file")
+    return path
+
+
+def _bursts(portal: Portal, s: Snapshot, team: str) -> list[BurstOut]:
+    decided = {r["request_id"]: r for r in s.cached_rows(
+        "SELECT request_id, verdict, message, body FROM portal_decisions WHERE type = 'decision.burst' AND team = ?",
+        [team])}
+    out = []
+    for r in s.cached_rows("SELECT * FROM portal_bursts WHERE team = ? ORDER BY requested_at DESC", [team]):
+        d = decided.get(r["request_id"])
+        granted = json.loads(d["body"]).get("chips_granted") if d else None
+        out.append(BurstOut(request_id=r["request_id"], pool=r["pool"], team=r["team"], chips=r["chips_milli"] / 1000,
+                            requested_by=r["requested_by"], requested_at=r["requested_at"],
+                            window_start=r["window_start"], window_end=r["window_end"],
+                            status=d["verdict"] if d else "pending", chips_granted=granted,
+                            message=d["message"] if d else None))
+    known = {b.request_id for b in out}
+    for sent in portal_sent(portal, team):
+        if sent["request_id"] not in known:
+            out.insert(0, BurstOut(status="pending", chips_granted=None, message="sent; the ledger has not "
+                                   "decided it yet (the page refreshes)", requested_at=None, **{
+                                       k: sent[k] for k in ("request_id", "pool", "team", "chips", "requested_by",
+                                                            "window_start", "window_end")}))
+    return out
+
+
+def portal_sent(portal: Portal, team: str) -> list[dict]:
+    return [x for x in portal.sent if x["team"] == team]
+
+
+def _dry_run(portal: Portal, req: BurstIn, user: str) -> dict:
+    if not portal.dry_limiter.allow(user):
+        raise HTTPException(429, "too many dry runs: try again in a minute")
+    out = burst_mod.dry_run(portal.reader.snapshot, req.pool, req.team, req.chips, req.window_start, req.window_end,
+                            portal.cfg.slo.availability)
+    if out is None:
+        raise HTTPException(404, "no such pool (or its books have not closed yet)")
+    return out
+
+
+def _submit(portal: Portal, p: Principal, req: BurstIn) -> SubmittedOut:
+    if portal.producer_factory is None:
+        raise HTTPException(503, "burst requests need the Kafka pipeline, and this portal has none configured "
+                                 "(start it with --bootstrap); the dry run works without it")
+    if not portal.limiter.allow(p.user):
+        raise HTTPException(429, "too many requests: try again in a minute")
+    now = datetime.now(timezone.utc)
+    request_id = f"portal-{now:%Y%m%d%H%M%S}-{uuid.uuid4().hex[:8]}"
+    event_id = f"{request_id}:requested"
+    ev = burst_mod.burst_event(req.pool, req.team, req.chips, req.window_start, req.window_end, req.reason,
+                               p.user, request_id, event_id, now)
+    from streams.producer import InvalidEvent
+
+    try:
+        fut = portal.producer().send(ev)
+        portal.producer().flush(10)
+        if hasattr(fut, "get"):
+            fut.get(timeout=10)
+    except InvalidEvent as e:
+        raise HTTPException(422, f"the request is not a valid burst.requested: {e}") from None
+    except Exception as e:
+        raise HTTPException(503, f"could not send the request to Kafka: {str(e).splitlines()[0] if str(e) else e}")
+    del portal.sent[:-999]  # the requests this process sent, until the lake has them (bounded)
+    portal.sent.append({"request_id": request_id, "pool": req.pool, "team": req.team,
+                                             "chips": req.chips, "requested_by": p.user,
+                                             "window_start": req.window_start, "window_end": req.window_end})
+    return SubmittedOut(request_id=request_id, event_id=event_id, status="pending")
+
+
+def _parse_when(text: str) -> datetime:
+    text = (text or "").strip()
+    try:
+        d = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a date and time (YYYY-MM-DDTHH:MM, UTC)") from None
+    return d if d.tzinfo else d.replace(tzinfo=timezone.utc)

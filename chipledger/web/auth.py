@@ -1,0 +1,169 @@
+"""Who is asking, and what they may see: API tokens, a trusted proxy's user header, roles from `[serve]` config.
+
+- A token is `clp_<id>_<secret>`; the store keeps its id, user, team and the SHA-256 of the secret (`ApiToken`),
+  never the secret. It is sent as `Authorization: Bearer …` (the API) or kept in the `clp_session` cookie after
+  signing in on /login (the pages; HttpOnly, SameSite=Strict).
+- Behind an authenticating proxy, a request *from one of `[serve] trusted_proxies`* names its user in
+  `[serve] user_header` (and groups in `groups_header`); the same headers from anyone else are ignored.
+- Roles come from `[serve] members` (`NAME=TEAM:ROLE`, NAME a user or `group:G`): member of a team, admin or sre
+  (TEAM `*`). A token's team makes its user a member of that team too.
+
+What each role may do is decided in one place, `Principal` (`can_read_team`, `can_request_burst`, `sees_fleet`):
+routes ask it, and a team they may not read is answered 404 as if it did not exist.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Optional
+
+from chipledger.config import ServeConfig
+
+TOKEN_PREFIX = "clp_"
+
+
+def hash_secret(secret: str) -> str:
+    # tokens are 256-bit random: a plain SHA-256 is enough (no password stretching needed for such entropy)
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def new_token(store, user: str, team: Optional[str]) -> tuple[str, str]:
+    """Create a token for `user` (acting for `team`); returns (token id, the token: shown once)."""
+    from store.models import ApiToken
+
+    token_id = secrets.token_hex(6)
+    secret = secrets.token_urlsafe(32)
+    store.add_token(ApiToken(token_id=token_id, user=user, team=team, secret_sha256=hash_secret(secret),
+                             created_at=datetime.now(timezone.utc)))
+    return token_id, f"{TOKEN_PREFIX}{token_id}_{secret}"
+
+
+@dataclass(frozen=True)
+class Principal:
+    user: str
+    via: str                                   # token | proxy
+    teams: frozenset[str] = frozenset()        # teams they are a member of
+    roles: frozenset[str] = frozenset()        # member, admin, sre
+    visibility: str = "fleet"
+    token_id: Optional[str] = None
+
+    @property
+    def is_admin(self) -> bool:
+        return "admin" in self.roles
+
+    @property
+    def is_staff(self) -> bool:                # admins and SREs see every team
+        return bool(self.roles & {"admin", "sre"})
+
+    def can_read_team(self, team: str) -> bool:
+        return self.is_staff or team in self.teams
+
+    def can_request_burst(self, team: str) -> bool:
+        return self.is_admin or team in self.teams
+
+    @property
+    def sees_fleet(self) -> bool:
+        """Other teams' balances and names, the fleet page: staff always, members when visibility is fleet."""
+        return self.is_staff or self.visibility == "fleet"
+
+    @property
+    def home_team(self) -> Optional[str]:
+        return min(self.teams) if self.teams else None
+
+    def session_key(self) -> str:
+        return f"{self.via}:{self.token_id or self.user}"
+
+
+def principal_for(cfg: ServeConfig, user: str, groups: list[str], via: str, token_team: Optional[str] = None,
+                  token_id: Optional[str] = None) -> Principal:
+    members = cfg.memberships()
+    teams: set[str] = set()
+    roles: set[str] = set()
+    for name in [user, *(f"group:{g}" for g in groups)]:
+        for team, role in members.get(name, ()):
+            roles.add(role)
+            if team != "*" and role == "member":
+                teams.add(team)
+            if team != "*" and role != "member":  # a team admin: member of it, and admin
+                teams.add(team)
+    if token_team:
+        teams.add(token_team)
+        roles.add("member")
+    return Principal(user=user, via=via, teams=frozenset(teams), roles=frozenset(roles), visibility=cfg.visibility,
+                     token_id=token_id)
+
+
+class TokenCache:
+    """Tokens looked up in the store, kept for a few seconds (a revoked token stops working within `ttl_s`)."""
+
+    def __init__(self, store, ttl_s: float = 2.0):
+        self.store = store
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[float, object]] = {}
+
+    def lookup(self, token: str):
+        """The token's row when the token is valid and not revoked, else None."""
+        if not token.startswith(TOKEN_PREFIX) or self.store is None:
+            return None
+        token_id, sep, secret = token[len(TOKEN_PREFIX):].partition("_")
+        if not sep or not token_id or not secret or len(token) > 200:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(token_id)
+        if hit is not None and now - hit[0] < self.ttl_s:
+            row = hit[1]
+        else:
+            row = self.store.token(token_id)
+            with self._lock:
+                self._cache[token_id] = (now, row)
+        if row is None or row.revoked_at is not None:
+            return None
+        if not hmac.compare_digest(row.secret_sha256, hash_secret(secret)):
+            return None
+        return row
+
+    def forget(self, token_id: str) -> None:
+        with self._lock:
+            self._cache.pop(token_id, None)
+
+
+class RateLimiter:
+    """A token bucket per key: `per_minute` writes, refilled continuously."""
+
+    def __init__(self, per_minute: int):
+        self.rate = per_minute / 60.0
+        self.burst = float(per_minute)
+        self._lock = threading.Lock()
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def allow(self, key: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            level, at = self._buckets.get(key, (self.burst, now))
+            level = min(self.burst, level + (now - at) * self.rate)
+            if level < 1.0:
+                self._buckets[key] = (level, now)
+                return False
+            self._buckets[key] = (level - 1.0, now)
+            return True
+
+
+@dataclass
+class Csrf:
+    """CSRF tokens for the pages' forms: an HMAC of the signed-in session under a key made at start."""
+
+    key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+
+    def token(self, session_key: str) -> str:
+        return hmac.new(self.key, session_key.encode(), hashlib.sha256).hexdigest()
+
+    def check(self, session_key: str, given: Optional[str]) -> bool:
+        return bool(given) and hmac.compare_digest(self.token(session_key), given or "")

@@ -1,0 +1,260 @@
+"""The portal's view of the lake: one warm DuckDB database per snapshot of the lake, refreshed in the background.
+
+A `Snapshot` is `analytics.views.connect(lake, materialize=True)` (the one way into the lake: it lists the files
+the lake's commits name) plus the portal's own tables, computed once when the snapshot is built: the queue, the
+balances now, the jobs, the decisions, the error budgets, head-of-line blocking (`PORTAL_TABLES`). What a view takes
+seconds to compute is computed there, not per request. Requests read a snapshot through their own cursor.
+
+`LakeReader` holds the current snapshot and a thread that looks at the lake every `refresh_s`; when the lake has a
+new commit, a new snapshot is built beside the current one and swapped in
+whole: a request sees the old snapshot or the new one, never half of each, and never waits for a refresh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import duckdb
+
+log = logging.getLogger("chipledger.web")
+_MISSING = object()
+
+# the portal's tables, computed at each refresh from the lake's views (name -> SQL)
+PORTAL_TABLES = {
+    # each pool's latest close of the books, its capacity then, its teams
+    "portal_pools": """
+        WITH f AS (SELECT pool, arg_max(registered_milli, "at") AS registered_milli,
+                          arg_max(healthy_milli, "at") AS healthy_milli, arg_max(in_use_milli, "at") AS in_use_milli,
+                          arg_max(free_milli, "at") AS free_milli, max("at") AS free_at
+                   FROM free_chips GROUP BY pool),
+             b AS (SELECT pool, max("at") AS "at", count(DISTINCT team) AS teams FROM balance_log GROUP BY pool)
+        SELECT coalesce(b.pool, f.pool) AS pool, b."at" AS books_closed_at, coalesce(b.teams, 0) AS teams,
+               f.registered_milli, f.healthy_milli, f.in_use_milli, f.free_milli
+        FROM b FULL JOIN f USING (pool)
+    """,
+    # each team's balance at its pool's latest close of the books
+    "portal_balances_now": """
+        SELECT b.* FROM balances b
+        JOIN (SELECT pool, max("at") AS "at" FROM balance_log GROUP BY pool) l USING (pool, "at")
+    """,
+    "portal_queue": """
+        SELECT pool, team, job_id, priority, chips, waiting_since, waited_s, reason, message, "at",
+               row_number() OVER (PARTITION BY pool ORDER BY priority DESC, waiting_since, job_id) AS position,
+               count(*) OVER (PARTITION BY pool) AS queue_length,
+               row_number() OVER (PARTITION BY pool, team ORDER BY priority DESC, waiting_since, job_id)
+                   AS team_position
+        FROM pending
+    """,
+    "portal_jobs": "SELECT * FROM jobs",
+    "portal_decisions": "SELECT * EXCLUDE (body), body::VARCHAR AS body FROM decisions",
+    "portal_error_budget": "SELECT * FROM error_budget",
+    "portal_hol": "SELECT * FROM hol_blocking",
+    # the last event of each job (its status), and what the estimate of a start reads: the runs' lengths
+    "portal_job_last": """
+        SELECT pool, job_id, arg_max(type, (applied_at, "offset")) AS last_type,
+               arg_max(body->>'$.held', (applied_at, "offset")) AS held,
+               max(applied_at) AS last_at
+        FROM events WHERE job_id IS NOT NULL GROUP BY pool, job_id
+    """,
+    "portal_expected": """
+        SELECT pool, job_id, applied_at AS submitted_at,
+               TRY_CAST(body->>'$.expected_runtime_s' AS BIGINT) AS expected_runtime_s,
+               TRY_CAST(body->>'$.time_limit_s' AS BIGINT) AS time_limit_s
+        FROM events WHERE type = 'job.submitted'
+    """,
+    "portal_runs": """
+        SELECT pool, team, job_id, run_index, chips_milli, submitted_at, started_at, ended_at, end_reason,
+               allocated_mchip_s, lost_mchip_s FROM job_runs
+    """,
+    # per pool and closed hour (the burst rule's inputs): demand (running + pending chip-s of the teams), capacity and
+    # unavailable chip-s, as the fold's books posted them
+    "portal_pool_hours": """
+        SELECT pool, epoch(hour)::BIGINT AS hour_s,
+               coalesce(sum(amount_mchip_s) FILTER (WHERE team IS NOT NULL
+                        AND account IN ('in_quota', 'borrowed', 'burst', 'pending')), 0)::BIGINT AS demand_mchip_s,
+               coalesce(sum(amount_mchip_s) FILTER (WHERE team IS NULL AND account = 'capacity'), 0)::BIGINT
+                   AS capacity_mchip_s,
+               coalesce(sum(amount_mchip_s) FILTER (WHERE team IS NULL AND account = 'unavailable'), 0)::BIGINT
+                   AS unavailable_mchip_s
+        FROM journal GROUP BY pool, hour
+    """,
+    "portal_balance_ints": """
+        SELECT b.* FROM balance_log b
+        JOIN (SELECT pool, max("at") AS "at" FROM balance_log GROUP BY pool) l USING (pool, "at")
+    """,
+    # each grant's latest incarnation: when it took effect and when it ends (an early end is its own posting)
+    "portal_grants": """
+        WITH v AS (SELECT *, max(version) OVER (PARTITION BY pool, grant_id) AS top FROM grant_postings)
+        SELECT pool, grant_id, any_value(team) AS team, version,
+               max(effective_from) FILTER (WHERE NOT ended) AS effective_from,
+               coalesce(min(effective_until) FILTER (WHERE ended), max(effective_until) FILTER (WHERE NOT ended))
+                   AS effective_until,
+               any_value(lending_limit_milli) FILTER (WHERE NOT ended) AS lending_limit_milli
+        FROM v WHERE version = top GROUP BY pool, grant_id, version
+    """,
+    "portal_bursts": """
+        SELECT e.pool, e.team, e.request_id, e.event_id, e.applied_at AS requested_at, e.chips_milli,
+               e.body->>'$.requested_by' AS requested_by,
+               TRY_CAST(e.body->>'$.window_start' AS TIMESTAMPTZ) AS window_start,
+               TRY_CAST(e.body->>'$.window_end' AS TIMESTAMPTZ) AS window_end
+        FROM events e WHERE e.type = 'burst.requested'
+    """,
+}
+
+
+# views a request reads (the job page's `why`, the decisions) made tables at refresh, under their own names (DuckDB
+# binds a view's names when it is queried: views over them then read the tables). `events` last, and only its job
+# events: the views that need every event are tables by then. Indexed by job id for the job page's point lookups.
+MATERIALIZED_VIEWS = ("jobs", "pending_history", "pending", "decisions", "decision_victims", "progress", "throughput")
+JOB_EVENTS_SQL = "SELECT * FROM events WHERE job_id IS NOT NULL"
+INDEXES = (("jobs", "job_id"), ("pending_history", "job_id"), ("progress", "job_id"), ("throughput", "job_id"),
+           ("events", "job_id"), ("portal_runs", "job_id"), ("decision_victims", "job_id"),
+           ("decisions", "beneficiary_job_id"))
+
+
+def _materialize(con, name: str, sql: str) -> None:
+    con.execute(f'CREATE TABLE "portal_m_{name}" AS {sql}')
+    con.execute(f'DROP VIEW "{name}"')
+    con.execute(f'ALTER TABLE "portal_m_{name}" RENAME TO "{name}"')
+
+
+def lake_signature(lake: Path) -> str:
+    """What changes when the lake's books change: its commit (analytics.commits: a table's files are those the
+    lake's manifest names, swapped atomically by each commit), as the one reader's check reads it."""
+    from analytics.commits import read_manifest
+
+    m = read_manifest(lake)
+    if m is None:
+        return "no commit"
+    h = hashlib.sha256(json.dumps({"commit": m.get("commit"), "tables": m.get("tables")}, sort_keys=True).encode())
+    return f"{m.get('commit')}:{h.hexdigest()[:16]}"
+
+
+@dataclass
+class Snapshot:
+    con: duckdb.DuckDBPyConnection
+    signature: str
+    built_at: float
+    build_s: float
+    version: int
+    # answers computed from this snapshot, by key: a snapshot never changes, so neither do they (bounded; the next
+    # snapshot starts empty)
+    _memo: dict = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    MEMO_MAX = 4096
+
+    def memo(self, key, compute):
+        hit = self._memo.get(key, _MISSING)
+        if hit is not _MISSING:
+            return hit
+        value = compute()
+        with self._lock:
+            if len(self._memo) >= self.MEMO_MAX:
+                self._memo.clear()
+            self._memo[key] = value
+        return value
+
+    def cached_rows(self, sql: str, params=None) -> list[dict]:
+        """`rows`, kept with the snapshot (for the small, principal-independent reads of the routes)."""
+        if isinstance(params, dict):
+            key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items()))
+        else:
+            key = tuple(params or ())
+        return self.memo(("sql", sql, key), lambda: self.rows(sql, params))
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        return self.con.cursor()
+
+    def rows(self, sql: str, params=None) -> list[dict]:
+        cur = self.con.cursor()
+        try:
+            res = cur.execute(sql, params or [])
+            cols = [c[0] for c in res.description]
+            return [dict(zip(cols, r)) for r in res.fetchall()]
+        finally:
+            cur.close()
+
+
+def build_snapshot(lake: Path, version: int, slo=None, duckdb_config=None) -> Snapshot:
+    from analytics.views import connect
+
+    t0 = time.monotonic()
+    sig = lake_signature(lake)
+    con = connect(lake, materialize=True, slo=slo, config=duckdb_config)
+    for name, sql in PORTAL_TABLES.items():
+        con.execute(f'CREATE OR REPLACE TABLE "{name}" AS {sql}')
+    for name in MATERIALIZED_VIEWS:
+        _materialize(con, name, f'SELECT * FROM "{name}"')
+    _materialize(con, "events", JOB_EVENTS_SQL)
+    for table, column in INDEXES:
+        con.execute(f'CREATE INDEX "portal_ix_{table}" ON "{table}" ("{column}")')
+    return Snapshot(con=con, signature=sig, built_at=time.time(), build_s=time.monotonic() - t0, version=version)
+
+
+class LakeReader:
+    """The current snapshot of the lake, rebuilt in the background when the lake changes (see the module)."""
+
+    def __init__(self, lake: Path, refresh_s: float = 5.0, slo=None, duckdb_config=None,
+                 on_swap: Optional[Callable[[Snapshot], None]] = None,
+                 warm: Optional[Callable[[Snapshot], None]] = None):
+        self.lake = Path(lake)
+        self.refresh_s = refresh_s
+        self.slo = slo
+        self.duckdb_config = duckdb_config
+        self.on_swap = on_swap
+        self.warm = warm            # computes what requests read most (the queue with its estimates) before the swap
+        self._snap: Optional[Snapshot] = None
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.refreshes = 0
+        self.last_error: Optional[str] = None
+
+    @property
+    def snapshot(self) -> Snapshot:
+        snap = self._snap
+        if snap is None:
+            snap = self.refresh(force=True)
+        return snap
+
+    def refresh(self, force: bool = False) -> Snapshot:
+        """Build a new snapshot when the lake changed (or `force`), and swap it in whole."""
+        old = self._snap
+        if not force and old is not None and lake_signature(self.lake) == old.signature:
+            return old
+        new = build_snapshot(self.lake, (old.version + 1) if old else 1, self.slo, self.duckdb_config)
+        if self.warm is not None:
+            self.warm(new)
+        self._snap = new  # one reference assignment: requests hold the snapshot they started with
+        self.refreshes += 1
+        if self.on_swap is not None:
+            self.on_swap(new)
+        # the old connection is closed by the garbage collector once the last request holding it is done
+        return new
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="chipledger-lake-refresh", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            try:
+                self.refresh()
+                self.last_error = None
+            except Exception as e:  # a lake mid-write or unreadable: keep serving the last good snapshot
+                self.last_error = str(e).splitlines()[0] if str(e) else type(e).__name__
+                log.warning("lake refresh failed, serving the previous snapshot: %s", self.last_error)

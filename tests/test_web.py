@@ -1,0 +1,500 @@
+"""The portal (`chipledger serve`, chipledger/web/): the read API and its OpenAPI document, who sees what (an
+authorization matrix over every route), CSRF, escaping, limits, the lake snapshot swap, the burst dry run against the
+core's own inputs, the start estimate."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from chipledger.cli import app as cli_app
+from chipledger.web.app import Portal, build_app
+from chipledger.web.auth import TokenCache, new_token
+from chipledger.web.estimate import Running, Waiting, estimate_start
+from chipledger.web.lake import LakeReader
+from store.repo import open_store
+from tests.web_support import HOSTILE_TEAM, PATH_TEAM, make_events, portal_config
+
+POOL = "us-west4-a/tpu-v5e"
+
+
+@pytest.fixture(scope="module")
+def env(demo_lake_of, tmp_path_factory):
+    demo = demo_lake_of(3, 7)
+    root = tmp_path_factory.mktemp("portal")
+    events = make_events(demo.parent / "events.jsonl", root / "events.jsonl")
+    lake = root / "lake"
+    store_url = f"sqlite:///{root / 'store.db'}"
+    res = CliRunner().invoke(cli_app, ["run", "--events", str(events), "--lake", str(lake), "--store", store_url])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(cli_app, ["statements", "--lake", str(lake), "--period", "2026-11-02..2026-11-02",
+                                       "--store", store_url, "--out", str(root / "statements")])
+    assert res.exit_code == 0, res.output
+    st = open_store(store_url)
+    tokens = {}
+    for user, team in (("alice", "vision"), ("eve", "ads-ml"), ("root", None), ("carol", None), ("dave", None)):
+        tokens[user] = new_token(st, user, team)
+    reader = LakeReader(lake)
+    portal = Portal(cfg=portal_config(), reader=reader, store=st, tokens=TokenCache(st, ttl_s=0),
+                    statements_dir=root / "statements")
+    client = TestClient(build_app(portal))
+    yield {"lake": lake, "events": events, "store": st, "store_url": store_url, "tokens": tokens, "portal": portal,
+           "client": client, "root": root}
+
+
+def _h(env, user):
+    if user == "anon":
+        return {}
+    if user == "sre":
+        return {"X-Forwarded-User": "sam", "X-Forwarded-Groups": "oncall,users"}
+    return {"Authorization": f"Bearer {env['tokens'][user][1]}"}
+
+
+def _vision_job(env):
+    return env["portal"].reader.snapshot.rows(
+        "SELECT job_id FROM portal_jobs WHERE team = 'vision' ORDER BY preemptions DESC, job_id LIMIT 1")[0]["job_id"]
+
+
+def _window():
+    return {"window_start": "2026-11-04T08:00:00Z", "window_end": "2026-11-04T12:00:00Z"}
+
+
+STATEMENT = "vision@2026-11-02..2026-11-02"
+
+
+# one request per route of the OpenAPI document: (method, path, body)
+def api_requests(env) -> dict[str, tuple[str, str, dict | None]]:
+    job = _vision_job(env)
+    burst = {"pool": POOL, "team": "vision", "chips": 4, **_window()}
+    return {
+        "/api/v1/whoami": ("GET", "/api/v1/whoami", None),
+        "/api/v1/pools": ("GET", "/api/v1/pools", None),
+        "/api/v1/teams": ("GET", "/api/v1/teams", None),
+        "/api/v1/teams/{team}/balances": ("GET", "/api/v1/teams/vision/balances", None),
+        "/api/v1/queue": ("GET", "/api/v1/queue?team=vision", None),
+        "/api/v1/jobs/{job_id}": ("GET", f"/api/v1/jobs/{job}", None),
+        "/api/v1/decisions": ("GET", "/api/v1/decisions?team=vision", None),
+        "/api/v1/slos": ("GET", "/api/v1/slos", None),
+        "/api/v1/head-of-line": ("GET", "/api/v1/head-of-line", None),
+        "/api/v1/teams/{team}/statements": ("GET", "/api/v1/teams/vision/statements", None),
+        "/api/v1/statements/{statement_id}/{fmt}": ("GET", f"/api/v1/statements/{STATEMENT}/json", None),
+        "/api/v1/teams/{team}/jobs": ("GET", "/api/v1/teams/vision/jobs?limit=5", None),
+        "/api/v1/teams/{team}/bursts": ("GET", "/api/v1/teams/vision/bursts", None),
+        "/api/v1/bursts/dry-run": ("POST", "/api/v1/bursts/dry-run", burst),
+        "/api/v1/bursts": ("POST", "/api/v1/bursts", burst),
+        "/api/v1/snapshots": ("GET", "/api/v1/snapshots?once=true", None),
+    }
+
+
+# what each role gets for each route about team vision (alice: vision's member; eve: ads-ml's; root: admin;
+# sre: an SRE through the proxy; carol: vision's admin by config; dave: a token without a team or role)
+OK = 200
+FLEET = {"/api/v1/snapshots", "/api/v1/pools", "/api/v1/teams", "/api/v1/slos", "/api/v1/head-of-line", "/api/v1/whoami"}
+EXPECTED_SPECIAL = {
+    # no Kafka in this portal: 503 for everyone who may send
+    "/api/v1/bursts": 503,
+}
+
+
+def expected(route: str, user: str) -> int:
+    if user == "anon":
+        return 401
+    if route in FLEET:
+        return OK
+    may_read = user in ("alice", "root", "sre", "carol")
+    may_burst = user in ("alice", "root", "carol")
+    if route in ("/api/v1/bursts/dry-run", "/api/v1/bursts"):
+        if not may_burst:
+            return 404
+        return EXPECTED_SPECIAL.get(route, OK)
+    if not may_read:
+        return 404
+    return EXPECTED_SPECIAL.get(route, OK)
+
+
+def test_openapi_document_validates_and_every_route_is_exercised(env):
+    from openapi_spec_validator import validate
+
+    spec = env["client"].get("/api/v1/openapi.json").json()
+    validate(spec)
+    documented = set(spec["paths"])
+    assert documented == set(api_requests(env)), "every route of the OpenAPI document has a request in this test"
+    # and every API route of the application is in the document
+    def paths(routes):
+        for r in routes:
+            inner = getattr(r, "original_router", None) or (r if hasattr(r, "routes") and r is not routes else None)
+            if inner is not None and hasattr(inner, "routes"):
+                yield from paths(inner.routes)
+            elif getattr(r, "path_format", None):
+                yield r.path_format
+
+    app_routes = {p for p in paths(env["client"].app.routes) if p.startswith("/api/v1/")}
+    assert app_routes - {"/api/v1/openapi.json"} == documented
+
+
+@pytest.mark.parametrize("user", ["anon", "eve", "alice", "carol", "root", "sre", "dave"])
+def test_authorization_matrix_api(env, user):
+    c = env["client"]
+    got = {}
+    for route, (method, path, body) in api_requests(env).items():
+        r = c.request(method, path, json=body, headers=_h(env, user))
+        got[route] = r.status_code
+    want = {route: expected(route, user) for route in got}
+    assert got == want
+
+
+PAGES = ["/teams/vision", "/teams/vision/queue", "/teams/vision/statements", "/teams/vision/bursts", "JOB", "/fleet"]
+
+
+@pytest.mark.parametrize("user", ["anon", "eve", "alice", "root", "sre"])
+def test_authorization_matrix_pages(env, user):
+    c = env["client"]
+    job = _vision_job(env)
+    for page in PAGES:
+        path = f"/jobs/{job}" if page == "JOB" else page
+        r = c.get(path, headers=_h(env, user), follow_redirects=False)
+        if user == "anon":
+            assert (r.status_code, r.headers.get("location")) == (303, "/login"), path
+        elif user == "eve" and page != "/fleet":
+            assert r.status_code == 404, path  # another team's pages and jobs do not exist for her
+        else:
+            assert r.status_code == 200, path
+        assert "default-src 'none'" in r.headers["content-security-policy"]
+        assert "<script" not in r.text.lower() or HOSTILE_TEAM not in r.text
+
+
+def test_other_teams_job_is_404_and_queue_hides_names(env):
+    c = env["client"]
+    job = _vision_job(env)
+    assert c.get(f"/api/v1/jobs/{job}", headers=_h(env, "eve")).status_code == 404
+    assert c.get(f"/api/v1/jobs/{job}", headers=_h(env, "alice")).status_code == 200
+    q = c.get("/api/v1/queue", headers=_h(env, "eve")).json()["queue"]
+    assert all(e["job_id"] is None for e in q if e["team"] != "ads-ml")
+    assert all(e["message"] is None for e in q if e["team"] != "ads-ml")
+
+
+def test_visibility_team_hides_fleet(env):
+    p = env["portal"]
+    portal = Portal(cfg=portal_config(visibility="team"), reader=p.reader, store=p.store,
+                    tokens=TokenCache(p.store, ttl_s=0))
+    c = TestClient(build_app(portal))
+    assert [t["team"] for t in c.get("/api/v1/teams", headers=_h(env, "alice")).json()["teams"]] == ["vision"]
+    assert c.get("/fleet", headers=_h(env, "alice")).status_code == 404
+    assert all(e["team"] in ("vision", None) for e in c.get("/api/v1/queue", headers=_h(env, "alice")).json()["queue"])
+    assert {h["team"] for h in c.get("/api/v1/head-of-line", headers=_h(env, "alice")).json()["head_of_line"]} <= \
+        {"vision"}
+    assert c.get("/fleet", headers=_h(env, "root")).status_code == 200
+
+
+def test_proxy_header_only_from_trusted_addresses(env):
+    p = env["portal"]
+    hdr = {"X-Forwarded-User": "root"}
+    assert env["client"].get("/api/v1/whoami", headers=hdr).json()["roles"] == ["admin"]
+    untrusted = Portal(cfg=portal_config(trusted_proxies="10.0.0.1"), reader=p.reader, store=p.store)
+    assert TestClient(build_app(untrusted)).get("/api/v1/whoami", headers=hdr).status_code == 401
+
+
+def test_revoked_token_is_refused(env):
+    st = env["store"]
+    token_id, token = new_token(st, "mallory", "vision")
+    c = env["client"]
+    h = {"Authorization": f"Bearer {token}"}
+    assert c.get("/api/v1/whoami", headers=h).status_code == 200
+    assert st.revoke_token(token_id, datetime.now(timezone.utc))
+    assert c.get("/api/v1/whoami", headers=h).status_code == 401
+    assert c.get("/api/v1/whoami", headers={"Authorization": f"Bearer {token}x"}).status_code == 401
+    assert c.get("/api/v1/whoami", headers={"Authorization": "Bearer clp_nope"}).status_code == 401
+
+
+def test_token_cli(env):
+    url = env["store_url"]
+    res = CliRunner().invoke(cli_app, ["serve", "tokens", "create", "--user", "zoe", "--team", "vision", "--store", url])
+    assert res.exit_code == 0, res.output
+    token = res.stdout.strip().splitlines()[-1]
+    assert token.startswith("clp_")
+    token_id = token[4:].split("_")[0]
+    listed = CliRunner().invoke(cli_app, ["serve", "tokens", "list", "--store", url, "--user", "zoe"])
+    assert token_id in listed.stdout and token[20:] not in listed.stdout
+    assert all(token not in (r.secret_sha256 or "") for r in env["store"].tokens())
+    assert CliRunner().invoke(cli_app, ["serve", "tokens", "revoke", token_id, "--store", url]).exit_code == 0
+    assert CliRunner().invoke(cli_app, ["serve", "tokens", "revoke", token_id, "--store", url]).exit_code == 1
+    assert CliRunner().invoke(cli_app, ["serve", "tokens", "create", "--user", "<x>", "--store", url]).exit_code == 2
+
+
+def _signed_in(env, user="alice") -> TestClient:
+    c = TestClient(build_app(env["portal"]))
+    page = c.get("/login")
+    nonce = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+    r = c.post("/login", data={"token": env["tokens"][user][1], "csrf": nonce}, follow_redirects=False)
+    assert r.status_code == 303
+    assert "httponly" in r.headers["set-cookie"].lower() and "samesite=strict" in r.headers["set-cookie"].lower()
+    return c
+
+
+def test_login_and_csrf(env):
+    c = TestClient(build_app(env["portal"]))
+    c.get("/login")
+    # a forged login form (wrong nonce) is refused
+    assert c.post("/login", data={"token": env["tokens"]["alice"][1], "csrf": "forged"}).status_code == 403
+    c = _signed_in(env)
+    home = c.get("/teams/vision")
+    assert home.status_code == 200 and 'id="team">vision<' in home.text
+    form = {"pool": POOL, "chips": "4", "window_start": "2026-11-04T08:00", "window_end": "2026-11-04T12:00",
+            "action": "dry-run"}
+    assert c.post("/teams/vision/bursts", data={**form, "csrf": "forged"}).status_code == 403
+    page = c.get("/teams/vision/bursts")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+    ok = c.post("/teams/vision/bursts", data={**form, "csrf": csrf})
+    assert ok.status_code == 200 and 'id="verdict"' in ok.text
+    assert 'id="nokafka"' in ok.text  # no Kafka here: the form says so
+    # the session cookie is no API credential for writes without the CSRF header
+    assert c.post("/api/v1/bursts", json={"pool": POOL, "team": "vision", "chips": 4, **_window()}).status_code == 403
+
+
+def test_malformed_and_huge_inputs(env):
+    c = env["client"]
+    h = _h(env, "alice")
+    assert c.post("/api/v1/bursts/dry-run", content=b"x" * (64 << 10), headers={**h, "content-type":
+                                                                                "application/json"}).status_code == 413
+    assert c.post("/api/v1/bursts/dry-run", content=b"{not json", headers={**h, "content-type":
+                                                                          "application/json"}).status_code == 422
+    bad = {"pool": POOL, "team": "vision", "chips": -1, **_window()}
+    assert c.post("/api/v1/bursts/dry-run", json=bad, headers=h).status_code == 422
+    back = {"pool": POOL, "team": "vision", "chips": 2, "window_start": "2026-11-04T12:00:00Z",
+            "window_end": "2026-11-04T08:00:00Z"}
+    assert c.post("/api/v1/bursts/dry-run", json=back, headers=h).status_code == 422
+    sc = _signed_in(env)
+    csrf = re.search(r'name="csrf" value="([^"]+)"', sc.get("/teams/vision/bursts").text).group(1)
+    r = sc.post("/teams/vision/bursts", data={"pool": POOL, "chips": "4", "window_start": "yesterday",
+                                              "window_end": "2026-11-04T12:00", "csrf": csrf})
+    assert r.status_code == 400 and "not a date" in r.text
+    assert c.get("/api/v1/decisions?cursor=%%%", headers=_h(env, "root")).status_code == 400
+    assert c.get("/api/v1/teams/%3Cscript%3E/balances", headers=_h(env, "root")).status_code == 404
+
+
+def test_hostile_names_are_escaped(env):
+    c = env["client"]
+    page = c.get("/fleet", headers=_h(env, "root"))
+    assert page.status_code == 200
+    assert HOSTILE_TEAM not in page.text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
+    q = c.get(f"/api/v1/queue?pool={POOL}", headers=_h(env, "root")).json()["queue"]
+    assert any(e["team"] == HOSTILE_TEAM for e in q)  # JSON carries the name as it is
+
+
+def test_statements_list_and_download(env):
+    c = env["client"]
+    listed = c.get("/api/v1/teams/vision/statements", headers=_h(env, "alice")).json()["statements"]
+    assert [x["statement_id"] for x in listed] == [STATEMENT]
+    body = c.get(listed[0]["downloads"]["json"], headers=_h(env, "alice"))
+    assert body.status_code == 200 and json.loads(body.content)["team"] == "vision"
+    assert "attachment" in body.headers["content-disposition"]
+    assert c.get(listed[0]["downloads"]["json"], headers=_h(env, "eve")).status_code == 404
+    for bad in ("vision@..%2F..%2Fetc/json", "vision@2026-11-02..2026-11-02/exe", "vision@2026-11-03..2026-11-03/json"):
+        assert c.get(f"/api/v1/statements/{bad}", headers=_h(env, "root")).status_code == 404, bad
+    other = "/api/v1/statements/ads-ml@2026-11-02..2026-11-02/json"  # another team's statement
+    assert c.get(other, headers=_h(env, "alice")).status_code == 404
+    assert c.get(other, headers=_h(env, "eve")).status_code == 200
+    page = c.get("/teams/vision/statements", headers=_h(env, "alice"))
+    assert f"/api/v1/statements/{STATEMENT}/html" in page.text
+
+
+def test_team_jobs_paged(env):
+    c = env["client"]
+    h = _h(env, "alice")
+    first = c.get("/api/v1/teams/vision/jobs?limit=3", headers=h).json()
+    second = c.get(f"/api/v1/teams/vision/jobs?limit=3&cursor={first['next_cursor']}", headers=h).json()
+    ids = [j["job_id"] for j in first["jobs"] + second["jobs"]]
+    assert len(ids) == 6 == len(set(ids)) and all(j["team"] == "vision" for j in first["jobs"])
+    assert first["jobs"][0]["submitted_at"] >= second["jobs"][-1]["submitted_at"]
+
+
+def test_team_names_that_are_paths(env):
+    st = env["store"]
+    _, token = new_token(st, "olga", PATH_TEAM)
+    h = {"Authorization": f"Bearer {token}"}
+    c = env["client"]
+    home = c.get("/", headers=h, follow_redirects=True)
+    assert home.status_code == 200 and f'id="team">{PATH_TEAM}<' in home.text
+    assert c.get(f"/teams/{PATH_TEAM}/queue", headers=h).status_code == 200
+    assert c.get(f"/teams/{PATH_TEAM}/bursts", headers=h).status_code == 200
+    assert [b["team"] for b in c.get(f"/api/v1/teams/{PATH_TEAM}/balances", headers=h).json()["balances"]] == \
+        [PATH_TEAM]
+    assert [j["job_id"] for j in c.get(f"/api/v1/teams/{PATH_TEAM}/jobs", headers=h).json()["jobs"]] == ["job-org-ml-1"]
+    assert c.get(f"/api/v1/teams/{PATH_TEAM}/balances", headers=_h(env, "alice")).status_code == 404
+    assert c.get("/teams/org", headers=h).status_code == 404  # a prefix of the name is another team
+
+
+def test_burst_submit_is_signed_as_the_portal_principal(env):
+    """`serve --user portal --password-file …` gives the producer a connection with the portal's signing key: the
+    request goes out as `burst.requested` with `requested_by`, signed as `portal` (streams/principals.py)."""
+    from streams.clients import KafkaConnection
+    from streams.principals import HEADER_PRINCIPAL, HEADER_SIG, new_key, sign
+    from streams.producer import LedgerProducer
+
+    sent = []
+
+    class Fake:
+        def send(self, topic, value=None, key=None, headers=None, timestamp_ms=None):
+            sent.append((topic, key, value, headers))
+
+            class Done:
+                def get(self, timeout=None):
+                    return None
+            return Done()
+
+        def flush(self, timeout=None):
+            pass
+
+        def close(self, timeout=None):
+            pass
+
+    key = new_key()
+    conn = KafkaConnection(bootstrap="unused:9092", username="portal", signing_key=key.hex())
+    p = env["portal"]
+    portal = Portal(cfg=portal_config(), reader=p.reader, store=p.store, tokens=TokenCache(p.store, ttl_s=0),
+                    producer_factory=lambda: LedgerProducer(conn, client=Fake()))
+    c = TestClient(build_app(portal))
+    r = c.post("/api/v1/bursts", json={"pool": POOL, "team": "vision", "chips": 4, **_window(), "reason": "eval"},
+               headers=_h(env, "alice"))
+    assert r.status_code == 202, r.text
+    (topic, k, value, headers), = sent
+    body = json.loads(value)
+    assert topic == "chipledger.quota" and body["type"] == "burst.requested" and body["requested_by"] == "alice"
+    assert body["team"] == "vision" and body["request_id"] == r.json()["request_id"]
+    h = dict(headers)
+    assert h[HEADER_PRINCIPAL] == b"portal"
+    assert h[HEADER_SIG] == sign(key, k, value, [x for x in headers if x[0] not in (HEADER_PRINCIPAL, HEADER_SIG)])
+    pending = c.get("/api/v1/teams/vision/bursts", headers=_h(env, "alice")).json()["bursts"]
+    assert [b["status"] for b in pending if b["request_id"] == body["request_id"]] == ["pending"]
+    # another team's member cannot send for vision; the rate limit holds
+    assert c.post("/api/v1/bursts", json={"pool": POOL, "team": "vision", "chips": 4, **_window()},
+                  headers=_h(env, "eve")).status_code == 404
+
+
+def test_snapshot_events(env):
+    r = env["client"].get("/api/v1/snapshots?once=true", headers=_h(env, "alice"))
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    event, data = r.text.strip().splitlines()
+    assert event == "event: snapshot" and json.loads(data[len("data: "):])["snapshot"] >= 1
+
+
+def test_write_rate_limit(env):
+    from chipledger.web.auth import RateLimiter
+
+    lim = RateLimiter(3)
+    assert [lim.allow("u") for _ in range(4)] == [True, True, True, False]
+    assert lim.allow("v")
+
+
+def test_pagination_is_stable(env):
+    c = env["client"]
+    h = _h(env, "root")
+    seen, cursor = [], None
+    while True:
+        url = "/api/v1/decisions?limit=2" + (f"&cursor={cursor}" if cursor else "")
+        body = c.get(url, headers=h).json()
+        seen += [d["decision_id"] for d in body["decisions"]]
+        cursor = body["next_cursor"]
+        if not cursor:
+            break
+    everything = c.get("/api/v1/decisions?limit=1000", headers=h).json()["decisions"]
+    assert seen == [d["decision_id"] for d in everything] and len(seen) == len(set(seen))
+    bal = c.get("/api/v1/teams/vision/balances?since=2026-11-01T00:00:00Z&limit=3", headers=h).json()
+    nxt = c.get(f"/api/v1/teams/vision/balances?since=2026-11-01T00:00:00Z&limit=3&cursor={bal['next_cursor']}",
+                headers=h).json()
+    assert (bal["balances"][-1]["at"], bal["balances"][-1]["pool"]) < (nxt["balances"][0]["at"],
+                                                                         nxt["balances"][0]["pool"])
+
+
+def test_numbers_equal_chipledger_sql(env):
+    c = env["client"]
+    api = c.get("/api/v1/teams/vision/balances", headers=_h(env, "alice")).json()["balances"]
+    res = CliRunner().invoke(cli_app, ["sql", "--lake", str(env["lake"]), "--format", "json",
+                                       "SELECT pool, nominal_chips, used_chips, fair_share_factor FROM balances "
+                                       "WHERE team = 'vision' AND \"at\" = (SELECT max(\"at\") FROM balance_log b "
+                                       "WHERE b.pool = balances.pool) ORDER BY pool"])
+    assert res.exit_code == 0, res.output
+    sql = json.loads(res.stdout)
+    assert [(b["pool"], b["nominal_chips"], b["used_chips"], b["fair_share_factor"]) for b in api] == \
+        [(r["pool"], r["nominal_chips"], r["used_chips"], r["fair_share_factor"]) for r in sql]
+
+
+def test_snapshot_swaps_whole_when_the_lake_changes(env, tmp_path):
+    lake = tmp_path / "lake"
+    shutil.copytree(env["lake"], lake)
+    reader = LakeReader(lake)
+    first = reader.snapshot
+    assert reader.refresh() is first  # nothing changed: the same snapshot
+    events = env["events"].read_text().splitlines()
+    more = tmp_path / "more.jsonl"
+    more.write_text("\n".join(events[:EVENTS_MORE]) + "\n")
+    res = CliRunner().invoke(cli_app, ["run", "--events", str(more), "--lake", str(lake), "--overwrite",
+                                       "--store", f"sqlite:///{tmp_path / 's.db'}"])
+    assert res.exit_code == 0, res.output
+    held = first.rows("SELECT count(*) AS n FROM portal_jobs")[0]["n"]
+    second = reader.refresh()
+    assert second is not first and second.version == first.version + 1
+    # a request that started on the first snapshot still reads it, whole
+    assert first.rows("SELECT count(*) AS n FROM portal_jobs")[0]["n"] == held
+    assert second.rows("SELECT count(*) AS n FROM portal_jobs")[0]["n"] != held
+
+
+EVENTS_MORE = 2500
+
+
+def test_burst_dry_run_uses_the_cores_inputs(env):
+    """The dry run's inputs, gathered from the lake's facts, equal what the fold's own `burst_inputs` gathers from its
+    state at the same instant (the end of the run), and the verdict is the core's `burst_verdict`."""
+    from chipledger.web import burst as web_burst
+    from ledger.fleet import Fleet
+    from ledger.fold import FoldConfig
+    from ledger.policy import burst_inputs, burst_verdict
+    from schemas import parse_event
+
+    fleet = Fleet(FoldConfig())
+    for line in env["events"].read_text().splitlines():
+        ev = parse_event(line.encode())
+        if hasattr(ev, "pool"):  # a line the run dead-letters is skipped here too
+            fleet.apply(ev, line.encode())
+    fleet.close()
+    state = fleet.pools[POOL]
+    facts = web_burst.pool_facts(env["portal"].reader.snapshot, POOL)
+    cfg = FoldConfig()
+    for team in ("vision", "ads-ml"):
+        for ws, we in ((facts.t + 3600, facts.t + 5 * 3600), (facts.t + 86400, facts.t + 86400 + 7200)):
+            core = burst_inputs(state, team, "dry-run", ws, we, facts.t, cfg)
+            ours = web_burst.inputs(facts, team, "dry-run", ws, we, cfg.capacity_slo_target)
+            assert ours._replace(fair_share_factor=round(ours.fair_share_factor, 9)) == \
+                core._replace(fair_share_factor=round(core.fair_share_factor, 9)), (team, ws)
+            assert burst_verdict(ours, 8000, we, facts.t)[:2] == burst_verdict(core, 8000, we, facts.t)[:2]
+
+
+def test_dry_run_offers_nearest_windows(env):
+    c = env["client"]
+    body = {"pool": POOL, "team": "vision", "chips": 4, **_window()}
+    out = c.post("/api/v1/bursts/dry-run", json=body, headers=_h(env, "alice")).json()
+    assert out["verdict"] in ("approved", "partial", "denied")
+    assert set(out["numbers"]) >= {"forecast_idle_chips", "fair_share_factor", "error_budget_left"}
+    for w in out["nearest_approved_windows"]:
+        assert w["window_end"] > w["window_start"]
+
+
+def test_estimate_start():
+    running = [Running(4000, 1000), Running(4000, 2000), Running(2000, None)]
+    job = Waiting("j", 6000, 100)
+    e = estimate_start(0, 2000, running, [], job, 16000)
+    assert e.start_s == 1000 and "1 without an expected end" in e.basis
+    ahead = [Waiting("a", 4000, 500)]
+    e = estimate_start(0, 2000, running, ahead, job, 16000)
+    # a takes the chips freed at 1000 (2 + 4 free → 2 left), j needs 6: at 1500 a ends (6 free)
+    assert e.start_s == 1500
+    assert estimate_start(0, 0, [], [], job, 4000).start_s is None
+    assert estimate_start(0, 0, [Running(8000, None)], [], job, 8000).start_s is None
