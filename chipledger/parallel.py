@@ -133,13 +133,14 @@ def fold_parallel(events_path: Path, stage: Path, names: str, fold_config: FoldC
             conns.append(parent_end)
         # this process's own lines (no readable pool) while the others fold: dead letters and blank lines
         dead: list = []
-        paused = GcPause()
-        try:
-            embedded.fold_lines(events_path, Fleet(fold_config), summary,
-                                lambda row, code, line: dead.append((line, code, row)), _never_applied, topic,
-                                max_event_bytes, paused, None, mine=lambda n: route[n - 1] == NO_POOL)
-        finally:
-            paused.end()
+        if NO_POOL in route:  # (else no second read of the file here)
+            paused = GcPause()
+            try:
+                embedded.fold_lines(events_path, Fleet(fold_config), summary,
+                                    lambda row, code, line: dead.append((line, code, row)), _never_applied, topic,
+                                    max_event_bytes, paused, None, mine=lambda n: route[n - 1] == NO_POOL)
+            finally:
+                paused.end()
         results: dict[int, dict] = {}
         waiting = dict(zip(conns, range(jobs)))
         while waiting:
