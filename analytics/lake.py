@@ -121,6 +121,13 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("pool", pa.string()), ("budget_id", pa.string()), ("team", pa.string()), ("period", pa.string()),
         ("amount", pa.int64()), ("unit", pa.string()), ("effective_from", TS), ("set_at", TS),
     ]),
+    # each journal posting priced (ledger.costs CostRow): cost = cost_scaled / 3,600,000 in `unit`, exact; no
+    # row where no price held (cost unknown, never zero)
+    "costs": pa.schema([
+        ("pool", pa.string()), ("hour", TS), ("account", pa.string()), ("team", pa.string()), ("unit", pa.string()),
+        ("price_id", pa.string()), ("per_chip_hour", pa.int64()), ("amount_mchip_s", pa.int64()),
+        ("cost_scaled", pa.int64()),
+    ]),
     "deadletters": pa.schema([
         ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()), ("seen_at", TS),
         ("error_code", pa.string()), ("detail", pa.string()), ("event_id", pa.string()),
@@ -156,7 +163,7 @@ def read_parquet_sql(files, union_by_name: bool = False) -> str:
 DAY_COLUMN = {"events": "applied_at", "journal": "hour", "job_runs": "posted_at", "decisions": "at",
               "balances": "at", "pending": "at", "waits": "posted_at", "free_chips": "at", "progress": "posted_at",
               "chip_states": "at", "grant_intervals": "posted_at", "prices": "set_at",
-              "budgets": "set_at", "deadletters": "seen_at"}
+              "budgets": "set_at", "costs": "hour", "deadletters": "seen_at"}
 
 TABLES = tuple(SCHEMAS)
 # the analytics cache's folder in the lake (analytics/views.py): derived, removed with the lake's tables

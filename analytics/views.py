@@ -16,6 +16,7 @@ from typing import Collection, Optional, Union
 import duckdb
 
 from analytics.commits import open_lake
+from analytics.cost_views import COST_RAW_VIEW_NAMES, COST_VIEWS
 from analytics.lake import EVENT_FIELDS, SCHEMAS, empty_view_sql, read_parquet_sql
 from analytics.policy_views import POLICY_RAW_VIEW_NAMES, POLICY_VIEWS
 from analytics.slo_views import (DUCKDB, SloParams, duckdb_base_views, job_run_totals_sql, journal_sql,
@@ -241,7 +242,8 @@ MATERIALIZED = frozenset({"base_pool_end", "calc_free_steps", "calc_waits", "cal
 
 _TYPED_COLUMNS = ", ".join(f'"{f}"' for f in EVENT_FIELDS)  # quoted: `user` is a keyword in SQL
 _RAW_VIEW_NAMES = {"journal": "journal_postings", "events": "event_log", "waits": "wait_postings",
-                   "chip_states": "chip_state_changes", "grant_intervals": "grant_postings", **POLICY_RAW_VIEW_NAMES}
+                   "chip_states": "chip_state_changes", "grant_intervals": "grant_postings", **POLICY_RAW_VIEW_NAMES,
+                   **COST_RAW_VIEW_NAMES}
 
 
 def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] = None,
@@ -307,7 +309,7 @@ def connect(lake: Path, database: str = ":memory:", *, slo: Optional[SloParams] 
     for name, sql in (*base.items(), *slo_views(DUCKDB).items()):
         kind = "TABLE" if name in tables else "VIEW"
         con.execute(f'CREATE OR REPLACE {kind} "{name}" AS {sql}')
-    for name, sql in (*WAIT_VIEWS.items(), *POLICY_VIEWS.items()):
+    for name, sql in (*WAIT_VIEWS.items(), *POLICY_VIEWS.items(), *COST_VIEWS.items()):
         con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {sql}')
     if read_only:
         # last: once off, DuckDB's file access cannot be turned on again, and the lock keeps every setting
@@ -352,4 +354,4 @@ def unreadable_file(e: Exception) -> bool:
 
 def view_names() -> list[str]:
     return sorted({*(_RAW_VIEW_NAMES.get(t, t) for t in SCHEMAS), "base_event_log", *DERIVED_VIEWS,
-                   *duckdb_base_views(), *slo_views(DUCKDB), *WAIT_VIEWS, *POLICY_VIEWS})
+                   *duckdb_base_views(), *slo_views(DUCKDB), *WAIT_VIEWS, *POLICY_VIEWS, *COST_VIEWS})

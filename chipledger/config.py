@@ -258,7 +258,7 @@ class KubeConfig:
     """[kube]: what `chipledger kube watch` reads as chips and teams (docs/kube.md)."""
 
     resources: str = "nvidia.com/gpu,amd.com/gpu,google.com/tpu"  # extended resources counted as chips, comma-separated
-    team_label: str = ""  # a ClusterQueue label naming its team; "": the team is the ClusterQueue's name
+    team_label: str = ""  # a ClusterQueue label naming its team; "": the ClusterQueue's name (in a cohort: COHORT/name)
 
     def __post_init__(self):
         if not self.resource_list():

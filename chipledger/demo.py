@@ -77,11 +77,45 @@ class LedgerLoop:
         return [orjson.loads(d.body) for d in step.decisions]
 
 
+# the demo's prices (USD-cent per chip-hour, by flavor; the scenario generator itself sets none): a base price in
+# every hour and a peak band on weekdays 09:00–17:59 UTC at 1.6×, so a newcomer sees costs, budgets and peak use
+DEMO_BASE_PRICE = {"h100": 250, "a100": 150, "tpu": 120}
+DEMO_PEAK_HOURS = [d * 24 + h for d in range(5) for h in range(9, 18)]
+
+
+def _base_price(flavor: str) -> int:
+    return next((v for k, v in DEMO_BASE_PRICE.items() if k in flavor.lower()), 100)
+
+
+def with_prices(events):
+    """The scenario's events with the demo's prices and budgets: after each pool.configured, a base price and a
+    peak band for the pool; after a team's first quota.granted in a pool, its monthly budget there (its quota's
+    chips × 432 h at the base price, 60% of a month: a team that uses its quota all month, borrows or bursts
+    crosses it, and its budget alerts fire)."""
+    budgeted: set = set()
+    prices: dict = {}
+    for e in events:
+        yield e
+        if e.get("type") == "pool.configured":
+            base = prices[e["pool"]] = _base_price(str(e.get("flavor", "")))
+            common = {"occurred_at": e["occurred_at"], "pool": e["pool"], "source": "finance/demo", "unit": "USD-cent"}
+            yield {"event_id": f"price-base-{e['pool']}", "type": "price.set", **common, "price_id": "base",
+                   "per_chip_hour": base}
+            yield {"event_id": f"price-peak-{e['pool']}", "type": "price.set", **common, "price_id": "peak",
+                   "per_chip_hour": base * 16 // 10, "hours_of_week": DEMO_PEAK_HOURS}
+        elif e.get("type") == "quota.granted" and (e["pool"], e["team"]) not in budgeted and e["pool"] in prices:
+            budgeted.add((e["pool"], e["team"]))
+            yield {"event_id": f"budget-{e['pool']}-{e['team']}", "type": "budget.set",
+                   "occurred_at": e["occurred_at"], "pool": e["pool"], "source": "finance/demo",
+                   "budget_id": f"{e['team']}-monthly", "team": e["team"], "period": "month",
+                   "amount": int(float(e["chips"]) * 432 * prices[e["pool"]]), "unit": "USD-cent"}
+
+
 def write_events(path: Path, seed: int, days: float, fold_config: FoldConfig = FoldConfig()) -> int:
     n = 0
     path.parent.mkdir(parents=True, exist_ok=True)
-    events = generate(seed=seed, days=days, follow=LedgerLoop(fold_config), load=DEMO_LOAD,
-                      failure_scale=DEMO_FAILURE_SCALE, progress=True)
+    events = with_prices(generate(seed=seed, days=days, follow=LedgerLoop(fold_config), load=DEMO_LOAD,
+                                  failure_scale=DEMO_FAILURE_SCALE, progress=True))
     lines = (json.dumps(e, separators=(",", ":")) for e in events)
     with open(path, "w") as f:
         for line in corrupt(lines, seed=seed, every=2000):

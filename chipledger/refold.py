@@ -29,6 +29,8 @@ from schemas.parse import parse_payload
 
 #: the lake tables the fold writes as facts (a lake without them is upgraded by folding its events again)
 FACT_TABLES = ("waits", "free_chips", "progress", "chip_states", "grant_intervals")
+#: and the price facts (ledger/prices.py, ledger/costs.py): a lake written before them is upgraded the same way
+REFOLDABLE = FACT_TABLES + ("prices", "budgets", "costs")
 
 
 def missing_fact_tables(lake: Path) -> list[str]:
@@ -36,7 +38,7 @@ def missing_fact_tables(lake: Path) -> list[str]:
     version did not write it). A table the fold wrote no row of (a lake without grants has no grant_intervals) is
     an empty table after an upgrade (`refold_facts`), and is not folded again at every upgrade."""
     lake = Path(lake)
-    missing = [t for t in missing_tables(lake) if t in FACT_TABLES]
+    missing = [t for t in missing_tables(lake) if t in REFOLDABLE]
     if not missing or not open_lake(lake, ("events",)).table_files("events"):
         return []
     return missing

@@ -21,7 +21,7 @@ from pathlib import Path
 # compiled together (they call each other natively): the fold's modules by concern (ledger/step.py lists them), the
 # policy, the fleet and prices
 MODULES = ("books", "state", "step", "rates", "hol", "waits", "chips", "grants", "jobs", "progress", "clock",
-           "invariants", "fold", "policy", "fleet", "prices")
+           "invariants", "fold", "policy", "fleet", "prices", "costs")
 SOURCE_DIR = Path(__file__).resolve().parent
 MANIFEST = "manifest.json"
 

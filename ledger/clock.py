@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from typing import Final, Optional
 
-from ledger import policy
+from ledger import costs, policy
 from ledger.books import HOUR_S
 from ledger.chips import _post_free_chips
 from ledger.grants import _burst_off, _burst_on, _grant_off, _grant_on
@@ -40,9 +40,16 @@ def _advance(state: PoolState, t: int, step: Step, config: FoldConfig = DEFAULT_
             if b > t:
                 break
             instant, _, kind, ident, version = heapq.heappop(bounds)
-            _BOUNDARY[kind](state, ident, version, instant)
+            if kind == costs.PRICE_BOUNDARY:  # the books post at a price's start and end (ledger.costs)
+                costs.price_boundary(state, instant, step)
+            else:
+                _BOUNDARY[kind](state, ident, version, instant)
         elif hour_end <= t:
-            books.close_hour(_rows(step, "journal"))
+            journal = _rows(step, "journal")
+            first = len(journal)
+            books.close_hour(journal)
+            if state.price_versions:
+                costs.price_postings(state, journal, first, hour_end, _rows(step, "costs"))
             policy.hour_closed(state, hour_end - HOUR_S, step, config)
             if state.pending_sizes:
                 _post_open_waits(state, hour_end - HOUR_S, step)
@@ -89,9 +96,10 @@ _BOUNDARY: Final = {"grant_on": _grant_on, "grant_off": _grant_off, "burst_on": 
 
 
 def close_books(state: PoolState, until: Optional[int] = None,
-                config: FoldConfig = DEFAULT_CONFIG) -> tuple[list, list]:
+                config: FoldConfig = DEFAULT_CONFIG, costs_out: Optional[list] = None) -> tuple[list, list]:
     """Bring the books up to `until` (default: the pool clock) and post everything accrued so far: the open
-    hour's journal so far and each running job's allocation so far. Returns (journal rows, job run rows).
+    hour's journal so far and each running job's allocation so far. Returns (journal rows, job run rows); the
+    cost rows of what it posted (ledger.costs) go to `costs_out` when given.
 
     Closing does not change what later events will post in total; it only posts earlier what is known."""
     step = Step()
@@ -100,7 +108,11 @@ def close_books(state: PoolState, until: Optional[int] = None,
     t = state.clock
     journal = _rows(step, "journal")
     runs = []
+    first = len(journal)
     state.books.flush(t, journal)
+    if costs_out is not None:
+        costs_out.extend(step.costs)  # priced at the price boundaries passed on the way to `until`
+        costs.price_postings(state, journal, first, t, costs_out)
     for job in state.jobs.values():
         if job.status == "running":
             _accrue_job(job, t)

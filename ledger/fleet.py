@@ -13,6 +13,7 @@ class Fleet:
     def __init__(self, config: FoldConfig = DEFAULT_CONFIG, pools: Optional[dict[str, PoolState]] = None):
         self.config = config
         self.pools: dict[str, PoolState] = dict(pools or {})
+        self.close_costs: list = []  # the cost rows of the last `close` (ledger.costs), given out by close_facts
 
     def apply(self, event, raw: Any = None, origin: Optional[str] = None, appended_s: Optional[int] = None) -> Step:
         """Fold one event into its pool (`origin`, `appended_s`: as `evolve` takes them, from a log export)."""
@@ -32,19 +33,23 @@ class Fleet:
         """Close every pool's books at its own clock (pools in name order, for a deterministic output)."""
         journal: list = []
         runs: list = []
+        self.close_costs = []
         for name in sorted(self.pools):
-            j, r = close_books(self.pools[name])
+            j, r = close_books(self.pools[name], costs_out=self.close_costs)
             journal.extend(j)
             runs.extend(r)
         return journal, runs
 
     def close_facts(self) -> dict[str, list]:
         """The facts a close of the books posts at each pool's clock (call after `close`): the waits still open and
-        the free chips of the current second, {"waits": rows, "free_chips": rows}, pools in name order."""
+        the free chips of the current second, and the cost rows of the journal `close` posted, {"waits": rows,
+        "free_chips": rows, "costs": rows}, pools in name order."""
         out: dict[str, list] = {"waits": [], "free_chips": []}
         for name in sorted(self.pools):
             for table, rows in close_facts(self.pools[name]).items():
                 out[table].extend(rows)
+        if self.close_costs:
+            out["costs"], self.close_costs = self.close_costs, []
         return out
 
     def policy_rows(self) -> dict[str, list]:

@@ -31,7 +31,7 @@ from typing import Any, Final, Optional
 from schemas.codes import Rejection, RejectionCode as RC
 from schemas.events import epoch_s
 
-from ledger import policy, prices
+from ledger import costs, policy, prices
 from ledger.books import Books, hour_of
 from ledger.chips import (
     ChipStateRow, FreeChipsRow, _apply_chip_registered, _apply_chip_retired, _apply_chip_state_changed,
@@ -257,7 +257,7 @@ def evolve(state: Optional[PoolState], event, config: FoldConfig = DEFAULT_CONFI
         job_w.waiting_reason = d["reason"]
         job_w.waiting_message = d["message"]
     elif etype == "price.set":
-        prices.apply_price_set(state, event, t, _rows(step, "prices"))
+        costs.apply_price_set(state, event, t, step)  # posts and prices the books up to t, then the new price
     elif etype == "budget.set":
         prices.apply_budget_set(state, event, t, _rows(step, "budgets"))
     else:

@@ -356,6 +356,8 @@ class PoolState:
     # --- prices and budgets (ledger.prices): id -> the fields of its last PriceRow / BudgetRow after the id
     prices: dict = field(default_factory=dict)
     budgets: dict = field(default_factory=dict)
+    # the price versions in effect now or later (ledger.costs), in the order set
+    price_versions: list = field(default_factory=list)
 
     def __post_init__(self):
         self.reset_until()
@@ -414,6 +416,8 @@ class PoolState:
             out["prices"] = {k: list(v) for k, v in self.prices.items()}
         if self.budgets:
             out["budgets"] = {k: list(v) for k, v in self.budgets.items()}
+        if self.price_versions:
+            out["price_versions"] = [[*v[:5], None if v[5] is None else list(v[5]), v[6]] for v in self.price_versions]
         return out
 
     def counters_dict(self) -> dict:
@@ -496,6 +500,7 @@ class PoolState:
             s.rejection_counts = dict(c["rejections"])
         s.prices = {k: list(v) for k, v in (d.get("prices") or {}).items()}
         s.budgets = {k: list(v) for k, v in (d.get("budgets") or {}).items()}
+        s.price_versions = [list(v) for v in (d.get("price_versions") or [])]
         s.reindex()
         s.reset_until()
         return s

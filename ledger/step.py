@@ -86,7 +86,7 @@ class Step:
     __slots__ = ("occurred_s", "applied_at", "__dict__")
     # the output lists, lake table names
     TABLES = ("journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips", "progress",
-              "chip_states", "grant_intervals", "prices", "budgets")
+              "chip_states", "grant_intervals", "prices", "budgets", "costs")
 
     lateness_s = 0
     duplicate = False
@@ -103,6 +103,7 @@ class Step:
     grant_intervals: list = NO_ROWS
     prices: list = NO_ROWS   # ledger.prices.PriceRow
     budgets: list = NO_ROWS  # ledger.prices.BudgetRow
+    costs: list = NO_ROWS    # ledger.costs.CostRow
 
     def __init__(self, occurred_s: int = 0, applied_at: Optional[int] = None):
         self.occurred_s = occurred_s
@@ -118,7 +119,8 @@ class Step:
                 f"job_runs={self.job_runs}, decisions={self.decisions}, balances={self.balances}, "
                 f"pending={self.pending}, waits={self.waits}, free_chips={self.free_chips}, "
                 f"progress={self.progress}, chip_states={self.chip_states}, "
-                f"grant_intervals={self.grant_intervals}, prices={self.prices}, budgets={self.budgets})")
+                f"grant_intervals={self.grant_intervals}, prices={self.prices}, budgets={self.budgets}, "
+                f"costs={self.costs})")
 
     @property
     def applied(self) -> bool:

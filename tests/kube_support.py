@@ -100,6 +100,7 @@ class Cluster:
                 except ApiException as e:
                     if e.status != 409:
                         raise
+                    self.rbac.replace_cluster_role(doc["metadata"]["name"], doc)  # (a cluster kept from before)
         for comp in ("watch", "actuate"):
             body = {"metadata": {"name": f"chipledger-kube-{comp}-test"},
                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",

@@ -214,3 +214,15 @@ def test_quota_honoured_at_100_percent_says_why(tmp_path):
     res = runner.invoke(app, ["backtest", "--events", str(log(tmp_path)), "--quota", "a=4"])
     assert res.exit_code == 0, res.output
     assert "note: quota honoured: the simulated cluster starts a job as soon as the ledger allows it" in res.stdout
+
+
+def test_backtest_prices_a_configuration(tmp_path):
+    """The log's price (360 cents a chip-hour: 0.1 a chip-second) prices the simulated use. Baseline: b1 4 chips ×
+    1000 s and a1 2 × 50 s = 4100 chip-s (410 cents), idle 4 × 1050 − 4100 = 100 chip-s (10 cents). No price in
+    the log: no cost (unknown, not zero)."""
+    alt, base = configs(tmp_path)
+    price = {"type": "price.set", "at": 0, "price_id": "std", "per_chip_hour": 360, "unit": "USD-cent"}
+    r = backtest("--events", log(tmp_path, extra=[price]), "--config", alt, "--baseline", base)
+    b = r["configs"]["base.toml"]
+    assert b["cost"] == {"USD-cent": {"use": pytest.approx(410.0), "idle": pytest.approx(10.0), "peak_share": 0.0}}
+    assert backtest("--events", log(tmp_path), "--config", alt)["configs"]["alt.toml"]["cost"] == {}

@@ -31,13 +31,13 @@ def node(name="n0", gpus=8, ready=True, cordoned=False, allocatable=None, ready_
                                        "lastTransitionTime": ts(ready_at)}]}}
 
 
-def cq(name="team-a", nominal="8", gen=1, borrow=None):
+def cq(name="team-a", nominal="8", gen=1, borrow=None, cohort="org"):
     res = {"name": "nvidia.com/gpu", "nominalQuota": nominal}
     if borrow is not None:
         res["borrowingLimit"] = borrow
     return {"metadata": {"name": name, "uid": f"uid-{name}", "generation": gen, "creationTimestamp": ts(2),
                          "managedFields": [{"time": ts(2 + 10 * (gen - 1)), "operation": "Update"}]},
-            "spec": {"cohortName": "org", "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+            "spec": {"cohortName": cohort, "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
                 {"name": "gpu", "resources": [res]}]}]}}
 
 
@@ -45,15 +45,19 @@ def lq(ns="ns-a", name="lq", cq_name="team-a"):
     return {"metadata": {"name": name, "namespace": ns}, "spec": {"clusterQueue": cq_name}}
 
 
-def wl(conds=(), uid="w1", gpus=2, count=1, active=True, annotations=None, admitted_to="team-a"):
+def wl(conds=(), uid="w1", gpus=2, count=1, active=True, annotations=None, admitted_to="team-a", stats=None):
     c = [{"type": t, "status": s, "lastTransitionTime": ts(at), "reason": r, "message": msg}
          for t, s, at, r, msg in conds]
     status = {"conditions": c}
+    if stats:
+        status["schedulingStats"] = {"evictions": [{"reason": r, "underlyingCause": "", "count": n}
+                                                   for r, n in stats.items()]}
     if any(t == "Admitted" and s == "True" for t, s, *_ in conds):
         status["admission"] = {"clusterQueue": admitted_to,
                                "podSetAssignments": [{"name": "main", "flavors": {"nvidia.com/gpu": "gpu"}}]}
     return {"metadata": {"name": "job-x-1", "namespace": "ns-a", "uid": uid, "creationTimestamp": ts(5),
-                         "annotations": annotations or {}},
+                         "annotations": annotations or {},
+                         "ownerReferences": [{"kind": "Job", "name": "x", "uid": f"job-{uid}", "controller": True}]},
             "spec": {"queueName": "lq", "priority": 10, "active": active, "podSets": [{"name": "main", "count": count,
                      "template": {"spec": {"containers": [{"name": "m", "resources": {
                          "requests": {"nvidia.com/gpu": str(gpus)}}}]}}}]},
@@ -88,7 +92,7 @@ def test_inventory_and_quota():
     p = bodies(st)[0]
     assert p["pool"] == "c1/gpu" and p["flavor"] == "gpu" and p["source"] == "c1/kueue"
     g = bodies(st)[-1]
-    assert g["team"] == "team-a" and g["chips"] == 8 and "borrowing_limit" not in g
+    assert g["team"] == "org/team-a" and g["chips"] == 8  # in a cohort: <cohort>/<ClusterQueue> and "borrowing_limit" not in g
     assert bodies(st)[1]["chip_id"] == "n0-gpu0" and bodies(st)[1]["node"] == "n0"
 
 
@@ -245,3 +249,121 @@ def test_events_validate_against_the_contract():
     mp.node(node(ready=False, ready_at=30), "n0", T0 + 31)
     for b in bodies(st):
         parse_event(json.dumps(b))
+
+
+def pod(name, node_name, gpus=2, owner="job-w1", created=6, phase="Running"):
+    return {"metadata": {"name": name, "uid": f"uid-{name}", "creationTimestamp": ts(created),
+                         "labels": {m.POD_SELECTOR: "main"},
+                         "ownerReferences": [{"kind": "Job", "uid": owner, "controller": True}]},
+            "spec": {"nodeName": node_name, "containers": [{"name": "m", "resources": {
+                "requests": {"nvidia.com/gpu": str(gpus)}}}]},
+            "status": {"phase": phase}}
+
+
+def test_a_cohort_is_the_teams_org_and_a_new_cohort_is_a_revoke_and_a_grant():
+    st, mp = setup()
+    assert [b["team"] for b in bodies(st) if b["type"] == "quota.granted"] == ["org/team-a"]
+    mp.cluster_queue(cq(gen=2, cohort="org2"), "team-a", T0 + 20)
+    revoke, grant = bodies(st)[-2:]
+    assert revoke["type"] == "quota.revoked" and grant["type"] == "quota.granted" and grant["team"] == "org2/team-a"
+    mp.cluster_queue(cq(name="solo", cohort=""), "solo", T0 + 20)
+    assert st["pending"][-1]["body"]["team"] == "solo"  # no cohort: the ClusterQueue's name alone
+    mp.workload(wl(), "w1", T0 + 5)
+    assert [b for b in bodies(st) if b["type"] == "job.submitted"][0]["team"] == "org2/team-a"
+
+
+def test_placement_from_the_pods_nodes(tmp_path: Path):
+    sink = ListSink()
+    now = [T0 + 20]
+    w = Watcher("c1", tmp_path / "s.json", sink, settle_s=5, clock=lambda: now[0])
+    items = {"resourceflavors": [flavor()], "nodes": [node("n0"), node("n1")], "clusterqueues": [cq()],
+             "localqueues": [lq()],
+             "workloads": [wl(ADMITTED, gpus=2, count=2), wl(ADMITTED, uid="w2", gpus=3)],
+             # w1's two Pods: one on each Node; w2's Pod on n0 takes the chips after w1's there; a Pod of an
+             # earlier run (created before the admission) does not count
+             "pods": [pod("p1", "n0"), pod("p2", "n1"), pod("q1", "n0", gpus=3, owner="job-w2"),
+                      pod("old", "n1", created=2)]}
+    for kind, objs in items.items():
+        w.listed(kind, objs, "10")
+    w.flush()
+    (s1,) = [e for e in sink.events if e["type"] == "job.started" and e["event_id"].split(":")[2] == "w1"]
+    (s2,) = [e for e in sink.events if e["type"] == "job.started" and e["event_id"].split(":")[2] == "w2"]
+    assert sorted(s1["chip_ids"]) == ["n0-gpu0", "n0-gpu1", "n1-gpu0", "n1-gpu1"]
+    assert s2["chip_ids"] == ["n0-gpu2", "n0-gpu3", "n0-gpu4"]
+    # w1 finishes: its chips are free for the next placement
+    w.observe("workloads", wl(ADMITTED + [("Finished", "True", 21, "Succeeded", "")], gpus=2, count=2), "w1", T0 + 22)
+    assert set(w.state["placed"]) == {"n0-gpu2", "n0-gpu3", "n0-gpu4"}
+    from schemas.parse import parse_event
+    for e in sink.events:
+        parse_event(json.dumps(e))
+
+
+def test_a_start_whose_pods_are_not_bound_goes_out_without_placement(tmp_path: Path):
+    sink = ListSink()
+    w = Watcher("c1", tmp_path / "s.json", sink, settle_s=5, clock=lambda: T0 + 20)
+    items = {"resourceflavors": [flavor()], "nodes": [node()], "clusterqueues": [cq()], "localqueues": [lq()],
+             "workloads": [wl(ADMITTED, gpus=2, count=2)], "pods": [pod("p1", "n0"), pod("p2", "")]}
+    for kind, objs in items.items():
+        w.listed(kind, objs, "10")
+    w.flush()
+    (s,) = [e for e in sink.events if e["type"] == "job.started"]
+    assert "chip_ids" not in s and not w.state["placed"]
+
+
+def test_deactivated_while_pending_is_cancelled_and_submitted_again_when_active():
+    st, mp = setup()
+    waiting = ("QuotaReserved", "False", 6, "Pending", "couldn't assign flavors")
+    mp.workload(wl([waiting]), "w1", T0 + 6)
+    ev = ("Evicted", "True", 9, "Deactivated", "The workload is deactivated")
+    mp.workload(wl([waiting, ev], active=False), "w1", T0 + 10)
+    mp.workload(wl([waiting, ev], active=False), "w1", T0 + 11)  # seen again: nothing new
+    assert jobs(st) == [("job.submitted", "05"), ("job.waiting", "06"), ("job.finished", "09")]
+    assert [b for b in bodies(st) if b["type"] == "job.finished"][0]["outcome"] == "cancelled"
+    # reactivated: Kueue leaves Evicted=True (Deactivated) and writes no Requeued for a never-admitted Workload, so
+    # the new submission is stamped when seen
+    mp.workload(wl([waiting, ev]), "w1", T0 + 14)
+    mp.workload(wl([("QuotaReserved", "True", 16, "QuotaReserved", ""), ("Admitted", "True", 16, "Admitted", ""),
+                    ("Evicted", "False", 16, "QuotaReserved", "Previously: …")]), "w1", T0 + 16)
+    # (Kueue's pending reason is given again to the new submission)
+    assert jobs(st)[3:] == [("job.submitted", "14"), ("job.waiting", "14"), ("job.started", "16")]
+    ids = [b["event_id"] for b in bodies(st)]
+    assert len(ids) == len(set(ids))
+    # deleted while inactive: already cancelled, nothing more
+    st2, mp2 = setup()
+    mp2.workload(wl([waiting]), "w1", T0 + 6)
+    mp2.workload(wl([waiting, ev], active=False), "w1", T0 + 10)
+    n = len(bodies(st2))
+    mp2.workload(None, "w1", T0 + 12)
+    assert len(bodies(st2)) == n
+
+
+def test_a_first_look_at_a_workload_evicted_before_is_logged():
+    st = _new_state("c1")
+    said = []
+    mp = Mapper("c1", st, m.DEFAULT_RESOURCES, log=said.append)
+    mp.flavor(flavor(), "gpu", T0)
+    mp.node(node(), "n0", T0)
+    mp.cluster_queue(cq(), "team-a", T0)
+    mp.local_queue(lq(), "ns-a/lq", T0)
+    mp.workload(wl(ADMITTED, stats={"Preempted": 2}), "w1", T0 + 7)
+    assert len(said) == 1 and "2 earlier eviction(s)" in said[0] and "Preempted" in said[0]
+
+
+def test_a_short_jobs_placement_is_taken_when_its_pods_are_bound(tmp_path: Path):
+    """A job shorter than the settle time: its Pods are done before its start is due; the placement seen while they
+    were bound stays on the start."""
+    sink = ListSink()
+    now = [T0 + 7]
+    w = Watcher("c1", tmp_path / "s.json", sink, settle_s=5, clock=lambda: now[0])
+    for kind, objs in {"resourceflavors": [flavor()], "nodes": [node()], "clusterqueues": [cq()],
+                       "localqueues": [lq()], "workloads": [], "pods": []}.items():
+        w.listed(kind, objs, "10")
+    w.observe("pods", pod("p1", "n0"), "uid-p1")  # seen bound before the admission
+    w.observe("workloads", wl(ADMITTED), "w1")
+    now[0] = T0 + 9
+    w.observe("pods", pod("p1", "n0", phase="Succeeded"), "uid-p1")
+    w.observe("workloads", wl(ADMITTED + [("Finished", "True", 8, "Succeeded", "")]), "w1")
+    now[0] = T0 + 20
+    w.flush()
+    (s,) = [e for e in sink.events if e["type"] == "job.started"]
+    assert s["chip_ids"] == ["n0-gpu0", "n0-gpu1"] and not w.state["placed"]

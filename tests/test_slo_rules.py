@@ -37,7 +37,8 @@ def test_the_rule_file_has_every_window_and_alert_and_passes_promtool_check(tmp_
     alerts = [r for g in groups for r in g["rules"] if "alert" in r]
     assert {(a["labels"]["slo"], a["labels"]["alert"], a["labels"]["severity"]) for a in alerts} == {
         (slo, a, sev) for slo in ("availability", "quota_honoured", "sched_latency", "goodput", "throughput")
-        for a, sev, *_ in BURN_RULES + (budget_rule(params),)}
+        for a, sev, *_ in BURN_RULES + (budget_rule(params),)} | {
+        ("budget", "budget_page", "page"), ("budget", "budget_ticket", "ticket")}
     spent = next(a for a in alerts if a["labels"]["slo"] == "sched_latency" and a["labels"]["alert"] == "budget_exhausted")
     assert spent["expr"] == 'chipledger:slo_errors:ratio_rate30d{slo="sched_latency"} >= (1 * 0.1)'
     assert spent["labels"]["severity"] == "ticket"
@@ -52,7 +53,8 @@ def test_the_rule_file_has_every_window_and_alert_and_passes_promtool_check(tmp_
     assert yaml.safe_load(out.read_text()) == rule_groups(params)
     check = promtool("check", "rules", str(out))
     assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
-    assert b"SUCCESS: 65 rules found" in check.stdout  # 5 SLOs x (9 recording + 4 alerting)
+    # 5 SLOs x (9 recording + 4 alerting), and the cost budgets' 4 windows x 2 recording + 2 alerting
+    assert b"SUCCESS: 75 rules found" in check.stdout
 
 
 def test_targets_come_from_the_slo_section(tmp_path):
@@ -240,9 +242,9 @@ def test_slo_rules_json_is_the_rule_file_and_promtool_reads_it(tmp_path):
     assert doc == rule_groups(SloParams())
     (tmp_path / "rules.json").write_text(res.stdout)
     check = promtool("check", "rules", str(tmp_path / "rules.json"))
-    assert b"SUCCESS: 65 rules found" in check.stdout
+    assert b"SUCCESS: 75 rules found" in check.stdout
     res = CliRunner().invoke(app, ["slo", "rules", "--json", "--out", str(tmp_path / "r.yml")])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
     assert summary["written"] == str(tmp_path / "r.yml") and (tmp_path / "r.yml").is_file()
-    assert sum(g["recording_rules"] + g["alerting_rules"] for g in summary["groups"]) == 65
+    assert sum(g["recording_rules"] + g["alerting_rules"] for g in summary["groups"]) == 75

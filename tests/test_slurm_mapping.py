@@ -20,6 +20,7 @@ import pytest
 from chipledger.adapters.importers.sacct import import_sacct
 from chipledger.adapters.slurm import commands
 from chipledger.adapters.slurm.actuate import Actuator, Ops, decisions_from_jsonl
+from chipledger.adapters.slurm.mapping import (BILLING_UNIT, CHIP_MIN_UNIT, billing_prices, budgets_of)
 from chipledger.adapters.slurm.mapping import (Assoc, MapReport, Node, Run, chip_ids, decision_of, gpu_limits, gres_gpus,
                                       grants_of, hostnames, job_events, node_state_events, pools_of, runs_by_job)
 from chipledger.adapters.slurm.watch import Slurm, Watcher, WatchError, _not_in_accounting_yet
@@ -552,3 +553,52 @@ def test_the_account_hierarchy_names_teams_org_slash_team(tmp_path, nodes, assoc
     teams = {e["team"] for e in sink.events if e["type"] in ("job.submitted", "quota.granted")}
     assert teams and teams <= {"research/vision", "research/nlp", "speech"}
     assert "research/vision" in teams
+
+
+# --- prices and budgets from Slurm's billing (issue 36) -----------------------------------------------------------
+
+PARTITIONS = ("PartitionName=a100 AllowGroups=ALL Nodes=n[1-2] TRESBillingWeights=CPU=1.0,Mem=0.25G,GRES/gpu=2.0\n"
+              "PartitionName=h100 Nodes=n[3-4] TRESBillingWeights=CPU=1.0,GRES/gpu=3.0,GRES/gpu:h100=4.5\n"
+              "PartitionName=debug Nodes=n5\n")
+ASSOC_MINS = ("ID|Account|User|Partition|GrpTRESMins\n"
+              "3|vision|||gres/gpu:a100=60000\n"
+              "4|nlp||h100|billing=500000\n"
+              "5|nlp|alice||gres/gpu=10\n"
+              "6|speech|||cpu=100\n")
+
+
+def test_billing_weights_and_tres_mins_map_to_prices_and_budgets(nodes):
+    pools = pools_of(CLUSTER, nodes)
+    weights = commands.partition_billing_from_text(PARTITIONS)
+    assert weights == {"a100": "CPU=1.0,Mem=0.25G,GRES/gpu=2.0", "h100": "CPU=1.0,GRES/gpu=3.0,GRES/gpu:h100=4.5"}
+    # a GPU's weight × 60 billing-minutes per chip-hour; the typed weight of the pool's flavor first
+    assert billing_prices(CLUSTER, pools, weights) == {"chipledger/a100": 120, "chipledger/h100": 270}
+    mins = commands.assoc_mins_from_text(ASSOC_MINS)
+    assert [m[0] for m in mins] == ["3", "4", "5"]  # speech caps CPUs only
+    # GPU-minutes → chip-minutes in the pools of the type; billing-minutes in the partition's pool; a user's is not
+    assert budgets_of(CLUSTER, pools, mins) == {("3", "chipledger/a100", "vision", CHIP_MIN_UNIT): 60000,
+                                                ("4", "chipledger/h100", "nlp", BILLING_UNIT): 500000}
+
+
+def test_watcher_with_prices_sends_price_and_budget_events_once(tmp_path, nodes, assocs, runs):
+    fake = FakeSlurm(nodes, assocs, runs)
+    slurm = fake.slurm()
+    slurm.billing = lambda: commands.partition_billing_from_text(PARTITIONS)
+    slurm.assoc_mins = lambda c: commands.assoc_mins_from_text(ASSOC_MINS)
+    sink = ListSink()
+    w = Watcher(CLUSTER, tmp_path / "w.state", sink, since=1796297600, settle_s=5, slurm=slurm, clock=lambda: NOW,
+                prices=True)
+    w.poll()
+    got = sorted((e["type"], e["pool"], e.get("unit"), e.get("per_chip_hour"), e.get("amount"), e.get("team"))
+                 for e in sink.events if e["type"] in ("price.set", "budget.set"))
+    assert got == [("budget.set", "chipledger/a100", CHIP_MIN_UNIT, None, 60000, "vision"),
+                   ("budget.set", "chipledger/h100", BILLING_UNIT, None, 500000, "nlp"),
+                   ("price.set", "chipledger/a100", CHIP_MIN_UNIT, 60, None, None),
+                   ("price.set", "chipledger/a100", BILLING_UNIT, 120, None, None),
+                   ("price.set", "chipledger/h100", BILLING_UNIT, 270, None, None)]
+    from schemas import parse_event
+    assert all(not hasattr(parse_event(json.dumps(e).encode()), "code") for e in sink.events
+               if e["type"] in ("price.set", "budget.set"))  # valid events of the contract
+    again = ListSink()
+    Watcher(CLUSTER, tmp_path / "w.state", again, settle_s=5, slurm=slurm, clock=lambda: NOW + 10, prices=True).poll()
+    assert not [e for e in again.events if e["type"] in ("price.set", "budget.set")]

@@ -417,3 +417,21 @@ def test_chart_per_pool_never_adds_unlike_chips(tmp_path):
     (_, a_patches, a_quota, _, _), (_, t_patches, t_quota, _, _) = arts
     assert list(a_quota.get_data().values) == [4.0] and list(a_patches[1].get_data().values) == [1.0]
     assert list(t_quota.get_data().values) == [0.0] and list(t_patches[1].get_data().values) == [2.0]
+
+
+def test_totals_never_add_unlike_chips(tmp_path):
+    """gamma uses A100s and TPUs (the scenario of the chart test): no chip total across them, one per flavor."""
+    import csv as csv_mod
+    import io as io_mod
+
+    test_chart_per_pool_never_adds_unlike_chips(tmp_path)
+    out = tmp_path / "out2"
+    lake, store = tmp_path / "lake", None
+    from chipledger.reports.statements import render_csv
+    st = load(tmp_path / "out", "2026-11-02..2026-11-02", "gamma")
+    assert [(t["flavor"], t["in_quota_mchip_s"], t["borrowed_mchip_s"]) for t in st["totals_by_flavor"]] == [
+        ("a100", 86_400_000, 0), ("tpu-v5e", 0, 2 * 86_400_000)]
+    rows = list(csv_mod.reader(io_mod.StringIO(render_csv(st).decode())))
+    assert [r[2] for r in rows[1:]] == ["lab/a100", "lab/tpu", "(total a100)", "(total tpu-v5e)"]
+    assert st["cost"]["priced"] is False and st["cost"]["totals"] == []  # no price: no cost, not zero
+    del out, lake, store

@@ -93,7 +93,7 @@ def lake_upgrade(
     from analytics.lake import LakeError, upgrade_events_files
     from chipledger.config import fold_config
     from chipledger.embedded import cores
-    from chipledger.refold import FACT_TABLES, missing_fact_tables, refold_facts
+    from chipledger.refold import REFOLDABLE, missing_fact_tables, refold_facts
 
     cfg = _config(config)
     root = lake or Path(cfg.lake.path)
@@ -111,7 +111,7 @@ def lake_upgrade(
             typer.echo(str(p))
         if done:
             typer.echo(f"{len(done)} events file(s) upgraded in {root}", err=True)
-        adopted = adopt(root, refoldable=FACT_TABLES) if layout == 1 else {}
+        adopted = adopt(root, refoldable=REFOLDABLE) if layout == 1 else {}
         report["adopted_files"] = dict(adopted)
         if adopted:
             per_table = ", ".join(f"{t} {n}" for t, n in adopted.items() if n)

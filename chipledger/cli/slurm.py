@@ -75,6 +75,9 @@ def watch(
     interval: float = typer.Option(30.0, "--interval", help="seconds between polls"),
     settle: int = typer.Option(5, "--settle", help="seconds an instant must be in the past before it is sent"),
     once: bool = typer.Option(False, "--once", help="poll once and exit"),
+    prices: bool = typer.Option(False, "--prices", help="also mirror the partitions' TRESBillingWeights (GPU) as "
+                                "price.set and the associations' GrpTRESMins as monthly budget.set (the Kafka "
+                                "principal needs `--may prices`)"),
     bootstrap: Optional[str] = typer.Option(None, "--bootstrap", help="Kafka bootstrap (default [kafka] bootstrap)"),
     config: Optional[Path] = ConfigOpt,
 ):
@@ -101,7 +104,7 @@ def watch(
         _fail(f"--emit {emit!r}: give jsonl or kafka", 2)
     try:
         first = None if state.exists() else parse_since(since or "now", name)
-        watcher = Watcher(name, state, sink, since=first, settle_s=settle, log=_log)
+        watcher = Watcher(name, state, sink, since=first, settle_s=settle, log=_log, prices=prices)
     except (WatchError, SlurmError) as e:
         _fail(str(e), 2)
     try:

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from typing import Iterable
 
-from chipledger.monitoring.slo_rules import ALERT_NAME, _DESCRIBE, runbook
+from chipledger.monitoring.slo_rules import ALERT_NAME, BUDGET_ALERT_NAME, _DESCRIBE, budget_annotations, runbook
 
 #: what `look_at` tells (the lake's burn_alerts are per SLO, pool and team: the rules' labels)
 _LOOK = {
@@ -38,6 +38,16 @@ def payload(alerts: Iterable, generator_url: str = "", runbook_url: str = "") ->
     template (the Prometheus rules' annotation of the same name)."""
     out = []
     for a in alerts:
+        if a.slo == "budget":  # the labels and annotations of slo_rules' budget rule
+            item = {"labels": {"alertname": BUDGET_ALERT_NAME, "severity": a.severity, "slo": "budget",
+                               "alert": a.alert, "team": a.team, "unit": a.unit, "period": a.period,
+                               "long_window": a.long_win, "short_window": a.short_win},
+                    "annotations": budget_annotations(a.burn_rate, a.long_win, a.short_win, team=a.team, unit=a.unit),
+                    "startsAt": a.evaluated_at.isoformat().replace("+00:00", "Z")}
+            if generator_url:
+                item["generatorURL"] = generator_url
+            out.append(item)
+            continue
         labels = {"alertname": ALERT_NAME, "severity": a.severity, "slo": a.slo, "pool": a.pool,
                   "alert": a.alert, "long_window": a.long_win, "short_window": a.short_win}
         team = getattr(a, "team", None)

@@ -1,5 +1,6 @@
 """`chipledger alerts`: the burn-rate alerts firing now (the `burn_alerts` view: the SRE workbook's
-multi-window, multi-burn-rate rules), for people and for cron or a monitoring system.
+multi-window, multi-burn-rate rules; and the `budget_alerts` view: a team's cost budget burning, in the same shape
+with slo `budget`, pool `*` and the team, unit and period), for people and for cron or a monitoring system.
 
 `evaluate` is the whole decision (which alerts fire, at which instant, whether the lake can be trusted to
 say so); printing and the exit status are the CLI's. A monitor must never read "all clear" from a lake
@@ -44,10 +45,19 @@ class Alert:
     short_burn: float
     target: float
     evaluated_at: datetime
+    # budget alerts (slo "budget"; analytics/cost_views.py): in which unit and period (the team above), its numbers
+    unit: Optional[str] = None
+    period: Optional[str] = None
+    spent: Optional[float] = None
+    budget: Optional[float] = None
+    forecast_end: Optional[float] = None
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["evaluated_at"] = _iso(self.evaluated_at)
+        if self.slo != "budget":
+            for k in ("unit", "period", "spent", "budget", "forecast_end"):
+                del d[k]
         return d
 
     @property
@@ -55,6 +65,11 @@ class Alert:
         return f"pool {self.pool}" + (f" team {self.team}" if self.team else "")
 
     def line(self) -> str:
+        if self.slo == "budget":
+            return (f"{self.severity.upper():6} {self.alert:13} team {self.team} ({self.unit}, this {self.period}): "
+                    f"spent {self.spent:,.2f} of {self.budget:,.0f}, forecast {self.forecast_end:,.2f} at the "
+                    f"period's end; burning {self.long_burn:.1f}× over the {self.long_win} and {self.short_burn:.1f}× "
+                    f"over {self.short_win} (threshold {self.burn_rate:g}×)")
         head = f"{self.severity.upper():6} {self.alert:16} {self.slo:14} {self.who}: "
         if self.alert == "budget_exhausted":
             return (head + f"error budget spent: {100 * self.long_burn:.1f}% of the {self.long_win} budget consumed "
@@ -159,7 +174,15 @@ def evaluate(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, *, max_
                evaluated_at
         FROM burn_alerts WHERE firing AND ($pool IS NULL OR pool = $pool)
         ORDER BY severity = 'page' DESC, alert, slo, pool, team NULLS FIRST""", {"pool": pool}).fetchall()
-    return Evaluation([Alert(*r) for r in rows], datetime.fromtimestamp(int(as_of_s), timezone.utc), newest, age_s,
+    found = [Alert(*r) for r in rows]
+    if pool is None:  # a team's budget is across pools: its alerts are not a pool's
+        found += [Alert(*r) for r in con.execute("""
+            SELECT severity, alert, slo, pool, team, burn_rate::DOUBLE, long_win, long_burn::DOUBLE, short_win,
+                   coalesce(short_burn, 0)::DOUBLE, target::DOUBLE, evaluated_at, unit, period, spent::DOUBLE,
+                   budget::DOUBLE, forecast_end::DOUBLE
+            FROM budget_alerts WHERE firing ORDER BY team, unit, alert""").fetchall()]
+        found.sort(key=lambda a: a.severity != "page")  # pages first (stable: each kind keeps its order)
+    return Evaluation(found, datetime.fromtimestamp(int(as_of_s), timezone.utc), newest, age_s,
                       [pool] if pool is not None else sorted(pools))
 
 

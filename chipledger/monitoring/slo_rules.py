@@ -14,6 +14,13 @@ and thresholds of the `burn_alerts` view (docs/analytics.md):
   (page_1h, page_6h, ticket_3d, as in `chipledger alerts`), `long_window`, `short_window`, and the `pool` (and
   `team`) of the series.
 
+Budgets (analytics/cost_views.py `budget_alerts`, the same rules): `chipledger:team_cost:rate<window>{team, unit}`
+(the teams' in-quota, borrowed and burst cost per second, from `chipledger_team_cost_total`), the burn
+`chipledger:budget_burn:rate<window>{team, unit, period}` (that rate / `chipledger_team_budget_rate`, the budget
+per second of its current period), and `ChipledgerBudgetBurn`: page at 2× over 1d and 1h, ticket at 1× over 3d
+and 6h; labels `severity`, `slo` = budget, `alert` (budget_page, budget_ticket, as in `chipledger alerts`),
+`long_window`, `short_window`, and the series' `team`, `unit`, `period`.
+
 Availability is a pool's SLO (its chips); quota honoured, scheduling latency, goodput and throughput are counted per team
 and rated per pool and team, so a page names the team whose in-quota jobs do not start.
 """
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 
 import yaml
 
+from analytics.cost_views import BUDGET_RULES, BUDGET_WINDOWS_S
 from analytics.slo_views import SLOS
 from streams.metrics import SLO_COUNTERS
 
@@ -56,6 +64,7 @@ def budget_alert_rule(spec, slo_params) -> dict:
         f"error budget (budget left below 0): {_DESCRIBE[spec.slo]}.")
     return rule
 ALERT_NAME = "ChipledgerErrorBudgetBurn"
+BUDGET_ALERT_NAME = "ChipledgerBudgetBurn"
 
 _DESCRIBE = {
     "availability": "registered chips of the pool are down or in maintenance",
@@ -139,6 +148,41 @@ def alert_rule(spec: SloSpec, alert: str, severity: str, burn: float, long_w: st
     }
 
 
+def budget_annotations(burn: float, long_w: str, short_w: str, team: str = "{{ $labels.team }}",
+                       unit: str = "{{ $labels.unit }}") -> dict:
+    """The annotations of a budget burn alert (Prometheus' rule and `chipledger alerts --alertmanager` alike)."""
+    return {
+        "summary": f"team {team} spends its {unit} budget at {burn:g}x or more",
+        "description": (f"Team {team} spends its cost budget in {unit} at {burn:g}x the rate that lasts the period "
+                        f"or faster, over both {long_w} and {short_w}: at this rate the budget runs out before the "
+                        f"period ends."),
+        "look_at": f"`chipledger sql \"SELECT * FROM budget WHERE team = '{team}'\"`; the team's statement "
+                   f"(`chipledger statements --team {team}`): cost per pool and peak-band use",
+    }
+
+
+def budget_groups() -> list[dict]:
+    """The budget burn rules: cost rates and burns per window, and the alerts of BUDGET_RULES."""
+    rules: list[dict] = []
+    for w in BUDGET_WINDOWS_S:
+        rules.append({"record": f"chipledger:team_cost:rate{w}",
+                      "expr": f"sum by (team, unit) (rate(chipledger_team_cost_total[{w}]))",
+                      "labels": {"slo": "budget"}})
+        rules.append({"record": f"chipledger:budget_burn:rate{w}",
+                      "expr": (f"chipledger:team_cost:rate{w}\n/ on (team, unit) group_right\n"
+                               f"sum by (team, unit, period) (chipledger_team_budget_rate > 0)"),
+                      "labels": {"slo": "budget"}})
+    alerts = [{
+        "alert": BUDGET_ALERT_NAME,
+        "expr": (f"chipledger:budget_burn:rate{long_w} >= {burn:g}\nand\n"
+                 f"chipledger:budget_burn:rate{short_w} >= {burn:g}"),
+        "labels": {"severity": severity, "slo": "budget", "alert": alert, "long_window": long_w,
+                   "short_window": short_w},
+        "annotations": budget_annotations(burn, long_w, short_w),
+    } for alert, severity, burn, long_w, short_w in BUDGET_RULES]
+    return [{"name": "chipledger-budget", "rules": rules}, {"name": "chipledger-budget-alerts", "rules": alerts}]
+
+
 def runbook(template: str, slo: str, alert: str) -> dict:
     """The `runbook_url` annotation from `[slo] runbook_url` (`{slo}` and `{alert}` filled in), or none."""
     if not template:
@@ -168,6 +212,7 @@ def rule_groups(slo_params) -> dict:
                                      getattr(slo_params, "runbook_url", "")))
     groups.append({"name": "chipledger-slo-alerts", "rules": alerts})
     alerts += [budget_alert_rule(spec, slo_params) for spec in specs(slo_params)]
+    groups += budget_groups()
     return {"groups": groups}
 
 

@@ -244,6 +244,44 @@ def build_report(con: duckdb.DuckDBPyConnection, pool: Optional[str] = None, sin
          for pl, pta, hours, n, idle in peaks],
         note="" if peaks else "no demand recorded"))
 
+    # cost (the fold's priced postings, ledger/costs.py): per pool and unit, the teams' use, idle and unavailable
+    # chips; totals per unit only (money or billing units are the only totals across unlike chips)
+    costs = _rows(con, f"""
+        SELECT pool, unit,
+               sum(cost_scaled::HUGEINT) FILTER (WHERE account IN ('in_quota', 'borrowed', 'burst')) / 3.6e6,
+               sum(cost_scaled::HUGEINT) FILTER (WHERE account = 'idle') / 3.6e6,
+               sum(cost_scaled::HUGEINT) FILTER (WHERE account = 'unavailable') / 3.6e6,
+               sum(cost_scaled::HUGEINT) / 3.6e6
+        FROM cost_postings
+        WHERE {in_pool}
+          AND ($since IS NULL OR epoch(hour) + 3600 > $since) AND ($until IS NULL OR epoch(hour) < $until)
+        GROUP BY ALL ORDER BY ALL""", p)
+    units: dict = {}
+    for _, unit, _, _, _, total in costs:
+        units[unit] = units.get(unit, 0) + (total or 0)
+    rep.sections.append(Section(
+        "Cost (priced by the fold; idle and unavailable are the pool's)",
+        ["pool", "unit", "teams' use", "idle", "unavailable", "total"],
+        [[pl, u, num(float(a or 0), 2), num(float(i or 0), 2), num(float(n or 0), 2), num(float(t), 2)]
+         for pl, u, a, i, n, t in costs]
+        + [["(total)", u, "", "", "", num(v, 2)] for u, v in sorted(units.items())],
+        note="" if costs else "no price set (price.set): cost unknown, not zero"))
+    budgets = _rows(con, """
+        SELECT team, period, strftime(period_start, '%Y-%m-%d'), unit, budget, spent, "left", forecast_end
+        FROM budget WHERE epoch(period_start) <= (SELECT as_of_s FROM calc_now)
+          AND epoch(period_end) > (SELECT as_of_s FROM calc_now) ORDER BY ALL""", {})
+    if budgets:
+        sec = Section("Budgets (current period, all pools)",
+                      ["team", "period", "from", "unit", "budget", "spent", "left", "forecast at end"],
+                      [[tm, per, st, u, num(b, 0), num(sp, 2), num(lf, 2), num(fc, 2)]
+                       for tm, per, st, u, b, sp, lf, fc in budgets])
+        for i, row in enumerate(budgets):
+            if row[6] < 0:
+                sec.marks[(i, 6)] = "bad"
+            elif row[7] > row[4]:
+                sec.marks[(i, 7)] = "warn"
+        rep.sections.append(sec)
+
     # charts: capacity by account, hourly; the latency bars above; the demand heat map
     # per pool: chips of different pools (an H100, a TPU core) are never added on one axis
     cap = _rows(con, f"""

@@ -27,6 +27,7 @@ from urllib.parse import quote
 import orjson
 
 from analytics.slo_views import SloParams
+from chipledger.reports.costs import team_costs
 
 FORMATS = ("md", "html", "csv", "json")
 FOLD_ROWS = 50  # rows of a long table (preemptions, fair share) shown in Markdown and HTML; the rest folded
@@ -378,6 +379,7 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
     # chips of unlike flavors are never added up (an A100 chip-hour is not an H100's): totals per flavor
     flavors = dict(_rows(con, """SELECT pool, arg_max(body->>'$.flavor', applied_at) FROM events
                                  WHERE type = 'pool.configured' GROUP BY pool"""))
+    costs = team_costs(con, period.start, period.end, want)
     fleet_closed = min(closed.values())
     out = []
     for team in chosen:
@@ -399,6 +401,7 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
             "computed_at_positions": positions,
             "totals": _account_block(total),  # all pools together: of one flavor only when totals_by_flavor has one
             "totals_by_flavor": _flavor_totals(per_pool, team_pools, flavors),
+            "cost": costs.get(team) or {"priced": False, "by_pool": [], "totals": [], "budgets": [], "peak": []},
             "pools": [{"pool": pl, "flavor": flavors.get(pl), **_account_block(per_pool.get(pl, _empty_accounts())),
                        "daily": _daily_rows(pool_daily.get(team, {}).get(pl, {}))} for pl in team_pools],
             "daily": _daily_rows(daily.get(team, {})),

@@ -43,6 +43,9 @@ class Demand:
     jobs: list = field(default_factory=list)         # SimJob, observed demand
     observed_wait: dict = field(default_factory=dict)  # job id -> observed first start - submit (s)
     bursts: list = field(default_factory=list)
+    # pool -> price id -> the price.set fields of its last setting in the log (a backtest prices its simulated use
+    # with them from its start: DESIGN §9)
+    prices: dict = field(default_factory=dict)
     start: int = 0
     end: int = 0
     lines: int = 0
@@ -131,6 +134,10 @@ def load_demand(path: Path, days: Optional[float] = None) -> Demand:
                 grants[e.grant_id] = (pool, e.team, e.chips_milli / MILLI)
             elif typ == "quota.revoked":
                 grants.pop(e.grant_id, None)
+            elif typ == "price.set":
+                d.prices.setdefault(pool, {})[e.price_id] = {
+                    "price_id": e.price_id, "per_chip_hour": e.per_chip_hour, "unit": e.unit,
+                    **({"hours_of_week": list(e.hours_of_week)} if e.hours_of_week is not None else {})}
             elif typ == "job.submitted":
                 if e.job_id not in subs:
                     subs[e.job_id] = [pool, e.team, e.chips_milli, e.priority, e.preemptible, t]
@@ -193,8 +200,11 @@ def run_backtest(demand: Demand, fold_config, quotas: dict, sched_slo_s: int = 6
     jobs = [copy.copy(j) for j in demand.jobs]
     pools = [SimPool(p, v[0], v[1], v[2]) for p, v in sorted(demand.pools.items()) if v[0] > 0]
     cluster = Cluster(pools, quotas, fold_config, act_delay_s=act_delay_s, coop_share=coop_share,
-                      source="backtest")
+                      source="backtest", prices={p: list(v.values()) for p, v in demand.prices.items()})
     res = cluster.run(jobs, demand.bursts, t0=demand.start)
+    if demand.prices:  # the books closed at the end: the last hour's use priced too
+        cluster.fleet.close()
+        cluster.costs.extend(cluster.fleet.close_facts().get("costs", []))
     per_team: dict = {}
     per_pool: dict = {}
     never: dict = {}
@@ -232,6 +242,7 @@ def run_backtest(demand: Demand, fold_config, quotas: dict, sched_slo_s: int = 6
         "bursts": dict(res.bursts),
         "events_folded": res.events,
         "jobs": len(jobs),
+        "cost": _cost(cluster.costs),
     }
 
 
@@ -269,6 +280,29 @@ def _simulate(runs: list, jobs: int) -> list[dict]:
             return pool.map(_sweep_one, range(len(runs)), chunksize=1)
     finally:
         _SWEEP.clear()
+
+
+def _cost(rows: list) -> dict:
+    """The simulated use and idle chips priced by the fold (the log's prices), per unit, and the share of the teams'
+    priced use in peak hours (priced above the pool's cheapest price of the run): what a price band does to the
+    peaks. Empty when the log sets no price (cost unknown, not zero)."""
+    low: dict = {}
+    for r in rows:
+        key = (r.pool, r.unit)
+        low[key] = min(low.get(key, r.per_chip_hour), r.per_chip_hour)
+    out: dict = {}
+    for r in rows:
+        u = out.setdefault(r.unit, {"use": 0, "idle": 0, "use_mchip_s": 0, "peak_mchip_s": 0})
+        if r.team is not None:
+            u["use"] += r.cost_scaled
+            u["use_mchip_s"] += r.amount_mchip_s
+            if r.per_chip_hour > low[(r.pool, r.unit)]:
+                u["peak_mchip_s"] += r.amount_mchip_s
+        elif r.account == "idle":
+            u["idle"] += r.cost_scaled
+    return {unit: {"use": u["use"] / 3_600_000, "idle": u["idle"] / 3_600_000,
+                   "peak_share": u["peak_mchip_s"] / u["use_mchip_s"] if u["use_mchip_s"] else None}
+            for unit, u in sorted(out.items())}
 
 
 def observed(demand: Demand) -> dict:
@@ -500,6 +534,12 @@ def print_report(report: dict, console) -> None:
     t.add_row("F excess of victims", *[_fmt(c[n]["fairness"]["f_excess_of_victims"], "f") for n in names])
     t.add_row("Jain's index, borrowers", *[_fmt(c[n]["fairness"]["jain_usage_per_share_borrowers"], "f")
                                             for n in names])
+    for unit in sorted({u for n in names for u in c[n].get("cost", {})}):
+        t.add_row(f"cost of use / idle, {unit}",
+                  *[" / ".join(f"{(c[n]['cost'].get(unit) or {}).get(k, 0):,.0f}" for k in ("use", "idle"))
+                    for n in names])
+        t.add_row(f"use in peak hours, {unit}", *[_fmt((c[n]["cost"].get(unit) or {}).get("peak_share"), "pct")
+                                                  for n in names])
     t.add_row("bursts approved/partial/denied",
               *["/".join(str(c[n]["bursts"].get(k, 0)) for k in ("approved", "partial", "denied")) for n in names])
     teams = sorted({tm for n in names for tm in c[n]["waits_by_team"]})

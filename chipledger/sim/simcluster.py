@@ -128,8 +128,10 @@ class Cluster:
 
     def __init__(self, pools: Iterable[SimPool], quotas: dict, config: FoldConfig, *, act_delay_s: int = 10,
                  coop_share: float = 0.0, coop_ckpt_s: int = 30, sample_s: int = 3600, fairness: bool = True,
-                 tick_s: int = 60, source: str = "sim"):
+                 tick_s: int = 60, source: str = "sim", prices: Optional[dict] = None):
         self.pools = {p.name: p for p in pools}
+        self.prices = prices or {}  # pool -> [price.set fields]: set at the start (ledger/costs.py prices the run)
+        self.costs: list = []       # the fold's cost rows of the run (ledger.costs.CostRow)
         self.quotas = {p: dict(quotas.get(p, {})) for p in self.pools}  # pool -> team -> chips
         self.config = config
         self.act_delay_s, self.coop_share, self.coop_ckpt_s = act_delay_s, coop_share, coop_ckpt_s
@@ -152,6 +154,8 @@ class Cluster:
         step = self.fleet.apply(e)
         if step.rejection is not None:
             raise ValueError(f"simulated {etype} rejected by the ledger: {step.rejection}")
+        if step.costs:
+            self.costs.extend(step.costs)
         return step
 
     # -- the run --------------------------------------------------------------------------------------------
@@ -166,6 +170,8 @@ class Cluster:
             for team, q in sorted(self.quotas[p.name].items()):
                 if q > 0:
                     self.send(p.name, "quota.granted", t0, grant_id=_grant_id(team), team=team, chips=q)
+            for price in self.prices.get(p.name, []):
+                self.send(p.name, "price.set", t0, **price)
         quota = {p: {team: round(q * MILLI) for team, q in qs.items()} for p, qs in self.quotas.items()}
         free = {p: self.pools[p].chips * MILLI for p in self.pools}
         used: dict = {p: {} for p in self.pools}

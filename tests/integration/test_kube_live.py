@@ -3,8 +3,9 @@
 One workload of real Jobs runs once for the module (about a minute) in one cohort of four ClusterQueues (teams) on
 one ResourceFlavor of two kwok Nodes with 8 GPUs each: a team borrowing, Kueue reclaiming its quota
 (InCohortReclamation), a priority preemption inside a ClusterQueue (InClusterQueue), an admin's deactivation and
-reactivation, a Job that fails, a Job deleted while pending, a Node cordoned and a Node NotReady for a moment, and a
-reclaim decided by the ledger (the reclaiming ClusterQueue has Kueue's own reclaim off) applied by `kube actuate`.
+reactivation, a Job that fails, a pending Job deactivated, reactivated and deleted, a Node cordoned and a Node
+NotReady for a moment (while no job runs on them), and a reclaim decided by the ledger (the reclaiming ClusterQueue
+has Kueue's own reclaim off) applied by `kube actuate`. Each ClusterQueue is team `<cohort>/<name>`.
 The watcher runs with the least-privilege ClusterRole of deploy/kube/rbac.yaml (a token bound to it, not admin), is
 stopped and restarted mid-run (resuming its watches), and restarted once more with its cursor set to a version
 the API server no longer serves (a forced `410 Gone`: it lists again). Then:
@@ -14,7 +15,8 @@ the API server no longer serves (a forced `410 Gone`: it lists again). Then:
   within one second per admission;
 - every event id is sent once; a fresh `--once` on the final cursor sends nothing but ticks;
 - the ledger's reclaim evicts the real victim through `kube actuate`; Kueue requeues and readmits it; its
-  `job.preempted` carries the decision's id.
+  `job.preempted` carries the decision's id;
+- each start carries the chips of its Pods' Nodes; the pending Job deactivated is no demand while inactive.
 """
 
 from __future__ import annotations
@@ -282,12 +284,23 @@ def workload(kube, tmp_path_factory, request):
         "spec": {"suspend": True, "activeDeadlineSeconds": 2, "backoffLimit": 0, "template": {"spec": {
             "restartPolicy": "Never", "containers": [{"name": "m", "image": "registry.k8s.io/pause:3.10", "resources": {
                 "requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}}]}}}})
-    k.job(ns["c"], "c2", "lq", 8, pods=2, run_s=1)  # more than the cohort has free: pending
+    k.job(ns["c"], "c2", "lq", 9, pods=2, run_s=1)  # more than the cohort has (18 > 16): pending for good
     k.wait(lambda: (k.cond(k.workload_of(ns["c"], "c2"), "QuotaReserved") or {}).get("status") == "False",
            what="c2 pending")
     time.sleep(1.1)
+    # deactivated while pending (cancelled in the ledger: no demand), active again (submitted again), then deleted
+    c2 = k.workload_of(ns["c"], "c2")["metadata"]["name"]
+    k.custom.patch_namespaced_custom_object(G, V, ns["c"], "workloads", c2, {"spec": {"active": False}})
+    k.wait(lambda: k.is_true(ns["c"], "c2", "Evicted"), what="c2 deactivated")
+    time.sleep(1.1)
+    k.custom.patch_namespaced_custom_object(G, V, ns["c"], "workloads", c2, {"spec": {"active": True}})
+    time.sleep(1.1)
     k.batch.delete_namespaced_job("c2", ns["c"], propagation_policy="Background")
-    # 4. a node cordoned and another NotReady for a moment (kwok sets Ready once; nothing heartbeats conditions)
+    k.wait(lambda: all(finished(t, j) for t, j in (("a", "a1"), ("b", "b1"), ("b", "b2"), ("c", "c1"), ("a", "a2"),
+                                                   ("a", "fails"))), timeout=60, what="phase 1-3 jobs finished")
+    # 4. a node cordoned and another NotReady for a moment (kwok sets Ready once; nothing heartbeats conditions),
+    # while no job runs on them: with placement known, a job on an unavailable chip is not charged for it (the
+    # books would then differ from the Workloads' condition times by design)
     k.core.patch_node(nodes[0], {"spec": {"unschedulable": True}})
     ready = lambda status, reason: {"status": {"conditions": [{  # noqa: E731
         "type": "Ready", "status": status, "reason": reason, "message": "set by the test",
@@ -297,8 +310,6 @@ def workload(kube, tmp_path_factory, request):
     time.sleep(1.5)
     k.core.patch_node(nodes[0], {"spec": {"unschedulable": False}})
     k.core.patch_node_status(nodes[1], ready("True", "KubeletReady"))
-    k.wait(lambda: all(finished(t, j) for t, j in (("a", "a1"), ("b", "b1"), ("b", "b2"), ("c", "c1"), ("a", "a2"),
-                                                   ("a", "fails"))), timeout=60, what="phase 1-4 jobs finished")
     # 5. a forced 410 Gone: the cursor points at a version the API server no longer serves; meanwhile c borrows
     w.close()
     st = json.loads(state.read_text())
@@ -350,7 +361,9 @@ def workload(kube, tmp_path_factory, request):
             sink.close()
         assert "Traceback" not in (d / "worker.log").read_text()
         kafka_lake = d / "kafka-lake"
-    return {"dir": d, "out": out, "state": state, "names": names, "ns": ns, "history": history, "k": k,
+    pods = {(p.metadata.namespace, p.metadata.name): p.spec.node_name
+            for t in "abcd" for p in k.core.list_namespaced_pod(ns[t]).items}
+    return {"dir": d, "out": out, "nodes": nodes, "pods": pods, "state": state, "names": names, "ns": ns, "history": history, "k": k,
             "decisions": decisions, "actuated": actuated, "again": again, "metrics": metrics_text,
             "watch_client": watch_client, "roles": roles, "kafka_lake": kafka_lake, "kafka_skip": kafka_skip,
             "kafka_sent": tee.sent if bootstrap else []}
@@ -364,9 +377,16 @@ def _books(lake: Path) -> dict:
     return {team: int(amount) // 1000 for team, amount in rows if amount}
 
 
+def _team(workload, cq: str) -> str:
+    """The ledger's team of a ClusterQueue of the test's cohort: `<cohort>/<ClusterQueue>`."""
+    return f"{workload['names']['cohort']}/{cq}"
+
+
 def test_books_equal_the_workloads_condition_times(workload):
-    teams = {workload["names"][t] for t in "abcd"}  # (the cluster may hold other tests' objects too)
-    expected = {cq: n for cq, n in workload["history"].chip_seconds().items() if n and cq in teams}
+    # per team (the cluster may hold other tests' objects too); each ClusterQueue is team <cohort>/<name>
+    teams = {_team(workload, workload["names"][t]) for t in "abcd"}
+    expected = {_team(workload, cq): n for cq, n in workload["history"].chip_seconds().items()
+                if n and _team(workload, cq) in teams}
     books = {team: n for team, n in _books(workload["dir"] / "lake").items() if team in teams}
     print(f"\nlongest delay from a condition's time to its arrival: {workload['history'].lag_s:.1f} s (settle {SETTLE_S} s)")
     print(f"GPU-seconds per team: from the Workloads' conditions {dict(sorted(expected.items()))}, "
@@ -383,7 +403,8 @@ def test_scheduling_latency_matches_kueues_admission_wait(workload):
     rows = connect(workload["dir"] / "lake").execute(
         "SELECT team, count(*), sum(epoch(ended_at) - epoch(began_at)) FROM waits WHERE \"end\" = 'started' "
         "GROUP BY ALL").fetchall()
-    ledger = {team: (n, int(total)) for team, n, total in rows if team in teams}
+    ledger = {team.split("/", 1)[1]: (n, int(total)) for team, n, total in rows
+              if "/" in team and team.split("/", 1)[1] in teams}
     print(f"\nadmissions and their wait (s) per ClusterQueue: Kueue {kueue}, ledger {ledger}")
     for t in "abcd":
         cq = workload["names"][t]
@@ -427,7 +448,8 @@ def test_watch_maps_what_kueue_did(workload):
                                        "job.finished"]
     pre = c1[2]
     assert pre["reason"] == "InCohortReclamation" and pre["cause"] == "preempted" and "decision_id" not in pre
-    assert c1[0]["namespace"] == ns["c"] and c1[0]["team"] == workload["names"]["c"] and c1[0]["chips"] == 12
+    assert c1[0]["namespace"] == ns["c"] and c1[0]["team"] == _team(workload, workload["names"]["c"])
+    assert c1[0]["chips"] == 12
     assert waiting[f"{ns['c']}/c1"], "c1 waited after Kueue's reclaim: Kueue's reason kept"
     b1 = by_job[f"{ns['b']}/b1"]
     assert [e["type"] for e in b1] == ["job.submitted", "job.started", "job.preempted", "job.started",
@@ -440,9 +462,12 @@ def test_watch_maps_what_kueue_did(workload):
     fails = by_job[f"{ns['a']}/fails"]
     assert [e["type"] for e in fails][-1] == "job.finished" and fails[-1]["outcome"] == "failed"
     c2 = by_job[f"{ns['c']}/c2"]
-    assert types(ns["c"], "c2") == ["job.submitted", "job.finished"] and c2[-1]["outcome"] == "cancelled"
-    (w,) = waiting[f"{ns['c']}/c2"]  # deleted while pending, with Kueue's own reason and message
-    assert w["reason"] == "Pending" and "insufficient unused quota" in w["message"]
+    # deactivated while pending: cancelled (no demand); active again: submitted again; deleted while pending
+    assert types(ns["c"], "c2") == ["job.submitted", "job.finished", "job.submitted", "job.finished"]
+    assert [e.get("outcome") for e in c2] == [None, "cancelled", None, "cancelled"]
+    assert c2[1]["event_id"].split(":")[3] == "deactivated" and c2[3]["event_id"].split(":")[3] == "deleted"
+    assert waiting[f"{ns['c']}/c2"]  # with Kueue's own reason and message
+    assert all(w["reason"] == "Pending" and "insufficient quota" in w["message"] for w in waiting[f"{ns['c']}/c2"])
     assert all(e["source"] == f"{CLUSTER}/kueue" for e in _events(workload["out"]))
     chip_states = Counter((e["state"], (e.get("reason") or "").split(":")[0]) for e in _events(workload["out"])
                           if e["type"] == "chip.state_changed")
@@ -487,14 +512,15 @@ def test_the_kafka_path_gives_the_same_books(workload):
         pytest.skip(workload["kafka_skip"])
     from analytics.views import connect
 
-    teams = {workload["names"][t] for t in "abcd"}
+    teams = {_team(workload, workload["names"][t]) for t in "abcd"}
     con = connect(workload["kafka_lake"])
     logged = [r[0] for r in con.execute("SELECT event_id FROM base_event_log").fetchall()]
     assert sorted(logged) == sorted(e["event_id"] for e in workload["kafka_sent"])
     assert con.execute("SELECT count(*) FROM deadletters").fetchone()[0] == 0
     rows = con.execute("SELECT team, sum(allocated_mchip_s) FROM job_runs GROUP BY ALL").fetchall()
     books = {team: int(n) // 1000 for team, n in rows if team in teams and n}
-    expected = {cq: n for cq, n in workload["history"].chip_seconds().items() if n and cq in teams}
+    expected = {_team(workload, cq): n for cq, n in workload["history"].chip_seconds().items()
+                if n and _team(workload, cq) in teams}
     print(f"\nGPU-seconds per team through Kafka: {dict(sorted(books.items()))}")
     assert books == expected
     ids = [e["event_id"] for e in workload["kafka_sent"]]
@@ -527,3 +553,47 @@ def test_the_command_line(workload, tmp_path):
                                    str(tmp_path / "a.state")])
     assert res.exit_code == 0, res.output
     assert "decisions 1 applied 0 gone 1 skipped 0 (dry run)" in res.stdout  # the victim has finished since
+
+
+def test_starts_carry_the_placement_of_their_pods(workload):
+    """Each start names chips on the Nodes its Pods were bound to (the chip names within a Node are the watcher's:
+    Kubernetes does not say which device a Pod holds), as many as the job asks."""
+    pool = f"{CLUSTER}/{workload['names']['flavor']}"
+    evs = [e for e in _events(workload["out"]) if e["pool"] == pool]
+    chips = {e["job_id"]: e["chips"] for e in evs if e["type"] == "job.submitted"}
+    starts = [e for e in evs if e["type"] == "job.started"]
+    placed = [e for e in starts if e.get("chip_ids")]
+    print(f"\nstarts with placement: {len(placed)} of {len(starts)}")
+    # all but b1's first run: it started and was preempted while the watcher was stopped (its Pods were gone when
+    # the watcher came back), so that start goes out without placement
+    unplaced = [e["job_id"].split("/")[1].split("-")[1] for e in starts if not e.get("chip_ids")]
+    assert unplaced in ([], ["b1"]), unplaced
+    assert len(placed) >= 10
+    for e in placed:
+        assert len(e["chip_ids"]) == chips[e["job_id"]], e
+        assert {c.rsplit("-gpu", 1)[0] for c in e["chip_ids"]} <= set(workload["nodes"]), e
+    # a finished Job keeps its Pods: its last start names their Nodes
+    last = {e["job_id"]: e for e in placed}
+    for (namespace, pod), node in workload["pods"].items():
+        job = next((j for j in last if j.startswith(f"{namespace}/job-{pod.rsplit('-', 1)[0]}-")), None)
+        if job is not None and node:
+            assert any(c.startswith(node + "-") for c in last[job]["chip_ids"]), (pod, node, last[job])
+
+
+def test_a_pending_workload_deactivated_is_no_demand_until_active_again(workload):
+    """c2, pending, deactivated then active again then deleted: its waits stop at the deactivation (cancelled) and
+    start again at the resubmission; nothing waits in between."""
+    from analytics.views import connect
+
+    ns = workload["ns"]
+    evs = [e for e in _events(workload["out"]) if e.get("job_id", "").startswith(f"{ns['c']}/job-c2-")
+           and e["type"] != "job.waiting"]
+    sub1, cancelled, sub2, deleted = evs
+    rows = connect(workload["dir"] / "lake").execute(
+        "SELECT began_at, ended_at, \"end\" FROM waits WHERE job_id = ? ORDER BY began_at",
+        [evs[0]["job_id"]]).fetchall()
+    iso = lambda t: t.strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+    assert [(iso(b), iso(e)) for b, e, _ in rows] == [(sub1["occurred_at"], cancelled["occurred_at"]),
+                                                       (sub2["occurred_at"], deleted["occurred_at"])], rows
+    assert all(end not in ("started", "open") for _, _, end in rows)
+    assert cancelled["occurred_at"] < sub2["occurred_at"]

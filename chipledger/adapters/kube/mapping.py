@@ -11,8 +11,9 @@ mapping the same object again, after a relist or a restart, gives the same ids. 
   (`nvidia.com/gpu` → `gpu`); NotReady → down, cordoned → maintenance, allocatable below capacity → that many
   (the last) down, deleted → retired.
 - ClusterQueue → per flavor, a grant of its nominal quota of the accelerator resources to team = the
-  ClusterQueue's name (or its label `[kube] team_label`), with its borrowing and lending limits.
-- Workload → job lifecycle (`WorkloadState.step`).
+  ClusterQueue's name (or its label `[kube] team_label`), with its borrowing and lending limits; in a cohort, the
+  team is `<cohort>/<that name>` (the project's `org/team` convention: the `balances_org` view reads the org).
+- Workload → job lifecycle (`WorkloadState.step`); its Pods' Nodes → the placement of its start (`place`).
 """
 
 from __future__ import annotations
@@ -135,11 +136,18 @@ def cq_view(obj: dict, resources: Iterable[str], team_label: str = "") -> dict:
                         if r.get(field) is not None:
                             q[key] = (q[key] or Decimal(0)) + quantity(r[field])
     changed = [epoch(f.get("time")) for f in (m.get("managedFields") or []) if not f.get("subresource") and f.get("time")]
-    team = (m.get("labels") or {}).get(team_label) if team_label else None
+    team = ((m.get("labels") or {}).get(team_label) if team_label else None) or m["name"]
+    cohort = spec.get("cohortName") or spec.get("cohort") or ""
     return {"name": m["name"], "uid": m["uid"], "generation": int(m.get("generation") or 1),
             "created": epoch(m.get("creationTimestamp")), "changed": max(changed) if changed else None,
-            "team": team or m["name"], "cohort": spec.get("cohortName") or spec.get("cohort") or "",
+            "team": team_of(team, cohort), "cohort": cohort,
             "quotas": {f: {k: (None if v is None else chips_text(v)) for k, v in q.items()} for f, q in quotas.items()}}
+
+
+def team_of(name: str, cohort: str) -> str:
+    """The ledger's team of a ClusterQueue: `<cohort>/<name>` in a cohort (the org is the cohort: the project's
+    `org/team` convention, as Slurm's parent accounts), else its name."""
+    return f"{cohort}/{name}" if cohort else name
 
 
 def lq_view(obj: dict) -> dict:
@@ -184,7 +192,48 @@ def workload_view(obj: dict, resources: Iterable[str]) -> dict:
             "chips": chips_text(total) if total > 0 else 0,
             "chips_per_node": int(per_pod) if per_pod is not None and per_pod > 0 and per_pod == int(per_pod) and pods > 1 else None,
             "cq": adm.get("clusterQueue") or "", "flavors": flavors, "conds": conds,
-            "decision": (m.get("annotations") or {}).get(DECISION_ANNOTATION) or ""}
+            "decision": (m.get("annotations") or {}).get(DECISION_ANNOTATION) or "",
+            "owners": sorted({o["uid"] for o in (m.get("ownerReferences") or []) if o.get("uid")}),
+            "evictions": {e.get("reason") or "": int(e.get("count") or 0)
+                          for e in ((status.get("schedulingStats") or {}).get("evictions") or [])}}
+
+
+POD_SELECTOR = "kueue.x-k8s.io/podset"  # the label Kueue puts on the Pods of the workloads it admits
+
+
+def pod_view(obj: dict, resources: Iterable[str]) -> dict:
+    """A Pod of a Kueue workload: its Node once bound, the accelerators it asks (whole chips, rounded up), and the
+    uids that tie it to its Workload (its controller owner's: a Job's Workload is owned by that Job; and its own: a
+    plain Pod's or a pod group's Workload is owned by the Pods)."""
+    m, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+    chips = sum(_pod_chips({"spec": spec}, set(resources)).values(), Decimal(0))
+    owners = {o["uid"] for o in (m.get("ownerReferences") or []) if o.get("controller") and o.get("uid")}
+    return {"uid": m["uid"], "node": spec.get("nodeName") or "", "created": epoch(m.get("creationTimestamp")),
+            "owners": sorted(owners | {m["uid"]}), "chips": int(chips.to_integral_value(ROUND_CEILING)),
+            "gone": bool(m.get("deletionTimestamp")) or status.get("phase") in ("Succeeded", "Failed")}
+
+
+def place(job_owners: list, job_chips, started: int, pods: Iterable[dict], node_chips: dict, taken) -> Optional[list]:
+    """The chips of a started job, from its Pods' Nodes: each bound Pod of this run (created at or after the start,
+    not gone) takes the first chips of its Node (`chip_ids` order) that no other placed job holds, as many as it asks.
+    Kubernetes does not say which device of a Node a Pod holds, so the chip names within a Node are the watcher's
+    choice; the Node is the Pod's. None unless every Pod is bound and the chips cover the job (the start then goes
+    out without placement). `node_chips`: node → its chip ids in the job's pool; `taken`: chip ids held."""
+    owners = set(job_owners)
+    mine = sorted((p for p in pods if owners.intersection(p["owners"]) and not p["gone"] and p["chips"] > 0
+                   and (p["created"] or 0) >= started), key=lambda p: p["uid"])
+    need = Decimal(str(job_chips)).to_integral_value(ROUND_CEILING)
+    if not mine or sum(p["chips"] for p in mine) < need:
+        return None
+    out: list = []
+    for p in mine:
+        if not p["node"] or p["node"] not in node_chips:
+            return None
+        free = [c for c in node_chips[p["node"]] if c not in taken and c not in out]
+        if len(free) < p["chips"]:
+            return None
+        out.extend(free[: p["chips"]])
+    return out
 
 
 # -- inventory -----------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """`chipledger kube watch`: follow a Kubernetes cluster with Kueue and send what happens as chipledger events, once.
 
-Resumable watches, one per kind (ResourceFlavors, Nodes, ClusterQueues, LocalQueues, Workloads): list, then watch
+Resumable watches, one per kind (ResourceFlavors, Nodes, ClusterQueues, LocalQueues, Workloads, and the Pods of
+Kueue's workloads for placement): list, then watch
 from the list's resourceVersion with bookmarks; a `410 Gone` (the version was compacted away) lists again, and an
 object the new list lacks is treated as deleted. Each object seen is read into a view (mapping.py) and compared
 with the view kept in the state: the differences become events whose ids derive from the object's uid and the
@@ -31,7 +32,7 @@ from chipledger.adapters.kube.mapping import (RANK_CHIP, RANK_FREE, RANK_POOL, R
                                               RANK_SUBMIT, RANK_TICK, RANK_WAIT, event_id, make_event)
 
 STATE_VERSION = 1
-KINDS = ("resourceflavors", "nodes", "clusterqueues", "localqueues", "workloads")
+KINDS = ("resourceflavors", "nodes", "clusterqueues", "localqueues", "workloads", "pods")
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 SENT_HORIZON_S = 86_400  # ids of events this much older than the watermark are forgotten once their object is gone
 
@@ -97,7 +98,7 @@ class Flushed:
 def _new_state(cluster: str) -> dict:
     return {"version": STATE_VERSION, "cluster": cluster, "rv": {}, "watermark": None, "last_tick": None,
             "sent": {}, "pending": [], "pools": {}, "flavors": {}, "nodes": {}, "cqs": {}, "grants": {}, "lqs": {},
-            "jobs": {}, "unresolved": {}}
+            "jobs": {}, "unresolved": {}, "pods": {}, "placed": {}}
 
 
 def load_state(path: Path, cluster: str) -> dict:
@@ -112,6 +113,8 @@ def load_state(path: Path, cluster: str) -> dict:
     if st.get("version") != STATE_VERSION or st.get("cluster") != cluster:
         raise WatchError(f"state file {path} belongs to cluster {st.get('cluster')!r} (version {st.get('version')}), "
                          f"not {cluster!r}: give each cluster its own --state")
+    for k, v in _new_state(cluster).items():  # a state written before Pods were watched: they are listed afresh
+        st.setdefault(k, v)
     return st
 
 
@@ -126,8 +129,10 @@ def save_state(path: Path, st: dict) -> None:
 class Mapper:
     """The views kept in the state and the events their changes make (no I/O; `now` is the caller's)."""
 
-    def __init__(self, cluster: str, state: dict, resources: Iterable[str], team_label: str = ""):
+    def __init__(self, cluster: str, state: dict, resources: Iterable[str], team_label: str = "",
+                 log: Callable[[str], None] = lambda msg: None):
         self.cluster = cluster
+        self.log = log
         self.source = f"{cluster}/kueue"
         self.st = state
         self.resources = tuple(resources)
@@ -154,6 +159,8 @@ class Mapper:
         if at == last_at and rank <= last_rank:
             rank = last_rank + 1
         rec["last"] = [at, rank]
+        if type in ("job.preempted", "job.finished"):  # the run ends: its chips are free for the next placement
+            self.st["placed"] = {c: u for c, u in self.st["placed"].items() if u != rec["uid"]}
         self._emit(at, rank, type, rec["pool"], event_id(self.cluster, rec["uid"], what, at), job_id=rec["job"], **fields)
         return at
 
@@ -269,6 +276,52 @@ class Mapper:
             self.st["lqs"][key] = m.lq_view(obj)["cq"]
         self._retry_unresolved(now)
 
+    # -- pods: placement -----------------------------------------------------------------------------------------
+    def pod(self, obj: Optional[dict], uid: str, now: int) -> None:
+        if obj is None:
+            self.st["pods"].pop(uid, None)
+            return
+        v = m.pod_view(obj, self.resources)
+        if v["chips"] > 0 and not v["gone"]:
+            self.st["pods"][uid] = v
+            if v["node"]:  # bound: the start of its job, not sent yet, gets its placement now (a short job's Pods
+                # may be gone by the time the start is due)
+                owners = set(v["owners"])
+                for juid, rec in list(self.st["jobs"].items()):
+                    if not rec.get("ignored") and rec["phase"] == "running" and owners.intersection(rec.get("owners") or ()):
+                        self._place_pending(juid)
+        else:
+            self.st["pods"].pop(uid, None)
+
+    def _place_pending(self, uid: str) -> None:
+        """Put the placement on job `uid`'s start while that start waits to be sent (once: a start sent keeps what
+        it had)."""
+        rec = self.st["jobs"][uid]
+        eid = event_id(self.cluster, uid, "started", rec["started"])
+        for p in reversed(self.st["pending"]):
+            if p["body"]["event_id"] == eid:
+                if "chip_ids" not in p["body"]:
+                    chips = self.placement(uid, rec["started"])
+                    if chips:
+                        p["body"]["chip_ids"] = chips
+                return
+
+    def placement(self, uid: str, started: int) -> Optional[list]:
+        """The chips of job `uid`'s run started at `started` (mapping.place), recorded as held; None when not known
+        (the job is not running that run any more, or its Pods are not all bound yet)."""
+        st = self.st
+        rec = st["jobs"].get(uid)
+        if not rec or rec.get("ignored") or rec["phase"] != "running" or rec["started"] != started \
+                or not rec.get("owners"):
+            return None
+        node_chips = {name: [c for c in m.chip_ids(n["view"]) if c in n["chips"]]
+                      for name, n in st["nodes"].items() if n["pool"] == rec["pool"] and n["view"]}
+        chips = m.place(rec["owners"], rec["chips"], started, st["pods"].values(), node_chips, st["placed"])
+        if chips:
+            for c in chips:
+                st["placed"][c] = uid
+        return chips
+
     # -- workloads -----------------------------------------------------------------------------------------------
     def _resolve(self, v: dict) -> Optional[tuple[str, str]]:
         """(team, pool) of a Workload: its ClusterQueue (admission's, else its LocalQueue's) and flavor (admission's,
@@ -297,7 +350,7 @@ class Mapper:
         if obj is None:  # deleted
             st["unresolved"].pop(uid, None)
             rec = st["jobs"].get(uid)
-            if rec is not None and not rec.get("ignored") and rec["phase"] != "done":
+            if rec is not None and not rec.get("ignored") and rec["phase"] not in ("done", "inactive"):
                 self._job_emit(rec, now, RANK_FREE, "job.finished", "deleted", outcome="cancelled")
             st["jobs"].pop(uid, None)
             return
@@ -317,14 +370,23 @@ class Mapper:
                 return
             team, pool = self._resolve(v)
             rec = {"uid": v["uid"], "job": f"{v['namespace']}/{v['name']}", "pool": pool, "team": team,
-                   "phase": "pending", "started": None, "evicted": None, "waiting": "", "last": [0, 0]}
+                   "phase": "pending", "started": None, "evicted": None, "waiting": "", "last": [0, 0],
+                   "owners": v["owners"], "chips": v["chips"]}
             st["jobs"][v["uid"]] = rec
             at = max(v["created"] or now, st["pools"][pool]["at"])
-            self._job_emit(rec, at, RANK_SUBMIT, "job.submitted", "submitted", team=team, chips=v["chips"],
-                           priority=max(-2**31, min(2**31 - 1, v["priority"])), preemptible=True,
-                           chips_per_node=v["chips_per_node"], namespace=v["namespace"] or None)
+            self._submit(rec, v, at, "submitted")
+            if sum(v["evictions"].values()) and (v["conds"].get("Admitted") or [""])[0] == "True" \
+                    and (v["conds"].get("Finished") or [""])[0] != "True":
+                # a first look at a Workload evicted before: Kueue keeps the count (schedulingStats), not the times
+                self.log(f"{rec['job']}: first seen admitted after {sum(v['evictions'].values())} earlier "
+                         f"eviction(s) {json.dumps(v['evictions'], sort_keys=True)}: booked from its last admission")
         if rec.get("ignored") or rec["phase"] == "done":
             return
+        if rec["phase"] == "inactive":  # cancelled when deactivated while pending: submitted again once active
+            if not v["active"] or v["deleted"] is not None or (v["conds"].get("Finished") or [""])[0] == "True":
+                return
+            self._submit(rec, v, now, "resubmitted")
+            rec.update(phase="pending", waiting="", started=None, evicted=None)
         c = v["conds"]
         adm, fin, ev, rq = c.get("Admitted"), c.get("Finished"), c.get("Evicted"), c.get("Requeued")
         admitted = bool(adm and adm[0] == "True")
@@ -366,6 +428,15 @@ class Mapper:
                 t = min(t, ta)
             self._job_emit(rec, t, RANK_SUBMIT, "job.released", "released")
             rec["phase"] = "pending"
+        # deactivated while pending (never admitted since): Kueue takes it out of its queue (Evicted=True, reason
+        # Deactivated) and it is no demand; the contract holds only a running job (job.preempted with held), so it
+        # is cancelled at that instant and submitted again when it is active again (docs/kube.md)
+        if rec["phase"] == "pending" and not v["active"] and not finished and v["deleted"] is None \
+                and not (admitted and not evicted):
+            te = ev[1] if evicted and ev[2] == "Deactivated" and ev[1] is not None else now
+            self._job_emit(rec, te, RANK_FREE, "job.finished", "deactivated", outcome="cancelled")
+            rec["phase"] = "inactive"
+            return
         if finished:
             outcome = "succeeded" if fin[2] == "Succeeded" else "failed"
             if rec["phase"] == "pending" and admitted and (started is None or ta > started) and ta <= (fin[1] or now):
@@ -392,10 +463,16 @@ class Mapper:
                     self._job_emit(rec, qr[1], RANK_WAIT, "job.waiting", f"waiting:{m.message_key(key)}",
                                    reason=(qr[2] or "Pending")[:64], message=qr[3][:1024] or None)
 
+    def _submit(self, rec: dict, v: dict, at: int, what: str) -> None:
+        self._job_emit(rec, at, RANK_SUBMIT, "job.submitted", what, team=rec["team"], chips=v["chips"],
+                       priority=max(-2**31, min(2**31 - 1, v["priority"])), preemptible=True,
+                       chips_per_node=v["chips_per_node"], namespace=v["namespace"] or None)
+
     def _start(self, rec: dict, ta: int) -> None:
         rec["started"] = self._job_emit(rec, ta, RANK_START, "job.started", "started")
         rec["phase"] = "running"
         rec["evicted"] = None
+        self._place_pending(rec["uid"])  # (its Pods may have been seen bound before the admission)
 
 
 class Watcher:
@@ -414,7 +491,7 @@ class Watcher:
         self.log = log
         self.metrics = metrics
         self.state = load_state(self.state_path, cluster)
-        self.mapper = Mapper(cluster, self.state, resources, team_label)
+        self.mapper = Mapper(cluster, self.state, resources, team_label, log)
         self.source = self.mapper.source
 
     # -- input ---------------------------------------------------------------------------------------------------
@@ -422,7 +499,7 @@ class Watcher:
         now = int(self.clock()) if now is None else now
         mp = self.mapper
         {"resourceflavors": mp.flavor, "nodes": mp.node, "clusterqueues": mp.cluster_queue,
-         "localqueues": mp.local_queue, "workloads": mp.workload}[kind](obj, key, now)
+         "localqueues": mp.local_queue, "workloads": mp.workload, "pods": mp.pod}[kind](obj, key, now)
         if self.metrics:
             self.metrics.seen(kind, now)
 
@@ -442,6 +519,8 @@ class Watcher:
         st = self.state
         if kind == "workloads":
             return [u for u, r in st["jobs"].items()] + list(st["unresolved"])
+        if kind == "pods":
+            return list(st["pods"])
         return list({"resourceflavors": st["flavors"], "nodes": st["nodes"], "clusterqueues": st["cqs"],
                      "localqueues": st["lqs"]}[kind])
 
@@ -456,7 +535,15 @@ class Watcher:
         res = Flushed(watermark=watermark)
         due = sorted((p for p in st["pending"] if p["at"] <= watermark),
                      key=lambda p: (p["at"], p["rank"], p["body"]["pool"], p["body"]["event_id"]))
+        unplaced = 0
         for p in due:
+            b = p["body"]
+            if b["type"] == "job.started" and "chip_ids" not in b:
+                chips = self.mapper.placement(b["event_id"].split(":")[2], p["at"])
+                if chips:
+                    b["chip_ids"] = chips
+                else:
+                    unplaced += 1
             if prev is not None and p["at"] < prev:
                 res.late += 1
                 self.log(f"late: {p['body']['type']} {p['body'].get('job_id') or p['body'].get('chip_id') or ''} at "
@@ -464,6 +551,8 @@ class Watcher:
             self.sink.send(p["body"])
             st["sent"][p["body"]["event_id"]] = p["at"]
             res.by_type[p["body"]["type"]] += 1
+        if unplaced:
+            self.log(f"{unplaced} start(s) sent without placement (their Pods not bound, or gone, when seen)")
         ids = {p["body"]["event_id"] for p in due}
         st["pending"] = [p for p in st["pending"] if p["body"]["event_id"] not in ids]
         if st["pools"] and (final or st["last_tick"] is None or watermark - st["last_tick"] >= self.tick_s) \
@@ -585,7 +674,7 @@ class Watcher:
 
 def key_of(kind: str, obj: dict) -> str:
     md = obj["metadata"]
-    if kind == "workloads":
+    if kind in ("workloads", "pods"):
         return md["uid"]
     if kind == "localqueues":
         return f"{md['namespace']}/{md['name']}"
@@ -605,6 +694,8 @@ class KubeApi:
     def _fn(self, kind: str):
         if kind == "nodes":
             return self.core.list_node, {}
+        if kind == "pods":  # only the Pods of Kueue's workloads (Kueue labels them with their pod set)
+            return self.core.list_pod_for_all_namespaces, {"label_selector": m.POD_SELECTOR}
         return self.custom.list_cluster_custom_object, {"group": KUEUE_GROUP, "version": KUEUE_VERSION, "plural": kind}
 
     def list(self, kind: str) -> tuple[list, str]:

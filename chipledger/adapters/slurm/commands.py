@@ -363,3 +363,46 @@ def job_state(job_id: str) -> Optional[str]:
         raise
     s = out.strip().split()
     return s[0].upper() if s else None
+
+
+# --- billing weights and TRES-minute budgets (`slurm watch --prices`) ----------------------------------------------
+ASSOC_MINS_FORMAT = "id,account,user,partition,grptresmins"
+
+
+def partition_billing_from_text(text: str) -> dict[str, str]:
+    """`scontrol show partition -o` → {partition: its TRESBillingWeights text} (partitions that set them)."""
+    out = {}
+    for line in text.splitlines():
+        name = _field(line, "PartitionName")
+        weights = _field(line, "TRESBillingWeights")
+        if name and weights and weights != "(null)":
+            out[name] = weights
+    return out
+
+
+def partition_billing() -> dict[str, str]:
+    return partition_billing_from_text(run(["scontrol", "show", "partition", "-o"]))
+
+
+def assoc_mins_from_text(text: str) -> list[tuple[str, str, str, str, str]]:
+    """`sacctmgr -P show assoc format=id,account,user,partition,grptresmins` → (id, account, user, partition,
+    GrpTRESMins) of the associations that set a GPU or billing limit."""
+    out = []
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    cols = ASSOC_MINS_FORMAT.split(",")
+    if lines and "account" in lines[0].lower() and not lines[0].split("|")[0].strip().isdigit():
+        cols = [c.strip().lower() for c in lines[0].split("|")]
+        lines = lines[1:]
+    for ln in lines:
+        f = dict(zip(cols, ln.split("|")))
+        mins = f.get("grptresmins", "").strip()
+        if "gpu" not in mins.lower() and "billing" not in mins.lower():
+            continue
+        out.append((f.get("id", "").strip() or f.get("account", "").strip(), f.get("account", "").strip(),
+                    f.get("user", "").strip(), f.get("partition", "").strip(), mins))
+    return out
+
+
+def assoc_mins(cluster: str) -> list[tuple[str, str, str, str, str]]:
+    return assoc_mins_from_text(run(["sacctmgr", "-n", "-P", "show", "assoc", f"cluster={cluster}",
+                                     f"format={ASSOC_MINS_FORMAT}"]))

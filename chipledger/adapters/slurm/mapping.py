@@ -508,3 +508,80 @@ def gres_gpus(gres: str) -> tuple[int, str]:
             total += 1
             gtype = gtype or parts[1]
     return total, gtype
+
+
+# --- prices and budgets from Slurm's billing (issue 36; DESIGN §3 `--may prices`) ---------------------------------
+#: the units of the prices and budgets mapped from Slurm: its billing TRES-minutes (TRESBillingWeights ×
+#: minutes, what GrpTRESMins=billing=N caps) and GPU-minutes (GrpTRESMins=gres/gpu=N)
+BILLING_UNIT = "slurm-billing-min"
+CHIP_MIN_UNIT = "chip-min"
+_WEIGHT = re.compile(r"gres/gpu(?::([^=,]+))?=([0-9.]+)", re.IGNORECASE)
+_MINS = re.compile(r"(gres/gpu(?::([^=,]+))?|billing)=(\d+)", re.IGNORECASE)
+
+
+def gpu_billing_weights(weights: str) -> dict[str, float]:
+    """`TRESBillingWeights=CPU=1.0,Mem=0.25G,GRES/gpu=2.0,GRES/gpu:a100=3` → {'': 2.0, 'a100': 3.0}: the billing
+    weight of a GPU (per type; '' untyped)."""
+    return {(m.group(1) or "").lower(): float(m.group(2)) for m in _WEIGHT.finditer(weights or "")}
+
+
+def billing_prices(cluster: str, pools: dict[str, PoolSpec], weights_by_partition: dict[str, str]) -> dict[str, int]:
+    """pool → price per chip-hour in Slurm billing-minutes (the GPU's weight × 60, rounded): a partition's
+    `TRESBillingWeights` price its pool's GPUs (a typed weight of the pool's flavor first, else the untyped one).
+    Slurm bills a job the largest or the sum of its TRES' weights (PriorityFlags=MAX_TRES): the ledger prices the
+    chips alone."""
+    out: dict[str, int] = {}
+    for partition, text in sorted(weights_by_partition.items()):
+        pool = pool_name(cluster, partition)
+        spec = pools.get(pool)
+        if spec is None:
+            continue
+        w = gpu_billing_weights(text)
+        weight = w.get(spec.flavor.lower(), w.get(""))
+        if weight is not None and weight > 0:
+            out[pool] = round(weight * 60)
+    return out
+
+
+def tres_mins_limits(text: str) -> tuple[tuple[str, str, int], ...]:
+    """`GrpTRESMins=billing=100000,gres/gpu:a100=60000` → (('billing', '', 100000), ('gpu', 'a100', 60000))."""
+    out = []
+    for m in _MINS.finditer(text or ""):
+        if m.group(1).lower() == "billing":
+            out.append(("billing", "", int(m.group(3))))
+        else:
+            out.append(("gpu", (m.group(2) or "").lower(), int(m.group(3))))
+    return tuple(sorted(out))
+
+
+def budgets_of(cluster: str, pools: dict[str, PoolSpec], assoc_mins: Iterable[tuple[str, str, str, str, str]],
+               report: Optional[MapReport] = None) -> dict[tuple[str, str, str, str], int]:
+    """(assoc id, pool, team, unit) → amount from account associations' `GrpTRESMins` (assoc id, account, user,
+    partition, GrpTRESMins text): `gres/gpu[:TYPE]=N` GPU-minutes is a budget of N chip-minutes in the pools it
+    maps to (as `grants_of` maps GrpTRES), `billing=N` a budget of N billing-minutes in the association's partition's
+    pool (or the only pool). Slurm's GrpTRESMins is a cap over the usage decayed by PriorityDecayHalfLife and reset
+    by PriorityUsageResetPeriod; the ledger's budget is per UTC month (the period an admin states; documented)."""
+    by_flavor: dict[str, list[str]] = {}
+    for spec in pools.values():
+        by_flavor.setdefault(spec.flavor.lower(), []).append(spec.pool)
+    out: dict[tuple[str, str, str, str], int] = {}
+    for assoc_id, account, user, partition, text in assoc_mins:
+        if user:
+            continue
+        for kind, gtype, n in tres_mins_limits(text):
+            if kind == "gpu" and gtype:
+                targets = by_flavor.get(gtype, [])
+            elif partition:
+                p = pool_name(cluster, partition)
+                targets = [p] if p in pools else []
+            elif len(pools) == 1:
+                targets = list(pools)
+            else:
+                if report is not None:
+                    report.notes["GrpTRESMins without a GPU type or partition on a cluster of several pools, "
+                                 "not mapped"] += 1
+                targets = []
+            unit = BILLING_UNIT if kind == "billing" else CHIP_MIN_UNIT
+            for p in targets:
+                out[(assoc_id, p, account, unit)] = n
+    return out

@@ -30,6 +30,7 @@ from typing import Callable, Optional
 
 from chipledger.adapters.slurm import commands
 from chipledger.adapters.slurm.mapping import (ACTIVE, BACK_TO_QUEUE, OUTCOME, RANK_CHIP, RANK_REGISTER, RANK_QUOTA, RANK_TICK, Event, MapReport, PoolSpec, chip_ids,
+                                      BILLING_UNIT, CHIP_MIN_UNIT, billing_prices, budgets_of,
                                       grants_of, inventory_events, job_events, node_state_events, team_paths,
                                       pools_of, runs_by_job,
                                       _ev, _id)
@@ -54,6 +55,8 @@ class Slurm:
     node_events: Callable = commands.node_events
     reservations: Callable = commands.reservations
     account_parents: Callable = commands.account_parents
+    billing: Callable = commands.partition_billing   # read only with prices=True (`slurm watch --prices`)
+    assoc_mins: Callable = commands.assoc_mins
 
 
 @dataclass
@@ -139,8 +142,11 @@ def save_state(path: Path, st: dict) -> None:
 
 class Watcher:
     def __init__(self, cluster: str, state_path: Path, sink, *, since: Optional[int] = None, settle_s: int = 5,
-                 slurm: Optional[Slurm] = None, clock: Callable[[], float] = time.time, log=None):
+                 slurm: Optional[Slurm] = None, clock: Callable[[], float] = time.time, log=None,
+                 prices: bool = False):
         self.cluster = cluster
+        # mirror TRESBillingWeights and GrpTRESMins as price.set and budget.set (the principal needs `--may prices`)
+        self.prices = prices
         self.source = f"{cluster}/slurm"
         self.state_path = Path(state_path)
         self.sink = sink
@@ -176,6 +182,8 @@ class Watcher:
         self._inventory(pools, observed_at)
         teams = team_paths(self.slurm.account_parents(self.cluster))  # accounts under parents: org/team
         self._grants(pools, observed_at, report, teams)
+        if self.prices:
+            self._prices(pools, observed_at, report)
         candidates = [Event(x["at"], x["rank"], x["body"]) for x in st["pending"]]
         if st["inventory_at"] is not None:
             candidates += node_state_events(self.cluster, self.source, pools,
@@ -267,6 +275,35 @@ class Watcher:
                 self._pending(at, RANK_QUOTA, "quota.granted", pool, gid + ":granted", grant_id=gid, team=team,
                               chips=new)
                 have[key] = {"grant_id": gid, "pool": pool, "chips": new, "version": version}
+
+
+    def _prices(self, pools: dict[str, PoolSpec], observed_at: Optional[int], report: MapReport) -> None:
+        """Mirror the partitions' GPU billing weights as prices (Slurm billing-minutes per chip-hour) and the
+        associations' GrpTRESMins as monthly budgets; a change is a new setting of the same id from now on (prices
+        apply forward). A pool with a GPU-minute budget also gets a price of 60 chip-minutes per chip-hour, so its
+        use is counted in the budget's unit."""
+        st = self.state
+        at = observed_at if observed_at is not None else st["inventory_at"]
+        have_p = st.setdefault("prices", {})
+        have_b = st.setdefault("budgets", {})
+        budgets = budgets_of(self.cluster, pools, self.slurm.assoc_mins(self.cluster), report)
+        weights = billing_prices(self.cluster, pools, self.slurm.billing())
+        want_p = {f"{p}|{BILLING_UNIT}": v for p, v in weights.items()}
+        want_p.update({f"{p}|{CHIP_MIN_UNIT}": 60 for (_a, p, _t, unit) in budgets if unit == CHIP_MIN_UNIT})
+        for key, per_chip_hour in sorted(want_p.items()):
+            if have_p.get(key) != per_chip_hour:
+                pool, unit = key.split("|", 1)
+                pid = _id(self.cluster, "price", unit)
+                self._pending(at, RANK_QUOTA, "price.set", pool, _id(self.cluster, pool, "price", unit, at),
+                              price_id=pid, per_chip_hour=per_chip_hour, unit=unit)
+                have_p[key] = per_chip_hour
+        for (assoc, pool, team, unit), amount in sorted(budgets.items()):
+            key = f"{assoc}|{pool}|{team}|{unit}"
+            if have_b.get(key) != amount:
+                bid = _id(self.cluster, f"assoc{assoc}", "budget", unit)
+                self._pending(at, RANK_QUOTA, "budget.set", pool, _id(self.cluster, pool, bid, at), budget_id=bid,
+                              team=team, period="month", amount=amount, unit=unit)
+                have_b[key] = amount
 
 
 def _not_in_accounting_yet(queued, runs, now: int) -> int:

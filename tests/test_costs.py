@@ -1,0 +1,221 @@
+"""What chips cost (ledger/costs.py, analytics/cost_views.py; docs/statements.md "Cost"), hand-computed.
+
+Pool of 4 chips (c1–c4). T0 is Monday 2026-11-02 08:00 UTC: hour of the week 8. Team a holds 2 chips of quota and
+runs j1 on 3 chips (2 in quota, 1 borrowed) from T0 to T0 + 3 h; one chip stays idle.
+
+Prices in USD-cent per chip-hour: `std` 100 in every hour from T0, set again to 200 from T0 + 30 min (a price change
+mid-run), and `peak` 400 in hour of the week 9 (T0 + 1 h … T0 + 2 h: a band beats a whole-week price). So a chip
+costs 0.5 h × 100 + 0.5 h × 200 + 1 h × 400 + 1 h × 200 = 750 cents over the 3 h:
+in_quota a = 2 × 750 = 1500, borrowed a = 750, idle = 750 (+ 10 s of 4 idle chips at 200 after j1 ends: 2.22…).
+Team a's monthly budget is 2000 cents: it spends 2250, so the budget is crossed and `budget_page` fires.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime, timezone
+
+import pytest
+
+from ledger import Fleet, PoolState
+from ledger.costs import COST_SCALE, CostRow, hour_of_week
+
+from tests.test_evolve import (
+    CFG, POOL, T0, budget, chip, configured, finish, grant, price, start, submit, tick,
+)
+
+H = 3600
+CHIPS = ["c1", "c2", "c3", "c4"]
+
+
+def _events(with_prices: bool = True, end: int = 3 * H + 10):
+    priced = [price("std", 100), price("peak", 400, hours_of_week=[9]), budget("ba", "a", 2000)] if with_prices else []
+    return [configured(), *[chip(c) for c in CHIPS], grant("ga", "a", 2), grant("gb", "b", 1), *priced,
+            submit("j1", "a", 3), start("j1", 0, chip_ids=CHIPS[:3]),
+            *([price("std", 200, 1800)] if with_prices else []),
+            finish("j1", "succeeded", 3 * H), tick(end)]
+
+
+def _fold(events, pause_at=None):
+    fleet = Fleet(CFG)
+    rows: list[CostRow] = []
+    for i, e in enumerate(events):
+        step = fleet.apply(e)
+        assert step.applied, (e, step.rejection)
+        rows += step.costs
+        if pause_at is not None and i == pause_at:  # a close of the books mid-run, then a restart from the state
+            fleet.close()
+            rows += fleet.close_facts().get("costs", [])
+            fleet = Fleet.from_dict(fleet.to_dict(), CFG)
+    fleet.close()
+    rows += fleet.close_facts().get("costs", [])
+    return rows
+
+
+def _totals(rows):
+    out: dict = defaultdict(int)
+    for r in rows:
+        out[(r.account, r.team)] += r.cost_scaled
+    return dict(out)
+
+
+def test_hour_of_week():
+    assert hour_of_week(T0) == 8  # Monday 08:00
+    assert hour_of_week(T0 - 8 * H) == 0
+    assert hour_of_week(T0 - 8 * H - 1) == 167
+
+
+def test_hand_computed_costs():
+    rows = _fold(_events())
+    assert _totals(rows) == {("in_quota", "a"): 1500 * COST_SCALE, ("borrowed", "a"): 750 * COST_SCALE,
+                             ("idle", None): 750 * COST_SCALE + 10 * 4000 * 200}
+    by_hour = defaultdict(int)
+    for r in rows:
+        if r.account == "in_quota":
+            by_hour[(r.hour - T0, r.price_id, r.per_chip_hour)] += r.amount_mchip_s
+    # the first hour split at the price change (T0 + 30 min), the second hour in the peak band
+    assert dict(by_hour) == {(0, "std", 100): 2000 * 1800, (0, "std", 200): 2000 * 1800,
+                             (H, "peak", 400): 2000 * H, (2 * H, "std", 200): 2000 * H}
+    assert all(r.pool == POOL and r.unit == "USD-cent" and r.cost_scaled == r.amount_mchip_s * r.per_chip_hour
+               for r in rows)
+
+
+@pytest.mark.parametrize("pause_at", [9, 11, 12])
+def test_costs_do_not_depend_on_where_the_fold_paused(pause_at):
+    assert _totals(_fold(_events(), pause_at)) == _totals(_fold(_events()))
+
+
+def test_no_price_no_cost_rows():
+    assert _fold(_events(with_prices=False)) == []
+
+
+def test_price_versions_survive_a_restart():
+    fleet = Fleet(CFG)
+    for e in _events()[:10]:
+        fleet.apply(e)
+    state = fleet.pools[POOL]
+    again = PoolState.from_dict(state.to_dict())
+    assert again.price_versions == state.price_versions and len(state.price_versions) == 2
+
+
+def _lake(tmp_path, with_prices=True, end=3 * H + 10):
+    from chipledger.embedded import run_file
+
+    f = tmp_path / "events.jsonl"
+    events = _events(with_prices, end)
+    f.write_text("".join(e.model_dump_json() + "\n" for e in events))
+    summary, _ = run_file(f, tmp_path / "lake", events_process=False)
+    assert summary.accepted == len(events)
+    return tmp_path / "lake"
+
+
+def test_cost_and_budget_views(tmp_path):
+    from analytics.views import connect
+
+    con = connect(_lake(tmp_path))
+    got = dict(con.execute("SELECT account || ':' || coalesce(team, ''), sum(cost_scaled) FROM cost "
+                           "GROUP BY 1").fetchall())
+    assert got == {"in_quota:a": 1500 * COST_SCALE, "borrowed:a": 750 * COST_SCALE,
+                   "idle:": 750 * COST_SCALE + 10 * 4000 * 200}
+    assert con.execute("SELECT DISTINCT flavor, unit FROM cost").fetchall() == [("h100", "USD-cent")]
+    [(team, period, start, budget_, spent, left)] = con.execute(
+        'SELECT team, period, period_start, budget, spent, "left" FROM budget').fetchall()
+    assert (team, period, budget_, spent, left) == ("a", "month", 2000, 2250, -250)
+    assert start == datetime(2026, 11, 1, tzinfo=timezone.utc)
+    firing = con.execute("SELECT alert, severity, team, unit FROM budget_alerts WHERE firing").fetchall()
+    assert ("budget_page", "page", "a", "USD-cent") in firing
+
+
+def test_a_lake_with_no_prices_shows_no_costs(tmp_path):
+    from analytics.views import connect
+
+    con = connect(_lake(tmp_path, with_prices=False))
+    assert con.execute("SELECT count(*) FROM cost_postings").fetchone() == (0,)
+    assert con.execute("SELECT count(*), count(cost), count(unit) FROM cost").fetchone()[1:] == (0, 0)
+    assert con.execute("SELECT count(*) FROM budget_alerts").fetchone() == (0,)
+
+
+def test_statement_shows_cost_budget_and_peak(tmp_path):
+    from analytics.views import connect
+    from chipledger.reports.statements import parse_period, compute_statements, render_files
+
+    con = connect(_lake(tmp_path))
+    [st] = compute_statements(con, parse_period("2026-11-02..2026-11-02"), teams=["a"])
+    cost = st["cost"]
+    assert cost["priced"] and cost["totals"] == [{"unit": "USD-cent", "total_scaled": 2250 * COST_SCALE,
+                                                  "total": 2250.0}]
+    [pool] = cost["by_pool"]
+    assert (pool["flavor"], pool["in_quota"], pool["borrowed"], pool["burst"]) == ("h100", 1500.0, 750.0, 0.0)
+    [b] = cost["budgets"]
+    assert (b["budget"], b["spent"], b["left"]) == (2000, 2250.0, -250.0)
+    # the peak hour (the band's 400 > the cheapest 100): 3 chips × 1 h = 1200 cents; no off-peak hour had room for 3
+    # chip-hours (1 idle chip while j1 ran, 4 idle chips for 10 s after): the use stays at its peak cost
+    [peak] = cost["peak"]
+    assert (peak["peak_mchip_s"], peak["peak_cost"], peak["off_peak_cost"], peak["off_peak_had_room"]) == (
+        3 * 3_600_000, 1200.0, 1200.0, False)
+    md = render_files(st, ("md",))
+    assert any(b"2250.00 USD-cent" in v for v in md.values())
+
+
+def test_peak_use_moves_to_the_nearest_off_peak_hour_with_room(tmp_path):
+    """The pool idles (4 chips) for the hour T0 + 3 h … 4 h at 200: the nearest off-peak hour with room for the peak
+    hour's 3 chip-hours (the hours before and after the peak had 1 idle chip only)."""
+    from analytics.views import connect
+    from chipledger.reports.costs import team_costs
+
+    con = connect(_lake(tmp_path, end=4 * H))
+    [peak] = team_costs(con, datetime(2026, 11, 2, tzinfo=timezone.utc), datetime(2026, 11, 3, tzinfo=timezone.utc),
+                        ["a"])["a"]["peak"]
+    assert (peak["peak_cost"], peak["off_peak_cost"], peak["saving"], peak["off_peak_had_room"]) == (
+        1200.0, 600.0, 600.0, True)
+
+
+def test_report_shows_cost_per_pool_and_budgets(tmp_path):
+    from analytics.views import connect
+    from chipledger.reports.costs import pool_costs
+    from chipledger.reports.report import build_report
+
+    con = connect(_lake(tmp_path))
+    rep = build_report(con)
+    [cost] = [s for s in rep.sections if s.title.startswith("Cost")]
+    # use 2250 + idle 750 + 10 s of 4 idle chips at 200 (2.22…)
+    assert cost.rows[0] == [POOL, "USD-cent", "2,250.00", "752.22", "0.00", "3,002.22"]
+    assert [r[0] for r in cost.rows] == [POOL, "(total)"]
+    [budgets] = [s for s in rep.sections if s.title.startswith("Budgets")]
+    assert budgets.rows[0][:4] == ["a", "month", "2026-11-01", "USD-cent"] and budgets.marks[(0, 6)] == "bad"
+    [pc] = pool_costs(con)
+    assert (pc["used"], pc["idle"], pc["unavailable"]) == (2250.0, 752.222222, 0.0)
+
+
+def test_report_without_prices_says_cost_unknown(tmp_path):
+    from analytics.views import connect
+    from chipledger.reports.report import build_report
+
+    rep = build_report(connect(_lake(tmp_path, with_prices=False)))
+    [cost] = [s for s in rep.sections if s.title.startswith("Cost")]
+    assert cost.rows == [] and "unknown" in cost.note
+    assert not [s for s in rep.sections if s.title.startswith("Budgets")]
+
+
+def test_a_lake_written_before_costs_is_upgraded_by_folding_again(tmp_path):
+    """A committed lake whose manifest has no `costs` table (written before this version): readers say to run
+    `lake upgrade`, which folds the events again and commits the costs."""
+    import json as json_mod
+
+    from typer.testing import CliRunner
+
+    from analytics.commits import LakeLayoutError
+    from analytics.views import connect
+    from chipledger.cli import app
+
+    lake = _lake(tmp_path)
+    want = connect(lake).execute("SELECT sum(cost_scaled) FROM cost_postings").fetchone()
+    manifest = lake / "_lake.json"
+    m = json_mod.loads(manifest.read_text())
+    del m["tables"]["costs"]
+    manifest.write_text(json_mod.dumps(m))
+    with pytest.raises(LakeLayoutError, match="lake upgrade"):
+        connect(lake)
+    r = CliRunner().invoke(app, ["lake", "upgrade", "--lake", str(lake)])
+    assert r.exit_code == 0, r.output
+    assert connect(lake).execute("SELECT sum(cost_scaled) FROM cost_postings").fetchone() == want
