@@ -4,8 +4,14 @@ folder the demo ran in (no --lake: item 10)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -44,8 +50,36 @@ def test_every_command_of_the_tour_works_on_the_demo_lake(tmp_path, monkeypatch)
     assert res.exit_code == 0, res.output
     cmds = _tour_commands(README.read_text())
     assert len(cmds) >= 8
-    for args in cmds:
+    assert cmds[-1] == ["serve"], "the tour ends with opening the portal on the demo lake"
+    token = None
+    for args in cmds[:-1]:
         res = runner.invoke(app, args, input="")
+        if args[:3] == ["serve", "tokens", "create"]:
+            token = next(w for w in res.stdout.split() if w.startswith("clp_"))
         # alerts: 0 none firing, 1 tickets (the demo's scheduling latency is over its budget)
         assert res.exit_code == 0 or (args[0] == "alerts" and res.exit_code == 1), (args, res.output)
         assert "error" not in res.stderr.lower(), (args, res.stderr)
+
+    # the tour's last command, as a newcomer runs it: the portal on the demo lake, signed in with the tour's token
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "chipledger.cli", "serve", "--port", str(port)], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "PYTHONPATH": str(README.parent)})
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                req = urllib.request.Request(f"http://127.0.0.1:{port}/teams/ads-ml",
+                                             headers={"Authorization": f"Bearer {token}"})
+                with urllib.request.urlopen(req, timeout=10) as resp:
+                    page = resp.read().decode()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, server.stdout.read()
+                time.sleep(0.5)
+        assert "ads-ml" in page
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -9,8 +9,8 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from chipledger.cli._common import (ConfigOpt, KafkaCaFileOpt, KafkaPasswordFileOpt, KafkaUserOpt,
-                                    _config, _fail, _kafka, _lake_dir, app, console, err)
+from chipledger.cli._common import (DEMO_LAKE, ConfigOpt, KafkaCaFileOpt, KafkaPasswordFileOpt, KafkaUserOpt,
+                                    _config, _demo_lake, _fail, _kafka, _lake_dir, app, console, err)
 
 serve_app = typer.Typer(rich_markup_mode=None, invoke_without_command=True,
                         help="The portal and read API: pages for teams, admins and SREs, JSON under /api/v1.")
@@ -22,11 +22,36 @@ app.add_typer(serve_app, name="serve")
 StoreOpt = typer.Option(None, "--store", help="store URL (default [store] url)")
 
 
+DEMO_STORE = DEMO_LAKE.parent / "chipledger.db"  # where `make demo` (chipledger demo) keeps its store
+
+
+def _store_url(cfg, store: Optional[str]) -> str:
+    """The store the portal and its tokens use: --store, else [store] url; after `make demo`, with neither given,
+    no ./chipledger.db and the demo's store there, the demo's (said in one line), so that `serve tokens create` and
+    `serve` on the demo lake need no options, as the other reading commands (chipledger.cli._common._demo_lake)."""
+    from chipledger.config import StoreConfig
+
+    if store is None and cfg.store.url == StoreConfig.url and not Path("chipledger.db").exists() \
+            and DEMO_STORE.is_file():
+        err.print(f"(using the demo's store {DEMO_STORE}: there is no ./chipledger.db; --store or [store] url "
+                  f"chooses another)", highlight=False, markup=False, soft_wrap=True)
+        return f"sqlite:///{DEMO_STORE}"
+    return store or cfg.store.url
+
+
+def _statements_dir(cfg, lake_path: Path) -> Path:
+    """[statements] out; on the demo's lake, with no folder of one's own, the demo's statements beside it."""
+    out = Path(cfg.statements.out)
+    if lake_path == DEMO_LAKE and not out.exists() and (DEMO_LAKE.parent / "statements").is_dir():
+        return DEMO_LAKE.parent / "statements"
+    return out
+
+
 def _open_store(cfg, store: Optional[str]):
     from store.repo import StoreError, open_store
 
     try:
-        return open_store(store or cfg.store.url)
+        return open_store(_store_url(cfg, store))
     except StoreError as e:
         _fail(str(e))
 
@@ -59,7 +84,7 @@ def serve(
     from chipledger.web.lake import LakeReader
 
     cfg = _config(config)
-    lake_path = _lake_dir(lake, cfg)
+    lake_path = _lake_dir(_demo_lake(lake, config), cfg)
     st = _open_store(cfg, store)
     producer_factory = None
     if bootstrap or cfg.serve.kafka:
@@ -78,7 +103,7 @@ def serve(
         _fail(f"cannot read the lake {lake_path}: {str(e).splitlines()[0]}")
     reader.start()
     portal = Portal(cfg=cfg, reader=reader, store=st, producer_factory=producer_factory,
-                    statements_dir=statements_dir or Path(cfg.statements.out),
+                    statements_dir=statements_dir or _statements_dir(cfg, lake_path),
                     accuracy=_accuracy_note(lake_path))
     h = host or cfg.serve.host
     p = port or cfg.serve.port
