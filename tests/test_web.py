@@ -506,6 +506,290 @@ def test_estimate_start():
     assert estimate_start(0, 0, [Running(8000, None)], [], job, 8000).start_s is None
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# review-portal: defects found by a hostile review (each test failed before its fix)
+# ----------------------------------------------------------------------------------------------------------------
+
+def test_estimate_basis_never_names_another_teams_job():
+    """[medium] A queue entry's `estimate_basis` read 'no estimate: job X ahead of it has no expected runtime', X
+    the job id of whoever is ahead in the pool: another team's job id, which the API otherwise hides (job_id null,
+    and with visibility = team not even the team)."""
+    ahead = [Waiting("secret-job-of-ads-ml", 1000, 600), Waiting("other-teams-secret", 1000, None)]
+    est = estimate_start(0, 0, [Running(2000, 100)], ahead, Waiting("mine", 1000, 60), 8000)
+    assert est.start_s is None
+    assert "secret" not in est.basis and "2nd" in est.basis, est.basis
+
+
+def test_chunked_body_is_limited_too(env):
+    """[medium, DoS] The body limit read only Content-Length: a chunked body (no Content-Length) of any size was
+    read whole (forms and JSON)."""
+    client = env["client"]
+
+    def chunks():
+        for _ in range(64):
+            yield b"x" * 4096
+
+    r = client.post("/api/v1/bursts/dry-run", content=chunks(),
+                    headers={**_h(env, "alice"), "Content-Type": "application/json"})
+    assert r.status_code == 413
+    r = client.post("/login", content=chunks(), headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 413
+
+
+def test_unknown_token_ids_are_not_remembered(env):
+    """[medium, DoS] Every unknown token id an anonymous caller sent was cached forever (a dict growing without
+    bound)."""
+    cache = TokenCache(env["store"], ttl_s=60)
+    for i in range(2000):
+        cache.lookup(f"clp_{i:012x}_secret")
+    assert len(cache._cache) <= 1024
+
+
+def test_cookie_session_cannot_skip_csrf_with_another_authorization_scheme(env):
+    """[low] POST /api/v1/bursts with the session cookie and any non-Bearer Authorization header (e.g. Basic)
+    skipped the CSRF check."""
+    client = TestClient(env["client"].app)
+    client.cookies.set("clp_session", env["tokens"]["alice"][1])
+    r = client.post("/api/v1/bursts", json={"pool": POOL, "team": "vision", "chips": 4, **_window()},
+                    headers={"Authorization": "Basic Zm9vOmJhcg=="})
+    assert r.status_code == 403, r.text
+
+
+def test_job_page_why_is_of_that_job_not_another_teams_namesake(env, tmp_path):
+    """[high] Job ids are a scheduler's names, unique only within a pool: the job page read its row (the latest
+    submission of that id) but its `why` from `reports.why.explain(job_id)`, which prefers any *pending* job of that
+    id: a member whose job shares its id with another team's pending job in another pool read that team's pool,
+    team, reason, Kueue message, queue position and decisions."""
+    lines = env["events"].read_text().splitlines()
+    last = json.loads(lines[-1])["occurred_at"]
+    later = last[:-3] + "59Z"
+    h100 = "us-east1-a/h100-80gb"
+    extra = [
+        {"event_id": "dup-ads", "type": "job.submitted", "occurred_at": last, "pool": h100, "source": "cluster-a/kueue",
+         "job_id": "train-1", "team": "ads-ml", "chips": 4096, "priority": 1000},
+        {"event_id": "dup-vision", "type": "job.submitted", "occurred_at": later, "pool": POOL,
+         "source": "cluster-c/kueue", "job_id": "train-1", "team": "vision", "chips": 1},
+        {"event_id": "dup-vision-end", "type": "job.finished", "occurred_at": later, "pool": POOL,
+         "source": "cluster-c/kueue", "job_id": "train-1", "outcome": "cancelled"},
+    ]
+    events = tmp_path / "events.jsonl"
+    events.write_text("\n".join(lines + [json.dumps(e) for e in extra]) + "\n")
+    lake = tmp_path / "lake"
+    res = CliRunner().invoke(cli_app, ["run", "--events", str(events), "--lake", str(lake), "--store",
+                                       f"sqlite:///{tmp_path / 'store.db'}"])
+    assert res.exit_code == 0, res.output
+    portal = Portal(cfg=portal_config(), reader=LakeReader(lake), store=env["store"], tokens=TokenCache(env["store"], ttl_s=0))
+    snap = portal.reader.snapshot
+    assert {r["team"] for r in snap.rows("SELECT team FROM pending WHERE job_id = 'train-1'")} == {"ads-ml"}
+    client = TestClient(build_app(portal))
+    r = client.get("/api/v1/jobs/train-1", headers=_h(env, "alice"))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["team"] == "vision" and body["pool"] == POOL
+    why = json.dumps(body["why"]) + json.dumps(body["timeline"])
+    assert "ads-ml" not in why and h100 not in why, body["why"]
+    assert body["why"].get("team") in (None, "vision")
+    page = client.get("/jobs/train-1", headers=_h(env, "alice"))
+    assert page.status_code == 200 and "ads-ml" not in page.text and h100 not in page.text
+
+
+def test_head_of_line_blockers_are_not_other_teams_job_ids(env):
+    """[medium] `top_blockers` of a team's head-of-line row (API /api/v1/head-of-line and the queue page) listed the
+    jobs that blocked its jobs: mostly other teams' jobs ahead in the queue, by id, whatever `[serve] visibility`
+    (and /api/v1/jobs/{id} of each is 404 to the member)."""
+    snap = env["portal"].reader.snapshot
+    team_of = {r["job_id"]: r["team"] for r in snap.rows("SELECT job_id, team FROM portal_jobs")}
+    client = env["client"]
+    seen = 0
+    for user, team in (("alice", "vision"), ("eve", "ads-ml")):
+        r = client.get("/api/v1/head-of-line", headers=_h(env, user))
+        assert r.status_code == 200
+        for row in r.json()["head_of_line"]:
+            for b in (row["top_blockers"] or "").split(","):
+                if b in team_of:
+                    seen += 1
+                    assert team_of[b] == team, (user, row)
+        page = client.get(f"/teams/{team}/queue", headers=_h(env, user))
+        assert page.status_code == 200
+        for job_id, owner in team_of.items():
+            if owner != team and job_id.startswith("job-"):
+                assert f">{job_id}" not in page.text and f",{job_id}" not in page.text, (user, job_id)
+    staff = client.get("/api/v1/head-of-line", headers=_h(env, "root")).json()["head_of_line"]
+    assert any(row["top_blockers"] for row in staff)  # admins still see them all
+
+
+def test_many_distinct_lookups_do_not_evict_the_warmed_queue(env, monkeypatch):
+    """[medium, DoS] The snapshot's memo was cleared whole when 4096 answers were kept: any signed-in caller asking
+    for 4096 distinct job ids (cheap 404s) also dropped the queue with its estimates, which the refresh computes once
+    (seconds on a large lake), so every following queue read recomputed it."""
+    import chipledger.web.app as web_app
+
+    portal = env["portal"]
+    snap = portal.reader.snapshot
+    web_app.queue_all(snap)
+    calls = []
+    real = web_app._queue_compute
+    monkeypatch.setattr(web_app, "_queue_compute", lambda s: calls.append(1) or real(s))
+    for i in range(snap.MEMO_MAX + 10):
+        snap.memo(("job", f"no-such-job-{i}"), lambda: None)
+    assert env["client"].get("/api/v1/queue", headers=_h(env, "alice")).status_code == 200
+    assert calls == []
+
+
+def test_event_stream_ends_when_its_token_is_revoked(env):
+    """[low] GET /api/v1/snapshots (server-sent events) checked the token once: a stream opened before its token was
+    revoked went on telling the lake's snapshots for ever."""
+    import threading
+
+    st = env["store"]
+    token_id, token = new_token(st, "mallory", "vision")
+    done = threading.Event()
+    events = []
+
+    def read():
+        with env["client"].stream("GET", "/api/v1/snapshots", headers={"Authorization": f"Bearer {token}"}) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                events.append(line)
+                if line.startswith("event:") and len([x for x in events if x.startswith("event:")]) == 1:
+                    st.revoke_token(token_id, datetime.now(timezone.utc))
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert done.wait(15), "the stream went on after its token was revoked"
+    assert any(x.startswith("event: snapshot") for x in events)
+
+
+def test_forged_cursors_are_400_not_500(env):
+    """[low] A cursor is base64 JSON the caller can forge: one whose instant was not a time, or whose parts were not
+    strings (a dict: unhashable as the memo's key), was a 500 Internal Server Error."""
+    import base64
+
+    def forge(key):
+        return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
+
+    client = env["client"]
+    for key in (["not a time", "x"], [{"a": 1}, [1, 2]], ["2026-11-02T00:00:00Z"], [1, 2], "x"):
+        for path in ("/api/v1/teams/vision/jobs", "/api/v1/decisions",
+                     "/api/v1/teams/vision/balances?since=2026-11-01T00:00:00Z"):
+            sep = "&" if "?" in path else "?"
+            r = client.get(f"{path}{sep}cursor={forge(key)}", headers=_h(env, "alice"))
+            assert r.status_code == 400, (path, key, r.status_code)
+
+
+def test_event_streams_per_caller_are_bounded(env):
+    """[medium, DoS] GET /api/v1/snapshots (an endless stream) could be opened any number of times by one signed-in
+    caller, each holding a connection and a task for ever; a caller now has at most MAX_STREAMS_PER_CALLER open."""
+    from contextlib import ExitStack
+
+    from chipledger.web.app import MAX_STREAMS_PER_CALLER
+
+    client = env["client"]
+    with ExitStack() as stack:
+        for _ in range(MAX_STREAMS_PER_CALLER):
+            r = stack.enter_context(client.stream("GET", "/api/v1/snapshots", headers=_h(env, "eve")))
+            assert r.status_code == 200
+        r = client.get("/api/v1/snapshots?once=true", headers=_h(env, "eve"))
+        assert r.status_code == 429
+        assert client.get("/api/v1/snapshots?once=true", headers=_h(env, "alice")).status_code == 200
+    import time
+
+    for _ in range(50):  # closed streams give their places back (as the server notices the disconnect)
+        if client.get("/api/v1/snapshots?once=true", headers=_h(env, "eve")).status_code == 200:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("closed streams were still counted")
+
+
+def test_a_page_read_during_a_refresh_names_and_uses_one_snapshot(env):
+    """[low] A page read its data from the snapshot it took, but its footer named whatever snapshot was current when
+    it rendered, and the burst form's dry run took the snapshot again: a refresh swapping in between made one page
+    of two snapshots (half an update). Each page now reads and names one snapshot."""
+    import dataclasses as dc
+
+    portal = env["portal"]
+    reader = portal.reader
+    old = reader.snapshot
+    newer = dc.replace(old, version=old.version + 1000, _memo={}, _pinned={})
+
+    class Swapping:  # the refresh swaps `newer` in right after a route took its snapshot
+        def __init__(self):
+            self._snap = old
+            self.last_error = None
+            self.warm = None
+
+        @property
+        def snapshot(self):
+            s, self._snap = self._snap, newer
+            return s
+
+    client = env["client"]
+    for path in ("/teams/vision", "/teams/vision/queue", "/teams/vision/bursts", "/fleet", f"/jobs/{_vision_job(env)}"):
+        portal.reader = Swapping()
+        try:
+            r = client.get(path, headers=_h(env, "alice"))
+        finally:
+            portal.reader = reader
+        assert r.status_code == 200, path
+        assert f"lake snapshot {old.version}," in r.text, path
+    csrf = re.search(r'name="csrf" value="([^"]+)"', client.get("/teams/vision/bursts", headers=_h(env, "alice")).text)
+    seen = []
+    import chipledger.web.burst as burst_mod
+
+    real = burst_mod.dry_run
+    portal.reader = Swapping()
+    try:
+        burst_mod.dry_run = lambda snap, *a, **k: seen.append(snap) or real(old, *a, **k)
+        r = client.post("/teams/vision/bursts", headers=_h(env, "alice"),
+                        data={"pool": POOL, "chips": "4", "window_start": "2026-11-04T08:00",
+                              "window_end": "2026-11-04T12:00", "action": "dry-run", "csrf": csrf.group(1)})
+    finally:
+        burst_mod.dry_run = real
+        portal.reader = reader
+    assert r.status_code == 200, r.text[:500]
+    assert seen == [old] and f"lake snapshot {old.version}," in r.text
+
+
+def test_any_name_the_ledger_accepts_has_its_pages(env):
+    """[medium] Routes checked names against ASCII [A-Za-z0-9._/:@-]{1,128}, narrower than the events' names (1-256
+    characters, any letters): the members of a team named with a space, an accent or more than 128 characters got 404
+    on every page of their team and could not ask for a burst, and `serve tokens create --team` refused to make them
+    a token; a job id with a slash (a Kubernetes namespace/name) could not be addressed at all. Markup characters
+    are still refused."""
+    from urllib.parse import quote as q
+
+    c = env["client"]
+    for team in ("équipe ml", "x" * 200, "研究/视觉"):
+        res = CliRunner().invoke(cli_app, ["serve", "tokens", "create", "--user", "zoé", "--team", team,
+                                           "--store", env["store_url"]])
+        assert res.exit_code == 0, res.output
+        h = {"Authorization": f"Bearer {res.stdout.strip().splitlines()[-1]}"}
+        assert c.get(f"/api/v1/teams/{q(team, safe='/')}/balances", headers=h).status_code == 200, team
+        assert c.get(f"/teams/{q(team, safe='/')}/queue", headers=h).status_code == 200, team
+        r = c.post("/api/v1/bursts/dry-run", headers=h, json={"pool": POOL, "team": team, "chips": 1, **_window()})
+        assert r.status_code == 200, (team, r.text)
+        assert c.get(f"/api/v1/teams/{q(team, safe='/')}/balances", headers=_h(env, "alice")).status_code == 404
+    r = c.get("/api/v1/jobs/research%2Ftrain-1", headers=_h(env, "alice"))
+    assert r.status_code == 404 and r.json()["detail"] == "no such job"  # the route's answer, not "Not Found"
+    assert c.get("/api/v1/teams/vision%0A/balances", headers=_h(env, "root")).status_code == 404
+    assert c.get("/api/v1/teams/%3Cscript%3E/balances", headers=_h(env, "root")).status_code == 404
+
+
+def test_a_team_admin_is_not_a_fleet_admin(env):
+    """[high] `[serve] members` `carol=vision:admin` (an admin of one team) gave carol the role `admin` outright:
+    she read every team's balances, jobs, statements and bursts and could ask for bursts for any team, as if she
+    were `carol=*:admin`."""
+    client = env["client"]
+    h = _h(env, "carol")
+    assert client.get("/api/v1/teams/vision/balances", headers=h).status_code == 200
+    assert client.get("/api/v1/teams/ads-ml/balances", headers=h).status_code == 404
+    assert client.get("/teams/ads-ml", headers=h).status_code == 404
+    r = client.post("/api/v1/bursts/dry-run", headers=h, json={"pool": POOL, "team": "ads-ml", "chips": 1, **_window()})
+    assert r.status_code == 404
+    assert client.get("/api/v1/teams/ads-ml/balances", headers=_h(env, "root")).status_code == 200
+
+
 def _sql(env, query: str, lake=None) -> list[dict]:
     res = CliRunner().invoke(cli_app, ["sql", "--lake", str(lake or env["lake"]), "--format", "json", query])
     assert res.exit_code == 0, res.output

@@ -37,8 +37,11 @@ LOGIN_CSRF_COOKIE = "clp_login"
 CSP = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; "
        "base-uri 'none'")
 MAX_BODY_BYTES = 16 << 10
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,127}$")
+# a name in a URL: as long as events' names (schemas.events.Name: 1 to 256 characters, no control characters), any
+# letters (accents, spaces, slashes: Kubernetes namespace/name), only not markup characters (refused as hostile)
+NAME_RE = re.compile(r"^[^\x00-\x1f\x7f-\x9f<>\"'`&\\]{1,256}$")
 PAGE_REFRESH_S = 60
+MAX_STREAMS_PER_CALLER = 8  # open /api/v1/snapshots streams per caller: each holds a connection and a task
 
 
 @dataclass
@@ -56,6 +59,7 @@ class Portal:
     statements_dir: Optional[Path] = None
     accuracy: Optional[dict] = None                         # the start estimate's measured accuracy (docs/portal.md)
     sent: list = field(default_factory=list)                # burst requests this process sent (pending until decided)
+    streams: dict = field(default_factory=dict)             # open event streams per caller (session key)
     _producer: Any = None
 
     def __post_init__(self):
@@ -262,7 +266,7 @@ class StatementsOut(BaseModel):
 
 class BurstIn(BaseModel):
     pool: str = Field(max_length=256)
-    team: str = Field(max_length=128)
+    team: str = Field(max_length=256)
     chips: float = Field(gt=0, le=1_000_000)
     window_start: datetime
     window_end: datetime
@@ -393,9 +397,14 @@ def _cursor_decode(cursor: Optional[str]) -> Optional[list]:
     try:
         pad = "=" * (-len(cursor) % 4)
         key = json.loads(base64.urlsafe_b64decode(cursor + pad))
-        if not isinstance(key, list) or len(key) > 4:
+        # every cursor this API gives out is [an instant (ISO, UTC), a name]: anything else is refused here, not
+        # handed to the database (a 500) or to the snapshot's memo as its key (unhashable lists and dicts)
+        if not isinstance(key, list) or len(key) != 2 or not all(isinstance(k, str) for k in key):
             raise ValueError
-        return key
+        at = datetime.strptime(key[0], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+        if len(key[1]) > 256:
+            raise ValueError
+        return [_iso(at), key[1]]
     except Exception:
         raise HTTPException(400, "cursor is not one this API gave out") from None
 
@@ -441,6 +450,30 @@ class Identity:
         return None
 
 
+class BodyLimit:
+    """ASGI middleware: a request body larger than MAX_BODY_BYTES is refused with 413, whether it says its length
+    (Content-Length, checked up front in `security`) or is sent in chunks (counted here as it is read)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > MAX_BODY_BYTES:
+                    raise HTTPException(413, "request body too large")
+            return message
+
+        await self.app(scope, limited, send)
+
+
 def build_app(portal: Portal) -> FastAPI:
     app = FastAPI(title="chipledger portal API", version="1", docs_url=None, redoc_url=None,
                   openapi_url="/api/v1/openapi.json",
@@ -456,6 +489,8 @@ def build_app(portal: Portal) -> FastAPI:
     templates.env.filters["dur"] = _duration
     templates.env.filters["money"] = lambda v: "–" if v is None else f"{v:,.2f}"
     templates.env.filters["epoch"] = lambda v: datetime.fromtimestamp(v, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    app.add_middleware(BodyLimit)  # outermost: also a body sent in chunks, without a Content-Length
 
     @app.middleware("http")
     async def security(request: Request, call_next):
@@ -534,7 +569,7 @@ def build_app(portal: Portal) -> FastAPI:
         s = snap()
         return QueueOut(queue=_queue(portal, s, p, pool, team), snapshot=s.version)
 
-    @api.get("/jobs/{job_id}", response_model=JobOut, tags=["jobs"])
+    @api.get("/jobs/{job_id:path}", response_model=JobOut, tags=["jobs"])
     def job(job_id: str, p: Principal = Depends(who)):
         out = _job(snap(), p, job_id)
         if out is None:
@@ -599,7 +634,7 @@ def build_app(portal: Portal) -> FastAPI:
             out.append(HolOut(pool=r["pool"], team=r["team"], waits_blocked=r["waits_blocked"],
                               jobs_affected=r["jobs_affected"], blocked_s=r["blocked_s"],
                               blocked_mchip_s=r["blocked_mchip_s"],
-                              top_blockers=r["top_blockers"] if mine else None))  # other teams' job ids: not theirs
+                              top_blockers=_blockers(s, p, r) if mine else None))  # other teams' job ids: not theirs
         return HolsOut(head_of_line=out, snapshot=s.version)
 
     @api.get("/teams/{team:path}/costs", response_model=TeamCostsOut, tags=["costs"])
@@ -656,7 +691,7 @@ def build_app(portal: Portal) -> FastAPI:
     @api.post("/bursts", response_model=SubmittedOut, status_code=202, tags=["bursts"])
     def burst_submit(req: BurstIn, request: Request, p: Principal = Depends(who)):
         _burst_allowed(p, req)
-        if p.via != "token" or request.cookies.get(SESSION_COOKIE) and not request.headers.get("authorization"):
+        if p.via != "token" or not request.headers.get("authorization", "").lower().startswith("bearer "):
             # a browser's ambient credentials (the proxy's header, the session cookie) need the form's CSRF token
             if not portal.csrf.check(p.session_key(), request.headers.get("x-csrf-token")):
                 raise HTTPException(403, "CSRF token missing or wrong")
@@ -671,7 +706,23 @@ def build_app(portal: Portal) -> FastAPI:
 
         from fastapi.responses import StreamingResponse
 
+        key = p.session_key()
+        if portal.streams.get(key, 0) >= MAX_STREAMS_PER_CALLER:
+            raise HTTPException(429, f"at most {MAX_STREAMS_PER_CALLER} event streams at once per caller")
+        portal.streams[key] = portal.streams.get(key, 0) + 1
+
         async def stream():
+            try:
+                async for chunk in events():
+                    yield chunk
+            finally:
+                left = portal.streams.get(key, 1) - 1
+                if left > 0:
+                    portal.streams[key] = left
+                else:
+                    portal.streams.pop(key, None)
+
+        async def events():
             last = None
             while True:
                 snap = portal.reader._snap
@@ -682,6 +733,8 @@ def build_app(portal: Portal) -> FastAPI:
                     if once:
                         return
                 if await request.is_disconnected():
+                    return
+                if identity(request) is None:  # its token revoked (or its session gone): the stream ends too
                     return
                 await asyncio.sleep(1.0)
 
@@ -696,8 +749,11 @@ def build_app(portal: Portal) -> FastAPI:
         return identity(request)
 
     def render(request: Request, name: str, p: Optional[Principal], status: int = 200, **ctx):
+        # the footer names the snapshot the page was read from (a route passes its own: a refresh may have swapped
+        # in a newer one meanwhile)
+        ctx.setdefault("snapshot", portal.reader._snap)
         ctx.update(request=request, me=p, csrf=portal.csrf.token(p.session_key()) if p else None,
-                   refresh_s=PAGE_REFRESH_S, snapshot=portal.reader._snap)
+                   refresh_s=PAGE_REFRESH_S)
         return templates.TemplateResponse(request, name, ctx, status_code=status)
 
     def signin_redirect():
@@ -767,7 +823,7 @@ def build_app(portal: Portal) -> FastAPI:
         recent = s.memo(("recent", team), lambda: s.rows(
             "SELECT job_id, pool, chips, submitted_at, first_started_at, finished_at, outcome, preemptions FROM jobs "
             "WHERE team = ? ORDER BY submitted_at DESC, job_id DESC LIMIT 15", [team]))
-        return render(request, "home.html", p, team=team, balances=bal, pools=pools, recent=recent,
+        return render(request, "home.html", p, snapshot=s, team=team, balances=bal, pools=pools, recent=recent,
                       slos=slo_rows, queue_len=len(q), fair_share=_fair_share_sentence,
                       costs=_team_costs_out(s, team), budgets=_team_budgets_out(s, team))
 
@@ -778,19 +834,21 @@ def build_app(portal: Portal) -> FastAPI:
             return signin_redirect()
         team_or_404(p, team)
         s = snap()
-        return render(request, "queue.html", p, team=team, queue=_queue(portal, s, p, None, team),
-                      hol=[r for r in s.cached_rows("SELECT * FROM portal_hol WHERE team = ?", [team])],
+        return render(request, "queue.html", p, snapshot=s, team=team, queue=_queue(portal, s, p, None, team),
+                      hol=[{**r, "top_blockers": _blockers(s, p, r)}
+                           for r in s.cached_rows("SELECT * FROM portal_hol WHERE team = ?", [team])],
                       accuracy=portal.accuracy)
 
-    @app.get("/jobs/{job_id}", include_in_schema=False, response_class=HTMLResponse)
+    @app.get("/jobs/{job_id:path}", include_in_schema=False, response_class=HTMLResponse)
     def job_page(request: Request, job_id: str):
         p = page_user(request)
         if p is None:
             return signin_redirect()
-        out = _job(snap(), p, job_id)
+        s = snap()
+        out = _job(s, p, job_id)
         if out is None:
             return render(request, "error.html", p, 404, message="no such job")
-        return render(request, "job.html", p, job=out)
+        return render(request, "job.html", p, snapshot=s, job=out)
 
     @app.get("/teams/{team:path}/statements", include_in_schema=False, response_class=HTMLResponse)
     def statements_page(request: Request, team: str):
@@ -807,7 +865,7 @@ def build_app(portal: Portal) -> FastAPI:
             return signin_redirect()
         team_or_404(p, team)
         s = snap()
-        return render(request, "bursts.html", p, team=team, bursts=_bursts(portal, s, team),
+        return render(request, "bursts.html", p, snapshot=s, team=team, bursts=_bursts(portal, s, team),
                       pools=[r["pool"] for r in s.cached_rows("SELECT pool FROM portal_pools ORDER BY pool")],
                       kafka=portal.producer_factory is not None, dry=None, form=None, error=None, sent=None)
 
@@ -834,13 +892,13 @@ def build_app(portal: Portal) -> FastAPI:
             if action == "submit":
                 ctx["sent"] = _submit(portal, p, req)
             else:
-                ctx["dry"] = _dry_run(portal, req, p.user)
+                ctx["dry"] = _dry_run(portal, req, p.user, s)
         except HTTPException as e:
             ctx["error"] = e.detail
         except ValueError as e:
             ctx["error"] = str(e).splitlines()[0]
         ctx["bursts"] = _bursts(portal, s, team)
-        return render(request, "bursts.html", p, 200 if ctx["error"] is None else 400, **ctx)
+        return render(request, "bursts.html", p, 200 if ctx["error"] is None else 400, snapshot=s, **ctx)
 
     # a team's home last: `{team:path}` (team names may be paths, `org/team`) would take the pages above
     app.get("/teams/{team:path}", include_in_schema=False, response_class=HTMLResponse)(team_home)
@@ -853,7 +911,7 @@ def build_app(portal: Portal) -> FastAPI:
         if not p.sees_fleet:
             return render(request, "error.html", p, 404, message="the fleet page is for admins and SREs here")
         s = snap()
-        return render(request, "fleet.html", p,
+        return render(request, "fleet.html", p, snapshot=s,
                       pools=s.cached_rows("SELECT * FROM portal_pools ORDER BY pool"),
                       balances=s.cached_rows("SELECT * FROM portal_balances_now ORDER BY pool, team"),
                       slos=_slos(s, None), hol=s.cached_rows("SELECT * FROM portal_hol ORDER BY blocked_mchip_s DESC LIMIT 10"),
@@ -977,7 +1035,7 @@ def _runtime_model(s: Snapshot) -> tuple[dict, dict, dict]:
 
 def queue_all(s: Snapshot) -> list[QueueEntry]:
     """Every pending job with its estimated start, computed once per snapshot (at its refresh: `LakeReader.warm`)."""
-    return s.memo("queue", lambda: _queue_compute(s))
+    return s.memo("queue", lambda: _queue_compute(s), pin=True)
 
 
 def _queue(portal: Portal, s: Snapshot, p: Principal, pool: Optional[str], team: Optional[str]) -> list[QueueEntry]:
@@ -1037,6 +1095,20 @@ def _queue_compute(s: Snapshot) -> list[QueueEntry]:
     return out
 
 
+def _blockers(s: Snapshot, p: Principal, row: dict) -> str:
+    """A head-of-line row's top blockers as the caller may see them: the jobs that blocked a team's jobs are mostly
+    other teams' (the jobs ahead in the pool's queue), and other teams' job ids are not shown to members."""
+    ids = [x for x in (row.get("top_blockers") or "").split(",") if x]
+    if not ids or p.is_staff:
+        return ",".join(ids)
+    owners = s.memo(("job_teams", row["pool"]), lambda: {
+        r["job_id"]: r["team"] for r in s.rows("SELECT job_id, arg_max(team, submitted_at) AS team FROM portal_jobs "
+                                               "WHERE pool = ? GROUP BY job_id", [row["pool"]])})
+    shown = [x for x in ids if owners.get(x) is not None and p.can_read_team(owners[x])]
+    hidden = len(ids) - len(shown)
+    return ",".join(shown + ([f"{hidden} job(s) of other teams"] if hidden else []))
+
+
 def _job(s: Snapshot, p: Principal, job_id: str) -> Optional[JobOut]:
     if not NAME_RE.match(job_id or ""):
         return None
@@ -1058,6 +1130,17 @@ def _job_compute(s: Snapshot, job_id: str) -> Optional[JobOut]:
         ex = explain(cur, job_id)
     finally:
         cur.close()
+    if (ex.pool, ex.team) != (j["pool"], j["team"]):
+        # `explain` found a namesake (job ids are unique only within a pool: it prefers a pending job of that id,
+        # maybe another team's in another pool): none of it is this job's, so none of it is shown
+        from chipledger.reports.why import Explanation
+
+        last = s.rows("SELECT last_type FROM portal_job_last WHERE pool = ? AND job_id = ?", [j["pool"], job_id])
+        kind = last[0]["last_type"] if last else ""
+        status = ("finished" if j["finished_at"] is not None else
+                  {"job.submitted": "pending", "job.preempted": "pending", "job.released": "pending",
+                   "job.waiting": "pending"}.get(kind, "running" if kind else "unknown"))
+        ex = Explanation(job_id, True, pool=j["pool"], team=j["team"], status=status)
     timeline = []
     for r in s.rows("SELECT applied_at, type, body FROM events WHERE job_id = ? AND pool = ? AND applied_at >= ? "
                     "ORDER BY applied_at, \"offset\"", [job_id, j["pool"], j["submitted_at"]]):
@@ -1157,10 +1240,10 @@ def portal_sent(portal: Portal, team: str) -> list[dict]:
     return [x for x in portal.sent if x["team"] == team]
 
 
-def _dry_run(portal: Portal, req: BurstIn, user: str) -> dict:
+def _dry_run(portal: Portal, req: BurstIn, user: str, s: Optional[Snapshot] = None) -> dict:
     if not portal.dry_limiter.allow(user):
         raise HTTPException(429, "too many dry runs: try again in a minute")
-    out = burst_mod.dry_run(portal.reader.snapshot, req.pool, req.team, req.chips, req.window_start, req.window_end,
+    out = burst_mod.dry_run(s or portal.reader.snapshot, req.pool, req.team, req.chips, req.window_start, req.window_end,
                             portal.cfg.slo.availability)
     if out is None:
         raise HTTPException(404, "no such pool (or its books have not closed yet)")

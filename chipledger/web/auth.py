@@ -87,11 +87,13 @@ def principal_for(cfg: ServeConfig, user: str, groups: list[str], via: str, toke
     roles: set[str] = set()
     for name in [user, *(f"group:{g}" for g in groups)]:
         for team, role in members.get(name, ()):
-            roles.add(role)
-            if team != "*" and role == "member":
+            if team == "*":
+                roles.add(role)     # admin or sre of the fleet (a member of every team: as good as an sre)
+            else:
+                # of one team, whatever the role: a member of it; never an admin or SRE of the fleet (`admin` and
+                # `sre` roles make `is_staff`, which reads every team)
                 teams.add(team)
-            if team != "*" and role != "member":  # a team admin: member of it, and admin
-                teams.add(team)
+                roles.add("member")
     if token_team:
         teams.add(token_team)
         roles.add("member")
@@ -101,6 +103,8 @@ def principal_for(cfg: ServeConfig, user: str, groups: list[str], via: str, toke
 
 class TokenCache:
     """Tokens looked up in the store, kept for a few seconds (a revoked token stops working within `ttl_s`)."""
+
+    MAX_ENTRIES = 1024
 
     def __init__(self, store, ttl_s: float = 2.0):
         self.store = store
@@ -123,7 +127,12 @@ class TokenCache:
         else:
             row = self.store.token(token_id)
             with self._lock:
-                self._cache[token_id] = (now, row)
+                if row is None:  # unknown ids are not remembered: anyone may send any number of them
+                    self._cache.pop(token_id, None)
+                else:
+                    if len(self._cache) >= self.MAX_ENTRIES:
+                        self._cache.clear()
+                    self._cache[token_id] = (now, row)
         if row is None or row.revoked_at is not None:
             return None
         if not hmac.compare_digest(row.secret_sha256, hash_secret(secret)):

@@ -48,7 +48,7 @@ def estimate_start(now_s: int, free_milli: int, running: list[Running], ahead: l
             heapq.heappush(ends, (max(r.expected_end_s, now_s), r.chips_milli))
     free = free_milli
     t = now_s
-    for w in [*ahead, job]:
+    for i, w in enumerate([*ahead, job]):
         while free < w.chips_milli:
             if not ends:
                 why = (f"{unknown} running job(s) without an expected end" if unknown else
@@ -61,7 +61,10 @@ def estimate_start(now_s: int, free_milli: int, running: list[Running], ahead: l
         if w is job:
             break
         if w.expected_runtime_s is None:
-            return Estimate(None, f"no estimate: job {w.job_id} ahead of it has no expected runtime")
+            # by its place in the queue, never its id: the job ahead may be another team's (ids of other teams'
+            # jobs are not shown to members)
+            return Estimate(None, f"no estimate: the {_ordinal(i + 1)} job in the pool's queue, ahead of it, has no "
+                                  f"expected runtime")
         free -= w.chips_milli
         heapq.heappush(ends, (t + w.expected_runtime_s, w.chips_milli))
     ahead_chips = sum(w.chips_milli for w in ahead) / 1000
@@ -71,3 +74,8 @@ def estimate_start(now_s: int, free_milli: int, running: list[Running], ahead: l
              + "; quota limits and later higher-priority jobs may delay it")
     return Estimate(t, basis)
 
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"

@@ -147,18 +147,27 @@ class Snapshot:
     # answers computed from this snapshot, by key: a snapshot never changes, so neither do they (bounded; the next
     # snapshot starts empty)
     _memo: dict = field(default_factory=dict)
+    _pinned: dict = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # costs and budgets of the current UTC month, computed at the build (chipledger/web/costs.py)
     costs: dict = field(default_factory=dict)
 
     MEMO_MAX = 4096
 
-    def memo(self, key, compute):
-        hit = self._memo.get(key, _MISSING)
+    def memo(self, key, compute, pin: bool = False):
+        """`compute()`'s answer, kept with the snapshot. Pinned answers (what the refresh warmed: the queue with its
+        estimates) survive the bound: requests for many distinct keys (job ids, cursors) clear only the others, so
+        they cannot make every request recompute what the refresh computed once."""
+        hit = self._pinned.get(key, _MISSING)
+        if hit is _MISSING:
+            hit = self._memo.get(key, _MISSING)
         if hit is not _MISSING:
             return hit
         value = compute()
         with self._lock:
+            if pin:
+                self._pinned[key] = value
+                return value
             if len(self._memo) >= self.MEMO_MAX:
                 self._memo.clear()
             self._memo[key] = value
