@@ -99,7 +99,8 @@ def api_requests(env) -> dict[str, tuple[str, str, dict | None]]:
 # what each role gets for each route about team vision (alice: vision's member; eve: ads-ml's; root: admin;
 # sre: an SRE through the proxy; carol: vision's admin by config; dave: a token without a team or role)
 OK = 200
-FLEET = {"/api/v1/snapshots", "/api/v1/pools", "/api/v1/pool-costs", "/api/v1/teams", "/api/v1/slos", "/api/v1/head-of-line", "/api/v1/whoami"}
+FLEET = {"/api/v1/snapshots", "/api/v1/pools", "/api/v1/pool-costs", "/api/v1/teams", "/api/v1/slos",
+         "/api/v1/head-of-line", "/api/v1/whoami"}
 EXPECTED_SPECIAL = {
     # no Kafka in this portal: 503 for everyone who may send
     "/api/v1/bursts": 503,
