@@ -704,6 +704,97 @@ def child_rss(path: str, lake: str) -> None:
                       "events_process_rss_mib": forked_kib / 1024, **state}))
 
 
+def copies_file(src: Path, dst: Path, copies: int) -> int:
+    """`copies` copies of the bench file `src`, each copy's pools renamed (`c<k>-<pool>`, as bench/analytics.py
+    --copies renames them), interleaved line by line (line i of copy 0, of copy 1, …): a file in time order with
+    copies × the pools, of similar sizes. Returns its lines."""
+    lines = src.read_bytes().splitlines()
+    n = 0
+    with open(dst, "wb") as f:
+        for line in lines:
+            for k in range(copies):
+                f.write(line.replace(b'"pool":"', f'"pool":"c{k}-'.encode(), 1) + b"\n")
+                n += 1
+    return n
+
+
+def parallel_child(phase: str, path: str, lake: str, jobs: str) -> None:
+    """In a fresh process: one phase of the parallel bench (run, upgrade, backtest) with `jobs` processes; prints
+    JSON: wall seconds, CPU seconds of this process and of every process it forked and waited for, events, and peak
+    RSS (this process's and the largest forked one's)."""
+    from chipledger.embedded import run_file
+
+    j = int(jobs)
+    before = os.times()
+    t0 = time.perf_counter()
+    if phase == "run":
+        summary, _ = run_file(Path(path), Path(lake), overwrite=True, jobs=j)
+        events = summary.accepted
+    elif phase == "upgrade":
+        from chipledger.refold import FACT_TABLES, refold_facts
+
+        events = refold_facts(Path(lake), tables=list(FACT_TABLES), jobs=j)["events"]
+    else:
+        from chipledger.config import Config
+        from chipledger.sim.backtest import run_cli
+
+        from dataclasses import replace
+
+        base = Config()
+        alt = replace(base, policy=replace(base.policy, fair_share_tolerance=0.0))  # decides differently
+        report = run_cli(Path(path), alt, Config(), "tolerance-0", "defaults", None, None, None, jobs=j)
+        events = sum(c["events_folded"] for c in report["configs"].values())
+    dt = time.perf_counter() - t0
+    after = os.times()
+    print(json.dumps({"seconds": dt, "events": events,
+                      "cpu_s": after.user + after.system - before.user - before.system,
+                      "children_cpu_s": (after.children_user + after.children_system - before.children_user
+                                         - before.children_system),
+                      "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "children_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+
+
+def bench_parallel(src: Path, out: Path, copies: int, jobs: list[int], repeat: int) -> None:
+    """--parallel-copies: `run`, `lake upgrade` and a two-configuration `backtest` on the file of pool-renamed
+    copies at each job count, alternating, each phase in a fresh process; prints per phase and job count the median
+    and the best events/s, the speed-up over the first job count, events per CPU-second and peak RSS."""
+    import statistics
+
+    path = out / f"copies-{copies}-{src.name}"
+    n = copies_file(src, path, copies)
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[:3]
+    print(f"\nparallel replays: {n:,} lines, {copies} copies of {src.name} ({copies * 3} pools); load average "
+          f"{' '.join(load)} on {os.cpu_count()} cores")
+    results: dict = {}
+    for r in range(repeat):
+        for phase in ("run", "upgrade", "backtest"):
+            for j in jobs:
+                lake = out / "lake-parallel"
+                if phase == "upgrade" and not (lake / "_lake.json").exists():
+                    raise SystemExit("the upgrade phase needs the run phase's lake")
+                cmd = [sys.executable, __file__, "--parallel-child", phase, str(path), str(lake), str(j)]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise SystemExit(f"{phase} --jobs {j} failed: {proc.stderr[-2000:]}")
+                results.setdefault((phase, j), []).append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    print(f"{'phase':<9} {'jobs':>4} {'events/s med':>13} {'best':>9} {'speed-up med':>13} {'best':>6} "
+          f"{'events/CPU-s':>13} {'CPU-s':>7} {'peak RSS MiB (run, largest forked)':>36}")
+    for phase in ("run", "upgrade", "backtest"):
+        base = None
+        for j in jobs:
+            rs = results[(phase, j)]
+            rates = [x["events"] / x["seconds"] for x in rs]
+            cpu = [x["cpu_s"] + x["children_cpu_s"] for x in rs]
+            med, best = statistics.median(rates), max(rates)
+            if base is None:
+                base = (med, best)
+            per_cpu = statistics.median(x["events"] / c for x, c in zip(rs, cpu))
+            rss = max(x["rss_mib"] for x in rs), max(x["children_rss_mib"] for x in rs)
+            print(f"{phase:<9} {j:>4} {med:>13,.0f} {best:>9,.0f} {med / base[0]:>12.2f}x {best / base[1]:>5.2f}x "
+                  f"{per_cpu:>13,.0f} {statistics.median(cpu):>7.1f} {rss[0]:>22.0f}, {rss[1]:.0f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=1_000_000)
@@ -744,7 +835,15 @@ def main() -> int:
                     help="also time the embedded run with the whole lake written in its own process (no events process)")
     ap.add_argument("--opcodes", type=int, default=0, metavar="N",
                     help="also count the fold's Python opcodes per event over N events after the first 20,000")
+    ap.add_argument("--parallel-copies", type=int, default=0, metavar="K",
+                    help="also time run, lake upgrade and a two-configuration backtest on K pool-renamed copies of the "
+                         "bench file (--events / K events each) at each of --jobs")
+    ap.add_argument("--jobs", default="1,2", help="job counts for --parallel-copies")
+    ap.add_argument("--parallel-child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.parallel_child:
+        parallel_child(*args.parallel_child)
+        return 0
     if args.child:
         child_rss(*args.child)
         return 0
@@ -772,6 +871,10 @@ def main() -> int:
               f"({time.process_time() - t0:.1f} s CPU); of the states' counters: {counters}")
         return 0
     print(f"scenario: seed {SEED}, scale {SCALE}, {per_day:,.0f} events/day; ledger core: {ledger.CORE}")
+    if args.parallel_copies:
+        src = out / f"events-{args.events // args.parallel_copies}.jsonl"
+        make_file(src, args.events // args.parallel_copies, per_day)
+        bench_parallel(src, out, args.parallel_copies, [int(j) for j in args.jobs.split(",")], max(1, args.repeat))
     sizes = sorted({args.events, *(int(s) for s in args.rss.split(",") if s)})
     files = {}
     for n in sizes:

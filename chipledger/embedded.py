@@ -382,22 +382,94 @@ def _events_child(events_path: Path, lake: Path, run_id: str, topic: str, max_ev
         conn.close()
 
 
+def cores() -> int:
+    """The cores this process may run on (the default of `--jobs`)."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, n or 1)
+
+
 def _events_table(events_path: Path, lake: Path, run_id: str, topic: str, max_event_bytes: int,
                   writer: LakeWriter, events_process: bool):
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if events_process and "fork" in multiprocessing.get_all_start_methods() and (cores or 1) > 1:
+    if events_process and "fork" in multiprocessing.get_all_start_methods() and cores() > 1:
         return _EventsProcess(events_path, lake, run_id, topic, max_event_bytes)
     return _EventsHere(writer, topic)
+
+
+def fold_lines(events_path: Path, fleet: Fleet, summary: RunSummary, dead, applied, topic: str,
+               max_event_bytes: int, paused: GcPause, progress: Optional[ProgressFn] = None,
+               mine=None) -> tuple[int, int]:
+    """Fold the lines of the file at `events_path` into `fleet`: the one per-line rule of a run, used by the run's
+    process (chipledger.embedded.run_file) and by each process of a pool-parallel run (chipledger.parallel).
+    `dead(row, code, line)` gets each dead letter (its row's seen_at is 0: the caller stamps it) and
+    `applied(event, step, line, origin)` each applied event (`origin`: a `log export` line's, else None); blank
+    lines, duplicates and late events are counted in `summary`. `mine`: when given, a function of the line number
+    saying whether this process folds that line (the others are read past). Returns (the number of lines, the bytes
+    read)."""
+    pools = fleet.pools
+    fold_config = fleet.config
+    tolerance_s = file_tolerance_s(fold_config)
+    read_bytes = offset = 0
+    with open(events_path, "rb") as f:
+        for offset, (line, n, too_large) in enumerate(_lines(f, max_event_bytes), start=1):
+            read_bytes += n
+            if not offset & GC_FREEZE_MASK:
+                paused.checkpoint()
+            if progress is not None and offset % 4096 == 0:
+                progress(read_bytes)
+            if mine is not None and not mine(offset):
+                continue
+            if too_large is not None:
+                dead(deadletter_row(line, too_large, topic, 0, offset, 0), too_large.code.value, offset)
+                continue
+            raw = _raw(line, offset)
+            if not raw.strip():
+                summary.blank += 1
+                continue
+            origin = appended = None
+            wrapped = raw.startswith(logline.PREFIX)
+            if wrapped:  # a line of a `log export`: the record's value, its append time and origin
+                un = logline.unwrap(raw)
+                if isinstance(un, Rejection):
+                    dead(deadletter_row(raw, un, topic, 0, offset, 0), un.code.value, offset)
+                    continue
+                raw, origin, appended = un
+            event = parse_event(raw, max_event_bytes)
+            if isinstance(event, Rejection):
+                dead(deadletter_row(raw, event, topic, 0, offset, 0), event.code.value, offset)
+                continue
+            if not wrapped:  # a plain line: no append time; one that would move its pool's clock far is checked
+                pool_state = pools.get(event.pool)
+                if (event.at_s - pool_state.clock > tolerance_s if pool_state is not None
+                        else event.type == "pool.configured"):
+                    ahead = _ahead_of_file(events_path, f.tell(), event, pools, fold_config, max_event_bytes)
+                    if ahead is not None:
+                        dead(deadletter_row(raw, ahead, topic, 0, offset, 0, event), ahead.code.value, offset)
+                        continue
+            step = fleet.apply(event, raw, origin, appended)
+            if step.rejection is not None:
+                dead(deadletter_row(raw, step.rejection, topic, 0, offset, 0, event), step.rejection.code.value,
+                     offset)
+                continue
+            if step.duplicate:
+                summary.duplicates += 1
+                continue
+            summary.accepted += 1
+            if step.lateness_s:
+                summary.late += 1
+            applied(event, step, offset, origin)
+    return offset, read_bytes
 
 
 def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldConfig(), overwrite: bool = False,
              progress: Optional[ProgressFn] = None, store=None,
              max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
-             events_process: bool = True) -> tuple[RunSummary, Fleet]:
+             events_process: bool = True, jobs: int = 1) -> tuple[RunSummary, Fleet]:
     """Fold `events_path` into a fresh lake at `lake`, then save balances to `store` (a store.Store).
     `max_event_bytes` is [ledger] max_event_bytes: a longer line is a `too_large` dead letter. With
     `events_process` (and where processes can fork, with more than one core) the `events` table is written by a
-    second process beside the fold (_EventsProcess); the lake is the same either way."""
+    second process beside the fold (_EventsProcess); the lake is the same either way. With `jobs` > 1 (where
+    processes can fork) `jobs` processes fold disjoint sets of pools (chipledger.parallel): the lake has the same
+    rows as with one."""
     events_path, lake = Path(events_path), Path(lake)
     if not events_path.is_file():
         raise RunError(f"events file {events_path} does not exist")
@@ -410,108 +482,19 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
     # number too, so no staged file has a committed file's name
     names = run_id if not previous else f"{run_id}-c{previous + 1}"
     stage = staging_dir(lake, f"run-{names}")
-    writer = LakeWriter(stage, names)
-    fleet = Fleet(fold_config)
-    pools = fleet.pools
-    tolerance_s = file_tolerance_s(fold_config)
     topic = f"file:{events_path.name}"
-    seen_clock = 0  # the latest event time applied so far: when a dead letter was seen, in event time
-    early: list = []  # dead letters before any event was applied: stamped with the first applied time
-    read_bytes = 0
-    add, extend = writer.add, writer.extend
-    events = _events_table(events_path, stage, names, topic, max_event_bytes, writer, events_process)
-
-    def dead(row: tuple) -> None:
-        if seen_clock:
-            add("deadletters", row)
-        else:
-            early.append(row)
-
+    parallel = jobs > 1 and "fork" in multiprocessing.get_all_start_methods()
     try:
-        paused = GcPause()
-        try:
-            with open(events_path, "rb") as f:
-                for offset, (line, n, too_large) in enumerate(_lines(f, max_event_bytes), start=1):
-                    read_bytes += n
-                    if not offset & GC_FREEZE_MASK:
-                        paused.checkpoint()
-                    if progress is not None and offset % 4096 == 0:
-                        progress(read_bytes)
-                    if too_large is not None:
-                        dead(deadletter_row(line, too_large, topic, 0, offset, seen_clock))
-                        summary.dead_letters[too_large.code.value] += 1
-                        _note_line(summary, too_large.code.value, offset)
-                        continue
-                    raw = _raw(line, offset)
-                    if not raw.strip():
-                        summary.blank += 1
-                        continue
-                    origin = appended = None
-                    wrapped = raw.startswith(logline.PREFIX)
-                    if wrapped:  # a line of a `log export`: the record's value, its append time and origin
-                        un = logline.unwrap(raw)
-                        if isinstance(un, Rejection):
-                            dead(deadletter_row(raw, un, topic, 0, offset, seen_clock))
-                            summary.dead_letters[un.code.value] += 1
-                            _note_line(summary, un.code.value, offset)
-                            continue
-                        raw, origin, appended = un
-                    event = parse_event(raw, max_event_bytes)
-                    if isinstance(event, Rejection):
-                        dead(deadletter_row(raw, event, topic, 0, offset, seen_clock))
-                        summary.dead_letters[event.code.value] += 1
-                        _note_line(summary, event.code.value, offset)
-                        continue
-                    if not wrapped:  # a plain line: no append time; one that would move its pool's clock far is checked
-                        pool_state = pools.get(event.pool)
-                        if (event.at_s - pool_state.clock > tolerance_s if pool_state is not None
-                                else event.type == "pool.configured"):
-                            ahead = _ahead_of_file(events_path, f.tell(), event, pools, fold_config, max_event_bytes)
-                            if ahead is not None:
-                                dead(deadletter_row(raw, ahead, topic, 0, offset, seen_clock, event))
-                                summary.dead_letters[ahead.code.value] += 1
-                                _note_line(summary, ahead.code.value, offset)
-                                continue
-                    step = fleet.apply(event, raw, origin, appended)
-                    if step.rejection is not None:
-                        dead(deadletter_row(raw, step.rejection, topic, 0, offset, seen_clock, event))
-                        summary.dead_letters[step.rejection.code.value] += 1
-                        _note_line(summary, step.rejection.code.value, offset)
-                        continue
-                    if step.duplicate:
-                        summary.duplicates += 1
-                        continue
-                    summary.accepted += 1
-                    at = step.applied_at
-                    if at > seen_clock:
-                        seen_clock = at
-                        if early:  # the dead letters that came before any applied event
-                            for row in early:
-                                add("deadletters", row[:3] + (at,) + row[4:])
-                            early.clear()
-                    if step.lateness_s:
-                        summary.late += 1
-                    events.applied(event, step, offset, origin)
-                    for table, rows in output_lists(step):
-                        extend(table, rows)
-            events_written = events.close()
-        finally:
-            events.stop()
-            paused.end()
-        summary.lines = offset if read_bytes else 0
-        for row in early:  # no event was applied at all: the dead letters keep time 0 (1970-01-01)
-            add("deadletters", row)
-        for table, row in close_rows(*fleet.close(), {**fleet.policy_rows(), **fleet.close_facts()}):
-            add(table, row)
-        written = writer.close()
-        if events_written:
-            written["events"] = events_written
+        if parallel:
+            from chipledger.parallel import fold_parallel
+
+            written, fleet, read_bytes = fold_parallel(events_path, stage, names, fold_config, summary, topic,
+                                                       max_event_bytes, jobs, progress)
+        else:
+            written, fleet, read_bytes = _fold_here(events_path, stage, names, fold_config, summary, topic,
+                                                    max_event_bytes, events_process, progress)
     except BaseException as exc:
         # nothing of this run is committed: its staged files go (the next run would remove them too)
-        try:
-            writer.wait()
-        except Exception:  # noqa: BLE001 - a write failing now changes nothing: the folder goes
-            pass
         shutil.rmtree(stage, ignore_errors=True)
         if isinstance(exc, KeyboardInterrupt):
             raise RunInterrupted(f"interrupted: nothing of this run was committed to lake {lake} (it is as it was); "
@@ -544,6 +527,64 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
                 decisions=read_rows(lake, "decisions"),  # the run's decisions, indexed (replacing earlier runs')
             )
     return summary, fleet
+
+
+def _fold_here(events_path: Path, stage: Path, names: str, fold_config: FoldConfig, summary: RunSummary, topic: str,
+               max_event_bytes: int, events_process: bool, progress: Optional[ProgressFn]) -> tuple[dict, Fleet, int]:
+    """The run's fold in this process (the `events` table, with `events_process`, in a second one): the lake's
+    files written to `stage`; returns (rows written by table, the fleet, bytes read)."""
+    writer = LakeWriter(stage, names)
+    fleet = Fleet(fold_config)
+    seen_clock = 0  # the latest event time applied so far: when a dead letter was seen, in event time
+    early: list = []  # dead letters before any event was applied: stamped with the first applied time
+    add, extend = writer.add, writer.extend
+    events = _events_table(events_path, stage, names, topic, max_event_bytes, writer, events_process)
+
+    def dead(row: tuple, code: str, offset: int) -> None:
+        summary.dead_letters[code] += 1
+        _note_line(summary, code, offset)
+        if seen_clock:
+            add("deadletters", row[:3] + (seen_clock,) + row[4:])
+        else:
+            early.append(row)
+
+    def applied(event, step, offset: int, origin: Optional[str]) -> None:
+        nonlocal seen_clock
+        at = step.applied_at
+        if at > seen_clock:
+            seen_clock = at
+            if early:  # the dead letters that came before any applied event
+                for row in early:
+                    add("deadletters", row[:3] + (at,) + row[4:])
+                early.clear()
+        events.applied(event, step, offset, origin)
+        for table, rows in output_lists(step):
+            extend(table, rows)
+
+    try:
+        paused = GcPause()
+        try:
+            offset, read_bytes = fold_lines(events_path, fleet, summary, dead, applied, topic, max_event_bytes,
+                                            paused, progress)
+            events_written = events.close()
+        finally:
+            events.stop()
+            paused.end()
+        summary.lines = offset if read_bytes else 0
+        for row in early:  # no event was applied at all: the dead letters keep time 0 (1970-01-01)
+            add("deadletters", row)
+        for table, row in close_rows(*fleet.close(), {**fleet.policy_rows(), **fleet.close_facts()}):
+            add(table, row)
+        written = writer.close()
+        if events_written:
+            written["events"] = events_written
+    except BaseException:
+        try:
+            writer.wait()
+        except Exception:  # noqa: BLE001 - a write failing now changes nothing: the caller removes the folder
+            pass
+        raise
+    return written, fleet, read_bytes
 
 
 def _previous_commit(lake: Path, overwrite: bool) -> int:

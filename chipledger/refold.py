@@ -10,7 +10,10 @@ are left as they are.
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.connection
 import shutil
+import signal
 from collections import Counter
 from pathlib import Path
 from typing import Optional
@@ -42,10 +45,13 @@ def missing_fact_tables(lake: Path) -> list[str]:
 
 
 def refold_facts(lake: Path, fold_config: FoldConfig = FoldConfig(), batch: int = 50_000,
-                 tables: Optional[list[str]] = None) -> dict:
+                 tables: Optional[list[str]] = None, jobs: int = 1) -> dict:
     """Fold the committed lake's events again and commit the fact tables `tables` (default: the missing ones) in one
     commit, replacing those tables. Returns {"events": n, "rejected": n, "rows": {table: n}}. Rejections can only
-    come from a lake whose events another core folded differently; they are counted, not written."""
+    come from a lake whose events another core folded differently; they are counted, not written. With `jobs` > 1
+    (where processes can fork) that many processes fold disjoint sets of pools (dealt by their numbers of events,
+    chipledger.parallel.deal_pools), each reading only its pools' events in the same order: the tables get the same
+    rows as with one (in other files), still in one commit."""
     lake = Path(lake)
     tables = missing_fact_tables(lake) if tables is None else tables
     out = {"events": 0, "rejected": Counter(), "rows": {t: 0 for t in tables}}
@@ -54,16 +60,63 @@ def refold_facts(lake: Path, fold_config: FoldConfig = FoldConfig(), batch: int 
     snap = open_lake(lake, ("events",))
     stage = staging_dir(lake, "upgrade")
     shutil.rmtree(stage, ignore_errors=True)
-    writer = LakeWriter(stage, f"upgrade-{snap.commit + 1:08d}")
-    fleet = Fleet(fold_config)
+    names = f"upgrade-{snap.commit + 1:08d}"
     days: dict[str, list[str]] = {}
     for f in snap.table_files("events") or ():
         days.setdefault(Path(f).parent.name, []).append(f)
+    try:
+        groups = _pool_groups(days, jobs) if jobs > 1 and "fork" in multiprocessing.get_all_start_methods() else [None]
+        if len(groups) == 1:
+            parts = [_refold_part(days, None, stage, names, fold_config, tables, batch)]
+        else:
+            parts = _in_processes(days, groups, stage, names, fold_config, tables, batch)
+        for part in parts:
+            out["events"] += part["events"]
+            out["rejected"].update(part["rejected"])
+            for t in tables:
+                out["rows"][t] += part["written"].get(t, 0)
+        publish(lake, stage, by=f"lake upgrade: {', '.join(tables)} folded again", replace=tables)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    out["rejected"] = dict(out["rejected"])
+    return out
+
+
+def _pool_groups(days: dict[str, list[str]], jobs: int) -> list:
+    """The pools of the lake's events dealt to at most `jobs` processes ([None]: one process, every pool)."""
+    from chipledger.parallel import deal_pools
+
+    files = [f for fs in days.values() for f in fs]
+    if not files:
+        return [None]
+    con = duckdb.connect()
+    try:
+        counts = dict(con.execute(f"SELECT pool, count(*) FROM ({read_parquet_sql(files)}) GROUP BY pool").fetchall())
+    finally:
+        con.close()
+    pools = sorted(counts, key=lambda p: (p is None, p or ""))
+    jobs = min(jobs, len(pools))
+    if jobs < 2:
+        return [None]
+    owner = deal_pools([p or "" for p in pools], [counts[p] for p in pools], jobs)
+    return [[p for p, o in zip(pools, owner) if o == k] for k in range(jobs)]
+
+
+def _refold_part(days: dict[str, list[str]], pools: Optional[list], stage: Path, names: str, fold_config: FoldConfig,
+                 tables: list[str], batch: int) -> dict:
+    """Fold the events of `pools` (None: all) in the lake's order and write the facts `tables` into `stage`."""
+    writer = LakeWriter(stage, names)
+    fleet = Fleet(fold_config)
+    out = {"events": 0, "rejected": Counter()}
+    where = ""
+    if pools is not None:
+        quoted = ", ".join("'" + p.replace("'", "''") + "'" for p in pools if p is not None)
+        where = f"WHERE pool IN ({quoted})" + (" OR pool IS NULL" if None in pools else "")
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
     try:
         for day in sorted(days):  # the files are by day of applied_at: in time order, one day sorted at a time
-            cur = con.execute(f'SELECT body FROM ({read_parquet_sql(days[day])}) '
+            cur = con.execute(f'SELECT body FROM ({read_parquet_sql(days[day])}) {where} '
                               f'ORDER BY applied_at, topic, "partition", "offset"')
             while rows := cur.fetchmany(batch):
                 for (body,) in rows:
@@ -84,15 +137,63 @@ def refold_facts(lake: Path, fold_config: FoldConfig = FoldConfig(), batch: int 
         for t, rows_t in fleet.close_facts().items():
             if t in tables:
                 writer.extend(t, rows_t)
-        written = writer.close()
-        for t in tables:
-            out["rows"][t] = written.get(t, 0)
-        publish(lake, stage, by=f"lake upgrade: {', '.join(tables)} folded again", replace=tables)
+        out["written"] = writer.close()
+    except BaseException:
+        try:
+            writer.wait()
+        except Exception:  # noqa: BLE001 - the staged folder goes anyway
+            pass
+        raise
     finally:
         con.close()
-        shutil.rmtree(stage, ignore_errors=True)
-    out["rejected"] = dict(out["rejected"])
     return out
+
+
+def _in_processes(days, groups: list, stage: Path, names: str, fold_config: FoldConfig, tables: list[str],
+                  batch: int) -> list[dict]:
+    """`_refold_part` for each group of pools in a forked process of its own (files named `<names>-j<k>-…`)."""
+    ctx = multiprocessing.get_context("fork")
+    procs, conns = [], []
+    try:
+        for k, pools in enumerate(groups):
+            parent_end, child_end = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_part_child, name=f"chipledger-refold-{k}", daemon=True,
+                            args=(days, pools, stage, f"{names}-j{k}", fold_config, tables, batch, child_end))
+            p.start()
+            child_end.close()
+            procs.append(p)
+            conns.append(parent_end)
+        parts: dict[int, dict] = {}
+        waiting = dict(zip(conns, range(len(groups))))
+        while waiting:
+            for conn in multiprocessing.connection.wait(list(waiting)):
+                k = waiting.pop(conn)
+                try:
+                    status, what = conn.recv()
+                except EOFError:
+                    procs[k].join(timeout=5)
+                    raise OSError(f"refold process {k} stopped (exit code {procs[k].exitcode})") from None
+                if status != "ok":
+                    raise OSError(f"refold process {k} failed: {what}")
+                parts[k] = what
+        return [parts[k] for k in sorted(parts)]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+            p.join()
+        for c in conns:
+            c.close()
+
+
+def _part_child(days, pools, stage, names, fold_config, tables, batch, conn) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the upgrade's process's to handle (it ends this one)
+    try:
+        conn.send(("ok", _refold_part(days, pools, stage, names, fold_config, tables, batch)))
+    except Exception as exc:  # told to the upgrade, which fails with it
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
 
 
 assert all(t in SCHEMAS for t in FACT_TABLES)

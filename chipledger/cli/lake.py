@@ -80,6 +80,8 @@ def lake_upgrade(
     config: Optional[Path] = ConfigOpt,
     as_json: bool = typer.Option(False, "--json", help="print what was done as JSON (events files upgraded, files "
                                                        "adopted per table, fact tables folded again)"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="processes folding disjoint sets of pools "
+                                       "again (default: the machine's cores); the same rows whatever the number"),
 ):
     """Bring a lake written by an earlier chipledger up to this version's layout, in place: `events` files gain
     the typed event fields they lack (all of them, or the later `user`), taken from each row's JSON body; a lake
@@ -90,6 +92,7 @@ def lake_upgrade(
     from analytics.commits import LAYOUT_VERSION, adopt, lake_layout, open_lake
     from analytics.lake import LakeError, upgrade_events_files
     from chipledger.config import fold_config
+    from chipledger.embedded import cores
     from chipledger.refold import REFOLDABLE, missing_fact_tables, refold_facts
 
     cfg = _config(config)
@@ -120,7 +123,7 @@ def lake_upgrade(
                 from chipledger.cli._common import _working
 
                 with _working(f"folding the lake's events again for {', '.join(missing)}…"):
-                    out = refold_facts(root, fold_config(cfg), tables=missing)
+                    out = refold_facts(root, fold_config(cfg), tables=missing, jobs=jobs or cores())
             except (OSError, ValueError) as e:
                 _fail(f"{root}: could not fold the lake's events again: {e}", 1)
             report["refolded"] = {"events": out["events"], "rows": dict(out["rows"]),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 import typer.core
@@ -30,9 +30,12 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     strict: bool = typer.Option(False, "--strict", help="exit 1 when a line became a dead letter or the file "
                                                         "has no events (for CI and scripts)"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="processes folding disjoint sets of pools "
+                                       "(default: the machine's cores); the lake has the same rows whatever the "
+                                       "number (docs/architecture.md, Parallel replays)"),
 ):
     """Fold an event file in-process (no Kafka, no server) and write the lake and the store."""
-    summary = _run(events, lake, store, _config(config), overwrite, check)
+    summary = _run(events, lake, store, _config(config), overwrite, check, jobs)
     if as_json:
         console.file.write(json.dumps(summary.as_dict()) + "\n")
     else:
@@ -79,9 +82,10 @@ def _dead_lines(summary, code=None) -> str:
     return shown + (f", … ({total - len(lines[:10]):,} more)" if total > len(lines[:10]) else "")
 
 
-def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, overwrite: bool, check: bool):
+def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, overwrite: bool, check: bool,
+         jobs: Optional[int] = None):
     from chipledger.config import fold_config
-    from chipledger.embedded import RunError, RunInterrupted, run_file
+    from chipledger.embedded import RunError, RunInterrupted, cores, run_file
     from store import open_store
     from store.repo import StoreError
 
@@ -102,10 +106,10 @@ def _run(events: Path, lake: Optional[Path], store: Optional[str], cfg: Config, 
                 task = bar.add_task(f"folding {events.name}", total=size)
                 summary, _ = run_file(events, lake, fold_config=fold, overwrite=overwrite, store=st,
                                       progress=lambda n: bar.update(task, completed=n),
-                                      max_event_bytes=cfg.ledger.max_event_bytes)
+                                      max_event_bytes=cfg.ledger.max_event_bytes, jobs=jobs or cores())
         else:
             summary, _ = run_file(events, lake, fold_config=fold, overwrite=overwrite, store=st,
-                                  max_event_bytes=cfg.ledger.max_event_bytes)
+                                  max_event_bytes=cfg.ledger.max_event_bytes, jobs=jobs or cores())
     except RunInterrupted as e:  # Ctrl-C: one line, the shell's code for SIGINT
         err.print(str(e), highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(130)
@@ -216,8 +220,9 @@ def _demo_json(result: dict, out: Path) -> dict:
 @app.command()
 def backtest(
     events: Path = typer.Option(..., "--events", help="event log (JSONL) whose demand is replayed"),
-    config: Optional[Path] = typer.Option(None, "--config", help="the configuration to try ([policy], [backtest] "
-                                          "quota; default: the defaults, with --quota)"),
+    config: Optional[List[Path]] = typer.Option(None, "--config", help="the configuration to try ([policy], "
+                                                "[backtest] quota; default: the defaults, with --quota); repeat it "
+                                                "for a sweep (the configurations are simulated in parallel)"),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="a second configuration, side by side "
                                             "(default: the defaults with the log's own quotas)"),
     out: Optional[Path] = typer.Option(None, "--out", help="folder for backtest.json and backtest.html"),
@@ -228,25 +233,30 @@ def backtest(
     new_team: bool = typer.Option(False, "--new-team", help="let --quota name a team the log does not have "
                                   "(else an error listing the log's teams)"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="configurations simulated at once, each in a "
+                                       "process of its own (default: the machine's cores)"),
 ):
     """Replay a log's demand (submissions, chips, priorities, observed run times) through the simulated
     cluster under --config (and --baseline), the ledger deciding; report quota honoured, waits, lost work,
     utilisation, borrowed share, fairness and bursts side by side, and the simulated against the observed
     waits (docs/backtest.md)."""
+    from chipledger.embedded import cores
     from chipledger.sim.backtest import BacktestError, print_report, run_cli
 
-    if config is None and quota is None:
+    configs = list(config or [])
+    if not configs and quota is None:
         _fail("give --config FILE or --quota team=chips,… (or both): the change to try", 2)
     # the column of the change is named by what changed: the file, the --quota, or both (issue 35, item 11)
-    alt_name = " + ".join(n for n in (config.name if config is not None else None,
+    alt_name = " + ".join(n for n in (configs[0].name if configs else None,
                                       f"--quota {quota}" if quota else None) if n)
     try:
         base_cfg = _config(baseline) if baseline is not None else Config()
-        alt_cfg = _config(config) if config is not None else Config()
-        with _working("replaying the demand under both configurations…"):
+        alt_cfg = _config(configs[0]) if configs else Config()
+        with _working("replaying the demand under every configuration…"):
             report = run_cli(events, alt_cfg, base_cfg, alt_name,
                              baseline.name if baseline is not None else "defaults", quota, days, out,
-                             allow_new_team=new_team)
+                             allow_new_team=new_team, more=tuple((c.name, _config(c)) for c in configs[1:]),
+                             jobs=jobs or cores())
     except BacktestError as e:
         _fail(str(e), e.exit_code)
     for w in report.get("warnings", []):

@@ -246,6 +246,42 @@ def run_backtest(demand: Demand, fold_config, quotas: dict, sched_slo_s: int = 6
     }
 
 
+def _timed(args) -> dict:
+    """run_backtest of one configuration, with its `seconds`."""
+    import time
+
+    t0 = time.perf_counter()
+    r = run_backtest(args[0], args[1], args[2], sched_slo_s=args[3], act_delay_s=args[4], coop_share=args[5])
+    r["seconds"] = round(time.perf_counter() - t0, 3)
+    return r
+
+
+_SWEEP: list = []  # the configurations of a parallel sweep, inherited by its forked processes
+
+
+def _sweep_one(i: int) -> dict:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the sweep's process's to handle (it ends the pool)
+    return _timed(_SWEEP[i])
+
+
+def _simulate(runs: list, jobs: int) -> list[dict]:
+    """The reports of the configurations `runs` (run_backtest's arguments), in their order: one at a time, or up to
+    `jobs` at once in forked processes (each configuration folds the whole demand in its own process)."""
+    import multiprocessing
+
+    jobs = min(jobs, len(runs))
+    if jobs < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return [_timed(a) for a in runs]
+    _SWEEP[:] = runs
+    try:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            return pool.map(_sweep_one, range(len(runs)), chunksize=1)
+    finally:
+        _SWEEP.clear()
+
+
 def _cost(rows: list) -> dict:
     """The simulated use and idle chips priced by the fold (the log's prices), per unit, and the share of the teams'
     priced use in peak hours (priced above the pool's cheapest price of the run): what a price band does to the
@@ -417,11 +453,12 @@ SIM_STARTS_AT_ONCE = ("the simulated cluster starts a job as soon as the ledger 
 
 
 def run_cli(events: Path, alt_cfg, base_cfg, alt_name: str, base_name: str, quota: Optional[str],
-            days: Optional[float], out: Optional[Path], allow_new_team: bool = False) -> dict:
-    """`chipledger backtest`: both configurations over the log's demand; writes backtest.json and
-    backtest.html into `out` when given; returns the report."""
-    import time
-
+            days: Optional[float], out: Optional[Path], allow_new_team: bool = False, *, more: tuple = (),
+            jobs: int = 1) -> dict:
+    """`chipledger backtest`: the baseline and each configuration (`alt_cfg`, then the (name, config) pairs of
+    `more`: a sweep) over the log's demand; writes backtest.json and backtest.html into `out` when given; returns
+    the report. With `jobs` > 1 (where processes can fork) up to that many configurations are simulated at once,
+    each in a process of its own; the report is the same (but for each configuration's `seconds`)."""
     from chipledger.config import fold_config
 
     if days is not None and not (days > 0 and math.isfinite(days)):
@@ -433,10 +470,11 @@ def run_cli(events: Path, alt_cfg, base_cfg, alt_name: str, base_name: str, quot
     teams = demand_teams(demand)
     warnings: list[str] = []
     configs = {}
-    timings = {}
     fid = {}
-    for name, cfg, extra in ((base_name, base_cfg, None), (alt_name, alt_cfg, quota)):
-        if name in configs:
+    runs = []
+    for name, cfg, extra in ((base_name, base_cfg, None), (alt_name, alt_cfg, quota),
+                             *((n, c, quota) for n, c in more)):
+        while name in [r[0] for r in runs]:
             name = f"{name} (2)"
         quotas = {p: dict(q) for p, q in demand.quotas.items()}
         for text in (cfg.backtest.quota, extra):
@@ -444,15 +482,12 @@ def run_cli(events: Path, alt_cfg, base_cfg, alt_name: str, base_name: str, quot
                 for p, q in parse_quota(text, demand.pools, teams, allow_new_team).items():
                     quotas.setdefault(p, {}).update(q)
         warnings += [w for w in oversized_quotas(quotas, demand.pools) if w not in warnings]
-        fold = fold_config(cfg)
         from dataclasses import replace
 
-        fold = replace(fold, policy_rows=False)
-        t0 = time.perf_counter()
-        r = run_backtest(demand, fold, quotas, sched_slo_s=cfg.slo.sched_slo_s, act_delay_s=cfg.backtest.act_delay_s,
-                         coop_share=cfg.backtest.coop_share)
-        timings[name] = time.perf_counter() - t0
-        r["seconds"] = round(timings[name], 3)
+        fold = replace(fold_config(cfg), policy_rows=False)
+        runs.append((name, cfg, (demand, fold, quotas, cfg.slo.sched_slo_s, cfg.backtest.act_delay_s,
+                                 cfg.backtest.coop_share)))
+    for (name, cfg, _), r in zip(runs, _simulate([a for _, _, a in runs], jobs)):
         r["policy"] = {k: (v if not (isinstance(v, float) and math.isinf(v)) else "inf")
                        for k, v in cfg.policy.fold_kwargs().items()}
         configs[name] = r

@@ -1,0 +1,271 @@
+"""Pool-parallel replays: a run's file folded by several processes, each owning a disjoint set of pools.
+
+Pools share nothing in the fold (DESIGN §2: one key, one order per pool), so a replay splits by pool:
+
+1. One pass over the file (`route_lines`) reads each line's `pool` field without parsing the event (a byte pattern;
+   a line where the pattern is absent or ambiguous is parsed in full) and notes the pool of every line, 4 bytes a
+   line. A line with no readable pool (too large, blank, not JSON, no pool) is this process's own: it can only be
+   a dead letter or a blank line, and is handled here, once.
+2. The pools are dealt to `jobs` processes (the largest first, each to the least loaded: `deal_pools`), which are
+   forked after the pass and fold their pools' lines with the run's own per-line rule (chipledger.embedded.
+   fold_lines), in file order: a pool's lines reach one process in the order the file has them, so its state, its
+   outputs and the file clock check (which reads the next lines of the same pool) are those of `--jobs 1`. Each
+   process writes its rows (`events` included) to the run's staging folder, files named `part-<run>-j<k>-…`.
+3. Dead letters are the one table whose rows depend on other pools: a dead letter's `seen_at` is the latest event
+   time applied by any pool before its line. The processes send theirs back with the lines where their own latest
+   applied time rose; this process merges both by line number and writes the `deadletters` table exactly as one
+   process would (same rows, same order, same file names).
+4. The run commits all staged files in one manifest swap (as every run does), so an interrupted parallel run
+   leaves nothing visible; the processes ignore Ctrl-C and are ended by this one.
+
+What is not byte-identical to `--jobs 1`: the Parquet files of the tables other than `deadletters` (each process
+writes its own files, so a table's rows are split into other files, and within a day the rows of different
+pools are grouped by process, not interleaved in file order). Every table holds the same rows (tests compare the
+sorted rows, table by table); nothing reads meaning into a row's position in a file: the views order by time,
+`seq` and ids, and the store indexes decisions by id.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import multiprocessing.connection
+import re
+import signal
+from array import array
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+from analytics.lake import TABLES, LakeWriter
+from ledger import Fleet, FoldConfig
+from ledger.state import PoolState
+from schemas import Rejection, parse_event
+from streams import logline
+from streams.rows import applied_event_row, close_rows, output_lists
+
+from chipledger import embedded
+from chipledger.embedded import GC_FREEZE_MASK, GcPause, RunError, RunSummary, _lines, _note_line, _raw
+
+# a line's pool: the `"pool": "…"` member of a plain line, or of the escaped value of a `log export` line
+# (`\"pool\":\"…\"`); a name with a backslash (an escape) or a second match is left to the full parse
+_POOL = re.compile(rb'(\\?)"pool\1"\s*:\s*\1"([^"\\]*)\1"')
+NO_POOL = -1  # a line that is this process's own (no readable pool)
+
+
+def _pool_of(raw: bytes, max_event_bytes: int) -> Optional[str]:
+    m = _POOL.search(raw)
+    if m is not None and _POOL.search(raw, m.end()) is None:
+        try:
+            return m.group(2).decode("utf-8")
+        except UnicodeDecodeError:
+            pass  # the full parse says what it is
+    # absent or ambiguous: the full parse decides (rare: a pool written with escapes, a nested "pool" member)
+    if logline.is_wrapped(raw):
+        un = logline.unwrap(raw)
+        if isinstance(un, Rejection):
+            return None
+        raw = un[0]
+    event = parse_event(raw, max_event_bytes)
+    return None if isinstance(event, Rejection) else event.pool
+
+
+def route_lines(events_path: Path, max_event_bytes: int, progress=None) -> tuple[array, list[str], list[int], int]:
+    """(pool index of each line, NO_POOL for this process's own; the pools in order of first appearance; each
+    pool's number of lines; bytes read)."""
+    route = array("i")
+    index: dict[str, int] = {}
+    pools: list[str] = []
+    counts: list[int] = []
+    read_bytes = 0
+    with open(events_path, "rb") as f:
+        for n, (line, size, too_large) in enumerate(_lines(f, max_event_bytes), start=1):
+            read_bytes += size
+            if progress is not None and n % 4096 == 0:
+                progress(read_bytes)
+            pool = None if too_large is not None else _pool_of(_raw(line, n), max_event_bytes)
+            if pool is None:
+                route.append(NO_POOL)
+                continue
+            i = index.get(pool)
+            if i is None:
+                i = index[pool] = len(pools)
+                pools.append(pool)
+                counts.append(0)
+            counts[i] += 1
+            route.append(i)
+    return route, pools, counts, read_bytes
+
+
+def deal_pools(pools: list[str], counts: list[int], jobs: int) -> list[int]:
+    """The process of each pool: the pools with the most lines first, each to the process with the fewest lines so
+    far (ties: the lower process), so processes get about equal work; a function of the file alone."""
+    load = [0] * jobs
+    owner = [0] * len(pools)
+    for i in sorted(range(len(pools)), key=lambda i: (-counts[i], pools[i])):
+        k = min(range(jobs), key=lambda k: (load[k], k))
+        owner[i] = k
+        load[k] += counts[i]
+    return owner
+
+
+def fold_parallel(events_path: Path, stage: Path, names: str, fold_config: FoldConfig, summary: RunSummary,
+                  topic: str, max_event_bytes: int, jobs: int, progress=None) -> tuple[dict, Fleet, int]:
+    """The run's fold by up to `jobs` processes (see the module's docstring): files written to `stage`; returns
+    (rows written by table, the fleet of all pools, bytes read), as chipledger.embedded._fold_here does."""
+    route, pools, counts, read_bytes = route_lines(events_path, max_event_bytes, progress)
+    jobs = min(jobs, len(pools))
+    if jobs < 2:  # one pool (or none): nothing to split
+        return embedded._fold_here(events_path, stage, names, fold_config, summary, topic, max_event_bytes, True,
+                                   progress)
+    owner = deal_pools(pools, counts, jobs)
+    ctx = multiprocessing.get_context("fork")
+    procs, conns = [], []
+    try:
+        for k in range(jobs):
+            parent_end, child_end = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_worker, name=f"chipledger-fold-{k}", daemon=True,
+                            args=(k, events_path, stage, names, fold_config, topic, max_event_bytes, route, owner,
+                                  pools, child_end))
+            p.start()
+            child_end.close()
+            procs.append(p)
+            conns.append(parent_end)
+        # this process's own lines (no readable pool) while the others fold: dead letters and blank lines
+        dead: list = []
+        if NO_POOL in route:  # (else no second read of the file here)
+            paused = GcPause()
+            try:
+                embedded.fold_lines(events_path, Fleet(fold_config), summary,
+                                    lambda row, code, line: dead.append((line, code, row)), _never_applied, topic,
+                                    max_event_bytes, paused, None, mine=lambda n: route[n - 1] == NO_POOL)
+            finally:
+                paused.end()
+        results: dict[int, dict] = {}
+        waiting = dict(zip(conns, range(jobs)))
+        while waiting:
+            for conn in multiprocessing.connection.wait(list(waiting)):
+                k = waiting.pop(conn)
+                try:
+                    status, what = conn.recv()
+                except EOFError:
+                    procs[k].join(timeout=5)
+                    raise RunError(f"fold process {k} stopped (exit code {procs[k].exitcode})") from None
+                if status != "ok":
+                    raise RunError(f"fold process {k} failed: {what}")
+                results[k] = what
+        for p in procs:
+            p.join()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+            p.join()
+        for c in conns:
+            c.close()
+    return _merge(results, dead, route, pools, stage, names, fold_config, summary), _fleet(results, pools,
+                                                                                           fold_config), read_bytes
+
+
+def _never_applied(event, step, line, origin) -> None:  # this process's lines are never events
+    raise AssertionError(f"line {line} has a pool yet was routed as having none")
+
+
+def _merge(results: dict[int, dict], dead: list, route: array, pools: list[str], stage: Path, names: str,
+           fold_config: FoldConfig, summary: RunSummary) -> dict:
+    """Add the processes' counts to `summary` and write the `deadletters` table as one process would: each dead
+    letter stamped with the latest event time applied before its line (by any pool), those before the first
+    applied event with that event's time (0 when none was applied), in line order."""
+    written: Counter = Counter()
+    raises = array("q")
+    for k in sorted(results):
+        r = results[k]
+        summary.accepted += r["accepted"]
+        summary.duplicates += r["duplicates"]
+        summary.late += r["late"]
+        written.update(r["written"])
+        dead.extend(r["dead"])
+        raises.extend(r["raises"])
+    summary.lines = len(route)
+    dead.sort(key=lambda d: d[0])
+    order = sorted(range(0, len(raises), 2), key=lambda i: raises[i])
+    first_at = raises[order[0] + 1] if order else 0
+    writer = LakeWriter(stage, names)  # the names of a one-process run: this table's files are those it writes
+    seen = 0
+    j = 0
+    for line, code, row in dead:
+        while j < len(order) and raises[order[j]] < line:
+            seen = max(seen, raises[order[j] + 1])
+            j += 1
+        summary.dead_letters[code] += 1
+        _note_line(summary, code, line)
+        writer.add("deadletters", row[:3] + (seen or first_at,) + row[4:])
+    written.update(writer.close())
+    summary.pools = sum(len(r["pools"]) for r in results.values())
+    return {t: written[t] for t in TABLES if written.get(t)}
+
+
+def _fleet(results: dict[int, dict], pools: list[str], fold_config: FoldConfig) -> Fleet:
+    """The fleet of every process's pools, in order of first appearance in the file (as one process holds them)."""
+    states = {}
+    for r in results.values():
+        states.update(r["pools"])
+    return Fleet(fold_config, {p: PoolState.from_dict(states[p]) for p in pools if p in states})
+
+
+def _worker(k: int, events_path: Path, stage: Path, names: str, fold_config: FoldConfig, topic: str,
+            max_event_bytes: int, route: array, owner: list[int], pools: list[str], conn) -> None:
+    """Fold the lines of the pools dealt to process `k` and write their rows; send ("ok", what it did) or
+    ("error", why)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's process's to handle (it ends this one)
+    gc.freeze()  # what came with the fork is not this process's garbage
+    paused = GcPause()
+    mine_of = bytes(1 if o == k else 0 for o in owner) + b"\0"  # index NO_POOL (-1): the last byte, not ours
+    mine_pools = {p for p, o in zip(pools, owner) if o == k}
+    writer = LakeWriter(stage, f"{names}-j{k}")
+    add, extend = writer.add, writer.extend
+    fleet = Fleet(fold_config)
+    summary = RunSummary(source=str(events_path), lake="", run_id=names)
+    dead: list = []
+    raises = array("q")  # (line, time): where this process's latest applied event time rose
+    seen = 0
+
+    def misrouted(pool, line: int) -> None:
+        if pool is not None and pool not in mine_pools:
+            raise RunError(f"line {line}: its pool {pool[:64]!r} was read differently by the routing pass; "
+                           f"run it with --jobs 1")
+
+    def on_dead(row, code, line):
+        misrouted(row[8], line)
+        dead.append((line, code, row))
+
+    def on_applied(event, step, line, origin):
+        nonlocal seen
+        if event.pool not in mine_pools:
+            misrouted(event.pool, line)
+        at = step.applied_at
+        if at > seen:
+            seen = at
+            raises.extend((line, at))
+        add("events", applied_event_row(event, step.occurred_s, at, step.lateness_s, topic, 0, line, origin))
+        for table, rows in output_lists(step):
+            extend(table, rows)
+
+    try:
+        embedded.fold_lines(events_path, fleet, summary, on_dead, on_applied, topic, max_event_bytes, paused,
+                            None, mine=lambda n: mine_of[route[n - 1]])
+        for table, row in close_rows(*fleet.close(), {**fleet.policy_rows(), **fleet.close_facts()}):
+            add(table, row)
+        written = writer.close()
+        conn.send(("ok", {"accepted": summary.accepted, "duplicates": summary.duplicates, "late": summary.late,
+                          "written": written, "dead": dead, "raises": raises,
+                          "pools": {p: s.to_dict() for p, s in fleet.pools.items()}}))
+    except Exception as exc:  # told to the run, which fails with it
+        try:
+            writer.wait()
+        except Exception:  # noqa: BLE001
+            pass
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        paused.end()
+        conn.close()

@@ -1,0 +1,159 @@
+"""Pool-parallel runs (chipledger/parallel.py): `--jobs 2` gives the lake of `--jobs 1` (the same rows in every
+table, the same summary, the `deadletters` files byte for byte), bad lines and lines without a pool included,
+and an interrupted parallel run leaves nothing visible."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import duckdb
+import pytest
+
+from analytics.commits import open_lake
+from analytics.lake import TABLES
+from chipledger.demo import write_events
+from chipledger.embedded import run_file
+from chipledger.parallel import deal_pools, route_lines
+from streams import logline
+
+pytestmark = pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork here")
+
+
+def _with_bad_lines(path):
+    """The seeded fleet's file with a byte order mark, a duplicate, a conflicting duplicate, a late event, lines
+    that are not events (no readable pool) and a pool written with an escape (only the full parse reads it)."""
+    lines = path.read_bytes().splitlines()
+    first = json.loads(lines[40])
+    late = {**json.loads(lines[300]), "event_id": "late-1", "type": "pool.tick"}
+    late = {k: late[k] for k in ("event_id", "type", "occurred_at", "pool", "source")}
+    ahead = {**late, "event_id": "ahead-1", "occurred_at": "2027-06-01T00:00:00Z"}  # clock_ahead: judged per pool
+    escaped = json.dumps({**late, "event_id": "esc-1"}, ensure_ascii=True).replace('"pool"', '"p\\u006fol"')
+    bad = [b"not json", b'{"type": "job.started"}', lines[40], json.dumps({**first, "source": "x"}).encode(),
+           json.dumps(late).encode(), b"", b"[1, 2]", escaped.encode(), b'{"pool": "nowhere", "type": "x"}',
+           json.dumps(ahead).encode()]
+    out = [b"\xef\xbb\xbf" + bad[0], lines[0]]
+    for i, line in enumerate(lines[1:], 1):
+        if i % 700 == 0:  # a line of a `log export` (its pool inside an escaped value, its origin applied)
+            line = logline.wrap(line, None, "cluster-x")
+        out.append(line)
+        if i % 300 == 0:
+            out.append(bad[(i // 300) % len(bad)])
+    path.write_bytes(b"\n".join(out) + b"\n")
+
+
+def lake_digests(lake) -> dict[str, str]:
+    """Per committed table: its row count and the sha256 of its rows, sorted (what does not depend on files)."""
+    snap = open_lake(lake, TABLES)
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    out = {}
+    for t in TABLES:
+        files = snap.table_files(t) or []
+        rows = sorted(map(repr, con.execute(f"SELECT * FROM read_parquet({files!r})").fetchall())) if files else []
+        out[t] = f"{len(rows)}:{hashlib.sha256(chr(10).join(rows).encode()).hexdigest()[:16]}"
+    return out
+
+
+def _files(lake, table):
+    return {str(p.relative_to(lake)): p.read_bytes() for p in sorted((lake / table).rglob("*.parquet"))}
+
+
+@pytest.fixture(scope="module")
+def fleet_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("par") / "events.jsonl"
+    write_events(path, seed=3, days=3)
+    _with_bad_lines(path)
+    return path
+
+
+def test_two_jobs_write_the_lake_of_one(fleet_file, tmp_path):
+    route, pools, counts, _ = route_lines(fleet_file, 1 << 20)
+    assert len(pools) >= 2, pools
+    (a, fa), (b, fb) = (run_file(fleet_file, tmp_path / f"lake-{j}", jobs=j) for j in (1, 2))
+    assert a.accepted > 3_000 and a.dead_letter_total >= 8 and a.duplicates >= 1 and a.late >= 1
+    assert a.dead_letters["clock_ahead"] >= 1
+    con = duckdb.connect()
+    assert con.execute(f"SELECT count(*) FROM read_parquet('{tmp_path}/lake-2/events/*/*.parquet') "
+                       f"WHERE accepted_from = 'cluster-x'").fetchone()[0] >= 3
+    da, db = a.as_dict(), b.as_dict()
+    for d in (da, db):
+        d.pop("seconds"), d.pop("lake")
+    assert da == db
+    assert lake_digests(tmp_path / "lake-1") == lake_digests(tmp_path / "lake-2")
+    assert _files(tmp_path / "lake-1", "deadletters") == _files(tmp_path / "lake-2", "deadletters")
+    assert {p: s.to_dict() for p, s in fa.pools.items()} == {p: s.to_dict() for p, s in fb.pools.items()}
+    assert list(fa.pools) == list(fb.pools)
+
+
+def test_pools_are_dealt_by_size_whatever_their_order():
+    assert deal_pools(["a", "b", "c", "d"], [10, 40, 30, 20], 2) == [0, 0, 1, 1]  # b (40) to 0, c (30) to 1, d (20) to 1, a (10) to 0
+    assert deal_pools(["a", "b"], [5, 5], 2) == [0, 1]
+
+
+def test_ctrl_c_during_a_parallel_run_leaves_nothing_visible(fleet_file, tmp_path):
+    big = tmp_path / "big.jsonl"
+    data = fleet_file.read_bytes()
+    with open(big, "wb") as f:  # the file's pools renamed in copies: long enough to be interrupted while folding
+        for c in range(6):
+            f.write(data.replace(b'"pool": "', f'"pool": "c{c}-'.encode()).replace(b'"pool":"', f'"pool":"c{c}-'.encode()))
+    lake = tmp_path / "lake"
+    cmd = [sys.executable, "-c", "from chipledger.cli import app; app()", "run", "--events", str(big), "--lake", str(lake),
+           "--store", f"sqlite:///{tmp_path / 's.db'}", "--jobs", "2"]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=os.getcwd())
+    deadline = time.monotonic() + 120
+    while not any((lake / "_staging").glob("*/*/*/*.parquet")) if (lake / "_staging").exists() else True:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole group
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert b"nothing of this run was committed" in err
+    assert not (lake / "_lake.json").exists()
+    staging = lake / "_staging"
+    assert not (staging.exists() and any(staging.rglob("*.parquet")))
+
+
+def test_lake_upgrade_with_two_jobs_folds_the_facts_of_one(fleet_file, tmp_path):
+    from chipledger.refold import FACT_TABLES, refold_facts
+
+    digests = []
+    for j in (1, 2):
+        lake = tmp_path / f"lake-{j}"
+        run_file(fleet_file, lake, jobs=1)
+        out = refold_facts(lake, tables=list(FACT_TABLES), jobs=j)
+        assert out["events"] > 3_000 and not out["rejected"], out
+        d = lake_digests(lake)
+        digests.append((out, {t: d[t] for t in FACT_TABLES}))
+    assert digests[0] == digests[1]
+    run_file(fleet_file, tmp_path / "lake-run", jobs=2)
+    assert digests[0][1] == {t: d for t, d in lake_digests(tmp_path / "lake-run").items() if t in FACT_TABLES}
+
+
+def test_a_backtest_sweep_in_parallel_reports_what_one_process_does(fleet_file, tmp_path):
+    from typer.testing import CliRunner
+
+    from chipledger.cli import app
+
+    cfgs = []
+    for i, grace in enumerate((60, 600, 3600)):
+        c = tmp_path / f"c{i}.toml"
+        c.write_text(f"[policy]\npreemption_grace_s = {grace}\n")
+        cfgs += ["--config", str(c)]
+    reports = []
+    for j in (1, 2):
+        res = CliRunner().invoke(app, ["backtest", "--events", str(fleet_file), *cfgs, "--jobs", str(j), "--json"])
+        assert res.exit_code == 0, res.output
+        r = json.loads(res.stdout)
+        for c in r["configs"].values():
+            assert c.pop("seconds") >= 0
+        reports.append(r)
+    assert list(reports[0]["configs"]) == ["defaults", "c0.toml", "c1.toml", "c2.toml"]
+    assert reports[0] == reports[1]
