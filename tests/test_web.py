@@ -90,13 +90,17 @@ def api_requests(env) -> dict[str, tuple[str, str, dict | None]]:
         "/api/v1/bursts/dry-run": ("POST", "/api/v1/bursts/dry-run", burst),
         "/api/v1/bursts": ("POST", "/api/v1/bursts", burst),
         "/api/v1/snapshots": ("GET", "/api/v1/snapshots?once=true", None),
+        "/api/v1/teams/{team}/costs": ("GET", "/api/v1/teams/vision/costs", None),
+        "/api/v1/teams/{team}/budgets": ("GET", "/api/v1/teams/vision/budgets", None),
+        "/api/v1/pool-costs": ("GET", "/api/v1/pool-costs", None),
     }
 
 
 # what each role gets for each route about team vision (alice: vision's member; eve: ads-ml's; root: admin;
 # sre: an SRE through the proxy; carol: vision's admin by config; dave: a token without a team or role)
 OK = 200
-FLEET = {"/api/v1/snapshots", "/api/v1/pools", "/api/v1/teams", "/api/v1/slos", "/api/v1/head-of-line", "/api/v1/whoami"}
+FLEET = {"/api/v1/snapshots", "/api/v1/pools", "/api/v1/pool-costs", "/api/v1/teams", "/api/v1/slos",
+         "/api/v1/head-of-line", "/api/v1/whoami"}
 EXPECTED_SPECIAL = {
     # no Kafka in this portal: 503 for everyone who may send
     "/api/v1/bursts": 503,
@@ -191,6 +195,9 @@ def test_visibility_team_hides_fleet(env):
     assert {h["team"] for h in c.get("/api/v1/head-of-line", headers=_h(env, "alice")).json()["head_of_line"]} <= \
         {"vision"}
     assert c.get("/fleet", headers=_h(env, "root")).status_code == 200
+    assert c.get("/api/v1/pool-costs", headers=_h(env, "alice")).status_code == 404
+    assert c.get("/api/v1/pool-costs", headers=_h(env, "root")).status_code == 200
+    assert c.get("/api/v1/pool-costs", headers=_h(env, "sre")).status_code == 200
 
 
 def test_proxy_header_only_from_trusted_addresses(env):
@@ -782,3 +789,80 @@ def test_a_team_admin_is_not_a_fleet_admin(env):
     r = client.post("/api/v1/bursts/dry-run", headers=h, json={"pool": POOL, "team": "ads-ml", "chips": 1, **_window()})
     assert r.status_code == 404
     assert client.get("/api/v1/teams/ads-ml/balances", headers=_h(env, "root")).status_code == 200
+
+
+def _sql(env, query: str, lake=None) -> list[dict]:
+    res = CliRunner().invoke(cli_app, ["sql", "--lake", str(lake or env["lake"]), "--format", "json", query])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_costs_and_budgets_equal_chipledger_sql(env):
+    c = env["client"]
+    costs = c.get("/api/v1/teams/vision/costs", headers=_h(env, "alice")).json()
+    assert costs["priced"], "the demo has prices"
+    start, end = costs["period_start"], costs["period_end"]
+    want = _sql(env, f"""
+        SELECT c.pool, c.unit, round(sum(c.cost_scaled::HUGEINT) / 3600000.0, 6) AS total,
+               round(sum(c.cost_scaled::HUGEINT) FILTER (WHERE c.account = 'borrowed') / 3600000.0, 6) AS borrowed
+        FROM cost_postings c WHERE c.team = 'vision' AND c.hour >= '{start}'::TIMESTAMPTZ
+             AND c.hour < '{end}'::TIMESTAMPTZ GROUP BY ALL ORDER BY ALL""")
+    assert [(r["pool"], r["unit"], r["total_units"], r["borrowed_units"]) for r in costs["by_pool"]] == \
+        [(r["pool"], r["unit"], r["total"], r["borrowed"] or 0) for r in want]
+    # totals per unit only: one row per unit, each the sum of that unit's pools
+    units = {r["unit"] for r in want}
+    assert sorted(t["unit"] for t in costs["totals"]) == sorted(units)
+    for t in costs["totals"]:
+        assert t["total_units"] == pytest.approx(sum(r["total"] for r in want if r["unit"] == t["unit"]), abs=1e-5)
+
+    budgets = c.get("/api/v1/teams/vision/budgets", headers=_h(env, "alice")).json()["budgets"]
+    want = _sql(env, f"""
+        SELECT period, unit, budget, round(spent, 6) AS spent, round("left", 6) AS "left",
+               round(forecast_end, 6) AS forecast_end FROM budget
+        WHERE team = 'vision' AND period_start < '{end}'::TIMESTAMPTZ AND period_end > '{start}'::TIMESTAMPTZ
+        ORDER BY ALL""")
+    assert want, "the demo has budgets"
+    assert [(b["period"], b["unit"], b["budget_units"], b["spent_units"], b["left_units"], b["forecast_end_units"])
+            for b in budgets] == [(r["period"], r["unit"], r["budget"], r["spent"], r["left"], r["forecast_end"])
+                                  for r in want]
+    assert all(b["sentence"].startswith("Of your ") for b in budgets)
+
+    pools = c.get("/api/v1/pool-costs", headers=_h(env, "root")).json()["pool_costs"]
+    want = _sql(env, f"""
+        SELECT pool, unit,
+               round(coalesce(sum(cost_scaled::HUGEINT) FILTER (WHERE account = 'idle'), 0) / 3600000.0, 6) AS idle
+        FROM cost_postings WHERE hour >= '{start}'::TIMESTAMPTZ AND hour < '{end}'::TIMESTAMPTZ
+        GROUP BY ALL ORDER BY ALL""")
+    assert [(r["pool"], r["unit"], r["idle_units"]) for r in pools] == [(r["pool"], r["unit"], r["idle"]) for r in want]
+
+    # the pages show the same numbers, and no sum across units
+    home = c.get("/teams/vision", headers=_h(env, "alice")).text
+    assert 'id="costs"' in home and "no price set" not in home
+    for t in costs["totals"]:
+        assert f"{t['total_units']:,.2f}" in home
+    for b in budgets:
+        assert f"{b['left_units']:,.2f}" in home
+    fleet = c.get("/fleet", headers=_h(env, "root")).text
+    assert 'id="pool-costs"' in fleet
+    for r in pools:
+        assert f"{r['idle_units']:,.2f}" in fleet
+
+
+def test_a_lake_without_prices_shows_no_cost(env, tmp_path):
+    events = tmp_path / "events.jsonl"
+    events.write_text("".join(line + "\n" for line in env["events"].read_text().splitlines()
+                              if '"type":"price.set"' not in line.replace(" ", "")
+                              and '"type":"budget.set"' not in line.replace(" ", "")))
+    lake = tmp_path / "lake"
+    res = CliRunner().invoke(cli_app, ["run", "--events", str(events), "--lake", str(lake)])
+    assert res.exit_code == 0, res.output
+    p = env["portal"]
+    portal = Portal(cfg=portal_config(), reader=LakeReader(lake), store=p.store, tokens=TokenCache(p.store, ttl_s=0))
+    c = TestClient(build_app(portal))
+    costs = c.get("/api/v1/teams/vision/costs", headers=_h(env, "alice")).json()
+    assert (costs["priced"], costs["by_pool"], costs["totals"]) == (False, [], [])
+    assert c.get("/api/v1/teams/vision/budgets", headers=_h(env, "alice")).json()["budgets"] == []
+    assert c.get("/api/v1/pool-costs", headers=_h(env, "root")).json()["pool_costs"] == []
+    home = c.get("/teams/vision", headers=_h(env, "alice")).text
+    assert "no price set" in home and 'id="costs"' not in home
+    assert "no price set" in c.get("/fleet", headers=_h(env, "root")).text

@@ -85,6 +85,14 @@ def test_member_signs_in_and_reads_home_queue_job(browser, server):
                             for c in ("nominal", "used", "borrowed"))
     assert shown == {r["pool"]: (round(r["nominal_chips"], 1), round(r["used_chips"], 1),
                                  round(r["borrowed_chips"], 1)) for r in rows}
+    # the cost block: totals per unit equal chipledger sql's (the demo has prices)
+    tot = _sql(server["lake"], "SELECT unit, round(sum(cost_scaled::HUGEINT) / 3600000.0, 2) AS total "
+                               "FROM cost_postings WHERE team = 'vision' AND hour >= date_trunc('month', "
+                               "(SELECT to_timestamp(as_of_s) FROM calc_now)) GROUP BY unit ORDER BY unit")
+    assert tot, "the demo has prices"
+    shown_tot = {tr.get_attribute("data-unit"): float(tr.find_element(By.CSS_SELECTOR, "td.n").text.replace(",", ""))
+                 for tr in d.find_elements(By.CSS_SELECTOR, "#costs tbody tr.total")}
+    assert shown_tot == {r["unit"]: r["total"] for r in tot}
     # the queue: vision's pending jobs, in the order and with the reasons `chipledger pending` reads
     d.find_element(By.LINK_TEXT, "queue").click()
     jobs = [a.text for a in d.find_elements(By.CSS_SELECTOR, "#queue tbody td:first-child a")]

@@ -310,6 +310,71 @@ class SubmittedOut(BaseModel):
     status: str
 
 
+class CostRowOut(BaseModel):
+    pool: str
+    flavor: Optional[str]
+    unit: str = Field(description="the price's unit (a currency's minor unit, or billing units)")
+    priced_chip_h: float
+    in_quota_units: float
+    borrowed_units: float
+    burst_units: float
+    total_units: float
+
+
+class CostTotalOut(BaseModel):
+    unit: str
+    total_units: float = Field(description="per unit only: never a sum of unlike units")
+
+
+class TeamCostsOut(BaseModel):
+    team: str
+    period_start: Optional[datetime]
+    period_end: Optional[datetime]
+    as_of: Optional[datetime]
+    priced: bool = Field(description="false: no price set for this team's use in the period (no cost, not 0)")
+    by_pool: list[CostRowOut]
+    totals: list[CostTotalOut]
+    snapshot: int
+
+
+class BudgetOut(BaseModel):
+    period: str
+    period_start: datetime
+    period_end: datetime
+    unit: str
+    pools: int
+    budget_units: float
+    spent_units: float
+    left_units: float
+    used_share: Optional[float]
+    forecast_end_units: Optional[float] = Field(description="spend at the period's end at the current rate")
+    sentence: str
+
+
+class TeamBudgetsOut(BaseModel):
+    team: str
+    as_of: Optional[datetime]
+    budgets: list[BudgetOut]
+    snapshot: int
+
+
+class PoolCostOut(BaseModel):
+    pool: str
+    flavor: Optional[str]
+    unit: str
+    used_units: float
+    idle_units: float
+    unavailable_units: float
+    total_units: float
+
+
+class PoolCostsOut(BaseModel):
+    period_start: Optional[datetime]
+    period_end: Optional[datetime]
+    pool_costs: list[PoolCostOut]
+    snapshot: int
+
+
 class WhoAmI(BaseModel):
     user: str
     via: str
@@ -422,6 +487,7 @@ def build_app(portal: Portal) -> FastAPI:
     templates.env.filters["pct"] = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"
     templates.env.filters["ts"] = lambda v: "–" if v is None else (v if isinstance(v, str) else _iso(v))
     templates.env.filters["dur"] = _duration
+    templates.env.filters["money"] = lambda v: "–" if v is None else f"{v:,.2f}"
     templates.env.filters["epoch"] = lambda v: datetime.fromtimestamp(v, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     app.add_middleware(BodyLimit)  # outermost: also a body sent in chunks, without a Content-Length
@@ -570,6 +636,32 @@ def build_app(portal: Portal) -> FastAPI:
                               blocked_mchip_s=r["blocked_mchip_s"],
                               top_blockers=_blockers(s, p, r) if mine else None))  # other teams' job ids: not theirs
         return HolsOut(head_of_line=out, snapshot=s.version)
+
+    @api.get("/teams/{team:path}/costs", response_model=TeamCostsOut, tags=["costs"])
+    def team_costs(team: str, p: Principal = Depends(who)):
+        """The team's cost this period (the UTC month of the lake's latest instant), per pool and flavor, totals
+        per unit. Computed at each snapshot refresh."""
+        team_or_404(p, team)
+        s = snap()
+        return _team_costs_out(s, team)
+
+    @api.get("/teams/{team:path}/budgets", response_model=TeamBudgetsOut, tags=["costs"])
+    def team_budgets(team: str, p: Principal = Depends(who)):
+        """The team's budgets of the periods overlapping this month: budget, spent, left, forecast of the end."""
+        team_or_404(p, team)
+        s = snap()
+        return _team_budgets_out(s, team)
+
+    @api.get("/pool-costs", response_model=PoolCostsOut, tags=["costs"])
+    def pool_costs_route(p: Principal = Depends(who)):
+        """Per pool and unit this period: the cost of the teams' use, of idle and of unavailable chips (fleet
+        aggregates: per `[serve] visibility`)."""
+        if not p.sees_fleet:
+            raise HTTPException(404, "no such resource")
+        s = snap()
+        c = s.costs or {}
+        return PoolCostsOut(period_start=c.get("period_start"), period_end=c.get("period_end"), snapshot=s.version,
+                            pool_costs=[_pool_cost_out(r) for r in c.get("pools", [])])
 
     @api.get("/teams/{team:path}/statements", response_model=StatementsOut, tags=["statements"])
     def statements(team: str, p: Principal = Depends(who)):
@@ -732,7 +824,8 @@ def build_app(portal: Portal) -> FastAPI:
             "SELECT job_id, pool, chips, submitted_at, first_started_at, finished_at, outcome, preemptions FROM jobs "
             "WHERE team = ? ORDER BY submitted_at DESC, job_id DESC LIMIT 15", [team]))
         return render(request, "home.html", p, snapshot=s, team=team, balances=bal, pools=pools, recent=recent,
-                      slos=slo_rows, queue_len=len(q), fair_share=_fair_share_sentence)
+                      slos=slo_rows, queue_len=len(q), fair_share=_fair_share_sentence,
+                      costs=_team_costs_out(s, team), budgets=_team_budgets_out(s, team))
 
     @app.get("/teams/{team:path}/queue", include_in_schema=False, response_class=HTMLResponse)
     def team_queue(request: Request, team: str):
@@ -822,7 +915,9 @@ def build_app(portal: Portal) -> FastAPI:
                       pools=s.cached_rows("SELECT * FROM portal_pools ORDER BY pool"),
                       balances=s.cached_rows("SELECT * FROM portal_balances_now ORDER BY pool, team"),
                       slos=_slos(s, None), hol=s.cached_rows("SELECT * FROM portal_hol ORDER BY blocked_mchip_s DESC LIMIT 10"),
-                      queue=_queue(portal, s, p, None, None)[:50])
+                      queue=_queue(portal, s, p, None, None)[:50],
+                      cost_period=(s.costs or {}).get("period_start"),
+                      pool_costs=[_pool_cost_out(r) for r in (s.costs or {}).get("pools", [])])
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
@@ -871,6 +966,36 @@ def _fair_share_sentence(f: Optional[float]) -> str:
                 f"and your borrowed jobs are preempted only after heavier users'")
     return (f"F = {f:.2f}: your team used more than its share lately (it recovers as usage decays); a burst may "
             f"take only {2 * f:.0%} of the forecast idle chips, and your borrowed jobs are preempted first")
+
+
+def _team_costs_out(s: Snapshot, team: str) -> TeamCostsOut:
+    c = s.costs or {}
+    b = c.get("teams", {}).get(team) or {"priced": False, "by_pool": [], "totals": []}
+    return TeamCostsOut(
+        team=team, period_start=c.get("period_start"), period_end=c.get("period_end"), as_of=c.get("as_of"),
+        priced=bool(b["priced"]), snapshot=s.version,
+        by_pool=[CostRowOut(pool=r["pool"], flavor=r["flavor"], unit=r["unit"],
+                            priced_chip_h=round(r["priced_mchip_s"] / 3.6e6, 6), in_quota_units=r["in_quota"],
+                            borrowed_units=r["borrowed"], burst_units=r["burst"], total_units=r["total"])
+                 for r in b["by_pool"]],
+        totals=[CostTotalOut(unit=t["unit"], total_units=t["total"]) for t in b["totals"]])
+
+
+def _team_budgets_out(s: Snapshot, team: str) -> TeamBudgetsOut:
+    from chipledger.web.costs import budget_sentence
+
+    c = s.costs or {}
+    b = c.get("teams", {}).get(team) or {"budgets": []}
+    return TeamBudgetsOut(team=team, as_of=c.get("as_of"), snapshot=s.version, budgets=[
+        BudgetOut(period=g["period"], period_start=g["period_start"], period_end=g["period_end"], unit=g["unit"],
+                  pools=g["pools"], budget_units=g["budget"], spent_units=g["spent"], left_units=g["left"],
+                  used_share=g["used_share"], forecast_end_units=g["forecast_end"], sentence=budget_sentence(g))
+        for g in b["budgets"]])
+
+
+def _pool_cost_out(r: dict) -> PoolCostOut:
+    return PoolCostOut(pool=r["pool"], flavor=r["flavor"], unit=r["unit"], used_units=r["used"],
+                       idle_units=r["idle"], unavailable_units=r["unavailable"], total_units=r["total"])
 
 
 def _pool_out(r: dict) -> PoolOut:

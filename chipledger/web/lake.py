@@ -149,6 +149,8 @@ class Snapshot:
     _memo: dict = field(default_factory=dict)
     _pinned: dict = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # costs and budgets of the current UTC month, computed at the build (chipledger/web/costs.py)
+    costs: dict = field(default_factory=dict)
 
     MEMO_MAX = 4096
 
@@ -200,12 +202,16 @@ def build_snapshot(lake: Path, version: int, slo=None, duckdb_config=None) -> Sn
     con = connect(lake, materialize=True, slo=slo, config=duckdb_config)
     for name, sql in PORTAL_TABLES.items():
         con.execute(f'CREATE OR REPLACE TABLE "{name}" AS {sql}')
+    from chipledger.web.costs import snapshot_costs
+
+    costs = snapshot_costs(con)  # before `events` is cut to the job events
     for name in MATERIALIZED_VIEWS:
         _materialize(con, name, f'SELECT * FROM "{name}"')
     _materialize(con, "events", JOB_EVENTS_SQL)
     for table, column in INDEXES:
         con.execute(f'CREATE INDEX "portal_ix_{table}" ON "{table}" ("{column}")')
-    return Snapshot(con=con, signature=sig, built_at=time.time(), build_s=time.monotonic() - t0, version=version)
+    return Snapshot(con=con, signature=sig, built_at=time.time(), build_s=time.monotonic() - t0, version=version,
+                    costs=costs)
 
 
 class LakeReader:
