@@ -215,7 +215,7 @@ def wait_group_coordinator(bootstrap: "str | KafkaConnection", group: str, timeo
     """Wait until the broker has a coordinator for consumer group `group`; True when it has one.
 
     A new broker creates its offsets topic (`__consumer_offsets`) only at the first FindCoordinator request
-    and answers GROUP_COORDINATOR_NOT_AVAILABLE (or COORDINATOR_LOAD_IN_PROGRESS) until that topic is led.
+    and answers COORDINATOR_NOT_AVAILABLE (then NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS) until that topic is led.
     A worker that starts then gets an aiokafka ERROR "Group Coordinator Request failed" and a WARNING
     "Marking the coordinator dead" on a perfectly clean start (issue 35 item 12). Asking here first, with
     kafka-python's admin client that does not log it, makes the broker ready before Faust's consumers ask.
@@ -230,9 +230,12 @@ def wait_group_coordinator(bootstrap: "str | KafkaConnection", group: str, timeo
     try:
         while True:
             try:
-                admin.describe_groups([group])
+                # OffsetFetch after FindCoordinator: unlike DescribeGroups it decodes no member metadata, so a second
+                # worker joining a running group gets no kafka-python "Unable to decode member_metadata" WARNING
+                admin.list_group_offsets(group)
                 return True
-            except (Errors.CoordinatorNotAvailableError, Errors.CoordinatorLoadInProgressError):
+            except (Errors.CoordinatorNotAvailableError, Errors.CoordinatorLoadInProgressError,
+                    Errors.NotCoordinatorError):  # the offsets partition is still being loaded
                 if time.monotonic() > deadline:
                     return False
                 time.sleep(0.2)
