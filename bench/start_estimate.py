@@ -10,7 +10,9 @@ Methods, side by side (each the same walk of `estimate_start`, only the runtimes
 - `history`: the medians only (no producer estimate);
 - `time_limit`: the naive method of `squeue --start`: every job runs to its time limit.
 When the events carry no `expected_runtime_s` (the demo's), it is made from the job's real runtime times a
-log-normal error (σ = 0.5, seeded: a user's guess), and the time limit is twice the real runtime rounded up to 1, 2,
+log-normal error (σ = 0.5, seeded: a user's guess), or with `--given trace` exactly the job's real run length from
+the trace (deletion − scheduling for openb: a perfect producer, the method's best case; jobs without an end keep
+the history fallback), and the time limit is twice the real runtime rounded up to 1, 2,
 4, 8, 24 or 72 hours (what users ask Slurm for). Capacity: the chips registered (health changes are not followed).
 """
 
@@ -43,7 +45,7 @@ def _pct(values: list[int], q: float):
     return v[min(len(v) - 1, int(math.ceil(q * len(v))) - 1)]
 
 
-def measure(events_path: Path, seed: int = 1) -> dict:
+def measure(events_path: Path, seed: int = 1, given_from: str = "noisy") -> dict:
     events = []
     for line in events_path.read_text(errors="replace").splitlines():
         try:
@@ -69,7 +71,14 @@ def measure(events_path: Path, seed: int = 1) -> dict:
     for k, e in subs.items():
         real = first_end.get(k, first_start.get(k, 0) + 3600) - first_start.get(k, 0) if k in first_start else 3600
         real = max(real, 60)
-        given[k] = e.get("expected_runtime_s") or max(60, int(real * math.exp(rng.gauss(0, 0.5))))
+        if e.get("expected_runtime_s"):
+            given[k] = e["expected_runtime_s"]
+        else:
+            noisy = max(60, int(real * math.exp(rng.gauss(0, 0.5))))  # drawn in both modes: the same draws
+            if given_from == "noisy":
+                given[k] = noisy
+            elif k in first_end:  # "trace": the real run length, where the trace has an end
+                given[k] = real
         limit[k] = next((h * 3600 for h in LIMITS_H if h * 3600 >= 2 * real), 2 * real)
     # pass 2: walk the events; at each submission estimate the start with what is known then
     capacity = defaultdict(int)
@@ -132,10 +141,11 @@ def measure(events_path: Path, seed: int = 1) -> dict:
                 pending[pool][job] = (0, t, r[0], r[2])  # back in the queue (its restart is not measured)
             if kind == "job.finished":
                 pending[pool].pop(job, None)
-    out = {"events": str(events_path), "jobs": len(subs), "methods": {}}
+    out = {"events": str(events_path), "jobs": len(subs), "given": given_from, "methods": {}}
     for m, ests in made.items():
-        errs, waited_errs, missing = [], [], 0
+        errs, waited_errs, missing, later = [], [], 0, 0
         for k, (sub, est) in ests.items():
+            later += est is not None and est > sub
             if k not in first_start:
                 continue
             if est is None:
@@ -145,7 +155,7 @@ def measure(events_path: Path, seed: int = 1) -> dict:
             errs.append(err)
             if first_start[k] - sub > 60:
                 waited_errs.append(err)
-        out["methods"][m] = {"estimated": len(errs), "no_estimate": missing,
+        out["methods"][m] = {"estimated": len(errs), "no_estimate": missing, "estimated_later_than_now": later,
                              "median_error_s": _pct(errs, 0.5), "p90_error_s": _pct(errs, 0.9),
                              "waited_jobs": len(waited_errs), "waited_median_error_s": _pct(waited_errs, 0.5),
                              "waited_p90_error_s": _pct(waited_errs, 0.9)}
@@ -156,10 +166,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("events", type=Path)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--given", choices=("noisy", "trace"), default="noisy",
+                    help="without expected_runtime_s in the events: the real runtime × a log-normal error (noisy) "
+                         "or the trace's real runtime itself (trace)")
     ap.add_argument("--json", type=Path, help="also write the result here (the portal shows portal-accuracy.json "
                                               "beside its lake)")
     a = ap.parse_args()
-    res = measure(a.events, a.seed)
+    res = measure(a.events, a.seed, a.given)
     e = res["methods"]["expected"]
     n = res["methods"]["time_limit"]
     res["text"] = (f"on {a.events.name}, estimates made at submission were off by a median "

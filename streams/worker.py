@@ -1536,6 +1536,13 @@ def make_app(settings: WorkerSettings):
     return app, worker
 
 
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
+
+
 def run_worker(settings: WorkerSettings, loglevel: str = "warning") -> None:
     """Run the worker until SIGTERM / SIGINT (blocking). Faust's Worker owns the event loop and the signals."""
     import faust
@@ -1543,6 +1550,11 @@ def run_worker(settings: WorkerSettings, loglevel: str = "warning") -> None:
     settings.freeze_gc = True  # the process is the worker's alone: see PoolWorker._gc
     app, _ = make_app(settings)
     try:
-        faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
+        w = faust.Worker(app, loglevel=loglevel, quiet=True)
+        if not _isatty(w.stdout):
+            # Faust's startup spinner writes cursor hide/show codes (ESC[?25l, ESC[?25h) and backspaces to stdout
+            # whether or not it is a terminal: into a log file they are noise (issue 35 item 12)
+            w.spinner = None
+        w.execute_from_commandline()
     finally:
         gc.unfreeze()  # let the interpreter's exit clean up what was frozen

@@ -459,6 +459,11 @@ def worker(
     missing = [t for t in ALL_TOPICS if t not in counts]
     if missing:
         _fail(f"topics missing at {bootstrap}: {', '.join(missing)}; create them with `chipledger topics create`", 2)
+    from streams.topics import wait_group_coordinator
+
+    # a new broker has no group coordinator until its offsets topic is led: wait here, quietly, rather than let
+    # Faust's consumers log an ERROR and a WARNING for it on a clean start (issue 35 item 12)
+    wait_group_coordinator(conn, app_id, timeout_s=timeout)
     store_kind = table_store or cfg.worker.table_store
     if store_kind not in ("rocksdb", "memory"):
         _fail(f"--table-store must be rocksdb or memory, got {store_kind!r}", 2)
