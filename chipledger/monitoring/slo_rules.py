@@ -63,6 +63,8 @@ def budget_alert_rule(spec, slo_params) -> dict:
         f"The {spec.slo} SLO (target {100 * spec.target:g}%) of {who} has spent its {int(slo_params.window_days)}-day "
         f"error budget (budget left below 0): {_DESCRIBE[spec.slo]}.")
     return rule
+
+
 ALERT_NAME = "ChipledgerErrorBudgetBurn"
 BUDGET_ALERT_NAME = "ChipledgerBudgetBurn"
 
@@ -161,8 +163,9 @@ def budget_annotations(burn: float, long_w: str, short_w: str, team: str = "{{ $
     }
 
 
-def budget_groups() -> list[dict]:
-    """The budget burn rules: cost rates and burns per window, and the alerts of BUDGET_RULES."""
+def budget_groups(runbook_url: str = "") -> list[dict]:
+    """The budget burn rules: cost rates and burns per window, and the alerts of BUDGET_RULES (each with the
+    `runbook_url` of `[slo] runbook_url`, as the SLO alerts)."""
     rules: list[dict] = []
     for w in BUDGET_WINDOWS_S:
         rules.append({"record": f"chipledger:team_cost:rate{w}",
@@ -178,7 +181,7 @@ def budget_groups() -> list[dict]:
                  f"chipledger:budget_burn:rate{short_w} >= {burn:g}"),
         "labels": {"severity": severity, "slo": "budget", "alert": alert, "long_window": long_w,
                    "short_window": short_w},
-        "annotations": budget_annotations(burn, long_w, short_w),
+        "annotations": {**budget_annotations(burn, long_w, short_w), **runbook(runbook_url, "budget", alert)},
     } for alert, severity, burn, long_w, short_w in BUDGET_RULES]
     return [{"name": "chipledger-budget", "rules": rules}, {"name": "chipledger-budget-alerts", "rules": alerts}]
 
@@ -212,7 +215,7 @@ def rule_groups(slo_params) -> dict:
                                      getattr(slo_params, "runbook_url", "")))
     groups.append({"name": "chipledger-slo-alerts", "rules": alerts})
     alerts += [budget_alert_rule(spec, slo_params) for spec in specs(slo_params)]
-    groups += budget_groups()
+    groups += budget_groups(getattr(slo_params, "runbook_url", ""))
     return {"groups": groups}
 
 
