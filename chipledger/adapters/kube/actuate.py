@@ -16,13 +16,12 @@ A victim no longer admitted (finished, already evicted, deleted) is logged and s
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from chipledger.adapters import common
 from chipledger.adapters.kube.mapping import DECISION_ANNOTATION, DECISION_MARK, PREEMPTION_REASON
 from chipledger.adapters.kube.watch import KUEUE_GROUP, KUEUE_VERSION
 # where decisions come from is the same for every actuator: a JSONL file, a lake, the decisions topic
@@ -101,23 +100,13 @@ class Actuator:
         self.state = self._load()
 
     def _load(self) -> dict:
-        if self.state_path.exists():
-            try:
-                st = json.loads(self.state_path.read_text())
-            except (OSError, json.JSONDecodeError) as e:
-                raise ActuateError(f"state file {self.state_path} is unreadable ({e}); without it decisions already "
-                                   f"applied would be applied again: repair it or start with a new one deliberately")
-            if st.get("version") != STATE_VERSION or st.get("cluster") != self.cluster:
-                raise ActuateError(f"state file {self.state_path} belongs to cluster {st.get('cluster')!r}, "
-                                   f"not {self.cluster!r}")
-            return st
-        return {"version": STATE_VERSION, "cluster": self.cluster, "applied": {}}
+        st = common.read_state(self.state_path, self.cluster, STATE_VERSION, ActuateError,
+                               unreadable="without it decisions already applied would be applied again: repair it "
+                                          "or start with a new one deliberately")
+        return st if st is not None else {"version": STATE_VERSION, "cluster": self.cluster, "applied": {}}
 
     def _save(self) -> None:
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
-        tmp.write_text(json.dumps(self.state, separators=(",", ":"), sort_keys=True))
-        os.replace(tmp, self.state_path)
+        common.save_state(self.state_path, self.state)
 
     def apply(self, decision: dict) -> Outcome:
         from kubernetes.client.exceptions import ApiException
@@ -125,14 +114,8 @@ class Actuator:
         did = str(decision.get("decision_id", ""))
         pool = str(decision.get("pool", ""))
         out = Outcome(did, pool)
-        if decision.get("type") != "decision.preempt":
-            out.skipped = "not a decision.preempt"
-            return out
-        if not pool.startswith(self.prefix):
-            out.skipped = f"pool {pool} is not of cluster {self.cluster}"
-            return out
-        if did in self.state["applied"]:
-            out.skipped = "applied before"
+        out.skipped = common.skip_decision(decision, self.cluster, self.state["applied"])
+        if out.skipped:
             return out
         beneficiary = (decision.get("beneficiary") or {}).get("job_id")
         why = f"{DECISION_MARK}{did}: {decision.get('rule', 'preempt')} for {beneficiary}; {decision.get('message', '')}"

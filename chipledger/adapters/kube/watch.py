@@ -18,7 +18,6 @@ same ids and bodies: the ledger drops them as duplicates.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import threading
 import time
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from chipledger.adapters import common
 from chipledger.adapters.kube import mapping as m
 from chipledger.adapters.kube.mapping import (RANK_CHIP, RANK_FREE, RANK_POOL, RANK_QUOTA, RANK_REGISTER, RANK_START,
                                               RANK_SUBMIT, RANK_TICK, RANK_WAIT, event_id, make_event)
@@ -47,44 +47,14 @@ def _schema_fields() -> dict:
     return {t: set(model.model_fields) for t, model in EVENT_MODELS.items()}
 
 
-class JsonlSink:
-    """Appends events to a JSONL file (flushed and fsynced at the end of each flush)."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a", encoding="utf-8")
-
-    def send(self, body: dict) -> None:
-        self._f.write(json.dumps(body, separators=(",", ":")) + "\n")
-
-    def flush(self) -> None:
-        self._f.flush()
-        os.fsync(self._f.fileno())
-
-    def close(self) -> None:
-        self._f.close()
+JsonlSink = common.JsonlSink
 
 
-class KafkaSink:
+class KafkaSink(common.KafkaSink):
     """Sends through LedgerProducer (validated, keyed by pool, idempotent, acks=all)."""
 
-    def __init__(self, producer):
-        self.producer = producer
-        self._futures: list = []
-
-    def send(self, body: dict) -> None:
-        self._futures.append(self.producer.send(body))
-
-    def flush(self) -> None:
-        self.producer.flush(120)
-        failed = [f for f in self._futures if getattr(f, "failed", lambda: False)()]
-        self._futures = []
-        if failed:
-            raise WatchError(f"{len(failed)} event(s) not acknowledged by Kafka; they are sent again at the next flush")
-
-    def close(self) -> None:
-        self.producer.close()
+    error = WatchError
+    retry_at = "flush"
 
 
 @dataclass
@@ -102,28 +72,18 @@ def _new_state(cluster: str) -> dict:
 
 
 def load_state(path: Path, cluster: str) -> dict:
-    path = Path(path)
-    if not path.exists():
+    st = common.read_state(path, cluster, STATE_VERSION, WatchError,
+                           unreadable="move it away to start afresh (events already sent would be sent again with "
+                                      "the same ids: the ledger drops duplicates)",
+                           mismatch="give each cluster its own --state")
+    if st is None:
         return _new_state(cluster)
-    try:
-        st = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise WatchError(f"state file {path} is unreadable ({e}); move it away to start afresh (events already sent "
-                         f"would be sent again with the same ids: the ledger drops duplicates)")
-    if st.get("version") != STATE_VERSION or st.get("cluster") != cluster:
-        raise WatchError(f"state file {path} belongs to cluster {st.get('cluster')!r} (version {st.get('version')}), "
-                         f"not {cluster!r}: give each cluster its own --state")
     for k, v in _new_state(cluster).items():  # a state written before Pods were watched: they are listed afresh
         st.setdefault(k, v)
     return st
 
 
-def save_state(path: Path, st: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(st, separators=(",", ":"), sort_keys=True))
-    os.replace(tmp, path)
+save_state = common.save_state
 
 
 class Mapper:

@@ -21,13 +21,12 @@ ids and bodies: the ledger drops them as duplicates.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from chipledger.adapters import common
 from chipledger.adapters.slurm import commands
 from chipledger.adapters.slurm.mapping import (ACTIVE, BACK_TO_QUEUE, OUTCOME, RANK_CHIP, RANK_REGISTER, RANK_QUOTA, RANK_TICK, Event, MapReport, PoolSpec, chip_ids,
                                       BILLING_UNIT, CHIP_MIN_UNIT, billing_prices, budgets_of,
@@ -68,46 +67,13 @@ class PollResult:
     notes: dict = field(default_factory=dict)
 
 
-class JsonlSink:
-    """Appends events to a JSONL file (flushed and fsynced at the end of each poll)."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a", encoding="utf-8")
-
-    def send(self, body: dict) -> None:
-        self._f.write(json.dumps(body, separators=(",", ":")) + "\n")
-
-    def flush(self) -> None:
-        self._f.flush()
-        os.fsync(self._f.fileno())
-
-    def close(self) -> None:
-        self._f.close()
+JsonlSink = common.JsonlSink
 
 
-class KafkaSink:
-    """Sends through LedgerProducer (validated, keyed by pool, idempotent, acks=all; its configuration,
-    including credentials, is the one every chipledger producer uses)."""
-
-    def __init__(self, producer):
-        self.producer = producer
-        self._futures: list = []
-
-    def send(self, body: dict) -> None:
-        self._futures.append(self.producer.send(body))
-
-    def flush(self) -> None:
-        self.producer.flush(120)
-        failed = [f for f in self._futures if getattr(f, "failed", lambda: False)()]
-        self._futures = []
-        if failed:
-            raise commands.SlurmError(f"{len(failed)} event(s) not acknowledged by Kafka; they are sent again "
-                                      f"at the next poll")
-
-    def close(self) -> None:
-        self.producer.close()
+class KafkaSink(common.KafkaSink):
+    __doc__ = common.KafkaSink.__doc__
+    error = commands.SlurmError
+    retry_at = "poll"
 
 
 def _new_state(cluster: str, since: int) -> dict:
@@ -116,28 +82,18 @@ def _new_state(cluster: str, since: int) -> dict:
 
 
 def load_state(path: Path, cluster: str, since: Optional[int]) -> dict:
-    path = Path(path)
-    if path.exists():
-        try:
-            st = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise WatchError(f"state file {path} is unreadable ({e}); move it away to start afresh "
-                             f"(events already sent would then be sent again: the ledger drops duplicates)")
-        if st.get("version") != STATE_VERSION or st.get("cluster") != cluster:
-            raise WatchError(f"state file {path} belongs to cluster {st.get('cluster')!r} (version "
-                             f"{st.get('version')}), not {cluster!r}: give each cluster its own --state")
+    st = common.read_state(path, cluster, STATE_VERSION, WatchError,
+                           unreadable="move it away to start afresh (events already sent would then be sent again: "
+                                      "the ledger drops duplicates)",
+                           mismatch="give each cluster its own --state")
+    if st is not None:
         return st
     if since is None:
         raise WatchError("no state file yet: give --since (an instant, or `cluster`) for the first poll")
     return _new_state(cluster, since)
 
 
-def save_state(path: Path, st: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(st, separators=(",", ":"), sort_keys=True))
-    os.replace(tmp, path)
+save_state = common.save_state
 
 
 class Watcher:

@@ -1,0 +1,97 @@
+"""What the live adapters (`slurm/`, `kube/`) share: the state file each keeps (JSON, replaced atomically, bound to
+one cluster), the once-per-decision check of an actuator, and the sinks a watcher sends its events to."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+
+def read_state(path: Path, cluster: str, version: int, error: type[Exception], *, unreadable: str,
+               mismatch: Optional[str] = None) -> Optional[dict]:
+    """The state file at `path`, or None when there is none yet. Raises `error` when it is unreadable (`unreadable`
+    says what to do) or belongs to another cluster or version (`mismatch`, when given, says what to do and the
+    message names the file's version too)."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        st = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise error(f"state file {path} is unreadable ({e}); {unreadable}")
+    if st.get("version") != version or st.get("cluster") != cluster:
+        if mismatch is None:
+            raise error(f"state file {path} belongs to cluster {st.get('cluster')!r}, not {cluster!r}")
+        raise error(f"state file {path} belongs to cluster {st.get('cluster')!r} (version {st.get('version')}), "
+                    f"not {cluster!r}: {mismatch}")
+    return st
+
+
+def save_state(path: Path, st: dict) -> None:
+    """Writes the state file atomically (a temporary file beside it, then renamed over it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(st, separators=(",", ":"), sort_keys=True))
+    os.replace(tmp, path)
+
+
+def skip_decision(decision: dict, cluster: str, applied: dict) -> str:
+    """Why an actuator of `cluster` leaves this decision alone ("" when it is to be applied): not a preemption,
+    a pool of another cluster, or applied before (its id in the state's `applied`)."""
+    if decision.get("type") != "decision.preempt":
+        return "not a decision.preempt"
+    pool = str(decision.get("pool", ""))
+    if not pool.startswith(f"{cluster}/"):
+        return f"pool {pool} is not of cluster {cluster}"
+    if str(decision.get("decision_id", "")) in applied:
+        return "applied before"
+    return ""
+
+
+class JsonlSink:
+    """Appends events to a JSONL file (flushed and fsynced at the end of each flush or poll)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def send(self, body: dict) -> None:
+        self._f.write(json.dumps(body, separators=(",", ":")) + "\n")
+
+    def flush(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class KafkaSink:
+    """Sends through LedgerProducer (validated, keyed by pool, idempotent, acks=all; its configuration,
+    including credentials, is the one every chipledger producer uses). A subclass names the error it raises
+    when events are not acknowledged, and when they are sent again (`retry_at`)."""
+
+    error: type[Exception] = RuntimeError
+    retry_at = "flush"
+
+    def __init__(self, producer):
+        self.producer = producer
+        self._futures: list = []
+
+    def send(self, body: dict) -> None:
+        self._futures.append(self.producer.send(body))
+
+    def flush(self) -> None:
+        self.producer.flush(120)
+        failed = [f for f in self._futures if getattr(f, "failed", lambda: False)()]
+        self._futures = []
+        if failed:
+            raise self.error(f"{len(failed)} event(s) not acknowledged by Kafka; they are sent again "
+                             f"at the next {self.retry_at}")
+
+    def close(self) -> None:
+        self.producer.close()
