@@ -38,6 +38,21 @@ def save_state(path: Path, st: dict) -> None:
     os.replace(tmp, path)
 
 
+def load_applied(path: Path, cluster: str, version: int, error: type[Exception]) -> dict:
+    """An actuator's state: the decisions applied (`applied`: id -> when, pool, victims), a new one when there is
+    no file yet."""
+    st = read_state(path, cluster, version, error,
+                    unreadable="without it decisions already applied would be applied again: repair it or start "
+                               "with a new one deliberately")
+    return st if st is not None else {"version": version, "cluster": cluster, "applied": {}}
+
+
+def record_applied(path: Path, st: dict, decision_id: str, pool: str, victims: list, at: int) -> None:
+    """Records a decision as applied (with the victims acted on) and saves the state file."""
+    st["applied"][decision_id] = {"at": at, "pool": pool, "victims": victims}
+    save_state(path, st)
+
+
 def skip_decision(decision: dict, cluster: str, applied: dict) -> str:
     """Why an actuator of `cluster` leaves this decision alone ("" when it is to be applied): not a preemption,
     a pool of another cluster, or applied before (its id in the state's `applied`)."""

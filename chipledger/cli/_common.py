@@ -200,3 +200,60 @@ def _write_text(text: str, out: Optional[Path]) -> None:
     except OSError as e:
         _fail(f"cannot write {out}: {e.strerror}")
     err.print(f"wrote {out}", highlight=False)
+
+
+# -- shared by the live adapters' commands (`slurm`, `kube`): each passes its own `fail` (its consoles) -------------
+
+def _adapter_kafka(cfg: Config, bootstrap: Optional[str], fail=None):
+    """A watcher's or actuator's Kafka connection: [kafka] config and environment (address, and credentials where
+    streams.clients provides them: the same as every chipledger producer), --bootstrap overriding the address."""
+    fail = fail or _fail
+    try:
+        from streams.clients import connection_from_config
+    except ImportError:  # a build without the authenticated clients: a PLAINTEXT address
+        return bootstrap or cfg.kafka.bootstrap
+    try:
+        return connection_from_config(cfg.kafka, bootstrap=bootstrap)
+    except Exception as e:  # noqa: BLE001 - KafkaSecurityError: a bad credentials setting, said plainly
+        fail(str(e), 2)
+
+
+def _actuate(act, decisions: Optional[Path], lake: Optional[Path], from_kafka, errors: tuple, fail=None,
+             keep: bool = False) -> tuple[dict, list]:
+    """Applies each decision with the actuator `act`: from a JSONL file (`decisions`), else a lake's decisions table
+    (`lake`), else `from_kafka()` ((decision, commit) pairs, each committed once applied). An error of `errors` fails
+    the command (exit 1); Ctrl-C ends the reading. Returns the totals, and with `keep` the (outcome, decision)
+    pairs."""
+    from chipledger.adapters.slurm.actuate import decisions_from_jsonl, decisions_from_lake
+
+    fail = fail or _fail
+    totals = {"decisions": 0, "applied": 0, "gone": 0, "skipped": 0}
+    outcomes: list = []
+
+    def one(d: dict) -> None:
+        o = act.apply(d)
+        if keep:
+            outcomes.append((o, d))
+        totals["decisions"] += 1
+        totals["applied"] += len(o.applied)
+        totals["gone"] += len(o.gone)
+        totals["skipped"] += bool(o.skipped)
+
+    try:
+        if decisions is not None:
+            if not decisions.is_file():
+                fail(f"{decisions} does not exist", 2)
+            for d in decisions_from_jsonl(decisions):
+                one(d)
+        elif lake is not None:
+            for d in decisions_from_lake(lake):
+                one(d)
+        else:
+            for d, commit in from_kafka():
+                one(d)
+                commit()
+    except errors as e:
+        fail(str(e), 1)
+    except KeyboardInterrupt:
+        pass
+    return totals, outcomes

@@ -84,14 +84,9 @@ def _config(config: Optional[Path]):
 
 
 def _bootstrap(cfg, bootstrap: Optional[str]):
-    try:
-        from streams.clients import connection_from_config
-    except ImportError:
-        return bootstrap or cfg.kafka.bootstrap
-    try:
-        return connection_from_config(cfg.kafka, bootstrap=bootstrap)
-    except Exception as e:  # noqa: BLE001 - a bad credentials setting, said plainly
-        _fail(str(e), 2)
+    from chipledger.cli._common import _adapter_kafka
+
+    return _adapter_kafka(cfg, bootstrap, _fail)
 
 
 @kube_app.command("watch")
@@ -169,8 +164,8 @@ def actuate(
     config: Optional[Path] = ConfigOpt,
 ):
     """Evict each decision.preempt's victim Workloads through Kueue (requeued by Kueue), once per decision id."""
-    from chipledger.adapters.kube.actuate import (ActuateError, ActuateMetrics, Actuator, KubeOps,
-                                                  decisions_from_jsonl, decisions_from_kafka, decisions_from_lake)
+    from chipledger.adapters.kube.actuate import ActuateError, ActuateMetrics, Actuator, KubeOps, decisions_from_kafka
+    from chipledger.cli._common import _actuate
 
     if sum(x is not None and x is not False for x in (decisions, lake, kafka or None)) != 1:
         _fail("give exactly one of --decisions FILE, --lake DIR, --kafka", 2)
@@ -184,31 +179,8 @@ def actuate(
                        metrics=metrics)
     except ActuateError as e:
         _fail(str(e), 2)
-    totals = {"decisions": 0, "applied": 0, "gone": 0, "skipped": 0}
-
-    def one(d: dict) -> None:
-        o = act.apply(d)
-        totals["decisions"] += 1
-        totals["applied"] += len(o.applied)
-        totals["gone"] += len(o.gone)
-        totals["skipped"] += bool(o.skipped)
-
-    try:
-        if decisions is not None:
-            if not decisions.is_file():
-                _fail(f"{decisions} does not exist", 2)
-            for d in decisions_from_jsonl(decisions):
-                one(d)
-        elif lake is not None:
-            for d in decisions_from_lake(lake):
-                one(d)
-        else:
-            group = f"chipledger-kube-actuate-{name}"
-            for d, commit in decisions_from_kafka(_bootstrap(cfg, bootstrap), name, follow=follow, group=group):
-                one(d)
-                commit()
-    except ActuateError as e:
-        _fail(str(e), 1)
-    except KeyboardInterrupt:
-        pass
+    totals, _ = _actuate(act, decisions, lake,
+                         lambda: decisions_from_kafka(_bootstrap(cfg, bootstrap), name, follow=follow,
+                                                      group=f"chipledger-kube-actuate-{name}"),
+                         (ActuateError,), _fail)
     out.print(" ".join(f"{k} {v}" for k, v in totals.items()) + (" (dry run)" if dry_run else ""), highlight=False)

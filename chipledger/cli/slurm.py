@@ -48,20 +48,14 @@ ConfigOpt = typer.Option(None, "--config", help="chipledger.toml (default: ./chi
 def _bootstrap(bootstrap: Optional[str], config: Optional[Path]):
     """The Kafka connection: [kafka] config and environment (address, and credentials where streams.clients
     provides them: the same as every chipledger producer), --bootstrap overriding the address."""
+    from chipledger.cli._common import _adapter_kafka
     from chipledger.config import ConfigError, load_config
 
     try:
         cfg = load_config(config)
     except ConfigError as e:
         _fail(str(e), 2)
-    try:
-        from streams.clients import connection_from_config
-    except ImportError:  # a build without the authenticated clients: a PLAINTEXT address
-        return bootstrap or cfg.kafka.bootstrap
-    try:
-        return connection_from_config(cfg.kafka, bootstrap=bootstrap)
-    except Exception as e:  # noqa: BLE001 - KafkaSecurityError: a bad credentials setting, said plainly
-        _fail(str(e), 2)
+    return _adapter_kafka(cfg, bootstrap, _fail)
 
 
 @slurm_app.command("watch")
@@ -145,8 +139,8 @@ def actuate(
 ):
     """Apply each decision.preempt of this cluster's pools to its victims, once per decision id. Prints each
     decision's victims and what was done to each, or why it was skipped (--dry-run: what would be done)."""
-    from chipledger.adapters.slurm.actuate import (ActuateError, Actuator, decisions_from_jsonl, decisions_from_kafka,
-                                          decisions_from_lake)
+    from chipledger.adapters.slurm.actuate import ActuateError, Actuator, decisions_from_kafka
+    from chipledger.cli._common import _actuate
     from chipledger.adapters.slurm.commands import SlurmError
 
     if sum(x is not None and x is not False for x in (decisions, lake, kafka or None)) != 1:
@@ -156,34 +150,10 @@ def actuate(
         act = Actuator(name, state, action=action, dry_run=dry_run, log=_log)
     except ActuateError as e:
         _fail(str(e), 2)
-    totals = {"decisions": 0, "applied": 0, "gone": 0, "skipped": 0}
-    outcomes = []
-
-    def one(d: dict) -> None:
-        o = act.apply(d)
-        outcomes.append((o, {str(v.get("job_id", "")): v for v in d.get("victims") or ()}))
-        totals["decisions"] += 1
-        totals["applied"] += len(o.applied)
-        totals["gone"] += len(o.gone)
-        totals["skipped"] += bool(o.skipped)
-
-    try:
-        if decisions is not None:
-            if not decisions.is_file():
-                _fail(f"{decisions} does not exist", 2)
-            for d in decisions_from_jsonl(decisions):
-                one(d)
-        elif lake is not None:
-            for d in decisions_from_lake(lake):
-                one(d)
-        else:
-            for d, commit in decisions_from_kafka(_bootstrap(bootstrap, config), name, follow=follow):
-                one(d)
-                commit()
-    except (ActuateError, SlurmError) as e:
-        _fail(str(e), 1)
-    except KeyboardInterrupt:
-        pass
+    totals, done = _actuate(act, decisions, lake,
+                            lambda: decisions_from_kafka(_bootstrap(bootstrap, config), name, follow=follow),
+                            (ActuateError, SlurmError), _fail, keep=True)
+    outcomes = [(o, {str(v.get("job_id", "")): v for v in d.get("victims") or ()}) for o, d in done]
     if as_json:
         out.file.write(json.dumps({"dry_run": dry_run, "action": action, "totals": totals,
                                    "decisions": [_outcome_json(o, victims) for o, victims in outcomes]}) + "\n")

@@ -100,13 +100,7 @@ class Actuator:
         self.state = self._load()
 
     def _load(self) -> dict:
-        st = common.read_state(self.state_path, self.cluster, STATE_VERSION, ActuateError,
-                               unreadable="without it decisions already applied would be applied again: repair it "
-                                          "or start with a new one deliberately")
-        return st if st is not None else {"version": STATE_VERSION, "cluster": self.cluster, "applied": {}}
-
-    def _save(self) -> None:
-        common.save_state(self.state_path, self.state)
+        return common.load_applied(self.state_path, self.cluster, STATE_VERSION, ActuateError)
 
     def apply(self, decision: dict) -> Outcome:
         from kubernetes.client.exceptions import ApiException
@@ -154,9 +148,8 @@ class Actuator:
                 self.log(f"{did}: evicted {job} ({v.get('team')}, {v.get('chips')} chips) for {beneficiary}")
                 break
         if not self.dry_run:
-            self.state["applied"][did] = {"at": int(self.clock()), "pool": pool,
-                                          "victims": [j for j, _ in out.applied]}
-            self._save()
+            common.record_applied(self.state_path, self.state, did, pool, [j for j, _ in out.applied],
+                                  int(self.clock()))
         if self.metrics:
             self.metrics.applied(out, int(self.clock()))
         return out

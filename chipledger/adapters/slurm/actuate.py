@@ -69,13 +69,7 @@ class Actuator:
         self.state = self._load()
 
     def _load(self) -> dict:
-        st = common.read_state(self.state_path, self.cluster, STATE_VERSION, ActuateError,
-                               unreadable="without it decisions already applied would be applied again: repair it "
-                                          "or start with a new one deliberately")
-        return st if st is not None else {"version": STATE_VERSION, "cluster": self.cluster, "applied": {}}
-
-    def _save(self) -> None:
-        common.save_state(self.state_path, self.state)
+        return common.load_applied(self.state_path, self.cluster, STATE_VERSION, ActuateError)
 
     def apply(self, decision: dict) -> Outcome:
         did = str(decision.get("decision_id", ""))
@@ -111,9 +105,8 @@ class Actuator:
             self.log(f"{did}: {self.action} {job} ({v.get('team')}, {v.get('chips')} GPUs) for "
                      f"{(decision.get('beneficiary') or {}).get('job_id')}")
         if not self.dry_run:
-            self.state["applied"][did] = {"at": int(self.clock()), "pool": pool,
-                                          "victims": [j for j, _ in out.applied]}
-            self._save()
+            common.record_applied(self.state_path, self.state, did, pool, [j for j, _ in out.applied],
+                                  int(self.clock()))
         return out
 
     def apply_all(self, decisions: Iterable[dict]) -> list[Outcome]:
