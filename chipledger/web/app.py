@@ -413,6 +413,16 @@ def _chips(milli) -> Optional[float]:
     return None if milli is None else milli / 1000
 
 
+def _keyset_page(read, sql: str, params: dict, cursor: Optional[str], limit: int, at: str, key: str):
+    """One page of a keyset-paged query: `sql` filters on `($k_at, $k_id)` (the cursor's instant and id, NULL on the
+    first page) and ends with `LIMIT $n`; `read` is the snapshot's rows or cached_rows. Returns the page's rows and
+    the next page's cursor (the last row's `at` and `key`; None on the last page)."""
+    k = _cursor_decode(cursor)
+    rows = read(sql, {**params, "k_at": k[0] if k else None, "k_id": k[1] if k else None, "n": limit + 1})
+    nxt = _cursor_encode([_iso(rows[limit - 1][at]), rows[limit - 1][key]]) if len(rows) > limit else None
+    return rows[:limit], nxt
+
+
 def _iso(ts) -> Optional[str]:
     return None if ts is None else ts.strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -552,15 +562,13 @@ def build_app(portal: Portal) -> FastAPI:
             rows = s.cached_rows("SELECT * FROM portal_balances_now WHERE team = ? AND (? IS NULL OR pool = ?) ORDER BY pool",
                           [team, pool, pool])
             return BalancesOut(balances=[BalanceOut(**r) for r in rows], snapshot=s.version)
-        key = _cursor_decode(cursor)
-        rows = s.rows(
+        rows, nxt = _keyset_page(
+            s.rows,
             'SELECT * FROM balances WHERE team = $team AND ($pool IS NULL OR pool = $pool) '
             'AND ($since IS NULL OR "at" >= $since) AND ($until IS NULL OR "at" < $until) '
-            'AND ($k_at IS NULL OR ("at", pool) > ($k_at::TIMESTAMPTZ, $k_pool)) ORDER BY "at", pool LIMIT $n',
-            {"team": team, "pool": pool, "since": since, "until": until, "k_at": key[0] if key else None,
-             "k_pool": key[1] if key else None, "n": limit + 1})
-        nxt = _cursor_encode([_iso(rows[limit - 1]["at"]), rows[limit - 1]["pool"]]) if len(rows) > limit else None
-        return BalancesOut(balances=[BalanceOut(**r) for r in rows[:limit]], next_cursor=nxt, snapshot=s.version)
+            'AND ($k_at IS NULL OR ("at", pool) > ($k_at::TIMESTAMPTZ, $k_id)) ORDER BY "at", pool LIMIT $n',
+            {"team": team, "pool": pool, "since": since, "until": until}, cursor, limit, "at", "pool")
+        return BalancesOut(balances=[BalanceOut(**r) for r in rows], next_cursor=nxt, snapshot=s.version)
 
     @api.get("/queue", response_model=QueueOut, tags=["queue"])
     def queue(pool: Optional[str] = None, team: Optional[str] = None, p: Principal = Depends(who)):
@@ -582,17 +590,14 @@ def build_app(portal: Portal) -> FastAPI:
         """The team's jobs, latest submission first, paged."""
         team_or_404(p, team)
         s = snap()
-        key = _cursor_decode(cursor)
-        rows = s.cached_rows(
+        rows, nxt = _keyset_page(
+            s.cached_rows,
             "SELECT job_id, pool, team, \"user\", chips, priority, submitted_at, first_started_at, finished_at, outcome, "
             "preemptions, allocated_mchip_s, lost_mchip_s FROM jobs WHERE team = $team AND ($pool IS NULL OR pool = $pool) "
             "AND ($k_at IS NULL OR (submitted_at, job_id) < ($k_at::TIMESTAMPTZ, $k_id)) "
             "ORDER BY submitted_at DESC, job_id DESC LIMIT $n",
-            {"team": team, "pool": pool, "k_at": key[0] if key else None, "k_id": key[1] if key else None,
-             "n": limit + 1})
-        nxt = (_cursor_encode([_iso(rows[limit - 1]["submitted_at"]), rows[limit - 1]["job_id"]])
-               if len(rows) > limit else None)
-        return JobsOut(jobs=[JobSummary(**r) for r in rows[:limit]], next_cursor=nxt, snapshot=s.version)
+            {"team": team, "pool": pool}, cursor, limit, "submitted_at", "job_id")
+        return JobsOut(jobs=[JobSummary(**r) for r in rows], next_cursor=nxt, snapshot=s.version)
 
     @api.get("/decisions", response_model=DecisionsOut, tags=["decisions"])
     def decisions(pool: Optional[str] = None, team: Optional[str] = None, limit: int = Query(100, ge=1, le=1000),
@@ -603,19 +608,16 @@ def build_app(portal: Portal) -> FastAPI:
             if not p.teams:
                 raise HTTPException(404, "no such team")
         s = snap()
-        key = _cursor_decode(cursor)
         teams_filter = None if (team is None and p.is_staff) else ([team] if team else sorted(p.teams))
-        rows = s.cached_rows(
+        rows, nxt = _keyset_page(
+            s.cached_rows,
             'SELECT decision_id, type, pool, "at", rule, team, message, verdict, request_id FROM portal_decisions '
             'WHERE ($pool IS NULL OR pool = $pool) AND ($teams IS NULL OR list_contains($teams, team) '
             "OR decision_id IN (SELECT decision_id FROM decision_victims WHERE list_contains($teams, team))) "
             'AND ($k_at IS NULL OR ("at", decision_id) > ($k_at::TIMESTAMPTZ, $k_id)) '
             'ORDER BY "at", decision_id LIMIT $n',
-            {"pool": pool, "teams": teams_filter, "k_at": key[0] if key else None, "k_id": key[1] if key else None,
-             "n": limit + 1})
-        nxt = (_cursor_encode([_iso(rows[limit - 1]["at"]), rows[limit - 1]["decision_id"]])
-               if len(rows) > limit else None)
-        return DecisionsOut(decisions=[DecisionOut(**r) for r in rows[:limit]], next_cursor=nxt, snapshot=s.version)
+            {"pool": pool, "teams": teams_filter}, cursor, limit, "at", "decision_id")
+        return DecisionsOut(decisions=[DecisionOut(**r) for r in rows], next_cursor=nxt, snapshot=s.version)
 
     @api.get("/slos", response_model=SlosOut, tags=["slo"])
     def slos(pool: Optional[str] = None, p: Principal = Depends(who)):
