@@ -141,30 +141,42 @@ def fold_parallel(events_path: Path, stage: Path, names: str, fold_config: FoldC
                                     max_event_bytes, paused, None, mine=lambda n: route[n - 1] == NO_POOL)
             finally:
                 paused.end()
-        results: dict[int, dict] = {}
-        waiting = dict(zip(conns, range(jobs)))
-        while waiting:
-            for conn in multiprocessing.connection.wait(list(waiting)):
-                k = waiting.pop(conn)
-                try:
-                    status, what = conn.recv()
-                except EOFError:
-                    procs[k].join(timeout=5)
-                    raise RunError(f"fold process {k} stopped (exit code {procs[k].exitcode})") from None
-                if status != "ok":
-                    raise RunError(f"fold process {k} failed: {what}")
-                results[k] = what
+        results = collect(procs, conns, "fold", RunError)
         for p in procs:
             p.join()
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-            p.join()
-        for c in conns:
-            c.close()
+        end_processes(procs, conns)
     return _merge(results, dead, route, pools, stage, names, fold_config, summary), _fleet(results, pools,
                                                                                            fold_config), read_bytes
+
+
+def collect(procs: list, conns: list, what: str, error: type[Exception]) -> dict:
+    """What each forked process k sends back through its pipe `conns[k]` as ("ok", result), by k, in whatever order
+    they finish. Raises `error` ("<what> process k stopped/failed") when one dies or reports a failure."""
+    results: dict = {}
+    waiting = dict(zip(conns, range(len(conns))))
+    while waiting:
+        for conn in multiprocessing.connection.wait(list(waiting)):
+            k = waiting.pop(conn)
+            try:
+                status, got = conn.recv()
+            except EOFError:
+                procs[k].join(timeout=5)
+                raise error(f"{what} process {k} stopped (exit code {procs[k].exitcode})") from None
+            if status != "ok":
+                raise error(f"{what} process {k} failed: {got}")
+            results[k] = got
+    return results
+
+
+def end_processes(procs: list, conns: list) -> None:
+    """Ends the forked processes still running (an error in another) and closes the pipes."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+        p.join()
+    for c in conns:
+        c.close()
 
 
 def _never_applied(event, step, line, origin) -> None:  # this process's lines are never events

@@ -11,7 +11,6 @@ are left as they are.
 from __future__ import annotations
 
 import multiprocessing
-import multiprocessing.connection
 import shutil
 import signal
 from collections import Counter
@@ -152,6 +151,8 @@ def _refold_part(days: dict[str, list[str]], pools: Optional[list], stage: Path,
 def _in_processes(days, groups: list, stage: Path, names: str, fold_config: FoldConfig, tables: list[str],
                   batch: int) -> list[dict]:
     """`_refold_part` for each group of pools in a forked process of its own (files named `<names>-j<k>-…`)."""
+    from chipledger.parallel import collect, end_processes
+
     ctx = multiprocessing.get_context("fork")
     procs, conns = [], []
     try:
@@ -163,27 +164,10 @@ def _in_processes(days, groups: list, stage: Path, names: str, fold_config: Fold
             child_end.close()
             procs.append(p)
             conns.append(parent_end)
-        parts: dict[int, dict] = {}
-        waiting = dict(zip(conns, range(len(groups))))
-        while waiting:
-            for conn in multiprocessing.connection.wait(list(waiting)):
-                k = waiting.pop(conn)
-                try:
-                    status, what = conn.recv()
-                except EOFError:
-                    procs[k].join(timeout=5)
-                    raise OSError(f"refold process {k} stopped (exit code {procs[k].exitcode})") from None
-                if status != "ok":
-                    raise OSError(f"refold process {k} failed: {what}")
-                parts[k] = what
+        parts = collect(procs, conns, "refold", OSError)
         return [parts[k] for k in sorted(parts)]
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-            p.join()
-        for c in conns:
-            c.close()
+        end_processes(procs, conns)
 
 
 def _part_child(days, pools, stage, names, fold_config, tables, batch, conn) -> None:
