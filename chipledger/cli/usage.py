@@ -34,6 +34,24 @@ def _table(header: list[str], rows: list[list[str]], right: set[int]) -> str:
     return "\n".join([line(header), " ".join("-" * w for w in widths), *(line(r) for r in rows)]) + "\n"
 
 
+def _write_cells(header: list[str], cells: list[list[str]], right: set[int], title, parsable: bool,
+                 noheader: bool) -> None:
+    """The text output of `usage` and `share`, as Slurm's tools write theirs: `|`-separated (--parsable), or the
+    `title()` lines then an aligned table (`right`: the right-aligned columns), or bare rows (--noheader)."""
+    out = console.file
+    if parsable:
+        if not noheader:
+            out.write("|".join(header) + "\n")
+        for c in cells:
+            out.write("|".join(x.strip() for x in c) + "\n")
+        return
+    if not noheader:
+        out.write(title())
+        out.write(_table(header, cells, right))
+    else:
+        out.write("".join(" ".join(c) + "\n" for c in cells))
+
+
 @app.command("usage")
 def usage_cmd(
     lake: Optional[Path] = typer.Option(None, "--lake", help="lake folder (default [lake] path = ./lake)"),
@@ -87,22 +105,14 @@ def usage_cmd(
     cells = [[r.cluster, (" " if "/" in r.account else "") + r.account, r.login, f"chip/{r.flavor}", used(r)]
              for r in rows]
     header = ["Cluster", "Account", "Login", "TRES Name", "Used"]
-    out = console.file
-    if parsable:
-        if not noheader:
-            out.write("|".join(header) + "\n")
-        for c in cells:
-            out.write("|".join(x.strip() for x in c) + "\n")
-        return
-    if not noheader:
+
+    def title() -> str:
         secs = int((t1 - t0).total_seconds())
         label = "TRES percentage of the capacity" if unit == "percent" else f"TRES {unit.capitalize()}"
-        out.write("-" * 80 + "\n")
-        out.write(f"Cluster/Account/User Utilization {_stamp(t0)} - {_stamp(t1 - timedelta(seconds=1))} "
-                  f"({secs} secs)\nUsage reported in {label}\n" + "-" * 80 + "\n")
-        out.write(_table(header, cells, {4}))
-    else:
-        out.write("".join(" ".join(c) + "\n" for c in cells))
+        return ("-" * 80 + "\n" + f"Cluster/Account/User Utilization {_stamp(t0)} - {_stamp(t1 - timedelta(seconds=1))} "
+                f"({secs} secs)\nUsage reported in {label}\n" + "-" * 80 + "\n")
+
+    _write_cells(header, cells, {4}, title, parsable, noheader)
 
 
 @app.command("share")
@@ -149,17 +159,10 @@ def share_cmd(
                       "parent" if r.user else num(r.raw_shares, "g"), num(r.norm_shares, ".6f"),
                       f"{round(r.raw_usage_chip_s):d}", num(r.norm_usage, ".6f"), num(r.effective_usage, ".6f"),
                       num(r.fair_share, ".6f")])
-    out = console.file
-    if parsable:
-        if not noheader:
-            out.write("|".join(header) + "\n")
-        for c in cells:
-            out.write("|".join(x.strip() for x in c) + "\n")
-        return
-    if not noheader:
+
+    def title() -> str:
         when = sorted({_stamp(r.at) for r in rows})
-        out.write(f"Fair share at the last close of each pool's books ({', '.join(when) or 'none'}); RawShares = "
-                  f"nominal chips, RawUsage = decayed chip-seconds (users: allocated, not decayed)\n")
-        out.write(_table(header, cells, {3, 4, 5, 6, 7, 8}))
-    else:
-        out.write("".join(" ".join(c) + "\n" for c in cells))
+        return (f"Fair share at the last close of each pool's books ({', '.join(when) or 'none'}); RawShares = "
+                f"nominal chips, RawUsage = decayed chip-seconds (users: allocated, not decayed)\n")
+
+    _write_cells(header, cells, {3, 4, 5, 6, 7, 8}, title, parsable, noheader)
