@@ -34,6 +34,12 @@ import duckdb
 
 UNITS = {"seconds": 1, "minutes": 60, "hours": 3600}
 USED = ("in_quota", "borrowed", "burst")
+# the user of each submission of a job (its last job.submitted's): the first CTE of the by-user queries
+_SUBMITTERS = """
+            WITH sub AS (
+                SELECT pool, job_id, applied_at AS submitted_at, arg_max("user", "offset") AS "user"
+                FROM events WHERE type = 'job.submitted' GROUP BY ALL
+            )"""
 
 
 def org_of(team: str) -> Optional[str]:
@@ -87,11 +93,7 @@ def usage(con: duckdb.DuckDBPyConnection, start: datetime, end: datetime, *, poo
             team_used[(*key, team)] = team_used.get((*key, team), 0) + amount
     user_used: dict = {}
     if users:
-        rows = con.execute("""
-            WITH sub AS (
-                SELECT pool, job_id, applied_at AS submitted_at, arg_max("user", "offset") AS "user"
-                FROM events WHERE type = 'job.submitted' GROUP BY ALL
-            ), runs AS (
+        rows = con.execute(_SUBMITTERS + """, runs AS (
                 SELECT r.pool, r.team, sub."user", r.chips_milli, r.started_at,
                        coalesce(r.ended_at, to_timestamp(e.end_s)) AS ended_at
                 FROM job_run_totals r
@@ -167,11 +169,7 @@ def share(con: duckdb.DuckDBPyConnection, *, pool: Optional[str] = None, at: Opt
         ORDER BY b.pool, b.team""", p).fetchall()
     by_user: dict = {}
     if users:
-        rows = con.execute("""
-            WITH sub AS (
-                SELECT pool, job_id, applied_at AS submitted_at, arg_max("user", "offset") AS "user"
-                FROM events WHERE type = 'job.submitted' GROUP BY ALL
-            ), latest AS (
+        rows = con.execute(_SUBMITTERS + """, latest AS (
                 SELECT pool, max("at") AS "at" FROM balances
                 WHERE ($pool IS NULL OR pool = $pool) AND ($at IS NULL OR "at" <= $at) GROUP BY pool
             )
