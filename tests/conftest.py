@@ -72,6 +72,30 @@ def demo_lake_of(tmp_path_factory):
     return lake
 
 
+def _started(support, make, unavailable: type[Exception], tag: str, what: str, cleanup=lambda: None):
+    """A session's service fixture body: the service made and started, yielded, stopped (and `cleanup()`) at the end.
+    Not installed (`unavailable`): skipped loudly, or a failure when `support.required()`; installed but would not
+    start: always a failure (the logs are kept)."""
+    try:
+        cluster = make()
+    except unavailable as err:
+        msg = f"{tag} TESTS NOT RUN: {err}"
+        cleanup()
+        if support.required():
+            pytest.fail(f"{msg} ({support.REQUIRE_ENV}=1)", pytrace=False)
+        pytest.skip(msg)
+    try:
+        cluster.start()
+    except Exception as err:  # installed but would not start: always a failure (the logs are kept)
+        cluster.stop()
+        pytest.fail(f"could not start {what}: {err}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        cleanup()
+
+
 @pytest.fixture(scope="session")
 def slurm():
     """A real Slurm (slurmctld, slurmdbd on MariaDB, 4 slurmd x 8 fake GPUs) started once for the session by
@@ -85,24 +109,8 @@ def slurm():
     # not under pytest's basetemp: another pytest session of the same user prunes old basetemps, and the
     # daemons' state (MariaDB's data, the sockets) must outlive that
     state_dir = Path(tempfile.mkdtemp(prefix="chipledger-slurm-"))
-    try:
-        cluster = slurm_support.Cluster(state_dir)
-    except slurm_support.SlurmUnavailable as err:
-        msg = f"SLURM TESTS NOT RUN: {err}"
-        shutil.rmtree(state_dir, ignore_errors=True)
-        if slurm_support.required():
-            pytest.fail(f"{msg} ({slurm_support.REQUIRE_ENV}=1)", pytrace=False)
-        pytest.skip(msg)
-    try:
-        cluster.start()
-    except Exception as err:  # installed but would not start: always a failure (the logs are kept)
-        cluster.stop()
-        pytest.fail(f"could not start Slurm: {err}", pytrace=False)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(state_dir, ignore_errors=True)
+    yield from _started(slurm_support, lambda: slurm_support.Cluster(state_dir), slurm_support.SlurmUnavailable,
+                        "SLURM", "Slurm", cleanup=lambda: shutil.rmtree(state_dir, ignore_errors=True))
 
 
 @pytest.fixture(scope="session")
@@ -113,19 +121,5 @@ def kube():
     CHIPLEDGER_REQUIRE_KUBE=1."""
     import kube_support
 
-    try:
-        cluster = kube_support.Cluster()
-    except kube_support.KubeUnavailable as err:
-        msg = f"KUBERNETES TESTS NOT RUN: {err}"
-        if kube_support.required():
-            pytest.fail(f"{msg} ({kube_support.REQUIRE_ENV}=1)", pytrace=False)
-        pytest.skip(msg)
-    try:
-        cluster.start()
-    except Exception as err:  # built but would not start: always a failure (the logs are kept)
-        cluster.stop()
-        pytest.fail(f"could not start the Kubernetes control plane: {err}", pytrace=False)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from _started(kube_support, kube_support.Cluster, kube_support.KubeUnavailable, "KUBERNETES",
+                        "the Kubernetes control plane")

@@ -20,20 +20,15 @@ from chipledger.web.auth import TokenCache, new_token
 from chipledger.web.estimate import Running, Waiting, estimate_start
 from chipledger.web.lake import LakeReader
 from store.repo import open_store
-from tests.web_support import HOSTILE_TEAM, PATH_TEAM, make_events, portal_config
+from tests.web_support import HOSTILE_TEAM, PATH_TEAM, portal_config, run_lake
 
 POOL = "us-west4-a/tpu-v5e"
 
 
 @pytest.fixture(scope="module")
 def env(demo_lake_of, tmp_path_factory):
-    demo = demo_lake_of(3, 7)
     root = tmp_path_factory.mktemp("portal")
-    events = make_events(demo.parent / "events.jsonl", root / "events.jsonl")
-    lake = root / "lake"
-    store_url = f"sqlite:///{root / 'store.db'}"
-    res = CliRunner().invoke(cli_app, ["run", "--events", str(events), "--lake", str(lake), "--store", store_url])
-    assert res.exit_code == 0, res.output
+    events, lake, store_url = run_lake(demo_lake_of(3, 7), root)
     res = CliRunner().invoke(cli_app, ["statements", "--lake", str(lake), "--period", "2026-11-02..2026-11-02",
                                        "--store", store_url, "--out", str(root / "statements")])
     assert res.exit_code == 0, res.output

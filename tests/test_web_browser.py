@@ -16,7 +16,7 @@ from chipledger.web.app import Portal, build_app
 from chipledger.web.auth import TokenCache, new_token
 from chipledger.web.lake import LakeReader
 from store.repo import open_store
-from tests.web_support import make_events, portal_config
+from tests.web_support import portal_config, run_lake
 
 
 def _free_port() -> int:
@@ -29,13 +29,7 @@ def _free_port() -> int:
 def server(demo_lake_of, tmp_path_factory):
     import uvicorn
 
-    demo = demo_lake_of(3, 7)
-    root = tmp_path_factory.mktemp("portal-browser")
-    events = make_events(demo.parent / "events.jsonl", root / "events.jsonl")
-    lake = root / "lake"
-    url = f"sqlite:///{root / 'store.db'}"
-    res = CliRunner().invoke(cli_app, ["run", "--events", str(events), "--lake", str(lake), "--store", url])
-    assert res.exit_code == 0, res.output
+    _, lake, url = run_lake(demo_lake_of(3, 7), tmp_path_factory.mktemp("portal-browser"))
     st = open_store(url)
     _, token = new_token(st, "alice", "vision")
     reader = LakeReader(lake)

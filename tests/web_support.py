@@ -35,6 +35,21 @@ def make_events(demo_events: Path, out: Path) -> Path:
     return out
 
 
+def run_lake(demo_lake: Path, root: Path) -> tuple[Path, Path, str]:
+    """`chipledger run` of make_events' events (beside `demo_lake`) into `root`/lake with a SQLite store in `root`:
+    (events file, lake, store URL)."""
+    from typer.testing import CliRunner
+
+    from chipledger.cli import app as cli_app
+
+    events = make_events(demo_lake.parent / "events.jsonl", root / "events.jsonl")
+    lake = root / "lake"
+    store_url = f"sqlite:///{root / 'store.db'}"
+    res = CliRunner().invoke(cli_app, ["run", "--events", str(events), "--lake", str(lake), "--store", store_url])
+    assert res.exit_code == 0, res.output
+    return events, lake, store_url
+
+
 def portal_config(**serve) -> Config:
     base = {"members": "root=*:admin, group:oncall=*:sre, carol=vision:admin", "trusted_proxies": "testclient"}
     base.update(serve)
