@@ -12,15 +12,12 @@ CHIPLEDGER_REQUIRE_PROMETHEUS=1.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from typer.testing import CliRunner
 
 from chipledger.cli import app
 from chipledger.embedded import run_file
-from tests.integration.test_prometheus_live import _get, wait_for
-from tests.prom_support import free_port, stop
+from tests.integration.test_prometheus_live import scraped, wait_for
 
 POOL = "lab/h100"
 _n = iter(range(1, 10_000))
@@ -74,17 +71,7 @@ def test_budget_alert_fires_in_the_cli_and_in_prometheus_with_the_same_labels(pr
     first = tmp_path / "day1.jsonl"
     first.write_text("".join(json.dumps(e) + "\n" for e in budget_events() if e["occurred_at"] < "2026-11-03"))
     run_file(first, grown)
-    rules = tmp_path / "rules.yml"
-    assert CliRunner().invoke(app, ["slo", "rules", "--out", str(rules)]).exit_code == 0
-    port = free_port()
-    log = (tmp_path / "serve.log").open("w")
-    server = subprocess.Popen([sys.executable, "-m", "chipledger.cli", "serve-metrics", "--lake", str(grown),
-                               "--port", str(port), "--poll", "0.5"], stdout=log, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL)
-    try:
-        target = f"127.0.0.1:{port}"
-        wait_for("serve-metrics", lambda: _get(f"http://{target}/metrics"), 60)
-        prometheus.configure([target], [rules])
+    with scraped(prometheus, grown, tmp_path):
         wait_for("the first day's cost scraped", lambda: prometheus.query("chipledger_team_cost_total"))
         run_file(events, grown, overwrite=True)
 
@@ -94,7 +81,3 @@ def test_budget_alert_fires_in_the_cli_and_in_prometheus_with_the_same_labels(pr
                     and a["labels"].get("alert") == "budget_page"]
         got = wait_for("the budget page firing in Prometheus", firing, 60)
         assert [_labels(a) for a in got] == [s["labels"] for s in sent]
-    finally:
-        stop(server)
-        log.close()
-        prometheus.configure([], [])

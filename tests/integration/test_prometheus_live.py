@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,28 @@ def wait_for(what: str, fn, timeout_s: float = 60.0, every_s: float = 0.5):
             return last
         time.sleep(every_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")
+
+
+@contextmanager
+def scraped(prometheus, lake: Path, tmp_path: Path):
+    """`chipledger serve-metrics` over `lake` on a free port, scraped by `prometheus` with the rules `slo rules`
+    writes: yields (the target host:port, the rules file); at the end the server stops and Prometheus forgets both."""
+    rules = tmp_path / "rules.yml"
+    assert CliRunner().invoke(app, ["slo", "rules", "--out", str(rules)]).exit_code == 0
+    port = free_port()
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen([sys.executable, "-m", "chipledger.cli", "serve-metrics", "--lake", str(lake),
+                               "--port", str(port), "--poll", "0.5"], stdout=log, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL)
+    try:
+        target = f"127.0.0.1:{port}"
+        wait_for("serve-metrics", lambda: _get(f"http://{target}/metrics"), 60)
+        prometheus.configure([target], [rules])
+        yield target, rules
+    finally:
+        stop(server)
+        log.close()
+        prometheus.configure([], [])
 
 
 @pytest.fixture(scope="module")
@@ -82,17 +105,7 @@ def test_prometheus_scrapes_serve_metrics_loads_the_rules_and_the_page_fires(pro
     burning = "day=2026-11-04"  # the outage's day (hour 49 since 2026-11-02)
     assert burning in days
     _copy_days(lake, grown, [d for d in days if d < burning])
-    rules = tmp_path / "rules.yml"
-    assert CliRunner().invoke(app, ["slo", "rules", "--out", str(rules)]).exit_code == 0
-    port = free_port()
-    log = (tmp_path / "serve.log").open("w")
-    server = subprocess.Popen([sys.executable, "-m", "chipledger.cli", "serve-metrics", "--lake", str(grown),
-                               "--port", str(port), "--poll", "0.5"], stdout=log, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL)
-    try:
-        target = f"127.0.0.1:{port}"
-        wait_for("serve-metrics", lambda: _get(f"http://{target}/metrics"), 60)
-        prometheus.configure([target], [rules])
+    with scraped(prometheus, grown, tmp_path) as (target, rules):
         wait_for("the target up", lambda: _value(prometheus, 'up{job="chipledger"}') == {(): 1.0})
         # the rule set loads and every rule evaluates
         def rules_ok():
@@ -143,10 +156,6 @@ def test_prometheus_scrapes_serve_metrics_loads_the_rules_and_the_page_fires(pro
             assert res["status"] == "success", (expr, res)
             for m in re.findall(r"\b(chipledger[a-z0-9_:]*)", expr):
                 assert m in names or m in records, (m, expr)
-    finally:
-        stop(server)
-        log.close()
-        prometheus.configure([], [])
 
 
 def _get(url: str) -> bytes:
