@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import os
 import secrets
 import struct
@@ -46,6 +47,8 @@ REGISTRY_FORMAT = 1
 #: the sequencer's headers, signed with the record (streams/sequencer.py names them; repeated here: no import cycle)
 _STAMP_HEADERS = ("chipledger-producer", "chipledger-seq", "chipledger-prev")
 BAD_SIGNATURE = getattr(RejectionCode, "bad_signature", RejectionCode.bad_key)
+
+log = logging.getLogger(__name__)
 
 
 class RegistryError(ValueError):
@@ -137,7 +140,7 @@ class Registry:
             st = os.stat(self.path)
         except OSError:
             return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
+        return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)  # a chmod is a change too
 
     def reload(self) -> bool:
         """Read the file again if it changed since the last read; True when it did. A file that cannot be read
@@ -147,9 +150,11 @@ class Registry:
             return False
         try:
             self.entries = _parse(self.path)
-        except RegistryError:
+        except RegistryError as exc:
             if self._stamp is None:
                 raise
+            log.error("principals registry not read again, the last good one is kept: %s", exc)
+            self._stamp = stamp  # said once per change of the file
             return False
         self._stamp = stamp
         return True
@@ -239,6 +244,13 @@ def _type_and_pool(value: bytes, key: Optional[bytes]) -> tuple[Optional[str], s
 
 
 def _parse(path: Path) -> dict[str, Entry]:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = 0  # (the read below says why)
+    if os.name == "posix" and mode & 0o077:
+        raise RegistryError(f"the principals registry {path} is readable by other users: it holds every "
+                            f"producer's signing key (chmod 600 {path})")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

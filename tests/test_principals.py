@@ -251,3 +251,24 @@ def test_run_on_a_log_export_records_the_cluster_each_event_was_accepted_from(tm
         run_file(path, lake, events_process=events_process)
         got = dict(connect(lake).execute("SELECT event_id, accepted_from FROM base_event_log").fetchall())
         assert got == {"pool.configured-1": "*", "job.submitted-1": "us-east1-a", "job.submitted-2": None}
+
+
+@pytest.mark.skipif(os.name != "posix", reason="file modes")
+def test_a_registry_readable_by_others_is_refused_and_a_broken_edit_keeps_the_last_good_one_loudly(registry, caplog):
+    """Review (medium): the registry holds every producer's signing key, yet the worker read it whatever its mode:
+    made world-readable, every local user could sign as any principal. Like ssh with a private key, it is refused
+    (at start; while running, the last good registry is kept and the worker says why)."""
+    os.chmod(registry.path, 0o644)
+    with pytest.raises(RegistryError, match="readable by other users"):
+        Registry.load(registry.path)
+    os.chmod(registry.path, 0o600)
+    worker_view = Registry.load(registry.path)
+    registry.remove("slurm-east")
+    registry.save()
+    os.chmod(registry.path, 0o640)
+    with caplog.at_level("WARNING"):
+        assert not worker_view.reload()
+    assert "slurm-east" in worker_view.entries  # kept, and said
+    assert "readable by other users" in caplog.text
+    os.chmod(registry.path, 0o600)  # put right: read again
+    assert worker_view.reload() and "slurm-east" not in worker_view.entries
