@@ -272,3 +272,42 @@ def test_a_registry_readable_by_others_is_refused_and_a_broken_edit_keeps_the_la
     assert "readable by other users" in caplog.text
     os.chmod(registry.path, 0o600)  # put right: read again
     assert worker_view.reload() and "slurm-east" not in worker_view.entries
+
+
+def test_a_principal_cannot_take_a_place_in_the_order_of_a_principal_named_like_a_prefix_of_it(tmp_path):
+    """Review (low): producer ids were namespaced as PRINCIPAL/PRODUCER, so principal `east` sending producer
+    `p/q` shared the order of principal `east/p`'s producer `q`: a forged missing predecessor then held east/p's
+    records back for the full sequencer_wait_ms (as its own producer's), not the short block."""
+    from streams.worker import SequencerStage, WorkerSettings
+
+    reg = Registry(path=tmp_path / "principals.json")
+    reg.put("east", ["cluster"], ["us-east1-a"])
+    reg.put("east/p", ["cluster"], ["us-east1-a"])
+    reg.save()
+    sent, now = [], [0.0]
+
+    async def send(topic, key, value, headers=None):
+        sent.append((topic, value))
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+    stage = SequencerStage(WorkerSettings(checkpoint_interval_ms=0, partitions=3, principals=reg,
+                                          sequencer_wait_ms=60_000, sequencer_block_ms=2_000),
+                           load=lambda pool, e: None, store=lambda pool, v, e: None, send=send,
+                           caught_up=lambda tp: True, clock=lambda: now[0])
+    part = key_partition(EAST.encode(), 3)
+    records = [("east", ev("job.submitted", i=1), (b"p/q", b"5", b"4")),  # its predecessor 4 never comes
+               ("east/p", ev("job.submitted", i=2), (b"q", b"1", b"0"))]
+    for off, (who, v, stamp) in enumerate(records):
+        m = SimpleNamespace(topic="chipledger.jobs", partition=part, offset=off, key=EAST.encode(), value=v,
+                            timestamp=1_800_000_000.0, timestamp_type=1, headers=signed(reg, who, v, stamp=stamp))
+        stage.receive(SimpleNamespace(message=m, ack=lambda: None))
+
+    async def go(at):
+        now[0] = at
+        await stage.drain()
+        await stage.settle()
+    asyncio.run(go(3.0))  # past the block: the honest record of another principal is not held for the full wait
+    logged = [e.value for t, v in sent if t == "chipledger.log" for e in unpack_batch(v)]
+    assert records[1][1] in logged
