@@ -213,7 +213,7 @@ class Registry:
         if not hmac.compare_digest(want, bytes(sig)):
             return Rejection(BAD_SIGNATURE, f"the signature of principal {who[:64]!r} does not check (another key, "
                                             "or the key, value or sequencer headers changed after signing)")
-        etype, pool = _type_and_pool(value, key)
+        etype, pool, body = _type_and_pool(value, key)
         if etype is None:
             # not an event the roles can be checked on (not JSON, no type): the fold dead-letters it by its own
             # rule, with the principal known
@@ -221,6 +221,11 @@ class Registry:
         rejection = check(entry.principal, etype, pool)
         if rejection is not None:
             return rejection
+        if (etype == "burst.requested" and "portal" in entry.principal.roles and "admin" not in entry.principal.roles
+                and not body.get("requested_by")):
+            # DESIGN §3: the portal asks for the signed-in member, and says who (an admin may ask in no one's name)
+            return Rejection(RejectionCode.wrong_role, f"principal {who[:64]!r} (portal) may send burst.requested "
+                                                       "only with requested_by (the signed-in member)")
         return Accepted(who, _origin(entry.principal, pool))
 
 
@@ -228,19 +233,19 @@ def _origin(principal: Principal, pool: str) -> str:
     return ALL_CLUSTERS if ALL_CLUSTERS in principal.clusters else pool_cluster(pool)
 
 
-def _type_and_pool(value: bytes, key: Optional[bytes]) -> tuple[Optional[str], str]:
+def _type_and_pool(value: bytes, key: Optional[bytes]) -> tuple[Optional[str], str, dict]:
     import orjson
 
     pool = (key or b"").decode("utf-8", "replace")
     try:
         body = orjson.loads(value)
     except orjson.JSONDecodeError:
-        return None, pool
+        return None, pool, {}
     if not isinstance(body, dict) or not isinstance(body.get("type"), str):
-        return None, pool
+        return None, pool, {}
     if isinstance(body.get("pool"), str):
         pool = body["pool"]
-    return body["type"], pool
+    return body["type"], pool, body
 
 
 def _parse(path: Path) -> dict[str, Entry]:

@@ -311,3 +311,14 @@ def test_a_principal_cannot_take_a_place_in_the_order_of_a_principal_named_like_
     asyncio.run(go(3.0))  # past the block: the honest record of another principal is not held for the full wait
     logged = [e.value for t, v in sent if t == "chipledger.log" for e in unpack_batch(v)]
     assert records[1][1] in logged
+
+
+def test_a_portal_burst_request_names_who_asked(registry):
+    """Review (medium): DESIGN §3 gives the portal `burst.requested` "with requested_by" (the signed-in member),
+    but the worker accepted the portal principal's requests without it: a portal credential could ask bursts for
+    any team of its clusters in no one's name. An admin's request needs no requested_by."""
+    anonymous = ev("burst.requested")
+    named = ev("burst.requested", requested_by="alice")
+    assert registry.verify(EAST.encode(), anonymous, signed(registry, "portal", anonymous)).code == RC.wrong_role
+    assert isinstance(registry.verify(EAST.encode(), named, signed(registry, "portal", named)), Accepted)
+    assert isinstance(registry.verify(EAST.encode(), anonymous, signed(registry, "admins", anonymous)), Accepted)
