@@ -189,7 +189,8 @@ def _latest_next_s(path: Path, at: int, event, max_bytes: int, tolerance_s: int)
     reach: a source whose clock runs fast (or two lines far ahead) cannot vouch for itself; a file with no other
     source of the pool in reach is judged by that source's own next lines."""
     vouch = event.at_s - tolerance_s
-    needle = orjson.dumps(event.pool)  # the pool as JSON text: a cheap filter before a line is parsed
+    # the pool as JSON text, unquoted (an export line quotes it again): a cheap filter before a line is parsed
+    needle = orjson.dumps(event.pool)[1:-1]
     latest: Optional[int] = None  # of the other sources' lines
     own: Optional[int] = None  # of the event's own source's lines
     found = 0
@@ -469,7 +470,9 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
                         summary.dead_letters[event.code.value] += 1
                         _note_line(summary, event.code.value, offset)
                         continue
-                    if not wrapped:  # a plain line: no append time; one that would move its pool's clock far is checked
+                    # no append time (a plain line, or an export line without one): one that would move its pool's
+                    # clock far is checked against the file's later lines
+                    if appended is None:
                         pool_state = pools.get(event.pool)
                         if (event.at_s - pool_state.clock > tolerance_s if pool_state is not None
                                 else event.type == "pool.configured"):
