@@ -168,7 +168,8 @@ def _lines(f, max_bytes: int):
 # A plain file has no append time (docs/events.md, "Clocks ahead"). An event that would move its pool's clock more
 # than FILE_TOLERANCE ahead (max(max_clock_skew_s, dedup_window_s)) is judged by the file's own next lines of that
 # pool (at most LOOKAHEAD_POOL_LINES of them, within LOOKAHEAD_LINES lines of the file): an honest gap is followed
-# by lines at or after it; the lines after one event far ahead are far behind it. Later lines may honestly be late
+# by lines at or after it; the lines after one event far ahead are far behind it. Only the pool's other sources
+# vouch while one is in reach (a fast source's own next lines are as fast). Later lines may honestly be late
 # by up to the dedup window (the fold applies them), so they vouch for an event up to that far ahead of them; an
 # event further ahead of the latest of them is `clock_ahead` and not folded: it could only have made them too_late.
 # With no later line of the pool in reach there is nothing to judge it by, and nothing after it to harm: it is folded.
@@ -184,10 +185,14 @@ def file_tolerance_s(config: FoldConfig) -> int:
 def _latest_next_s(path: Path, at: int, event, max_bytes: int, tolerance_s: int) -> Optional[int]:
     """The latest event time of the next lines of `event`'s pool after byte `at` of the file at `path` (None: no
     such line within reach). It stops at the first line that vouches for the event (at most tolerance_s before it):
-    an honest gap costs a read up to the pool's next line."""
+    an honest gap costs a read up to the pool's next line. Only the pool's other sources vouch while any is in
+    reach: a source whose clock runs fast (or two lines far ahead) cannot vouch for itself; a file with no other
+    source of the pool in reach is judged by that source's own next lines."""
     vouch = event.at_s - tolerance_s
-    needle = orjson.dumps(event.pool)  # the pool as JSON text: a cheap filter before a line is parsed
-    latest: Optional[int] = None
+    # the pool as JSON text, unquoted (an export line quotes it again): a cheap filter before a line is parsed
+    needle = orjson.dumps(event.pool)[1:-1]
+    latest: Optional[int] = None  # of the other sources' lines
+    own: Optional[int] = None  # of the event's own source's lines
     found = 0
     with open(path, "rb") as f:
         f.seek(at)
@@ -205,13 +210,16 @@ def _latest_next_s(path: Path, at: int, event, max_bytes: int, tolerance_s: int)
             other = parse_event(raw, max_bytes)
             if isinstance(other, Rejection) or other.pool != event.pool:
                 continue
-            found += 1
             t = other.at_s
+            if other.source == event.source:
+                own = t if own is None else max(own, t)
+                continue
+            found += 1
             if t >= vouch:
                 return t
             if latest is None or t > latest:
                 latest = t
-    return latest
+    return latest if found else own
 
 
 def _ahead_of_file(events_path: Path, at: int, event, pools: dict, config: FoldConfig,
@@ -437,7 +445,9 @@ def fold_lines(events_path: Path, fleet: Fleet, summary: RunSummary, dead, appli
             if isinstance(event, Rejection):
                 dead(deadletter_row(raw, event, topic, 0, offset, 0), event.code.value, offset)
                 continue
-            if not wrapped:  # a plain line: no append time; one that would move its pool's clock far is checked
+            # no append time (a plain line, or an export line without one): one that would move its pool's clock
+            # far is checked against the file's later lines
+            if appended is None:
                 pool_state = pools.get(event.pool)
                 if (event.at_s - pool_state.clock > tolerance_s if pool_state is not None
                         else event.type == "pool.configured"):

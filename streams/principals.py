@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import os
 import secrets
 import struct
@@ -46,6 +47,8 @@ REGISTRY_FORMAT = 1
 #: the sequencer's headers, signed with the record (streams/sequencer.py names them; repeated here: no import cycle)
 _STAMP_HEADERS = ("chipledger-producer", "chipledger-seq", "chipledger-prev")
 BAD_SIGNATURE = getattr(RejectionCode, "bad_signature", RejectionCode.bad_key)
+
+log = logging.getLogger(__name__)
 
 
 class RegistryError(ValueError):
@@ -137,7 +140,7 @@ class Registry:
             st = os.stat(self.path)
         except OSError:
             return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
+        return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)  # a chmod is a change too
 
     def reload(self) -> bool:
         """Read the file again if it changed since the last read; True when it did. A file that cannot be read
@@ -147,9 +150,11 @@ class Registry:
             return False
         try:
             self.entries = _parse(self.path)
-        except RegistryError:
+        except RegistryError as exc:
             if self._stamp is None:
                 raise
+            log.error("principals registry not read again, the last good one is kept: %s", exc)
+            self._stamp = stamp  # said once per change of the file
             return False
         self._stamp = stamp
         return True
@@ -208,7 +213,7 @@ class Registry:
         if not hmac.compare_digest(want, bytes(sig)):
             return Rejection(BAD_SIGNATURE, f"the signature of principal {who[:64]!r} does not check (another key, "
                                             "or the key, value or sequencer headers changed after signing)")
-        etype, pool = _type_and_pool(value, key)
+        etype, pool, body = _type_and_pool(value, key)
         if etype is None:
             # not an event the roles can be checked on (not JSON, no type): the fold dead-letters it by its own
             # rule, with the principal known
@@ -216,6 +221,11 @@ class Registry:
         rejection = check(entry.principal, etype, pool)
         if rejection is not None:
             return rejection
+        if (etype == "burst.requested" and "portal" in entry.principal.roles and "admin" not in entry.principal.roles
+                and not body.get("requested_by")):
+            # DESIGN §3: the portal asks for the signed-in member, and says who (an admin may ask in no one's name)
+            return Rejection(RejectionCode.wrong_role, f"principal {who[:64]!r} (portal) may send burst.requested "
+                                                       "only with requested_by (the signed-in member)")
         return Accepted(who, _origin(entry.principal, pool))
 
 
@@ -223,22 +233,29 @@ def _origin(principal: Principal, pool: str) -> str:
     return ALL_CLUSTERS if ALL_CLUSTERS in principal.clusters else pool_cluster(pool)
 
 
-def _type_and_pool(value: bytes, key: Optional[bytes]) -> tuple[Optional[str], str]:
+def _type_and_pool(value: bytes, key: Optional[bytes]) -> tuple[Optional[str], str, dict]:
     import orjson
 
     pool = (key or b"").decode("utf-8", "replace")
     try:
         body = orjson.loads(value)
     except orjson.JSONDecodeError:
-        return None, pool
+        return None, pool, {}
     if not isinstance(body, dict) or not isinstance(body.get("type"), str):
-        return None, pool
+        return None, pool, {}
     if isinstance(body.get("pool"), str):
         pool = body["pool"]
-    return body["type"], pool
+    return body["type"], pool, body
 
 
 def _parse(path: Path) -> dict[str, Entry]:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = 0  # (the read below says why)
+    if os.name == "posix" and mode & 0o077:
+        raise RegistryError(f"the principals registry {path} is readable by other users: it holds every "
+                            f"producer's signing key (chmod 600 {path})")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -523,7 +523,9 @@ class SequencerStage(Continuity):
                 return
             principal, origin = verdict.principal, verdict.origin
             if stamp is not None:  # producer ids are the principal's own: no one else can take a place in its order
-                stamp = Stamp(f"{principal}/{stamp.producer}", stamp.seq, stamp.prev)
+                # (its slashes escaped: principal `a` with producer `b/c` is not principal `a/b` with `c`)
+                who = principal.replace("%", "%25").replace("/", "%2F")
+                stamp = Stamp(f"{who}/{stamp.producer}", stamp.seq, stamp.prev)
         self.seq.push(key.decode("utf-8"), tp, m.offset, stamp, self.clock(),
                       (event, key, value, ts_ms, headers, appended_ms, principal, origin))
 

@@ -251,3 +251,74 @@ def test_run_on_a_log_export_records_the_cluster_each_event_was_accepted_from(tm
         run_file(path, lake, events_process=events_process)
         got = dict(connect(lake).execute("SELECT event_id, accepted_from FROM base_event_log").fetchall())
         assert got == {"pool.configured-1": "*", "job.submitted-1": "us-east1-a", "job.submitted-2": None}
+
+
+@pytest.mark.skipif(os.name != "posix", reason="file modes")
+def test_a_registry_readable_by_others_is_refused_and_a_broken_edit_keeps_the_last_good_one_loudly(registry, caplog):
+    """Review (medium): the registry holds every producer's signing key, yet the worker read it whatever its mode:
+    made world-readable, every local user could sign as any principal. Like ssh with a private key, it is refused
+    (at start; while running, the last good registry is kept and the worker says why)."""
+    os.chmod(registry.path, 0o644)
+    with pytest.raises(RegistryError, match="readable by other users"):
+        Registry.load(registry.path)
+    os.chmod(registry.path, 0o600)
+    worker_view = Registry.load(registry.path)
+    registry.remove("slurm-east")
+    registry.save()
+    os.chmod(registry.path, 0o640)
+    with caplog.at_level("WARNING"):
+        assert not worker_view.reload()
+    assert "slurm-east" in worker_view.entries  # kept, and said
+    assert "readable by other users" in caplog.text
+    os.chmod(registry.path, 0o600)  # put right: read again
+    assert worker_view.reload() and "slurm-east" not in worker_view.entries
+
+
+def test_a_principal_cannot_take_a_place_in_the_order_of_a_principal_named_like_a_prefix_of_it(tmp_path):
+    """Review (low): producer ids were namespaced as PRINCIPAL/PRODUCER, so principal `east` sending producer
+    `p/q` shared the order of principal `east/p`'s producer `q`: a forged missing predecessor then held east/p's
+    records back for the full sequencer_wait_ms (as its own producer's), not the short block."""
+    from streams.worker import SequencerStage, WorkerSettings
+
+    reg = Registry(path=tmp_path / "principals.json")
+    reg.put("east", ["cluster"], ["us-east1-a"])
+    reg.put("east/p", ["cluster"], ["us-east1-a"])
+    reg.save()
+    sent, now = [], [0.0]
+
+    async def send(topic, key, value, headers=None):
+        sent.append((topic, value))
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+    stage = SequencerStage(WorkerSettings(checkpoint_interval_ms=0, partitions=3, principals=reg,
+                                          sequencer_wait_ms=60_000, sequencer_block_ms=2_000),
+                           load=lambda pool, e: None, store=lambda pool, v, e: None, send=send,
+                           caught_up=lambda tp: True, clock=lambda: now[0])
+    part = key_partition(EAST.encode(), 3)
+    records = [("east", ev("job.submitted", i=1), (b"p/q", b"5", b"4")),  # its predecessor 4 never comes
+               ("east/p", ev("job.submitted", i=2), (b"q", b"1", b"0"))]
+    for off, (who, v, stamp) in enumerate(records):
+        m = SimpleNamespace(topic="chipledger.jobs", partition=part, offset=off, key=EAST.encode(), value=v,
+                            timestamp=1_800_000_000.0, timestamp_type=1, headers=signed(reg, who, v, stamp=stamp))
+        stage.receive(SimpleNamespace(message=m, ack=lambda: None))
+
+    async def go(at):
+        now[0] = at
+        await stage.drain()
+        await stage.settle()
+    asyncio.run(go(3.0))  # past the block: the honest record of another principal is not held for the full wait
+    logged = [e.value for t, v in sent if t == "chipledger.log" for e in unpack_batch(v)]
+    assert records[1][1] in logged
+
+
+def test_a_portal_burst_request_names_who_asked(registry):
+    """Review (medium): DESIGN §3 gives the portal `burst.requested` "with requested_by" (the signed-in member),
+    but the worker accepted the portal principal's requests without it: a portal credential could ask bursts for
+    any team of its clusters in no one's name. An admin's request needs no requested_by."""
+    anonymous = ev("burst.requested")
+    named = ev("burst.requested", requested_by="alice")
+    assert registry.verify(EAST.encode(), anonymous, signed(registry, "portal", anonymous)).code == RC.wrong_role
+    assert isinstance(registry.verify(EAST.encode(), named, signed(registry, "portal", named)), Accepted)
+    assert isinstance(registry.verify(EAST.encode(), anonymous, signed(registry, "admins", anonymous)), Accepted)

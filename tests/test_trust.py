@@ -249,3 +249,29 @@ def test_export_lines_round_trip():
     for bad in (b'{"log":1,"value":1}', b'{"log":1,"origin":"a/b","value":"x"}', b'{"log":1,"value":"x","extra":1}',
                 b'{"log":1,"value":"x","value_b64":"eA=="}', b'{"log":1,'):
         assert logline.unwrap(bad).code == RC.schema_invalid
+
+
+def test_a_plain_files_fast_source_cannot_vouch_for_itself(tmp_path):
+    """Review (high): the lines after an event far ahead vouched for it whatever their source, so a source whose
+    clock runs two days fast (issue 31's accident), or two lines far ahead instead of one, still froze the pool:
+    each fast line vouched for the one before it and the honest lines after them were too_late."""
+    fast = timedelta(days=2)
+    good = repro(bad=False)
+    agent = [line(f"tick{i}", "pool.tick", T0 + fast + timedelta(minutes=i), source="us-east1-a/node-agent")
+             for i in range(3)]
+    lines = good[:5] + agent[:2] + [good[5]] + agent[2:] + [good[6]]
+    bad, _ = run_file(write(tmp_path / "bad.jsonl", lines), tmp_path / "lake-bad", events_process=False)
+    ok, _ = run_file(write(tmp_path / "good.jsonl", good), tmp_path / "lake-good", events_process=False)
+    assert bad.dead_letters == {"clock_ahead": 3} and bad.accepted == ok.accepted == 7
+    assert lake_books(tmp_path / "lake-bad") == lake_books(tmp_path / "lake-good")
+
+
+def test_a_log_export_line_without_an_append_time_is_judged_like_a_plain_line(tmp_path):
+    """Review (low): an export line whose appended_at is null (a log written before the append time was kept, or a
+    line written by hand) skipped both checks, the append time's and the plain file's: one such line far ahead froze
+    the pool in `run`. Without an append time it is judged by the file's later lines, like a plain line."""
+    lines = [logline.wrap(orjson.dumps(d), None, None) for d in repro()]
+    bad, _ = run_file(write(tmp_path / "export.jsonl", lines), tmp_path / "lake", events_process=False)
+    good, _ = run_file(write(tmp_path / "good.jsonl", repro(bad=False)), tmp_path / "lake-good", events_process=False)
+    assert bad.dead_letters == {"clock_ahead": 1} and bad.accepted == 7
+    assert lake_books(tmp_path / "lake") == lake_books(tmp_path / "lake-good")
