@@ -218,6 +218,25 @@ def _adapter_kafka(cfg: Config, bootstrap: Optional[str], fail=None):
         fail(str(e), 2)
 
 
+def _watch_sink(emit: str, out_file: Optional[Path], jsonl_sink, kafka_sink, connection, fail=None):
+    """A watcher's sink for --emit: `jsonl_sink(out_file)` (jsonl, which needs --out) or
+    `kafka_sink(LedgerProducer(connection()))` (kafka); anything else fails (exit 2)."""
+    fail = fail or _fail
+    if emit == "jsonl":
+        if out_file is None:
+            fail("--emit jsonl needs --out FILE", 2)
+        return jsonl_sink(out_file)
+    if emit == "kafka":
+        from streams.producer import LedgerProducer
+        from streams.topics import KafkaSetupError
+
+        try:
+            return kafka_sink(LedgerProducer(connection()))
+        except KafkaSetupError as e:
+            fail(str(e), 2)
+    fail(f"--emit {emit!r}: give jsonl or kafka", 2)
+
+
 def _actuate(act, decisions: Optional[Path], lake: Optional[Path], from_kafka, errors: tuple, fail=None,
              keep: bool = False) -> tuple[dict, list]:
     """Applies each decision with the actuator `act`: from a JSONL file (`decisions`), else a lake's decisions table

@@ -111,24 +111,12 @@ def watch(
     Ids derive from Kubernetes' own (uid and transition), and --state is the cursor: a restart or a relist sends
     nothing twice."""
     from chipledger.adapters.kube.watch import JsonlSink, KafkaSink, KubeApi, Watcher, WatchError, WatchMetrics
+    from chipledger.cli._common import _watch_sink
 
     cfg = _config(config)
     name = cluster_name(cluster, kubeconfig, context)
     client = api_client(kubeconfig, context)
-    if emit == "jsonl":
-        if out_file is None:
-            _fail("--emit jsonl needs --out FILE", 2)
-        sink = JsonlSink(out_file)
-    elif emit == "kafka":
-        from streams.producer import LedgerProducer
-        from streams.topics import KafkaSetupError
-
-        try:
-            sink = KafkaSink(LedgerProducer(_bootstrap(cfg, bootstrap)))
-        except KafkaSetupError as e:
-            _fail(str(e), 2)
-    else:
-        _fail(f"--emit {emit!r}: give jsonl or kafka", 2)
+    sink = _watch_sink(emit, out_file, JsonlSink, KafkaSink, lambda: _bootstrap(cfg, bootstrap), _fail)
     metrics = WatchMetrics()
     if metrics_port:
         metrics.serve(metrics_port)

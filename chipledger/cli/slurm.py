@@ -80,22 +80,10 @@ def watch(
     Ids derive from Slurm's own, and --state is the cursor: polling again or restarting sends nothing twice."""
     from chipledger.adapters.slurm.commands import SlurmError
     from chipledger.adapters.slurm.watch import JsonlSink, KafkaSink, Watcher, WatchError, parse_since
+    from chipledger.cli._common import _watch_sink
 
     name = _cluster(cluster)
-    if emit == "jsonl":
-        if out_file is None:
-            _fail("--emit jsonl needs --out FILE", 2)
-        sink = JsonlSink(out_file)
-    elif emit == "kafka":
-        from streams.producer import LedgerProducer
-        from streams.topics import KafkaSetupError
-
-        try:
-            sink = KafkaSink(LedgerProducer(_bootstrap(bootstrap, config)))
-        except KafkaSetupError as e:
-            _fail(str(e), 2)
-    else:
-        _fail(f"--emit {emit!r}: give jsonl or kafka", 2)
+    sink = _watch_sink(emit, out_file, JsonlSink, KafkaSink, lambda: _bootstrap(bootstrap, config), _fail)
     try:
         first = None if state.exists() else parse_since(since or "now", name)
         watcher = Watcher(name, state, sink, since=first, settle_s=settle, log=_log, prices=prices)
