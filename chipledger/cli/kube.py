@@ -153,6 +153,7 @@ def actuate(
 ):
     """Evict each decision.preempt's victim Workloads through Kueue (requeued by Kueue), once per decision id."""
     from chipledger.adapters.kube.actuate import ActuateError, ActuateMetrics, Actuator, KubeOps, decisions_from_kafka
+    from chipledger.adapters.slurm.actuate import ActuateError as SlurmActuateError
     from chipledger.cli._common import _actuate
 
     if sum(x is not None and x is not False for x in (decisions, lake, kafka or None)) != 1:
@@ -170,5 +171,6 @@ def actuate(
     totals, _ = _actuate(act, decisions, lake,
                          lambda: decisions_from_kafka(_bootstrap(cfg, bootstrap), name, follow=follow,
                                                       group=f"chipledger-kube-actuate-{name}"),
-                         (ActuateError,), _fail)
+                         # the decision readers are the Slurm adapter's: their errors are one line too
+                         (ActuateError, SlurmActuateError), _fail)
     out.print(" ".join(f"{k} {v}" for k, v in totals.items()) + (" (dry run)" if dry_run else ""), highlight=False)
