@@ -99,7 +99,7 @@ def test_alerts_carry_the_runbook_url_from_config():
 
     from chipledger.monitoring.alerts import Alert
 
-    a = Alert("page", "page_1h", "availability", "c/p", 14.4, "1h", 20.0, "5m", 30.0, 0.99,
+    a = Alert("page", "page_1h", "availability", "c/p", None, 14.4, "1h", 20.0, "5m", 30.0, 0.99,
               datetime(2026, 11, 4, tzinfo=timezone.utc))
     (item,) = payload([a], runbook_url=params.runbook_url)
     assert item["annotations"]["runbook_url"] == "https://runbooks.example/availability#page_1h"

@@ -67,8 +67,10 @@ def test_chipledger_run_folds_with_automatic_collection_off_and_checkpoints_ever
         checkpoint()
 
     monkeypatch.setattr(GcPause, "checkpoint", staticmethod(spy))
+    # --jobs 1: the fold in the run's own process, where the spy sees it (with --jobs 2 each forked fold process
+    # runs the same fold_lines, and so the same GcPause, out of the spy's sight)
     res = CliRunner().invoke(app, ["run", "--events", str(events), "--lake", str(tmp_path / "lake"),
-                                   "--store", f"sqlite:///{tmp_path / 's.db'}", "--json"])
+                                   "--store", f"sqlite:///{tmp_path / 's.db'}", "--json", "--jobs", "1"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["lines"] == lines > 1_000
     assert len(seen) == lines // 64 and not any(seen)  # every 64 lines, with automatic collection off
