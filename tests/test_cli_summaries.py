@@ -33,7 +33,10 @@ def invoke(*args, input=None):
 def test_version_and_completion():
     res = invoke("--version")
     assert (res.exit_code, res.stdout) == (0, f"chipledger {__version__}\n")
-    out = subprocess.run([CLI, "--show-completion", "bash"], capture_output=True, text=True, timeout=60)
+    # as a user runs it, from bash: typer detects the shell from the parent process (the test suite itself may run
+    # under sh, e.g. make's recipe shell, which typer does not support); `"$0" …; exit $?` keeps bash as the parent
+    out = subprocess.run(["bash", "-c", '"$0" --show-completion; exit $?', str(CLI)], capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 0 and "_CHIPLEDGER_COMPLETE=complete_bash" in out.stdout
 
 
