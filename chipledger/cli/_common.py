@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
@@ -99,6 +101,12 @@ def _config(path: Optional[Path]) -> Config:
 def _fail(message: str, code: int = 1):
     err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _log(message: str) -> None:
+    """A line on stderr stamped with the UTC time: the adapters' long-running commands (watch, actuate)."""
+    err.print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {escape(message)}", highlight=False,
+              soft_wrap=True)
 
 
 def _os_error(e: OSError) -> str:

@@ -4,28 +4,19 @@ docs/kube.md)."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+
+from chipledger.cli._common import _fail, _log
 
 kube_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                        help="A Kubernetes cluster with Kueue: watch it into events, apply the ledger's preemptions.")
 err = Console(stderr=True)
 out = Console()
 
-
-def _fail(message: str, code: int = 1):
-    err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
-    raise typer.Exit(code)
-
-
-def _log(message: str) -> None:
-    err.print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {escape(message)}", highlight=False,
-              soft_wrap=True)
 
 
 def api_client(kubeconfig: Optional[Path], context: Optional[str]):

@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from chipledger.cli._common import _fail, _log
+
 from chipledger.reports.tables import CliConsole
 
 slurm_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
@@ -18,15 +20,6 @@ slurm_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
 err = CliConsole(stderr=True)  # wide in a pipe: lines and tables never folded
 out = CliConsole()
 
-
-def _fail(message: str, code: int = 1):
-    err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
-    raise typer.Exit(code)
-
-
-def _log(message: str) -> None:
-    err.print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {escape(message)}", highlight=False,
-              soft_wrap=True)
 
 
 def _cluster(name: Optional[str]) -> str:
