@@ -294,18 +294,20 @@ class Sink:
     # --- start ------------------------------------------------------------------------------------------
     def recover(self) -> None:
         """Commit to the lake the staged batches the store has and the lake does not (a crash between the store's
-        transaction and the lake's commit); remove those the lake has and those the store never got."""
-        if not self.staging.exists():
-            return
+        transaction and the lake's commit); remove those the lake has and those the store never got. A last batch
+        without rows (no staged folder) commits its mark."""
         committed = lake_mark(self.lake, self.lake_mark) or 0
-        for d in sorted(self.staging.iterdir(), key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit()
-                                                                else 0)):
-            if d.is_dir() and d.name.isdigit() and committed < int(d.name) <= self._batch:
-                log.warning("sink %s: batch %s is in the store but not in the lake (a crash between them): "
-                            "committing it now", self.name, d.name)
-                self._publish(d)
-            else:
-                shutil.rmtree(d, ignore_errors=True)
+        if self.staging.exists():
+            for d in sorted(self.staging.iterdir(), key=lambda d: (not d.name.isdigit(),
+                                                                   int(d.name) if d.name.isdigit() else 0)):
+                if d.is_dir() and d.name.isdigit() and committed < int(d.name) <= self._batch:
+                    log.warning("sink %s: batch %s is in the store but not in the lake (a crash between them): "
+                                "committing it now", self.name, d.name)
+                    self._publish(d)
+                else:
+                    shutil.rmtree(d, ignore_errors=True)
+        if committed < self._batch and (lake_mark(self.lake, self.lake_mark) or 0) < self._batch:
+            self._publish(self.staging / str(self._batch))
 
     def _connect(self):
         from kafka import TopicPartition
@@ -444,10 +446,11 @@ class Sink:
 
     def _publish(self, stage: Path) -> None:
         """The lake's commit of a batch the store has: its staged files join their tables in one manifest swap, with
-        the batch number as the lake's mark (idempotent: a file moved already is not moved again)."""
-        if stage.exists():
-            batch = int(stage.name)
-            publish(self.lake, stage, by=f"sink {self.name} batch {batch}", marks={self.lake_mark: batch})
+        the batch number as the lake's mark (idempotent: a file moved already is not moved again). A batch that wrote
+        no rows (only state snapshots, or resent records dropped) has no staged folder and still commits its mark, so
+        the lake's mark is always the store's last batch."""
+        batch = int(stage.name)
+        publish(self.lake, stage, by=f"sink {self.name} batch {batch}", marks={self.lake_mark: batch})
 
     def poll_once(self, timeout_ms: int = 200, batch_ms: Optional[int] = None) -> int:
         """Read for up to `batch_ms` (default: the sink's) or `max_records` records and write what came as one

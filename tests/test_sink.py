@@ -261,3 +261,24 @@ def test_retired_files_are_deleted_after_their_grace(tmp_path, monkeypatch):
     monkeypatch.setattr(commits, "RETIRE_GRACE_S", 0)
     assert commits.purge_retired(tmp_path / "lake") == len(old)
     assert not any(Path(f).exists() for f in old) and [r[2] for r in journal(tmp_path)] == [10, 11]
+
+
+def test_a_batch_without_rows_still_moves_the_lakes_mark_to_the_stores_batch(tmp_path, monkeypatch):
+    """A batch of state snapshots only (or of re-sent items, all dropped) stages no files; its commit still sets the
+    lake's mark, so the lake's mark is always the store's last batch, also after a crash before that commit."""
+    from analytics.commits import mark
+
+    sink = make(tmp_path)
+    sink.handle([rec(J, 0, rows_record(POOL, [journal_item(0, H, 1000)]))])
+    sink.handle([rec(J, 1, rows_record(POOL, [journal_item(0, H, 1000)]))])  # re-sent: dropped, no rows
+    assert sink.stats.resent_dropped == 1
+    assert not any(sink.staging.glob("*/*.parquet"))
+    assert sink.store.position("sink:batch", "lake", 0) == 2 == mark(tmp_path / "lake", "sink:sink")
+    # a crash after the store's transaction of an empty batch and before its commit: the next start commits the mark
+    monkeypatch.setattr(Sink, "_publish", lambda self, stage: None)
+    sink.handle([rec(J, 2, rows_record(POOL, [journal_item(0, H, 1000)]))])
+    monkeypatch.undo()
+    assert mark(tmp_path / "lake", "sink:sink") == 2
+    make(tmp_path)
+    assert mark(tmp_path / "lake", "sink:sink") == 3 == make(tmp_path).store.position("sink:batch", "lake", 0)
+    assert len(journal(tmp_path)) == 1
