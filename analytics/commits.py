@@ -166,6 +166,41 @@ def committed_rows_exist(lake: Path) -> bool:
 
 # --- writing ---------------------------------------------------------------------------------------------------
 
+WRITER_LOCK = "_writer.lock"
+
+
+class LakeBusy(LakeError):
+    """Another run or upgrade is writing the lake; the message names it (one line)."""
+
+
+@contextmanager
+def writing(lake: Path, what: str) -> Iterator[None]:
+    """Held by a writer that replaces tables (`chipledger run`, `lake upgrade`) for as long as it writes: a second
+    such writer on the same lake is refused at once (LakeBusy, naming the first and its process id) instead of
+    removing the first one's staged files. The lock is an flock: it goes with the process, however it ends. Sinks and
+    compaction do not take it (their commits add files and are serialized by the commit lock)."""
+    lake = Path(lake)
+    lake.mkdir(parents=True, exist_ok=True)
+    with open(lake / WRITER_LOCK, "a+b") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().decode("utf-8", "replace").strip() or "another process"
+            raise LakeBusy(f"lake {lake} is being written by {holder}: wait for it to end, or choose another "
+                           f"--lake") from None
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(f"{what} (pid {os.getpid()})".encode())
+            f.flush()
+            yield
+        finally:
+            f.seek(0)
+            f.truncate()
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 @contextmanager
 def _locked(lake: Path) -> Iterator[None]:
     lake.mkdir(parents=True, exist_ok=True)
@@ -408,6 +443,7 @@ def _compact(lake: Path, snap: LakeSnapshot, min_files: int, tables: Iterable[st
     return replaced
 
 
-__all__ = ["LAYOUT_VERSION", "MANIFEST", "LakeLayoutError", "LakeSnapshot", "adopt", "clear_uncommitted", "commit",
+__all__ = ["LAYOUT_VERSION", "MANIFEST", "LakeBusy",
+           "LakeLayoutError", "LakeSnapshot", "adopt", "clear_uncommitted", "commit",
            "committed_rows_exist", "compact", "lake_layout", "mark", "missing_tables", "open_lake", "publish",
-           "purge_retired", "read_manifest", "staged_files", "staging_dir", "unlisted_parquet"]
+           "purge_retired", "read_manifest", "staged_files", "staging_dir", "unlisted_parquet", "writing"]

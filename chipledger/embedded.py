@@ -483,6 +483,18 @@ def run_file(events_path: Path, lake: Path, *, fold_config: FoldConfig = FoldCon
     events_path, lake = Path(events_path), Path(lake)
     if not events_path.is_file():
         raise RunError(f"events file {events_path} does not exist")
+    from analytics.commits import LakeBusy, writing
+
+    try:
+        with writing(lake, f"chipledger run of {events_path.name}"):
+            return _run_file(events_path, lake, fold_config, overwrite, progress, store, max_event_bytes,
+                             events_process, jobs)
+    except LakeBusy as e:
+        raise RunError(str(e)) from None
+
+
+def _run_file(events_path: Path, lake: Path, fold_config: FoldConfig, overwrite: bool, progress, store,
+              max_event_bytes: int, events_process: bool, jobs: int) -> tuple[RunSummary, Fleet]:
     previous = _previous_commit(lake, overwrite)
     started = time.monotonic()
     started_wall = datetime.now(timezone.utc)

@@ -275,3 +275,30 @@ def test_a_run_killed_with_sigkill_leaves_the_lake_as_it_was_and_the_next_run_cl
     again = run(HAND, fresh)
     assert again.exit_code == 0, again.output
     assert not _staged(fresh) and seen(fresh)["events"][0]["n"] == 20
+
+
+def test_a_second_run_or_upgrade_while_a_run_writes_the_lake_is_refused_and_the_first_commits(tmp_path, long_file):
+    """Two writers that replace tables on one lake: the second (`run`, `lake upgrade`) is refused in one line naming
+    the first and its process, and removes none of its staged files; the first commits its whole run."""
+    lake = tmp_path / "lake"
+    assert run(HAND, lake).exit_code == 0
+    cmd = [sys.executable, "-m", "chipledger.cli", "run", "--events", str(long_file), "--lake", str(lake), "--store",
+           f"sqlite:///{tmp_path / 'first.db'}", "--overwrite", "--jobs", "1"]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore::RuntimeWarning"}
+    first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 120
+    while not _staged(lake) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert first.poll() is None, "the first run ended before the second began: make the file longer"
+    err = one_line(run(HAND, lake, "--overwrite"), 1, f"lake {lake} is being written by chipledger run of "
+                                                        f"{long_file.name} (pid {first.pid})")
+    assert "wait for it to end" in err
+    one_line(cli("lake", "upgrade", "--lake", lake), 1, "is being written by chipledger run")
+    assert _staged(lake)  # the first run's files are still there
+    out, errs = first.communicate(timeout=600)
+    assert first.returncode == 0, errs.decode()[-2000:]
+    assert seen(lake)["events"][0]["n"] > 20  # the first run's books, whole
+    assert read_manifest(lake)["commit"] == 2
+    # the lock went with the process: the lake is writable again
+    again = run(HAND, lake, "--overwrite")
+    assert again.exit_code == 0, again.output

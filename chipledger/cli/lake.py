@@ -89,7 +89,7 @@ def lake_upgrade(
     commit (docs/upgrading.md); and the fact tables the fold now writes (`waits`, `free_chips`, `progress`,
     `chip_states`, `grant_intervals`) that the lake lacks are written by folding its events again (with this
     config's [ledger] and [policy]), in one more commit. Safe to run again, and while readers are open."""
-    from analytics.commits import LAYOUT_VERSION, adopt, lake_layout, open_lake
+    from analytics.commits import LAYOUT_VERSION, adopt, lake_layout, open_lake, writing
     from analytics.lake import LakeError, upgrade_events_files
     from chipledger.config import fold_config
     from chipledger.embedded import cores
@@ -100,40 +100,41 @@ def lake_upgrade(
     if not root.is_dir():  # a missing lake is exit 1 here as in every command (docs/cli.md, "Exit codes")
         _fail(f"no lake at {root}", 1)
     try:
-        layout = lake_layout(root)
-        if layout is not None and layout > LAYOUT_VERSION:
-            _fail(f"lake {root} has layout {layout}, written by a newer chipledger: upgrade chipledger")
-        committed = open_lake(root, ("events",)).table_files("events") if layout == LAYOUT_VERSION else None
-        done = upgrade_events_files(root, committed or [] if layout == LAYOUT_VERSION else None)
-        report = {"lake": str(root), "layout_before": layout, "events_files_upgraded": [str(p) for p in done],
-                  "adopted_files": {}, "refolded": None}
-        for p in done if not as_json else ():
-            typer.echo(str(p))
-        if done:
-            typer.echo(f"{len(done)} events file(s) upgraded in {root}", err=True)
-        adopted = adopt(root, refoldable=REFOLDABLE) if layout == 1 else {}
-        report["adopted_files"] = dict(adopted)
-        if adopted:
-            per_table = ", ".join(f"{t} {n}" for t, n in adopted.items() if n)
-            typer.echo(f"adopted {sum(adopted.values()):,} Parquet file(s) written before commits as the lake's books "
-                       f"(layout {LAYOUT_VERSION}): {per_table}", err=True)
-        missing = missing_fact_tables(root)
-        if missing:
-            try:
-                from chipledger.cli._common import _working
+        with writing(root, "chipledger lake upgrade"):
+            layout = lake_layout(root)
+            if layout is not None and layout > LAYOUT_VERSION:
+                _fail(f"lake {root} has layout {layout}, written by a newer chipledger: upgrade chipledger")
+            committed = open_lake(root, ("events",)).table_files("events") if layout == LAYOUT_VERSION else None
+            done = upgrade_events_files(root, committed or [] if layout == LAYOUT_VERSION else None)
+            report = {"lake": str(root), "layout_before": layout, "events_files_upgraded": [str(p) for p in done],
+                      "adopted_files": {}, "refolded": None}
+            for p in done if not as_json else ():
+                typer.echo(str(p))
+            if done:
+                typer.echo(f"{len(done)} events file(s) upgraded in {root}", err=True)
+            adopted = adopt(root, refoldable=REFOLDABLE) if layout == 1 else {}
+            report["adopted_files"] = dict(adopted)
+            if adopted:
+                per_table = ", ".join(f"{t} {n}" for t, n in adopted.items() if n)
+                typer.echo(f"adopted {sum(adopted.values()):,} Parquet file(s) written before commits as the lake's "
+                           f"books (layout {LAYOUT_VERSION}): {per_table}", err=True)
+            missing = missing_fact_tables(root)
+            if missing:
+                try:
+                    from chipledger.cli._common import _working
 
-                with _working(f"folding the lake's events again for {', '.join(missing)}…"):
-                    out = refold_facts(root, fold_config(cfg), tables=missing, jobs=jobs or cores())
-            except (OSError, ValueError) as e:
-                _fail(f"{root}: could not fold the lake's events again: {e}", 1)
-            report["refolded"] = {"events": out["events"], "rows": dict(out["rows"]),
-                                  "not_applied": dict(out["rejected"])}
-            rows = ", ".join(f"{t} {n:,} rows" for t, n in out["rows"].items())
-            typer.echo(f"folded {out['events']:,} events again: {rows}", err=True)
-            if out["rejected"]:
-                typer.echo(f"warning: {sum(out['rejected'].values()):,} events of the lake were not applied this time "
-                           f"({out['rejected']}): written by another version of the core?", err=True)
-        open_lake(root)  # what every reader checks: the upgrade must leave a lake they read
+                    with _working(f"folding the lake's events again for {', '.join(missing)}…"):
+                        out = refold_facts(root, fold_config(cfg), tables=missing, jobs=jobs or cores())
+                except (OSError, ValueError) as e:
+                    _fail(f"{root}: could not fold the lake's events again: {e}", 1)
+                report["refolded"] = {"events": out["events"], "rows": dict(out["rows"]),
+                                      "not_applied": dict(out["rejected"])}
+                rows = ", ".join(f"{t} {n:,} rows" for t, n in out["rows"].items())
+                typer.echo(f"folded {out['events']:,} events again: {rows}", err=True)
+                if out["rejected"]:
+                    typer.echo(f"warning: {sum(out['rejected'].values()):,} events of the lake were not applied this "
+                               f"time ({out['rejected']}): written by another version of the core?", err=True)
+            open_lake(root)  # what every reader checks: the upgrade must leave a lake they read
     except LakeError as e:
         _fail(str(e), 1)
     if as_json:
