@@ -1,12 +1,15 @@
 """What the live adapters (`slurm/`, `kube/`) share: the state file each keeps (JSON, replaced atomically, bound to
-one cluster), the once-per-decision check of an actuator, and the sinks a watcher sends its events to."""
+one cluster), what every actuator does around its scheduler's own act (`DecisionActuator`: once per decision, its
+own cluster's only), and the sinks a watcher sends its events to."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Iterable, Optional
 
 
 def read_state(path: Path, cluster: str, version: int, error: type[Exception], *, unreadable: str,
@@ -64,6 +67,65 @@ def skip_decision(decision: dict, cluster: str, applied: dict) -> str:
     if str(decision.get("decision_id", "")) in applied:
         return "applied before"
     return ""
+
+
+@dataclass
+class Outcome:
+    """What an actuator did with one decision."""
+
+    decision_id: str
+    pool: str
+    applied: list = field(default_factory=list)  # (job_id, action)
+    gone: list = field(default_factory=list)  # (job_id, why or state)
+    skipped: str = ""  # why the whole decision was skipped: other cluster, done before, not a preemption
+
+
+class DecisionActuator:
+    """What every actuator does around its scheduler's own act on a victim (`_victim`, per adapter): a decision of
+    another cluster, not a preemption, or applied before is skipped; its victims are acted on one by one; it is
+    recorded as applied (with the victims acted on) in the state file only after all of them were handled, so a
+    decision is applied once even when it is read again. `_begin` may check the decision first (raising the
+    adapter's error)."""
+
+    state_version = 1
+    error: type[Exception] = RuntimeError
+
+    def __init__(self, cluster: str, state_path: Path, ops, *, dry_run: bool = False,
+                 log: Callable[[str], None] = lambda m: None, clock: Callable[[], float] = time.time, metrics=None):
+        self.cluster = cluster
+        self.prefix = f"{cluster}/"
+        self.state_path = Path(state_path)
+        self.ops = ops
+        self.dry_run = dry_run
+        self.log = log
+        self.clock = clock
+        self.metrics = metrics
+        self.state = load_applied(self.state_path, cluster, self.state_version, self.error)
+
+    def _begin(self, decision: dict, did: str) -> None:
+        """Checks before any victim is touched (none by default)."""
+
+    def _victim(self, decision: dict, did: str, victim: dict, out: Outcome) -> None:
+        raise NotImplementedError
+
+    def apply(self, decision: dict) -> Outcome:
+        did = str(decision.get("decision_id", ""))
+        pool = str(decision.get("pool", ""))
+        out = Outcome(did, pool)
+        out.skipped = skip_decision(decision, self.cluster, self.state["applied"])
+        if out.skipped:
+            return out
+        self._begin(decision, did)
+        for v in decision.get("victims") or ():
+            self._victim(decision, did, v, out)
+        if not self.dry_run:
+            record_applied(self.state_path, self.state, did, pool, [j for j, _ in out.applied], int(self.clock()))
+        if self.metrics:
+            self.metrics.applied(out, int(self.clock()))
+        return out
+
+    def apply_all(self, decisions: Iterable[dict]) -> list[Outcome]:
+        return [self.apply(d) for d in decisions]
 
 
 class JsonlSink:

@@ -17,9 +17,7 @@ A victim no longer admitted (finished, already evicted, deleted) is logged and s
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Optional
 
 from chipledger.adapters import common
 from chipledger.adapters.kube.mapping import DECISION_ANNOTATION, DECISION_MARK, PREEMPTION_REASON
@@ -34,13 +32,7 @@ class ActuateError(RuntimeError):
     pass
 
 
-@dataclass
-class Outcome:
-    decision_id: str
-    pool: str
-    applied: list = field(default_factory=list)  # (job_id, action)
-    gone: list = field(default_factory=list)  # (job_id, why)
-    skipped: str = ""
+Outcome = common.Outcome
 
 
 def _admitted(wl: dict) -> bool:
@@ -86,76 +78,49 @@ class KubeOps:
                                                           md["name"], body)
 
 
-class Actuator:
-    def __init__(self, cluster: str, state_path: Path, ops, *, dry_run: bool = False,
-                 log: Callable[[str], None] = lambda m: None, clock: Callable[[], float] = time.time, metrics=None):
-        self.cluster = cluster
-        self.prefix = f"{cluster}/"
-        self.state_path = Path(state_path)
-        self.ops = ops
-        self.dry_run = dry_run
-        self.log = log
-        self.clock = clock
-        self.metrics = metrics
-        self.state = self._load()
+class Actuator(common.DecisionActuator):
+    error = ActuateError
+    state_version = STATE_VERSION
 
-    def _load(self) -> dict:
-        return common.load_applied(self.state_path, self.cluster, STATE_VERSION, ActuateError)
-
-    def apply(self, decision: dict) -> Outcome:
+    def _victim(self, decision: dict, did: str, v: dict, out: Outcome) -> None:
         from kubernetes.client.exceptions import ApiException
 
-        did = str(decision.get("decision_id", ""))
-        pool = str(decision.get("pool", ""))
-        out = Outcome(did, pool)
-        out.skipped = common.skip_decision(decision, self.cluster, self.state["applied"])
-        if out.skipped:
-            return out
         beneficiary = (decision.get("beneficiary") or {}).get("job_id")
-        why = f"{DECISION_MARK}{did}: {decision.get('rule', 'preempt')} for {beneficiary}; {decision.get('message', '')}"
-        for v in decision.get("victims") or ():
-            job = str(v.get("job_id", ""))
-            ns, _, name = job.partition("/")
-            if not ns or not name:
-                out.gone.append((job, "not a Workload id (namespace/name)"))
-                self.log(f"{did}: victim {job} is not a Workload of kube watch (namespace/name): skipped")
-                continue
-            for attempt in range(5):
-                wl = self.ops.get(ns, name)
-                if wl is None or not _admitted(wl):
-                    what = "gone" if wl is None else "not admitted (finished or evicted already)"
-                    out.gone.append((job, what))
-                    self.log(f"{did}: victim {job} is {what}: nothing to do")
-                    break
-                if self.dry_run:
-                    out.applied.append((job, "would evict"))
-                    self.log(f"{did}: would evict {job} ({v.get('team')}, {v.get('chips')} chips) for {beneficiary} "
-                             f"(dry run)")
-                    break
-                now = int(self.clock())
-                try:
-                    self.ops.annotate(ns, name, f"{did}@{now}")
-                    wl = self.ops.get(ns, name) or wl
-                    self.ops.evict(wl, why, now)
-                except ApiException as e:
-                    if e.status == 409 and attempt < 4:  # changed under us (Kueue writes status too): read again
-                        continue
-                    if e.status == 404:
-                        out.gone.append((job, "gone"))
-                        break
-                    raise
-                out.applied.append((job, "evict"))
-                self.log(f"{did}: evicted {job} ({v.get('team')}, {v.get('chips')} chips) for {beneficiary}")
+        why = (f"{DECISION_MARK}{did}: {decision.get('rule', 'preempt')} for {beneficiary}; "
+               f"{decision.get('message', '')}")
+        job = str(v.get("job_id", ""))
+        ns, _, name = job.partition("/")
+        if not ns or not name:
+            out.gone.append((job, "not a Workload id (namespace/name)"))
+            self.log(f"{did}: victim {job} is not a Workload of kube watch (namespace/name): skipped")
+            return
+        for attempt in range(5):
+            wl = self.ops.get(ns, name)
+            if wl is None or not _admitted(wl):
+                what = "gone" if wl is None else "not admitted (finished or evicted already)"
+                out.gone.append((job, what))
+                self.log(f"{did}: victim {job} is {what}: nothing to do")
                 break
-        if not self.dry_run:
-            common.record_applied(self.state_path, self.state, did, pool, [j for j, _ in out.applied],
-                                  int(self.clock()))
-        if self.metrics:
-            self.metrics.applied(out, int(self.clock()))
-        return out
-
-    def apply_all(self, decisions: Iterable[dict]) -> list[Outcome]:
-        return [self.apply(d) for d in decisions]
+            if self.dry_run:
+                out.applied.append((job, "would evict"))
+                self.log(f"{did}: would evict {job} ({v.get('team')}, {v.get('chips')} chips) for {beneficiary} "
+                         f"(dry run)")
+                break
+            now = int(self.clock())
+            try:
+                self.ops.annotate(ns, name, f"{did}@{now}")
+                wl = self.ops.get(ns, name) or wl
+                self.ops.evict(wl, why, now)
+            except ApiException as e:
+                if e.status == 409 and attempt < 4:  # changed under us (Kueue writes status too): read again
+                    continue
+                if e.status == 404:
+                    out.gone.append((job, "gone"))
+                    break
+                raise
+            out.applied.append((job, "evict"))
+            self.log(f"{did}: evicted {job} ({v.get('team')}, {v.get('chips')} chips) for {beneficiary}")
+            break
 
 
 class ActuateMetrics:

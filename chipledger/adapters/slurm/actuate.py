@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from chipledger.adapters import common
 from chipledger.adapters.slurm import commands
@@ -43,74 +43,48 @@ class Ops:
     cancel: Callable[[str], None] = commands.cancel
 
 
-@dataclass
-class Outcome:
-    decision_id: str
-    pool: str
-    applied: list = field(default_factory=list)  # (job_id, action)
-    gone: list = field(default_factory=list)  # (job_id, state or None)
-    skipped: str = ""  # why the whole decision was skipped: other cluster, done before, not a preemption
+Outcome = common.Outcome
 
 
-class Actuator:
+class Actuator(common.DecisionActuator):
+    error = ActuateError
+    state_version = STATE_VERSION
+
     def __init__(self, cluster: str, state_path: Path, *, action: str = "requeue", dry_run: bool = False,
                  ops: Optional[Ops] = None, log: Callable[[str], None] = lambda m: None,
                  clock: Callable[[], float] = time.time):
         if action not in ("requeue", "cancel"):
             raise ActuateError(f"action must be requeue or cancel, got {action!r}")
-        self.cluster = cluster
-        self.prefix = f"{cluster}/"
-        self.state_path = Path(state_path)
         self.action = action
-        self.dry_run = dry_run
-        self.ops = ops or Ops()
-        self.log = log
-        self.clock = clock
-        self.state = self._load()
+        super().__init__(cluster, state_path, ops or Ops(), dry_run=dry_run, log=log, clock=clock)
 
-    def _load(self) -> dict:
-        return common.load_applied(self.state_path, self.cluster, STATE_VERSION, ActuateError)
-
-    def apply(self, decision: dict) -> Outcome:
-        did = str(decision.get("decision_id", ""))
-        pool = str(decision.get("pool", ""))
-        out = Outcome(did, pool)
-        out.skipped = common.skip_decision(decision, self.cluster, self.state["applied"])
-        if out.skipped:
-            return out
-        mark = f"{PREEMPT_MARK}{did}"
-        if len(mark) > 1000:
+    def _begin(self, decision: dict, did: str) -> None:
+        if len(f"{PREEMPT_MARK}{did}") > 1000:
             raise ActuateError(f"decision id too long for an AdminComment: {did[:80]}…")
-        for v in decision.get("victims") or ():
-            job = str(v.get("job_id", ""))
-            state = self.ops.job_state(job)
-            if state not in _RUNNING:
-                out.gone.append((job, state))
-                self.log(f"{did}: victim {job} is {'gone' if state is None else state.lower()}: nothing to do")
-                continue
-            if self.dry_run:
-                out.applied.append((job, f"would {self.action}"))
-                self.log(f"{did}: would {self.action} {job} (dry run)")
-                continue
-            self.ops.mark(job, mark)
-            try:
-                (self.ops.requeue if self.action == "requeue" else self.ops.cancel)(job)
-            except commands.SlurmError as e:
-                if self.ops.job_state(job) not in _RUNNING:  # it ended in between: gone, not an error
-                    out.gone.append((job, None))
-                    self.log(f"{did}: victim {job} ended before the {self.action}: {e}")
-                    continue
-                raise
-            out.applied.append((job, self.action))
-            self.log(f"{did}: {self.action} {job} ({v.get('team')}, {v.get('chips')} GPUs) for "
-                     f"{(decision.get('beneficiary') or {}).get('job_id')}")
-        if not self.dry_run:
-            common.record_applied(self.state_path, self.state, did, pool, [j for j, _ in out.applied],
-                                  int(self.clock()))
-        return out
 
-    def apply_all(self, decisions: Iterable[dict]) -> list[Outcome]:
-        return [self.apply(d) for d in decisions]
+    def _victim(self, decision: dict, did: str, v: dict, out: Outcome) -> None:
+        job = str(v.get("job_id", ""))
+        state = self.ops.job_state(job)
+        if state not in _RUNNING:
+            out.gone.append((job, state))
+            self.log(f"{did}: victim {job} is {'gone' if state is None else state.lower()}: nothing to do")
+            return
+        if self.dry_run:
+            out.applied.append((job, f"would {self.action}"))
+            self.log(f"{did}: would {self.action} {job} (dry run)")
+            return
+        self.ops.mark(job, f"{PREEMPT_MARK}{did}")
+        try:
+            (self.ops.requeue if self.action == "requeue" else self.ops.cancel)(job)
+        except commands.SlurmError as e:
+            if self.ops.job_state(job) not in _RUNNING:  # it ended in between: gone, not an error
+                out.gone.append((job, None))
+                self.log(f"{did}: victim {job} ended before the {self.action}: {e}")
+                return
+            raise
+        out.applied.append((job, self.action))
+        self.log(f"{did}: {self.action} {job} ({v.get('team')}, {v.get('chips')} GPUs) for "
+                 f"{(decision.get('beneficiary') or {}).get('job_id')}")
 
 
 def decisions_from_jsonl(path: Path) -> Iterator[dict]:
