@@ -230,11 +230,11 @@ def test_token_cli(env):
     assert CliRunner().invoke(cli_app, ["serve", "tokens", "create", "--user", "<x>", "--store", url]).exit_code == 2
 
 
-def _signed_in(env, user="alice") -> TestClient:
+def _signed_in(env, user="alice", token=None) -> TestClient:
     c = TestClient(build_app(env["portal"]))
     page = c.get("/login")
     nonce = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
-    r = c.post("/login", data={"token": env["tokens"][user][1], "csrf": nonce}, follow_redirects=False)
+    r = c.post("/login", data={"token": token or env["tokens"][user][1], "csrf": nonce}, follow_redirects=False)
     assert r.status_code == 303
     assert "httponly" in r.headers["set-cookie"].lower() and "samesite=strict" in r.headers["set-cookie"].lower()
     return c
@@ -388,12 +388,96 @@ def test_snapshot_events(env):
     assert event == "event: snapshot" and json.loads(data[len("data: "):])["snapshot"] >= 1
 
 
+def test_signing_out_ends_the_session_on_the_server(env):
+    """Sign in, copy the cookie, sign out, replay the cookie: refused (pages send you to /login, the API says 401).
+    The cookie is a session id, never the token."""
+    c = _signed_in(env)
+    cookie = c.cookies.get("clp_session")
+    assert cookie and cookie != env["tokens"]["alice"][1] and env["tokens"]["alice"][1] not in cookie
+    replay = TestClient(c.app)
+    replay.cookies.set("clp_session", cookie)
+    assert replay.get("/teams/vision", follow_redirects=False).status_code == 200  # the copy works while signed in
+    home = c.get("/teams/vision")
+    csrf = re.search(r'action="/logout".*?name="csrf" value="([^"]+)"', home.text, re.S).group(1)
+    assert c.post("/logout", data={"csrf": "forged"}, follow_redirects=False).status_code == 403
+    out = c.post("/logout", data={"csrf": csrf}, follow_redirects=False)
+    assert (out.status_code, out.headers["location"]) == (303, "/login")
+    r = replay.get("/teams/vision", follow_redirects=False)
+    assert (r.status_code, r.headers.get("location")) == (303, "/login")
+    assert replay.get("/api/v1/whoami").status_code == 401
+    assert replay.get(f"/jobs/{_vision_job(env)}", follow_redirects=False).status_code == 303
+    # its CSRF token died with it: a new session of the same token has new ones
+    again = _signed_in(env)
+    assert csrf not in again.get("/teams/vision/bursts").text
+    # the API token itself still works (signing out of a browser does not revoke it)
+    assert env["client"].get("/api/v1/whoami", headers=_h(env, "alice")).status_code == 200
+
+
+def test_a_session_ends_when_its_token_is_revoked(env):
+    token_id, token = new_token(env["store"], "mallory", "vision")
+    c = _signed_in(env, token=token)
+    assert c.get("/api/v1/whoami").json()["via"] == "session"
+    assert env["store"].revoke_token(token_id, datetime.now(timezone.utc))
+    assert c.get("/api/v1/whoami").status_code == 401
+    assert c.get("/teams/vision", follow_redirects=False).headers.get("location") == "/login"
+    # and the raw token in the cookie (what the cookie held before sessions) is no session
+    raw = TestClient(c.app)
+    raw.cookies.set("clp_session", env["tokens"]["alice"][1])
+    assert raw.get("/api/v1/whoami").status_code == 401
+
+
+def _limited_portal(env, per_minute: int) -> TestClient:
+    p = env["portal"]
+    portal = Portal(cfg=portal_config(requests_per_minute=per_minute), reader=p.reader, store=p.store,
+                    tokens=TokenCache(p.store, ttl_s=0))
+    return TestClient(build_app(portal))
+
+
+def test_every_request_is_rate_limited_per_principal(env):
+    """`[serve] requests_per_minute`: a caller's requests beyond it are 429 with Retry-After and a sentence (JSON for
+    the API, a page for pages); another user, and /healthz, are not affected; anonymous callers are counted per
+    address."""
+    c = _limited_portal(env, 5)
+    alice, eve = _h(env, "alice"), _h(env, "eve")
+    got = [c.get(path, headers=alice).status_code for path in
+           ("/api/v1/whoami", "/api/v1/pools", "/teams/vision", "/api/v1/queue", "/api/v1/teams")]
+    assert got == [200] * 5
+    r = c.get("/api/v1/whoami", headers=alice)
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+    assert r.json()["detail"].startswith("too many requests") and r.json()["retry_after_s"] >= 1
+    page = c.get("/teams/vision", headers=alice)
+    assert page.status_code == 429 and page.headers["content-type"].startswith("text/html")
+    assert "too many requests" in page.text and int(page.headers["retry-after"]) >= 1
+    assert "default-src 'none'" in page.headers["content-security-policy"]
+    # another user is not affected, nor alice's other way in (a second token of hers shares her bucket)
+    assert c.get("/api/v1/whoami", headers=eve).status_code == 200
+    _, alice2 = new_token(env["store"], "alice", "vision")
+    assert c.get("/api/v1/whoami", headers={"Authorization": f"Bearer {alice2}"}).status_code == 429
+    assert c.get("/healthz").status_code == 200
+    # anonymous callers: per client address, their 401s and login pages counted too
+    anon = [c.get("/api/v1/pools").status_code for _ in range(6)]
+    assert anon == [401] * 5 + [429]
+    assert c.get("/login").status_code == 429
+    assert c.get("/api/v1/whoami", headers=eve).status_code == 200  # eve still has hers
+
+
+def test_a_rate_limit_of_zero_is_no_limit(env):
+    c = _limited_portal(env, 0)
+    assert {c.get("/api/v1/whoami", headers=_h(env, "alice")).status_code for _ in range(300)} == {200}
+    from chipledger.config import ServeConfig
+
+    with pytest.raises(ValueError, match="requests_per_minute"):
+        ServeConfig(requests_per_minute=-1)
+
+
 def test_write_rate_limit(env):
     from chipledger.web.auth import RateLimiter
 
     lim = RateLimiter(3)
     assert [lim.allow("u") for _ in range(4)] == [True, True, True, False]
     assert lim.allow("v")
+    assert lim.wait_s("u") == 20  # one request every 60/3 s: the next in 20 s
+    assert RateLimiter(0).wait_s("u") == 0
 
 
 def test_pagination_is_stable(env):
@@ -544,8 +628,7 @@ def test_unknown_token_ids_are_not_remembered(env):
 def test_cookie_session_cannot_skip_csrf_with_another_authorization_scheme(env):
     """[low] POST /api/v1/bursts with the session cookie and any non-Bearer Authorization header (e.g. Basic)
     skipped the CSRF check."""
-    client = TestClient(env["client"].app)
-    client.cookies.set("clp_session", env["tokens"]["alice"][1])
+    client = _signed_in(env)
     r = client.post("/api/v1/bursts", json={"pool": POOL, "team": "vision", "chips": 4, **_window()},
                     headers={"Authorization": "Basic Zm9vOmJhcg=="})
     assert r.status_code == 403, r.text

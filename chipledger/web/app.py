@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 
 from chipledger.config import Config
 from chipledger.web import burst as burst_mod
-from chipledger.web.auth import Csrf, Principal, RateLimiter, TokenCache, principal_for
+from chipledger.web.auth import Csrf, Principal, RateLimiter, Sessions, TokenCache, principal_for
 from chipledger.web.estimate import Running, Waiting, estimate_start
 from chipledger.web.lake import LakeReader, Snapshot
 
@@ -41,7 +41,8 @@ MAX_BODY_BYTES = 16 << 10
 # letters (accents, spaces, slashes: Kubernetes namespace/name), only not markup characters (refused as hostile)
 NAME_RE = re.compile(r"^[^\x00-\x1f\x7f-\x9f<>\"'`&\\]{1,256}$")
 PAGE_REFRESH_S = 60
-MAX_STREAMS_PER_CALLER = 8  # open /api/v1/snapshots streams per caller: each holds a connection and a task
+MAX_STREAMS_PER_CALLER = 8
+UNLIMITED_PATHS = frozenset({"/healthz", "/static/portal.css"})  # not rate limited (probes; every page's stylesheet)  # open /api/v1/snapshots streams per caller: each holds a connection and a task
 
 
 @dataclass
@@ -56,6 +57,8 @@ class Portal:
     dry_limiter: RateLimiter = None
     csrf: Csrf = field(default_factory=Csrf)
     limiter: RateLimiter = None
+    requests: RateLimiter = None                            # every request, per user else per client address
+    sessions: Sessions = None                               # signed-in browser sessions (/login, /logout)
     statements_dir: Optional[Path] = None
     accuracy: Optional[dict] = None                         # the start estimate's measured accuracy (docs/portal.md)
     sent: list = field(default_factory=list)                # burst requests this process sent (pending until decided)
@@ -69,6 +72,10 @@ class Portal:
             self.limiter = RateLimiter(self.cfg.serve.writes_per_minute)
         if self.dry_limiter is None:  # a dry run writes nothing but costs a few hundred verdicts: 6x the writes
             self.dry_limiter = RateLimiter(6 * self.cfg.serve.writes_per_minute)
+        if self.requests is None:
+            self.requests = RateLimiter(self.cfg.serve.requests_per_minute)
+        if self.sessions is None:
+            self.sessions = Sessions(self.tokens, self.cfg.serve.session_hours * 3600)
         if self.reader is not None and self.reader.warm is None:
             self.reader.warm = queue_all  # the queue's estimates are computed at each refresh, not per request
 
@@ -447,16 +454,19 @@ class Identity:
             if user:
                 groups = [g.strip() for g in request.headers.get(cfg.groups_header, "").split(",") if g.strip()]
                 return principal_for(cfg, user.strip()[:128], groups, "proxy")
-        token = None
         auth = request.headers.get("authorization", "")
         if auth.lower().startswith("bearer "):
-            token = auth[7:].strip()
-        elif request.cookies.get(SESSION_COOKIE):
-            token = request.cookies.get(SESSION_COOKIE)
-        if token:
-            row = self.portal.tokens.lookup(token)
+            row = self.portal.tokens.lookup(auth[7:].strip())
             if row is not None:
                 return principal_for(cfg, row.user, [], "token", token_team=row.team, token_id=row.token_id)
+            return None
+        cookie = request.cookies.get(SESSION_COOKIE)
+        if cookie:  # a browser's session (/login): its id, never the token (signing out ends it here)
+            live = self.portal.sessions.lookup(cookie)
+            if live is not None:
+                sid, row = live
+                return principal_for(cfg, row.user, [], "session", token_team=row.team, token_id=row.token_id,
+                                     session_id=sid)
         return None
 
 
@@ -507,13 +517,39 @@ def build_app(portal: Portal) -> FastAPI:
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
             return JSONResponse({"detail": "request body too large"}, status_code=413)
-        response = await call_next(request)
+        wait = _rate_limited(request)
+        response = await call_next(request) if wait == 0 else _too_many(request, wait)
         response.headers["Content-Security-Policy"] = CSP
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "no-referrer"
         response.headers["X-Frame-Options"] = "DENY"
         response.headers.setdefault("Cache-Control", "no-store")
         return response
+
+    def _rate_limited(request: Request) -> int:
+        """Seconds to wait when this request is beyond its caller's `[serve] requests_per_minute`, else 0. The
+        caller is the principal (the user) when the request names one, else its client address. /healthz (probes)
+        and the stylesheet (loaded with every page) are not counted."""
+        if portal.requests.per_minute <= 0 or request.url.path in UNLIMITED_PATHS:
+            return 0
+        p = identity(request)
+        if p is not None:
+            key = p.limit_key
+        else:
+            key = "addr:" + (request.client.host if request.client else "")
+        return portal.requests.wait_s(key)
+
+    def _too_many(request: Request, wait: int):
+        detail = (f"too many requests: at most {portal.requests.per_minute} a minute per user (or address); "
+                  f"try again in {wait} s")
+        headers = {"Retry-After": str(wait)}
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"detail": detail, "retry_after_s": wait}, status_code=429, headers=headers)
+        r = templates.TemplateResponse(request, "error.html", {"request": request, "me": None, "csrf": None,
+                                                               "refresh_s": PAGE_REFRESH_S, "snapshot": None,
+                                                               "message": detail}, status_code=429)
+        r.headers.update(headers)
+        return r
 
     def who(request: Request) -> Principal:
         p = identity(request)
@@ -788,8 +824,11 @@ def build_app(portal: Portal) -> FastAPI:
         if row is None:
             return render(request, "login.html", None, 401, login_csrf=cookie, error="that token is not valid")
         r = RedirectResponse("/", status_code=303)
-        r.set_cookie(SESSION_COOKIE, token.strip(), httponly=True, samesite="strict",
-                     secure=portal.cfg.serve.secure_cookies)
+        old = request.cookies.get(SESSION_COOKIE)
+        if old:
+            portal.sessions.end(old)  # signing in again replaces the session (its CSRF tokens with it)
+        r.set_cookie(SESSION_COOKIE, portal.sessions.start(row.token_id), httponly=True, samesite="strict",
+                     secure=portal.cfg.serve.secure_cookies, max_age=int(portal.cfg.serve.session_hours * 3600))
         r.delete_cookie(LOGIN_CSRF_COOKIE)
         return r
 
@@ -798,6 +837,9 @@ def build_app(portal: Portal) -> FastAPI:
         p = page_user(request)
         if p is not None and not portal.csrf.check(p.session_key(), csrf):
             raise HTTPException(403, "CSRF token missing or wrong")
+        cookie = request.cookies.get(SESSION_COOKIE)
+        if cookie:
+            portal.sessions.end(cookie)  # the session ends here: the cookie, replayed, is refused
         r = RedirectResponse("/login", status_code=303)
         r.delete_cookie(SESSION_COOKIE)
         return r
@@ -1243,8 +1285,9 @@ def portal_sent(portal: Portal, team: str) -> list[dict]:
 
 
 def _dry_run(portal: Portal, req: BurstIn, user: str, s: Optional[Snapshot] = None) -> dict:
-    if not portal.dry_limiter.allow(user):
-        raise HTTPException(429, "too many dry runs: try again in a minute")
+    wait = portal.dry_limiter.wait_s(user)
+    if wait:
+        raise HTTPException(429, f"too many dry runs: try again in {wait} s", headers={"Retry-After": str(wait)})
     out = burst_mod.dry_run(s or portal.reader.snapshot, req.pool, req.team, req.chips, req.window_start, req.window_end,
                             portal.cfg.slo.availability)
     if out is None:
@@ -1256,8 +1299,10 @@ def _submit(portal: Portal, p: Principal, req: BurstIn) -> SubmittedOut:
     if portal.producer_factory is None:
         raise HTTPException(503, "burst requests need the Kafka pipeline, and this portal has none configured "
                                  "(start it with --bootstrap); the dry run works without it")
-    if not portal.limiter.allow(p.user):
-        raise HTTPException(429, "too many requests: try again in a minute")
+    wait = portal.limiter.wait_s(p.user)
+    if wait:
+        raise HTTPException(429, f"too many burst requests: try again in {wait} s",
+                            headers={"Retry-After": str(wait)})
     now = datetime.now(timezone.utc)
     request_id = f"portal-{now:%Y%m%d%H%M%S}-{uuid.uuid4().hex[:8]}"
     event_id = f"{request_id}:requested"
