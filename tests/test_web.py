@@ -4,6 +4,7 @@ core's own inputs, the start estimate."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shutil
@@ -944,3 +945,108 @@ def test_a_lake_without_prices_shows_no_cost(env, tmp_path):
     home = c.get("/teams/vision", headers=_h(env, "alice")).text
     assert "no price set" in home and 'id="costs"' not in home
     assert "no price set" in c.get("/fleet", headers=_h(env, "root")).text
+
+
+def _decision_views(env, visibility: str):
+    p = env["portal"]
+    portal = Portal(cfg=portal_config(visibility=visibility), reader=p.reader, store=p.store,
+                    tokens=TokenCache(p.store, ttl_s=0))
+    return TestClient(build_app(portal))
+
+
+MEMBERS = {"alice": "vision", "eve": "ads-ml"}
+
+
+def _what_a_member_reads_of_decisions(env, c, user: str) -> list[tuple[str, str]]:
+    """Every response a member gets that shows decisions involving their team: the decisions (whole, and page by
+    page: the cursors too), the API and page of each of their jobs a decision names, their queue, home and bursts."""
+    team = MEMBERS[user]
+    h = _h(env, user)
+    out = []
+    r = c.get("/api/v1/decisions?limit=1000", headers=h)
+    assert r.status_code == 200
+    out.append(("decisions", r.text))
+    cursor = None
+    while True:
+        r = c.get("/api/v1/decisions?limit=1" + (f"&cursor={cursor}" if cursor else ""), headers=h).json()
+        cursor = r["next_cursor"]
+        if not cursor:
+            break
+        out.append(("cursor", base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()))
+    jobs = _sql(env, "SELECT job_id FROM decision_victims WHERE team = '%s' UNION "
+                     "SELECT beneficiary_job_id FROM decisions WHERE team = '%s' AND beneficiary_job_id IS NOT NULL"
+                % (team, team))
+    assert jobs, "the lake has decisions naming this team"
+    for j in jobs:
+        for path in (f"/api/v1/jobs/{j['job_id']}", f"/jobs/{j['job_id']}"):
+            r = c.get(path, headers=h)
+            assert r.status_code == 200, path
+            out.append((path, r.text))
+    for path in (f"/api/v1/queue?team={team}", f"/teams/{team}/queue", f"/teams/{team}",
+                 f"/api/v1/teams/{team}/bursts", f"/teams/{team}/bursts"):
+        r = c.get(path, headers=h)
+        assert r.status_code == 200, path
+        out.append((path, r.text))
+    return out
+
+
+@pytest.mark.parametrize("user", sorted(MEMBERS))
+def test_a_member_never_reads_another_teams_name_in_decisions_with_visibility_team(env, user):
+    """The ledger's sentences name every team a decision touches (`… fits team vision's unused quota …; preempt 1
+    job(s) of borrowing team(s) ads-ml …`). With `[serve] visibility = team`, the beneficiary's team (alice) and the
+    victims' (eve) read each other as "another team", in every field, page and cursor; the other's job ids and the
+    decision's id (it carries the beneficiary's job id) as `(hidden)` and an alias. An admin reads it all as written."""
+    import html
+
+    c = _decision_views(env, "team")
+    others = {r["team"] for r in _sql(env, "SELECT team FROM jobs UNION SELECT team FROM balance_log")} - \
+        {MEMBERS[user]}
+    involved = _sql(env, "SELECT d.decision_id, d.team, d.beneficiary_job_id, v.job_id AS victim, v.team AS vteam "
+                         "FROM decisions d JOIN decision_victims v USING (decision_id) WHERE d.team <> v.team")
+    assert any(MEMBERS[user] in (r["team"], r["vteam"]) for r in involved), "a decision between two teams"
+    hidden_jobs = {r["beneficiary_job_id"] for r in involved if r["team"] != MEMBERS[user]} | \
+        {r["victim"] for r in involved if r["vteam"] != MEMBERS[user]}
+    hidden_ids = {r["decision_id"] for r in involved}
+    for where, text in _what_a_member_reads_of_decisions(env, c, user):
+        for secret in sorted(others | hidden_jobs | hidden_ids):
+            assert secret not in text and html.escape(secret) not in text, (where, secret)
+    decisions = c.get("/api/v1/decisions?limit=1000", headers=_h(env, user)).json()["decisions"]
+    mixed = [d for d in decisions if d["decision_id"].startswith("hidden-")]
+    assert mixed and all("another team" in d["message"] for d in mixed)
+    # the control: an admin reads the ledger's own sentence, every name in it
+    staff = c.get("/api/v1/decisions?limit=1000", headers=_h(env, "root")).text
+    assert all(i in staff for i in hidden_ids) and "ads-ml" in staff and "vision" in staff
+
+
+def test_with_visibility_fleet_a_member_reads_team_names_but_not_other_teams_job_ids(env):
+    c = _decision_views(env, "fleet")
+    involved = _sql(env, "SELECT d.decision_id, d.team, d.beneficiary_job_id, v.team AS vteam "
+                         "FROM decisions d JOIN decision_victims v USING (decision_id) WHERE d.team <> v.team")
+    victim_side = [r for r in involved if r["vteam"] == "ads-ml"]
+    assert victim_side
+    texts = _what_a_member_reads_of_decisions(env, c, "eve")
+    everything = "\n".join(t for _, t in texts)
+    for r in victim_side:
+        assert r["beneficiary_job_id"] not in everything and r["decision_id"] not in everything
+        assert r["team"] in everything  # the team's name: visibility fleet shows it
+    # the alias is one per decision: the job page's "preempted by decision …" and the decisions list agree
+    listed = {d["decision_id"] for d in c.get("/api/v1/decisions?limit=1000", headers=_h(env, "eve")).json()
+              ["decisions"]}
+    shown = set(re.findall(r"hidden-[0-9a-f]{24}", everything))
+    assert shown and shown <= listed
+
+
+def test_decision_cursors_page_through_aliases(env):
+    c = _decision_views(env, "team")
+    h = _h(env, "eve")
+    everything = [d["decision_id"] for d in c.get("/api/v1/decisions?limit=1000", headers=h).json()["decisions"]]
+    seen, cursor = [], None
+    while True:
+        body = c.get("/api/v1/decisions?limit=1" + (f"&cursor={cursor}" if cursor else ""), headers=h).json()
+        seen += [d["decision_id"] for d in body["decisions"]]
+        cursor = body["next_cursor"]
+        if not cursor:
+            break
+    assert seen == everything and any(s.startswith("hidden-") for s in seen)
+    forged = base64.urlsafe_b64encode(json.dumps(["2026-11-02T15:52:53Z", "hidden-" + "0" * 24]).encode()).decode()
+    assert c.get(f"/api/v1/decisions?cursor={forged.rstrip('=')}", headers=h).status_code == 400

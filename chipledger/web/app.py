@@ -30,6 +30,7 @@ from chipledger.web import burst as burst_mod
 from chipledger.web.auth import Csrf, Principal, RateLimiter, Sessions, TokenCache, principal_for
 from chipledger.web.estimate import Running, Waiting, estimate_start
 from chipledger.web.lake import LakeReader, Snapshot
+from chipledger.web.redact import ALIAS_PREFIX, View, new_key
 
 HERE = Path(__file__).parent
 SESSION_COOKIE = "clp_session"
@@ -63,6 +64,7 @@ class Portal:
     accuracy: Optional[dict] = None                         # the start estimate's measured accuracy (docs/portal.md)
     sent: list = field(default_factory=list)                # burst requests this process sent (pending until decided)
     streams: dict = field(default_factory=dict)             # open event streams per caller (session key)
+    alias_key: bytes = field(default_factory=new_key)       # decision ids a member may not read are shown as aliases
     _producer: Any = None
 
     def __post_init__(self):
@@ -208,13 +210,16 @@ class JobsOut(Page):
 
 
 class DecisionOut(BaseModel):
-    decision_id: str
+    decision_id: str = Field(description="the ledger's id, or `hidden-…` (an alias) when it could name what the "
+                                         "caller may not see")
     type: str
     pool: str
     at: datetime
     rule: str
-    team: Optional[str]
-    message: str
+    team: Optional[str] = Field(description="the team the decision is for; null when the caller may not see its name "
+                                            "(`[serve] visibility = team`)")
+    message: str = Field(description="the ledger's sentence; for a team member, other teams' job ids read "
+                                     "`(hidden)` and, with visibility `team`, their names `another team`")
     verdict: Optional[str]
     request_id: Optional[str]
 
@@ -420,13 +425,21 @@ def _chips(milli) -> Optional[float]:
     return None if milli is None else milli / 1000
 
 
-def _keyset_page(read, sql: str, params: dict, cursor: Optional[str], limit: int, at: str, key: str):
+def _keyset_page(read, sql: str, params: dict, cursor: Optional[str], limit: int, at: str, key: str,
+                 resolve: Optional[Callable[[list], list]] = None, shown: Optional[Callable[[dict], str]] = None):
     """One page of a keyset-paged query: `sql` filters on `($k_at, $k_id)` (the cursor's instant and id, NULL on the
     first page) and ends with `LIMIT $n`; `read` is the snapshot's rows or cached_rows. Returns the page's rows and
-    the next page's cursor (the last row's `at` and `key`; None on the last page)."""
+    the next page's cursor (the last row's `at` and `key`; None on the last page). `shown(row)` is the key as the
+    caller may see it (an alias), which `resolve(cursor key)` maps back."""
     k = _cursor_decode(cursor)
+    if k and resolve is not None:
+        k = resolve(k)
     rows = read(sql, {**params, "k_at": k[0] if k else None, "k_id": k[1] if k else None, "n": limit + 1})
-    nxt = _cursor_encode([_iso(rows[limit - 1][at]), rows[limit - 1][key]]) if len(rows) > limit else None
+    if len(rows) > limit:
+        last = rows[limit - 1]
+        nxt = _cursor_encode([_iso(last[at]), shown(last) if shown else last[key]])
+    else:
+        nxt = None
     return rows[:limit], nxt
 
 
@@ -615,7 +628,7 @@ def build_app(portal: Portal) -> FastAPI:
 
     @api.get("/jobs/{job_id:path}", response_model=JobOut, tags=["jobs"])
     def job(job_id: str, p: Principal = Depends(who)):
-        out = _job(snap(), p, job_id)
+        out = _job(portal, snap(), p, job_id)
         if out is None:
             raise HTTPException(404, "no such job")
         return out
@@ -645,15 +658,35 @@ def build_app(portal: Portal) -> FastAPI:
                 raise HTTPException(404, "no such team")
         s = snap()
         teams_filter = None if (team is None and p.is_staff) else ([team] if team else sorted(p.teams))
+        view = _view(portal, s, p)
+        bodies: dict[str, dict] = {}
+
+        def body(r: dict) -> dict:
+            if r["decision_id"] not in bodies:
+                bodies[r["decision_id"]] = json.loads(r["body"] or "{}")
+            return bodies[r["decision_id"]]
+
+        def resolve(k: list) -> list:
+            if not k[1].startswith(ALIAS_PREFIX):
+                return k
+            for r in s.cached_rows('SELECT decision_id FROM portal_decisions WHERE "at" = ?::TIMESTAMPTZ', [k[0]]):
+                if view.alias(r["decision_id"]) == k[1]:
+                    return [k[0], r["decision_id"]]
+            raise HTTPException(400, "cursor is not one this API gave out")
+
         rows, nxt = _keyset_page(
             s.cached_rows,
-            'SELECT decision_id, type, pool, "at", rule, team, message, verdict, request_id FROM portal_decisions '
+            'SELECT decision_id, type, pool, "at", rule, team, message, verdict, request_id, body FROM portal_decisions '
             'WHERE ($pool IS NULL OR pool = $pool) AND ($teams IS NULL OR list_contains($teams, team) '
             "OR decision_id IN (SELECT decision_id FROM decision_victims WHERE list_contains($teams, team))) "
             'AND ($k_at IS NULL OR ("at", decision_id) > ($k_at::TIMESTAMPTZ, $k_id)) '
             'ORDER BY "at", decision_id LIMIT $n',
-            {"pool": pool, "teams": teams_filter}, cursor, limit, "at", "decision_id")
-        return DecisionsOut(decisions=[DecisionOut(**r) for r in rows], next_cursor=nxt, snapshot=s.version)
+            {"pool": pool, "teams": teams_filter}, cursor, limit, "at", "decision_id", resolve=resolve,
+            shown=lambda r: view.decision_id(r["decision_id"], body(r)))
+        return DecisionsOut(decisions=[DecisionOut(
+            decision_id=view.decision_id(r["decision_id"], body(r)), type=r["type"], pool=r["pool"], at=r["at"],
+            rule=r["rule"], team=view.team(r["team"]), message=view.message(body(r), r["message"]) or "",
+            verdict=r["verdict"], request_id=r["request_id"]) for r in rows], next_cursor=nxt, snapshot=s.version)
 
     @api.get("/slos", response_model=SlosOut, tags=["slo"])
     def slos(pool: Optional[str] = None, p: Principal = Depends(who)):
@@ -889,7 +922,7 @@ def build_app(portal: Portal) -> FastAPI:
         if p is None:
             return signin_redirect()
         s = snap()
-        out = _job(s, p, job_id)
+        out = _job(portal, s, p, job_id)
         if out is None:
             return render(request, "error.html", p, 404, message="no such job")
         return render(request, "job.html", p, snapshot=s, job=out)
@@ -1153,16 +1186,56 @@ def _blockers(s: Snapshot, p: Principal, row: dict) -> str:
     return ",".join(shown + ([f"{hidden} job(s) of other teams"] if hidden else []))
 
 
-def _job(s: Snapshot, p: Principal, job_id: str) -> Optional[JobOut]:
+def _all_teams(s: Snapshot) -> frozenset[str]:
+    """Every team name of the lake (what a caller's decisions are checked against, last)."""
+    return s.memo("all_teams", lambda: frozenset(r["team"] for r in s.rows(
+        "SELECT team FROM portal_jobs UNION SELECT team FROM balance_log UNION SELECT team FROM portal_grants "
+        "UNION SELECT team FROM decision_victims UNION SELECT team FROM portal_decisions") if r["team"]), pin=True)
+
+
+def _view(portal: Portal, s: Snapshot, p: Principal) -> View:
+    return View(p, _all_teams(s), portal.alias_key)
+
+
+def _job(portal: Portal, s: Snapshot, p: Principal, job_id: str) -> Optional[JobOut]:
     if not NAME_RE.match(job_id or ""):
         return None
-    out = s.memo(("job", job_id), lambda: _job_compute(s, job_id))
-    if out is None or not p.can_read_team(out.team):
+    got = s.memo(("job", job_id), lambda: _job_compute(s, job_id))
+    if got is None or not p.can_read_team(got[0].team):
         return None
-    return out
+    out, refs, bodies = got
+    if p.is_staff:
+        return out
+    # the decisions in its timeline (a preemption's sentence names the other teams) as this caller may read them
+    view = _view(portal, s, p)
+    shown_ids = {did: view.decision_id(did, body) for did, body in bodies.items()}
+
+    def ids_shown(text: str) -> str:  # "preempted by decision ID …": the id as this caller sees it
+        for did, shown in shown_ids.items():
+            if shown != did:
+                text = text.replace(did, shown)
+        return text
+
+    timeline = []
+    for entry, ref in zip(out.timeline, refs):
+        if ref is not None and entry.type.startswith("decision"):
+            entry = entry.model_copy(update={"detail": view.message(bodies.get(ref, {}), entry.detail) or ""})
+        else:
+            entry = entry.model_copy(update={"detail": view.text(ids_shown(entry.detail)) or ""})
+        timeline.append(entry)
+
+    def why_value(v):  # its sentences (a scheduler's message is free text): the last check for hidden names
+        if isinstance(v, str):
+            return view.text(ids_shown(v))
+        if isinstance(v, (list, tuple)):
+            return type(v)(why_value(x) for x in v)
+        return v
+
+    return out.model_copy(update={"timeline": timeline, "why": {k: why_value(v) for k, v in out.why.items()}})
 
 
-def _job_compute(s: Snapshot, job_id: str) -> Optional[JobOut]:
+def _job_compute(s: Snapshot, job_id: str) -> Optional[tuple[JobOut, list, dict]]:
+    """The job (what staff see), the decision id behind each timeline entry (or None), and those decisions' bodies."""
     rows = s.rows("SELECT * FROM portal_jobs WHERE job_id = ? ORDER BY submitted_at DESC LIMIT 1", [job_id])
     if not rows:
         return None
@@ -1185,26 +1258,38 @@ def _job_compute(s: Snapshot, job_id: str) -> Optional[JobOut]:
                   {"job.submitted": "pending", "job.preempted": "pending", "job.released": "pending",
                    "job.waiting": "pending"}.get(kind, "running" if kind else "unknown"))
         ex = Explanation(job_id, True, pool=j["pool"], team=j["team"], status=status)
-    timeline = []
+    timeline = []  # (entry, the decision it shows or names)
     for r in s.rows("SELECT applied_at, type, body FROM events WHERE job_id = ? AND pool = ? AND applied_at >= ? "
                     "ORDER BY applied_at, \"offset\"", [job_id, j["pool"], j["submitted_at"]]):
-        timeline.append(TimelineEntry(at=r["applied_at"], type=r["type"], detail=_event_detail(r["type"], r["body"])))
+        ref = None
+        if r["type"] == "job.preempted":
+            try:
+                ref = json.loads(r["body"]).get("decision_id")
+            except Exception:
+                ref = None
+        timeline.append((TimelineEntry(at=r["applied_at"], type=r["type"], detail=_event_detail(r["type"], r["body"])),
+                         ref))
     for at, did, role, message in ex.decisions:
-        timeline.append(TimelineEntry(at=datetime.strptime(at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc),
-                                      type=f"decision ({role})", detail=message))
+        timeline.append((TimelineEntry(at=datetime.strptime(at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc),
+                                       type=f"decision ({role})", detail=message), did))
     for r in s.rows("SELECT run_index, started_at, ended_at, end_reason, lost_mchip_s FROM portal_runs "
                     "WHERE job_id = ? AND pool = ? AND submitted_at = ? AND lost_mchip_s > 0",
                     [job_id, j["pool"], j["submitted_at"]]):
-        timeline.append(TimelineEntry(at=r["ended_at"] or r["started_at"], type="lost work",
-                                      detail=f"run {r['run_index']} lost {r['lost_mchip_s'] / 3.6e6:.2f} chip-hours of "
-                                             f"work since its last checkpoint ({r['end_reason']})"))
-    timeline.sort(key=lambda e: e.at)
-    return JobOut(job_id=j["job_id"], pool=j["pool"], team=j["team"], user=j["user"], chips=j["chips"],
+        timeline.append((TimelineEntry(at=r["ended_at"] or r["started_at"], type="lost work",
+                                       detail=f"run {r['run_index']} lost {r['lost_mchip_s'] / 3.6e6:.2f} chip-hours of "
+                                              f"work since its last checkpoint ({r['end_reason']})"), None))
+    timeline.sort(key=lambda e: e[0].at)
+    refs = [ref for _, ref in timeline]
+    ids = sorted({ref for ref in refs if ref})
+    bodies = {r["decision_id"]: json.loads(r["body"] or "{}") for r in s.rows(
+        "SELECT decision_id, body FROM portal_decisions WHERE list_contains(?, decision_id)", [ids])} if ids else {}
+    out = JobOut(job_id=j["job_id"], pool=j["pool"], team=j["team"], user=j["user"], chips=j["chips"],
                   priority=j["priority"], status=ex.status or "unknown", submitted_at=j["submitted_at"],
                   first_started_at=j["first_started_at"], finished_at=j["finished_at"], outcome=j["outcome"],
                   preemptions=j["preemptions"], allocated_mchip_s=j["allocated_mchip_s"],
-                  lost_mchip_s=j["lost_mchip_s"], timeline=timeline,
+                  lost_mchip_s=j["lost_mchip_s"], timeline=[e for e, _ in timeline],
                   why={k: v for k, v in ex.as_dict().items() if k not in ("history", "decisions")})
+    return out, refs, bodies
 
 
 def _event_detail(kind: str, body: str) -> str:
