@@ -453,13 +453,27 @@ def _check_name(value: str, what: str) -> str:
     return value
 
 
+_UNKNOWN = object()
+
+
 class Identity:
     """The dependency that turns a request into a Principal (or None)."""
 
     def __init__(self, portal: Portal):
         self.portal = portal
 
-    def __call__(self, request: Request) -> Optional[Principal]:
+    def __call__(self, request: Request, fresh: bool = False) -> Optional[Principal]:
+        """The request's principal, worked out once per request (the rate limit needs it before the route does);
+        `fresh`: again (a long-lived event stream checks that its token or session still holds)."""
+        if not fresh:
+            known = request.scope.get("chipledger.principal", _UNKNOWN)
+            if known is not _UNKNOWN:
+                return known
+        p = self._resolve(request)
+        request.scope["chipledger.principal"] = p
+        return p
+
+    def _resolve(self, request: Request) -> Optional[Principal]:
         cfg = self.portal.cfg.serve
         client = request.client.host if request.client else ""
         if client in cfg.proxies():
@@ -805,7 +819,7 @@ def build_app(portal: Portal) -> FastAPI:
                         return
                 if await request.is_disconnected():
                     return
-                if identity(request) is None:  # its token revoked (or its session gone): the stream ends too
+                if identity(request, fresh=True) is None:  # its token revoked (or its session gone): it ends too
                     return
                 await asyncio.sleep(1.0)
 
