@@ -950,7 +950,7 @@ def test_a_lake_without_prices_shows_no_cost(env, tmp_path):
 def _decision_views(env, visibility: str):
     p = env["portal"]
     portal = Portal(cfg=portal_config(visibility=visibility), reader=p.reader, store=p.store,
-                    tokens=TokenCache(p.store, ttl_s=0))
+                    tokens=TokenCache(p.store, ttl_s=0), statements_dir=p.statements_dir)
     return TestClient(build_app(portal))
 
 
@@ -983,10 +983,18 @@ def _what_a_member_reads_of_decisions(env, c, user: str) -> list[tuple[str, str]
             assert r.status_code == 200, path
             out.append((path, r.text))
     for path in (f"/api/v1/queue?team={team}", f"/teams/{team}/queue", f"/teams/{team}",
-                 f"/api/v1/teams/{team}/bursts", f"/teams/{team}/bursts"):
+                 f"/api/v1/teams/{team}/bursts", f"/teams/{team}/bursts", f"/teams/{team}/statements"):
         r = c.get(path, headers=h)
         assert r.status_code == 200, path
         out.append((path, r.text))
+    # their statements, every format (a statement lists who preempted their jobs)
+    issued = c.get(f"/api/v1/teams/{team}/statements", headers=h).json()["statements"]
+    assert issued and {"json", "md", "html", "csv"} <= set(issued[0]["formats"])
+    for st in issued:
+        for fmt, url in st["downloads"].items():
+            r = c.get(url, headers=h)
+            assert r.status_code == 200, url
+            out.append((url, r.text))
     return out
 
 
@@ -1013,9 +1021,11 @@ def test_a_member_never_reads_another_teams_name_in_decisions_with_visibility_te
     decisions = c.get("/api/v1/decisions?limit=1000", headers=_h(env, user)).json()["decisions"]
     mixed = [d for d in decisions if d["decision_id"].startswith("hidden-")]
     assert mixed and all("another team" in d["message"] for d in mixed)
-    # the control: an admin reads the ledger's own sentence, every name in it
+    # the control: an admin reads the ledger's own sentence, every name in it, and the statement as issued
     staff = c.get("/api/v1/decisions?limit=1000", headers=_h(env, "root")).text
     assert all(i in staff for i in hidden_ids) and "ads-ml" in staff and "vision" in staff
+    issued = c.get("/api/v1/statements/ads-ml@2026-11-02..2026-11-02/md", headers=_h(env, "root")).text
+    assert "vision" in issued and any(i in issued for i in hidden_ids)
 
 
 def test_with_visibility_fleet_a_member_reads_team_names_but_not_other_teams_job_ids(env):

@@ -104,3 +104,27 @@ def test_a_decision_id_carrying_a_hidden_name_is_an_alias_stable_per_key():
     assert v.decision_id(did, body) == v.alias(did) == View(member("vision"), TEAMS, b"k").decision_id(did, body)
     assert View(member("vision"), TEAMS, b"other").alias(did) != v.alias(did)
     assert v.decision_id("ev-9:burst:burst-1", {**body, "request_id": "burst-1"}) == "ev-9:burst:burst-1"
+
+
+def test_an_issued_statement_is_read_in_its_own_escaping():
+    """A statement's preemption table names the beneficiary's team, job and the decision: as a victim's member reads
+    it, in every format's escaping (a hostile name is an HTML entity in html, a JSON string in json)."""
+    import html
+    import json
+
+    body = {"type": "decision.preempt", "rule": "reclaim", "beneficiary": {"job_id": "job-77", "team": HOSTILE},
+            "victims": [{"job_id": "mine-1", "team": "vision"}]}
+    did = "ev-5:reclaim:job-77"
+    v = View(member("vision"), TEAMS, b"k")
+    rows = [("mine-1", did, HOSTILE, "job-77")]
+    md = "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows)
+    page = "".join(f"<td>{html.escape(x)}</td>" for x in rows[0])
+    doc = json.dumps({"preemptions": [{"job_id": a, "decision_id": b, "beneficiary_team": c,
+                                       "beneficiary_job_id": d} for a, b, c, d in rows]})
+    for fmt, text in (("md", md), ("html", page), ("json", doc), ("csv", ",".join(rows[0]))):
+        out = v.document(text, fmt, [(did, body)])
+        for secret in (HOSTILE, html.escape(HOSTILE), json.dumps(HOSTILE)[1:-1], "job-77", did):
+            assert secret not in out, (fmt, secret, out)
+        assert "mine-1" in out and v.alias(did) in out and HIDDEN_TEAM in out, (fmt, out)
+    assert json.loads(v.document(doc, "json", [(did, body)]))["preemptions"][0]["beneficiary_team"] == HIDDEN_TEAM
+    assert View(ADMIN, TEAMS, b"k").document(md, "md", [(did, body)]) == md

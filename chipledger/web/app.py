@@ -759,8 +759,19 @@ def build_app(portal: Portal) -> FastAPI:
         path = _statement_path(portal, p, statement_id, fmt)
         media = {"html": "text/html", "md": "text/markdown", "csv": "text/csv", "json": "application/json",
                  "svg": "image/svg+xml"}[fmt]
-        return FileResponse(path, media_type=media, filename=path.name,
-                            headers={"Content-Disposition": f'attachment; filename="{path.name}"'})
+        headers = {"Content-Disposition": f'attachment; filename="{path.name}"'}
+        if p.is_staff:
+            return FileResponse(path, media_type=media, filename=path.name, headers=headers)
+        # a member reads it as they read decisions: the statement names who preempted their jobs
+        from fastapi.responses import Response
+
+        s = snap()
+        team = statement_id.rpartition("@")[0]
+        decisions = [(r["decision_id"], json.loads(r["body"] or "{}")) for r in s.cached_rows(
+            "SELECT decision_id, body FROM portal_decisions WHERE team = ? OR decision_id IN "
+            "(SELECT decision_id FROM decision_victims WHERE team = ?)", [team, team])]
+        text = _view(portal, s, p).document(path.read_text(encoding="utf-8"), fmt, decisions)
+        return Response(text.encode("utf-8"), media_type=media, headers=headers)
 
     @api.get("/teams/{team:path}/bursts", response_model=BurstsOut, tags=["bursts"])
     def bursts(team: str, p: Principal = Depends(who)):

@@ -12,6 +12,10 @@ team and job the sentence does (`beneficiary`, `victims`, `team`, the `numbers` 
   beneficiary's job id): such an id is shown as an alias, `hidden-…` (an HMAC under a key made at start, so the same
   decision has the same alias on every page of one portal process; `resolve` maps it back for a cursor).
 
+Statements (issued files: md, html, csv, json, svg) name the teams and jobs of the decisions that preempted the
+team's jobs; a member downloads them through the same reading (`document`), over the decisions of the lake that name
+their team.
+
 Admins and SREs see everything as written. Whatever is shown is then checked against every team name of the lake
 the caller may not see (not only the payload's): if one still appears (a name inside another, a free-text message
 from a scheduler), it is replaced there too, and a sentence that would still name one is replaced by a neutral one
@@ -22,6 +26,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import html
+import json
 import re
 import secrets
 from dataclasses import dataclass, field
@@ -160,6 +166,35 @@ class View:
                 t in decision_id for t in self.all_teams if self.hides_team(t))):
             return self.alias(decision_id)
         return decision_id
+
+
+    def document(self, text: str, fmt: str, decisions: Iterable[tuple[str, dict]]) -> str:
+        """An issued file (a statement) as this caller may read it: the names and ids `decisions` ([(decision id,
+        body)]) give that the caller may not see, replaced where they stand alone, in the file's own escaping (HTML
+        entities, JSON strings), then the last check for any hidden team name of the lake."""
+        if self.sees_all:
+            return text
+        subs: dict[str, str] = {}
+        for did, body in decisions:
+            subs.update(self._hidden(named_in(body)))
+            shown = self.decision_id(did, body)
+            if shown != did:
+                subs[did] = shown
+        if fmt == "html" or fmt == "svg":
+            subs = {html.escape(k, quote=True): html.escape(v, quote=True) for k, v in subs.items()} | subs
+        elif fmt == "json":
+            subs = {json.dumps(k)[1:-1]: json.dumps(v)[1:-1] for k, v in subs.items()}
+        pat = _pattern(subs)
+        if pat is not None:
+            text = pat.sub(lambda m: subs[m.group(0)], text)
+        if self._hidden_all is not None:
+            names = [t for t in self.all_teams if self.hides_team(t)]
+            if fmt in ("html", "svg"):
+                names += [html.escape(t, quote=True) for t in names]
+            elif fmt == "json":
+                names = [json.dumps(t)[1:-1] for t in names]
+            text = _pattern(names).sub(HIDDEN_TEAM, text)
+        return text
 
 
 def new_key() -> bytes:
