@@ -465,10 +465,26 @@ def test_every_request_is_rate_limited_per_principal(env):
 def test_a_rate_limit_of_zero_is_no_limit(env):
     c = _limited_portal(env, 0)
     assert {c.get("/api/v1/whoami", headers=_h(env, "alice")).status_code for _ in range(300)} == {200}
-    from chipledger.config import ServeConfig
+    from chipledger.config import ServeConfig, load_config
 
     with pytest.raises(ValueError, match="requests_per_minute"):
         ServeConfig(requests_per_minute=-1)
+    toml = env["root"] / "limits.toml"
+    toml.write_text("[serve]\nrequests_per_minute = 0\nsession_hours = 2\n")
+    assert (load_config(toml, env={}).serve.requests_per_minute, load_config(toml, env={}).serve.session_hours) == (0, 2)
+    assert load_config(toml, env={"CHIPLEDGER_SERVE_REQUESTS_PER_MINUTE": "30"}).serve.requests_per_minute == 30
+
+
+def test_burst_writes_and_dry_runs_beyond_their_limit_say_when_to_retry(env):
+    p = env["portal"]
+    portal = Portal(cfg=portal_config(writes_per_minute=1), reader=p.reader, store=p.store,
+                    tokens=TokenCache(p.store, ttl_s=0))
+    c = TestClient(build_app(portal))
+    body = {"pool": POOL, "team": "vision", "chips": 4, **_window()}
+    got = [c.post("/api/v1/bursts/dry-run", json=body, headers=_h(env, "alice")) for _ in range(7)]
+    assert [r.status_code for r in got] == [200] * 6 + [429]  # dry runs: six times the writes
+    assert int(got[-1].headers["retry-after"]) >= 1 and "dry runs" in got[-1].json()["detail"]
+    assert c.post("/api/v1/bursts/dry-run", json=body, headers=_h(env, "root")).status_code == 200
 
 
 def test_write_rate_limit(env):
