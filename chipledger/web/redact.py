@@ -10,7 +10,7 @@ team and job the sentence does (`beneficiary`, `victims`, `team`, the `numbers` 
 - another team's **job id** is always replaced by "(hidden)" (as in the queue, where other teams' entries have no
   job id), and so is a decision's id when it could carry one (it is derived from the triggering event's id and the
   beneficiary's job id): such an id is shown as an alias, `hidden-…` (an HMAC under a key made at start, so the same
-  decision has the same alias on every page of one portal process; `resolve` maps it back for a cursor).
+  decision has the same alias on every page of one portal process; the decisions route maps a cursor's alias back).
 
 Statements (issued files: md, html, csv, json, svg) name the teams and jobs of the decisions that preempted the
 team's jobs; a member downloads them through the same reading (`document`), over the decisions of the lake that name
@@ -19,7 +19,8 @@ their team.
 Admins and SREs see everything as written. Whatever is shown is then checked against every team name of the lake
 the caller may not see (not only the payload's): if one still appears (a name inside another, a free-text message
 from a scheduler), it is replaced there too, and a sentence that would still name one is replaced by a neutral one
-built from the decision's fields. So no hidden team name leaves the portal in a decision, whatever the names are.
+built from the decision's fields. So no hidden team name leaves the portal in a decision or a statement, whatever
+the names are (the residual, an event id minted by another team's producer carrying their job id: docs/portal.md).
 """
 
 from __future__ import annotations
