@@ -128,3 +128,4 @@ def test_an_issued_statement_is_read_in_its_own_escaping():
         assert "mine-1" in out and v.alias(did) in out and HIDDEN_TEAM in out, (fmt, out)
     assert json.loads(v.document(doc, "json", [(did, body)]))["preemptions"][0]["beneficiary_team"] == HIDDEN_TEAM
     assert View(ADMIN, TEAMS, b"k").document(md, "md", [(did, body)]) == md
+

@@ -204,8 +204,12 @@ class RateLimiter:
         full = [k for k, (lv, at) in self._buckets.items() if lv + (now - at) * self.rate >= self.burst]
         for k in full:
             del self._buckets[k]
-        if len(self._buckets) >= self.MAX_KEYS:  # all busy: the oldest half goes (they refill as new ones)
-            for k in sorted(self._buckets, key=lambda k: self._buckets[k][1])[: self.MAX_KEYS // 2]:
+        if len(self._buckets) >= self.MAX_KEYS:  # none full: the fullest half goes (the nearest to a fresh bucket),
+            # never the emptiest, so a flood of new keys cannot refill a busy caller's bucket by pushing it out
+            def level(k):
+                lv, at = self._buckets[k]
+                return lv + (now - at) * self.rate
+            for k in sorted(self._buckets, key=level, reverse=True)[: self.MAX_KEYS // 2]:
                 del self._buckets[k]
 
 
