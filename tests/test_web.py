@@ -1076,3 +1076,22 @@ def test_decision_cursors_page_through_aliases(env):
     assert seen == everything and any(s.startswith("hidden-") for s in seen)
     forged = base64.urlsafe_b64encode(json.dumps(["2026-11-02T15:52:53Z", "hidden-" + "0" * 24]).encode()).decode()
     assert c.get(f"/api/v1/decisions?cursor={forged.rstrip('=')}", headers=h).status_code == 400
+
+
+def test_with_visibility_team_no_route_or_page_names_another_team_to_a_member(env):
+    """The authorization matrix's routes and pages, as vision's member with `[serve] visibility = team`: not one
+    response (whatever its status) has another team's name in it, raw or HTML-escaped."""
+    import html
+
+    c = _decision_views(env, "team")
+    others = {r["team"] for r in _sql(env, "SELECT team FROM jobs UNION SELECT team FROM balance_log")} - {"vision"}
+    assert len(others) >= 5
+    seen = []
+    for route, (method, path, body) in api_requests(env).items():
+        seen.append((route, c.request(method, path, json=body, headers=_h(env, "alice"))))
+    for page in PAGES:
+        path = f"/jobs/{_vision_job(env)}" if page == "JOB" else page
+        seen.append((path, c.get(path, headers=_h(env, "alice"))))
+    assert sum(r.status_code == 200 for _, r in seen) >= len(seen) - 3  # the fleet page, pool costs, no Kafka
+    leaks = [(where, t) for where, r in seen for t in others if t in r.text or html.escape(t) in r.text]
+    assert leaks == []
