@@ -222,6 +222,9 @@ class ServeConfig:
     groups_header: str = "X-Forwarded-Groups"
     refresh_s: float = 5.0               # how often the lake is looked at for new commits
     writes_per_minute: int = 10          # burst requests (and other writes) per user and minute
+    # every request (API and pages), per signed-in user, else per client address; 0: no limit
+    requests_per_minute: int = 600
+    session_hours: float = 12.0          # a browser session (after /login) ends after this, or at sign-out
     secure_cookies: bool = False         # the session cookie only over HTTPS (set it behind TLS)
     kafka: bool = False                  # send burst requests through [kafka] (also: `serve --bootstrap`)
 
@@ -232,6 +235,10 @@ class ServeConfig:
             raise ValueError(f"[serve] port must be 1..65535, got {self.port}")
         if self.refresh_s <= 0 or self.writes_per_minute <= 0:
             raise ValueError("[serve] refresh_s and writes_per_minute must be more than 0")
+        if self.requests_per_minute < 0:
+            raise ValueError(f"[serve] requests_per_minute must be 0 (no limit) or more, got {self.requests_per_minute}")
+        if self.session_hours <= 0:
+            raise ValueError(f"[serve] session_hours must be more than 0, got {self.session_hours}")
         self.memberships()
 
     def memberships(self) -> dict[str, list[tuple[str, str]]]:

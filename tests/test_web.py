@@ -4,6 +4,7 @@ core's own inputs, the start estimate."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shutil
@@ -230,11 +231,11 @@ def test_token_cli(env):
     assert CliRunner().invoke(cli_app, ["serve", "tokens", "create", "--user", "<x>", "--store", url]).exit_code == 2
 
 
-def _signed_in(env, user="alice") -> TestClient:
+def _signed_in(env, user="alice", token=None) -> TestClient:
     c = TestClient(build_app(env["portal"]))
     page = c.get("/login")
     nonce = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
-    r = c.post("/login", data={"token": env["tokens"][user][1], "csrf": nonce}, follow_redirects=False)
+    r = c.post("/login", data={"token": token or env["tokens"][user][1], "csrf": nonce}, follow_redirects=False)
     assert r.status_code == 303
     assert "httponly" in r.headers["set-cookie"].lower() and "samesite=strict" in r.headers["set-cookie"].lower()
     return c
@@ -388,12 +389,112 @@ def test_snapshot_events(env):
     assert event == "event: snapshot" and json.loads(data[len("data: "):])["snapshot"] >= 1
 
 
+def test_signing_out_ends_the_session_on_the_server(env):
+    """Sign in, copy the cookie, sign out, replay the cookie: refused (pages send you to /login, the API says 401).
+    The cookie is a session id, never the token."""
+    c = _signed_in(env)
+    cookie = c.cookies.get("clp_session")
+    assert cookie and cookie != env["tokens"]["alice"][1] and env["tokens"]["alice"][1] not in cookie
+    replay = TestClient(c.app)
+    replay.cookies.set("clp_session", cookie)
+    assert replay.get("/teams/vision", follow_redirects=False).status_code == 200  # the copy works while signed in
+    home = c.get("/teams/vision")
+    csrf = re.search(r'action="/logout".*?name="csrf" value="([^"]+)"', home.text, re.S).group(1)
+    assert c.post("/logout", data={"csrf": "forged"}, follow_redirects=False).status_code == 403
+    out = c.post("/logout", data={"csrf": csrf}, follow_redirects=False)
+    assert (out.status_code, out.headers["location"]) == (303, "/login")
+    r = replay.get("/teams/vision", follow_redirects=False)
+    assert (r.status_code, r.headers.get("location")) == (303, "/login")
+    assert replay.get("/api/v1/whoami").status_code == 401
+    assert replay.get(f"/jobs/{_vision_job(env)}", follow_redirects=False).status_code == 303
+    # its CSRF token died with it: a new session of the same token has new ones
+    again = _signed_in(env)
+    assert csrf not in again.get("/teams/vision/bursts").text
+    # the API token itself still works (signing out of a browser does not revoke it)
+    assert env["client"].get("/api/v1/whoami", headers=_h(env, "alice")).status_code == 200
+
+
+def test_a_session_ends_when_its_token_is_revoked(env):
+    token_id, token = new_token(env["store"], "mallory", "vision")
+    c = _signed_in(env, token=token)
+    assert c.get("/api/v1/whoami").json()["via"] == "session"
+    assert env["store"].revoke_token(token_id, datetime.now(timezone.utc))
+    assert c.get("/api/v1/whoami").status_code == 401
+    assert c.get("/teams/vision", follow_redirects=False).headers.get("location") == "/login"
+    # and the raw token in the cookie (what the cookie held before sessions) is no session
+    raw = TestClient(c.app)
+    raw.cookies.set("clp_session", env["tokens"]["alice"][1])
+    assert raw.get("/api/v1/whoami").status_code == 401
+
+
+def _limited_portal(env, per_minute: int) -> TestClient:
+    p = env["portal"]
+    portal = Portal(cfg=portal_config(requests_per_minute=per_minute), reader=p.reader, store=p.store,
+                    tokens=TokenCache(p.store, ttl_s=0))
+    return TestClient(build_app(portal))
+
+
+def test_every_request_is_rate_limited_per_principal(env):
+    """`[serve] requests_per_minute`: a caller's requests beyond it are 429 with Retry-After and a sentence (JSON for
+    the API, a page for pages); another user, and /healthz, are not affected; anonymous callers are counted per
+    address."""
+    c = _limited_portal(env, 5)
+    alice, eve = _h(env, "alice"), _h(env, "eve")
+    got = [c.get(path, headers=alice).status_code for path in
+           ("/api/v1/whoami", "/api/v1/pools", "/teams/vision", "/api/v1/queue", "/api/v1/teams")]
+    assert got == [200] * 5
+    r = c.get("/api/v1/whoami", headers=alice)
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+    assert r.json()["detail"].startswith("too many requests") and r.json()["retry_after_s"] >= 1
+    page = c.get("/teams/vision", headers=alice)
+    assert page.status_code == 429 and page.headers["content-type"].startswith("text/html")
+    assert "too many requests" in page.text and int(page.headers["retry-after"]) >= 1
+    assert "default-src 'none'" in page.headers["content-security-policy"]
+    # another user is not affected, nor alice's other way in (a second token of hers shares her bucket)
+    assert c.get("/api/v1/whoami", headers=eve).status_code == 200
+    _, alice2 = new_token(env["store"], "alice", "vision")
+    assert c.get("/api/v1/whoami", headers={"Authorization": f"Bearer {alice2}"}).status_code == 429
+    assert c.get("/healthz").status_code == 200
+    # anonymous callers: per client address, their 401s and login pages counted too
+    anon = [c.get("/api/v1/pools").status_code for _ in range(6)]
+    assert anon == [401] * 5 + [429]
+    assert c.get("/login").status_code == 429
+    assert c.get("/api/v1/whoami", headers=eve).status_code == 200  # eve still has hers
+
+
+def test_a_rate_limit_of_zero_is_no_limit(env):
+    c = _limited_portal(env, 0)
+    assert {c.get("/api/v1/whoami", headers=_h(env, "alice")).status_code for _ in range(300)} == {200}
+    from chipledger.config import ServeConfig, load_config
+
+    with pytest.raises(ValueError, match="requests_per_minute"):
+        ServeConfig(requests_per_minute=-1)
+    toml = env["root"] / "limits.toml"
+    toml.write_text("[serve]\nrequests_per_minute = 0\nsession_hours = 2\n")
+    assert (load_config(toml, env={}).serve.requests_per_minute, load_config(toml, env={}).serve.session_hours) == (0, 2)
+    assert load_config(toml, env={"CHIPLEDGER_SERVE_REQUESTS_PER_MINUTE": "30"}).serve.requests_per_minute == 30
+
+
+def test_burst_writes_and_dry_runs_beyond_their_limit_say_when_to_retry(env):
+    p = env["portal"]
+    portal = Portal(cfg=portal_config(writes_per_minute=1), reader=p.reader, store=p.store,
+                    tokens=TokenCache(p.store, ttl_s=0))
+    c = TestClient(build_app(portal))
+    body = {"pool": POOL, "team": "vision", "chips": 4, **_window()}
+    got = [c.post("/api/v1/bursts/dry-run", json=body, headers=_h(env, "alice")) for _ in range(7)]
+    assert [r.status_code for r in got] == [200] * 6 + [429]  # dry runs: six times the writes
+    assert int(got[-1].headers["retry-after"]) >= 1 and "dry runs" in got[-1].json()["detail"]
+    assert c.post("/api/v1/bursts/dry-run", json=body, headers=_h(env, "root")).status_code == 200
+
+
 def test_write_rate_limit(env):
     from chipledger.web.auth import RateLimiter
 
     lim = RateLimiter(3)
     assert [lim.allow("u") for _ in range(4)] == [True, True, True, False]
     assert lim.allow("v")
+    assert lim.wait_s("u") == 20  # one request every 60/3 s: the next in 20 s
+    assert RateLimiter(0).wait_s("u") == 0
 
 
 def test_pagination_is_stable(env):
@@ -544,8 +645,7 @@ def test_unknown_token_ids_are_not_remembered(env):
 def test_cookie_session_cannot_skip_csrf_with_another_authorization_scheme(env):
     """[low] POST /api/v1/bursts with the session cookie and any non-Bearer Authorization header (e.g. Basic)
     skipped the CSRF check."""
-    client = TestClient(env["client"].app)
-    client.cookies.set("clp_session", env["tokens"]["alice"][1])
+    client = _signed_in(env)
     r = client.post("/api/v1/bursts", json={"pool": POOL, "team": "vision", "chips": 4, **_window()},
                     headers={"Authorization": "Basic Zm9vOmJhcg=="})
     assert r.status_code == 403, r.text
@@ -861,3 +961,137 @@ def test_a_lake_without_prices_shows_no_cost(env, tmp_path):
     home = c.get("/teams/vision", headers=_h(env, "alice")).text
     assert "no price set" in home and 'id="costs"' not in home
     assert "no price set" in c.get("/fleet", headers=_h(env, "root")).text
+
+
+def _decision_views(env, visibility: str):
+    p = env["portal"]
+    portal = Portal(cfg=portal_config(visibility=visibility), reader=p.reader, store=p.store,
+                    tokens=TokenCache(p.store, ttl_s=0), statements_dir=p.statements_dir)
+    return TestClient(build_app(portal))
+
+
+MEMBERS = {"alice": "vision", "eve": "ads-ml"}
+
+
+def _what_a_member_reads_of_decisions(env, c, user: str) -> list[tuple[str, str]]:
+    """Every response a member gets that shows decisions involving their team: the decisions (whole, and page by
+    page: the cursors too), the API and page of each of their jobs a decision names, their queue, home and bursts."""
+    team = MEMBERS[user]
+    h = _h(env, user)
+    out = []
+    r = c.get("/api/v1/decisions?limit=1000", headers=h)
+    assert r.status_code == 200
+    out.append(("decisions", r.text))
+    cursor = None
+    while True:
+        r = c.get("/api/v1/decisions?limit=1" + (f"&cursor={cursor}" if cursor else ""), headers=h).json()
+        cursor = r["next_cursor"]
+        if not cursor:
+            break
+        out.append(("cursor", base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()))
+    jobs = _sql(env, "SELECT job_id FROM decision_victims WHERE team = '%s' UNION "
+                     "SELECT beneficiary_job_id FROM decisions WHERE team = '%s' AND beneficiary_job_id IS NOT NULL"
+                % (team, team))
+    assert jobs, "the lake has decisions naming this team"
+    for j in jobs:
+        for path in (f"/api/v1/jobs/{j['job_id']}", f"/jobs/{j['job_id']}"):
+            r = c.get(path, headers=h)
+            assert r.status_code == 200, path
+            out.append((path, r.text))
+    for path in (f"/api/v1/queue?team={team}", f"/teams/{team}/queue", f"/teams/{team}",
+                 f"/api/v1/teams/{team}/bursts", f"/teams/{team}/bursts", f"/teams/{team}/statements"):
+        r = c.get(path, headers=h)
+        assert r.status_code == 200, path
+        out.append((path, r.text))
+    # their statements, every format (a statement lists who preempted their jobs)
+    issued = c.get(f"/api/v1/teams/{team}/statements", headers=h).json()["statements"]
+    assert issued and {"json", "md", "html", "csv"} <= set(issued[0]["formats"])
+    for st in issued:
+        for fmt, url in st["downloads"].items():
+            r = c.get(url, headers=h)
+            assert r.status_code == 200, url
+            out.append((url, r.text))
+    return out
+
+
+@pytest.mark.parametrize("user", sorted(MEMBERS))
+def test_a_member_never_reads_another_teams_name_in_decisions_with_visibility_team(env, user):
+    """The ledger's sentences name every team a decision touches (`… fits team vision's unused quota …; preempt 1
+    job(s) of borrowing team(s) ads-ml …`). With `[serve] visibility = team`, the beneficiary's team (alice) and the
+    victims' (eve) read each other as "another team", in every field, page and cursor; the other's job ids and the
+    decision's id (it carries the beneficiary's job id) as `(hidden)` and an alias. An admin reads it all as written."""
+    import html
+
+    c = _decision_views(env, "team")
+    others = {r["team"] for r in _sql(env, "SELECT team FROM jobs UNION SELECT team FROM balance_log")} - \
+        {MEMBERS[user]}
+    involved = _sql(env, "SELECT d.decision_id, d.team, d.beneficiary_job_id, v.job_id AS victim, v.team AS vteam "
+                         "FROM decisions d JOIN decision_victims v USING (decision_id) WHERE d.team <> v.team")
+    assert any(MEMBERS[user] in (r["team"], r["vteam"]) for r in involved), "a decision between two teams"
+    hidden_jobs = {r["beneficiary_job_id"] for r in involved if r["team"] != MEMBERS[user]} | \
+        {r["victim"] for r in involved if r["vteam"] != MEMBERS[user]}
+    hidden_ids = {r["decision_id"] for r in involved}
+    for where, text in _what_a_member_reads_of_decisions(env, c, user):
+        for secret in sorted(others | hidden_jobs | hidden_ids):
+            assert secret not in text and html.escape(secret) not in text, (where, secret)
+    decisions = c.get("/api/v1/decisions?limit=1000", headers=_h(env, user)).json()["decisions"]
+    mixed = [d for d in decisions if d["decision_id"].startswith("hidden-")]
+    assert mixed and all("another team" in d["message"] for d in mixed)
+    # the control: an admin reads the ledger's own sentence, every name in it, and the statement as issued
+    staff = c.get("/api/v1/decisions?limit=1000", headers=_h(env, "root")).text
+    assert all(i in staff for i in hidden_ids) and "ads-ml" in staff and "vision" in staff
+    issued = c.get("/api/v1/statements/ads-ml@2026-11-02..2026-11-02/md", headers=_h(env, "root")).text
+    assert "vision" in issued and any(i in issued for i in hidden_ids)
+
+
+def test_with_visibility_fleet_a_member_reads_team_names_but_not_other_teams_job_ids(env):
+    c = _decision_views(env, "fleet")
+    involved = _sql(env, "SELECT d.decision_id, d.team, d.beneficiary_job_id, v.team AS vteam "
+                         "FROM decisions d JOIN decision_victims v USING (decision_id) WHERE d.team <> v.team")
+    victim_side = [r for r in involved if r["vteam"] == "ads-ml"]
+    assert victim_side
+    texts = _what_a_member_reads_of_decisions(env, c, "eve")
+    everything = "\n".join(t for _, t in texts)
+    for r in victim_side:
+        assert r["beneficiary_job_id"] not in everything and r["decision_id"] not in everything
+        assert r["team"] in everything  # the team's name: visibility fleet shows it
+    # the alias is one per decision: the job page's "preempted by decision …" and the decisions list agree
+    listed = {d["decision_id"] for d in c.get("/api/v1/decisions?limit=1000", headers=_h(env, "eve")).json()
+              ["decisions"]}
+    shown = set(re.findall(r"hidden-[0-9a-f]{24}", everything))
+    assert shown and shown <= listed
+
+
+def test_decision_cursors_page_through_aliases(env):
+    c = _decision_views(env, "team")
+    h = _h(env, "eve")
+    everything = [d["decision_id"] for d in c.get("/api/v1/decisions?limit=1000", headers=h).json()["decisions"]]
+    seen, cursor = [], None
+    while True:
+        body = c.get("/api/v1/decisions?limit=1" + (f"&cursor={cursor}" if cursor else ""), headers=h).json()
+        seen += [d["decision_id"] for d in body["decisions"]]
+        cursor = body["next_cursor"]
+        if not cursor:
+            break
+    assert seen == everything and any(s.startswith("hidden-") for s in seen)
+    forged = base64.urlsafe_b64encode(json.dumps(["2026-11-02T15:52:53Z", "hidden-" + "0" * 24]).encode()).decode()
+    assert c.get(f"/api/v1/decisions?cursor={forged.rstrip('=')}", headers=h).status_code == 400
+
+
+def test_with_visibility_team_no_route_or_page_names_another_team_to_a_member(env):
+    """The authorization matrix's routes and pages, as vision's member with `[serve] visibility = team`: not one
+    response (whatever its status) has another team's name in it, raw or HTML-escaped."""
+    import html
+
+    c = _decision_views(env, "team")
+    others = {r["team"] for r in _sql(env, "SELECT team FROM jobs UNION SELECT team FROM balance_log")} - {"vision"}
+    assert len(others) >= 5
+    seen = []
+    for route, (method, path, body) in api_requests(env).items():
+        seen.append((route, c.request(method, path, json=body, headers=_h(env, "alice"))))
+    for page in PAGES:
+        path = f"/jobs/{_vision_job(env)}" if page == "JOB" else page
+        seen.append((path, c.get(path, headers=_h(env, "alice"))))
+    assert sum(r.status_code == 200 for _, r in seen) >= len(seen) - 3  # the fleet page, pool costs, no Kafka
+    leaks = [(where, t) for where, r in seen for t in others if t in r.text or html.escape(t) in r.text]
+    assert leaks == []

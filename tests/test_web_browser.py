@@ -114,3 +114,25 @@ def test_member_signs_in_and_reads_home_queue_job(browser, server):
     d.find_element(By.ID, "dry-run").click()
     verdict = WebDriverWait(d, 30).until(lambda drv: drv.find_elements(By.ID, "verdict"))[0]
     assert verdict.text in ("approved", "partial", "denied")
+
+
+def test_signing_out_in_the_browser_ends_the_session(browser, server):
+    """Sign in, keep a copy of the session cookie, click "sign out", put the copy back: the portal refuses it (the
+    page sends the browser to /login)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    d = browser.driver
+    d.delete_all_cookies()
+    d.get(server["base"] + "/login")
+    d.find_element(By.ID, "token").send_keys(server["token"])
+    d.find_element(By.ID, "signin").click()
+    WebDriverWait(d, 15).until(lambda drv: not drv.current_url.endswith("/login"))
+    copy = d.get_cookie("clp_session")
+    assert copy and copy["httpOnly"] and copy["value"] != server["token"]
+    d.find_element(By.CSS_SELECTOR, "form.who button").click()
+    WebDriverWait(d, 15).until(lambda drv: drv.current_url.endswith("/login"))
+    assert d.get_cookie("clp_session") is None
+    d.add_cookie({k: copy[k] for k in ("name", "value", "path", "httpOnly") if k in copy})
+    d.get(server["base"] + "/teams/vision")
+    assert d.current_url.endswith("/login")

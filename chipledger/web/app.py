@@ -27,9 +27,10 @@ from pydantic import BaseModel, Field
 
 from chipledger.config import Config
 from chipledger.web import burst as burst_mod
-from chipledger.web.auth import Csrf, Principal, RateLimiter, TokenCache, principal_for
+from chipledger.web.auth import Csrf, Principal, RateLimiter, Sessions, TokenCache, principal_for
 from chipledger.web.estimate import Running, Waiting, estimate_start
 from chipledger.web.lake import LakeReader, Snapshot
+from chipledger.web.redact import ALIAS_PREFIX, View, new_key
 
 HERE = Path(__file__).parent
 SESSION_COOKIE = "clp_session"
@@ -41,7 +42,8 @@ MAX_BODY_BYTES = 16 << 10
 # letters (accents, spaces, slashes: Kubernetes namespace/name), only not markup characters (refused as hostile)
 NAME_RE = re.compile(r"^[^\x00-\x1f\x7f-\x9f<>\"'`&\\]{1,256}$")
 PAGE_REFRESH_S = 60
-MAX_STREAMS_PER_CALLER = 8  # open /api/v1/snapshots streams per caller: each holds a connection and a task
+MAX_STREAMS_PER_CALLER = 8
+UNLIMITED_PATHS = frozenset({"/healthz", "/static/portal.css"})  # not rate limited (probes; every page's stylesheet)  # open /api/v1/snapshots streams per caller: each holds a connection and a task
 
 
 @dataclass
@@ -56,10 +58,13 @@ class Portal:
     dry_limiter: RateLimiter = None
     csrf: Csrf = field(default_factory=Csrf)
     limiter: RateLimiter = None
+    requests: RateLimiter = None                            # every request, per user else per client address
+    sessions: Sessions = None                               # signed-in browser sessions (/login, /logout)
     statements_dir: Optional[Path] = None
     accuracy: Optional[dict] = None                         # the start estimate's measured accuracy (docs/portal.md)
     sent: list = field(default_factory=list)                # burst requests this process sent (pending until decided)
     streams: dict = field(default_factory=dict)             # open event streams per caller (session key)
+    alias_key: bytes = field(default_factory=new_key)       # decision ids a member may not read are shown as aliases
     _producer: Any = None
 
     def __post_init__(self):
@@ -69,6 +74,10 @@ class Portal:
             self.limiter = RateLimiter(self.cfg.serve.writes_per_minute)
         if self.dry_limiter is None:  # a dry run writes nothing but costs a few hundred verdicts: 6x the writes
             self.dry_limiter = RateLimiter(6 * self.cfg.serve.writes_per_minute)
+        if self.requests is None:
+            self.requests = RateLimiter(self.cfg.serve.requests_per_minute)
+        if self.sessions is None:
+            self.sessions = Sessions(self.tokens, self.cfg.serve.session_hours * 3600)
         if self.reader is not None and self.reader.warm is None:
             self.reader.warm = queue_all  # the queue's estimates are computed at each refresh, not per request
 
@@ -201,13 +210,16 @@ class JobsOut(Page):
 
 
 class DecisionOut(BaseModel):
-    decision_id: str
+    decision_id: str = Field(description="the ledger's id, or `hidden-…` (an alias) when it could name what the "
+                                         "caller may not see")
     type: str
     pool: str
     at: datetime
     rule: str
-    team: Optional[str]
-    message: str
+    team: Optional[str] = Field(description="the team the decision is for; null when the caller may not see its name "
+                                            "(`[serve] visibility = team`)")
+    message: str = Field(description="the ledger's sentence; for a team member, other teams' job ids read "
+                                     "`(hidden)` and, with visibility `team`, their names `another team`")
     verdict: Optional[str]
     request_id: Optional[str]
 
@@ -413,13 +425,21 @@ def _chips(milli) -> Optional[float]:
     return None if milli is None else milli / 1000
 
 
-def _keyset_page(read, sql: str, params: dict, cursor: Optional[str], limit: int, at: str, key: str):
+def _keyset_page(read, sql: str, params: dict, cursor: Optional[str], limit: int, at: str, key: str,
+                 resolve: Optional[Callable[[list], list]] = None, shown: Optional[Callable[[dict], str]] = None):
     """One page of a keyset-paged query: `sql` filters on `($k_at, $k_id)` (the cursor's instant and id, NULL on the
     first page) and ends with `LIMIT $n`; `read` is the snapshot's rows or cached_rows. Returns the page's rows and
-    the next page's cursor (the last row's `at` and `key`; None on the last page)."""
+    the next page's cursor (the last row's `at` and `key`; None on the last page). `shown(row)` is the key as the
+    caller may see it (an alias), which `resolve(cursor key)` maps back."""
     k = _cursor_decode(cursor)
+    if k and resolve is not None:
+        k = resolve(k)
     rows = read(sql, {**params, "k_at": k[0] if k else None, "k_id": k[1] if k else None, "n": limit + 1})
-    nxt = _cursor_encode([_iso(rows[limit - 1][at]), rows[limit - 1][key]]) if len(rows) > limit else None
+    if len(rows) > limit:
+        last = rows[limit - 1]
+        nxt = _cursor_encode([_iso(last[at]), shown(last) if shown else last[key]])
+    else:
+        nxt = None
     return rows[:limit], nxt
 
 
@@ -433,13 +453,27 @@ def _check_name(value: str, what: str) -> str:
     return value
 
 
+_UNKNOWN = object()
+
+
 class Identity:
     """The dependency that turns a request into a Principal (or None)."""
 
     def __init__(self, portal: Portal):
         self.portal = portal
 
-    def __call__(self, request: Request) -> Optional[Principal]:
+    def __call__(self, request: Request, fresh: bool = False) -> Optional[Principal]:
+        """The request's principal, worked out once per request (the rate limit needs it before the route does);
+        `fresh`: again (a long-lived event stream checks that its token or session still holds)."""
+        if not fresh:
+            known = request.scope.get("chipledger.principal", _UNKNOWN)
+            if known is not _UNKNOWN:
+                return known
+        p = self._resolve(request)
+        request.scope["chipledger.principal"] = p
+        return p
+
+    def _resolve(self, request: Request) -> Optional[Principal]:
         cfg = self.portal.cfg.serve
         client = request.client.host if request.client else ""
         if client in cfg.proxies():
@@ -447,16 +481,19 @@ class Identity:
             if user:
                 groups = [g.strip() for g in request.headers.get(cfg.groups_header, "").split(",") if g.strip()]
                 return principal_for(cfg, user.strip()[:128], groups, "proxy")
-        token = None
         auth = request.headers.get("authorization", "")
         if auth.lower().startswith("bearer "):
-            token = auth[7:].strip()
-        elif request.cookies.get(SESSION_COOKIE):
-            token = request.cookies.get(SESSION_COOKIE)
-        if token:
-            row = self.portal.tokens.lookup(token)
+            row = self.portal.tokens.lookup(auth[7:].strip())
             if row is not None:
                 return principal_for(cfg, row.user, [], "token", token_team=row.team, token_id=row.token_id)
+            return None
+        cookie = request.cookies.get(SESSION_COOKIE)
+        if cookie:  # a browser's session (/login): its id, never the token (signing out ends it here)
+            live = self.portal.sessions.lookup(cookie)
+            if live is not None:
+                sid, row = live
+                return principal_for(cfg, row.user, [], "session", token_team=row.team, token_id=row.token_id,
+                                     session_id=sid)
         return None
 
 
@@ -507,13 +544,39 @@ def build_app(portal: Portal) -> FastAPI:
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
             return JSONResponse({"detail": "request body too large"}, status_code=413)
-        response = await call_next(request)
+        wait = _rate_limited(request)
+        response = await call_next(request) if wait == 0 else _too_many(request, wait)
         response.headers["Content-Security-Policy"] = CSP
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "no-referrer"
         response.headers["X-Frame-Options"] = "DENY"
         response.headers.setdefault("Cache-Control", "no-store")
         return response
+
+    def _rate_limited(request: Request) -> int:
+        """Seconds to wait when this request is beyond its caller's `[serve] requests_per_minute`, else 0. The
+        caller is the principal (the user) when the request names one, else its client address. /healthz (probes)
+        and the stylesheet (loaded with every page) are not counted."""
+        if portal.requests.per_minute <= 0 or request.url.path in UNLIMITED_PATHS:
+            return 0
+        p = identity(request)
+        if p is not None:
+            key = p.limit_key
+        else:
+            key = "addr:" + (request.client.host if request.client else "")
+        return portal.requests.wait_s(key)
+
+    def _too_many(request: Request, wait: int):
+        detail = (f"too many requests: at most {portal.requests.per_minute} a minute per user (or address); "
+                  f"try again in {wait} s")
+        headers = {"Retry-After": str(wait)}
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"detail": detail, "retry_after_s": wait}, status_code=429, headers=headers)
+        r = templates.TemplateResponse(request, "error.html", {"request": request, "me": None, "csrf": None,
+                                                               "refresh_s": PAGE_REFRESH_S, "snapshot": None,
+                                                               "message": detail}, status_code=429)
+        r.headers.update(headers)
+        return r
 
     def who(request: Request) -> Principal:
         p = identity(request)
@@ -579,7 +642,7 @@ def build_app(portal: Portal) -> FastAPI:
 
     @api.get("/jobs/{job_id:path}", response_model=JobOut, tags=["jobs"])
     def job(job_id: str, p: Principal = Depends(who)):
-        out = _job(snap(), p, job_id)
+        out = _job(portal, snap(), p, job_id)
         if out is None:
             raise HTTPException(404, "no such job")
         return out
@@ -609,15 +672,35 @@ def build_app(portal: Portal) -> FastAPI:
                 raise HTTPException(404, "no such team")
         s = snap()
         teams_filter = None if (team is None and p.is_staff) else ([team] if team else sorted(p.teams))
+        view = _view(portal, s, p)
+        bodies: dict[str, dict] = {}
+
+        def body(r: dict) -> dict:
+            if r["decision_id"] not in bodies:
+                bodies[r["decision_id"]] = json.loads(r["body"] or "{}")
+            return bodies[r["decision_id"]]
+
+        def resolve(k: list) -> list:
+            if not k[1].startswith(ALIAS_PREFIX):
+                return k
+            for r in s.cached_rows('SELECT decision_id FROM portal_decisions WHERE "at" = ?::TIMESTAMPTZ', [k[0]]):
+                if view.alias(r["decision_id"]) == k[1]:
+                    return [k[0], r["decision_id"]]
+            raise HTTPException(400, "cursor is not one this API gave out")
+
         rows, nxt = _keyset_page(
             s.cached_rows,
-            'SELECT decision_id, type, pool, "at", rule, team, message, verdict, request_id FROM portal_decisions '
+            'SELECT decision_id, type, pool, "at", rule, team, message, verdict, request_id, body FROM portal_decisions '
             'WHERE ($pool IS NULL OR pool = $pool) AND ($teams IS NULL OR list_contains($teams, team) '
             "OR decision_id IN (SELECT decision_id FROM decision_victims WHERE list_contains($teams, team))) "
             'AND ($k_at IS NULL OR ("at", decision_id) > ($k_at::TIMESTAMPTZ, $k_id)) '
             'ORDER BY "at", decision_id LIMIT $n',
-            {"pool": pool, "teams": teams_filter}, cursor, limit, "at", "decision_id")
-        return DecisionsOut(decisions=[DecisionOut(**r) for r in rows], next_cursor=nxt, snapshot=s.version)
+            {"pool": pool, "teams": teams_filter}, cursor, limit, "at", "decision_id", resolve=resolve,
+            shown=lambda r: view.decision_id(r["decision_id"], body(r)))
+        return DecisionsOut(decisions=[DecisionOut(
+            decision_id=view.decision_id(r["decision_id"], body(r)), type=r["type"], pool=r["pool"], at=r["at"],
+            rule=r["rule"], team=view.team(r["team"]), message=view.message(body(r), r["message"]) or "",
+            verdict=r["verdict"], request_id=r["request_id"]) for r in rows], next_cursor=nxt, snapshot=s.version)
 
     @api.get("/slos", response_model=SlosOut, tags=["slo"])
     def slos(pool: Optional[str] = None, p: Principal = Depends(who)):
@@ -676,8 +759,19 @@ def build_app(portal: Portal) -> FastAPI:
         path = _statement_path(portal, p, statement_id, fmt)
         media = {"html": "text/html", "md": "text/markdown", "csv": "text/csv", "json": "application/json",
                  "svg": "image/svg+xml"}[fmt]
-        return FileResponse(path, media_type=media, filename=path.name,
-                            headers={"Content-Disposition": f'attachment; filename="{path.name}"'})
+        headers = {"Content-Disposition": f'attachment; filename="{path.name}"'}
+        if p.is_staff:
+            return FileResponse(path, media_type=media, filename=path.name, headers=headers)
+        # a member reads it as they read decisions: the statement names who preempted their jobs
+        from fastapi.responses import Response
+
+        s = snap()
+        team = statement_id.rpartition("@")[0]
+        decisions = [(r["decision_id"], json.loads(r["body"] or "{}")) for r in s.cached_rows(
+            "SELECT decision_id, body FROM portal_decisions WHERE team = ? OR decision_id IN "
+            "(SELECT decision_id FROM decision_victims WHERE team = ?)", [team, team])]
+        text = _view(portal, s, p).document(path.read_text(encoding="utf-8"), fmt, decisions)
+        return Response(text.encode("utf-8"), media_type=media, headers=headers)
 
     @api.get("/teams/{team:path}/bursts", response_model=BurstsOut, tags=["bursts"])
     def bursts(team: str, p: Principal = Depends(who)):
@@ -736,7 +830,7 @@ def build_app(portal: Portal) -> FastAPI:
                         return
                 if await request.is_disconnected():
                     return
-                if identity(request) is None:  # its token revoked (or its session gone): the stream ends too
+                if identity(request, fresh=True) is None:  # its token revoked (or its session gone): it ends too
                     return
                 await asyncio.sleep(1.0)
 
@@ -788,8 +882,11 @@ def build_app(portal: Portal) -> FastAPI:
         if row is None:
             return render(request, "login.html", None, 401, login_csrf=cookie, error="that token is not valid")
         r = RedirectResponse("/", status_code=303)
-        r.set_cookie(SESSION_COOKIE, token.strip(), httponly=True, samesite="strict",
-                     secure=portal.cfg.serve.secure_cookies)
+        old = request.cookies.get(SESSION_COOKIE)
+        if old:
+            portal.sessions.end(old)  # signing in again replaces the session (its CSRF tokens with it)
+        r.set_cookie(SESSION_COOKIE, portal.sessions.start(row.token_id), httponly=True, samesite="strict",
+                     secure=portal.cfg.serve.secure_cookies, max_age=int(portal.cfg.serve.session_hours * 3600))
         r.delete_cookie(LOGIN_CSRF_COOKIE)
         return r
 
@@ -798,6 +895,9 @@ def build_app(portal: Portal) -> FastAPI:
         p = page_user(request)
         if p is not None and not portal.csrf.check(p.session_key(), csrf):
             raise HTTPException(403, "CSRF token missing or wrong")
+        cookie = request.cookies.get(SESSION_COOKIE)
+        if cookie:
+            portal.sessions.end(cookie)  # the session ends here: the cookie, replayed, is refused
         r = RedirectResponse("/login", status_code=303)
         r.delete_cookie(SESSION_COOKIE)
         return r
@@ -847,7 +947,7 @@ def build_app(portal: Portal) -> FastAPI:
         if p is None:
             return signin_redirect()
         s = snap()
-        out = _job(s, p, job_id)
+        out = _job(portal, s, p, job_id)
         if out is None:
             return render(request, "error.html", p, 404, message="no such job")
         return render(request, "job.html", p, snapshot=s, job=out)
@@ -1111,16 +1211,56 @@ def _blockers(s: Snapshot, p: Principal, row: dict) -> str:
     return ",".join(shown + ([f"{hidden} job(s) of other teams"] if hidden else []))
 
 
-def _job(s: Snapshot, p: Principal, job_id: str) -> Optional[JobOut]:
+def _all_teams(s: Snapshot) -> frozenset[str]:
+    """Every team name of the lake (what a caller's decisions are checked against, last)."""
+    return s.memo("all_teams", lambda: frozenset(r["team"] for r in s.rows(
+        "SELECT team FROM portal_jobs UNION SELECT team FROM balance_log UNION SELECT team FROM portal_grants "
+        "UNION SELECT team FROM decision_victims UNION SELECT team FROM portal_decisions") if r["team"]), pin=True)
+
+
+def _view(portal: Portal, s: Snapshot, p: Principal) -> View:
+    return View(p, _all_teams(s), portal.alias_key)
+
+
+def _job(portal: Portal, s: Snapshot, p: Principal, job_id: str) -> Optional[JobOut]:
     if not NAME_RE.match(job_id or ""):
         return None
-    out = s.memo(("job", job_id), lambda: _job_compute(s, job_id))
-    if out is None or not p.can_read_team(out.team):
+    got = s.memo(("job", job_id), lambda: _job_compute(s, job_id))
+    if got is None or not p.can_read_team(got[0].team):
         return None
-    return out
+    out, refs, bodies = got
+    if p.is_staff:
+        return out
+    # the decisions in its timeline (a preemption's sentence names the other teams) as this caller may read them
+    view = _view(portal, s, p)
+    shown_ids = {did: view.decision_id(did, body) for did, body in bodies.items()}
+
+    def ids_shown(text: str) -> str:  # "preempted by decision ID …": the id as this caller sees it
+        for did, shown in shown_ids.items():
+            if shown != did:
+                text = text.replace(did, shown)
+        return text
+
+    timeline = []
+    for entry, ref in zip(out.timeline, refs):
+        if ref is not None and entry.type.startswith("decision"):
+            entry = entry.model_copy(update={"detail": view.message(bodies.get(ref, {}), entry.detail) or ""})
+        else:
+            entry = entry.model_copy(update={"detail": view.text(ids_shown(entry.detail)) or ""})
+        timeline.append(entry)
+
+    def why_value(v):  # its sentences (a scheduler's message is free text): the last check for hidden names
+        if isinstance(v, str):
+            return view.text(ids_shown(v))
+        if isinstance(v, (list, tuple)):
+            return type(v)(why_value(x) for x in v)
+        return v
+
+    return out.model_copy(update={"timeline": timeline, "why": {k: why_value(v) for k, v in out.why.items()}})
 
 
-def _job_compute(s: Snapshot, job_id: str) -> Optional[JobOut]:
+def _job_compute(s: Snapshot, job_id: str) -> Optional[tuple[JobOut, list, dict]]:
+    """The job (what staff see), the decision id behind each timeline entry (or None), and those decisions' bodies."""
     rows = s.rows("SELECT * FROM portal_jobs WHERE job_id = ? ORDER BY submitted_at DESC LIMIT 1", [job_id])
     if not rows:
         return None
@@ -1143,26 +1283,38 @@ def _job_compute(s: Snapshot, job_id: str) -> Optional[JobOut]:
                   {"job.submitted": "pending", "job.preempted": "pending", "job.released": "pending",
                    "job.waiting": "pending"}.get(kind, "running" if kind else "unknown"))
         ex = Explanation(job_id, True, pool=j["pool"], team=j["team"], status=status)
-    timeline = []
+    timeline = []  # (entry, the decision it shows or names)
     for r in s.rows("SELECT applied_at, type, body FROM events WHERE job_id = ? AND pool = ? AND applied_at >= ? "
                     "ORDER BY applied_at, \"offset\"", [job_id, j["pool"], j["submitted_at"]]):
-        timeline.append(TimelineEntry(at=r["applied_at"], type=r["type"], detail=_event_detail(r["type"], r["body"])))
+        ref = None
+        if r["type"] == "job.preempted":
+            try:
+                ref = json.loads(r["body"]).get("decision_id")
+            except Exception:
+                ref = None
+        timeline.append((TimelineEntry(at=r["applied_at"], type=r["type"], detail=_event_detail(r["type"], r["body"])),
+                         ref))
     for at, did, role, message in ex.decisions:
-        timeline.append(TimelineEntry(at=datetime.strptime(at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc),
-                                      type=f"decision ({role})", detail=message))
+        timeline.append((TimelineEntry(at=datetime.strptime(at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc),
+                                       type=f"decision ({role})", detail=message), did))
     for r in s.rows("SELECT run_index, started_at, ended_at, end_reason, lost_mchip_s FROM portal_runs "
                     "WHERE job_id = ? AND pool = ? AND submitted_at = ? AND lost_mchip_s > 0",
                     [job_id, j["pool"], j["submitted_at"]]):
-        timeline.append(TimelineEntry(at=r["ended_at"] or r["started_at"], type="lost work",
-                                      detail=f"run {r['run_index']} lost {r['lost_mchip_s'] / 3.6e6:.2f} chip-hours of "
-                                             f"work since its last checkpoint ({r['end_reason']})"))
-    timeline.sort(key=lambda e: e.at)
-    return JobOut(job_id=j["job_id"], pool=j["pool"], team=j["team"], user=j["user"], chips=j["chips"],
+        timeline.append((TimelineEntry(at=r["ended_at"] or r["started_at"], type="lost work",
+                                       detail=f"run {r['run_index']} lost {r['lost_mchip_s'] / 3.6e6:.2f} chip-hours of "
+                                              f"work since its last checkpoint ({r['end_reason']})"), None))
+    timeline.sort(key=lambda e: e[0].at)
+    refs = [ref for _, ref in timeline]
+    ids = sorted({ref for ref in refs if ref})
+    bodies = {r["decision_id"]: json.loads(r["body"] or "{}") for r in s.rows(
+        "SELECT decision_id, body FROM portal_decisions WHERE list_contains(?, decision_id)", [ids])} if ids else {}
+    out = JobOut(job_id=j["job_id"], pool=j["pool"], team=j["team"], user=j["user"], chips=j["chips"],
                   priority=j["priority"], status=ex.status or "unknown", submitted_at=j["submitted_at"],
                   first_started_at=j["first_started_at"], finished_at=j["finished_at"], outcome=j["outcome"],
                   preemptions=j["preemptions"], allocated_mchip_s=j["allocated_mchip_s"],
-                  lost_mchip_s=j["lost_mchip_s"], timeline=timeline,
+                  lost_mchip_s=j["lost_mchip_s"], timeline=[e for e, _ in timeline],
                   why={k: v for k, v in ex.as_dict().items() if k not in ("history", "decisions")})
+    return out, refs, bodies
 
 
 def _event_detail(kind: str, body: str) -> str:
@@ -1243,8 +1395,9 @@ def portal_sent(portal: Portal, team: str) -> list[dict]:
 
 
 def _dry_run(portal: Portal, req: BurstIn, user: str, s: Optional[Snapshot] = None) -> dict:
-    if not portal.dry_limiter.allow(user):
-        raise HTTPException(429, "too many dry runs: try again in a minute")
+    wait = portal.dry_limiter.wait_s(user)
+    if wait:
+        raise HTTPException(429, f"too many dry runs: try again in {wait} s", headers={"Retry-After": str(wait)})
     out = burst_mod.dry_run(s or portal.reader.snapshot, req.pool, req.team, req.chips, req.window_start, req.window_end,
                             portal.cfg.slo.availability)
     if out is None:
@@ -1256,8 +1409,10 @@ def _submit(portal: Portal, p: Principal, req: BurstIn) -> SubmittedOut:
     if portal.producer_factory is None:
         raise HTTPException(503, "burst requests need the Kafka pipeline, and this portal has none configured "
                                  "(start it with --bootstrap); the dry run works without it")
-    if not portal.limiter.allow(p.user):
-        raise HTTPException(429, "too many requests: try again in a minute")
+    wait = portal.limiter.wait_s(p.user)
+    if wait:
+        raise HTTPException(429, f"too many burst requests: try again in {wait} s",
+                            headers={"Retry-After": str(wait)})
     now = datetime.now(timezone.utc)
     request_id = f"portal-{now:%Y%m%d%H%M%S}-{uuid.uuid4().hex[:8]}"
     event_id = f"{request_id}:requested"

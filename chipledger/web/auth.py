@@ -1,8 +1,11 @@
 """Who is asking, and what they may see: API tokens, a trusted proxy's user header, roles from `[serve]` config.
 
 - A token is `clp_<id>_<secret>`; the store keeps its id, user, team and the SHA-256 of the secret (`ApiToken`),
-  never the secret. It is sent as `Authorization: Bearer …` (the API) or kept in the `clp_session` cookie after
-  signing in on /login (the pages; HttpOnly, SameSite=Strict).
+  never the secret. It is sent as `Authorization: Bearer …` (the API).
+- Signing in on /login with a token starts a **session** (`Sessions`): the `clp_session` cookie (HttpOnly,
+  SameSite=Strict) holds a fresh random session id, never the token. Signing out ends the session here, on the
+  server: the cookie replayed afterwards is refused. A session also ends when its token is revoked, after
+  `[serve] session_hours`, and when the portal restarts (sessions live in its memory).
 - Behind an authenticating proxy, a request *from one of `[serve] trusted_proxies`* names its user in
   `[serve] user_header` (and groups in `groups_header`); the same headers from anyone else are ignored.
 - Roles come from `[serve] members` (`NAME=TEAM:ROLE`, NAME a user or `group:G`): member of a team, admin or sre
@@ -10,12 +13,16 @@
 
 What each role may do is decided in one place, `Principal` (`can_read_team`, `can_request_burst`, `sees_fleet`):
 routes ask it, and a team they may not read is answered 404 as if it did not exist.
+
+Every request is rate limited (`RateLimiter`, a token bucket per key): per principal (`Principal.limit_key`: the
+user), else per client address; writes and dry runs have their own, smaller buckets.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
 import threading
 import time
@@ -52,6 +59,7 @@ class Principal:
     roles: frozenset[str] = frozenset()        # member, admin, sre
     visibility: str = "fleet"
     token_id: Optional[str] = None
+    session_id: Optional[str] = None           # the signed-in session's id hash (via = session)
 
     @property
     def is_admin(self) -> bool:
@@ -77,11 +85,19 @@ class Principal:
         return min(self.teams) if self.teams else None
 
     def session_key(self) -> str:
-        return f"{self.via}:{self.token_id or self.user}"
+        """What the CSRF tokens and the open event streams are bound to: a session (a new sign-in, new CSRF
+        tokens), else the token, else the proxy's user."""
+        return f"{self.via}:{self.session_id or self.token_id or self.user}"
+
+    @property
+    def limit_key(self) -> str:
+        """Whose bucket a request takes from: the user, however they authenticated (two tokens or sessions of one
+        user share it)."""
+        return f"user:{self.user}"
 
 
 def principal_for(cfg: ServeConfig, user: str, groups: list[str], via: str, token_team: Optional[str] = None,
-                  token_id: Optional[str] = None) -> Principal:
+                  token_id: Optional[str] = None, session_id: Optional[str] = None) -> Principal:
     members = cfg.memberships()
     teams: set[str] = set()
     roles: set[str] = set()
@@ -98,7 +114,7 @@ def principal_for(cfg: ServeConfig, user: str, groups: list[str], via: str, toke
         teams.add(token_team)
         roles.add("member")
     return Principal(user=user, via=via, teams=frozenset(teams), roles=frozenset(roles), visibility=cfg.visibility,
-                     token_id=token_id)
+                     token_id=token_id, session_id=session_id)
 
 
 class TokenCache:
@@ -119,6 +135,16 @@ class TokenCache:
         token_id, sep, secret = token[len(TOKEN_PREFIX):].partition("_")
         if not sep or not token_id or not secret or len(token) > 200:
             return None
+        row = self.row(token_id)
+        if row is None or not hmac.compare_digest(row.secret_sha256, hash_secret(secret)):
+            return None
+        return row
+
+    def row(self, token_id: str):
+        """The token's row by its id when it is not revoked (a session holds the id of the token it was started
+        with, not its secret), else None."""
+        if self.store is None:
+            return None
         now = time.monotonic()
         with self._lock:
             hit = self._cache.get(token_id)
@@ -135,8 +161,6 @@ class TokenCache:
                     self._cache[token_id] = (now, row)
         if row is None or row.revoked_at is not None:
             return None
-        if not hmac.compare_digest(row.secret_sha256, hash_secret(secret)):
-            return None
         return row
 
     def forget(self, token_id: str) -> None:
@@ -145,24 +169,115 @@ class TokenCache:
 
 
 class RateLimiter:
-    """A token bucket per key: `per_minute` writes, refilled continuously."""
+    """A token bucket per key: `per_minute` requests, refilled continuously (a caller may spend a minute's worth at
+    once, then one every 60/per_minute s). `per_minute` 0: no limit."""
+
+    MAX_KEYS = 100_000  # beyond it, the buckets that have refilled (as good as new) are forgotten
 
     def __init__(self, per_minute: int):
+        self.per_minute = per_minute
         self.rate = per_minute / 60.0
         self.burst = float(per_minute)
         self._lock = threading.Lock()
         self._buckets: dict[str, tuple[float, float]] = {}
 
     def allow(self, key: str) -> bool:
+        return self.wait_s(key) == 0
+
+    def wait_s(self, key: str) -> int:
+        """Take one request from `key`'s bucket: 0 when allowed, else the whole seconds until one is (Retry-After)."""
+        if self.per_minute <= 0:
+            return 0
         now = time.monotonic()
         with self._lock:
             level, at = self._buckets.get(key, (self.burst, now))
             level = min(self.burst, level + (now - at) * self.rate)
             if level < 1.0:
                 self._buckets[key] = (level, now)
-                return False
+                return max(1, math.ceil((1.0 - level) / self.rate))
+            if key not in self._buckets and len(self._buckets) >= self.MAX_KEYS:
+                self._prune(now)
             self._buckets[key] = (level - 1.0, now)
-            return True
+            return 0
+
+    def _prune(self, now: float) -> None:
+        full = [k for k, (lv, at) in self._buckets.items() if lv + (now - at) * self.rate >= self.burst]
+        for k in full:
+            del self._buckets[k]
+        if len(self._buckets) >= self.MAX_KEYS:  # none full: the fullest half goes (the nearest to a fresh bucket),
+            # never the emptiest, so a flood of new keys cannot refill a busy caller's bucket by pushing it out
+            def level(k):
+                lv, at = self._buckets[k]
+                return lv + (now - at) * self.rate
+            for k in sorted(self._buckets, key=level, reverse=True)[: self.MAX_KEYS // 2]:
+                del self._buckets[k]
+
+
+SESSION_PREFIX = "cls_"
+
+
+@dataclass
+class _Session:
+    token_id: str
+    started: float          # time.monotonic()
+
+
+class Sessions:
+    """Signed-in browser sessions, in the portal's memory: the cookie holds `cls_<random>`, this keeps the SHA-256
+    of it and the token it was started with. `end` (sign-out) forgets it: a copy of the cookie replayed afterwards
+    finds nothing. A session is refused too once its token is revoked (checked at each request through the
+    `TokenCache`) or after `max_age_s`."""
+
+    MAX_SESSIONS = 100_000
+
+    def __init__(self, tokens: "TokenCache", max_age_s: float):
+        self.tokens = tokens
+        self.max_age_s = max_age_s
+        self._lock = threading.Lock()
+        self._sessions: dict[str, _Session] = {}
+
+    @staticmethod
+    def _id(cookie: str) -> str:
+        return hashlib.sha256(cookie.encode()).hexdigest()
+
+    def start(self, token_id: str) -> str:
+        """A new session for the token `token_id`; returns the cookie's value."""
+        cookie = SESSION_PREFIX + secrets.token_urlsafe(32)
+        now = time.monotonic()
+        with self._lock:
+            if len(self._sessions) >= self.MAX_SESSIONS:
+                for k in [k for k, v in self._sessions.items() if now - v.started >= self.max_age_s]:
+                    del self._sessions[k]
+                if len(self._sessions) >= self.MAX_SESSIONS:  # the oldest go first
+                    for k in sorted(self._sessions, key=lambda k: self._sessions[k].started)[: self.MAX_SESSIONS // 10]:
+                        del self._sessions[k]
+            self._sessions[self._id(cookie)] = _Session(token_id, now)
+        return cookie
+
+    def lookup(self, cookie: str):
+        """(session id, the token's row) of a live session, else None."""
+        if not cookie.startswith(SESSION_PREFIX) or len(cookie) > 100:
+            return None
+        sid = self._id(cookie)
+        with self._lock:
+            s = self._sessions.get(sid)
+            if s is not None and time.monotonic() - s.started >= self.max_age_s:
+                del self._sessions[sid]
+                s = None
+        if s is None:
+            return None
+        row = self.tokens.row(s.token_id)
+        if row is None:  # its token revoked: the session ends with it
+            self.end(cookie)
+            return None
+        return sid, row
+
+    def end(self, cookie: str) -> bool:
+        with self._lock:
+            return self._sessions.pop(self._id(cookie), None) is not None
+
+    def __len__(self) -> int:
+        return len(self._sessions)
 
 
 @dataclass

@@ -6,9 +6,10 @@ fold wrote to the lake (never a second implementation of the rule):
 - other teams' guarded quota: `ledger.policy.guarded_milli` over their balances at the latest close of the books
   (`balance_log`) and the lending limits of their grants in effect (`grant_intervals`), summed as `team_limits` does;
 - forecast demand: the hour-of-week profile the fold keeps (mean of running + pending chips per hour of the week,
-  every closed hour counted, quiet ones as 0), rebuilt from the books' hourly postings (`journal`), and its peak over
-  the window by `ledger.policy.hour_of_week`;
-- other bursts: the approved and partial `decision.burst` rows overlapping the window;
+  every hour closed since the pool's books opened at the hour of its first `pool.configured`, quiet ones as 0),
+  rebuilt from the books' hourly postings (`journal`), and its peak over the window by `ledger.policy.hour_of_week`;
+- other bursts: the approved and partial `decision.burst` rows whose window has not ended (the reservations the
+  fold holds), overlapping the window;
 - fair share: the team's factor at the latest close of the books (the core's, as written);
 - the capacity error budget: the last 720 closed hours of `capacity` and `unavailable` postings.
 The dry run is therefore "what the ledger would decide at its latest close of the books", which it says.
@@ -69,11 +70,16 @@ def pool_facts(snap, pool: str) -> Optional[PoolFacts]:
             limits[team] = None if cur is None or ll is None else cur + ll
     hours = {r["hour_s"]: r for r in snap.rows("SELECT * FROM portal_pool_hours WHERE pool = ? ORDER BY hour_s",
                                                [pool])}
+    opened = snap.rows("SELECT opened_at FROM portal_pool_opened WHERE pool = ?", [pool])
     profile = [[0, 0] for _ in range(HOURS_OF_WEEK)]
     budget: list[tuple[int, int]] = []
-    if hours:
-        h = min(hours)
-        while h + HOUR_S <= t:  # the closed hours, quiet ones included (the fold counts them with zero demand)
+    first = [min(hours)] if hours else []
+    if opened and opened[0]["opened_at"] is not None:
+        first.append(_s(opened[0]["opened_at"]) // HOUR_S * HOUR_S)  # the books open at the hour of pool.configured
+    if first:
+        h = min(first)
+        while h + HOUR_S <= t:  # every closed hour since the books opened: those without a row (no demand, or no
+            # team or chip yet) too, which the fold counts with zero demand
             r = hours.get(h)
             prof = profile[hour_of_week(h)]
             prof[0] += (r["demand_mchip_s"] // HOUR_S) if r else 0
@@ -81,10 +87,12 @@ def pool_facts(snap, pool: str) -> Optional[PoolFacts]:
             budget.append((r["capacity_mchip_s"], r["unavailable_mchip_s"]) if r else (0, 0))
             h += HOUR_S
     budget = budget[-BUDGET_HOURS:]
+    # the reservations the fold holds at t: approved or cut, until their window ends (`burst_off` at its end)
     bursts = [(d["request_id"], round(d["chips_granted"] * MILLI), _s(d["window_start"]), _s(d["window_end"]))
               for d in snap.rows("SELECT request_id, chips_granted, window_start, window_end FROM portal_decisions "
                                  "WHERE pool = ? AND type = 'decision.burst' AND verdict IN ('approved', 'partial')",
                                  [pool])]
+    bursts = [b for b in bursts if b[3] > t]
     demand_now = sum(r["used_milli"] + r["pending_milli"] for r in teams.values())
     return PoolFacts(pool, t, p[0]["healthy_milli"] or 0, teams, limits, profile, demand_now, budget, bursts)
 

@@ -85,6 +85,11 @@ PORTAL_TABLES = {
                    AS unavailable_mchip_s
         FROM journal GROUP BY pool, hour
     """,
+    # when each pool's books opened (the hour of its first `pool.configured`): the fold closes every hour from there,
+    # those before any team or chip too (with no row), and counts them in the burst rule's demand profile
+    "portal_pool_opened": """
+        SELECT pool, min(applied_at) AS opened_at FROM events WHERE type = 'pool.configured' GROUP BY pool
+    """,
     "portal_balance_ints": """
         SELECT b.* FROM balance_log b
         JOIN (SELECT pool, max("at") AS "at" FROM balance_log GROUP BY pool) l USING (pool, "at")
