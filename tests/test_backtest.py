@@ -277,3 +277,5 @@ def test_backtest_applies_the_logs_price_history_as_chipledger_run_does(tmp_path
     assert b["waits_by_team"]["a"]["p99_s"] == 0.0 and b["preemptions"] == 0  # the simulation ran the log's runs
     assert b["cost"]["USD-cent"]["use"] == pytest.approx(lake_cost[("use", "USD-cent")])
     assert b["cost"]["USD-cent"]["idle"] == pytest.approx(lake_cost[("idle", "USD-cent")])
+    # use in peak hours: the band's, b1 2 chips x 500 s of 2 x 3000 + 2 x 1800 chip-s (std raised is not a peak)
+    assert b["cost"]["USD-cent"]["peak_share"] == pytest.approx(1000 / 9600)

@@ -247,7 +247,7 @@ def run_backtest(demand: Demand, fold_config, quotas: dict, sched_slo_s: int = 6
         "bursts": dict(res.bursts),
         "events_folded": res.events,
         "jobs": len(jobs),
-        "cost": _cost(cluster.costs),
+        "cost": _cost(cluster.costs, demand.prices),
     }
 
 
@@ -287,21 +287,20 @@ def _simulate(runs: list, jobs: int) -> list[dict]:
         _SWEEP.clear()
 
 
-def _cost(rows: list) -> dict:
-    """The simulated use and idle chips priced by the fold (the log's prices), per unit, and the share of the teams'
-    priced use in peak hours (priced above the pool's cheapest price of the run): what a price band does to the
-    peaks. Empty when the log sets no price (cost unknown, not zero)."""
-    low: dict = {}
-    for r in rows:
-        key = (r.pool, r.unit)
-        low[key] = min(low.get(key, r.per_chip_hour), r.per_chip_hour)
+def _cost(rows: list, prices: dict) -> dict:
+    """The simulated use and idle chips priced by the fold (the log's prices, `Demand.prices`), per unit, and the
+    share of the teams' priced use in peak hours (priced by a band: a price id the log sets with hours of the week;
+    a price raised for every hour is not a peak): what a price band does to the peaks. Empty when the log sets no
+    price (cost unknown, not zero)."""
+    banded = {(pool, f["price_id"]) for pool, settings in prices.items() for _, f in settings
+              if f.get("hours_of_week") is not None}
     out: dict = {}
     for r in rows:
         u = out.setdefault(r.unit, {"use": 0, "idle": 0, "use_mchip_s": 0, "peak_mchip_s": 0})
         if r.team is not None:
             u["use"] += r.cost_scaled
             u["use_mchip_s"] += r.amount_mchip_s
-            if r.per_chip_hour > low[(r.pool, r.unit)]:
+            if (r.pool, r.price_id) in banded:
                 u["peak_mchip_s"] += r.amount_mchip_s
         elif r.account == "idle":
             u["idle"] += r.cost_scaled
