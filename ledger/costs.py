@@ -19,7 +19,8 @@ The rules (DESIGN §9; docs/statements.md "Cost"):
   `overcommitted` are not priced (they are not use, or would count chips twice);
 - no price in effect → no cost row: a reader sees cost NULL (unknown), never zero.
 
-This module owns the price versions, the boundaries they put in the pool's heap and the `costs` fact rows.
+This module owns the price versions, the boundaries they put in the pool's heap, the `costs` fact rows and the
+teams' running cost per unit (`PoolState.cost_counts`, what /metrics' `chipledger_team_cost_total` serves).
 """
 
 from __future__ import annotations
@@ -84,13 +85,19 @@ def price_postings(state: PoolState, journal: list, first: int, t: int, out: lis
     if not prices_now:
         return
     units = sorted(prices_now)
+    counts = state.cost_counts
     for r in journal[first:]:
         account = r[2]
         if account in PRICED and r[4]:
+            team = r[3]
             for unit in units:
                 v = prices_now[unit]
                 rate = v[_PER_CHIP_HOUR]
-                out.append(CostRow(r[0], r[1], account, r[3], unit, v[_ID], rate, r[4], r[4] * rate))
+                cost = r[4] * rate
+                out.append(CostRow(r[0], r[1], account, team, unit, v[_ID], rate, r[4], cost))
+                if team is not None:  # the teams' use, counted for /metrics (PoolState.cost_counts)
+                    key = (team, unit)
+                    counts[key] = counts.get(key, 0) + cost
 
 
 def _post_at(state: PoolState, t: int, step: Step) -> None:

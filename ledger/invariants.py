@@ -115,6 +115,8 @@ def _check_counters(s: PoolState) -> None:
         assert n > 0 and lost >= 0, (key, n, lost)
         victims += n
     assert victims == 0 or s.decision_counts, "victims without a preemption decision"
+    for key, cost in s.cost_counts.items():
+        assert cost >= 0 and key[0] is not None, (key, cost)
     # equal but for a state saved before the counters existed (its earlier rejections have no code)
     assert sum(s.rejection_counts.values()) <= s.rejected, (s.rejection_counts, s.rejected)
 

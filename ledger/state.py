@@ -353,6 +353,9 @@ class PoolState:
     # rejection code -> events of this pool the fold rejected (dead letters; those made before a pool is known,
     # or by the stream edge, are counted where they are made)
     rejection_counts: dict = field(default_factory=dict)
+    # (team, unit) -> the teams' in-quota, borrowed and burst use priced so far, in 1/COST_SCALE of the unit (the
+    # `costs` rows with a team the fold posts, ledger.costs.price_postings): /metrics' chipledger_team_cost_total
+    cost_counts: dict = field(default_factory=dict)
     # --- prices and budgets (ledger.prices): id -> the fields of its last PriceRow / BudgetRow after the id
     prices: dict = field(default_factory=dict)
     budgets: dict = field(default_factory=dict)
@@ -429,6 +432,7 @@ class PoolState:
             "decisions": [[k[0], k[1], k[2], n] for k, n in self.decision_counts.items()],
             "victims": [[k[0], k[1], v[0], v[1]] for k, v in self.victim_counts.items()],
             "rejections": dict(self.rejection_counts),
+            "costs": [[k[0], k[1], n] for k, n in self.cost_counts.items()],
         }
 
     def _dedup_list(self) -> list:
@@ -498,6 +502,8 @@ class PoolState:
             s.decision_counts = {(k[0], k[1], k[2]): k[3] for k in c["decisions"]}
             s.victim_counts = {(k[0], k[1]): [k[2], k[3]] for k in c["victims"]}
             s.rejection_counts = dict(c["rejections"])
+            # a state saved before the cost counter existed starts it at zero (Prometheus: a counter reset)
+            s.cost_counts = {(k[0], k[1]): k[2] for k in c.get("costs") or ()}
         s.prices = {k: list(v) for k, v in (d.get("prices") or {}).items()}
         s.budgets = {k: list(v) for k, v in (d.get("budgets") or {}).items()}
         s.price_versions = [list(v) for v in (d.get("price_versions") or [])]

@@ -28,6 +28,11 @@ The availability counters are the journal's postings so far (the core's running 
 what the open hour accrued up to the pool clock (`Books.accrued`): without the open hour they would move once an
 hour, and a 5-minute window would see nothing between two closes.
 
+Cost (DESIGN §9): `chipledger_team_cost_total{pool, team, unit}` is the core's running sum of the `costs` rows it
+posts for the teams (PoolState.cost_counts: the hours closed and the price boundaries passed, like the lake's cost
+rows; the open hour's use is priced when it is posted), `chipledger_team_budget_rate{team, unit, period}` the
+budgets the pools hold per second of the current period; the worker and serve-metrics serve both from here.
+
 `collect` must run in the thread that folds (the worker's event loop; `serve` is an aiohttp server in that loop),
 so that it reads the states between two folds.
 """
@@ -104,6 +109,7 @@ class MetricsCollector:
     def collect(self):
         yield from self.gauges()
         yield from self.counters()
+        yield from self.costs()
         yield from self._health()
 
     def gauges(self):
@@ -252,6 +258,34 @@ class MetricsCollector:
                      "the decision was made (chip-seconds since their last checkpoint)", ("pool", "team", "rule"),
                      [(k, float(v[1])) for k, v in victims])
 
+    def costs(self):
+        """`chipledger_team_cost_total{pool, team, unit}`: the team's in-quota, borrowed and burst use priced so far
+        (the core's counter of the `costs` rows it posts, PoolState.cost_counts), in the price's unit; and
+        `chipledger_team_budget_rate{team, unit, period}`: the team's budgets of these pools summed, per second of the
+        period (UTC month or quarter) holding the newest pool clock. The series of `chipledger slo rules`' budget
+        burn rules; a pool without a price has no cost series (unknown, not zero)."""
+        from ledger.costs import COST_SCALE
+
+        cost = CounterMetricFamily("chipledger_team_cost", "the team's in-quota, borrowed and burst use priced by "
+                                   "the fold (ledger/costs.py), in the price's unit", labels=("pool", "team", "unit"))
+        for pool in sorted(self.states):
+            for (team, unit), scaled in sorted(self.states[pool].cost_counts.items()):
+                cost.add_metric([pool, team, unit], scaled / COST_SCALE)
+        yield cost
+        rate = GaugeMetricFamily("chipledger_team_budget_rate", "the team's budget summed over pools, per second of "
+                                 "the current period (month or quarter, UTC)", labels=("team", "unit", "period"))
+        now = max((st.clock for st in self.states.values()), default=0)
+        sums: dict[tuple[str, str, str], float] = {}
+        for pool in sorted(self.states):
+            for team, period, amount, unit, effective_from, _set_at in self.states[pool].budgets.values():
+                start, end = period_bounds(period, now)
+                if effective_from < end:
+                    key = (team, unit, period)
+                    sums[key] = sums.get(key, 0.0) + amount / (end - start)
+        for key, v in sorted(sums.items()):
+            rate.add_metric(list(key), v)
+        yield rate
+
     def _health(self):
         now = self.wall()
         for pool, state in self.states.items():
@@ -281,6 +315,18 @@ class MetricsCollector:
             for (topic, part), n in sorted(self.lag().items()):
                 lag.add_metric([topic, str(part)], n)
             yield lag
+
+
+def period_bounds(period: str, t: int) -> tuple[int, int]:
+    """The UTC month or quarter holding instant t, as epoch seconds [start, end)."""
+    from datetime import datetime, timezone
+
+    d = datetime.fromtimestamp(t, timezone.utc)
+    first = d.month if period == "month" else d.month - (d.month - 1) % 3
+    start = datetime(d.year, first, 1, tzinfo=timezone.utc)
+    n = first + (1 if period == "month" else 3)
+    end = datetime(d.year + (n - 1) // 12, (n - 1) % 12 + 1, 1, tzinfo=timezone.utc)
+    return int(start.timestamp()), int(end.timestamp())
 
 
 def registry_of(collector: MetricsCollector, process: bool = True) -> CollectorRegistry:
@@ -325,4 +371,4 @@ def bound_port(runner) -> int:
     raise RuntimeError("the metrics server is not listening")
 
 
-__all__ = ["MetricsCollector", "SLO_COUNTERS", "registry_of", "exposition", "serve", "bound_port"]
+__all__ = ["MetricsCollector", "SLO_COUNTERS", "period_bounds", "registry_of", "exposition", "serve", "bound_port"]

@@ -22,11 +22,13 @@ def iso(off: int) -> str:
     return datetime.fromtimestamp(T0 + off, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def log(tmp_path: Path, team_a: str = "a", extra=()) -> Path:
-    """4 chips. b1 (team b, 4 chips, preemptible) ran 0-1000 s; a1 (team a, 2 chips) ran 100-150 s."""
+def log(tmp_path: Path, team_a: str = "a", extra=(), head=()) -> Path:
+    """4 chips. b1 (team b, 4 chips, preemptible) ran 0-1000 s; a1 (team a, 2 chips) ran 100-150 s. `head`: rows
+    after the chips' registration, `extra`: rows at the end of the log."""
     n = iter(range(1, 10_000))
     rows = [{"type": "pool.configured", "at": 0, "flavor": "h100", "chips_per_node": 4}]
     rows += [{"type": "chip.registered", "at": 0, "chip_id": f"c{i}", "node": "n0"} for i in range(4)]
+    rows += list(head)
     rows += [{"type": "job.submitted", "at": 0, "job_id": "b1", "team": "b", "chips": 4, "priority": 0},
              {"type": "job.started", "at": 0, "job_id": "b1"},
              {"type": "job.submitted", "at": 100, "job_id": "a1", "team": team_a, "chips": 2, "priority": 0},
@@ -222,7 +224,58 @@ def test_backtest_prices_a_configuration(tmp_path):
     the log: no cost (unknown, not zero)."""
     alt, base = configs(tmp_path)
     price = {"type": "price.set", "at": 0, "price_id": "std", "per_chip_hour": 360, "unit": "USD-cent"}
-    r = backtest("--events", log(tmp_path, extra=[price]), "--config", alt, "--baseline", base)
+    r = backtest("--events", log(tmp_path, head=[price]), "--config", alt, "--baseline", base)
     b = r["configs"]["base.toml"]
     assert b["cost"] == {"USD-cent": {"use": pytest.approx(410.0), "idle": pytest.approx(10.0), "peak_share": 0.0}}
     assert backtest("--events", log(tmp_path), "--config", alt)["configs"]["alt.toml"]["cost"] == {}
+    # the same price at the end of the log (its event time 0 is late: the pool clock had reached 1000 s) holds
+    # from 1000 s, as the fold of the log applies it; the simulated cluster runs on to 1050 s (a1 waited for b1):
+    # a1 2 chips x 50 s = 10 cents of use, 2 idle chips x 50 s = 10 cents
+    late = backtest("--events", log(tmp_path, extra=[price]), "--config", alt, "--baseline", base)
+    assert late["configs"]["base.toml"]["cost"] == {
+        "USD-cent": {"use": pytest.approx(10.0), "idle": pytest.approx(10.0), "peak_share": 0.0}}
+
+
+def test_backtest_applies_the_logs_price_history_as_chipledger_run_does(tmp_path):
+    """Issue 36: the backtest priced the whole run at each price id's last setting. Now the log's price.set events
+    are folded in order at their instants, by the core's own price rules, so the baseline configuration's cost equals
+    the cost view of `chipledger run`'s lake of the same log. 4 chips, b1 (team b) 2 chips 0-3000 s, a1 (team a) 2
+    chips 100-1900 s (both start at once in the simulation too). Prices, USD-cent per chip-hour: `std` 360 from 0,
+    720 set at 1000 s, 1080 set at 1200 s from 2000 s; `peak` 1440 in hour of the week 8 (T0 is Monday 08:00) set at
+    2500 s (a band beats a whole-week price). Per chip-second 0.1 / 0.2 / 0.3 / 0.4 over [0, 1000, 2000, 2500,
+    3000): b1 2 x (100 + 200 + 150 + 200) = 1300, a1 2 x (90 + 180) = 540: use 1840; idle 2 x 100 x 0.1 + 2 x (100
+    x 0.2 + 500 x 0.3 + 500 x 0.4) = 760. The last settings alone would give 4 chips x 3000 s x 0.4 = 4800."""
+    rows = [{"type": "pool.configured", "at": 0, "flavor": "h100", "chips_per_node": 4},
+            *({"type": "chip.registered", "at": 0, "chip_id": f"c{i}", "node": "n0"} for i in range(4)),
+            {"type": "price.set", "at": 0, "price_id": "std", "per_chip_hour": 360, "unit": "USD-cent"},
+            {"type": "job.submitted", "at": 0, "job_id": "b1", "team": "b", "chips": 2, "priority": 0},
+            {"type": "job.started", "at": 0, "job_id": "b1"},
+            {"type": "job.submitted", "at": 100, "job_id": "a1", "team": "a", "chips": 2, "priority": 0},
+            {"type": "job.started", "at": 100, "job_id": "a1"},
+            {"type": "price.set", "at": 1000, "price_id": "std", "per_chip_hour": 720, "unit": "USD-cent"},
+            {"type": "price.set", "at": 1200, "price_id": "std", "per_chip_hour": 1080, "unit": "USD-cent",
+             "effective_from": iso(2000)},
+            {"type": "job.finished", "at": 1900, "job_id": "a1", "outcome": "succeeded"},
+            {"type": "price.set", "at": 2500, "price_id": "peak", "per_chip_hour": 1440, "unit": "USD-cent",
+             "hours_of_week": [8]},
+            {"type": "job.finished", "at": 3000, "job_id": "b1", "outcome": "succeeded"}]
+    path = tmp_path / "priced.jsonl"
+    path.write_text("".join(json.dumps({"event_id": f"e{i}", "occurred_at": iso(r.pop("at")), "pool": "p/h100",
+                                        "source": "test", **r}) + "\n" for i, r in enumerate(rows)))
+    run = runner.invoke(app, ["run", "--events", str(path), "--lake", str(tmp_path / "lake"),
+                              "--store", f"sqlite:///{tmp_path / 'run.db'}"])
+    assert run.exit_code == 0, run.output
+    sql = runner.invoke(app, ["sql", "--lake", str(tmp_path / "lake"), "--format", "json",
+                              "SELECT CASE WHEN team IS NULL THEN account ELSE 'use' END AS what, unit, "
+                              "sum(cost) AS cost FROM cost WHERE account IN ('in_quota', 'borrowed', 'burst', 'idle') "
+                              "GROUP BY ALL ORDER BY ALL"])
+    assert sql.exit_code == 0, sql.output
+    lake_cost = {(r["what"], r["unit"]): r["cost"] for r in json.loads(sql.stdout)}
+    assert lake_cost == {("idle", "USD-cent"): pytest.approx(760.0), ("use", "USD-cent"): pytest.approx(1840.0)}
+    alt, base = configs(tmp_path)
+    b = backtest("--events", path, "--config", alt, "--baseline", base)["configs"]["base.toml"]
+    assert b["waits_by_team"]["a"]["p99_s"] == 0.0 and b["preemptions"] == 0  # the simulation ran the log's runs
+    assert b["cost"]["USD-cent"]["use"] == pytest.approx(lake_cost[("use", "USD-cent")])
+    assert b["cost"]["USD-cent"]["idle"] == pytest.approx(lake_cost[("idle", "USD-cent")])
+    # use in peak hours: the band's, b1 2 chips x 500 s of 2 x 3000 + 2 x 1800 chip-s (std raised is not a peak)
+    assert b["cost"]["USD-cent"]["peak_share"] == pytest.approx(1000 / 9600)

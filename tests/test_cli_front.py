@@ -208,10 +208,8 @@ def test_statements_per_flavor_folded_tables_and_a_period_after_the_books(demo_l
     assert res.exit_code == 0, res.output
     folder = tmp_path / "st" / "2026-11-02..2026-11-15"
     st = json.loads((folder / "ads-ml.json").read_text())
-    flavors = [t["flavor"] for t in st["totals_by_flavor"]]
+    flavors = [t["flavor"] for t in st["totals"]]
     assert flavors == ["a100-40gb", "h100-80gb", "tpu-v5e"]
-    for k in ("entitled_mchip_s", "used_mchip_s"):
-        assert sum(t[k] for t in st["totals_by_flavor"]) == st["totals"][k]
     csv = (folder / "ads-ml.csv").read_text().splitlines()
     assert [r.split(",")[2] for r in csv if "(total" in r] == [f"(total {f})" for f in flavors]
     md = (folder / "ads-ml.md").read_text()
@@ -330,3 +328,39 @@ def test_long_commands_show_progress_on_a_terminal_only(monkeypatch, why_lake, t
                               "--out", str(tmp_path / "st"), "--store", f"sqlite:///{tmp_path / 's.db'}"])
     assert res.exit_code == 0, res.output
     assert "\x1b[" not in res.stdout + res.stderr and "issuing" not in res.stderr
+
+
+def test_statements_json_totals_are_per_flavor_and_cost_per_unit(demo_lake_of, tmp_path):
+    """Issue 36: `statements --format json` had a `totals` adding every pool's chip-hours across unlike chips (A100,
+    H100 and TPU hours as one number). Now as the Markdown, HTML and CSV: `totals` one block per flavor (its pools
+    added), `daily` per flavor and day, and across flavors only money, `cost.totals` one per unit."""
+    lake = demo_lake_of(14, 7)
+    res = runner.invoke(app, ["statements", "--lake", str(lake), "--period", "2026-11-02..2026-11-08", "--team",
+                              "ads-ml", "--format", "json", "--out", str(tmp_path / "st"),
+                              "--store", f"sqlite:///{tmp_path / 's.db'}"])
+    assert res.exit_code == 0, res.output
+    st = json.loads((tmp_path / "st" / "2026-11-02..2026-11-08" / "ads-ml.json").read_text())
+    assert st["schema"] == "chipledger.statement/2" and "totals_by_flavor" not in st
+    pools_of: dict = {}
+    for p in st["pools"]:
+        pools_of.setdefault(p["flavor"], []).append(p)
+    assert len(pools_of) == 3  # A100, H100 and TPU pools: three totals, none across them
+    accounts = ("entitled", "in_quota", "borrowed", "burst", "used", "unused_entitlement", "pending")
+    assert [t["flavor"] for t in st["totals"]] == sorted(pools_of)
+    for t in st["totals"]:
+        mine = pools_of[t["flavor"]]
+        assert t["pools"] == [p["pool"] for p in mine]
+        for a in accounts:
+            assert t[f"{a}_mchip_s"] == sum(p[f"{a}_mchip_s"] for p in mine), (t["flavor"], a)
+            assert t[f"{a}_chip_h"] == pytest.approx(t[f"{a}_mchip_s"] / 3_600_000, abs=5e-4)  # 3 decimals
+        for a in ("entitled", "in_quota", "borrowed", "burst"):
+            assert sum(d[f"{a}_mchip_s"] for d in st["daily"] if d["flavor"] == t["flavor"]) == t[f"{a}_mchip_s"]
+    assert {d["flavor"] for d in st["daily"]} <= set(pools_of)
+    cost = st["cost"]
+    assert cost["priced"] and cost["totals"]
+    units = [t["unit"] for t in cost["totals"]]
+    assert len(units) == len(set(units))  # one money total per unit
+    for t in cost["totals"]:
+        assert t["total_scaled"] == sum(c["total_scaled"] for c in cost["by_pool"] if c["unit"] == t["unit"])
+    assert {c["flavor"] for c in cost["by_pool"]} == set(pools_of)
+

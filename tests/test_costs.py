@@ -219,3 +219,49 @@ def test_a_lake_written_before_costs_is_upgraded_by_folding_again(tmp_path):
     r = CliRunner().invoke(app, ["lake", "upgrade", "--lake", str(lake)])
     assert r.exit_code == 0, r.output
     assert connect(lake).execute("SELECT sum(cost_scaled) FROM cost_postings").fetchone() == want
+
+
+@pytest.mark.parametrize("pause_at", [None, 9, 12])
+def test_the_states_cost_counter_is_the_teams_cost_rows_and_survives_a_restart(pause_at):
+    """PoolState.cost_counts (what /metrics serves as chipledger_team_cost_total) is the sum of the cost rows with a
+    team the fold posts, carried through to_dict/from_dict: 1500 + 750 cents for team a, idle not in it."""
+    fleet = Fleet(CFG)
+    rows: list[CostRow] = []
+    for i, e in enumerate(_events()):
+        rows += fleet.apply(e).costs
+        if i == pause_at:
+            fleet = Fleet.from_dict(fleet.to_dict(), CFG)
+    fleet.close()
+    rows += fleet.close_facts().get("costs", [])
+    want: dict = defaultdict(int)
+    for r in rows:
+        if r.team is not None:
+            want[(r.team, r.unit)] += r.cost_scaled
+    assert fleet.pools[POOL].cost_counts == dict(want) == {("a", "USD-cent"): 2250 * COST_SCALE}
+    assert PoolState.from_dict(fleet.pools[POOL].to_dict()).cost_counts == dict(want)
+
+
+def test_metrics_cost_series_from_the_states():
+    """streams/metrics.py (the worker's and serve-metrics' collector) serves the states' cost counters and budgets;
+    a fold without prices serves no cost series (unknown, not zero)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from streams.metrics import MetricsCollector, exposition, period_bounds, registry_of
+
+    def scrape(events):
+        fleet = Fleet(CFG)
+        for e in events:
+            fleet.apply(e)
+        fleet.close()
+        text = exposition(registry_of(MetricsCollector(fleet.pools, CFG), process=False)).decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name.startswith(("chipledger_team_cost", "chipledger_team_budget"))}
+
+    start, end = period_bounds("month", T0)
+    assert scrape(_events()) == {
+        ("chipledger_team_cost_total", (("pool", POOL), ("team", "a"), ("unit", "USD-cent"))): 2250.0,
+        ("chipledger_team_budget_rate", (("period", "month"), ("team", "a"), ("unit", "USD-cent"))):
+            pytest.approx(2000 / (end - start)),
+    }
+    assert scrape(_events(with_prices=False)) == {}

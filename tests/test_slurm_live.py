@@ -605,3 +605,92 @@ def test_share_tree_is_sshares(slurm, workload):
         if r["user"]:
             users[(r["account"], r["user"])] += round(r["raw_usage_chip_s"])
     assert dict(users) == by_user
+
+
+# --- `slurm watch --prices` on the real Slurm (issue 36) ----------------------------------------------------------
+
+def _billing_weights(slurm, partition: str) -> str:
+    """The partition's TRESBillingWeights as `scontrol show partition -o` gives it ('' when not set)."""
+    from chipledger.adapters.slurm.commands import partition_billing_from_text
+
+    return partition_billing_from_text(slurm.cmd("scontrol", "show", "partition", partition, "-o")).get(partition, "")
+
+
+def _grp_tres_mins(slurm, account: str) -> str:
+    """The account association's GrpTRESMins ('' when not set)."""
+    out = slurm.cmd("sacctmgr", "-n", "-P", "show", "assoc", f"cluster={CLUSTER}", f"account={account}",
+                    "format=user,grptresmins").splitlines()
+    return next((mins for user, _, mins in (ln.partition("|") for ln in out) if not user), "")
+
+
+def _set_weights(slurm, partition: str, weights: str) -> None:
+    slurm.cmd("scontrol", "update", f"PartitionName={partition}", f"TRESBillingWeights={weights}")
+
+
+def _set_mins(slurm, account: str, mins: str) -> None:
+    slurm.cmd("sacctmgr", "-i", "modify", "account", account, "set", f"GrpTRESMins={mins}")
+
+
+def test_watch_prices_maps_billing_weights_and_grp_tres_mins_of_the_real_slurm(slurm, tmp_path):
+    """TRESBillingWeights set on the live partitions with `scontrol update` and GrpTRESMins on the live accounts with
+    `sacctmgr modify`; `chipledger slurm watch --prices --once`, as a user runs it, sends them as price.set
+    (the GPU's weight × 60 billing-minutes per chip-hour, the pool's GPU type first) and monthly budget.set (GPU-minutes
+    as chip-minutes, with the chip-min price of 60 per chip-hour in those pools); the ledger applies them; a weight
+    changed at run time is sent again (same price id) on the next poll, and nothing else is. The Slurm settings are
+    put back afterwards (other tests share this Slurm)."""
+    saved_w = {p: _billing_weights(slurm, p) for p in ("a100", "h100")}
+    saved_m = {a: _grp_tres_mins(slurm, a) for a in ("vision", "nlp")}
+    state, out = tmp_path / "watch.state", tmp_path / "events.jsonl"
+
+    def watch() -> list[dict]:
+        before = len(_events(out)) if out.exists() else 0
+        res = CliRunner().invoke(app, ["slurm", "watch", "--prices", "--once", "--since", "cluster", "--settle",
+                                       str(SETTLE_S), "--state", str(state), "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        return [e for e in _events(out)[before:] if e["type"] in ("price.set", "budget.set")]
+
+    def seen(evs: list[dict]) -> set:
+        return {(e["type"], e["pool"], e.get("team"), e["unit"], e.get("per_chip_hour", e.get("amount")))
+                for e in evs}
+
+    a100, h100 = f"{CLUSTER}/a100", f"{CLUSTER}/h100"
+    try:
+        # a typed weight beats the untyped one; CPU and memory weights are not the chips' price
+        _set_weights(slurm, "a100", "CPU=1.0,Mem=0.25G,GRES/gpu=1.5")
+        _set_weights(slurm, "h100", "CPU=1.0,GRES/gpu=2.0,GRES/gpu:h100=4.5")
+        _set_mins(slurm, "vision", "gres/gpu:a100=60000")
+        _set_mins(slurm, "nlp", "gres/gpu:h100=30000")
+        assert "GRES/gpu:h100=4.5" in _billing_weights(slurm, "h100")
+        assert "gres/gpu:a100=60000" in _grp_tres_mins(slurm, "vision")
+        first = watch()
+        assert seen(first) == {
+            ("price.set", a100, None, "slurm-billing-min", 90), ("price.set", h100, None, "slurm-billing-min", 270),
+            ("price.set", a100, None, "chip-min", 60), ("price.set", h100, None, "chip-min", 60),
+            ("budget.set", a100, TEAM["vision"], "chip-min", 60000),
+            ("budget.set", h100, TEAM["nlp"], "chip-min", 30000)}
+        assert all(e["period"] == "month" for e in first if e["type"] == "budget.set")
+        # polling again sends nothing; a weight changed on the live partition is one new setting of its price id
+        assert watch() == []
+        _set_weights(slurm, "h100", "CPU=1.0,GRES/gpu=2.0,GRES/gpu:h100=5")
+        again = watch()
+        assert seen(again) == {("price.set", h100, None, "slurm-billing-min", 300)}
+        [old] = [e for e in first if e["pool"] == h100 and e["unit"] == "slurm-billing-min"]
+        assert again[0]["price_id"] == old["price_id"] and again[0]["event_id"] != old["event_id"]
+        # the ledger applies every event the watcher sent (prices forward of the pool clock, budgets per team)
+        run_file(out, tmp_path / "lake")
+        from analytics.views import connect
+
+        con = connect(tmp_path / "lake")
+        assert con.execute("SELECT count(*) FROM deadletters WHERE event_type IN ('price.set', 'budget.set')"
+                           ).fetchone()[0] == 0
+        prices = con.execute("SELECT pool, unit, per_chip_hour FROM prices ORDER BY set_at, pool, unit").fetchall()
+        assert len(prices) == 5 and prices[-1] == (h100, "slurm-billing-min", 300)
+        budgets = con.execute("SELECT pool, team, amount, unit FROM budgets ORDER BY pool").fetchall()
+        assert budgets == [(a100, TEAM["vision"], 60000, "chip-min"), (h100, TEAM["nlp"], 30000, "chip-min")]
+    finally:
+        for p, w in saved_w.items():
+            _set_weights(slurm, p, w)
+        for a, m in saved_m.items():
+            _set_mins(slurm, a, m or "gres/gpu=-1,gres/gpu:a100=-1,gres/gpu:h100=-1,billing=-1")
+    assert {p: _billing_weights(slurm, p) for p in saved_w} == saved_w
+    assert {a: _grp_tres_mins(slurm, a) for a in saved_m} == saved_m

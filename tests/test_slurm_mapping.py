@@ -578,6 +578,10 @@ def test_billing_weights_and_tres_mins_map_to_prices_and_budgets(nodes):
     # GPU-minutes → chip-minutes in the pools of the type; billing-minutes in the partition's pool; a user's is not
     assert budgets_of(CLUSTER, pools, mins) == {("3", "chipledger/a100", "vision", CHIP_MIN_UNIT): 60000,
                                                 ("4", "chipledger/h100", "nlp", BILLING_UNIT): 500000}
+    # the team is the account's path under its parents, as the grants and jobs name it (team_paths)
+    assert budgets_of(CLUSTER, pools, mins, teams={"vision": "research/vision", "nlp": "research/nlp"}) == {
+        ("3", "chipledger/a100", "research/vision", CHIP_MIN_UNIT): 60000,
+        ("4", "chipledger/h100", "research/nlp", BILLING_UNIT): 500000}
 
 
 def test_watcher_with_prices_sends_price_and_budget_events_once(tmp_path, nodes, assocs, runs):

@@ -91,6 +91,15 @@ def load(out: Path, period: str, team: str) -> dict:
     return json.loads((out / period / f"{file_stem(team)}.json").read_text())
 
 
+def a100(st: dict) -> dict:
+    """The statement's total of its one flavor (the fixture's pool is lab/a100), zeros when it used no pool:
+    `totals` is one block per flavor, never a sum across flavors."""
+    assert len(st["totals"]) <= 1 and all(t["flavor"] == "a100" for t in st["totals"]), st["totals"]
+    zero = {k: 0 for k in ("entitled_mchip_s", "in_quota_mchip_s", "borrowed_mchip_s", "burst_mchip_s",
+                           "used_mchip_s", "unused_entitlement_mchip_s", "pending_mchip_s")}
+    return st["totals"][0] if st["totals"] else zero
+
+
 @pytest.fixture(scope="module")
 def books(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("statements")
@@ -106,24 +115,24 @@ def test_day_one_figures_are_exact(books):
     _, _, _, out = books
     a = load(out, "2026-11-02..2026-11-02", "org/alpha")
     assert a["partial"] is False and a["books_closed_through"] == "2026-11-03T00:00:00Z"
-    t = a["totals"]
+    t = a100(a)
     assert (t["entitled_mchip_s"], t["in_quota_mchip_s"], t["borrowed_mchip_s"], t["burst_mchip_s"]) == \
         (36 * H, 36 * H, 36 * H, 0)
     assert t["unused_entitlement_mchip_s"] == 0 and t["used_mchip_s"] == 72 * H
     assert t["entitled_chip_h"] == 36.0
-    b = load(out, "2026-11-02..2026-11-02", "beta")["totals"]
+    b = a100(load(out, "2026-11-02..2026-11-02", "beta"))
     assert (b["entitled_mchip_s"], b["used_mchip_s"], b["unused_entitlement_mchip_s"]) == (48 * H, 0, 48 * H)
-    q = load(out, "2026-11-02..2026-11-02", "quiet")["totals"]
+    q = a100(load(out, "2026-11-02..2026-11-02", "quiet"))
     assert (q["entitled_mchip_s"], q["unused_entitlement_mchip_s"]) == (24 * H, 24 * H)
     # the quota change at noon shows in the daily series: 36 chip-h entitled on the day
-    assert a["daily"] == [{"day": "2026-11-02", "entitled_mchip_s": 36 * H, "in_quota_mchip_s": 36 * H,
+    assert a["daily"] == [{"flavor": "a100", "day": "2026-11-02", "entitled_mchip_s": 36 * H, "in_quota_mchip_s": 36 * H,
                            "borrowed_mchip_s": 36 * H, "burst_mchip_s": 0}]
 
 
 def test_day_two_preemption_and_pending(books):
     _, _, _, out = books
     a = load(out, "2026-11-03..2026-11-03", "org/alpha")
-    t = a["totals"]
+    t = a100(a)
     assert (t["entitled_mchip_s"], t["in_quota_mchip_s"], t["borrowed_mchip_s"]) == (24 * H, 6 * H, 12 * H)
     assert t["unused_entitlement_mchip_s"] == 18 * H and t["pending_mchip_s"] == 54 * H
     s = a["preemptions"]["suffered"]
@@ -139,7 +148,7 @@ def test_team_with_no_activity_gets_a_zero_statement(books):
     _, _, _, out = books
     q = load(out, "2026-11-03..2026-11-03", "quiet")
     assert q["pools"] == [] and q["top_jobs"] == [] and q["preemptions"]["suffered"]["count"] == 0
-    assert all(v == 0 for k, v in q["totals"].items() if k.endswith("_mchip_s"))
+    assert q["totals"] == [] and q["daily"] == []  # no pool used: no total, of any flavor
     assert "No pool used" in (out / "2026-11-03..2026-11-03" / "quiet.html").read_text()
 
 
@@ -158,16 +167,16 @@ def test_totals_reconcile_with_the_journal(books):
                     "SELECT coalesce(sum(amount_mchip_s), 0) FROM journal WHERE team = ? AND account = ? "
                     "AND hour >= CAST(? AS TIMESTAMPTZ) AND hour < CAST(? AS TIMESTAMPTZ)",
                     [team, account, start + "T00:00:00Z", end + "T00:00:00Z"]).fetchone()[0]
-                assert st["totals"][f"{account}_mchip_s"] == want, (period, team, account)
+                assert a100(st)[f"{account}_mchip_s"] == want, (period, team, account)
             for rec in st["reconciliation"]:
                 assert rec["balanced"] is True
                 assert rec["teams_used_mchip_s"] + rec["idle_mchip_s"] + rec["unavailable_mchip_s"] == \
                     rec["capacity_mchip_s"] + rec["overcommitted_mchip_s"]
     # two days = day one + day two, to the milli-chip-second
     for team in ("org/alpha", "beta", "quiet"):
-        both = load(out, "2026-11-02..2026-11-03", team)["totals"]
-        d1 = load(out, "2026-11-02..2026-11-02", team)["totals"]
-        d2 = load(out, "2026-11-03..2026-11-03", team)["totals"]
+        both = a100(load(out, "2026-11-02..2026-11-03", team))
+        d1 = a100(load(out, "2026-11-02..2026-11-02", team))
+        d2 = a100(load(out, "2026-11-03..2026-11-03", team))
         assert all(both[k] == d1[k] + d2[k] for k in both if k.endswith("_mchip_s"))
     pool = load(out, "2026-11-02..2026-11-02", "org/alpha")["reconciliation"][0]
     assert (pool["capacity_mchip_s"], pool["teams_used_mchip_s"], pool["idle_mchip_s"]) == (96 * H, 72 * H, 24 * H)
@@ -209,7 +218,7 @@ def test_partial_period_is_marked(books):
     assert r.exit_code == 0, r.output
     st = load(out, "2026-11", "beta")
     assert st["partial"] is True and st["books_closed_through"] == "2026-11-04T00:00:00Z"
-    assert st["totals"]["entitled_mchip_s"] == 96 * H
+    assert a100(st)["entitled_mchip_s"] == 96 * H
     assert "partial" in r.output
 
 
@@ -218,8 +227,8 @@ def test_burst_spanning_two_periods(tmp_path):
     out = tmp_path / "out"
     for p in ("2026-11-02..2026-11-02", "2026-11-03..2026-11-03"):
         assert statements(lake, store, out, "--period", p, "--format", "json").exit_code == 0
-    d1 = load(out, "2026-11-02..2026-11-02", "beta")["totals"]
-    d2 = load(out, "2026-11-03..2026-11-03", "beta")["totals"]
+    d1 = a100(load(out, "2026-11-02..2026-11-02", "beta"))
+    d2 = a100(load(out, "2026-11-03..2026-11-03", "beta"))
     assert (d1["burst_mchip_s"], d2["burst_mchip_s"]) == (3 * H, 3 * H)
     assert (d1["in_quota_mchip_s"], d2["in_quota_mchip_s"]) == (3 * H, 3 * H)
     assert d1["borrowed_mchip_s"] == d2["borrowed_mchip_s"] == 0
@@ -429,7 +438,7 @@ def test_totals_never_add_unlike_chips(tmp_path):
     lake, store = tmp_path / "lake", None
     from chipledger.reports.statements import render_csv
     st = load(tmp_path / "out", "2026-11-02..2026-11-02", "gamma")
-    assert [(t["flavor"], t["in_quota_mchip_s"], t["borrowed_mchip_s"]) for t in st["totals_by_flavor"]] == [
+    assert [(t["flavor"], t["in_quota_mchip_s"], t["borrowed_mchip_s"]) for t in st["totals"]] == [
         ("a100", 86_400_000, 0), ("tpu-v5e", 0, 2 * 86_400_000)]
     rows = list(csv_mod.reader(io_mod.StringIO(render_csv(st).decode())))
     assert [r[2] for r in rows[1:]] == ["lab/a100", "lab/tpu", "(total a100)", "(total tpu-v5e)"]

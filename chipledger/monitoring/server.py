@@ -50,7 +50,6 @@ class LakeMetrics:
         # the dead letters are the lake's rows (the events folded again are the applied ones)
         self.collector = MetricsCollector(self.fleet.pools, self.fold_config, states_dead_letters=False)
         self.seen: dict[Path, tuple[int, int]] = {}  # file -> (size, mtime_ns) folded
-        self.costs: dict[tuple[str, str, str], int] = {}  # (pool, team, unit) -> the fold's cost rows, scaled
 
     loading = False  # the first fold is running (in another thread): the states must not be read
 
@@ -60,8 +59,7 @@ class LakeMetrics:
         yield GaugeMetricFamily("chipledger_metrics_loading", "1 while serve-metrics folds the lake for the first "
                                 "time (no other series is served then), else 0", value=1 if self.loading else 0)
         if not self.loading:
-            yield from self.collector.collect()
-            yield from cost_metrics(self.costs, self.fleet)
+            yield from self.collector.collect()  # the worker's series, cost and budgets included
 
     def _files(self, table: str) -> dict[Path, tuple[int, int]]:
         out = {}
@@ -116,55 +114,11 @@ class LakeMetrics:
             if not step.applied:
                 self.skipped += 1
                 continue
-            for c in step.costs:  # the teams' use priced by the fold (ledger/costs.py)
-                if c.team is not None:
-                    key = (c.pool, c.team, c.unit)
-                    self.costs[key] = self.costs.get(key, 0) + c.cost_scaled
             n += 1
         if self.skipped:
             log.warning("serve-metrics: %d event rows of %s did not fold again (a lake written with another "
                         "[policy] or [ledger] configuration?)", self.skipped, self.lake)
         return n
-
-
-def _period_bounds(period: str, t: int) -> tuple[int, int]:
-    """The UTC month or quarter holding instant t, as epoch seconds [start, end)."""
-    from datetime import datetime, timezone
-
-    d = datetime.fromtimestamp(t, timezone.utc)
-    first = d.month if period == "month" else d.month - (d.month - 1) % 3
-    start = datetime(d.year, first, 1, tzinfo=timezone.utc)
-    n = first + (1 if period == "month" else 3)
-    end = datetime(d.year + (n - 1) // 12, (n - 1) % 12 + 1, 1, tzinfo=timezone.utc)
-    return int(start.timestamp()), int(end.timestamp())
-
-
-def cost_metrics(costs: dict, fleet: Fleet):
-    """`chipledger_team_cost_total{pool, team, unit}` (the teams' in-quota, borrowed and burst cost, in the unit) and
-    `chipledger_team_budget_rate{team, unit, period}` (the team's budget summed over pools, per second of the period
-    holding the newest pool clock): the series of `chipledger slo rules`' budget burn rules."""
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-    from ledger.costs import COST_SCALE
-
-    cost = CounterMetricFamily("chipledger_team_cost", "the team's in-quota, borrowed and burst use priced by the "
-                               "fold (ledger/costs.py), in the price's unit", labels=["pool", "team", "unit"])
-    for (pool, team, unit), scaled in sorted(costs.items()):
-        cost.add_metric([pool, team, unit], scaled / COST_SCALE)
-    yield cost
-    rate = GaugeMetricFamily("chipledger_team_budget_rate", "the team's budget summed over pools, per second of "
-                             "the current period (month or quarter, UTC)", labels=["team", "unit", "period"])
-    now = max((st.clock for st in fleet.pools.values()), default=0)
-    sums: dict[tuple[str, str, str], float] = {}
-    for st in fleet.pools.values():
-        for team, period, amount, unit, effective_from, _set_at in st.budgets.values():
-            start, end = _period_bounds(period, now)
-            if effective_from < end:
-                key = (team, unit, period)
-                sums[key] = sums.get(key, 0.0) + amount / (end - start)
-    for key, v in sorted(sums.items()):
-        rate.add_metric(list(key), v)
-    yield rate
 
 
 async def run_server(lake_metrics: LakeMetrics, host: str, port: int, poll_s: float,

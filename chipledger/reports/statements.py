@@ -31,7 +31,9 @@ from chipledger.reports.costs import team_costs
 
 FORMATS = ("md", "html", "csv", "json")
 FOLD_ROWS = 50  # rows of a long table (preemptions, fair share) shown in Markdown and HTML; the rest folded
-STATEMENT_SCHEMA = "chipledger.statement/1"
+# /2: `totals` is a list per flavor (was: every pool added up, across unlike chips) and `totals_by_flavor` is gone;
+# `daily` rows are per flavor and day (were: all pools added up)
+STATEMENT_SCHEMA = "chipledger.statement/2"
 TOP_JOBS = 10
 MCHIP_S_PER_CHIP_H = 3_600_000
 TEAM_ACCOUNTS = ("entitled", "in_quota", "borrowed", "burst", "pending")
@@ -267,15 +269,12 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
             SELECT pool, CASE WHEN team IS NULL THEN account ELSE 'team:' || account END, sum(amount)::BIGINT
             FROM statement_journal GROUP BY ALL ORDER BY ALL"""):
         pool_books.setdefault(pool, {})[account] = int(amount)
-    daily: dict[str, dict[str, dict[str, int]]] = {}  # team -> day -> account (all pools)
     pool_daily: dict[str, dict[str, dict[str, dict[str, int]]]] = {}  # team -> pool -> day -> account
     for team, pool, day, account, amount in _rows(con, """
             SELECT team, pool, CAST(date_trunc('day', hour) AS DATE), account, sum(amount)::BIGINT
             FROM statement_journal WHERE team IS NOT NULL AND account IN ('entitled', 'in_quota', 'borrowed', 'burst')
             GROUP BY ALL ORDER BY ALL"""):
         if team in want:
-            d = daily.setdefault(team, {}).setdefault(day.isoformat(), {})
-            d[account] = d.get(account, 0) + int(amount)
             pool_daily.setdefault(team, {}).setdefault(pool, {}).setdefault(day.isoformat(), {})[account] = int(amount)
 
     # preemptions suffered: runs of the team's jobs that ended preempted in the period, with the decision that
@@ -387,10 +386,6 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
         pool_closed = [closed[pl] for pl in team_pools if pl in closed] or [fleet_closed]
         closed_through = min(pool_closed)
         per_pool = accounts.get(team, {})
-        total = _empty_accounts()
-        for acc in per_pool.values():
-            for k in TEAM_ACCOUNTS:
-                total[k] += acc[k]
         alloc, lost = goodput.get(team, (0, 0))
         out.append({
             "schema": STATEMENT_SCHEMA,
@@ -399,12 +394,12 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
             "partial": closed_through < period.end,
             "books_closed_through": _iso(min(closed_through, period.end)),
             "computed_at_positions": positions,
-            "totals": _account_block(total),  # all pools together: of one flavor only when totals_by_flavor has one
-            "totals_by_flavor": _flavor_totals(per_pool, team_pools, flavors),
+            # chips of unlike flavors are never added up: one total per flavor (money totals: cost.totals, per unit)
+            "totals": _flavor_totals(per_pool, team_pools, flavors),
             "cost": costs.get(team) or {"priced": False, "by_pool": [], "totals": [], "budgets": [], "peak": []},
             "pools": [{"pool": pl, "flavor": flavors.get(pl), **_account_block(per_pool.get(pl, _empty_accounts())),
                        "daily": _daily_rows(pool_daily.get(team, {}).get(pl, {}))} for pl in team_pools],
-            "daily": _daily_rows(daily.get(team, {})),
+            "daily": _flavor_daily(pool_daily.get(team, {}), flavors),
             "preemptions": {
                 "suffered": _preemption_block(suffered.get(team, []), "jobs"),
                 "caused": _caused_block(caused.get(team, [])),
@@ -467,6 +462,19 @@ def _throughput_block(row: Optional[list], chips: list, jobs: list, slo: SloPara
 def _daily_rows(days: dict[str, dict[str, int]]) -> list[dict]:
     return [{"day": d, **{f"{a}_mchip_s": v.get(a, 0) for a in ("entitled", "in_quota", "borrowed", "burst")}}
             for d, v in sorted(days.items())]
+
+
+def _flavor_daily(pool_days: dict[str, dict[str, dict[str, int]]], flavors: dict) -> list[dict]:
+    """The team's accounts per flavor and UTC day (its pools of one flavor added up, never across flavors)."""
+    by: dict[tuple[str, str], dict[str, int]] = {}
+    for pl, days in pool_days.items():
+        for day, acc in days.items():
+            d = by.setdefault((flavors.get(pl) or pl, day), {})
+            for a, v in acc.items():
+                d[a] = d.get(a, 0) + v
+    return [{"flavor": f, "day": day, **{f"{a}_mchip_s": v.get(a, 0) for a in ("entitled", "in_quota", "borrowed",
+                                                                             "burst")}}
+            for (f, day), v in sorted(by.items())]
 
 
 def _flavor_totals(per_pool: dict, team_pools: list, flavors: dict) -> list[dict]:
@@ -584,7 +592,7 @@ def render_csv(st: dict) -> bytes:
     head = {"period": st["period"]["label"], "team": st["team"], "partial": str(st["partial"]).lower(),
             "books_closed_through": st["books_closed_through"]}
     # a total row per flavor: chips of unlike flavors are never added up
-    for row in [*st["pools"], *({**t, "pool": f"(total {t['flavor']})"} for t in st["totals_by_flavor"])]:
+    for row in [*st["pools"], *({**t, "pool": f"(total {t['flavor']})"} for t in st["totals"])]:
         merged = {**head, **row}
         w.writerow([merged.get(c, "") for c in CSV_COLUMNS])
     return buf.getvalue().encode()
@@ -697,6 +705,8 @@ def _jinja_env(markdown: bool = False):
     env.filters["yesno"] = lambda v: "n/a" if v is None else ("met" if v else "missed")
     env.filters["factor"] = lambda v: "n/a" if v is None else f"{v:.3f}"  # the fair-share factor is an estimate
     env.globals["FOLD_ROWS"] = FOLD_ROWS
+    # the summary's one column when the team used no pool in the period (zeros)
+    env.globals["NO_POOL_TOTALS"] = [{"flavor": "all", **_account_block(_empty_accounts())}]
     return env
 
 

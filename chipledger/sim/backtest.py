@@ -43,8 +43,10 @@ class Demand:
     jobs: list = field(default_factory=list)         # SimJob, observed demand
     observed_wait: dict = field(default_factory=dict)  # job id -> observed first start - submit (s)
     bursts: list = field(default_factory=list)
-    # pool -> price id -> the price.set fields of its last setting in the log (a backtest prices its simulated use
-    # with them from its start: DESIGN §9)
+    # pool -> [(instant, price.set fields)]: every price setting of the log, in the log's order, at the instant the
+    # log's pool clock had reached when it came (its event time, or later for a late event): the simulated pool is
+    # sent the same settings at the same instants, and the fold's own price rules (ledger/costs.py: effective
+    # forward, bands, a setting replacing an earlier one of its id) price the simulated use (DESIGN §9)
     prices: dict = field(default_factory=dict)
     start: int = 0
     end: int = 0
@@ -96,6 +98,7 @@ def load_demand(path: Path, days: Optional[float] = None) -> Demand:
     first_start: dict = {}
     ended: dict = {}
     t_min = t_max = None
+    clock: dict = {}  # pool -> the latest event time of the pool so far (the pool clock the log reached)
     try:
         fh = open(path, "rb")
     except OSError as err:
@@ -122,6 +125,8 @@ def load_demand(path: Path, days: Optional[float] = None) -> Demand:
             t_max = t if t_max is None or t > t_max else t_max
             typ = e.type
             pool = e.pool
+            if t > clock.get(pool, t - 1):
+                clock[pool] = t
             if typ == "pool.configured":
                 p = d.pools.setdefault(pool, [0, e.chips_per_node or 8, e.flavor])
                 p[1], p[2] = e.chips_per_node or p[1], e.flavor
@@ -135,9 +140,9 @@ def load_demand(path: Path, days: Optional[float] = None) -> Demand:
             elif typ == "quota.revoked":
                 grants.pop(e.grant_id, None)
             elif typ == "price.set":
-                d.prices.setdefault(pool, {})[e.price_id] = {
-                    "price_id": e.price_id, "per_chip_hour": e.per_chip_hour, "unit": e.unit,
-                    **({"hours_of_week": list(e.hours_of_week)} if e.hours_of_week is not None else {})}
+                d.prices.setdefault(pool, []).append((clock[pool], e.model_dump(
+                    mode="json", include={"price_id", "per_chip_hour", "unit", "effective_from", "effective_until",
+                                          "hours_of_week"}, exclude_none=True)))
             elif typ == "job.submitted":
                 if e.job_id not in subs:
                     subs[e.job_id] = [pool, e.team, e.chips_milli, e.priority, e.preemptible, t]
@@ -200,7 +205,7 @@ def run_backtest(demand: Demand, fold_config, quotas: dict, sched_slo_s: int = 6
     jobs = [copy.copy(j) for j in demand.jobs]
     pools = [SimPool(p, v[0], v[1], v[2]) for p, v in sorted(demand.pools.items()) if v[0] > 0]
     cluster = Cluster(pools, quotas, fold_config, act_delay_s=act_delay_s, coop_share=coop_share,
-                      source="backtest", prices={p: list(v.values()) for p, v in demand.prices.items()})
+                      source="backtest", prices=demand.prices)
     res = cluster.run(jobs, demand.bursts, t0=demand.start)
     if demand.prices:  # the books closed at the end: the last hour's use priced too
         cluster.fleet.close()
@@ -242,7 +247,7 @@ def run_backtest(demand: Demand, fold_config, quotas: dict, sched_slo_s: int = 6
         "bursts": dict(res.bursts),
         "events_folded": res.events,
         "jobs": len(jobs),
-        "cost": _cost(cluster.costs),
+        "cost": _cost(cluster.costs, demand.prices),
     }
 
 
@@ -282,21 +287,20 @@ def _simulate(runs: list, jobs: int) -> list[dict]:
         _SWEEP.clear()
 
 
-def _cost(rows: list) -> dict:
-    """The simulated use and idle chips priced by the fold (the log's prices), per unit, and the share of the teams'
-    priced use in peak hours (priced above the pool's cheapest price of the run): what a price band does to the
-    peaks. Empty when the log sets no price (cost unknown, not zero)."""
-    low: dict = {}
-    for r in rows:
-        key = (r.pool, r.unit)
-        low[key] = min(low.get(key, r.per_chip_hour), r.per_chip_hour)
+def _cost(rows: list, prices: dict) -> dict:
+    """The simulated use and idle chips priced by the fold (the log's prices, `Demand.prices`), per unit, and the
+    share of the teams' priced use in peak hours (priced by a band: a price id the log sets with hours of the week;
+    a price raised for every hour is not a peak): what a price band does to the peaks. Empty when the log sets no
+    price (cost unknown, not zero)."""
+    banded = {(pool, f["price_id"]) for pool, settings in prices.items() for _, f in settings
+              if f.get("hours_of_week") is not None}
     out: dict = {}
     for r in rows:
         u = out.setdefault(r.unit, {"use": 0, "idle": 0, "use_mchip_s": 0, "peak_mchip_s": 0})
         if r.team is not None:
             u["use"] += r.cost_scaled
             u["use_mchip_s"] += r.amount_mchip_s
-            if r.per_chip_hour > low[(r.pool, r.unit)]:
+            if (r.pool, r.price_id) in banded:
                 u["peak_mchip_s"] += r.amount_mchip_s
         elif r.account == "idle":
             u["idle"] += r.cost_scaled

@@ -130,7 +130,9 @@ class Cluster:
                  coop_share: float = 0.0, coop_ckpt_s: int = 30, sample_s: int = 3600, fairness: bool = True,
                  tick_s: int = 60, source: str = "sim", prices: Optional[dict] = None):
         self.pools = {p.name: p for p in pools}
-        self.prices = prices or {}  # pool -> [price.set fields]: set at the start (ledger/costs.py prices the run)
+        # pool -> [(instant, price.set fields)]: each sent to the pool at its instant, in order (a log's price history;
+        # ledger/costs.py prices the run); one the fold rejects is skipped, as the fold of the log rejected it
+        self.prices = prices or {}
         self.costs: list = []       # the fold's cost rows of the run (ledger.costs.CostRow)
         self.quotas = {p: dict(quotas.get(p, {})) for p in self.pools}  # pool -> team -> chips
         self.config = config
@@ -144,7 +146,7 @@ class Cluster:
         self.last_event: dict = {}
 
     # -- the ledger side ------------------------------------------------------------------------------------
-    def send(self, pool: str, etype: str, t: int, **fields):
+    def send(self, pool: str, etype: str, t: int, strict: bool = True, **fields):
         self.seq += 1
         self.last_event[pool] = t
         e = parse_payload({"event_id": f"sim-{self.seq}", "type": etype, "occurred_at": iso(t), "pool": pool,
@@ -152,7 +154,7 @@ class Cluster:
         if isinstance(e, Rejection):
             raise ValueError(f"simulated {etype} not valid: {e}")
         step = self.fleet.apply(e)
-        if step.rejection is not None:
+        if step.rejection is not None and strict:
             raise ValueError(f"simulated {etype} rejected by the ledger: {step.rejection}")
         if step.costs:
             self.costs.extend(step.costs)
@@ -170,8 +172,6 @@ class Cluster:
             for team, q in sorted(self.quotas[p.name].items()):
                 if q > 0:
                     self.send(p.name, "quota.granted", t0, grant_id=_grant_id(team), team=team, chips=q)
-            for price in self.prices.get(p.name, []):
-                self.send(p.name, "price.set", t0, **price)
         quota = {p: {team: round(q * MILLI) for team, q in qs.items()} for p, qs in self.quotas.items()}
         free = {p: self.pools[p].chips * MILLI for p in self.pools}
         used: dict = {p: {} for p in self.pools}
@@ -306,6 +306,9 @@ class Cluster:
                 if job.chips_milli <= free[p] and job.jid not in fl:
                     start(job, t)
 
+        for p in self.pools:  # first: a price set at an instant holds for what happens at that instant
+            for pt, fields in self.prices.get(p, ()):
+                at(max(pt, t0), "price", (p, fields))
         for job in jobs:
             at(job.submitted, "submit", job)
             if job.cancel_at is not None:
@@ -319,6 +322,9 @@ class Cluster:
         t = t_end = t0
         while timers:
             t, _, kind, payload, version = heapq.heappop(timers)
+            if kind == "price":  # the ledger's, not the cluster's: not part of the span
+                self.send(payload[0], "price.set", t, strict=False, **payload[1])
+                continue
             if kind != "sample":
                 t_end = t  # the span ends with the last thing the cluster did (samples only look)
             if kind == "submit":

@@ -555,12 +555,15 @@ def tres_mins_limits(text: str) -> tuple[tuple[str, str, int], ...]:
 
 
 def budgets_of(cluster: str, pools: dict[str, PoolSpec], assoc_mins: Iterable[tuple[str, str, str, str, str]],
-               report: Optional[MapReport] = None) -> dict[tuple[str, str, str, str], int]:
+               report: Optional[MapReport] = None,
+               teams: Optional[dict[str, str]] = None) -> dict[tuple[str, str, str, str], int]:
     """(assoc id, pool, team, unit) → amount from account associations' `GrpTRESMins` (assoc id, account, user,
     partition, GrpTRESMins text): `gres/gpu[:TYPE]=N` GPU-minutes is a budget of N chip-minutes in the pools it
     maps to (as `grants_of` maps GrpTRES), `billing=N` a budget of N billing-minutes in the association's partition's
     pool (or the only pool). Slurm's GrpTRESMins is a cap over the usage decayed by PriorityDecayHalfLife and reset
-    by PriorityUsageResetPeriod; the ledger's budget is per UTC month (the period an admin states; documented)."""
+    by PriorityUsageResetPeriod; the ledger's budget is per UTC month (the period an admin states; documented).
+    `teams`: account -> team name (`team_paths`), as the grants and jobs name the team, so the budget is the team's."""
+    teams = teams or {}
     by_flavor: dict[str, list[str]] = {}
     for spec in pools.values():
         by_flavor.setdefault(spec.flavor.lower(), []).append(spec.pool)
@@ -583,5 +586,5 @@ def budgets_of(cluster: str, pools: dict[str, PoolSpec], assoc_mins: Iterable[tu
                 targets = []
             unit = BILLING_UNIT if kind == "billing" else CHIP_MIN_UNIT
             for p in targets:
-                out[(assoc_id, p, account, unit)] = n
+                out[(assoc_id, p, teams.get(account, account), unit)] = n
     return out

@@ -139,7 +139,7 @@ class Watcher:
         teams = team_paths(self.slurm.account_parents(self.cluster))  # accounts under parents: org/team
         self._grants(pools, observed_at, report, teams)
         if self.prices:
-            self._prices(pools, observed_at, report)
+            self._prices(pools, observed_at, report, teams)
         candidates = [Event(x["at"], x["rank"], x["body"]) for x in st["pending"]]
         if st["inventory_at"] is not None:
             candidates += node_state_events(self.cluster, self.source, pools,
@@ -233,7 +233,8 @@ class Watcher:
                 have[key] = {"grant_id": gid, "pool": pool, "chips": new, "version": version}
 
 
-    def _prices(self, pools: dict[str, PoolSpec], observed_at: Optional[int], report: MapReport) -> None:
+    def _prices(self, pools: dict[str, PoolSpec], observed_at: Optional[int], report: MapReport,
+                teams: Optional[dict[str, str]] = None) -> None:
         """Mirror the partitions' GPU billing weights as prices (Slurm billing-minutes per chip-hour) and the
         associations' GrpTRESMins as monthly budgets; a change is a new setting of the same id from now on (prices
         apply forward). A pool with a GPU-minute budget also gets a price of 60 chip-minutes per chip-hour, so its
@@ -242,7 +243,7 @@ class Watcher:
         at = observed_at if observed_at is not None else st["inventory_at"]
         have_p = st.setdefault("prices", {})
         have_b = st.setdefault("budgets", {})
-        budgets = budgets_of(self.cluster, pools, self.slurm.assoc_mins(self.cluster), report)
+        budgets = budgets_of(self.cluster, pools, self.slurm.assoc_mins(self.cluster), report, teams)
         weights = billing_prices(self.cluster, pools, self.slurm.billing())
         want_p = {f"{p}|{BILLING_UNIT}": v for p, v in weights.items()}
         want_p.update({f"{p}|{CHIP_MIN_UNIT}": 60 for (_a, p, _t, unit) in budgets if unit == CHIP_MIN_UNIT})
