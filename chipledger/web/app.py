@@ -817,12 +817,12 @@ def build_app(portal: Portal) -> FastAPI:
             return signin_redirect()
         team_or_404(p, team)
         s = snap()
-        bal, pools = s.memo(("home", team), lambda: (
+        bal, pools = s.memo(("home", team), lambda s: (
             s.rows("SELECT * FROM portal_balances_now WHERE team = ? ORDER BY pool", [team]),
             {r["pool"]: r for r in s.rows("SELECT * FROM portal_pools")}))
         slo_rows = _slos(s, None)
         q = _queue(portal, s, p, None, team)
-        recent = s.memo(("recent", team), lambda: s.rows(
+        recent = s.memo(("recent", team), lambda s: s.rows(
             "SELECT job_id, pool, chips, submitted_at, first_started_at, finished_at, outcome, preemptions FROM jobs "
             "WHERE team = ? ORDER BY submitted_at DESC, job_id DESC LIMIT 15", [team]))
         return render(request, "home.html", p, snapshot=s, team=team, balances=bal, pools=pools, recent=recent,
@@ -1007,7 +1007,7 @@ def _pool_out(r: dict) -> PoolOut:
 
 
 def _slos(s: Snapshot, pool: Optional[str]) -> list[SloOut]:
-    return s.memo(("slos", pool), lambda: _slos_compute(s, pool))
+    return s.memo(("slos", pool), lambda s: _slos_compute(s, pool))
 
 
 def _slos_compute(s: Snapshot, pool: Optional[str]) -> list[SloOut]:
@@ -1037,7 +1037,7 @@ def _runtime_model(s: Snapshot) -> tuple[dict, dict, dict]:
 
 def queue_all(s: Snapshot) -> list[QueueEntry]:
     """Every pending job with its estimated start, computed once per snapshot (at its refresh: `LakeReader.warm`)."""
-    return s.memo("queue", lambda: _queue_compute(s), pin=True)
+    return s.memo("queue", _queue_compute, pin=True)
 
 
 def _queue(portal: Portal, s: Snapshot, p: Principal, pool: Optional[str], team: Optional[str]) -> list[QueueEntry]:
@@ -1103,7 +1103,7 @@ def _blockers(s: Snapshot, p: Principal, row: dict) -> str:
     ids = [x for x in (row.get("top_blockers") or "").split(",") if x]
     if not ids or p.is_staff:
         return ",".join(ids)
-    owners = s.memo(("job_teams", row["pool"]), lambda: {
+    owners = s.memo(("job_teams", row["pool"]), lambda s: {
         r["job_id"]: r["team"] for r in s.rows("SELECT job_id, arg_max(team, submitted_at) AS team FROM portal_jobs "
                                                "WHERE pool = ? GROUP BY job_id", [row["pool"]])})
     shown = [x for x in ids if owners.get(x) is not None and p.can_read_team(owners[x])]
@@ -1114,7 +1114,7 @@ def _blockers(s: Snapshot, p: Principal, row: dict) -> str:
 def _job(s: Snapshot, p: Principal, job_id: str) -> Optional[JobOut]:
     if not NAME_RE.match(job_id or ""):
         return None
-    out = s.memo(("job", job_id), lambda: _job_compute(s, job_id))
+    out = s.memo(("job", job_id), lambda s: _job_compute(s, job_id))
     if out is None or not p.can_read_team(out.team):
         return None
     return out
