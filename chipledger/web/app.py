@@ -764,7 +764,8 @@ def build_app(portal: Portal) -> FastAPI:
     @app.get("/healthz", include_in_schema=False)
     def healthz():
         s = portal.reader._snap
-        return {"ok": True, "snapshot": s.version if s else None, "refresh_error": portal.reader.last_error}
+        return {"ok": True, "snapshot": s.version if s else None, "refresh_error": portal.reader.last_error,
+                "build_s": round(s.build_s, 2) if s else None, "rewarm_s": round(s.rewarm_s, 2) if s else None}
 
     @app.get("/static/portal.css", include_in_schema=False)
     def css():
