@@ -3,11 +3,15 @@
 A `Snapshot` is `analytics.views.connect(lake, materialize=True)` (the one way into the lake: it lists the files
 the lake's commits name) plus the portal's own tables, computed once when the snapshot is built: the queue, the
 balances now, the jobs, the decisions, the error budgets, head-of-line blocking (`PORTAL_TABLES`). What a view takes
-seconds to compute is computed there, not per request. Requests read a snapshot through their own cursor.
+seconds to compute is computed there, not per request. Requests read a snapshot through their own cursor; what a
+request computes from a snapshot is kept with it (`Snapshot.memo`, one computation per answer however many requests
+ask at once).
 
 `LakeReader` holds the current snapshot and a thread that looks at the lake every `refresh_s`; when the lake has a
-new commit, a new snapshot is built beside the current one and swapped in
-whole: a request sees the old snapshot or the new one, never half of each, and never waits for a refresh.
+new commit, a new snapshot is built beside the current one (DuckDB on all cores but one: the requests keep one), the answers asked
+of the current one are computed on it (`Snapshot.rewarm`), and it is swapped in whole: a request sees the old snapshot
+or the new one, never half of each, never waits for a refresh, and after a swap reads answers rather than computes
+them. The build is not incremental: it reads the whole lake (docs/portal.md, "Fast while the lake grows").
 """
 
 from __future__ import annotations
@@ -148,7 +152,7 @@ class Snapshot:
     # snapshot starts with the keys asked for of this one computed again: `rewarm`)
     _memo: dict = field(default_factory=dict)
     _pinned: dict = field(default_factory=dict)
-    # how each key is computed (a function of the snapshot), most recently asked for last: what `rewarm` recomputes
+    # how each key is computed (a function of the snapshot), the latest computed last: what `rewarm` recomputes
     _recipes: dict = field(default_factory=dict)
     # keys being computed, and the event their computation sets: a second request for one waits for the first's
     # answer instead of computing it again (8 clients asking for the same page after a swap computed it 8 times)
@@ -210,7 +214,7 @@ class Snapshot:
             done.set()
 
     def rewarm(self, previous: "Snapshot") -> None:
-        """Compute on this snapshot the answers last asked for of `previous` (at most REWARM_MAX, the most recent),
+        """Compute on this snapshot the answers last computed on `previous` (at most REWARM_MAX, the latest),
         before this one is swapped in: the first requests after a swap read answers, not compute them."""
         t0 = time.monotonic()
         with previous._lock:
