@@ -57,6 +57,8 @@ PORTAL_TABLES = {
                    AS team_position
         FROM pending
     """,
+    # each job's team by its latest submission in its pool (the head-of-line blockers' owners; `jobs` is a table then)
+    "portal_job_owners": "SELECT pool, job_id, arg_max(team, submitted_at) AS team FROM jobs GROUP BY pool, job_id",
     "portal_decisions": "SELECT * EXCLUDE (body), body::VARCHAR AS body FROM decisions",
     "portal_error_budget": "SELECT * FROM error_budget",
     "portal_hol": "SELECT * FROM hol_blocking",
@@ -120,7 +122,7 @@ MATERIALIZED_VIEWS = ("pending_history", "pending", "decisions", "decision_victi
 JOB_EVENTS_SQL = "SELECT * FROM events WHERE job_id IS NOT NULL"
 INDEXES = (("jobs", "job_id"), ("pending_history", "job_id"), ("progress", "job_id"), ("throughput", "job_id"),
            ("events", "job_id"), ("portal_runs", "job_id"), ("decision_victims", "job_id"),
-           ("decisions", "beneficiary_job_id"))
+           ("decisions", "beneficiary_job_id"), ("portal_job_owners", "job_id"))
 
 
 def _materialize(con, name: str, sql: str) -> None:
