@@ -929,3 +929,22 @@ def test_a_lake_without_prices_shows_no_cost(env, tmp_path):
     home = c.get("/teams/vision", headers=_h(env, "alice")).text
     assert "no price set" in home and 'id="costs"' not in home
     assert "no price set" in c.get("/fleet", headers=_h(env, "root")).text
+
+
+def test_home_page_lists_the_fleet_slos_and_those_of_the_teams_pools(env):
+    """The home page's SLO table: the fleet's rows and the rows of each pool the team has a balance in, as the API
+    gives them (the template tests a set of the team's pools instead of filtering the balances once per row). A team
+    with balances in two of the three pools, so the third pool's rows must be left out."""
+    c = env["client"]
+    team = "recsys"
+    balances = c.get(f"/api/v1/teams/{team}/balances", headers=_h(env, "root")).json()["balances"]
+    mine = {b["pool"] for b in balances}
+    slos = c.get("/api/v1/slos", headers=_h(env, "root")).json()["slos"]
+    assert 0 < len(mine) < len({r["pool"] for r in slos if r["pool"]})
+    want = [(r["slo"], r["pool"] or "fleet") for r in slos if r["pool"] is None or r["pool"] in mine]
+    assert any(p != "fleet" for _, p in want) and len(want) < len(slos)
+    home = c.get(f"/teams/{team}", headers=_h(env, "root"))
+    assert home.status_code == 200
+    table = home.text[home.text.index('<table id="slos">'):]
+    table = table[:table.index("</table>")]
+    assert re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td>", table) == want
