@@ -71,6 +71,17 @@ def run_route(base: str, path: str, headers: dict, seconds: float, clients: int)
             "mean_ms": round(1000 * statistics.fmean(lat), 2) if lat else None}
 
 
+def _peak_rss_mib(pid: int):
+    """The server's peak resident memory (VmHWM), MiB, or None where /proc does not say."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024)
+    except OSError:
+        return None
+    return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lake", type=Path, required=True, help="a lake to copy (the copy grows; the original is kept)")
@@ -79,27 +90,37 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--grow-every", type=float, default=3.0)
     ap.add_argument("--work", type=Path, default=Path("/tmp/chipledger-bench-serve"))
+    ap.add_argument("--config", type=Path, default=None,
+                    help="chipledger.toml for the server ([lake] memory_limit and spill_dir bound each snapshot's "
+                         "DuckDB: a large lake's snapshot outgrows DuckDB's default of 80%% of the memory twice over, "
+                         "the current one and the one being built)")
     a = ap.parse_args()
     py = sys.executable
     shutil.rmtree(a.work, ignore_errors=True)
     lake = a.work / "lake"
     shutil.copytree(a.lake, lake)
-    env = {**os.environ, "CHIPLEDGER_SERVE_REFRESH_S": "1", "PYTHONWARNINGS": "ignore"}
+    # the bench's clients share one user's token: the per-user rate limit ([serve] requests_per_minute) off
+    env = {**os.environ, "CHIPLEDGER_SERVE_REFRESH_S": "1", "CHIPLEDGER_SERVE_REQUESTS_PER_MINUTE": "0",
+           "PYTHONWARNINGS": "ignore"}
     tok = subprocess.run([py, "-m", "chipledger.cli", "serve", "tokens", "create", "--user", "bench", "--team",
                           "vision", "--store", a.store], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     token = tok.stdout.strip().splitlines()[-1]
     port = _free_port()
+    config = ["--config", str(a.config)] if a.config else []
     server = subprocess.Popen([py, "-m", "chipledger.cli", "serve", "--lake", str(lake), "--store", a.store,
-                               "--port", str(port)], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+                               "--port", str(port), *config], cwd=ROOT, env=env,
+                              stderr=(a.work / "serve.err").open("w"))  # a file: a pipe no one reads would fill up
     base = f"http://127.0.0.1:{port}"
     h = {"Authorization": f"Bearer {token}"}
     try:
-        for _ in range(600):
+        t_start = time.monotonic()
+        for _ in range(36000):  # a 10M-event lake's first snapshot takes minutes
             try:
                 if httpx.get(base + "/healthz", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.1)
+        first_build_s = round(time.monotonic() - t_start, 1)
         job = httpx.get(base + "/api/v1/decisions?limit=1", headers=h).json()
         first = httpx.get(base + "/api/v1/queue?team=vision", headers=h).json()["queue"]
         job_id = first[0]["job_id"] if first else None
@@ -131,15 +152,37 @@ def main() -> None:
                 grown.append(dst.stat().st_size)
                 i += 1
 
+        builds = []
+
+        def watch():
+            # each snapshot the server swaps in: how long it took to build and to compute the previous one's answers
+            seen = None
+            while not stop.wait(0.5):
+                try:
+                    hz = httpx.get(base + "/healthz", timeout=5).json()
+                except httpx.HTTPError:
+                    continue
+                if hz["snapshot"] != seen:
+                    seen = hz["snapshot"]
+                    builds.append({k: hz.get(k) for k in ("snapshot", "build_s", "rewarm_s")})
+
         g = threading.Thread(target=grow, daemon=True)
+        w = threading.Thread(target=watch, daemon=True)
+        load_before = os.getloadavg()
         g.start()
+        w.start()
         results = [run_route(base, r, h, a.seconds, a.clients) for r in routes]
         stop.set()
         g.join()
+        w.join()
         health = httpx.get(base + "/healthz").json()
         out = {"lake": str(a.lake), "clients": a.clients, "seconds_per_route": a.seconds,
                "files_added_while_running": len(grown), "snapshots_built": health["snapshot"],
-               "cpus": os.cpu_count(), "routes": results, "decision_sample": bool(job)}
+               "server_ready_s": first_build_s, "snapshots_seen": builds,
+               "server_peak_rss_mib": _peak_rss_mib(server.pid),
+               "cpus": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
+               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "routes": results, "decision_sample": bool(job)}
         print(json.dumps(out, indent=2))
     finally:
         server.terminate()

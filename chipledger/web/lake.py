@@ -3,11 +3,15 @@
 A `Snapshot` is `analytics.views.connect(lake, materialize=True)` (the one way into the lake: it lists the files
 the lake's commits name) plus the portal's own tables, computed once when the snapshot is built: the queue, the
 balances now, the jobs, the decisions, the error budgets, head-of-line blocking (`PORTAL_TABLES`). What a view takes
-seconds to compute is computed there, not per request. Requests read a snapshot through their own cursor.
+seconds to compute is computed there, not per request. Requests read a snapshot through their own cursor; what a
+request computes from a snapshot is kept with it (`Snapshot.memo`, one computation per answer however many requests
+ask at once).
 
 `LakeReader` holds the current snapshot and a thread that looks at the lake every `refresh_s`; when the lake has a
-new commit, a new snapshot is built beside the current one and swapped in
-whole: a request sees the old snapshot or the new one, never half of each, and never waits for a refresh.
+new commit, a new snapshot is built beside the current one (DuckDB on all cores but one: the requests keep one), the answers asked
+of the current one are computed on it (`Snapshot.rewarm`), and it is swapped in whole: a request sees the old snapshot
+or the new one, never half of each, never waits for a refresh, and after a swap reads answers rather than computes
+them. The build is not incremental: it reads the whole lake (docs/portal.md, "Fast while the lake grows").
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -52,7 +57,8 @@ PORTAL_TABLES = {
                    AS team_position
         FROM pending
     """,
-    "portal_jobs": "SELECT * FROM jobs",
+    # each job's team by its latest submission in its pool (the head-of-line blockers' owners; `jobs` is a table then)
+    "portal_job_owners": "SELECT pool, job_id, arg_max(team, submitted_at) AS team FROM jobs GROUP BY pool, job_id",
     "portal_decisions": "SELECT * EXCLUDE (body), body::VARCHAR AS body FROM decisions",
     "portal_error_budget": "SELECT * FROM error_budget",
     "portal_hol": "SELECT * FROM hol_blocking",
@@ -117,11 +123,11 @@ PORTAL_TABLES = {
 # views a request reads (the job page's `why`, the decisions) made tables at refresh, under their own names (DuckDB
 # binds a view's names when it is queried: views over them then read the tables). `events` last, and only its job
 # events: the views that need every event are tables by then. Indexed by job id for the job page's point lookups.
-MATERIALIZED_VIEWS = ("jobs", "pending_history", "pending", "decisions", "decision_victims", "progress", "throughput")
+MATERIALIZED_VIEWS = ("pending_history", "pending", "decisions", "decision_victims", "progress", "throughput")
 JOB_EVENTS_SQL = "SELECT * FROM events WHERE job_id IS NOT NULL"
 INDEXES = (("jobs", "job_id"), ("pending_history", "job_id"), ("progress", "job_id"), ("throughput", "job_id"),
            ("events", "job_id"), ("portal_runs", "job_id"), ("decision_victims", "job_id"),
-           ("decisions", "beneficiary_job_id"))
+           ("decisions", "beneficiary_job_id"), ("portal_job_owners", "job_id"))
 
 
 def _materialize(con, name: str, sql: str) -> None:
@@ -150,33 +156,84 @@ class Snapshot:
     build_s: float
     version: int
     # answers computed from this snapshot, by key: a snapshot never changes, so neither do they (bounded; the next
-    # snapshot starts empty)
+    # snapshot starts with the keys asked for of this one computed again: `rewarm`)
     _memo: dict = field(default_factory=dict)
     _pinned: dict = field(default_factory=dict)
+    # how each key is computed (a function of the snapshot), the latest computed last: what `rewarm` recomputes
+    _recipes: dict = field(default_factory=dict)
+    # keys being computed, and the event their computation sets: a second request for one waits for the first's
+    # answer instead of computing it again (8 clients asking for the same page after a swap computed it 8 times)
+    _inflight: dict = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # costs and budgets of the current UTC month, computed at the build (chipledger/web/costs.py)
     costs: dict = field(default_factory=dict)
+    # seconds the refresh took to compute the previous snapshot's answers on this one, and how many
+    rewarm_s: float = 0.0
+    rewarmed: int = 0
 
     MEMO_MAX = 4096
+    REWARM_MAX = 256
 
-    def memo(self, key, compute, pin: bool = False):
-        """`compute()`'s answer, kept with the snapshot. Pinned answers (what the refresh warmed: the queue with its
-        estimates) survive the bound: requests for many distinct keys (job ids, cursors) clear only the others, so
-        they cannot make every request recompute what the refresh computed once."""
+    def _lookup(self, key):
         hit = self._pinned.get(key, _MISSING)
-        if hit is _MISSING:
-            hit = self._memo.get(key, _MISSING)
+        return self._memo.get(key, _MISSING) if hit is _MISSING else hit
+
+    def memo(self, key, compute: Callable[["Snapshot"], object], pin: bool = False):
+        """`compute(snapshot)`'s answer, kept with the snapshot. Pinned answers (what the refresh warmed: the queue
+        with its estimates) survive the bound: requests for many distinct keys (job ids, cursors) clear only the
+        others, so they cannot make every request recompute what the refresh computed once. `compute` takes the
+        snapshot (it names no snapshot of its own), so the refresh can compute the same key on the next snapshot
+        before it is swapped in (`rewarm`)."""
+        hit = self._lookup(key)
         if hit is not _MISSING:
             return hit
-        value = compute()
         with self._lock:
-            if pin:
-                self._pinned[key] = value
-                return value
-            if len(self._memo) >= self.MEMO_MAX:
-                self._memo.clear()
-            self._memo[key] = value
-        return value
+            hit = self._lookup(key)
+            if hit is not _MISSING:
+                return hit
+            done = self._inflight.get(key)
+            mine = done is None
+            if mine:
+                done = self._inflight[key] = threading.Event()
+        if not mine:
+            done.wait()
+            hit = self._lookup(key)
+            if hit is not _MISSING:
+                return hit
+            return compute(self)  # the first computation failed: this request computes (and fails) on its own
+        try:
+            value = compute(self)
+            with self._lock:
+                if pin:
+                    self._pinned[key] = value
+                else:
+                    if len(self._memo) >= self.MEMO_MAX:
+                        self._memo.clear()
+                    self._memo[key] = value
+                    self._recipes.pop(key, None)
+                    self._recipes[key] = compute
+                    if len(self._recipes) > self.REWARM_MAX:
+                        del self._recipes[next(iter(self._recipes))]
+            return value
+        finally:
+            with self._lock:
+                self._inflight.pop(key, None)
+            done.set()
+
+    def rewarm(self, previous: "Snapshot") -> None:
+        """Compute on this snapshot the answers last computed on `previous` (at most REWARM_MAX, the latest),
+        before this one is swapped in: the first requests after a swap read answers, not compute them."""
+        t0 = time.monotonic()
+        with previous._lock:
+            recipes = list(previous._recipes.items())
+        for key, compute in recipes:
+            try:
+                self.memo(key, compute)
+            except Exception as e:  # a key the new snapshot cannot answer: the request that asks will say why
+                log.debug("rewarm of %r failed: %s", key, e)
+                continue
+            self.rewarmed += 1
+        self.rewarm_s = time.monotonic() - t0
 
     def cached_rows(self, sql: str, params=None) -> list[dict]:
         """`rows`, kept with the snapshot (for the small, principal-independent reads of the routes)."""
@@ -184,7 +241,7 @@ class Snapshot:
             key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items()))
         else:
             key = tuple(params or ())
-        return self.memo(("sql", sql, key), lambda: self.rows(sql, params))
+        return self.memo(("sql", sql, key), lambda s: s.rows(sql, params))
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         return self.con.cursor()
@@ -199,12 +256,18 @@ class Snapshot:
             cur.close()
 
 
-def build_snapshot(lake: Path, version: int, slo=None, duckdb_config=None) -> Snapshot:
+def build_snapshot(lake: Path, version: int, slo=None, duckdb_config=None,
+                   build_threads: Optional[int] = None) -> Snapshot:
     from analytics.views import connect
 
     t0 = time.monotonic()
     sig = lake_signature(lake)
     con = connect(lake, materialize=True, slo=slo, config=duckdb_config)
+    # the build leaves a core to the requests (DuckDB would take them all, and the requests' threads wait for one)
+    con.execute(f"SET threads = {max(1, build_threads if build_threads else (os.cpu_count() or 2) - 1)}")
+    # `jobs` first, once: the portal's tables read it (it took as long as every other portal table together)
+    _materialize(con, "jobs", 'SELECT * FROM "jobs"')
+    con.execute('CREATE VIEW "portal_jobs" AS SELECT * FROM jobs')
     for name, sql in PORTAL_TABLES.items():
         con.execute(f'CREATE OR REPLACE TABLE "{name}" AS {sql}')
     from chipledger.web.costs import snapshot_costs
@@ -252,6 +315,8 @@ class LakeReader:
         new = build_snapshot(self.lake, (old.version + 1) if old else 1, self.slo, self.duckdb_config)
         if self.warm is not None:
             self.warm(new)
+        if old is not None:
+            new.rewarm(old)
         self._snap = new  # one reference assignment: requests hold the snapshot they started with
         self.refreshes += 1
         if self.on_swap is not None:
