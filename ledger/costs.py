@@ -24,6 +24,7 @@ This module owns the price versions, the boundaries they put in the pool's heap 
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Final, NamedTuple, Optional
 
 from ledger import prices
@@ -114,9 +115,8 @@ def apply_price_set(state: PoolState, e, t: int, step: Step) -> None:
         if v[_ID] == row.price_id and (v[_UNTIL] is None or v[_UNTIL] > start):
             v[_UNTIL] = start
     hours = None if row.hours_of_week is None else list(row.hours_of_week)
-    versions = [v for v in state.price_versions if v[_UNTIL] is None or v[_UNTIL] > max(v[_FROM], t)]
-    versions.append([row.price_id, row.per_chip_hour, row.unit, start, row.effective_until, hours, t])
-    state.price_versions = versions
+    _keep_versions(state, t)
+    state.price_versions.append([row.price_id, row.per_chip_hour, row.unit, start, row.effective_until, hours, t])
     if start > t:
         state.push_boundary(start, PRICE_BOUNDARY, row.price_id, 0)
     if row.effective_until is not None:
@@ -127,4 +127,223 @@ def price_boundary(state: PoolState, instant: int, step: Step) -> None:
     """A price starts or ends at `instant` (the clock moving past it): post and price the journal up to it, then
     forget the versions that ended."""
     _post_at(state, instant, step)
-    state.price_versions = [v for v in state.price_versions if v[_UNTIL] is None or v[_UNTIL] > instant]
+    _keep_versions(state, instant)
+
+
+# --- what each run cost, and what it would have cost started off-peak (fact `run_costs`) ------------------------
+
+OFF_PEAK_HORIZON_S: Final = WEEK_S  # how far before a run's start its off-peak start is looked for (every band once)
+FREE_HOURS_KEPT: Final = 2 * WEEK_S // HOUR_S  # closed hours whose least free chips a priced pool keeps
+
+
+class RunCostRow(NamedTuple):
+    """A run of a job priced as it ends (fact `run_costs`), one row per unit a price in which held at some second of
+    the run (a run no price held for: one row with `unit` None). Amounts follow what the run was charged (its chips on
+    available chips), piece by piece; costs in 1/COST_SCALE of `unit`, exact:
+    - `cost_scaled`: at the prices that held while it ran; None when some second of it had no price in `unit`;
+    - `peak_mchip_s`: its charged milli-chip-seconds in peak seconds (`peak_at`);
+    - `off_peak_at`, `off_peak_cost_scaled`: its start moved to the nearest off-peak start that had room
+      (`run_ended`), and the same charges from there at the prices that held then; both None when none had."""
+    pool: str
+    job_id: str
+    team: str
+    run_index: int
+    chips_milli: int
+    started_at: int
+    ended_at: int
+    end_reason: str
+    unit: Optional[str]
+    allocated_mchip_s: int
+    peak_mchip_s: int
+    cost_scaled: Optional[int]
+    off_peak_at: Optional[int]
+    off_peak_cost_scaled: Optional[int]
+
+
+def rates_at(versions: list, t: int) -> dict[str, tuple[int, bool]]:
+    """Per unit, the price per chip-hour in effect at instant t (as `in_effect`) and whether t is a peak second: the
+    price in effect is a band (a version with hours of the week) dearer than the cheapest version of the unit in
+    effect at t (in any hour of the week). Versions that ended are history: kept while a run may need them."""
+    how = hour_of_week(t)
+    held: dict[str, list] = {}
+    cheapest: dict[str, int] = {}
+    for v in versions:
+        until = v[_UNTIL]
+        if v[_FROM] <= t and (until is None or t < until):
+            unit = v[_UNIT]
+            rate = v[_PER_CHIP_HOUR]
+            low = cheapest.get(unit)
+            if low is None or rate < low:
+                cheapest[unit] = rate
+            if v[_HOURS] is None or how in v[_HOURS]:
+                h = held.get(unit)
+                if h is None or h[_HOURS] is None or v[_HOURS] is not None:
+                    held[unit] = v
+    return {u: (v[_PER_CHIP_HOUR], v[_HOURS] is not None and v[_PER_CHIP_HOUR] > cheapest[u]) for u, v in held.items()}
+
+
+class _Prices:
+    """The prices over [lo, hi) as running integrals per unit, exact: at each cut (every hour, every version's start
+    and end) the price-seconds, the peak seconds and the unpriced seconds since lo, so a stretch's cost is a
+    difference of two look-ups."""
+
+    def __init__(self, versions: list, lo: int, hi: int):
+        cuts = set(range(lo - lo % HOUR_S + HOUR_S, hi, HOUR_S))
+        for v in versions:
+            for x in (v[_FROM], v[_UNTIL]):
+                if x is not None and lo < x < hi:
+                    cuts.add(x)
+        self.cuts: list[int] = [lo, *sorted(cuts)]
+        self.rates: list[dict[str, tuple[int, bool]]] = [rates_at(versions, x) for x in self.cuts]
+        self.units: list[str] = sorted({u for r in self.rates for u in r})
+        # per unit: [price-seconds, peak seconds, unpriced seconds] from lo to each cut
+        self.sums: dict[str, list[list[int]]] = {}
+        for u in self.units:
+            acc = [0, 0, 0]
+            rows = []
+            for i, x in enumerate(self.cuts):
+                rows.append(list(acc))
+                end = self.cuts[i + 1] if i + 1 < len(self.cuts) else hi
+                r = self.rates[i].get(u)
+                if r is None:
+                    acc[2] += end - x
+                else:
+                    acc[0] += r[0] * (end - x)
+                    if r[1]:
+                        acc[1] += end - x
+            self.sums[u] = rows
+
+    def upto(self, unit: str, t: int) -> tuple[int, int, int]:
+        """(price-seconds, peak seconds, unpriced seconds) of `unit` from lo to t."""
+        i = bisect_right(self.cuts, t) - 1
+        x = self.cuts[i]
+        s = self.sums[unit][i]
+        r = self.rates[i].get(unit)
+        if r is None:
+            return s[0], s[1], s[2] + t - x
+        return s[0] + r[0] * (t - x), s[1] + (t - x if r[1] else 0), s[2]
+
+    def at(self, unit: str, t: int) -> Optional[tuple[int, bool]]:
+        return self.rates[bisect_right(self.cuts, t) - 1].get(unit)
+
+
+def _pieces(job, started: int, ended: int, final_charge: int) -> list[tuple[int, int, int]]:
+    """The run's (from, until, charge) pieces: its charge changed only as chips under it went down or up."""
+    out = []
+    a = started
+    for t, before in job.charge_changes:
+        if t > a:
+            out.append((a, t, before))
+        a = t
+    if ended > a:
+        out.append((a, ended, final_charge))
+    return out
+
+
+def _room(state: PoolState, need: int, credit: int, started: int, ended: int, lo: int) -> tuple[int, list[int]]:
+    """Hours from hour_of(lo) to the open hour: (first hour, running count of hours without room for `need`
+    milli-chips). An hour had room when its least free chips (plus `credit`, the run's own least charge, in the hours
+    it ran whole) were at least `need`; an hour the pool kept no figure for had none."""
+    first = lo - lo % HOUR_S
+    now_hour = state.books.open_hour
+    bad = [0]
+    h = first
+    while h <= now_hour:
+        free: Optional[int] = state.free_min_milli if h == now_hour else state.free_hours.get(h)
+        ok = False
+        if free is not None:
+            if started <= h and (h == now_hour or h + HOUR_S <= ended):
+                free += credit
+            ok = free >= need
+        bad.append(bad[-1] + (0 if ok else 1))
+        h += HOUR_S
+    return first, bad
+
+
+def run_ended(state: PoolState, job, t: int, reason: str, final_charge: int, out: list) -> None:
+    """A run of a priced pool ended at t: its `run_costs` rows (RunCostRow), one per unit.
+
+    The off-peak start: the run's own start when that second was not peak; else the latest whole hour before it, at
+    most OFF_PEAK_HORIZON_S before, whose first second was priced and not peak, from which the run's pieces, moved
+    as a whole, were priced in every second and the pool had room for the run's chips in every hour they cover (the
+    hour's least free chips, plus the run's own least charge in the hours it ran whole: those chips would have been
+    free). Only hours already closed count (the run ended now; later hours are not known), so the search goes back
+    from the start, never forward."""
+    started = job.run_started_at
+    pieces = _pieces(job, started, t, final_charge)
+    alloc = 0
+    for a, b, c in pieces:
+        alloc += c * (b - a)
+    versions = state.price_versions
+    at_start = rates_at(versions, started)
+    lo = started - OFF_PEAK_HORIZON_S if any(r[1] for r in at_start.values()) else started
+    table = _Prices(versions, lo, t if t > started else started + 1)
+    units = [u for u in table.units if table.upto(u, t)[2] - table.upto(u, started)[2] < t - started
+             or (t == started and u in at_start)]
+    head = (state.pool, job.job_id, job.team, job.run_index, job.chips_milli, started, t, reason)
+    if not units:
+        out.append(RunCostRow(*head, None, alloc, 0, None, None, None))
+        return
+    room: Optional[tuple[int, list[int]]] = None
+    credit = min([final_charge, *(c[1] for c in job.charge_changes)])
+    span = t - started
+    for u in units:
+        cost = 0
+        peak = 0
+        unpriced = 0
+        for a, b, c in pieces:
+            pa, ka, na = table.upto(u, a)
+            pb, kb, nb = table.upto(u, b)
+            cost += c * (pb - pa)
+            peak += c * (kb - ka)
+            unpriced += nb - na
+        run_cost: Optional[int] = None if unpriced else cost
+        first = at_start.get(u)
+        off_at: Optional[int] = None
+        off_cost: Optional[int] = None
+        if first is not None and not first[1]:
+            off_at, off_cost = started, run_cost
+        else:
+            if room is None:
+                room = _room(state, job.chips_milli, credit, started, t, lo)
+            h = started - started % HOUR_S
+            if h == started:
+                h -= HOUR_S
+            while h >= lo:
+                r = table.at(u, h)
+                if r is not None and not r[1] and table.upto(u, h + span)[2] == table.upto(u, h)[2]:
+                    first_hour, bad = room
+                    i = (h - first_hour) // HOUR_S
+                    j = (h + span - 1 - first_hour) // HOUR_S + 1 if span else i
+                    if bad[j] == bad[i]:
+                        moved = 0
+                        for a, b, c in pieces:
+                            moved += c * (table.upto(u, b + h - started)[0] - table.upto(u, a + h - started)[0])
+                        off_at, off_cost = h, moved
+                        break
+                h -= HOUR_S
+        out.append(RunCostRow(*head, u, alloc, peak, run_cost, off_at, off_cost))
+
+
+def hour_closed(state: PoolState, hour_end: int) -> None:
+    """An hour closed: a priced pool keeps its least free chips (the last FREE_HOURS_KEPT hours); the next hour's
+    least free chips start at the free chips now."""
+    if state.prices:
+        kept = state.free_hours
+        kept[hour_end - HOUR_S] = state.free_min_milli
+        oldest = hour_end - FREE_HOURS_KEPT * HOUR_S
+        for h in [h for h in kept if h < oldest]:
+            del kept[h]
+    state.free_min_milli = state.capacity_milli - state.unavailable_milli - state.charged_milli
+
+
+def _keep_versions(state: PoolState, t: int) -> None:
+    """Forget the price versions no run can need any more: those that ended before the earliest start of a running
+    job (or now) less OFF_PEAK_HORIZON_S, and those that never held (ended before they began)."""
+    since = t
+    for job in state.jobs.values():
+        if job.status == "running" and job.run_started_at < since:
+            since = job.run_started_at
+    cutoff = since - OFF_PEAK_HORIZON_S
+    state.price_versions = [v for v in state.price_versions
+                            if v[_UNTIL] is None or (v[_UNTIL] > v[_FROM] and v[_UNTIL] > cutoff)]

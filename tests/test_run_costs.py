@@ -1,0 +1,129 @@
+"""What each run cost, its peak use, and what it would have cost started off-peak (ledger/costs.py `run_ended`, fact
+`run_costs`; docs/policy.md "Prices, budgets and bands"), hand-computed.
+
+Pool of 4 chips (c1–c4), registered at T0 − 1 h. T0 is Monday 2026-11-02 08:00 UTC (hour of the week 8). From T0,
+USD-cent per chip-hour: `std` 100 in every hour, `peak` 400 in hours of the week 10 and 11 (10:00–12:00: the band is
+dearer than the cheapest price, 100, so those seconds are peak), and `std` set again to 200 at 12:00 (mid-run of j1).
+
+  jc  a  1 chip  (c1)        08:30–10:15  starts off-peak: its own start; 1.5 h × 100 + 0.25 h × 400 = 250
+  jb  b  3 chips (c2,c3,c4)  10:00–10:20  starts peak: 09:00 (hour 9 had 3 free: jc held c1) → 3 × ⅓ h × 100 = 100,
+                                          as run 3 × ⅓ h × 400 = 400
+  j1  a  2 chips (c1,c2)     10:30–12:30  starts peak: 10:00 is peak; 09:00 has no room (its window 09:00–11:00
+                                          covers hour 10, which had 0 free chips at 10:00–10:15 and j1 ran only
+                                          part of it); 08:00 (hours 8 and 9 had 3 free) → 2 × 2 h × 100 = 400;
+                                          as run 2 × (1.5 h × 400 + 0.5 h × 200) = 1400
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ledger import Fleet
+from ledger.costs import COST_SCALE, RunCostRow
+
+from tests.test_evolve import CFG, T0, chip, configured, finish, grant, price, start, submit, tick
+
+H = 3600
+MIN = 60
+CHIPS = ["c1", "c2", "c3", "c4"]
+MCHIP_H = 3_600_000  # milli-chip-seconds in a chip-hour
+
+
+def _events():
+    return [configured(-H), *[chip(c, -H) for c in CHIPS], grant("ga", "a", 2, -H), grant("gb", "b", 3, -H),
+            price("std", 100), price("peak", 400, hours_of_week=[10, 11]),
+            submit("jc", "a", 1, 30 * MIN), start("jc", 30 * MIN, chip_ids=["c1"]),
+            submit("jb", "b", 3, 2 * H), start("jb", 2 * H, chip_ids=["c2", "c3", "c4"]),
+            finish("jc", "succeeded", 2 * H + 15 * MIN), finish("jb", "succeeded", 2 * H + 20 * MIN),
+            submit("j1", "a", 2, 2 * H + 30 * MIN), start("j1", 2 * H + 30 * MIN, chip_ids=["c1", "c2"]),
+            price("std", 200, 4 * H), finish("j1", "succeeded", 4 * H + 30 * MIN), tick(5 * H)]
+
+
+def _fold(events, pause_at=None):
+    fleet = Fleet(CFG)
+    rows: list = []
+    costs: list = []
+    for i, e in enumerate(events):
+        step = fleet.apply(e)
+        assert step.applied, (e, step.rejection)
+        rows += step.run_costs
+        costs += step.costs
+        if pause_at is not None and i == pause_at:  # a close of the books, then a restart from the saved state
+            fleet.close()
+            costs += fleet.close_facts().get("costs", [])
+            fleet = Fleet.from_dict(fleet.to_dict(), CFG)
+    fleet.close()
+    costs += fleet.close_facts().get("costs", [])
+    return rows, costs
+
+
+def _row(job, team, chips, started, ended, peak_chip_s, cost, off_at, off_cost):
+    return RunCostRow("us-east1-a/h100", job, team, 1, chips * 1000, T0 + started, T0 + ended, "succeeded",
+                      "USD-cent", chips * 1000 * (ended - started), peak_chip_s * 1000, cost * COST_SCALE,
+                      None if off_at is None else T0 + off_at, None if off_cost is None else off_cost * COST_SCALE)
+
+
+WANT = [
+    _row("jc", "a", 1, 30 * MIN, 2 * H + 15 * MIN, 15 * MIN, 250, 30 * MIN, 250),
+    _row("jb", "b", 3, 2 * H, 2 * H + 20 * MIN, 3 * 20 * MIN, 400, H, 100),
+    _row("j1", "a", 2, 2 * H + 30 * MIN, 4 * H + 30 * MIN, 2 * 90 * MIN, 1400, 0, 400),
+]
+
+
+def test_hand_computed_run_costs():
+    rows, _ = _fold(_events())
+    assert rows == WANT
+
+
+def test_run_costs_add_up_to_the_teams_costs():
+    """Every run ended and every second of it was priced: the runs' costs are the teams' in-quota, borrowed and burst
+    cost rows (the same charges at the same prices), per team."""
+    rows, costs = _fold(_events())
+    for team in ("a", "b"):
+        assert sum(r.cost_scaled for r in rows if r.team == team) == sum(
+            c.cost_scaled for c in costs if c.team == team)
+
+
+@pytest.mark.parametrize("pause_at", [8, 12, 14])
+def test_run_costs_do_not_depend_on_where_the_fold_paused(pause_at):
+    assert _fold(_events(), pause_at)[0] == WANT
+
+
+def test_a_pool_without_prices_writes_no_run_costs():
+    events = [e for e in _events() if e.type != "price.set"]
+    assert _fold(events)[0] == []
+
+
+def _full_pool(before: bool):
+    """jy (4 chips) runs 10:00–13:00 (peak hours 10 and 11, then 12 at 100). Its own chips are the pool's: in hours
+    10 and 11, which it ran whole, they count as free for the moved run. With `before`, jz held all 4 chips 08:00–10:00:
+    hours 8 and 9 had no room, and before T0 no price held: no off-peak start (None, never 0)."""
+    return [configured(-H), *[chip(c, -H) for c in CHIPS], price("std", 100), price("peak", 400, hours_of_week=[10, 11]),
+            *([submit("jz", "a", 4), start("jz", 0, chip_ids=CHIPS), finish("jz", "succeeded", 2 * H)] if before else []),
+            submit("jy", "b", 4, 2 * H), start("jy", 2 * H, chip_ids=CHIPS), finish("jy", "succeeded", 5 * H)]
+
+
+def test_the_runs_own_chips_are_room_in_the_hours_it_ran_whole():
+    rows, _ = _fold(_full_pool(before=False))
+    # 09:00: hours 9 (4 free), 10 and 11 (0 free + jy's 4) had room. Started there, the 3 h still cover the peak
+    # hours 10 and 11: 4 × (100 + 400 + 400) = 3600, as run 4 × (400 + 400 + 100) = 3600. The nearest off-peak start,
+    # not the cheapest: moving this run saves nothing, and the statement says so
+    assert rows == [RunCostRow("us-east1-a/h100", "jy", "b", 1, 4000, T0 + 2 * H, T0 + 5 * H, "succeeded", "USD-cent",
+                               4 * 3 * MCHIP_H, 4 * 2 * MCHIP_H, 3600 * COST_SCALE, T0 + H, 3600 * COST_SCALE)]
+
+
+def test_no_off_peak_start_with_room_is_null_never_zero():
+    rows, _ = _fold(_full_pool(before=True))
+    jz, jy = rows
+    assert (jz.off_peak_at, jz.off_peak_cost_scaled) == (T0, jz.cost_scaled)  # started off-peak: its own start
+    assert (jy.cost_scaled, jy.off_peak_at, jy.off_peak_cost_scaled) == (3600 * COST_SCALE, None, None)
+
+
+def test_a_second_without_a_price_leaves_the_run_cost_null():
+    """jw runs 07:30–08:30: no price held before T0, so its cost is unknown (None); it started unpriced, and no
+    earlier hour was priced, so it has no off-peak start either."""
+    events = [configured(-H), *[chip(c, -H) for c in CHIPS], submit("jw", "a", 1, -30 * MIN),
+              start("jw", -30 * MIN, chip_ids=["c1"]), price("std", 100), finish("jw", "succeeded", 30 * MIN)]
+    [row] = _fold(events)[0]
+    assert (row.unit, row.peak_mchip_s, row.cost_scaled, row.off_peak_at, row.off_peak_cost_scaled) == (
+        "USD-cent", 0, None, None, None)
