@@ -401,7 +401,8 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
             "computed_at_positions": positions,
             "totals": _account_block(total),  # all pools together: of one flavor only when totals_by_flavor has one
             "totals_by_flavor": _flavor_totals(per_pool, team_pools, flavors),
-            "cost": costs.get(team) or {"priced": False, "by_pool": [], "totals": [], "budgets": [], "peak": []},
+            "cost": costs.get(team) or {"priced": False, "by_pool": [], "totals": [], "budgets": [], "peak": [],
+                                        "peak_totals": []},
             "pools": [{"pool": pl, "flavor": flavors.get(pl), **_account_block(per_pool.get(pl, _empty_accounts())),
                        "daily": _daily_rows(pool_daily.get(team, {}).get(pl, {}))} for pl in team_pools],
             "daily": _daily_rows(daily.get(team, {})),
