@@ -127,3 +127,85 @@ def test_a_second_without_a_price_leaves_the_run_cost_null():
     [row] = _fold(events)[0]
     assert (row.unit, row.peak_mchip_s, row.cost_scaled, row.off_peak_at, row.off_peak_cost_scaled) == (
         "USD-cent", 0, None, None, None)
+
+
+def _run(tmp_path, events, *args):
+    """`chipledger run` on the events as a file, as a user does."""
+    from typer.testing import CliRunner
+
+    from chipledger.cli import app
+
+    src = tmp_path / "events.jsonl"
+    src.write_text("".join(e.model_dump_json() + "\n" for e in events))
+    lake, store = tmp_path / "lake", f"sqlite:///{tmp_path / 'store.db'}"
+    r = CliRunner().invoke(app, ["run", "--events", str(src), "--lake", str(lake), "--store", store, *args])
+    assert r.exit_code == 0, r.output
+    return lake, store
+
+
+def test_statement_says_the_peak_share_and_what_the_runs_would_have_cost_started_off_peak(tmp_path):
+    """Team a's runs jc and j1 (the module's log): 1 chip × 1 h 45 min + 2 chips × 2 h = 5.75 chip-hours, of which
+    0.25 + 3 in peak seconds; as run 250 + 1400 = 1650 cents, started off-peak 250 + 400 = 650."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from chipledger.cli import app
+    from chipledger.reports.statements import file_stem
+
+    lake, store = _run(tmp_path, _events())
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["statements", "--lake", str(lake), "--store", store, "--out", str(out),
+                                 "--period", "2026-11-02..2026-11-02", "--team", "a", "--format", "json,md"])
+    assert r.exit_code == 0, r.output
+    st = json.loads((out / "2026-11-02..2026-11-02" / f"{file_stem('a')}.json").read_text())
+    [p] = st["cost"]["peak"]
+    assert (p["pool"], p["unit"], p["runs"], p["used_mchip_s"], p["peak_mchip_s"], p["peak_share"]) == (
+        "us-east1-a/h100", "USD-cent", 2, 20_700_000, 11_700_000, round(11_700 / 20_700, 6))
+    assert (p["runs_compared"], p["as_run_cost"], p["off_peak_cost"], p["saving"], p["runs_no_off_peak_start"]) == (
+        2, 1650.0, 650.0, 1000.0, 0)
+    assert st["cost"]["peak_totals"] == [{"unit": "USD-cent", "runs_compared": 2, "as_run_cost_scaled": 1650 * COST_SCALE,
+                                          "as_run_cost": 1650.0, "off_peak_cost_scaled": 650 * COST_SCALE,
+                                          "off_peak_cost": 650.0, "saving": 1000.0}]
+    md = (out / "2026-11-02..2026-11-02" / f"{file_stem('a')}.md").read_text()
+    assert "Started off-peak, the same runs would have cost 650.00 USD-cent instead of 1650.00 USD-cent" in md
+    assert "| us-east1-a/h100 | USD-cent | 2 | 3.2 | 56.5% | 2 | 1650.00 | 650.00 | 1000.00 | 0 |" in md
+
+
+def test_statement_counts_runs_without_an_off_peak_start_never_at_zero(tmp_path):
+    from analytics.views import connect
+    from chipledger.reports.statements import compute_statements, parse_period
+
+    lake, _ = _run(tmp_path, _full_pool(before=True))
+    [st] = compute_statements(connect(lake), parse_period("2026-11-02..2026-11-02"), teams=["b"])
+    [p] = st["cost"]["peak"]
+    assert (p["runs"], p["runs_compared"], p["as_run_cost"], p["off_peak_cost"], p["saving"],
+            p["runs_no_off_peak_start"], p["cost"]) == (1, 0, None, None, None, 1, 3600.0)
+    assert st["cost"]["peak_totals"] == []
+
+
+def test_lake_upgrade_folds_run_costs_into_a_lake_without_them(tmp_path):
+    """A committed lake whose manifest has no `run_costs` table (written before this version): readers say to run
+    `lake upgrade`, which folds the events again and commits the table, with the rows the run wrote."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from analytics.commits import LakeLayoutError
+    from analytics.views import connect
+    from chipledger.cli import app
+
+    lake, _ = _run(tmp_path, _events())
+    q = "SELECT * FROM run_costs ORDER BY ALL"
+    want = connect(lake).execute(q).fetchall()
+    assert len(want) == 3
+    manifest = lake / "_lake.json"
+    m = json.loads(manifest.read_text())
+    del m["tables"]["run_costs"]
+    manifest.write_text(json.dumps(m))
+    with pytest.raises(LakeLayoutError, match="lake upgrade"):
+        connect(lake)
+    r = CliRunner().invoke(app, ["lake", "upgrade", "--lake", str(lake)])
+    assert r.exit_code == 0, r.output
+    assert "run_costs" in r.output
+    assert connect(lake).execute(q).fetchall() == want
