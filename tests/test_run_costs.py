@@ -209,3 +209,14 @@ def test_lake_upgrade_folds_run_costs_into_a_lake_without_them(tmp_path):
     assert r.exit_code == 0, r.output
     assert "run_costs" in r.output
     assert connect(lake).execute(q).fetchall() == want
+
+
+def test_the_run_cost_view_reads_the_facts_in_units(tmp_path):
+    from analytics.views import connect
+
+    lake, _ = _run(tmp_path, _events())
+    rows = connect(lake).execute("SELECT job_id, flavor, chips, chip_h, peak_chip_h, cost, moved_earlier_s, "
+                                 "off_peak_cost, saving FROM run_cost ORDER BY ended_at").fetchall()
+    assert rows == [("jc", "h100", 1.0, 1.75, 0.25, 250.0, 0, 250.0, 0.0),
+                    ("jb", "h100", 3.0, 1.0, 1.0, 400.0, 3600, 100.0, 300.0),
+                    ("j1", "h100", 2.0, 4.0, 3.0, 1400.0, 2 * H + 30 * MIN, 400.0, 1000.0)]
