@@ -115,7 +115,7 @@ def apply_price_set(state: PoolState, e, t: int, step: Step) -> None:
         if v[_ID] == row.price_id and (v[_UNTIL] is None or v[_UNTIL] > start):
             v[_UNTIL] = start
     hours = None if row.hours_of_week is None else list(row.hours_of_week)
-    _keep_versions(state, t)
+    _keep_versions(state, t)  # (and empties the memo of rates: the versions change)
     state.price_versions.append([row.price_id, row.per_chip_hour, row.unit, start, row.effective_until, hours, t])
     if start > t:
         state.push_boundary(start, PRICE_BOUNDARY, row.price_id, 0)
@@ -182,19 +182,30 @@ def rates_at(versions: list, t: int) -> dict[str, tuple[int, bool]]:
     return {u: (v[_PER_CHIP_HOUR], v[_HOURS] is not None and v[_PER_CHIP_HOUR] > cheapest[u]) for u, v in held.items()}
 
 
+def _rates_memo(state: PoolState, t: int) -> dict[str, tuple[int, bool]]:
+    """`rates_at` of the pool's versions at t, memoized (core: memo) until a price is set or versions are forgotten."""
+    memo = state.rates_memo
+    r = memo.get(t)
+    if r is None:
+        if len(memo) >= 8192:
+            memo.clear()
+        r = memo[t] = rates_at(state.price_versions, t)
+    return r
+
+
 class _Prices:
     """The prices over [lo, hi) as running integrals per unit, exact: at each cut (every hour, every version's start
     and end) the price-seconds, the peak seconds and the unpriced seconds since lo, so a stretch's cost is a
     difference of two look-ups."""
 
-    def __init__(self, versions: list, lo: int, hi: int):
+    def __init__(self, state: PoolState, lo: int, hi: int):
         cuts = set(range(lo - lo % HOUR_S + HOUR_S, hi, HOUR_S))
-        for v in versions:
+        for v in state.price_versions:
             for x in (v[_FROM], v[_UNTIL]):
                 if x is not None and lo < x < hi:
                     cuts.add(x)
         self.cuts: list[int] = [lo, *sorted(cuts)]
-        self.rates: list[dict[str, tuple[int, bool]]] = [rates_at(versions, x) for x in self.cuts]
+        self.rates: list[dict[str, tuple[int, bool]]] = [_rates_memo(state, x) for x in self.cuts]
         self.units: list[str] = sorted({u for r in self.rates for u in r})
         # per unit: [price-seconds, peak seconds, unpriced seconds] from lo to each cut
         self.sums: dict[str, list[list[int]]] = {}
@@ -217,14 +228,22 @@ class _Prices:
         """(price-seconds, peak seconds, unpriced seconds) of `unit` from lo to t."""
         i = bisect_right(self.cuts, t) - 1
         x = self.cuts[i]
-        s = self.sums[unit][i]
+        rows = self.sums.get(unit)
         r = self.rates[i].get(unit)
+        if rows is None:
+            return 0, 0, t - self.cuts[0]
+        s = rows[i]
         if r is None:
             return s[0], s[1], s[2] + t - x
         return s[0] + r[0] * (t - x), s[1] + (t - x if r[1] else 0), s[2]
 
     def at(self, unit: str, t: int) -> Optional[tuple[int, bool]]:
         return self.rates[bisect_right(self.cuts, t) - 1].get(unit)
+
+
+#: how far back the search for an off-peak start reads the prices and free chips at a time (most runs find one within
+#: hours: the whole horizon is read only when none did)
+_SEARCH_STAGES: Final = (6 * HOUR_S, 2 * 24 * HOUR_S, OFF_PEAK_HORIZON_S)
 
 
 def _pieces(job, started: int, ended: int, final_charge: int) -> list[tuple[int, int, int]]:
@@ -263,37 +282,42 @@ def _room(state: PoolState, need: int, credit: int, started: int, ended: int, lo
 def run_ended(state: PoolState, job, t: int, reason: str, final_charge: int, out: list) -> None:
     """A run of a priced pool ended at t: its `run_costs` rows (RunCostRow), one per unit.
 
-    The off-peak start: the run's own start when that second was not peak; else the latest whole hour before it, at
-    most OFF_PEAK_HORIZON_S before, whose first second was priced and not peak, from which the run's pieces, moved
-    as a whole, were priced in every second and the pool had room for the run's chips in every hour they cover (the
-    hour's least free chips, plus the run's own least charge in the hours it ran whole: those chips would have been
-    free). Only hours already closed count (the run ended now; later hours are not known), so the search goes back
-    from the start, never forward."""
+    The off-peak start: the run's own start when that second was priced and not peak; else the latest whole hour
+    before it, at most OFF_PEAK_HORIZON_S before, whose first second was priced and not peak, from which the run's
+    pieces, moved as a whole, were priced in every second and the pool had room for the run's chips in every hour they
+    cover (the hour's least free chips, plus the run's own least charge in the hours it ran whole: those chips would
+    have been free). Only hours already past count (the run ended now; later hours are not known), so the search goes
+    back from the start, never forward. The prices and free chips are read back in stages (_SEARCH_STAGES): the
+    result is the same as reading the whole horizon at once."""
     started = job.run_started_at
     pieces = _pieces(job, started, t, final_charge)
     alloc = 0
     for a, b, c in pieces:
         alloc += c * (b - a)
-    versions = state.price_versions
-    at_start = rates_at(versions, started)
-    lo = started - OFF_PEAK_HORIZON_S if any(r[1] for r in at_start.values()) else started
-    table = _Prices(versions, lo, t if t > started else started + 1)
-    units = [u for u in table.units if table.upto(u, t)[2] - table.upto(u, started)[2] < t - started
+    at_start = _rates_memo(state, started)
+    stages: list = []  # (lo, prices over [lo, t), (first hour, running count of hours without room)), widened as needed
+    if not at_start or any(r[1] for r in at_start.values()):  # a search: its first stage's prices hold the run's too
+        lo0 = started - _SEARCH_STAGES[0]
+        stages.append((lo0, _Prices(state, lo0, t if t > started else started + 1), None))
+    own = stages[0][1] if stages else _Prices(state, started, t if t > started else started + 1)
+    units = [u for u in own.units if own.upto(u, t)[2] - own.upto(u, started)[2] < t - started
              or (t == started and u in at_start)]
     head = (state.pool, job.job_id, job.team, job.run_index, job.chips_milli, started, t, reason)
     if not units:
         out.append(RunCostRow(*head, None, alloc, 0, None, None, None))
         return
-    room: Optional[tuple[int, list[int]]] = None
     credit = min([final_charge, *(c[1] for c in job.charge_changes)])
     span = t - started
+    top = started - started % HOUR_S  # the latest whole hour before the start
+    if top == started:
+        top -= HOUR_S
     for u in units:
         cost = 0
         peak = 0
         unpriced = 0
         for a, b, c in pieces:
-            pa, ka, na = table.upto(u, a)
-            pb, kb, nb = table.upto(u, b)
+            pa, ka, na = own.upto(u, a)
+            pb, kb, nb = own.upto(u, b)
             cost += c * (pb - pa)
             peak += c * (kb - ka)
             unpriced += nb - na
@@ -304,24 +328,28 @@ def run_ended(state: PoolState, job, t: int, reason: str, final_charge: int, out
         if first is not None and not first[1]:
             off_at, off_cost = started, run_cost
         else:
-            if room is None:
-                room = _room(state, job.chips_milli, credit, started, t, lo)
-            h = started - started % HOUR_S
-            if h == started:
-                h -= HOUR_S
-            while h >= lo:
-                r = table.at(u, h)
-                if r is not None and not r[1] and table.upto(u, h + span)[2] == table.upto(u, h)[2]:
-                    first_hour, bad = room
-                    i = (h - first_hour) // HOUR_S
-                    j = (h + span - 1 - first_hour) // HOUR_S + 1 if span else i
-                    if bad[j] == bad[i]:
-                        moved = 0
-                        for a, b, c in pieces:
-                            moved += c * (table.upto(u, b + h - started)[0] - table.upto(u, a + h - started)[0])
-                        off_at, off_cost = h, moved
-                        break
-                h -= HOUR_S
+            h = top
+            for k, back in enumerate(_SEARCH_STAGES):
+                lo = started - back
+                if k == len(stages):
+                    stages.append((lo, _Prices(state, lo, t), None))
+                if stages[k][2] is None:
+                    stages[k] = (lo, stages[k][1], _room(state, job.chips_milli, credit, started, t, lo))
+                _, table, (first_hour, bad) = stages[k]
+                while h >= lo:
+                    r = table.at(u, h)
+                    if r is not None and not r[1] and table.upto(u, h + span)[2] == table.upto(u, h)[2]:
+                        i = (h - first_hour) // HOUR_S
+                        j = (h + span - 1 - first_hour) // HOUR_S + 1 if span else i
+                        if bad[j] == bad[i]:
+                            moved = 0
+                            for a, b, c in pieces:
+                                moved += c * (table.upto(u, b + h - started)[0] - table.upto(u, a + h - started)[0])
+                            off_at, off_cost = h, moved
+                            break
+                    h -= HOUR_S
+                if off_at is not None:
+                    break
         out.append(RunCostRow(*head, u, alloc, peak, run_cost, off_at, off_cost))
 
 
@@ -347,3 +375,4 @@ def _keep_versions(state: PoolState, t: int) -> None:
     cutoff = since - OFF_PEAK_HORIZON_S
     state.price_versions = [v for v in state.price_versions
                             if v[_UNTIL] is None or (v[_UNTIL] > v[_FROM] and v[_UNTIL] > cutoff)]
+    state.rates_memo = {}

@@ -368,6 +368,9 @@ class PoolState:
     # so far, and per closed hour of a priced pool, the last FREE_HOURS_KEPT (ledger.costs: room for a run moved)
     free_min_milli: int = 0
     free_hours: dict = field(default_factory=dict)
+    # instant -> ledger.costs.rates_at of the price versions then (derived, not saved: a memo, emptied when a price is
+    # set or versions are forgotten; runs ending close together ask for the same hours)
+    rates_memo: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.reset_until()
