@@ -19,7 +19,14 @@ The rules (DESIGN §9; docs/statements.md "Cost"):
   `overcommitted` are not priced (they are not use, or would count chips twice);
 - no price in effect → no cost row: a reader sees cost NULL (unknown), never zero.
 
-This module owns the price versions, the boundaries they put in the pool's heap and the `costs` fact rows.
+Each run of a priced pool is priced as it ends (`run_ended`, fact `run_costs`; docs/policy.md "Peak and off-peak, per
+run"): its cost as run, its chip time in peak seconds, and its cost had it started at the nearest off-peak hour before
+it that had room for its chips (the least free chips per hour, `hour_closed`); unknown is None, never 0. For that the
+pool keeps the versions that ended while a run may still need them, and the least free chips of its last
+FREE_HOURS_KEPT closed hours.
+
+This module owns the price versions, the boundaries they put in the pool's heap, the `costs` and `run_costs` fact
+rows and what they are computed from.
 """
 
 from __future__ import annotations
@@ -141,7 +148,7 @@ class RunCostRow(NamedTuple):
     the run (a run no price held for: one row with `unit` None). Amounts follow what the run was charged (its chips on
     available chips), piece by piece; costs in 1/COST_SCALE of `unit`, exact:
     - `cost_scaled`: at the prices that held while it ran; None when some second of it had no price in `unit`;
-    - `peak_mchip_s`: its charged milli-chip-seconds in peak seconds (`peak_at`);
+    - `peak_mchip_s`: its charged milli-chip-seconds in peak seconds (`rates_at`);
     - `off_peak_at`, `off_peak_cost_scaled`: its start moved to the nearest off-peak start that had room
       (`run_ended`), and the same charges from there at the prices that held then; both None when none had."""
     pool: str

@@ -220,3 +220,28 @@ def test_the_run_cost_view_reads_the_facts_in_units(tmp_path):
     assert rows == [("jc", "h100", 1.0, 1.75, 0.25, 250.0, 0, 250.0, 0.0),
                     ("jb", "h100", 3.0, 1.0, 1.0, 400.0, 3600, 100.0, 300.0),
                     ("j1", "h100", 2.0, 4.0, 3.0, 1400.0, 2 * H + 30 * MIN, 400.0, 1000.0)]
+
+
+# versions as the fold keeps them: [price_id, per_chip_hour, unit, effective_from, effective_until, hours, set_at]
+BASE = ["base", 100, "USD-cent", T0, None, None, T0]
+DAY = ["day", 400, "USD-cent", T0, None, [10, 11], T0]          # dearer band: its hours are peak
+NIGHT = ["night", 50, "USD-cent", T0, None, [26, 27], T0]       # cheaper band (Tuesday 02:00-04:00): not peak
+SAME = ["same", 100, "USD-cent", T0, None, [10], T0]            # a band at the base price: not dearer, not peak
+BILLING = ["bill", 7, "billing", T0, None, None, T0]
+
+
+@pytest.mark.parametrize("versions, offset, want", [
+    ([BASE, DAY], 2 * H, {"USD-cent": (400, True)}),                              # 10:00, in the dearer band
+    ([BASE, DAY], H, {"USD-cent": (100, False)}),                                 # 09:00, the base price
+    ([BASE, NIGHT], 2 * H, {"USD-cent": (100, False)}),                           # base hours beside a cheaper band
+    ([BASE, NIGHT], 18 * H, {"USD-cent": (50, False)}),                           # Tuesday 02:00: the cheap band
+    ([BASE, SAME], 2 * H, {"USD-cent": (100, False)}),
+    ([NIGHT, DAY], 2 * H, {"USD-cent": (400, True)}),                             # bands only: dearer than the night's
+    ([BASE, DAY, BILLING], 2 * H, {"USD-cent": (400, True), "billing": (7, False)}),  # per unit
+    ([BASE, DAY], -H, {}),                                                        # before any price: none
+    ([[*BASE[:4], T0 + H, None, T0], DAY], 2 * H, {"USD-cent": (400, False)}),    # the base ended: the band is the cheapest
+])
+def test_a_peak_second_is_a_band_dearer_than_the_cheapest_price_then(versions, offset, want):
+    from ledger.costs import rates_at
+
+    assert rates_at(versions, T0 + offset) == want
