@@ -245,3 +245,17 @@ def test_a_peak_second_is_a_band_dearer_than_the_cheapest_price_then(versions, o
     from ledger.costs import rates_at
 
     assert rates_at(versions, T0 + offset) == want
+
+
+def test_a_preempted_run_with_a_chip_down_is_priced_piece_by_piece():
+    """j (2 chips) runs 10:00–11:00 in the band (400), c2 down from 10:30: charged 2 chips for 30 min, then 1; as run
+    400 × (1 + 0.5) = 600. Started at 09:00 (hour 9 had 4 free chips), the same pieces: 100 × (1 + 0.5) = 150."""
+    from tests.test_evolve import chip_state, preempt
+
+    events = [configured(-H), *[chip(c, -H) for c in CHIPS], price("std", 100), price("peak", 400, hours_of_week=[10]),
+              submit("j", "a", 2, 2 * H), start("j", 2 * H, chip_ids=["c1", "c2"]), chip_state("c2", "down", 2 * H + 1800),
+              preempt("j", 3 * H)]
+    [row] = _fold(events)[0]
+    assert row == RunCostRow("us-east1-a/h100", "j", "a", 1, 2000, T0 + 2 * H, T0 + 3 * H, "preempted", "USD-cent",
+                             2000 * 1800 + 1000 * 1800, 2000 * 1800 + 1000 * 1800, 600 * COST_SCALE, T0 + H,
+                             150 * COST_SCALE)
