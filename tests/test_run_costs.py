@@ -259,3 +259,4 @@ def test_a_preempted_run_with_a_chip_down_is_priced_piece_by_piece():
     assert row == RunCostRow("us-east1-a/h100", "j", "a", 1, 2000, T0 + 2 * H, T0 + 3 * H, "preempted", "USD-cent",
                              2000 * 1800 + 1000 * 1800, 2000 * 1800 + 1000 * 1800, 600 * COST_SCALE, T0 + H,
                              150 * COST_SCALE)
+    assert _fold(events, pause_at=len(events) - 2)[0] == [row]  # its pieces survive a restart from the saved state
