@@ -201,56 +201,105 @@ def _rates_memo(state: PoolState, t: int) -> dict[str, tuple[int, bool]]:
 
 
 class _Prices:
-    """The prices over [lo, hi) as running integrals per unit, exact: at each cut (every hour, every version's start
+    """The prices from `lo` on as running integrals per unit, exact: at each cut (every hour, every version's start
     and end) the price-seconds, the peak seconds and the unpriced seconds since lo, so a stretch's cost is a
-    difference of two look-ups."""
+    difference of two look-ups. Extended forward as runs end (`extend`: only up to the pool clock, where the prices
+    are final); kept per pool (PoolState.price_line, derived: dropped when versions change, rebuilt on demand)."""
 
     def __init__(self, state: PoolState, lo: int, hi: int):
-        cuts = set(range(lo - lo % HOUR_S + HOUR_S, hi, HOUR_S))
+        self.lo = lo
+        self.hi = lo
+        self.cuts: list[int] = [lo]
+        self.rates: list[dict[str, tuple[int, bool]]] = [_rates_memo(state, lo)]
+        self.units: list[str] = []
+        # per unit, from lo to each cut: price-seconds, peak seconds, unpriced seconds (three flat lists)
+        self.price_s: dict[str, list[int]] = {}
+        self.peak_s: dict[str, list[int]] = {}
+        self.unpriced_s: dict[str, list[int]] = {}
+        for u in sorted(self.rates[0]):
+            self._new_unit(u)
+        self.extend(state, hi)
+
+    def _new_unit(self, u: str) -> None:
+        """A unit first priced at the last cut: unpriced from lo until it."""
+        self.units = sorted([*self.units, u])
+        n = len(self.cuts)
+        self.price_s[u] = [0] * n
+        self.peak_s[u] = [0] * n
+        self.unpriced_s[u] = [x - self.lo for x in self.cuts]
+
+    def extend(self, state: PoolState, hi: int) -> None:
+        """Know the prices up to hi (at most the pool clock)."""
+        if hi <= self.hi:
+            return
+        cuts = self.cuts
+        last = cuts[-1]  # the cuts after it, up to hi (those before the last hi were not known then: at most hi)
+        new = set(range(last - last % HOUR_S + HOUR_S, hi, HOUR_S))
         for v in state.price_versions:
             for x in (v[_FROM], v[_UNTIL]):
-                if x is not None and lo < x < hi:
-                    cuts.add(x)
-        self.cuts: list[int] = [lo, *sorted(cuts)]
-        self.rates: list[dict[str, tuple[int, bool]]] = [_rates_memo(state, x) for x in self.cuts]
-        self.units: list[str] = sorted({u for r in self.rates for u in r})
-        # per unit: [price-seconds, peak seconds, unpriced seconds] from lo to each cut
-        self.sums: dict[str, list[list[int]]] = {}
-        for u in self.units:
-            acc = [0, 0, 0]
-            rows = []
-            for i, x in enumerate(self.cuts):
-                rows.append(list(acc))
-                end = self.cuts[i + 1] if i + 1 < len(self.cuts) else hi
-                r = self.rates[i].get(u)
-                if r is None:
-                    acc[2] += end - x
+                if x is not None and last < x < hi:
+                    new.add(x)
+        for x in sorted(new):
+            if x <= cuts[-1]:
+                continue
+            prev = cuts[-1]
+            r_prev = self.rates[-1]
+            length = x - prev
+            r = _rates_memo(state, x)
+            cuts.append(x)
+            self.rates.append(r)
+            for u in self.units:
+                ps = self.price_s[u]
+                ks = self.peak_s[u]
+                qs = self.unpriced_s[u]
+                rate = r_prev.get(u)
+                if rate is None:
+                    ps.append(ps[-1])
+                    ks.append(ks[-1])
+                    qs.append(qs[-1] + length)
                 else:
-                    acc[0] += r[0] * (end - x)
-                    if r[1]:
-                        acc[1] += end - x
-            self.sums[u] = rows
+                    ps.append(ps[-1] + rate[0] * length)
+                    ks.append(ks[-1] + (length if rate[1] else 0))
+                    qs.append(qs[-1])
+            for u in r:
+                if u not in self.price_s:
+                    self._new_unit(u)
+        self.hi = hi
 
     def upto(self, unit: str, t: int) -> tuple[int, int, int]:
         """(price-seconds, peak seconds, unpriced seconds) of `unit` from lo to t."""
         i = bisect_right(self.cuts, t) - 1
-        x = self.cuts[i]
-        rows = self.sums.get(unit)
-        r = self.rates[i].get(unit)
-        if rows is None:
+        ps = self.price_s.get(unit)
+        if ps is None:
             return 0, 0, t - self.cuts[0]
-        s = rows[i]
+        x = self.cuts[i]
+        r = self.rates[i].get(unit)
         if r is None:
-            return s[0], s[1], s[2] + t - x
-        return s[0] + r[0] * (t - x), s[1] + (t - x if r[1] else 0), s[2]
+            return ps[i], self.peak_s[unit][i], self.unpriced_s[unit][i] + t - x
+        return ps[i] + r[0] * (t - x), self.peak_s[unit][i] + (t - x if r[1] else 0), self.unpriced_s[unit][i]
+
+    def unpriced(self, unit: str, a: int, b: int) -> int:
+        """Seconds of [a, b) without a price in `unit`."""
+        return self.upto(unit, b)[2] - self.upto(unit, a)[2]
 
     def at(self, unit: str, t: int) -> Optional[tuple[int, bool]]:
         return self.rates[bisect_right(self.cuts, t) - 1].get(unit)
 
 
-#: how far back the search for an off-peak start reads the prices and free chips at a time (most runs find one within
-#: hours: the whole horizon is read only when none did)
+#: how far back the search for an off-peak start reads the free chips at a time (most runs find one within hours: the
+#: whole horizon is read only when none did)
 _SEARCH_STAGES: Final = (6 * HOUR_S, 2 * 24 * HOUR_S, OFF_PEAK_HORIZON_S)
+
+
+def _price_line(state: PoolState, lo: int, hi: int) -> _Prices:
+    """The pool's prices known from lo (or earlier) up to hi: its line extended, or a new one from a week before lo
+    when it does not go back so far (or reaches back more than four weeks: rebuilt, so it stays bounded)."""
+    line = state.price_line
+    if line is None or line.lo > lo or line.lo < lo - 4 * OFF_PEAK_HORIZON_S:
+        line = state.price_line = _Prices(state, lo - OFF_PEAK_HORIZON_S, hi)
+    else:
+        line.extend(state, hi)
+    return line
 
 
 def _pieces(job, started: int, ended: int, final_charge: int) -> list[tuple[int, int, int]]:
@@ -302,18 +351,14 @@ def run_ended(state: PoolState, job, t: int, reason: str, final_charge: int, out
     for a, b, c in pieces:
         alloc += c * (b - a)
     at_start = _rates_memo(state, started)
-    stages: list = []  # (lo, prices over [lo, t), (first hour, running count of hours without room)), widened as needed
-    if not at_start or any(r[1] for r in at_start.values()):  # a search: its first stage's prices hold the run's too
-        lo0 = started - _SEARCH_STAGES[0]
-        stages.append((lo0, _Prices(state, lo0, t if t > started else started + 1), None))
-    own = stages[0][1] if stages else _Prices(state, started, t if t > started else started + 1)
-    units = [u for u in own.units if own.upto(u, t)[2] - own.upto(u, started)[2] < t - started
-             or (t == started and u in at_start)]
+    own = _price_line(state, started - OFF_PEAK_HORIZON_S, t if t > started else started + 1)
+    units = [u for u in own.units if own.unpriced(u, started, t) < t - started or (t == started and u in at_start)]
     head = (state.pool, job.job_id, job.team, job.run_index, job.chips_milli, started, t, reason)
     if not units:
         out.append(RunCostRow(*head, None, alloc, 0, None, None, None))
         return
     credit = min([final_charge, *(c[1] for c in job.charge_changes)])
+    stages: list = []  # per stage of the search: (first hour, running count of hours without room)
     span = t - started
     top = started - started % HOUR_S  # the latest whole hour before the start
     if top == started:
@@ -339,13 +384,12 @@ def run_ended(state: PoolState, job, t: int, reason: str, final_charge: int, out
             for k, back in enumerate(_SEARCH_STAGES):
                 lo = started - back
                 if k == len(stages):
-                    stages.append((lo, _Prices(state, lo, t), None))
-                if stages[k][2] is None:
-                    stages[k] = (lo, stages[k][1], _room(state, job.chips_milli, credit, started, t, lo))
-                _, table, (first_hour, bad) = stages[k]
+                    stages.append(_room(state, job.chips_milli, credit, started, t, lo))
+                first_hour, bad = stages[k]
+                table = own
                 while h >= lo:
                     r = table.at(u, h)
-                    if r is not None and not r[1] and table.upto(u, h + span)[2] == table.upto(u, h)[2]:
+                    if r is not None and not r[1] and not table.unpriced(u, h, h + span):
                         i = (h - first_hour) // HOUR_S
                         j = (h + span - 1 - first_hour) // HOUR_S + 1 if span else i
                         if bad[j] == bad[i]:
@@ -383,3 +427,4 @@ def _keep_versions(state: PoolState, t: int) -> None:
     state.price_versions = [v for v in state.price_versions
                             if v[_UNTIL] is None or (v[_UNTIL] > v[_FROM] and v[_UNTIL] > cutoff)]
     state.rates_memo = {}
+    state.price_line = None

@@ -371,6 +371,7 @@ class PoolState:
     # instant -> ledger.costs.rates_at of the price versions then (derived, not saved: a memo, emptied when a price is
     # set or versions are forgotten; runs ending close together ask for the same hours)
     rates_memo: dict = field(default_factory=dict)
+    price_line: Any = None  # ledger.costs._Prices: the prices as running integrals (derived, not saved; the same)
 
     def __post_init__(self):
         self.reset_until()
