@@ -343,8 +343,8 @@ def run_ended(state: PoolState, job, t: int, reason: str, final_charge: int, out
     pieces, moved as a whole, were priced in every second and the pool had room for the run's chips in every hour they
     cover (the hour's least free chips, plus the run's own least charge in the hours it ran whole: those chips would
     have been free). Only hours already past count (the run ended now; later hours are not known), so the search goes
-    back from the start, never forward. The prices and free chips are read back in stages (_SEARCH_STAGES): the
-    result is the same as reading the whole horizon at once."""
+    back from the start, never forward. The free chips are read back in stages (_SEARCH_STAGES), the prices from the
+    pool's running line (`_price_line`): the result is the same as reading the whole horizon at once."""
     started = job.run_started_at
     pieces = _pieces(job, started, t, final_charge)
     alloc = 0
@@ -386,16 +386,15 @@ def run_ended(state: PoolState, job, t: int, reason: str, final_charge: int, out
                 if k == len(stages):
                     stages.append(_room(state, job.chips_milli, credit, started, t, lo))
                 first_hour, bad = stages[k]
-                table = own
                 while h >= lo:
-                    r = table.at(u, h)
-                    if r is not None and not r[1] and not table.unpriced(u, h, h + span):
+                    r = own.at(u, h)
+                    if r is not None and not r[1] and not own.unpriced(u, h, h + span):
                         i = (h - first_hour) // HOUR_S
                         j = (h + span - 1 - first_hour) // HOUR_S + 1 if span else i
                         if bad[j] == bad[i]:
                             moved = 0
                             for a, b, c in pieces:
-                                moved += c * (table.upto(u, b + h - started)[0] - table.upto(u, a + h - started)[0])
+                                moved += c * (own.upto(u, b + h - started)[0] - own.upto(u, a + h - started)[0])
                             off_at, off_cost = h, moved
                             break
                     h -= HOUR_S
@@ -411,7 +410,10 @@ def hour_closed(state: PoolState, hour_end: int) -> None:
         kept = state.free_hours
         kept[hour_end - HOUR_S] = state.free_min_milli
         oldest = hour_end - FREE_HOURS_KEPT * HOUR_S
-        for h in [h for h in kept if h < oldest]:
+        while kept:  # kept in time order (as closed, and as saved)
+            h = next(iter(kept))
+            if h >= oldest:
+                break
             del kept[h]
     state.free_min_milli = state.capacity_milli - state.unavailable_milli - state.charged_milli
 
