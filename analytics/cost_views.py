@@ -7,6 +7,8 @@ HUGEINT); `cost` is the same in the unit, for people. A journal row with no pric
 in money or billing units only (a `unit`).
 
 - `cost`: per pool, flavor, hour, account (in_quota, borrowed, burst, idle, unavailable), team and unit.
+- `run_cost`: each run of a priced pool as it ended, per unit (the fold's `run_costs` facts, ledger/costs.py):
+  cost as run, peak chip-hours, the off-peak start and the cost started there, the saving; NULL where unknown.
 - `budget`: per team, period (month | quarter, UTC), period start and unit: the budget (the sum over pools of
   each pool's budgets in effect in the period: a budget id set again replaces its earlier setting), spent (the
   team's in_quota + borrowed + burst cost in the period), left, the share of the period elapsed at the evaluation
@@ -55,6 +57,18 @@ COST_VIEWS: dict[str, str] = {
         FROM j LEFT JOIN c ON c.pool = j.pool AND c.hour = j.hour AND c.account = j.account
                             AND c.team IS NOT DISTINCT FROM j.team
                LEFT JOIN pool_flavors f ON f.pool = j.pool
+    """,
+    # each run of a priced pool as it ended, per unit (the fold's `run_costs` facts), in the unit and in chip-hours:
+    # its cost as run, its peak chip-hours, and its cost started at its off-peak start (ledger/costs.py run_ended);
+    # NULL where the fold wrote none (a second without a price; no off-peak start with room), never 0
+    "run_cost": f"""
+        SELECT r.pool, f.flavor, r.job_id, r.team, r.run_index, r.chips_milli / 1000.0 AS chips, r.started_at,
+               r.ended_at, r.end_reason, r.unit, r.allocated_mchip_s / 3600000.0 AS chip_h,
+               r.peak_mchip_s / 3600000.0 AS peak_chip_h, r.cost_scaled / {COST_SCALE}.0 AS cost, r.off_peak_at,
+               (epoch(r.started_at) - epoch(r.off_peak_at))::BIGINT AS moved_earlier_s,
+               r.off_peak_cost_scaled / {COST_SCALE}.0 AS off_peak_cost,
+               (r.cost_scaled - r.off_peak_cost_scaled) / {COST_SCALE}.0 AS saving
+        FROM run_costs r LEFT JOIN pool_flavors f ON f.pool = r.pool
     """,
     # the periods a budget applies to: each month or quarter from the budget's start to the evaluation instant
     "budget": f"""

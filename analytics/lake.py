@@ -128,6 +128,15 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("price_id", pa.string()), ("per_chip_hour", pa.int64()), ("amount_mchip_s", pa.int64()),
         ("cost_scaled", pa.int64()),
     ]),
+    # each run of a job in a priced pool as it ends (ledger.costs RunCostRow), per unit: its cost as run, its chip time
+    # in peak seconds, and its cost had it started at the nearest off-peak start with room; costs in 1/3,600,000 of
+    # `unit`, null when unknown (a second without a price; no off-peak start with room), never zero for unknown
+    "run_costs": pa.schema([
+        ("pool", pa.string()), ("job_id", pa.string()), ("team", pa.string()), ("run_index", pa.int32()),
+        ("chips_milli", pa.int64()), ("started_at", TS), ("ended_at", TS), ("end_reason", pa.string()),
+        ("unit", pa.string()), ("allocated_mchip_s", pa.int64()), ("peak_mchip_s", pa.int64()),
+        ("cost_scaled", pa.int64()), ("off_peak_at", TS), ("off_peak_cost_scaled", pa.int64()),
+    ]),
     "deadletters": pa.schema([
         ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()), ("seen_at", TS),
         ("error_code", pa.string()), ("detail", pa.string()), ("event_id", pa.string()),
@@ -163,7 +172,7 @@ def read_parquet_sql(files, union_by_name: bool = False) -> str:
 DAY_COLUMN = {"events": "applied_at", "journal": "hour", "job_runs": "posted_at", "decisions": "at",
               "balances": "at", "pending": "at", "waits": "posted_at", "free_chips": "at", "progress": "posted_at",
               "chip_states": "at", "grant_intervals": "posted_at", "prices": "set_at",
-              "budgets": "set_at", "costs": "hour", "deadletters": "seen_at"}
+              "budgets": "set_at", "costs": "hour", "run_costs": "ended_at", "deadletters": "seen_at"}
 
 TABLES = tuple(SCHEMAS)
 # the analytics cache's folder in the lake (analytics/views.py): derived, removed with the lake's tables

@@ -29,7 +29,7 @@ from schemas.parse import parse_payload
 #: the lake tables the fold writes as facts (a lake without them is upgraded by folding its events again)
 FACT_TABLES = ("waits", "free_chips", "progress", "chip_states", "grant_intervals")
 #: and the price facts (ledger/prices.py, ledger/costs.py): a lake written before them is upgraded the same way
-REFOLDABLE = FACT_TABLES + ("prices", "budgets", "costs")
+REFOLDABLE = FACT_TABLES + ("prices", "budgets", "costs", "run_costs")
 
 
 def missing_fact_tables(lake: Path) -> list[str]:

@@ -156,6 +156,9 @@ def free_chips_values(s: PoolState) -> tuple[int, int, int, int, int, Optional[i
 def _free_chips_changed(s: PoolState, t: int) -> None:
     """After an event that may change the free capacity: the row of this second, if it differs from the last posted."""
     v = free_chips_values(s)
+    free = v[1] - v[2]  # not floored at 0: the least free chips of the hour (ledger.costs, room for a run moved)
+    if free < s.free_min_milli:
+        s.free_min_milli = free
     row = s.fc_row
     if row is not None:  # a row of this second (one of an earlier second was posted before the event)
         if v == s.fc_posted:

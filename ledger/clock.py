@@ -50,6 +50,7 @@ def _advance(state: PoolState, t: int, step: Step, config: FoldConfig = DEFAULT_
             books.close_hour(journal)
             if state.price_versions:
                 costs.price_postings(state, journal, first, hour_end, _rows(step, "costs"))
+            costs.hour_closed(state, hour_end)  # the hour's least free chips (room for a run moved off-peak)
             policy.hour_closed(state, hour_end - HOUR_S, step, config)
             if state.pending_sizes:
                 _post_open_waits(state, hour_end - HOUR_S, step)
@@ -59,7 +60,7 @@ def _advance(state: PoolState, t: int, step: Step, config: FoldConfig = DEFAULT_
             if stop - books.open_hour >= HOUR_S and _quiet(state, config):
                 n = (stop - books.open_hour) // HOUR_S
                 policy.quiet_hours_closed(state, books.open_hour, n, config)
-                books.skip_hours(n)
+                books.skip_hours(n)  # (no chips: no free chips in them, and no room; costs.hour_closed keeps none)
         else:
             break
     state.clock = t

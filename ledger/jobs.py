@@ -21,7 +21,7 @@ from typing import NamedTuple, Optional
 from schemas.codes import Rejection, RejectionCode as RC
 from schemas.events import MAX_POOL_CHIPS, MAX_POOL_MILLI, to_milli
 
-from ledger import policy
+from ledger import costs, policy
 from ledger.chips import _node_change
 from ledger.rates import _use
 from ledger.state import Job, PoolState
@@ -158,6 +158,8 @@ def _apply_job_started(s: PoolState, d: dict, t, step, config=DEFAULT_CONFIG):
     if job.first_started_at is None:
         job.first_started_at = t
     job.run_alloc_mchip_s = job.run_posted_mchip_s = job.alloc_at_safe_mchip_s = 0
+    if job.charge_changes:
+        job.charge_changes = []
     if held:  # started as it was released: a wait of 0 s (it was never pending), posted and counted like any other
         _wait_begins(s, job, t)
         row = _wait_row(s, job, job.run_index - 1, t, STARTED, t)
@@ -282,6 +284,8 @@ def _end_run(s: PoolState, job: Job, t: int, reason: str, step: Step) -> None:
     row = _new_tuple(JobRunRow, (s.pool, job_id, name, job.run_index, job.chips_milli, job.priority,
                                  job.submitted_at, job.run_started_at, t, reason, amount, lost, t))
     _rows(step, "job_runs").append(row)
+    if s.prices:  # a priced pool: what the run cost, its peak use and its cost started off-peak (fact `run_costs`)
+        costs.run_ended(s, job, t, reason, charged, _rows(step, "run_costs"))
     # the goodput counters count the whole run as it ends (its row holds only what a close of the books had not
     # posted yet), so that allocated - lost never goes back
     rc = s.run_counts.get(name)

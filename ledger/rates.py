@@ -52,6 +52,7 @@ def _charge(state: PoolState, job: Job, new_charge: int, t: int) -> None:
         return
     job.run_alloc_mchip_s += job.charged_milli * (t - job.since)
     job.since = t
+    job.charge_changes.append([t, job.charged_milli])  # the run's pieces, priced as it ends (ledger.costs)
     job.charged_milli = new_charge
     _use(state, state.teams[job.team], delta, t)
 

@@ -176,6 +176,9 @@ class Job:
     # as it starts. Saved apart (PoolState.to_dict "waiting"), like displaced
     waiting_reason: Optional[str] = None
     waiting_message: Optional[str] = None
+    # the changes of its charge in the current run (chips going down or up under it), [instant, charge before it]
+    # (ledger.costs prices the run piece by piece as it ends). Saved apart (PoolState.to_dict "charges")
+    charge_changes: list = field(default_factory=list)
 
     def __init__(self, job_id: str, team: str, chips_milli: int, priority: int, preemptible: bool,
                  chips_per_node: Optional[int], submitted_at: int, status: str = "pending",
@@ -186,7 +189,8 @@ class Job:
                  wait_nominal_milli: int = 0, wait_used_milli: int = 0, hol_s: int = 0, hol_from: int = -1,
                  hol_ahead: Optional[list] = None, hol_blockers: Optional[dict] = None,
                  progress: Optional["Progress"] = None, displaced: Optional[dict] = None,
-                 waiting_reason: Optional[str] = None, waiting_message: Optional[str] = None) -> None:
+                 waiting_reason: Optional[str] = None, waiting_message: Optional[str] = None,
+                 charge_changes: Optional[list] = None) -> None:
         self.job_id = job_id
         self.team = team
         self.chips_milli = chips_milli
@@ -218,6 +222,7 @@ class Job:
         self.displaced = {} if displaced is None else displaced
         self.waiting_reason = waiting_reason
         self.waiting_message = waiting_message
+        self.charge_changes = [] if charge_changes is None else charge_changes
 
 
 @dataclass(slots=True)
@@ -359,8 +364,17 @@ class PoolState:
     # --- prices and budgets (ledger.prices): id -> the fields of its last PriceRow / BudgetRow after the id
     prices: dict = field(default_factory=dict)
     budgets: dict = field(default_factory=dict)
-    # the price versions in effect now or later (ledger.costs), in the order set
+    # the price versions in effect now or later, and those that ended while a run may still need them (ledger.costs),
+    # in the order set
     price_versions: list = field(default_factory=list)
+    # the pool's least free chips (healthy − charged, milli-chips, may be negative when overcommitted) in the open hour
+    # so far, and per closed hour of a priced pool, the last FREE_HOURS_KEPT (ledger.costs: room for a run moved)
+    free_min_milli: int = 0
+    free_hours: dict = field(default_factory=dict)
+    # instant -> ledger.costs.rates_at of the price versions then (derived, not saved: a memo, emptied when a price is
+    # set or versions are forgotten; runs ending close together ask for the same hours)
+    rates_memo: dict = field(default_factory=dict)
+    price_line: Any = None  # ledger.costs._Prices: the prices as running integrals (derived, not saved; the same)
 
     def __post_init__(self):
         self.reset_until()
@@ -421,6 +435,12 @@ class PoolState:
             out["budgets"] = {k: list(v) for k, v in self.budgets.items()}
         if self.price_versions:
             out["price_versions"] = [[*v[:5], None if v[5] is None else list(v[5]), v[6]] for v in self.price_versions]
+        charges = {k: [list(c) for c in j.charge_changes] for k, j in self.jobs.items() if j.charge_changes}
+        if charges:
+            out["charges"] = charges
+        out["free_min_milli"] = self.free_min_milli
+        if self.free_hours:
+            out["free_hours"] = [[h, m] for h, m in self.free_hours.items()]
         return out
 
     def counters_dict(self) -> dict:
@@ -507,6 +527,11 @@ class PoolState:
         s.prices = {k: list(v) for k, v in (d.get("prices") or {}).items()}
         s.budgets = {k: list(v) for k, v in (d.get("budgets") or {}).items()}
         s.price_versions = [list(v) for v in (d.get("price_versions") or [])]
+        for k, changes in (d.get("charges") or {}).items():  # absent in states saved before run costs
+            s.jobs[k].charge_changes = [list(c) for c in changes]
+        # a state saved before run costs: the least free chips of the open hour so far are taken as those now
+        s.free_min_milli = d.get("free_min_milli", s.capacity_milli - s.unavailable_milli - s.charged_milli)
+        s.free_hours = {h: m for h, m in (d.get("free_hours") or [])}
         s.reindex()
         s.reset_until()
         return s

@@ -86,7 +86,8 @@ class Step:
     __slots__ = ("occurred_s", "applied_at", "__dict__")
     # the output lists, lake table names
     TABLES = ("journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips", "progress",
-              "chip_states", "grant_intervals", "prices", "budgets", "costs")
+              "chip_states", "grant_intervals", "prices", "budgets", "costs",
+              "run_costs")
 
     lateness_s = 0
     duplicate = False
@@ -104,6 +105,7 @@ class Step:
     prices: list = NO_ROWS   # ledger.prices.PriceRow
     budgets: list = NO_ROWS  # ledger.prices.BudgetRow
     costs: list = NO_ROWS    # ledger.costs.CostRow
+    run_costs: list = NO_ROWS  # ledger.costs.RunCostRow
 
     def __init__(self, occurred_s: int = 0, applied_at: Optional[int] = None):
         self.occurred_s = occurred_s
@@ -120,7 +122,7 @@ class Step:
                 f"pending={self.pending}, waits={self.waits}, free_chips={self.free_chips}, "
                 f"progress={self.progress}, chip_states={self.chip_states}, "
                 f"grant_intervals={self.grant_intervals}, prices={self.prices}, budgets={self.budgets}, "
-                f"costs={self.costs})")
+                f"costs={self.costs}, run_costs={self.run_costs})")
 
     @property
     def applied(self) -> bool:

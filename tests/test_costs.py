@@ -148,26 +148,16 @@ def test_statement_shows_cost_budget_and_peak(tmp_path):
     assert (pool["flavor"], pool["in_quota"], pool["borrowed"], pool["burst"]) == ("h100", 1500.0, 750.0, 0.0)
     [b] = cost["budgets"]
     assert (b["budget"], b["spent"], b["left"]) == (2000, 2250.0, -250.0)
-    # the peak hour (the band's 400 > the cheapest 100): 3 chips × 1 h = 1200 cents; no off-peak hour had room for 3
-    # chip-hours (1 idle chip while j1 ran, 4 idle chips for 10 s after): the use stays at its peak cost
+    # j1 (3 chips) started at T0, off-peak: its own start is its off-peak start, so the comparison saves nothing; its
+    # hour in the band (400 > the cheapest 100) is peak: 3 chip-hours of its 9
     [peak] = cost["peak"]
-    assert (peak["peak_mchip_s"], peak["peak_cost"], peak["off_peak_cost"], peak["off_peak_had_room"]) == (
-        3 * 3_600_000, 1200.0, 1200.0, False)
+    assert (peak["runs"], peak["peak_mchip_s"], peak["peak_share"], peak["as_run_cost"], peak["off_peak_cost"],
+            peak["saving"], peak["runs_no_off_peak_start"]) == (1, 3 * 3_600_000, round(1 / 3, 6), 2250.0, 2250.0, 0.0, 0)
+    assert cost["peak_totals"] == [{"unit": "USD-cent", "runs_compared": 1, "as_run_cost_scaled": 2250 * COST_SCALE,
+                                    "as_run_cost": 2250.0, "off_peak_cost_scaled": 2250 * COST_SCALE,
+                                    "off_peak_cost": 2250.0, "saving": 0.0}]
     md = render_files(st, ("md",))
     assert any(b"2250.00 USD-cent" in v for v in md.values())
-
-
-def test_peak_use_moves_to_the_nearest_off_peak_hour_with_room(tmp_path):
-    """The pool idles (4 chips) for the hour T0 + 3 h … 4 h at 200: the nearest off-peak hour with room for the peak
-    hour's 3 chip-hours (the hours before and after the peak had 1 idle chip only)."""
-    from analytics.views import connect
-    from chipledger.reports.costs import team_costs
-
-    con = connect(_lake(tmp_path, end=4 * H))
-    [peak] = team_costs(con, datetime(2026, 11, 2, tzinfo=timezone.utc), datetime(2026, 11, 3, tzinfo=timezone.utc),
-                        ["a"])["a"]["peak"]
-    assert (peak["peak_cost"], peak["off_peak_cost"], peak["saving"], peak["off_peak_had_room"]) == (
-        1200.0, 600.0, 600.0, True)
 
 
 def test_report_shows_cost_per_pool_and_budgets(tmp_path):

@@ -60,7 +60,8 @@ def test_empty_lake_has_every_view(tmp_path):
                     "requeues", "failures"]  # (requeues, failures: issue 35 item 4's causes)
     assert "error_code" in [d[0] for d in con.execute("SELECT * FROM deadletters").description]
     assert set(SCHEMAS) == {"events", "journal", "job_runs", "decisions", "balances", "pending", "waits", "free_chips",
-                            "progress", "chip_states", "grant_intervals", "prices", "budgets", "costs", "deadletters"}
+                            "progress", "chip_states", "grant_intervals", "prices", "budgets", "costs", "run_costs",
+                            "deadletters"}
 
 
 def test_a_file_that_cannot_be_written_fails_the_close_not_silently(tmp_path):

@@ -87,6 +87,7 @@ def test_two_jobs_write_the_lake_of_one(fleet_file, tmp_path):
         d.pop("seconds"), d.pop("lake")
     assert da == db
     assert lake_digests(tmp_path / "lake-1") == lake_digests(tmp_path / "lake-2")
+    assert int(lake_digests(tmp_path / "lake-1")["run_costs"].split(":")[0]) > 100  # the demo's prices: runs priced
     assert _files(tmp_path / "lake-1", "deadletters") == _files(tmp_path / "lake-2", "deadletters")
     assert {p: s.to_dict() for p, s in fa.pools.items()} == {p: s.to_dict() for p, s in fb.pools.items()}
     assert list(fa.pools) == list(fb.pools)
@@ -122,7 +123,7 @@ def test_ctrl_c_during_a_parallel_run_leaves_nothing_visible(fleet_file, tmp_pat
 
 
 def test_lake_upgrade_with_two_jobs_folds_the_facts_of_one(fleet_file, tmp_path):
-    from chipledger.refold import FACT_TABLES, refold_facts
+    from chipledger.refold import REFOLDABLE as FACT_TABLES, refold_facts  # the price facts (run_costs) too
 
     digests = []
     for j in (1, 2):

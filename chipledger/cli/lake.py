@@ -87,8 +87,9 @@ def lake_upgrade(
     the typed event fields they lack (all of them, or the later `user`), taken from each row's JSON body; a lake
     written before commits (layout 1) is adopted: the Parquet files in its tables' folders become its books, in one
     commit (docs/upgrading.md); and the fact tables the fold now writes (`waits`, `free_chips`, `progress`,
-    `chip_states`, `grant_intervals`) that the lake lacks are written by folding its events again (with this
-    config's [ledger] and [policy]), in one more commit. Safe to run again, and while readers are open."""
+    `chip_states`, `grant_intervals`, the price facts `prices`, `budgets`, `costs`, `run_costs`) that the lake lacks
+    are written by folding its events again (with this config's [ledger] and [policy]), in one more commit. Safe to
+    run again, and while readers are open."""
     from analytics.commits import LAYOUT_VERSION, adopt, lake_layout, open_lake, writing
     from analytics.lake import LakeError, upgrade_events_files
     from chipledger.config import fold_config

@@ -7,11 +7,11 @@ integers in 1/3,600,000 of the price's unit (`*_scaled`) with the same in the un
 unit only: money or billing units are the only totals across pools of unlike chips; chip-hours are shown per pool
 (or per flavor) and never added across flavors. Where no price held, there is no cost (None), never zero.
 
-Peak use: a team's use in a peak hour of a pool: an hour in which a banded price (a `price.set` with hours of the
-week) above the pool's cheapest price of the period held. The off-peak counterfactual moves each peak hour's use of
-the team to the nearest off-peak hour of the same pool (earlier first on a tie) whose idle chip-seconds (the fold's
-postings) had room for all of it, at that hour's price; use with no such hour stays at its peak cost
-(`off_peak_had_room` false when some did). Hours are the journal's: a run is moved by the hour, not by its start.
+Peak use and the off-peak comparison come from the fold's `run_costs` facts (ledger/costs.py `run_ended`): each run
+that ended in the period, per pool and unit, with its chip time in peak seconds, its cost as run and its cost had it
+started at the nearest off-peak start with room. Nothing of it is re-derived here: the runs' figures are summed. The
+comparison ("started off-peak, the same runs would have cost X instead of Y") is over the runs whose both costs are
+known; the runs without an off-peak start with room are counted, never priced at 0.
 
 `team_costs(con, start, end, teams)` is the function the portal calls for a team page.
 """
@@ -31,14 +31,15 @@ def _amount(scaled) -> Optional[float]:
 
 def team_costs(con, start: datetime, end: datetime, teams: Optional[Iterable[str]] = None) -> dict[str, dict]:
     """Per team: cost per pool and flavor and unit (in quota, borrowed, burst), totals per unit, the budgets of the
-    periods overlapping [start, end), and the use in peak bands with its off-peak counterfactual. Teams without
-    any priced use or budget get `{"priced": False, ...}` with empty lists."""
+    periods overlapping [start, end), and, of its runs that ended in [start, end), the use in peak seconds and what
+    the same runs would have cost started off-peak (`peak[]` per pool and unit, `peak_totals[]` per unit). Teams
+    without any priced use or budget get `{"priced": False, ...}` with empty lists."""
     want = None if teams is None else set(teams)
     out: dict[str, dict] = {}
 
     def block(team: str) -> dict:
         if team not in out:
-            out[team] = {"priced": False, "by_pool": [], "totals": [], "budgets": [], "peak": []}
+            out[team] = {"priced": False, "by_pool": [], "totals": [], "budgets": [], "peak": [], "peak_totals": []}
         return out[team]
 
     rows = con.execute("""
@@ -77,50 +78,44 @@ def team_costs(con, start: datetime, end: datetime, teams: Optional[Iterable[str
             "used_share": None if not budget else round(float(spent) / float(budget), 6),
             "forecast_end": None if forecast is None else round(float(forecast), 6)})
 
-    for team, pool, unit, peak_mchip_s, peak_scaled, off_scaled, moved_mchip_s in con.execute("""
-            WITH c AS (SELECT * FROM cost_postings WHERE hour >= $s AND hour < $e),
-            banded AS (SELECT DISTINCT pool, price_id FROM prices WHERE hours_of_week IS NOT NULL),
-            low AS (SELECT pool, unit, min(per_chip_hour) AS cheapest FROM c GROUP BY ALL),
-            -- the pool's hours, each with its highest price and its idle chip-seconds; an hour is peak when a
-            -- banded price above the pool's cheapest of the period held in it
-            slots AS (
-                SELECT c.pool, c.unit, c.hour, max(c.per_chip_hour) AS price,
-                       sum(c.amount_mchip_s) FILTER (WHERE c.account = 'idle') AS idle_mchip_s,
-                       bool_or(b.price_id IS NOT NULL AND c.per_chip_hour > low.cheapest) AS peak
-                FROM c JOIN low USING (pool, unit) LEFT JOIN banded b USING (pool, price_id) GROUP BY ALL
-            ), use AS (
-                SELECT c.team, c.pool, c.unit, c.hour, sum(c.amount_mchip_s)::BIGINT AS use_mchip_s,
-                       sum(c.cost_scaled::HUGEINT) AS cost_scaled
-                FROM c JOIN slots s USING (pool, unit, hour)
-                WHERE s.peak AND c.team IS NOT NULL AND c.account IN ('in_quota', 'borrowed', 'burst')
-                GROUP BY ALL
-            ), moved AS (
-                -- the nearest off-peak hour of the pool (earlier first on a tie) whose idle chips had room for it
-                SELECT u.*, (SELECT s.price FROM slots s WHERE s.pool = u.pool AND s.unit = u.unit AND NOT s.peak
-                                AND coalesce(s.idle_mchip_s, 0) >= u.use_mchip_s
-                             ORDER BY abs(epoch(s.hour) - epoch(u.hour)), s.hour LIMIT 1) AS off_price
-                FROM use u
-            )
-            SELECT team, pool, unit, sum(use_mchip_s)::BIGINT, sum(cost_scaled),
-                   sum(CASE WHEN off_price IS NULL THEN cost_scaled ELSE use_mchip_s::HUGEINT * off_price END),
-                   coalesce(sum(use_mchip_s) FILTER (WHERE off_price IS NOT NULL), 0)::BIGINT
-            FROM moved GROUP BY ALL ORDER BY ALL""", {"s": start, "e": end}).fetchall():
+    for (team, pool, flavor, unit, runs, used, peak, known, cost_all, compared, cost_cmp, off_cmp,
+         no_room) in con.execute("""
+            SELECT r.team, r.pool, f.flavor, r.unit, count(*), sum(r.allocated_mchip_s)::BIGINT,
+                   sum(r.peak_mchip_s)::BIGINT, count(r.cost_scaled), sum(r.cost_scaled::HUGEINT),
+                   count(r.off_peak_cost_scaled) FILTER (WHERE r.cost_scaled IS NOT NULL),
+                   sum(r.cost_scaled::HUGEINT) FILTER (WHERE r.off_peak_cost_scaled IS NOT NULL),
+                   sum(r.off_peak_cost_scaled::HUGEINT) FILTER (WHERE r.cost_scaled IS NOT NULL),
+                   count(*) FILTER (WHERE r.off_peak_cost_scaled IS NULL)
+            FROM run_costs r LEFT JOIN pool_flavors f ON f.pool = r.pool
+            WHERE r.unit IS NOT NULL AND r.ended_at >= $s AND r.ended_at < $e
+            GROUP BY ALL ORDER BY ALL""", {"s": start, "e": end}).fetchall():
         if want is not None and team not in want:
             continue
-        block(team)["peak"].append({
-            "pool": pool, "unit": unit, "peak_mchip_s": int(peak_mchip_s), "peak_chip_h": int(peak_mchip_s) / 3.6e6,
-            "peak_cost_scaled": int(peak_scaled), "peak_cost": _amount(peak_scaled),
-            "off_peak_cost_scaled": int(off_scaled), "off_peak_cost": _amount(off_scaled),
-            "saving": _amount(int(peak_scaled) - int(off_scaled)), "moved_mchip_s": int(moved_mchip_s),
-            "off_peak_had_room": int(moved_mchip_s) == int(peak_mchip_s)})
-    for team, b in out.items():
-        if b["peak"]:
-            used = {}
-            for r in b["by_pool"]:
-                used[(r["pool"], r["unit"])] = r["priced_mchip_s"]
-            for p in b["peak"]:
-                u = used.get((p["pool"], p["unit"]))
-                p["peak_share"] = None if not u else round(p["peak_mchip_s"] / u, 6)
+        b = block(team)
+        peak_rows = b["peak"]
+        peak_rows.append({
+            "pool": pool, "flavor": flavor, "unit": unit, "runs": int(runs), "used_mchip_s": int(used),
+            "peak_mchip_s": int(peak), "peak_chip_h": int(peak) / 3.6e6,
+            "peak_share": None if not used else round(int(peak) / int(used), 6),
+            "runs_cost_known": int(known), "cost_scaled": None if cost_all is None else int(cost_all),
+            "cost": _amount(cost_all),
+            # the runs whose cost and off-peak cost are both known: the comparison is over these runs only
+            "runs_compared": int(compared),
+            "as_run_cost_scaled": None if not compared else int(cost_cmp), "as_run_cost": _amount(cost_cmp),
+            "off_peak_cost_scaled": None if not compared else int(off_cmp), "off_peak_cost": _amount(off_cmp),
+            "saving": None if not compared else _amount(int(cost_cmp) - int(off_cmp)),
+            "runs_no_off_peak_start": int(no_room)})
+    for b in out.values():  # per unit: money (or billing units) is the only total across pools of unlike chips
+        units_peak: dict[str, list[int]] = {}
+        for p in b["peak"]:
+            if p["runs_compared"]:
+                t = units_peak.setdefault(p["unit"], [0, 0, 0])
+                t[0] += p["runs_compared"]
+                t[1] += p["as_run_cost_scaled"]
+                t[2] += p["off_peak_cost_scaled"]
+        b["peak_totals"] = [{"unit": u, "runs_compared": n, "as_run_cost_scaled": c, "as_run_cost": _amount(c),
+                             "off_peak_cost_scaled": o, "off_peak_cost": _amount(o), "saving": _amount(c - o)}
+                            for u, (n, c, o) in sorted(units_peak.items())]
     return out
 
 

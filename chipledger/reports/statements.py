@@ -396,7 +396,8 @@ def compute_statements(con, period: Period, *, teams: Optional[Iterable[str]] = 
             "computed_at_positions": positions,
             # chips of unlike flavors are never added up: one total per flavor (money totals: cost.totals, per unit)
             "totals": _flavor_totals(per_pool, team_pools, flavors),
-            "cost": costs.get(team) or {"priced": False, "by_pool": [], "totals": [], "budgets": [], "peak": []},
+            "cost": costs.get(team) or {"priced": False, "by_pool": [], "totals": [], "budgets": [], "peak": [],
+                                        "peak_totals": []},
             "pools": [{"pool": pl, "flavor": flavors.get(pl), **_account_block(per_pool.get(pl, _empty_accounts())),
                        "daily": _daily_rows(pool_daily.get(team, {}).get(pl, {}))} for pl in team_pools],
             "daily": _flavor_daily(pool_daily.get(team, {}), flavors),
