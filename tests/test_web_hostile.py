@@ -40,3 +40,30 @@ def test_a_forged_decision_cursor_is_no_oracle_for_a_hidden_decision_id(env):
     assert seen == [x["decision_id"] for x in shown]
     r = c.get(f"/api/v1/decisions?limit=1000&cursor={_cursor([d['at'], real[:-1]])}", headers=_h(env, "root"))
     assert r.status_code == 200 and real in r.text
+
+
+def test_signing_in_over_and_over_with_one_token_does_not_sign_everyone_else_out(env, monkeypatch):
+    """Sessions live in the portal's memory, bounded: when full, the oldest were forgotten. A member signing in
+    again and again with their one token (each sign-in a new session) filled the table and pushed everyone else's
+    sessions out: signed every other user out. A token now holds at most MAX_PER_TOKEN sessions (its own oldest end)."""
+    from fastapi.testclient import TestClient
+
+    from chipledger.web.app import build_app
+    from chipledger.web.auth import Sessions
+    from tests.test_web import _signed_in
+
+    monkeypatch.setattr(Sessions, "MAX_SESSIONS", 40)
+    alice = _signed_in(env, "alice")
+    assert alice.get("/api/v1/whoami").json()["user"] == "alice"
+    flood = TestClient(build_app(env["portal"]))
+    eves = []
+    for _ in range(3 * Sessions.MAX_SESSIONS):
+        page = flood.get("/login")
+        nonce = page.text.split('name="csrf" value="')[1].split('"')[0]
+        r = flood.post("/login", data={"token": env["tokens"]["eve"][1], "csrf": nonce}, follow_redirects=False)
+        assert r.status_code == 303
+        eves.append(r.cookies.get("clp_session") or flood.cookies.get("clp_session"))
+        flood.cookies.clear()  # as a script would: a fresh sign-in each time, none signed out
+    assert alice.get("/api/v1/whoami").status_code == 200, "alice was signed out by eve's sign-ins"
+    live = [e for e in eves if env["portal"].sessions.lookup(e) is not None]
+    assert live == eves[-Sessions.MAX_PER_TOKEN:]  # eve keeps her latest sessions
