@@ -67,3 +67,46 @@ def test_signing_in_over_and_over_with_one_token_does_not_sign_everyone_else_out
     assert alice.get("/api/v1/whoami").status_code == 200, "alice was signed out by eve's sign-ins"
     live = [e for e in eves if env["portal"].sessions.lookup(e) is not None]
     assert live == eves[-Sessions.MAX_PER_TOKEN:]  # eve keeps her latest sessions
+
+
+def test_a_members_job_is_theirs_whatever_another_team_names_its_jobs(env, tmp_path):
+    """Job ids are unique only within a pool (two Slurm clusters both number from 1). The job page read the latest
+    submission of an id, whoever's: a member whose job shared its id with another team's later job got 404 for their
+    own job (and so learned that another team has a job of that name). Each caller reads the latest of that id they
+    may read; another team's namesake stays invisible."""
+    from typer.testing import CliRunner
+
+    from chipledger.cli import app as cli_app
+    from chipledger.web.app import Portal, build_app
+    from chipledger.web.auth import TokenCache
+    from chipledger.web.lake import LakeReader
+    from fastapi.testclient import TestClient
+    from tests.web_support import portal_config
+
+    lines = env["events"].read_text().splitlines()
+    last = json.loads(lines[-1])["occurred_at"]
+    later = last[:-3] + "59Z"
+    extra = [
+        {"event_id": "dup-ads", "type": "job.submitted", "occurred_at": last, "pool": "us-east1-a/h100-80gb",
+         "source": "cluster-a/kueue", "job_id": "42", "team": "ads-ml", "chips": 4},
+        {"event_id": "dup-vision", "type": "job.submitted", "occurred_at": later, "pool": "us-west4-a/tpu-v5e",
+         "source": "cluster-c/kueue", "job_id": "42", "team": "vision", "chips": 1},
+    ]
+    events = tmp_path / "events.jsonl"
+    events.write_text("\n".join(lines + [json.dumps(e) for e in extra]) + "\n")
+    lake = tmp_path / "lake"
+    res = CliRunner().invoke(cli_app, ["run", "--events", str(events), "--lake", str(lake), "--store",
+                                       f"sqlite:///{tmp_path / 'store.db'}"])
+    assert res.exit_code == 0, res.output
+    portal = Portal(cfg=portal_config(), reader=LakeReader(lake), store=env["store"],
+                    tokens=TokenCache(env["store"], ttl_s=0))
+    client = TestClient(build_app(portal))
+    for user, team, pool in (("eve", "ads-ml", "us-east1-a/h100-80gb"), ("alice", "vision", "us-west4-a/tpu-v5e")):
+        r = client.get("/api/v1/jobs/42", headers=_h(env, user))
+        assert r.status_code == 200, (user, r.text)
+        assert (r.json()["team"], r.json()["pool"]) == (team, pool)
+        other = "vision" if team == "ads-ml" else "ads-ml"
+        assert other not in json.dumps(r.json())
+        page = client.get("/jobs/42", headers=_h(env, user))
+        assert page.status_code == 200 and pool in page.text and other not in page.text
+    assert client.get("/api/v1/jobs/42", headers=_h(env, "root")).json()["team"] == "vision"  # staff: the latest

@@ -1228,7 +1228,15 @@ def _view(portal: Portal, s: Snapshot, p: Principal) -> View:
 def _job(portal: Portal, s: Snapshot, p: Principal, job_id: str) -> Optional[JobOut]:
     if not NAME_RE.match(job_id or ""):
         return None
-    got = s.memo(("job", job_id), lambda: _job_compute(s, job_id))
+    # job ids are unique only within a pool: the latest submission of this id that the caller may read (another
+    # team's namesake neither shadows their job nor is shown)
+    subs = s.memo(("job_subs", job_id), lambda: s.rows(
+        "SELECT pool, team, submitted_at FROM portal_jobs WHERE job_id = ? ORDER BY submitted_at DESC, pool",
+        [job_id]))
+    pick = next((r for r in subs if p.can_read_team(r["team"])), None)
+    if pick is None:
+        return None
+    got = s.memo(("job", job_id, pick["pool"]), lambda: _job_compute(s, job_id, pick["pool"]))
     if got is None or not p.can_read_team(got[0].team):
         return None
     out, refs, bodies = got
@@ -1262,9 +1270,11 @@ def _job(portal: Portal, s: Snapshot, p: Principal, job_id: str) -> Optional[Job
     return out.model_copy(update={"timeline": timeline, "why": {k: why_value(v) for k, v in out.why.items()}})
 
 
-def _job_compute(s: Snapshot, job_id: str) -> Optional[tuple[JobOut, list, dict]]:
-    """The job (what staff see), the decision id behind each timeline entry (or None), and those decisions' bodies."""
-    rows = s.rows("SELECT * FROM portal_jobs WHERE job_id = ? ORDER BY submitted_at DESC LIMIT 1", [job_id])
+def _job_compute(s: Snapshot, job_id: str, pool: str) -> Optional[tuple[JobOut, list, dict]]:
+    """The job of that id in `pool` (what staff see), the decision id behind each timeline entry (or None), and
+    those decisions' bodies."""
+    rows = s.rows("SELECT * FROM portal_jobs WHERE job_id = ? AND pool = ? ORDER BY submitted_at DESC LIMIT 1",
+                  [job_id, pool])
     if not rows:
         return None
     j = rows[0]
