@@ -110,3 +110,24 @@ def test_a_members_job_is_theirs_whatever_another_team_names_its_jobs(env, tmp_p
         page = client.get("/jobs/42", headers=_h(env, user))
         assert page.status_code == 200 and pool in page.text and other not in page.text
     assert client.get("/api/v1/jobs/42", headers=_h(env, "root")).json()["team"] == "vision"  # staff: the latest
+
+
+def test_event_streams_are_bounded_per_user_not_per_session(env):
+    """GET /api/v1/snapshots holds a connection and a task for as long as the client keeps it: a caller has at most
+    MAX_STREAMS_PER_CALLER. They were counted per session (and per token), so a user signing in again had that many
+    more, without end: they are counted per user, however they authenticate."""
+    from contextlib import ExitStack
+
+    from chipledger.web.app import MAX_STREAMS_PER_CALLER
+    from tests.test_web import _signed_in
+
+    client = env["client"]
+    sessions = [_signed_in(env, "eve") for _ in range(2)]
+    with ExitStack() as stack:
+        for i in range(MAX_STREAMS_PER_CALLER):
+            r = stack.enter_context(client.stream("GET", "/api/v1/snapshots", headers=_h(env, "eve")) if i % 2 else
+                                    sessions[0].stream("GET", "/api/v1/snapshots"))
+            assert r.status_code == 200
+        assert sessions[1].get("/api/v1/snapshots?once=true").status_code == 429
+        assert client.get("/api/v1/snapshots?once=true", headers=_h(env, "eve")).status_code == 429
+        assert client.get("/api/v1/snapshots?once=true", headers=_h(env, "alice")).status_code == 200

@@ -63,7 +63,7 @@ class Portal:
     statements_dir: Optional[Path] = None
     accuracy: Optional[dict] = None                         # the start estimate's measured accuracy (docs/portal.md)
     sent: list = field(default_factory=list)                # burst requests this process sent (pending until decided)
-    streams: dict = field(default_factory=dict)             # open event streams per caller (session key)
+    streams: dict = field(default_factory=dict)             # open event streams per caller (per user)
     alias_key: bytes = field(default_factory=new_key)       # decision ids a member may not read are shown as aliases
     _producer: Any = None
 
@@ -805,7 +805,7 @@ def build_app(portal: Portal) -> FastAPI:
 
         from fastapi.responses import StreamingResponse
 
-        key = p.session_key()
+        key = p.limit_key  # per user, however they authenticate (a new sign-in is not a new allowance)
         if portal.streams.get(key, 0) >= MAX_STREAMS_PER_CALLER:
             raise HTTPException(429, f"at most {MAX_STREAMS_PER_CALLER} event streams at once per caller")
         portal.streams[key] = portal.streams.get(key, 0) + 1
