@@ -131,3 +131,17 @@ def test_event_streams_are_bounded_per_user_not_per_session(env):
         assert sessions[1].get("/api/v1/snapshots?once=true").status_code == 429
         assert client.get("/api/v1/snapshots?once=true", headers=_h(env, "eve")).status_code == 429
         assert client.get("/api/v1/snapshots?once=true", headers=_h(env, "alice")).status_code == 200
+
+
+def test_a_decision_cursor_cannot_tell_whether_another_teams_decision_exists(env):
+    """A cursor naming a decision the member may not read (another team's burst, whose id they might guess) is
+    refused like one naming nothing: a cursor is no test of another team's decisions."""
+    c = _decision_views(env, "fleet")
+    other = _sql(env, "SELECT decision_id, \"at\" FROM decisions WHERE type = 'decision.burst' AND team <> 'vision' "
+                      "AND decision_id NOT IN "
+                      "(SELECT decision_id FROM decision_victims WHERE team = 'vision') ORDER BY \"at\" LIMIT 1")[0]
+    at = other["at"]  # as the API writes instants (ISO, UTC)
+    r = c.get(f"/api/v1/decisions?cursor={_cursor([at, other['decision_id']])}", headers=_h(env, "alice"))
+    assert r.status_code == 400, r.text
+    r = c.get(f"/api/v1/decisions?cursor={_cursor([at, other['decision_id']])}", headers=_h(env, "root"))
+    assert r.status_code == 200

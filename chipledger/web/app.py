@@ -685,8 +685,11 @@ def build_app(portal: Portal) -> FastAPI:
                 return k
             # a member's cursor must be a row as they were shown it (an alias, or an id shown as written): a forged
             # raw id would make the keyset's order an oracle, letting them binary-search a hidden decision's id
-            for r in s.cached_rows('SELECT decision_id, body FROM portal_decisions WHERE "at" = ?::TIMESTAMPTZ',
-                                   [k[0]]):
+            # (only among the decisions they may read: nor may a cursor tell whether another team's decision exists)
+            for r in s.rows(
+                    'SELECT decision_id, body FROM portal_decisions WHERE "at" = ?::TIMESTAMPTZ AND (list_contains(?, '
+                    'team) OR decision_id IN (SELECT decision_id FROM decision_victims WHERE list_contains(?, team)))',
+                    [k[0], teams_filter, teams_filter]):
                 if view.decision_id(r["decision_id"], body(r)) == k[1]:
                     return [k[0], r["decision_id"]]
             raise HTTPException(400, "cursor is not one this API gave out")
