@@ -145,3 +145,41 @@ def test_a_decision_cursor_cannot_tell_whether_another_teams_decision_exists(env
     assert r.status_code == 400, r.text
     r = c.get(f"/api/v1/decisions?cursor={_cursor([at, other['decision_id']])}", headers=_h(env, "root"))
     assert r.status_code == 200
+
+
+def test_a_preemption_naming_a_decision_the_lake_lacks_shows_no_raw_decision_id(env, tmp_path):
+    """A job's timeline shows `job.preempted` "by decision ID". The id was replaced by its alias only when the
+    decision's row was in the lake (its payload says whose jobs it names); a preemption whose decision the lake does
+    not hold (a scheduler's own, or one not yet written) showed the raw id, which carries the beneficiary's job id,
+    another team's. A member reads such an id as an alias."""
+    from typer.testing import CliRunner
+
+    from chipledger.cli import app as cli_app
+    from chipledger.web.app import Portal, build_app
+    from chipledger.web.auth import TokenCache
+    from chipledger.web.lake import LakeReader
+    from fastapi.testclient import TestClient
+    from tests.web_support import portal_config
+
+    lines = env["events"].read_text().splitlines()
+    last = json.loads(lines[-1])["occurred_at"]
+    running = env["portal"].reader.snapshot.rows(
+        "SELECT j.pool, j.job_id FROM portal_jobs j JOIN portal_job_last l USING (pool, job_id) "
+        "WHERE j.team = 'vision' AND l.last_type = 'job.started' ORDER BY j.job_id LIMIT 1")[0]
+    secret = "ev-elsewhere:reclaim:ads-ml-job-77"
+    extra = [{"event_id": "pre-x", "type": "job.preempted", "occurred_at": last, "pool": running["pool"],
+              "source": "cluster-c/kueue", "job_id": running["job_id"], "decision_id": secret}]
+    events = tmp_path / "events.jsonl"
+    events.write_text("\n".join(lines + [json.dumps(e) for e in extra]) + "\n")
+    lake = tmp_path / "lake"
+    res = CliRunner().invoke(cli_app, ["run", "--events", str(events), "--lake", str(lake), "--store",
+                                       f"sqlite:///{tmp_path / 'store.db'}"])
+    assert res.exit_code == 0, res.output
+    portal = Portal(cfg=portal_config(), reader=LakeReader(lake), store=env["store"],
+                    tokens=TokenCache(env["store"], ttl_s=0))
+    client = TestClient(build_app(portal))
+    staff = client.get(f"/api/v1/jobs/{running['job_id']}", headers=_h(env, "root")).text
+    assert secret in staff  # the control: the preemption is in the timeline
+    for path in (f"/api/v1/jobs/{running['job_id']}", f"/jobs/{running['job_id']}"):
+        r = client.get(path, headers=_h(env, "alice"))
+        assert r.status_code == 200 and "ads-ml-job-77" not in r.text and "preempted by decision hidden-" in r.text

@@ -1248,6 +1248,9 @@ def _job(portal: Portal, s: Snapshot, p: Principal, job_id: str) -> Optional[Job
     # the decisions in its timeline (a preemption's sentence names the other teams) as this caller may read them
     view = _view(portal, s, p)
     shown_ids = {did: view.decision_id(did, body) for did, body in bodies.items()}
+    # a preemption naming a decision the lake does not hold (a scheduler's, or not written yet): no payload says
+    # whose job its id carries, so it is shown as an alias
+    shown_ids.update({ref: view.alias(ref) for ref in refs if ref and ref not in bodies})
 
     def ids_shown(text: str) -> str:  # "preempted by decision ID …": the id as this caller sees it
         for did, shown in shown_ids.items():
