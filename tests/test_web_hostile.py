@@ -183,3 +183,16 @@ def test_a_preemption_naming_a_decision_the_lake_lacks_shows_no_raw_decision_id(
     for path in (f"/api/v1/jobs/{running['job_id']}", f"/jobs/{running['job_id']}"):
         r = client.get(path, headers=_h(env, "alice"))
         assert r.status_code == 200 and "ads-ml-job-77" not in r.text and "preempted by decision hidden-" in r.text
+
+
+def test_a_user_named_like_a_group_does_not_get_the_groups_role(env):
+    """`[serve] members` names users and groups (`group:G`) in one namespace: a user whose name (from the proxy's
+    header or a token) was `group:oncall` got the roles of everyone in the oncall group (SRE: every team). Only the
+    groups header makes a caller a member of a group."""
+    c = env["client"]
+    me = c.get("/api/v1/whoami", headers={"X-Forwarded-User": "group:oncall"}).json()
+    assert me["user"] == "group:oncall" and me["roles"] == [] and me["teams"] == []
+    assert c.get("/api/v1/teams/ads-ml/jobs", headers={"X-Forwarded-User": "group:oncall"}).status_code == 404
+    # the control: in the group, through the groups header
+    me = c.get("/api/v1/whoami", headers={"X-Forwarded-User": "sam", "X-Forwarded-Groups": "oncall"}).json()
+    assert me["roles"] == ["sre"]

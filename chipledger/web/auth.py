@@ -101,7 +101,10 @@ def principal_for(cfg: ServeConfig, user: str, groups: list[str], via: str, toke
     members = cfg.memberships()
     teams: set[str] = set()
     roles: set[str] = set()
-    for name in [user, *(f"group:{g}" for g in groups)]:
+    # users and groups share `members`' namespace: a user's own name never counts as a group's (a user named
+    # `group:oncall` is not in the oncall group; only the groups header says who is)
+    own = [] if user.startswith("group:") else [user]
+    for name in [*own, *(f"group:{g}" for g in groups)]:
         for team, role in members.get(name, ()):
             if team == "*":
                 roles.add(role)     # admin or sre of the fleet (a member of every team: as good as an sre)
