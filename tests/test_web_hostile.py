@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 from tests.test_web import _decision_views, _h, _sql, env  # noqa: F401 (env: the module's lake and portal)
 
@@ -196,3 +197,56 @@ def test_a_user_named_like_a_group_does_not_get_the_groups_role(env):
     # the control: in the group, through the groups header
     me = c.get("/api/v1/whoami", headers={"X-Forwarded-User": "sam", "X-Forwarded-Groups": "oncall"}).json()
     assert me["roles"] == ["sre"]
+
+
+def test_chipledger_serve_believes_no_forwarded_address(env, tmp_path):
+    """`chipledger serve` over real HTTP: the client address is the connection's. Were uvicorn's proxy headers on
+    (its default trusts X-Forwarded-For from 127.0.0.1), anyone on the host could say they are the trusted proxy
+    and name any user, and an anonymous caller could spread their requests over made-up addresses past the rate
+    limit."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tmp_path / "chipledger.toml"
+    cfg.write_text('[serve]\nrequests_per_minute = 5\ntrusted_proxies = "10.9.9.9"\nmembers = "root=*:admin"\n')
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "chipledger.cli", "serve", "--lake", str(env["lake"]), "--store",
+                             env["store_url"], "--port", str(port), "--config", str(cfg)], stdout=log, stderr=log,
+                            cwd=Path(__file__).resolve().parent.parent,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+
+    def get(path, headers):
+        try:
+            with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers),
+                                        timeout=10) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    try:
+        for _ in range(300):
+            try:
+                if get("/healthz", {}) == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError((tmp_path / "serve.log").read_text())
+        spoof = {"X-Forwarded-For": "10.9.9.9", "X-Real-IP": "10.9.9.9", "Forwarded": "for=10.9.9.9",
+                 "X-Forwarded-User": "root"}
+        assert get("/api/v1/whoami", spoof) == 401
+        codes = [get("/api/v1/pools", {"X-Forwarded-For": f"203.0.113.{i}", "Forwarded": f"for=203.0.113.{i}"})
+                 for i in range(8)]
+        assert codes.count(429) >= 3, codes  # 5 a minute per address (one already spent): the rest are refused
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
