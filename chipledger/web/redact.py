@@ -183,8 +183,9 @@ class View:
                 subs[did] = shown
         if fmt == "html" or fmt == "svg":
             subs = {html.escape(k, quote=True): html.escape(v, quote=True) for k, v in subs.items()} | subs
-        elif fmt == "json":
-            subs = {json.dumps(k)[1:-1]: json.dumps(v)[1:-1] for k, v in subs.items()}
+        elif fmt == "json":  # as a JSON writer may spell it: non-ASCII as \u escapes, or as it is (orjson, UTF-8)
+            subs = {_json_str(k, ascii_only): _json_str(v, ascii_only) for k, v in subs.items()
+                    for ascii_only in (True, False)}
         pat = _pattern(subs)
         if pat is not None:
             text = pat.sub(lambda m: subs[m.group(0)], text)
@@ -193,9 +194,14 @@ class View:
             if fmt in ("html", "svg"):
                 names += [html.escape(t, quote=True) for t in names]
             elif fmt == "json":
-                names = [json.dumps(t)[1:-1] for t in names]
+                names = [_json_str(t, ascii_only) for t in names for ascii_only in (True, False)]
             text = _pattern(names).sub(HIDDEN_TEAM, text)
         return text
+
+
+def _json_str(text: str, ascii_only: bool) -> str:
+    """`text` inside a JSON string, its quotes off."""
+    return json.dumps(text, ensure_ascii=ascii_only)[1:-1]
 
 
 def new_key() -> bytes:
