@@ -252,44 +252,67 @@ def test_chipledger_serve_believes_no_forwarded_address(env, tmp_path):
         log.close()
 
 
-def test_a_non_ascii_team_name_is_redacted_in_a_json_statement_too(env, tmp_path):
-    """A member's statement download is redacted in the file's own escaping: in JSON, names were looked for as
-    `json.dumps` writes them (non-ASCII as \\u escapes), but statements are written with the characters as they
-    are (UTF-8): with `[serve] visibility = team`, another team named `visión` read the victims its name in their
-    JSON statement. Both spellings are looked for."""
+def _statement_as_a_member(env, tmp_path, name: str) -> tuple[str, dict[str, str]]:
+    """vision renamed `name` (it preempts ads-ml's jobs in the demo), statements issued: (ads-ml's JSON statement as
+    issued, eve's download of each format with `[serve] visibility = team`)."""
     from typer.testing import CliRunner
 
     from chipledger.cli import app as cli_app
     from chipledger.web.app import Portal, build_app
-    from chipledger.web.auth import TokenCache
+    from chipledger.web.auth import TokenCache, new_token
     from chipledger.web.lake import LakeReader
     from fastapi.testclient import TestClient
+    from store.repo import open_store
     from tests.web_support import portal_config
 
-    name = "visión"
     events = tmp_path / "events.jsonl"
-    events.write_text(env["events"].read_text().replace('"team":"vision"', f'"team":"{name}"'), encoding="utf-8")
+    events.write_text(env["events"].read_text().replace('"team":"vision"', f'"team":{json.dumps(name)}'),
+                      encoding="utf-8")
     lake, store_url = tmp_path / "lake", f"sqlite:///{tmp_path / 'store.db'}"
     res = CliRunner().invoke(cli_app, ["run", "--events", str(events), "--lake", str(lake), "--store", store_url])
     assert res.exit_code == 0, res.output
     res = CliRunner().invoke(cli_app, ["statements", "--lake", str(lake), "--period", "2026-11-02..2026-11-02",
                                        "--store", store_url, "--out", str(tmp_path / "statements")])
     assert res.exit_code == 0, res.output
-    from store.repo import open_store
-
-    from chipledger.web.auth import new_token
-
     st = open_store(store_url)
     _, token = new_token(st, "eve", "ads-ml")
     portal = Portal(cfg=portal_config(visibility="team"), reader=LakeReader(lake), store=st,
                     tokens=TokenCache(st, ttl_s=0), statements_dir=tmp_path / "statements")
     client = TestClient(build_app(portal))
-    issued = client.get("/api/v1/statements/ads-ml@2026-11-02..2026-11-02/json",
-                        headers={"X-Forwarded-User": "root"}).content.decode()
+    url = "/api/v1/statements/ads-ml@2026-11-02..2026-11-02/"
+    issued = client.get(url + "json", headers={"X-Forwarded-User": "root"}).content.decode()
+    read = {}
+    for fmt in ("json", "md", "html", "csv", "svg"):
+        r = client.get(url + fmt, headers={"Authorization": f"Bearer {token}"})
+        if r.status_code != 404:
+            assert r.status_code == 200
+            read[fmt] = r.content.decode()
+    return issued, read
+
+
+def test_a_team_name_with_a_quote_is_redacted_in_an_html_statement_too(env, tmp_path):
+    """In HTML, names were looked for as `html.escape` writes them (`'` as `&#x27;`, `"` as `&quot;`), but the
+    statements' templates escape with MarkupSafe (`&#39;`, `&#34;`): another team named `vision's lab` stayed in
+    the victims' HTML statement with visibility = team. Every usual spelling is looked for."""
+    import html
+
+    name = "vision's \"lab\""
+    issued, read = _statement_as_a_member(env, tmp_path, name)
+    assert json.dumps(name)[1:-1] in issued  # the control: the statement as issued names the team
+    assert "html" in read
+    for fmt, text in read.items():
+        for spelling in {name, html.escape(name), html.escape(name, quote=False), "vision&#39;s", "vision&#x27;s",
+                         json.dumps(name)[1:-1]}:
+            assert spelling not in text, (fmt, spelling)
+
+
+def test_a_non_ascii_team_name_is_redacted_in_a_json_statement_too(env, tmp_path):
+    """A member's statement download is redacted in the file's own escaping: in JSON, names were looked for as
+    `json.dumps` writes them (non-ASCII as \\u escapes), but statements are written with the characters as they
+    are (UTF-8): with `[serve] visibility = team`, another team named `visión` read the victims its name in their
+    JSON statement. Both spellings are looked for."""
+    name = "visión"
+    issued, read = _statement_as_a_member(env, tmp_path, name)
     assert name in issued  # the control: the statement as issued names the team that preempted ads-ml's jobs
-    for fmt in ("json", "md", "html", "csv"):
-        r = client.get(f"/api/v1/statements/ads-ml@2026-11-02..2026-11-02/{fmt}",
-                       headers={"Authorization": f"Bearer {token}"})
-        assert r.status_code == 200
-        text = r.content.decode()
+    for fmt, text in read.items():
         assert name not in text and "visi\\u00f3n" not in text and "visi&oacute;n" not in text, fmt

@@ -181,8 +181,8 @@ class View:
             shown = self.decision_id(did, body)
             if shown != did:
                 subs[did] = shown
-        if fmt == "html" or fmt == "svg":
-            subs = {html.escape(k, quote=True): html.escape(v, quote=True) for k, v in subs.items()} | subs
+        if fmt == "html" or fmt == "svg":  # as an HTML writer may spell it (html.escape, MarkupSafe, quotes raw)
+            subs = {ek: ev for k, v in subs.items() for ek, ev in zip(_html_strs(k), _html_strs(v))} | subs
         elif fmt == "json":  # as a JSON writer may spell it: non-ASCII as \u escapes, or as it is (orjson, UTF-8)
             subs = {_json_str(k, ascii_only): _json_str(v, ascii_only) for k, v in subs.items()
                     for ascii_only in (True, False)}
@@ -192,11 +192,19 @@ class View:
         if self._hidden_all is not None:
             names = [t for t in self.all_teams if self.hides_team(t)]
             if fmt in ("html", "svg"):
-                names += [html.escape(t, quote=True) for t in names]
+                names = [e for t in names for e in {t, *_html_strs(t)}]
             elif fmt == "json":
                 names = [_json_str(t, ascii_only) for t in names for ascii_only in (True, False)]
             text = _pattern(names).sub(HIDDEN_TEAM, text)
         return text
+
+
+def _html_strs(text: str) -> tuple[str, ...]:
+    """`text` escaped as HTML writers do: html.escape (`&#x27;`, `&quot;`), MarkupSafe/Jinja2 (`&#39;`, `&#34;`),
+    and with quotes left as they are (text outside attributes)."""
+    import markupsafe
+
+    return (html.escape(text, quote=True), str(markupsafe.escape(text)), html.escape(text, quote=False))
 
 
 def _json_str(text: str, ascii_only: bool) -> str:
