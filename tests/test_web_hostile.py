@@ -252,9 +252,10 @@ def test_chipledger_serve_believes_no_forwarded_address(env, tmp_path):
         log.close()
 
 
-def _statement_as_a_member(env, tmp_path, name: str) -> tuple[str, dict[str, str]]:
-    """vision renamed `name` (it preempts ads-ml's jobs in the demo), statements issued: (ads-ml's JSON statement as
-    issued, eve's download of each format with `[serve] visibility = team`)."""
+def _statement_as_a_member(env, tmp_path, name: str, visibility: str = "team",
+                           job_ids=lambda text: text) -> tuple[str, dict[str, str]]:
+    """vision renamed `name` (it preempts ads-ml's jobs in the demo), job ids rewritten by `job_ids`, statements
+    issued: (ads-ml's JSON statement as issued, eve's download of each format with `[serve] visibility`)."""
     from typer.testing import CliRunner
 
     from chipledger.cli import app as cli_app
@@ -265,8 +266,9 @@ def _statement_as_a_member(env, tmp_path, name: str) -> tuple[str, dict[str, str
     from store.repo import open_store
     from tests.web_support import portal_config
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     events = tmp_path / "events.jsonl"
-    events.write_text(env["events"].read_text().replace('"team":"vision"', f'"team":{json.dumps(name)}'),
+    events.write_text(job_ids(env["events"].read_text().replace('"team":"vision"', f'"team":{json.dumps(name)}')),
                       encoding="utf-8")
     lake, store_url = tmp_path / "lake", f"sqlite:///{tmp_path / 'store.db'}"
     res = CliRunner().invoke(cli_app, ["run", "--events", str(events), "--lake", str(lake), "--store", store_url])
@@ -276,7 +278,7 @@ def _statement_as_a_member(env, tmp_path, name: str) -> tuple[str, dict[str, str
     assert res.exit_code == 0, res.output
     st = open_store(store_url)
     _, token = new_token(st, "eve", "ads-ml")
-    portal = Portal(cfg=portal_config(visibility="team"), reader=LakeReader(lake), store=st,
+    portal = Portal(cfg=portal_config(visibility=visibility), reader=LakeReader(lake), store=st,
                     tokens=TokenCache(st, ttl_s=0), statements_dir=tmp_path / "statements")
     client = TestClient(build_app(portal))
     url = "/api/v1/statements/ads-ml@2026-11-02..2026-11-02/"
@@ -316,3 +318,26 @@ def test_a_non_ascii_team_name_is_redacted_in_a_json_statement_too(env, tmp_path
     assert name in issued  # the control: the statement as issued names the team that preempted ads-ml's jobs
     for fmt, text in read.items():
         assert name not in text and "visi\\u00f3n" not in text and "visi&oacute;n" not in text, fmt
+
+
+def test_names_and_job_ids_with_markdown_or_csv_characters_are_redacted_in_statements_too(env, tmp_path):
+    """Markdown statements write every value with CommonMark backslash escapes (`vision_lab` as `vision\\_lab`)
+    and CSV doubles a quote: a name or job id with such a character (an underscore: `train_run_42`) was looked
+    for only as it is, and stayed in the member's file: another team's name with visibility = team, and another
+    team's job id whatever the visibility."""
+    import re
+
+    name = 'vision_lab (prod) "x"'
+    ids = lambda text: text.replace("job-", "job_")  # noqa: E731  (job ids, and the decision ids made of them)
+    issued, read = _statement_as_a_member(env, tmp_path / "team", name, "team", ids)
+    assert json.dumps(name)[1:-1] in issued
+    for fmt, text in read.items():
+        for spelling in (name, "vision\\_lab", "vision_lab", 'vision_lab (prod) ""x""'):
+            assert spelling not in text, (fmt, spelling)
+    issued, read = _statement_as_a_member(env, tmp_path / "fleet", "vision", "fleet", ids)
+    own = {r["job_id"].replace("job-", "job_") for r in _sql(env, "SELECT job_id FROM jobs WHERE team = 'ads-ml'")}
+    theirs = set(re.findall(r"job_[0-9]+", issued)) - own
+    assert theirs, "the statement names jobs of the team that preempted ads-ml's"
+    for fmt, text in read.items():
+        for job in theirs:
+            assert job not in text and job.replace("_", "\\_") not in text, (fmt, job)

@@ -181,22 +181,32 @@ class View:
             shown = self.decision_id(did, body)
             if shown != did:
                 subs[did] = shown
-        if fmt == "html" or fmt == "svg":  # as an HTML writer may spell it (html.escape, MarkupSafe, quotes raw)
-            subs = {ek: ev for k, v in subs.items() for ek, ev in zip(_html_strs(k), _html_strs(v))} | subs
-        elif fmt == "json":  # as a JSON writer may spell it: non-ASCII as \u escapes, or as it is (orjson, UTF-8)
-            subs = {_json_str(k, ascii_only): _json_str(v, ascii_only) for k, v in subs.items()
-                    for ascii_only in (True, False)}
+        # each name as the file's format spells it (a replacement spelled the same way); the name as it is too
+        subs = {sk: sv for k, v in subs.items() for sk, sv in zip(_spellings(k, fmt), _spellings(v, fmt))} | subs
         pat = _pattern(subs)
         if pat is not None:
             text = pat.sub(lambda m: subs[m.group(0)], text)
         if self._hidden_all is not None:
-            names = [t for t in self.all_teams if self.hides_team(t)]
-            if fmt in ("html", "svg"):
-                names = [e for t in names for e in {t, *_html_strs(t)}]
-            elif fmt == "json":
-                names = [_json_str(t, ascii_only) for t in names for ascii_only in (True, False)]
+            names = [s for t in self.all_teams if self.hides_team(t) for s in {t, *_spellings(t, fmt)}]
             text = _pattern(names).sub(HIDDEN_TEAM, text)
         return text
+
+
+def _spellings(text: str, fmt: str) -> tuple[str, ...]:
+    """`text` as a statement of format `fmt` may write it (always the same number of spellings for a format, so a
+    name's and its replacement's pair up): HTML and SVG entities, JSON strings, Markdown's backslash escapes
+    (chipledger/reports/statements.py `_md_text`, the statements' own), CSV's doubled quotes."""
+    if fmt in ("html", "svg"):
+        return _html_strs(text)
+    if fmt == "json":
+        return (_json_str(text, True), _json_str(text, False))
+    if fmt == "md":
+        from chipledger.reports.statements import _md_text
+
+        return (_md_text(text),)
+    if fmt == "csv":
+        return (text.replace('"', '""'),)
+    return ()
 
 
 def _html_strs(text: str) -> tuple[str, ...]:
