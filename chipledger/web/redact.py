@@ -171,8 +171,8 @@ class View:
 
     def document(self, text: str, fmt: str, decisions: Iterable[tuple[str, dict]]) -> str:
         """An issued file (a statement) as this caller may read it: the names and ids `decisions` ([(decision id,
-        body)]) give that the caller may not see, replaced where they stand alone, in the file's own escaping (HTML
-        entities, JSON strings), then the last check for any hidden team name of the lake."""
+        body)]) give that the caller may not see, replaced where they stand alone, in the file's own escaping (every
+        spelling `_spellings` knows), then the last check for any hidden team name of the lake."""
         if self.sees_all:
             return text
         subs: dict[str, str] = {}
