@@ -30,7 +30,7 @@ from chipledger.web import burst as burst_mod
 from chipledger.web.auth import Csrf, Principal, RateLimiter, Sessions, TokenCache, principal_for
 from chipledger.web.estimate import Running, Waiting, estimate_start
 from chipledger.web.lake import LakeReader, Snapshot
-from chipledger.web.redact import ALIAS_PREFIX, View, new_key
+from chipledger.web.redact import View, new_key
 
 HERE = Path(__file__).parent
 SESSION_COOKIE = "clp_session"
@@ -63,7 +63,7 @@ class Portal:
     statements_dir: Optional[Path] = None
     accuracy: Optional[dict] = None                         # the start estimate's measured accuracy (docs/portal.md)
     sent: list = field(default_factory=list)                # burst requests this process sent (pending until decided)
-    streams: dict = field(default_factory=dict)             # open event streams per caller (session key)
+    streams: dict = field(default_factory=dict)             # open event streams per caller (per user)
     alias_key: bytes = field(default_factory=new_key)       # decision ids a member may not read are shown as aliases
     _producer: Any = None
 
@@ -681,10 +681,16 @@ def build_app(portal: Portal) -> FastAPI:
             return bodies[r["decision_id"]]
 
         def resolve(k: list) -> list:
-            if not k[1].startswith(ALIAS_PREFIX):
+            if p.is_staff:
                 return k
-            for r in s.cached_rows('SELECT decision_id FROM portal_decisions WHERE "at" = ?::TIMESTAMPTZ', [k[0]]):
-                if view.alias(r["decision_id"]) == k[1]:
+            # a member's cursor must be a row as they were shown it (an alias, or an id shown as written): a forged
+            # raw id would make the keyset's order an oracle, letting them binary-search a hidden decision's id
+            # (only among the decisions they may read: nor may a cursor tell whether another team's decision exists)
+            for r in s.rows(
+                    'SELECT decision_id, body FROM portal_decisions WHERE "at" = ?::TIMESTAMPTZ AND (list_contains(?, '
+                    'team) OR decision_id IN (SELECT decision_id FROM decision_victims WHERE list_contains(?, team)))',
+                    [k[0], teams_filter, teams_filter]):
+                if view.decision_id(r["decision_id"], body(r)) == k[1]:
                     return [k[0], r["decision_id"]]
             raise HTTPException(400, "cursor is not one this API gave out")
 
@@ -802,7 +808,7 @@ def build_app(portal: Portal) -> FastAPI:
 
         from fastapi.responses import StreamingResponse
 
-        key = p.session_key()
+        key = p.limit_key  # per user, however they authenticate (a new sign-in is not a new allowance)
         if portal.streams.get(key, 0) >= MAX_STREAMS_PER_CALLER:
             raise HTTPException(429, f"at most {MAX_STREAMS_PER_CALLER} event streams at once per caller")
         portal.streams[key] = portal.streams.get(key, 0) + 1
@@ -1229,7 +1235,15 @@ def _view(portal: Portal, s: Snapshot, p: Principal) -> View:
 def _job(portal: Portal, s: Snapshot, p: Principal, job_id: str) -> Optional[JobOut]:
     if not NAME_RE.match(job_id or ""):
         return None
-    got = s.memo(("job", job_id), lambda s: _job_compute(s, job_id))
+    # job ids are unique only within a pool: the latest submission of this id that the caller may read (another
+    # team's namesake neither shadows their job nor is shown)
+    subs = s.memo(("job_subs", job_id), lambda s: s.rows(
+        "SELECT pool, team, submitted_at FROM portal_jobs WHERE job_id = ? ORDER BY submitted_at DESC, pool",
+        [job_id]))
+    pick = next((r for r in subs if p.can_read_team(r["team"])), None)
+    if pick is None:
+        return None
+    got = s.memo(("job", job_id, pick["pool"]), lambda s: _job_compute(s, job_id, pick["pool"]))
     if got is None or not p.can_read_team(got[0].team):
         return None
     out, refs, bodies = got
@@ -1238,6 +1252,9 @@ def _job(portal: Portal, s: Snapshot, p: Principal, job_id: str) -> Optional[Job
     # the decisions in its timeline (a preemption's sentence names the other teams) as this caller may read them
     view = _view(portal, s, p)
     shown_ids = {did: view.decision_id(did, body) for did, body in bodies.items()}
+    # a preemption naming a decision the lake does not hold (a scheduler's, or not written yet): no payload says
+    # whose job its id carries, so it is shown as an alias
+    shown_ids.update({ref: view.alias(ref) for ref in refs if ref and ref not in bodies})
 
     def ids_shown(text: str) -> str:  # "preempted by decision ID …": the id as this caller sees it
         for did, shown in shown_ids.items():
@@ -1263,9 +1280,11 @@ def _job(portal: Portal, s: Snapshot, p: Principal, job_id: str) -> Optional[Job
     return out.model_copy(update={"timeline": timeline, "why": {k: why_value(v) for k, v in out.why.items()}})
 
 
-def _job_compute(s: Snapshot, job_id: str) -> Optional[tuple[JobOut, list, dict]]:
-    """The job (what staff see), the decision id behind each timeline entry (or None), and those decisions' bodies."""
-    rows = s.rows("SELECT * FROM portal_jobs WHERE job_id = ? ORDER BY submitted_at DESC LIMIT 1", [job_id])
+def _job_compute(s: Snapshot, job_id: str, pool: str) -> Optional[tuple[JobOut, list, dict]]:
+    """The job of that id in `pool` (what staff see), the decision id behind each timeline entry (or None), and
+    those decisions' bodies."""
+    rows = s.rows("SELECT * FROM portal_jobs WHERE job_id = ? AND pool = ? ORDER BY submitted_at DESC LIMIT 1",
+                  [job_id, pool])
     if not rows:
         return None
     j = rows[0]

@@ -101,7 +101,10 @@ def principal_for(cfg: ServeConfig, user: str, groups: list[str], via: str, toke
     members = cfg.memberships()
     teams: set[str] = set()
     roles: set[str] = set()
-    for name in [user, *(f"group:{g}" for g in groups)]:
+    # users and groups share `members`' namespace: a user's own name never counts as a group's (a user named
+    # `group:oncall` is not in the oncall group; only the groups header says who is)
+    own = [] if user.startswith("group:") else [user]
+    for name in [*own, *(f"group:{g}" for g in groups)]:
         for team, role in members.get(name, ()):
             if team == "*":
                 roles.add(role)     # admin or sre of the fleet (a member of every team: as good as an sre)
@@ -226,15 +229,18 @@ class Sessions:
     """Signed-in browser sessions, in the portal's memory: the cookie holds `cls_<random>`, this keeps the SHA-256
     of it and the token it was started with. `end` (sign-out) forgets it: a copy of the cookie replayed afterwards
     finds nothing. A session is refused too once its token is revoked (checked at each request through the
-    `TokenCache`) or after `max_age_s`."""
+    `TokenCache`) or after `max_age_s`. One token holds at most `MAX_PER_TOKEN` sessions (signing in once more ends
+    its oldest), so signing in over and over with one token cannot fill the table and push everyone else out."""
 
     MAX_SESSIONS = 100_000
+    MAX_PER_TOKEN = 16
 
     def __init__(self, tokens: "TokenCache", max_age_s: float):
         self.tokens = tokens
         self.max_age_s = max_age_s
         self._lock = threading.Lock()
         self._sessions: dict[str, _Session] = {}
+        self._by_token: dict[str, list[str]] = {}   # a token's session ids, oldest first (some may have ended)
 
     @staticmethod
     def _id(cookie: str) -> str:
@@ -245,13 +251,21 @@ class Sessions:
         cookie = SESSION_PREFIX + secrets.token_urlsafe(32)
         now = time.monotonic()
         with self._lock:
+            mine = [k for k in self._by_token.get(token_id, ()) if k in self._sessions]
+            while len(mine) >= self.MAX_PER_TOKEN:  # this token's oldest session ends (not someone else's)
+                del self._sessions[mine.pop(0)]
             if len(self._sessions) >= self.MAX_SESSIONS:
                 for k in [k for k, v in self._sessions.items() if now - v.started >= self.max_age_s]:
                     del self._sessions[k]
                 if len(self._sessions) >= self.MAX_SESSIONS:  # the oldest go first
                     for k in sorted(self._sessions, key=lambda k: self._sessions[k].started)[: self.MAX_SESSIONS // 10]:
                         del self._sessions[k]
-            self._sessions[self._id(cookie)] = _Session(token_id, now)
+                self._by_token = {t: [k for k in ks if k in self._sessions] for t, ks in self._by_token.items()}
+                self._by_token = {t: ks for t, ks in self._by_token.items() if ks}
+                mine = [k for k in mine if k in self._sessions]
+            sid = self._id(cookie)
+            self._sessions[sid] = _Session(token_id, now)
+            self._by_token[token_id] = mine + [sid]
         return cookie
 
     def lookup(self, cookie: str):

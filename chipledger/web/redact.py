@@ -171,8 +171,8 @@ class View:
 
     def document(self, text: str, fmt: str, decisions: Iterable[tuple[str, dict]]) -> str:
         """An issued file (a statement) as this caller may read it: the names and ids `decisions` ([(decision id,
-        body)]) give that the caller may not see, replaced where they stand alone, in the file's own escaping (HTML
-        entities, JSON strings), then the last check for any hidden team name of the lake."""
+        body)]) give that the caller may not see, replaced where they stand alone, in the file's own escaping (every
+        spelling `_spellings` knows), then the last check for any hidden team name of the lake."""
         if self.sees_all:
             return text
         subs: dict[str, str] = {}
@@ -181,21 +181,45 @@ class View:
             shown = self.decision_id(did, body)
             if shown != did:
                 subs[did] = shown
-        if fmt == "html" or fmt == "svg":
-            subs = {html.escape(k, quote=True): html.escape(v, quote=True) for k, v in subs.items()} | subs
-        elif fmt == "json":
-            subs = {json.dumps(k)[1:-1]: json.dumps(v)[1:-1] for k, v in subs.items()}
+        # each name as the file's format spells it (a replacement spelled the same way); the name as it is too
+        subs = {sk: sv for k, v in subs.items() for sk, sv in zip(_spellings(k, fmt), _spellings(v, fmt))} | subs
         pat = _pattern(subs)
         if pat is not None:
             text = pat.sub(lambda m: subs[m.group(0)], text)
         if self._hidden_all is not None:
-            names = [t for t in self.all_teams if self.hides_team(t)]
-            if fmt in ("html", "svg"):
-                names += [html.escape(t, quote=True) for t in names]
-            elif fmt == "json":
-                names = [json.dumps(t)[1:-1] for t in names]
+            names = [s for t in self.all_teams if self.hides_team(t) for s in {t, *_spellings(t, fmt)}]
             text = _pattern(names).sub(HIDDEN_TEAM, text)
         return text
+
+
+def _spellings(text: str, fmt: str) -> tuple[str, ...]:
+    """`text` as a statement of format `fmt` may write it (always the same number of spellings for a format, so a
+    name's and its replacement's pair up): HTML and SVG entities, JSON strings, Markdown's backslash escapes
+    (chipledger/reports/statements.py `_md_text`, the statements' own), CSV's doubled quotes."""
+    if fmt in ("html", "svg"):
+        return _html_strs(text)
+    if fmt == "json":
+        return (_json_str(text, True), _json_str(text, False))
+    if fmt == "md":
+        from chipledger.reports.statements import _md_text
+
+        return (_md_text(text),)
+    if fmt == "csv":
+        return (text.replace('"', '""'),)
+    return ()
+
+
+def _html_strs(text: str) -> tuple[str, ...]:
+    """`text` escaped as HTML writers do: html.escape (`&#x27;`, `&quot;`), MarkupSafe/Jinja2 (`&#39;`, `&#34;`),
+    and with quotes left as they are (text outside attributes)."""
+    import markupsafe
+
+    return (html.escape(text, quote=True), str(markupsafe.escape(text)), html.escape(text, quote=False))
+
+
+def _json_str(text: str, ascii_only: bool) -> str:
+    """`text` inside a JSON string, its quotes off."""
+    return json.dumps(text, ensure_ascii=ascii_only)[1:-1]
 
 
 def new_key() -> bytes:
