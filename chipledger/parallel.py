@@ -45,7 +45,7 @@ from ledger import Fleet, FoldConfig
 from ledger.state import PoolState
 from schemas import Rejection, parse_event
 from streams import logline
-from streams.rows import applied_event_row, close_rows, output_lists
+from streams.rows import applied_event_row, close_rows, extend_outputs
 
 from chipledger import embedded
 from chipledger.embedded import GC_FREEZE_MASK, GcPause, RunError, RunSummary, _lines, _note_line, _raw
@@ -320,8 +320,7 @@ def _worker(k: int, events_path: Path, stage: Path, names: str, fold_config: Fol
             if len(rise_lines) >= RISES_BATCH:
                 flush_rises()
         add("events", applied_event_row(event, step.occurred_s, at, step.lateness_s, topic, 0, line, origin))
-        for table, rows in output_lists(step):
-            extend(table, rows)
+        extend_outputs(step, extend)
 
     try:
         embedded.fold_lines(events_path, fleet, summary, on_dead, on_applied, topic, max_event_bytes, paused,
