@@ -718,13 +718,66 @@ def copies_file(src: Path, dst: Path, copies: int) -> int:
     return n
 
 
-def parallel_child(phase: str, path: str, lake: str, jobs: str) -> None:
+class TreeMemory:
+    """Samples, every `every_s` in a thread, the resident memory of this process and all its descendants together
+    (from /proc): the peak of their summed RSS (pages a fork shares are counted in each process) and of their
+    summed PSS (shared pages divided among the processes sharing them: what the tree really holds)."""
+
+    def __init__(self, every_s: float = 0.25) -> None:
+        import threading
+
+        self.every_s, self.peak_rss_kib, self.peak_pss_kib = every_s, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tree-memory", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _tree(pid: int) -> list[int]:
+        out, todo = [], [pid]
+        while todo:
+            p = todo.pop()
+            out.append(p)
+            try:
+                for t in os.listdir(f"/proc/{p}/task"):
+                    with open(f"/proc/{p}/task/{t}/children") as f:
+                        todo.extend(int(c) for c in f.read().split())
+            except OSError:
+                pass
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            rss = pss = 0
+            for p in self._tree(os.getpid()):
+                try:
+                    with open(f"/proc/{p}/smaps_rollup") as f:
+                        for line in f:
+                            if line.startswith("Rss:"):
+                                rss += int(line.split()[1])
+                            elif line.startswith("Pss:"):
+                                pss += int(line.split()[1])
+                except OSError:
+                    pass  # the process ended meanwhile
+            self.peak_rss_kib, self.peak_pss_kib = max(self.peak_rss_kib, rss), max(self.peak_pss_kib, pss)
+
+    def stop(self) -> "TreeMemory":
+        self._stop.set()
+        self._thread.join()
+        return self
+
+
+def parallel_child(phase: str, path: str, lake: str, jobs: str, own_sessions: bool = False) -> None:
     """In a fresh process: one phase of the parallel bench (run, upgrade, backtest) with `jobs` processes; prints
-    JSON: wall seconds, CPU seconds of this process and of every process it forked and waited for, events, and peak
-    RSS (this process's and the largest forked one's)."""
+    JSON: wall seconds, CPU seconds of this process and of every process it forked and waited for, events, peak
+    RSS (this process's and the largest forked one's) and the peak of all of them together (TreeMemory). With
+    `own_sessions` every process it forks starts a session of its own (see bench_parallel)."""
     from chipledger.embedded import run_file
 
+    if own_sessions:
+        os.register_at_fork(after_in_child=os.setsid)
     j = int(jobs)
+    load0 = os.getloadavg()[0]
+    tree = TreeMemory()
     before = os.times()
     t0 = time.perf_counter()
     if phase == "run":
@@ -746,26 +799,42 @@ def parallel_child(phase: str, path: str, lake: str, jobs: str) -> None:
         events = sum(c["events_folded"] for c in report["configs"].values())
     dt = time.perf_counter() - t0
     after = os.times()
-    print(json.dumps({"seconds": dt, "events": events,
+    print(json.dumps({"seconds": dt, "events": events, "load": [load0, os.getloadavg()[0]],
                       "cpu_s": after.user + after.system - before.user - before.system,
                       "children_cpu_s": (after.children_user + after.children_system - before.children_user
                                          - before.children_system),
                       "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "children_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+                      "children_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+                      "tree_rss_mib": tree.stop().peak_rss_kib / 1024, "tree_pss_mib": tree.peak_pss_kib / 1024}))
 
 
-def bench_parallel(src: Path, out: Path, copies: int, jobs: list[int], repeat: int) -> None:
+def bench_parallel(src: Path, out: Path, copies: int, jobs: list[int], repeat: int, own_sessions: bool = False) -> None:
     """--parallel-copies: `run`, `lake upgrade` and a two-configuration `backtest` on the file of pool-renamed
     copies at each job count, alternating, each phase in a fresh process; prints per phase and job count the median
-    and the best events/s, the speed-up over the first job count, events per CPU-second and peak RSS."""
+    and the best events/s, the speed-up over the first job count, events per CPU-second, peak RSS and the load
+    average during the runs.
+
+    On a Linux machine shared with other sessions the kernel's autogroup scheduler (/proc/sys/kernel/
+    sched_autogroup_enabled) divides the CPU between sessions first, then between the processes of a session: when
+    other sessions keep the cores busy, a phase gets about one session's share however many processes it forks, and
+    `--jobs 2` cannot be faster than `--jobs 1`. `own_sessions` (--own-sessions) puts the phase and every process
+    it forks in a session of its own, so each process competes as a process of a machine without other sessions
+    does: the speed-up then says what the split gains (at any load, the ratio of the busiest processes' CPU), not
+    what the scheduler allows this session."""
     import statistics
 
     path = out / f"copies-{copies}-{src.name}"
     n = copies_file(src, path, copies)
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            autogroup = "on" if f.read().strip() == "1" else "off"
+    except OSError:
+        autogroup = "unknown"
     print(f"\nparallel replays: {n:,} lines, {copies} copies of {src.name} ({copies * 3} pools); load average "
-          f"{' '.join(load)} on {os.cpu_count()} cores")
+          f"{' '.join(load)} on {os.cpu_count()} cores; autogroup scheduling {autogroup}; "
+          f"{'each process in a session of its own' if own_sessions else 'one session'}")
     results: dict = {}
     for r in range(repeat):
         for phase in ("run", "upgrade", "backtest"):
@@ -773,13 +842,15 @@ def bench_parallel(src: Path, out: Path, copies: int, jobs: list[int], repeat: i
                 lake = out / "lake-parallel"
                 if phase == "upgrade" and not (lake / "_lake.json").exists():
                     raise SystemExit("the upgrade phase needs the run phase's lake")
-                cmd = [sys.executable, __file__, "--parallel-child", phase, str(path), str(lake), str(j)]
-                proc = subprocess.run(cmd, capture_output=True, text=True)
+                cmd = [sys.executable, __file__, "--parallel-child", phase, str(path), str(lake), str(j),
+                       *(["--own-sessions"] if own_sessions else [])]
+                proc = subprocess.run(cmd, capture_output=True, text=True, start_new_session=own_sessions)
                 if proc.returncode != 0:
                     raise SystemExit(f"{phase} --jobs {j} failed: {proc.stderr[-2000:]}")
                 results.setdefault((phase, j), []).append(json.loads(proc.stdout.strip().splitlines()[-1]))
     print(f"{'phase':<9} {'jobs':>4} {'events/s med':>13} {'best':>9} {'speed-up med':>13} {'best':>6} "
-          f"{'events/CPU-s':>13} {'CPU-s':>7} {'peak RSS MiB (run, largest forked)':>36}")
+          f"{'events/CPU-s':>13} {'CPU-s':>7} {'peak RSS MiB (run, largest forked, all: RSS / PSS)':>52} "
+          f"{'load':>10}")
     for phase in ("run", "upgrade", "backtest"):
         base = None
         for j in jobs:
@@ -790,9 +861,11 @@ def bench_parallel(src: Path, out: Path, copies: int, jobs: list[int], repeat: i
             if base is None:
                 base = (med, best)
             per_cpu = statistics.median(x["events"] / c for x, c in zip(rs, cpu))
-            rss = max(x["rss_mib"] for x in rs), max(x["children_rss_mib"] for x in rs)
+            rss = [max(x[k] for x in rs) for k in ("rss_mib", "children_rss_mib", "tree_rss_mib", "tree_pss_mib")]
+            loads = [v for x in rs for v in x["load"]]
             print(f"{phase:<9} {j:>4} {med:>13,.0f} {best:>9,.0f} {med / base[0]:>12.2f}x {best / base[1]:>5.2f}x "
-                  f"{per_cpu:>13,.0f} {statistics.median(cpu):>7.1f} {rss[0]:>22.0f}, {rss[1]:.0f}")
+                  f"{per_cpu:>13,.0f} {statistics.median(cpu):>7.1f} {rss[0]:>26.0f}, {rss[1]:.0f}, {rss[2]:.0f} / "
+                  f"{rss[3]:.0f} {min(loads):>5.1f}–{max(loads):.1f}")
 
 
 def main() -> int:
@@ -839,10 +912,13 @@ def main() -> int:
                     help="also time run, lake upgrade and a two-configuration backtest on K pool-renamed copies of the "
                          "bench file (--events / K events each) at each of --jobs")
     ap.add_argument("--jobs", default="1,2", help="job counts for --parallel-copies")
+    ap.add_argument("--own-sessions", action="store_true",
+                    help="with --parallel-copies: each timed phase and every process it forks in a session of its own "
+                         "(on a shared machine with autogroup scheduling; see bench_parallel)")
     ap.add_argument("--parallel-child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.parallel_child:
-        parallel_child(*args.parallel_child)
+        parallel_child(*args.parallel_child, own_sessions=args.own_sessions)
         return 0
     if args.child:
         child_rss(*args.child)
@@ -874,7 +950,8 @@ def main() -> int:
     if args.parallel_copies:
         src = out / f"events-{args.events // args.parallel_copies}.jsonl"
         make_file(src, args.events // args.parallel_copies, per_day)
-        bench_parallel(src, out, args.parallel_copies, [int(j) for j in args.jobs.split(",")], max(1, args.repeat))
+        bench_parallel(src, out, args.parallel_copies, [int(j) for j in args.jobs.split(",")], max(1, args.repeat),
+                       args.own_sessions)
     sizes = sorted({args.events, *(int(s) for s in args.rss.split(",") if s)})
     files = {}
     for n in sizes:

@@ -35,7 +35,7 @@ from schemas import Rejection, RejectionCode, parse_event
 from schemas.parse import DEFAULT_MAX_EVENT_BYTES, size_rejection
 from streams import logline
 from streams.rows import (applied_event_row, close_rows, deadletter_row, event_row,  # noqa: F401 (event_row: re-export)
-                          output_lists)
+                          extend_outputs)
 
 ProgressFn = Callable[[int], None]  # called with bytes read so far
 
@@ -580,8 +580,7 @@ def _fold_here(events_path: Path, stage: Path, names: str, fold_config: FoldConf
                     add("deadletters", row[:3] + (at,) + row[4:])
                 early.clear()
         events.applied(event, step, offset, origin)
-        for table, rows in output_lists(step):
-            extend(table, rows)
+        extend_outputs(step, extend)
 
     try:
         paused = GcPause()

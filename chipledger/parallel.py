@@ -12,9 +12,10 @@ Pools share nothing in the fold (DESIGN §2: one key, one order per pool), so a 
    outputs and the file clock check (which reads the next lines of the same pool) are those of `--jobs 1`. Each
    process writes its rows (`events` included) to the run's staging folder, files named `part-<run>-j<k>-…`.
 3. Dead letters are the one table whose rows depend on other pools: a dead letter's `seen_at` is the latest event
-   time applied by any pool before its line. The processes send theirs back with the lines where their own latest
-   applied time rose; this process merges both by line number and writes the `deadletters` table exactly as one
-   process would (same rows, same order, same file names).
+   time applied by any pool before its line. The processes send theirs back, and write the lines where their own
+   latest applied time rose to two files beside the staged tables (16 bytes a rise, on disk: not held in memory
+   by any process, as the history would be); this process finds each dead letter's time in them by bisection and
+   writes the `deadletters` table exactly as one process would (same rows, same order, same file names).
 4. The run commits all staged files in one manifest swap (as every run does), so an interrupted parallel run
    leaves nothing visible; the processes ignore Ctrl-C and are ended by this one.
 
@@ -28,11 +29,13 @@ sorted rows, table by table); nothing reads meaning into a row's position in a f
 from __future__ import annotations
 
 import gc
+import mmap
 import multiprocessing
 import multiprocessing.connection
 import re
 import signal
 from array import array
+from bisect import bisect_left
 from collections import Counter
 from pathlib import Path
 from typing import Optional
@@ -42,7 +45,7 @@ from ledger import Fleet, FoldConfig
 from ledger.state import PoolState
 from schemas import Rejection, parse_event
 from streams import logline
-from streams.rows import applied_event_row, close_rows, output_lists
+from streams.rows import applied_event_row, close_rows, extend_outputs
 
 from chipledger import embedded
 from chipledger.embedded import GC_FREEZE_MASK, GcPause, RunError, RunSummary, _lines, _note_line, _raw
@@ -51,9 +54,20 @@ from chipledger.embedded import GC_FREEZE_MASK, GcPause, RunError, RunSummary, _
 # (`\"pool\":\"…\"`); a name with a backslash (an escape) or a second match is left to the full parse
 _POOL = re.compile(rb'(\\?)"pool\1"\s*:\s*\1"([^"\\]*)\1"')
 NO_POOL = -1  # a line that is this process's own (no readable pool)
+RISES_BATCH = 1 << 16  # a fold process's rises of its latest applied time held before they are written out
 
 
 def _pool_of(raw: bytes, max_event_bytes: int) -> Optional[str]:
+    # the common case first, without the pattern (a third of the routing pass's time): a compact plain line whose
+    # only "pool" is the member `"pool":"<name>"`; what the pattern reads there is the same name
+    i = raw.find(b'"pool":"')
+    if i >= 0 and raw.count(b"pool") == 1:
+        j = raw.find(b'"', i + 8)
+        if j >= 0 and b"\\" not in raw[i + 8:j]:
+            try:
+                return raw[i + 8:j].decode("utf-8")
+            except UnicodeDecodeError:
+                pass  # the full parse says what it is
     m = _POOL.search(raw)
     if m is not None and _POOL.search(raw, m.end()) is None:
         try:
@@ -183,13 +197,44 @@ def _never_applied(event, step, line, origin) -> None:  # this process's lines a
     raise AssertionError(f"line {line} has a pool yet was routed as having none")
 
 
+def _rises_paths(stage: Path, k: int) -> tuple[Path, Path]:
+    """The files where process k writes the lines at which its latest applied event time rose, and those times."""
+    return stage / f"_rises-j{k}.lines", stage / f"_rises-j{k}.times"
+
+
+class _Rises:
+    """A process's rises (lines and times, both increasing), read from its two files through mmap."""
+
+    def __init__(self, stage: Path, k: int):
+        self._maps: list = []
+        self.lines, self.times = (self._view(p) for p in _rises_paths(stage, k))
+
+    def _view(self, path: Path):
+        with open(path, "rb") as f:
+            if not path.stat().st_size:
+                return memoryview(b"").cast("q")
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._maps.append(m)
+        return memoryview(m).cast("q")
+
+    def before(self, line: int) -> int:
+        """The latest time this process applied before `line` (0: none)."""
+        i = bisect_left(self.lines, line)
+        return self.times[i - 1] if i else 0
+
+    def close(self) -> None:
+        self.lines.release()
+        self.times.release()
+        for m in self._maps:
+            m.close()
+
+
 def _merge(results: dict[int, dict], dead: list, route: array, pools: list[str], stage: Path, names: str,
            fold_config: FoldConfig, summary: RunSummary) -> dict:
     """Add the processes' counts to `summary` and write the `deadletters` table as one process would: each dead
     letter stamped with the latest event time applied before its line (by any pool), those before the first
     applied event with that event's time (0 when none was applied), in line order."""
     written: Counter = Counter()
-    raises = array("q")
     for k in sorted(results):
         r = results[k]
         summary.accepted += r["accepted"]
@@ -197,22 +242,26 @@ def _merge(results: dict[int, dict], dead: list, route: array, pools: list[str],
         summary.late += r["late"]
         written.update(r["written"])
         dead.extend(r["dead"])
-        raises.extend(r["raises"])
     summary.lines = len(route)
     dead.sort(key=lambda d: d[0])
-    order = sorted(range(0, len(raises), 2), key=lambda i: raises[i])
-    first_at = raises[order[0] + 1] if order else 0
-    writer = LakeWriter(stage, names)  # the names of a one-process run: this table's files are those it writes
-    seen = 0
-    j = 0
-    for line, code, row in dead:
-        while j < len(order) and raises[order[j]] < line:
-            seen = max(seen, raises[order[j] + 1])
-            j += 1
-        summary.dead_letters[code] += 1
-        _note_line(summary, code, line)
-        writer.add("deadletters", row[:3] + (seen or first_at,) + row[4:])
-    written.update(writer.close())
+    rises = [_Rises(stage, k) for k in sorted(results)]
+    try:
+        firsts = [(r.lines[0], r.times[0]) for r in rises if len(r.lines)]
+        first_at = min(firsts)[1] if firsts else 0  # the time of the file's first applied event
+        writer = LakeWriter(stage, names)  # the names of a one-process run: this table's files are those it writes
+        seen = 0
+        for line, code, row in dead:
+            seen = max([seen, *(r.before(line) for r in rises)])
+            summary.dead_letters[code] += 1
+            _note_line(summary, code, line)
+            writer.add("deadletters", row[:3] + (seen or first_at,) + row[4:])
+        written.update(writer.close())
+    finally:
+        for r in rises:
+            r.close()
+        for k in results:
+            for path in _rises_paths(stage, k):
+                path.unlink(missing_ok=True)
     summary.pools = sum(len(r["pools"]) for r in results.values())
     return {t: written[t] for t in TABLES if written.get(t)}
 
@@ -239,8 +288,16 @@ def _worker(k: int, events_path: Path, stage: Path, names: str, fold_config: Fol
     fleet = Fleet(fold_config)
     summary = RunSummary(source=str(events_path), lake="", run_id=names)
     dead: list = []
-    raises = array("q")  # (line, time): where this process's latest applied event time rose
+    # where this process's latest applied event time rose: (line, time), appended to two files every RISES_BATCH
+    rise_lines, rise_times = array("q"), array("q")
+    Path(stage).mkdir(parents=True, exist_ok=True)
+    rise_files = [open(p, "wb") for p in _rises_paths(stage, k)]
     seen = 0
+
+    def flush_rises() -> None:
+        rise_lines.tofile(rise_files[0])
+        rise_times.tofile(rise_files[1])
+        del rise_lines[:], rise_times[:]
 
     def misrouted(pool, line: int) -> None:
         if pool is not None and pool not in mine_pools:
@@ -258,10 +315,12 @@ def _worker(k: int, events_path: Path, stage: Path, names: str, fold_config: Fol
         at = step.applied_at
         if at > seen:
             seen = at
-            raises.extend((line, at))
+            rise_lines.append(line)
+            rise_times.append(at)
+            if len(rise_lines) >= RISES_BATCH:
+                flush_rises()
         add("events", applied_event_row(event, step.occurred_s, at, step.lateness_s, topic, 0, line, origin))
-        for table, rows in output_lists(step):
-            extend(table, rows)
+        extend_outputs(step, extend)
 
     try:
         embedded.fold_lines(events_path, fleet, summary, on_dead, on_applied, topic, max_event_bytes, paused,
@@ -269,8 +328,11 @@ def _worker(k: int, events_path: Path, stage: Path, names: str, fold_config: Fol
         for table, row in close_rows(*fleet.close(), {**fleet.policy_rows(), **fleet.close_facts()}):
             add(table, row)
         written = writer.close()
+        flush_rises()
+        for f in rise_files:
+            f.close()
         conn.send(("ok", {"accepted": summary.accepted, "duplicates": summary.duplicates, "late": summary.late,
-                          "written": written, "dead": dead, "raises": raises,
+                          "written": written, "dead": dead,
                           "pools": {p: s.to_dict() for p, s in fleet.pools.items()}}))
     except Exception as exc:  # told to the run, which fails with it
         try:
@@ -279,5 +341,7 @@ def _worker(k: int, events_path: Path, stage: Path, names: str, fold_config: Fol
             pass
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
+        for f in rise_files:
+            f.close()
         paused.end()
         conn.close()

@@ -138,10 +138,13 @@ def test_lake_upgrade_with_two_jobs_folds_the_facts_of_one(fleet_file, tmp_path)
     assert digests[0][1] == {t: d for t, d in lake_digests(tmp_path / "lake-run").items() if t in FACT_TABLES}
 
 
-def test_a_backtest_sweep_in_parallel_reports_what_one_process_does(fleet_file, tmp_path):
+def test_a_backtest_sweep_in_parallel_reports_what_one_process_does(fleet_file, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from chipledger.cli import app
+    from chipledger.sim import backtest
+
+    monkeypatch.setattr(backtest, "PART_MIN_BYTES", 64 << 10)  # the log is read in parts by processes too
 
     cfgs = []
     for i, grace in enumerate((60, 600, 3600)):
@@ -158,3 +161,44 @@ def test_a_backtest_sweep_in_parallel_reports_what_one_process_does(fleet_file, 
         reports.append(r)
     assert list(reports[0]["configs"]) == ["defaults", "c0.toml", "c1.toml", "c2.toml"]
     assert reports[0] == reports[1]
+
+
+def test_the_demand_read_in_parts_by_processes_is_the_demand_read_by_one(fleet_file, monkeypatch):
+    """load_demand with jobs: the file's parts parsed by forked processes (parts made small here, so there are many:
+    lines that are not events, blank lines and `log export` lines fall into every part), applied in file order."""
+    from chipledger.sim import backtest
+
+    monkeypatch.setattr(backtest, "PART_MIN_BYTES", 16 << 10)
+    one = backtest.load_demand(fleet_file, jobs=1)
+    assert len(backtest._file_parts(open(fleet_file, "rb"), 3)) > 6
+    assert one.invalid >= 8 and one.first_invalid.startswith("line 1: ") and len(one.jobs) > 100
+    for jobs in (2, 3):
+        many = backtest.load_demand(fleet_file, jobs=jobs)
+        assert many == one
+        assert (list(many.pools), list(many.quotas), list(many.observed_wait), list(many.prices)) == \
+            (list(one.pools), list(one.quotas), list(one.observed_wait), list(one.prices))
+    assert backtest.load_demand(fleet_file, days=1, jobs=2) == backtest.load_demand(fleet_file, days=1, jobs=1)
+
+
+def test_the_routing_reads_each_lines_pool_as_the_parse_does():
+    """chipledger.parallel._pool_of: the quick read of a compact line, the pattern (spaces, a `log export` line)
+    and the full parse (an escaped name, a pool in the type) give the pool the parsed event has; a line with no
+    readable pool is None (this process's own)."""
+    from chipledger.parallel import _pool_of
+    from schemas import Rejection, parse_event
+
+    base = {"event_id": "e1", "type": "pool.tick", "occurred_at": "2026-11-02T00:00:00Z", "pool": "p-1",
+            "source": "s"}
+    lines = [json.dumps(base, separators=(",", ":")).encode(), json.dumps(base).encode(),
+             json.dumps({**base, "pool": "pool-9"}, separators=(",", ":")).encode(),
+             json.dumps({**base, "type": "pool.configured", "flavor": "x", "chips_per_node": 8},
+                        separators=(",", ":")).encode(),
+             json.dumps({**base, "pool": "p\u00e9"}, separators=(",", ":"), ensure_ascii=False).encode(),
+             json.dumps({**base, "pool": "a\"b"}, separators=(",", ":")).encode(),
+             json.dumps(base, separators=(",", ":")).replace('"pool"', '"p\\u006fol"').encode(),
+             b'{"pool":"x", "pool":"y"}', b'{"pool":"\xff"}', b"not json", b'{"type":"pool.tick"}']
+    for raw in lines:
+        event = parse_event(raw, 1 << 20)
+        assert _pool_of(raw, 1 << 20) == (None if isinstance(event, Rejection) else event.pool), raw
+    wrapped = logline.wrap(lines[0], None, "cluster-x")
+    assert _pool_of(wrapped, 1 << 20) == "p-1"

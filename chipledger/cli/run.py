@@ -233,8 +233,9 @@ def backtest(
     new_team: bool = typer.Option(False, "--new-team", help="let --quota name a team the log does not have "
                                   "(else an error listing the log's teams)"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
-    jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="configurations simulated at once, each in a "
-                                       "process of its own (default: the machine's cores)"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="processes reading the log (a part of the "
+                                       "file each) and configurations simulated at once, each in a process of its "
+                                       "own (default: the machine's cores)"),
 ):
     """Replay a log's demand (submissions, chips, priorities, observed run times) through the simulated
     cluster under --config (and --baseline), the ledger deciding; report quota honoured, waits, lost work,

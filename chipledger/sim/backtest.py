@@ -86,102 +86,261 @@ def parse_quota(text: str, pools, teams=None, allow_new_team: bool = False) -> d
     return out
 
 
-def load_demand(path: Path, days: Optional[float] = None) -> Demand:
+def _demand_record(raw: bytes):
+    """What load_demand needs of one line: None for a blank line; ("invalid", why) for a line that is not a valid
+    event; else (occurred second, type, pool, the type's fields, or None for a type the demand does not use). A
+    function of the line alone, so lines can be read in any process and applied in file order in one."""
+    if not raw.strip():
+        return None
+    try:
+        e = parse_payload(json.loads(raw))
+    except (ValueError, TypeError) as err:
+        return ("invalid", f"not JSON ({err})")
+    if isinstance(e, Rejection):
+        return ("invalid", f"{getattr(e.code, 'value', e.code)}: {e.detail}")
+    t = epoch_s(e.occurred_at)
+    typ = e.type
+    if typ == "pool.configured":
+        fields: Optional[tuple] = (e.chips_per_node, e.flavor)
+    elif typ in ("chip.registered", "chip.retired"):
+        fields = ()
+    elif typ == "quota.granted":
+        fields = (e.grant_id, e.team, e.chips_milli)
+    elif typ == "quota.revoked":
+        fields = (e.grant_id,)
+    elif typ == "price.set":
+        fields = (e.model_dump(mode="json", include={"price_id", "per_chip_hour", "unit", "effective_from",
+                                                     "effective_until", "hours_of_week"}, exclude_none=True),)
+    elif typ == "job.submitted":
+        fields = (e.job_id, e.team, e.chips_milli, e.priority, e.preemptible)
+    elif typ in ("job.started", "job.preempted", "job.finished"):
+        fields = (e.job_id,)
+    elif typ == "burst.requested":
+        fields = (e.request_id, e.team, e.chips_milli, epoch_s(e.window_start), epoch_s(e.window_end))
+    else:
+        fields = None
+    return (t, typ, e.pool, fields)
+
+
+class _DemandReader:
+    """load_demand's state while it applies the lines' records in file order."""
+
+    def __init__(self) -> None:
+        self.d = Demand()
+        self.grants: dict = {}  # grant id -> (pool, team, chips)
+        self.subs: dict = {}    # job id -> [pool, team, milli, prio, preemptible, submitted]
+        self.run_start: dict = {}
+        self.ran: dict = {}
+        self.first_start: dict = {}
+        self.ended: dict = {}
+        self.t_min: Optional[int] = None
+        self.t_max: Optional[int] = None
+        self.clock: dict = {}  # pool -> the latest event time of the pool so far (the pool clock the log reached)
+
+    def invalid(self, lineno: int, why: str) -> None:
+        d = self.d
+        d.lines += 1
+        d.invalid += 1
+        if not d.first_invalid:
+            d.first_invalid = f"line {lineno}: {why}"
+
+    def times(self, t_min: int, t_max: int) -> None:
+        """The earliest and latest occurred times of events applied elsewhere (their types unused here)."""
+        self.t_min = t_min if self.t_min is None or t_min < self.t_min else self.t_min
+        self.t_max = t_max if self.t_max is None or t_max > self.t_max else self.t_max
+
+    def seen(self, pool: str, t: int) -> None:
+        """Events of `pool` applied elsewhere (their types unused here) reached time `t`: the pool's clock."""
+        if t > self.clock.get(pool, t - 1):
+            self.clock[pool] = t
+
+    def apply(self, t: int, typ: str, pool: str, f: Optional[tuple]) -> None:
+        d = self.d
+        d.lines += 1
+        self.t_min = t if self.t_min is None or t < self.t_min else self.t_min
+        self.t_max = t if self.t_max is None or t > self.t_max else self.t_max
+        if t > self.clock.get(pool, t - 1):
+            self.clock[pool] = t
+        if f is None:
+            return
+        if typ == "pool.configured":
+            p = d.pools.setdefault(pool, [0, f[0] or 8, f[1]])
+            p[1], p[2] = f[0] or p[1], f[1]
+        elif typ == "chip.registered":
+            d.pools.setdefault(pool, [0, 8, "unknown"])[0] += 1
+        elif typ == "chip.retired":
+            if pool in d.pools:
+                d.pools[pool][0] -= 1
+        elif typ == "quota.granted":
+            self.grants[f[0]] = (pool, f[1], f[2] / MILLI)
+        elif typ == "quota.revoked":
+            self.grants.pop(f[0], None)
+        elif typ == "price.set":
+            d.prices.setdefault(pool, []).append((self.clock[pool], f[0]))
+        elif typ == "job.submitted":
+            if f[0] not in self.subs:
+                self.subs[f[0]] = [pool, f[1], f[2], f[3], f[4], t]
+        elif typ == "job.started":
+            self.run_start[f[0]] = t
+            self.first_start.setdefault(f[0], t)
+        elif typ in ("job.preempted", "job.finished"):
+            s0 = self.run_start.pop(f[0], None)
+            if s0 is not None:
+                self.ran[f[0]] = self.ran.get(f[0], 0) + (t - s0)
+            if typ == "job.finished":
+                self.ended[f[0]] = t
+        elif typ == "burst.requested":
+            d.bursts.append(BurstRequest(pool, t, f[0], f[1], f[2] / MILLI, f[3], f[4]))
+
+    def demand(self, path: Path, days: Optional[float]) -> Demand:
+        d, t_min, t_max = self.d, self.t_min, self.t_max
+        if t_min is None or t_max is None:
+            raise BacktestError(f"{path}: no valid events ({d.invalid} invalid line(s)"
+                                f"{'; ' + d.first_invalid if d.first_invalid else ''})")
+        d.start, d.end = t_min, t_max
+        for pool, team, chips in self.grants.values():
+            q = d.quotas.setdefault(pool, {})
+            q[team] = q.get(team, 0) + chips
+        limit = None if days is None else t_min + int(days * 86400)
+        for jid, (pool, team, milli, prio, preemptible, sub) in self.subs.items():
+            if limit is not None and sub >= limit:
+                continue
+            if pool not in d.pools or d.pools[pool][0] <= 0:
+                continue
+            s0 = self.run_start.get(jid)
+            work = self.ran.get(jid, 0) + ((t_max - s0) if s0 is not None else 0)
+            if jid in self.first_start:
+                d.observed_wait[jid] = self.first_start[jid] - sub
+                job = SimJob(jid, pool, team, milli, prio, sub, max(work, 1), preemptible)
+            else:  # never started in the log: it waits, and leaves its queue when it left the log's
+                job = SimJob(jid, pool, team, milli, prio, sub, max(work, 1), preemptible,
+                             cancel_at=max(self.ended.get(jid, t_max), sub))
+            d.jobs.append(job)
+        d.jobs.sort(key=lambda j: (j.submitted, j.jid))
+        return d
+
+
+def load_demand(path: Path, days: Optional[float] = None, jobs: int = 1) -> Demand:
     """Read an event log (JSONL, the wire contract) into the demand of a backtest. Lines that are not valid
     events are counted and skipped (the first one is named). `days`: only jobs submitted within that many days
-    of the log's first event."""
-    d = Demand()
-    grants: dict = {}  # grant id -> (pool, team, chips)
-    subs: dict = {}    # job id -> [pool, team, milli, prio, preemptible, submitted]
-    run_start: dict = {}
-    ran: dict = {}
-    first_start: dict = {}
-    ended: dict = {}
-    t_min = t_max = None
-    clock: dict = {}  # pool -> the latest event time of the pool so far (the pool clock the log reached)
+    of the log's first event. With `jobs` > 1 (where processes can fork) the lines are parsed (the cost of
+    reading a log) by that many processes, a part of the file each, and applied here in file order: the same
+    demand as with one."""
     try:
         fh = open(path, "rb")
     except OSError as err:
         raise BacktestError(f"cannot read {path}: {err.strerror}") from None
+    reader = _DemandReader()
     with fh:
-        for lineno, raw in enumerate(fh, 1):
-            if not raw.strip():
+        parts = _file_parts(fh, jobs)
+        if len(parts) < 2:
+            for lineno, raw in enumerate(fh, 1):
+                rec = _demand_record(raw)
+                if rec is None:
+                    continue
+                if rec[0] == "invalid":
+                    reader.invalid(lineno, rec[1])
+                else:
+                    reader.apply(*rec)
+        else:
+            _read_in_processes(path, parts, jobs, reader)
+    return reader.demand(path, days)
+
+
+#: the least bytes of the file a process parses at a time (smaller logs are read by one process)
+PART_MIN_BYTES = 1 << 20
+#: the most (the records of a part wait in memory until the parts before it are applied)
+PART_MAX_BYTES = 16 << 20
+
+
+def _file_parts(fh, jobs: int) -> list[tuple[int, int]]:
+    """(start, end) byte ranges of the file, each beginning a line, about 4 per process (so a slow part holds
+    the others up little), each between PART_MIN_BYTES and PART_MAX_BYTES; [] for one process or a small file."""
+    import multiprocessing
+    import os
+
+    size = os.fstat(fh.fileno()).st_size
+    if jobs < 2 or size < 2 * PART_MIN_BYTES or "fork" not in multiprocessing.get_all_start_methods():
+        return []
+    step = min(PART_MAX_BYTES, max(PART_MIN_BYTES, size // (4 * jobs)))
+    starts = [0]
+    while starts[-1] + step < size:
+        fh.seek(starts[-1] + step)
+        fh.readline()  # the rest of the line the step lands in belongs to this part
+        if fh.tell() >= size:
+            break
+        starts.append(fh.tell())
+    fh.seek(0)
+    return list(zip(starts, starts[1:] + [size]))
+
+
+_PARTS: list = []  # (path, parts) of a parallel read, inherited by its forked processes
+
+
+def _read_part(i: int) -> tuple:
+    """The records of part i of the file: (lines in the part, [(line in the part, record)] of the invalid lines and
+    of the events the demand uses, the other valid events: their number, earliest and latest times (None when
+    none)). The other events' times move their pools' clocks (what a price takes effect at): a ("clock", pool, t)
+    record before each price of the pool, and one per pool at the part's end."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the backtest's process's to handle (it ends the pool)
+    path, parts = _PARTS
+    start, end = parts[i]
+    out: list = []
+    t_min = t_max = None
+    n = other = 0
+    skipped: dict = {}  # pool -> the latest time of its skipped events not yet sent (the pool clock they reached)
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        pos = start
+        while pos < end:
+            raw = fh.readline()
+            if not raw:
+                break
+            pos += len(raw)
+            n += 1
+            rec = _demand_record(raw)
+            if rec is None:
                 continue
-            d.lines += 1
-            try:
-                e = parse_payload(json.loads(raw))
-            except (ValueError, TypeError) as err:
-                d.invalid += 1
-                if not d.first_invalid:
-                    d.first_invalid = f"line {lineno}: not JSON ({err})"
-                continue
-            if isinstance(e, Rejection):
-                d.invalid += 1
-                if not d.first_invalid:
-                    d.first_invalid = f"line {lineno}: {getattr(e.code, 'value', e.code)}: {e.detail}"
-                continue
-            t = epoch_s(e.occurred_at)
-            t_min = t if t_min is None or t < t_min else t_min
-            t_max = t if t_max is None or t > t_max else t_max
-            typ = e.type
-            pool = e.pool
-            if t > clock.get(pool, t - 1):
-                clock[pool] = t
-            if typ == "pool.configured":
-                p = d.pools.setdefault(pool, [0, e.chips_per_node or 8, e.flavor])
-                p[1], p[2] = e.chips_per_node or p[1], e.flavor
-            elif typ == "chip.registered":
-                d.pools.setdefault(pool, [0, 8, "unknown"])[0] += 1
-            elif typ == "chip.retired":
-                if pool in d.pools:
-                    d.pools[pool][0] -= 1
-            elif typ == "quota.granted":
-                grants[e.grant_id] = (pool, e.team, e.chips_milli / MILLI)
-            elif typ == "quota.revoked":
-                grants.pop(e.grant_id, None)
-            elif typ == "price.set":
-                d.prices.setdefault(pool, []).append((clock[pool], e.model_dump(
-                    mode="json", include={"price_id", "per_chip_hour", "unit", "effective_from", "effective_until",
-                                          "hours_of_week"}, exclude_none=True)))
-            elif typ == "job.submitted":
-                if e.job_id not in subs:
-                    subs[e.job_id] = [pool, e.team, e.chips_milli, e.priority, e.preemptible, t]
-            elif typ == "job.started":
-                run_start[e.job_id] = t
-                first_start.setdefault(e.job_id, t)
-            elif typ in ("job.preempted", "job.finished"):
-                s0 = run_start.pop(e.job_id, None)
-                if s0 is not None:
-                    ran[e.job_id] = ran.get(e.job_id, 0) + (t - s0)
-                if typ == "job.finished":
-                    ended[e.job_id] = t
-            elif typ == "burst.requested":
-                d.bursts.append(BurstRequest(pool, t, e.request_id, e.team, e.chips_milli / MILLI,
-                                             epoch_s(e.window_start), epoch_s(e.window_end)))
-    if t_min is None:
-        raise BacktestError(f"{path}: no valid events ({d.invalid} invalid line(s)"
-                            f"{'; ' + d.first_invalid if d.first_invalid else ''})")
-    d.start, d.end = t_min, t_max
-    for pool, team, chips in grants.values():
-        q = d.quotas.setdefault(pool, {})
-        q[team] = q.get(team, 0) + chips
-    limit = None if days is None else t_min + int(days * 86400)
-    for jid, (pool, team, milli, prio, preemptible, sub) in subs.items():
-        if limit is not None and sub >= limit:
-            continue
-        if pool not in d.pools or d.pools[pool][0] <= 0:
-            continue
-        s0 = run_start.get(jid)
-        work = ran.get(jid, 0) + ((t_max - s0) if s0 is not None else 0)
-        if jid in first_start:
-            d.observed_wait[jid] = first_start[jid] - sub
-            job = SimJob(jid, pool, team, milli, prio, sub, max(work, 1), preemptible)
-        else:  # never started in the log: it waits, and leaves its queue when it left the log's
-            job = SimJob(jid, pool, team, milli, prio, sub, max(work, 1), preemptible,
-                         cancel_at=max(ended.get(jid, t_max), sub))
-        d.jobs.append(job)
-    d.jobs.sort(key=lambda j: (j.submitted, j.jid))
-    return d
+            if rec[0] != "invalid" and rec[3] is None:  # only its time counts: kept as the part's min and max
+                t = rec[0]
+                t_min = t if t_min is None or t < t_min else t_min
+                t_max = t if t_max is None or t > t_max else t_max
+                if t > skipped.get(rec[2], t - 1):
+                    skipped[rec[2]] = t
+                other += 1
+            else:
+                if rec[0] != "invalid" and rec[1] == "price.set" and rec[2] in skipped:
+                    # a price takes effect at the pool clock: the pool's events skipped before it move it first
+                    out.append((n, ("clock", rec[2], skipped.pop(rec[2]))))
+                out.append((n, rec))
+    out.extend((n, ("clock", pool, t)) for pool, t in skipped.items())  # for the prices of later parts
+    return n, out, other, t_min, t_max
+
+
+def _read_in_processes(path: Path, parts: list, jobs: int, reader: _DemandReader) -> None:
+    """The parts parsed by `jobs` forked processes; their records applied here in file order as they come."""
+    import multiprocessing
+
+    _PARTS[:] = [path, parts]
+    try:
+        with multiprocessing.get_context("fork").Pool(min(jobs, len(parts))) as pool:
+            first = 0  # the line number before the part
+            for n, records, other, t_min, t_max in pool.imap(_read_part, range(len(parts)), chunksize=1):
+                for k, rec in records:
+                    if rec[0] == "invalid":
+                        reader.invalid(first + k, rec[1])
+                    elif rec[0] == "clock":
+                        reader.seen(rec[1], rec[2])
+                    else:
+                        reader.apply(*rec)
+                reader.d.lines += other
+                if t_min is not None:
+                    reader.times(t_min, t_max)
+                first += n
+    finally:
+        _PARTS.clear()
 
 
 def _pct(xs: list, p: float) -> Optional[float]:
@@ -467,7 +626,7 @@ def run_cli(events: Path, alt_cfg, base_cfg, alt_name: str, base_name: str, quot
 
     if days is not None and not (days > 0 and math.isfinite(days)):
         raise BacktestUsageError(f"--days must be a positive number, got {days}")
-    demand = load_demand(Path(events), days)
+    demand = load_demand(Path(events), days, jobs)
     if not demand.jobs:
         raise BacktestError(f"{events}: no job with chips in a pool with registered chips to replay")
     obs = observed(demand)
