@@ -14,6 +14,7 @@ import sys
 import time
 
 import duckdb
+import orjson
 import pytest
 
 from analytics.commits import open_lake
@@ -178,6 +179,27 @@ def test_the_demand_read_in_parts_by_processes_is_the_demand_read_by_one(fleet_f
         assert (list(many.pools), list(many.quotas), list(many.observed_wait), list(many.prices)) == \
             (list(one.pools), list(one.quotas), list(one.observed_wait), list(one.prices))
     assert backtest.load_demand(fleet_file, days=1, jobs=2) == backtest.load_demand(fleet_file, days=1, jobs=1)
+
+
+def test_a_price_read_in_a_later_part_takes_effect_at_the_pool_clock_its_pool_reached(fleet_file, tmp_path, monkeypatch):
+    """A price set late in the log (its event time long past) takes effect at the clock its pool had reached, as the
+    fold does: read in parts, the pool's events of earlier parts (of types the demand does not use) still move it."""
+    from chipledger.sim import backtest
+
+    monkeypatch.setattr(backtest, "PART_MIN_BYTES", 16 << 10)
+    lines = fleet_file.read_bytes().splitlines()
+    pool = "us-east1-a/h100-80gb"
+    late = orjson.dumps({"event_id": "price-late", "type": "price.set", "occurred_at": "2026-11-02T01:00:00Z",
+                         "pool": pool, "source": "finance/demo", "unit": "USD-cent", "price_id": "late",
+                         "per_chip_hour": 300})
+    path = tmp_path / "late-price.jsonl"
+    path.write_bytes(b"\n".join(lines + [late]) + b"\n")
+    one = backtest.load_demand(path, jobs=1)
+    (at, setting), = [(t, f) for t, f in one.prices[pool] if f["price_id"] == "late"]
+    recs = [backtest._demand_record(raw) for raw in lines]
+    clock = max(r[0] for r in recs if r is not None and r[0] != "invalid" and r[2] == pool)
+    assert at == clock > backtest._demand_record(late)[0] and setting["per_chip_hour"] == 300
+    assert backtest.load_demand(path, jobs=2) == one
 
 
 def test_the_routing_reads_each_lines_pool_as_the_parse_does():
