@@ -214,12 +214,13 @@ def test_a_saved_state_without_progress_leaves_the_throughput_fields_out():
     (state,) = f.pools.values()
     saved = state.to_dict()
     names = [x.name for x in fields(Job)]
-    # the job's list ends with progress (the fields after it, `displaced` and the scheduler's `waiting_*` reason, are
-    # saved apart, only where set)
-    assert names[names.index("progress") + 1:] == ["displaced", "waiting_reason", "waiting_message"]
+    # the job's list ends with progress (the fields after it, `displaced`, the scheduler's `waiting_*` reason and the
+    # run's `charge_changes` priced as it ends, are saved apart, only where set)
+    assert names[names.index("progress") + 1:] == ["displaced", "waiting_reason", "waiting_message", "charge_changes"]
     assert len(saved["jobs"]["j"]) == names.index("progress")
     assert len(saved["jobs"]["k"]) == names.index("progress") + 1
     assert "displaced" not in saved or not saved["displaced"]
     assert "waiting" not in saved or not saved["waiting"]
+    assert not saved.get("charges")  # an unpriced pool's jobs keep no pieces
     again = PoolState.from_dict(saved)
     assert again.jobs["j"] == state.jobs["j"] and again.jobs["k"] == state.jobs["k"]
