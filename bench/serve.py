@@ -115,6 +115,9 @@ def main() -> None:
     try:
         t_start = time.monotonic()
         for _ in range(36000):  # a 10M-event lake's first snapshot takes minutes
+            if server.poll() is not None:  # the server refused the lake (or failed): say why, do not wait on
+                raise SystemExit(f"chipledger serve exited ({server.returncode}): "
+                                 f"{(a.work / 'serve.err').read_text().strip()[-2000:]}")
             try:
                 if httpx.get(base + "/healthz", timeout=1).status_code == 200:
                     break
