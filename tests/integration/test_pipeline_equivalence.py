@@ -149,7 +149,9 @@ def test_emit_worker_sink_equals_run(bootstrap, tmp_path):
     from analytics.commits import compact, mark, open_lake, unlisted_parquet
 
     lake = tmp_path / "lake"
-    assert mark(lake, "sink:sink") == store.position("sink:batch", "lake", 0) > 1
+    # (one batch or several, as the worker's pace and the sink's polls fall: a quiet machine gives the sink all of it at
+    # its first poll)
+    assert mark(lake, "sink:sink") == store.position("sink:batch", "lake", 0) >= 1
     snap = open_lake(lake)
     assert sorted(snap.all_files()) == sorted(str(lake / f) for fs in unlisted_parquet(lake).values() for f in fs)
     assert not any((lake / "_staging").rglob("*.parquet"))
