@@ -211,6 +211,40 @@ def create_topics(bootstrap: "str | KafkaConnection", partitions: int = 3, repli
         admin.close()
 
 
+def ensure_changelogs(bootstrap: "str | KafkaConnection", app_id: str, tables, partitions: int,
+                      timeout_s: float = 30) -> bool:
+    """Create the worker's table changelog topics (`<app id>-<table>-changelog`: compacted, one partition per input
+    partition, as Faust declares them) when missing, and wait until their leaders are elected; True when they are.
+
+    Faust creates them itself at its start, then checks a table's partitions against its consumer's metadata at the
+    first write: when that metadata lists the new topic before its partitions, the check reads 0 partitions, raises
+    PartitionsMismatch ("…changelog has 0 partitions") and the worker stops on a perfectly clean start (seen in CI,
+    once a minute apart in two tests). Created here first, the topics are whole before Faust's first metadata request.
+    Any error leaves it to Faust (its own error then says what is wrong)."""
+    import kafka.errors as Errors
+
+    names = [f"{app_id}-{t}-changelog" for t in tables]
+    ms = max(1, int(timeout_s * 1000))
+    try:
+        admin = admin_client(bootstrap, timeout_s)
+    except KafkaSetupError:
+        return False
+    try:
+        missing = [n for n in names if n not in _partition_counts(admin, names)]
+        if missing:
+            spec = {n: {"num_partitions": partitions, "replication_factor": 1,
+                        "configs": {"cleanup.policy": "compact"}} for n in missing}
+            response = admin.create_topics(spec, timeout_ms=ms, raise_errors=False)
+            if any(t.get("error_code", 0) not in (0, _TOPIC_EXISTS) for t in response["topics"]):
+                return False
+        admin.wait_for_topics(names, timeout_ms=ms)
+        return True
+    except (Errors.KafkaError, KafkaSetupError):
+        return False
+    finally:
+        admin.close()
+
+
 def wait_group_coordinator(bootstrap: "str | KafkaConnection", group: str, timeout_s: float = 30) -> bool:
     """Wait until the broker has a coordinator for consumer group `group`; True when it has one.
 

@@ -464,6 +464,12 @@ def worker(
     # a new broker has no group coordinator until its offsets topic is led: wait here, quietly, rather than let
     # Faust's consumers log an ERROR and a WARNING for it on a clean start (issue 35 item 12)
     wait_group_coordinator(conn, app_id, timeout_s=timeout)
+    from streams.topics import ensure_changelogs
+    from streams.worker import SEQ_TABLE_NAME, TABLE_NAME
+
+    # the tables' changelogs whole before Faust's first metadata request (else its first table write may read them as
+    # having 0 partitions and stop the worker)
+    ensure_changelogs(conn, app_id, (TABLE_NAME, SEQ_TABLE_NAME), counts[INPUT_TOPICS[0]], timeout_s=timeout)
     store_kind = table_store or cfg.worker.table_store
     if store_kind not in ("rocksdb", "memory"):
         _fail(f"--table-store must be rocksdb or memory, got {store_kind!r}", 2)
