@@ -670,7 +670,13 @@ def build_app(portal: Portal) -> FastAPI:
         elif not p.is_staff:
             if not p.teams:
                 raise HTTPException(404, "no such team")
-        s = snap()
+        # the page as this caller may read it, kept with the snapshot (computed again on the next one at its swap): the
+        # key holds everything the redaction depends on (staff, their teams, whether they see the fleet's names)
+        key = ("decisions", p.is_staff, p.teams, p.sees_fleet, pool, team, limit, cursor)
+        return snap().memo(key, lambda s: _decisions_page(s, p, pool, team, limit, cursor))
+
+    def _decisions_page(s: Snapshot, p: Principal, pool: Optional[str], team: Optional[str], limit: int,
+                        cursor: Optional[str]) -> DecisionsOut:
         teams_filter = None if (team is None and p.is_staff) else ([team] if team else sorted(p.teams))
         view = _view(portal, s, p)
         bodies: dict[str, dict] = {}
