@@ -721,7 +721,10 @@ def build_app(portal: Portal) -> FastAPI:
 
     @api.get("/head-of-line", response_model=HolsOut, tags=["queue"])
     def head_of_line(pool: Optional[str] = None, p: Principal = Depends(who)):
-        s = snap()
+        # kept with the snapshot per view, as the decisions are (what is shown depends on nothing else of the caller)
+        return snap().memo(("hol", p.is_staff, p.teams, p.sees_fleet, pool), lambda s: _hol_page(s, p, pool))
+
+    def _hol_page(s: Snapshot, p: Principal, pool: Optional[str]) -> HolsOut:
         rows = s.cached_rows("SELECT * FROM portal_hol WHERE ($1 IS NULL OR pool = $1) ORDER BY pool, team", [pool])
         out = []
         for r in rows:
