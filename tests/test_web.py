@@ -766,6 +766,8 @@ def test_head_of_line_blockers_are_not_other_teams_job_ids(env):
     team_of = {r["job_id"]: r["team"] for r in snap.rows("SELECT job_id, team FROM portal_jobs")}
     client = env["client"]
     seen = 0
+    # an admin's answer asked first (answers are kept with the snapshot per view): never what a member is given
+    assert client.get("/api/v1/head-of-line", headers=_h(env, "root")).status_code == 200
     for user, team in (("alice", "vision"), ("eve", "ads-ml")):
         r = client.get("/api/v1/head-of-line", headers=_h(env, user))
         assert r.status_code == 200
@@ -1183,3 +1185,27 @@ def test_home_page_lists_the_fleet_slos_and_those_of_the_teams_pools(env):
     table = home.text[home.text.index('<table id="slos">'):]
     table = table[:table.index("</table>")]
     assert re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td>", table) == want
+
+
+def test_a_decisions_page_kept_for_one_caller_is_never_served_to_another_who_may_read_less(env, monkeypatch):
+    """The decisions page is kept with the snapshot per view (staff, the caller's teams, whether they see the fleet's
+    names): an admin's page, asked first, is not what a member then reads, nor one member's what another's reads; the
+    same view asking again is served the kept page."""
+    import html
+
+    import chipledger.web.app as web_app
+
+    c = _decision_views(env, "team")
+    url = "/api/v1/decisions?limit=1000"
+    staff = c.get(url, headers=_h(env, "root"))
+    assert staff.status_code == 200 and "ads-ml" in staff.text and "vision" in staff.text
+    for user, team in MEMBERS.items():
+        others = {r["team"] for r in _sql(env, "SELECT team FROM jobs UNION SELECT team FROM balance_log")} - {team}
+        got = c.get(url, headers=_h(env, user))
+        assert got.status_code == 200
+        assert not [t for t in others if t in got.text or html.escape(t) in got.text], user
+    calls = []
+    real = web_app.View.decision_id
+    monkeypatch.setattr(web_app.View, "decision_id", lambda self, *a: calls.append(1) or real(self, *a))
+    again = c.get(url, headers=_h(env, "alice"))
+    assert again.status_code == 200 and calls == []  # kept: not redacted again

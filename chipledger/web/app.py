@@ -670,7 +670,13 @@ def build_app(portal: Portal) -> FastAPI:
         elif not p.is_staff:
             if not p.teams:
                 raise HTTPException(404, "no such team")
-        s = snap()
+        # the page as this caller may read it, kept with the snapshot (computed again on the next one at its swap): the
+        # key holds everything the redaction depends on (staff, their teams, whether they see the fleet's names)
+        key = ("decisions", p.is_staff, p.teams, p.sees_fleet, pool, team, limit, cursor)
+        return snap().memo(key, lambda s: _decisions_page(s, p, pool, team, limit, cursor))
+
+    def _decisions_page(s: Snapshot, p: Principal, pool: Optional[str], team: Optional[str], limit: int,
+                        cursor: Optional[str]) -> DecisionsOut:
         teams_filter = None if (team is None and p.is_staff) else ([team] if team else sorted(p.teams))
         view = _view(portal, s, p)
         bodies: dict[str, dict] = {}
@@ -715,7 +721,10 @@ def build_app(portal: Portal) -> FastAPI:
 
     @api.get("/head-of-line", response_model=HolsOut, tags=["queue"])
     def head_of_line(pool: Optional[str] = None, p: Principal = Depends(who)):
-        s = snap()
+        # kept with the snapshot per view, as the decisions are (what is shown depends on nothing else of the caller)
+        return snap().memo(("hol", p.is_staff, p.teams, p.sees_fleet, pool), lambda s: _hol_page(s, p, pool))
+
+    def _hol_page(s: Snapshot, p: Principal, pool: Optional[str]) -> HolsOut:
         rows = s.cached_rows("SELECT * FROM portal_hol WHERE ($1 IS NULL OR pool = $1) ORDER BY pool, team", [pool])
         out = []
         for r in rows:
