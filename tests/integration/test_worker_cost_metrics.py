@@ -20,23 +20,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chipledger.cli import app  # noqa: E402
 from chipledger.sim.scenario import generate, write_jsonl  # noqa: E402
-from kafka_support import check_prerequisites, free_port, start_broker  # noqa: E402
+from kafka_support import free_port, module_broker  # noqa: E402
 from store import open_store  # noqa: E402
 from pipeline_support import WorkerProcess  # noqa: E402
-from streams import broker  # noqa: E402
-from streams.topics import create_topics  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
 
 @pytest.fixture(scope="module")
 def bootstrap(tmp_path_factory):
-    check_prerequisites()
-    data_dir = tmp_path_factory.mktemp("kafka")
-    info = start_broker(data_dir, free_port())
-    create_topics(info["bootstrap_servers"], partitions=2, timeout_s=60)
-    yield info["bootstrap_servers"]
-    broker.down(data_dir, timeout_s=30)
+    with module_broker(tmp_path_factory, partitions=2) as kafka:  # a broker of its own (see the module's docstring)
+        yield kafka["bootstrap"]
 
 
 def _metrics(port: int) -> str:
