@@ -316,7 +316,8 @@ class _EventsProcess:
 
     def close(self) -> int:
         """Send what is left, wait for the process to write its files, return the rows it wrote."""
-        self._send()
+        if self._batch:  # (never an empty batch here: that is the end, and the process would stop reading before
+            self._send()  # the end we send next, which then meets a closed pipe: a run of 0 or 4096·k events)
         try:
             self._conn.send_bytes(b"")  # the end
             status, what = self._conn.recv()

@@ -71,3 +71,27 @@ def test_a_failed_events_process_fails_the_run(tmp_path, monkeypatch):
     assert not (lake / "_lake.json").exists() and not (staging.exists() and any(staging.iterdir()))  # nothing left
     assert multiprocessing.active_children() == []  # nothing left running
     assert gc.isenabled() and gc.get_freeze_count() == 0  # the collector given back (chipledger.embedded.GcPause)
+
+
+@pytest.mark.parametrize("applied", [0, 1, 4096, 4097])
+def test_the_end_is_sent_once_whatever_the_count(tmp_path, monkeypatch, applied):
+    """An empty batch is the end for the events process: `close` sends it once and never an empty batch before it
+    (CI: a run that applied 0 events, or 4096·k, sent two; the process stopped at the first, and the second met a
+    closed pipe now and then: "the process writing the lake's events table stopped (exit code 0)")."""
+    import chipledger.embedded as embedded
+    from multiprocessing.connection import Connection
+
+    events = tmp_path / "events.jsonl"
+    write_events(events, seed=3, days=3)
+    lines = events.read_bytes().splitlines()[:4200]
+    first, _ = run_file(events, tmp_path / "first", events_process=False)  # (the demo has a few bad lines)
+    bad = {n for ns in first.dead_letter_lines.values() for n in ns}
+    lines = [line for n, line in enumerate(lines, 1) if n not in bad][:applied]
+    events.write_bytes(b"".join(line + b"\n" for line in lines) + b"not json\n")
+    sent = []
+    send_bytes = Connection.send_bytes
+    monkeypatch.setattr(Connection, "send_bytes", lambda self, buf, *a: (sent.append(len(buf)), send_bytes(self, buf, *a))[1])
+    summary, _ = run_file(events, tmp_path / "lake")
+    assert (summary.accepted, summary.dead_letter_total) == (applied, 1)
+    assert summary.rows_written.get("events", 0) == summary.accepted
+    assert sent and sent[-1] == 0 and sent.count(0) == 1, sent
