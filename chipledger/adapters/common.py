@@ -1,7 +1,7 @@
 """What the live adapters (`slurm/`, `kube/`) share: the state file each keeps (JSON, replaced atomically, bound to
 one cluster) and what every watcher and actuator holds around it (`ClusterState`), what every actuator does around
-its scheduler's own act (`DecisionActuator`: once per decision, its own cluster's only), the sinks a watcher sends
-its events to and what one of its flushes sent (`Sent`)."""
+its scheduler's own act (`DecisionActuator`: once per decision, its own cluster's only), the events the mappings
+make (`Event`, `make_event`), the sinks a watcher sends them to and what one of its flushes sent (`Sent`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,25 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
+
+from chipledger.adapters.importers.base import iso
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One event to send: its instant, an order within the instant (frees before takes), and its wire fields."""
+
+    at: int
+    rank: int
+    body: dict
+
+
+def make_event(at: int, rank: int, type: str, pool: str, source: str, event_id: str, **fields) -> Event:
+    """The event `event_id` of `type` at `at` (epoch seconds) in `pool` from `source`; fields that are None are
+    left out of its body."""
+    body = {"event_id": event_id, "type": type, "occurred_at": iso(at), "pool": pool, "source": source,
+            **{k: v for k, v in fields.items() if v is not None}}
+    return Event(at, rank, body)
 
 
 def read_state(path: Path, cluster: str, version: int, error: type[Exception], *, unreadable: str,
