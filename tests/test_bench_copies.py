@@ -4,7 +4,6 @@ copied facts), and every report view over it is K renamed copies of the view ove
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import shutil
 from pathlib import Path
@@ -19,15 +18,13 @@ from analytics.views import connect
 from analytics.commits import adopt
 from chipledger.refold import FACT_TABLES, refold_facts
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_support import bench_module
+
 K = 3
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_analytics", ROOT / "bench" / "analytics.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("analytics")
 
 
 @pytest.fixture(scope="module")

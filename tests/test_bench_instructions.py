@@ -5,7 +5,6 @@ Under valgrind this takes about a minute (five Python processes, mostly their im
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 from itertools import islice
@@ -13,14 +12,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_support import bench_module
 
 
 def _replay():
-    spec = importlib.util.spec_from_file_location("bench_replay", ROOT / "bench" / "replay.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("replay")
 
 
 def test_instruction_counts_per_phase(tmp_path):
@@ -69,9 +65,7 @@ def test_metrics_collector_instruction_counts():
         if os.environ.get("CHIPLEDGER_REQUIRE_VALGRIND") == "1":
             pytest.fail(f"{msg} (CHIPLEDGER_REQUIRE_VALGRIND=1)", pytrace=False)
         pytest.skip(msg)
-    spec = importlib.util.spec_from_file_location("bench_metrics", ROOT / "bench" / "metrics.py")
-    metrics = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(metrics)
+    metrics = bench_module("metrics")
     c = metrics.count_instructions(300, 11, tool)
     assert c["tool"] == tool and c["events"] == 300
     assert c["setup"] < c["fold"] < c["without"] and c["setup"] < c["with"] < c["scrapes"]

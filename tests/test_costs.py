@@ -20,6 +20,7 @@ import pytest
 from ledger import Fleet, PoolState
 from ledger.costs import COST_SCALE, CostRow, hour_of_week
 
+from tests.cost_support import fold_costs, upgrade_a_lake_without, write_log
 from tests.test_evolve import (
     CFG, POOL, T0, budget, chip, configured, finish, grant, price, start, submit, tick,
 )
@@ -36,20 +37,8 @@ def _events(with_prices: bool = True, end: int = 3 * H + 10):
             finish("j1", "succeeded", 3 * H), tick(end)]
 
 
-def _fold(events, pause_at=None):
-    fleet = Fleet(CFG)
-    rows: list[CostRow] = []
-    for i, e in enumerate(events):
-        step = fleet.apply(e)
-        assert step.applied, (e, step.rejection)
-        rows += step.costs
-        if pause_at is not None and i == pause_at:  # a close of the books mid-run, then a restart from the state
-            fleet.close()
-            rows += fleet.close_facts().get("costs", [])
-            fleet = Fleet.from_dict(fleet.to_dict(), CFG)
-    fleet.close()
-    rows += fleet.close_facts().get("costs", [])
-    return rows
+def _fold(events, pause_at=None) -> list[CostRow]:
+    return fold_costs(events, pause_at)[1]
 
 
 def _totals(rows):
@@ -101,10 +90,8 @@ def test_price_versions_survive_a_restart():
 def _lake(tmp_path, with_prices=True, end=3 * H + 10):
     from chipledger.embedded import run_file
 
-    f = tmp_path / "events.jsonl"
     events = _events(with_prices, end)
-    f.write_text("".join(e.model_dump_json() + "\n" for e in events))
-    summary, _ = run_file(f, tmp_path / "lake", events_process=False)
+    summary, _ = run_file(write_log(tmp_path / "events.jsonl", events), tmp_path / "lake", events_process=False)
     assert summary.accepted == len(events)
     return tmp_path / "lake"
 
@@ -190,25 +177,7 @@ def test_report_without_prices_says_cost_unknown(tmp_path):
 def test_a_lake_written_before_costs_is_upgraded_by_folding_again(tmp_path):
     """A committed lake whose manifest has no `costs` table (written before this version): readers say to run
     `lake upgrade`, which folds the events again and commits the costs."""
-    import json as json_mod
-
-    from typer.testing import CliRunner
-
-    from analytics.commits import LakeLayoutError
-    from analytics.views import connect
-    from chipledger.cli import app
-
-    lake = _lake(tmp_path)
-    want = connect(lake).execute("SELECT sum(cost_scaled) FROM cost_postings").fetchone()
-    manifest = lake / "_lake.json"
-    m = json_mod.loads(manifest.read_text())
-    del m["tables"]["costs"]
-    manifest.write_text(json_mod.dumps(m))
-    with pytest.raises(LakeLayoutError, match="lake upgrade"):
-        connect(lake)
-    r = CliRunner().invoke(app, ["lake", "upgrade", "--lake", str(lake)])
-    assert r.exit_code == 0, r.output
-    assert connect(lake).execute("SELECT sum(cost_scaled) FROM cost_postings").fetchone() == want
+    upgrade_a_lake_without(_lake(tmp_path), "costs", "SELECT sum(cost_scaled) FROM cost_postings")
 
 
 @pytest.mark.parametrize("pause_at", [None, 9, 12])

@@ -9,6 +9,8 @@ from pathlib import Path
 from chipledger.adapters.kube import mapping as m
 from chipledger.adapters.kube.watch import Mapper, Watcher, _new_state
 
+from tests.adapter_support import ListSink
+
 T0 = 1_796_439_960  # a whole minute; times below are offsets from it
 
 
@@ -202,17 +204,6 @@ def test_a_workload_before_its_queue_waits_until_it_is_known():
     mp.cluster_queue(cq(), "team-a", T0 + 6)
     mp.local_queue(lq(), "ns-a/lq", T0 + 6)
     assert "w1" not in st["unresolved"] and [b["type"] for b in bodies(st)][-1] == "job.submitted"
-
-
-class ListSink:
-    def __init__(self):
-        self.events = []
-
-    def send(self, body):
-        self.events.append(body)
-
-    def flush(self):
-        pass
 
 
 def test_flush_waits_for_the_watermark_and_a_relist_sends_nothing_twice(tmp_path: Path):

@@ -4,7 +4,6 @@ error in files of an earlier version, and written the same way by the benchmark'
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -244,10 +243,9 @@ def test_lake_upgrade_gives_files_of_an_earlier_version_their_typed_fields_in_pl
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_analytics", ROOT / "bench" / "analytics.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from tests.bench_support import bench_module
+
+    return bench_module("analytics")
 
 
 def test_the_benchmark_generator_writes_the_typed_fields_as_the_writers_do(tmp_path):

@@ -7,7 +7,6 @@ grace, a 300 s minimum runtime, at most 2 preemptions in 3600 s and a 600 s deci
 
 from __future__ import annotations
 
-import itertools
 from datetime import datetime, timezone
 
 import pytest
@@ -18,30 +17,13 @@ from ledger.policy import (
     NOT_ON_WHOLE_NODES, NOTHING_TO_LEND, OVER_BORROWING_LIMIT, PREEMPTION_IN_FLIGHT, READY, WAITING_FOR_CHIPS,
     WAITING_GRACE, WOULD_BORROW, decision_of, fair_shares, hour_of_week, pending_reason,
 )
-from schemas import Rejection, parse_payload
 
-T0 = 1_793_606_400  # 2026-11-02T08:00:00Z, a Monday
+# the events of these tests: in the pool POOL, at offsets from T0 (2026-11-02T08:00:00Z, a Monday)
+from tests.test_evolve import POOL, T0, ev
+
 H = 3600
-POOL = "us-east1-a/h100"
 CFG = FoldConfig(check_invariants=True, preemption_grace_s=60, min_runtime_s=300, max_preemptions=2,
                  preemption_window_s=3600, decision_timeout_s=600)
-
-_ids = itertools.count(1)
-
-
-def iso(offset_s: int) -> str:
-    return datetime.fromtimestamp(T0 + offset_s, timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def ev(etype: str, at: int = 0, *, eid: str | None = None, **fields):
-    for k in ("window_start", "window_end"):
-        if k in fields:
-            fields[k] = iso(fields[k])
-    d = {"event_id": eid or f"e{next(_ids)}", "type": etype, "occurred_at": iso(at), "pool": POOL,
-         "source": "test", **fields}
-    e = parse_payload(d)
-    assert not isinstance(e, Rejection), e
-    return e
 
 
 def pool(chips: int = 8, per_node: int = 4):

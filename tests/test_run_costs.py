@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import pytest
 
-from ledger import Fleet
 from ledger.costs import COST_SCALE, RunCostRow
 
-from tests.test_evolve import CFG, T0, chip, configured, finish, grant, price, start, submit, tick
+from tests.cost_support import fold_costs, upgrade_a_lake_without, write_log
+from tests.test_evolve import T0, chip, configured, finish, grant, price, start, submit, tick
 
 H = 3600
 MIN = 60
@@ -39,24 +39,6 @@ def _events():
             price("std", 200, 4 * H), finish("j1", "succeeded", 4 * H + 30 * MIN), tick(5 * H)]
 
 
-def _fold(events, pause_at=None):
-    fleet = Fleet(CFG)
-    rows: list = []
-    costs: list = []
-    for i, e in enumerate(events):
-        step = fleet.apply(e)
-        assert step.applied, (e, step.rejection)
-        rows += step.run_costs
-        costs += step.costs
-        if pause_at is not None and i == pause_at:  # a close of the books, then a restart from the saved state
-            fleet.close()
-            costs += fleet.close_facts().get("costs", [])
-            fleet = Fleet.from_dict(fleet.to_dict(), CFG)
-    fleet.close()
-    costs += fleet.close_facts().get("costs", [])
-    return rows, costs
-
-
 def _row(job, team, chips, started, ended, peak_chip_s, cost, off_at, off_cost):
     return RunCostRow("us-east1-a/h100", job, team, 1, chips * 1000, T0 + started, T0 + ended, "succeeded",
                       "USD-cent", chips * 1000 * (ended - started), peak_chip_s * 1000, cost * COST_SCALE,
@@ -71,14 +53,14 @@ WANT = [
 
 
 def test_hand_computed_run_costs():
-    rows, _ = _fold(_events())
+    rows, _ = fold_costs(_events())
     assert rows == WANT
 
 
 def test_run_costs_add_up_to_the_teams_costs():
     """Every run ended and every second of it was priced: the runs' costs are the teams' in-quota, borrowed and burst
     cost rows (the same charges at the same prices), per team."""
-    rows, costs = _fold(_events())
+    rows, costs = fold_costs(_events())
     for team in ("a", "b"):
         assert sum(r.cost_scaled for r in rows if r.team == team) == sum(
             c.cost_scaled for c in costs if c.team == team)
@@ -86,12 +68,12 @@ def test_run_costs_add_up_to_the_teams_costs():
 
 @pytest.mark.parametrize("pause_at", [8, 12, 14])
 def test_run_costs_do_not_depend_on_where_the_fold_paused(pause_at):
-    assert _fold(_events(), pause_at)[0] == WANT
+    assert fold_costs(_events(), pause_at)[0] == WANT
 
 
 def test_a_pool_without_prices_writes_no_run_costs():
     events = [e for e in _events() if e.type != "price.set"]
-    assert _fold(events)[0] == []
+    assert fold_costs(events)[0] == []
 
 
 def _full_pool(before: bool):
@@ -104,7 +86,7 @@ def _full_pool(before: bool):
 
 
 def test_the_runs_own_chips_are_room_in_the_hours_it_ran_whole():
-    rows, _ = _fold(_full_pool(before=False))
+    rows, _ = fold_costs(_full_pool(before=False))
     # 09:00: hours 9 (4 free), 10 and 11 (0 free + jy's 4) had room. Started there, the 3 h still cover the peak
     # hours 10 and 11: 4 × (100 + 400 + 400) = 3600, as run 4 × (400 + 400 + 100) = 3600. The nearest off-peak start,
     # not the cheapest: moving this run saves nothing, and the statement says so
@@ -113,7 +95,7 @@ def test_the_runs_own_chips_are_room_in_the_hours_it_ran_whole():
 
 
 def test_no_off_peak_start_with_room_is_null_never_zero():
-    rows, _ = _fold(_full_pool(before=True))
+    rows, _ = fold_costs(_full_pool(before=True))
     jz, jy = rows
     assert (jz.off_peak_at, jz.off_peak_cost_scaled) == (T0, jz.cost_scaled)  # started off-peak: its own start
     assert (jy.cost_scaled, jy.off_peak_at, jy.off_peak_cost_scaled) == (3600 * COST_SCALE, None, None)
@@ -124,7 +106,7 @@ def test_a_second_without_a_price_leaves_the_run_cost_null():
     earlier hour was priced, so it has no off-peak start either."""
     events = [configured(-H), *[chip(c, -H) for c in CHIPS], submit("jw", "a", 1, -30 * MIN),
               start("jw", -30 * MIN, chip_ids=["c1"]), price("std", 100), finish("jw", "succeeded", 30 * MIN)]
-    [row] = _fold(events)[0]
+    [row] = fold_costs(events)[0]
     assert (row.unit, row.peak_mchip_s, row.cost_scaled, row.off_peak_at, row.off_peak_cost_scaled) == (
         "USD-cent", 0, None, None, None)
 
@@ -135,8 +117,7 @@ def _run(tmp_path, events, *args):
 
     from chipledger.cli import app
 
-    src = tmp_path / "events.jsonl"
-    src.write_text("".join(e.model_dump_json() + "\n" for e in events))
+    src = write_log(tmp_path / "events.jsonl", events)
     lake, store = tmp_path / "lake", f"sqlite:///{tmp_path / 'store.db'}"
     r = CliRunner().invoke(app, ["run", "--events", str(src), "--lake", str(lake), "--store", store, *args])
     assert r.exit_code == 0, r.output
@@ -187,28 +168,10 @@ def test_statement_counts_runs_without_an_off_peak_start_never_at_zero(tmp_path)
 def test_lake_upgrade_folds_run_costs_into_a_lake_without_them(tmp_path):
     """A committed lake whose manifest has no `run_costs` table (written before this version): readers say to run
     `lake upgrade`, which folds the events again and commits the table, with the rows the run wrote."""
-    import json
-
-    from typer.testing import CliRunner
-
-    from analytics.commits import LakeLayoutError
-    from analytics.views import connect
-    from chipledger.cli import app
-
     lake, _ = _run(tmp_path, _events())
-    q = "SELECT * FROM run_costs ORDER BY ALL"
-    want = connect(lake).execute(q).fetchall()
+    want, output = upgrade_a_lake_without(lake, "run_costs", "SELECT * FROM run_costs ORDER BY ALL")
     assert len(want) == 3
-    manifest = lake / "_lake.json"
-    m = json.loads(manifest.read_text())
-    del m["tables"]["run_costs"]
-    manifest.write_text(json.dumps(m))
-    with pytest.raises(LakeLayoutError, match="lake upgrade"):
-        connect(lake)
-    r = CliRunner().invoke(app, ["lake", "upgrade", "--lake", str(lake)])
-    assert r.exit_code == 0, r.output
-    assert "run_costs" in r.output
-    assert connect(lake).execute(q).fetchall() == want
+    assert "run_costs" in output
 
 
 def test_the_run_cost_view_reads_the_facts_in_units(tmp_path):
@@ -255,8 +218,8 @@ def test_a_preempted_run_with_a_chip_down_is_priced_piece_by_piece():
     events = [configured(-H), *[chip(c, -H) for c in CHIPS], price("std", 100), price("peak", 400, hours_of_week=[10]),
               submit("j", "a", 2, 2 * H), start("j", 2 * H, chip_ids=["c1", "c2"]), chip_state("c2", "down", 2 * H + 1800),
               preempt("j", 3 * H)]
-    [row] = _fold(events)[0]
+    [row] = fold_costs(events)[0]
     assert row == RunCostRow("us-east1-a/h100", "j", "a", 1, 2000, T0 + 2 * H, T0 + 3 * H, "preempted", "USD-cent",
                              2000 * 1800 + 1000 * 1800, 2000 * 1800 + 1000 * 1800, 600 * COST_SCALE, T0 + H,
                              150 * COST_SCALE)
-    assert _fold(events, pause_at=len(events) - 2)[0] == [row]  # its pieces survive a restart from the saved state
+    assert fold_costs(events, pause_at=len(events) - 2)[0] == [row]  # its pieces survive a restart from the saved state

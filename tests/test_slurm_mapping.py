@@ -25,6 +25,8 @@ from chipledger.adapters.slurm.mapping import (Assoc, MapReport, Node, Run, chip
                                       grants_of, hostnames, job_events, node_state_events, pools_of, runs_by_job)
 from chipledger.adapters.slurm.watch import Slurm, Watcher, WatchError, _not_in_accounting_yet
 
+from tests.adapter_support import ListSink  # noqa: F401 (tests/integration/test_slurm_kafka.py imports it from here)
+
 FIX = Path(__file__).parent / "fixtures" / "slurm"
 CLUSTER = "chipledger"
 S, R, C, P, F = "job.submitted", "job.started", "job.checkpointed", "job.preempted", "job.finished"
@@ -295,18 +297,6 @@ def test_decision_of():
 # the watcher, on the captured outputs
 # ------------------------------------------------------------------------------------------------------------
 
-class ListSink:
-    def __init__(self):
-        self.events = []
-
-    def send(self, body):
-        self.events.append(body)
-
-    def flush(self):
-        pass
-
-    def close(self):
-        pass
 
 
 class FakeSlurm:

@@ -21,37 +21,14 @@ from chipledger.web.app import Portal, build_app
 from chipledger.web.auth import TokenCache, new_token
 from chipledger.web.estimate import Running, Waiting, estimate_start
 from chipledger.web.lake import LakeReader
-from store.repo import open_store
-from tests.web_support import HOSTILE_TEAM, PATH_TEAM, portal_config, run_lake
+from tests.web_support import (  # noqa: F401 (env: the module's lake and portal)
+    HOSTILE_TEAM, PATH_TEAM, chipledger_run, client_of, decision_ids_page_by_page, env, forged_cursor, lake_with,
+    last_instant, portal_config, portal_like, write_events,
+)
+# the shared set-up under the names this module's tests use
+from tests.web_support import decision_views as _decision_views, headers as _h, signed_in as _signed_in, sql as _sql
 
 POOL = "us-west4-a/tpu-v5e"
-
-
-@pytest.fixture(scope="module")
-def env(demo_lake_of, tmp_path_factory):
-    root = tmp_path_factory.mktemp("portal")
-    events, lake, store_url = run_lake(demo_lake_of(3, 7), root)
-    res = CliRunner().invoke(cli_app, ["statements", "--lake", str(lake), "--period", "2026-11-02..2026-11-02",
-                                       "--store", store_url, "--out", str(root / "statements")])
-    assert res.exit_code == 0, res.output
-    st = open_store(store_url)
-    tokens = {}
-    for user, team in (("alice", "vision"), ("eve", "ads-ml"), ("root", None), ("carol", None), ("dave", None)):
-        tokens[user] = new_token(st, user, team)
-    reader = LakeReader(lake)
-    portal = Portal(cfg=portal_config(), reader=reader, store=st, tokens=TokenCache(st, ttl_s=0),
-                    statements_dir=root / "statements")
-    client = TestClient(build_app(portal))
-    yield {"lake": lake, "events": events, "store": st, "store_url": store_url, "tokens": tokens, "portal": portal,
-           "client": client, "root": root}
-
-
-def _h(env, user):
-    if user == "anon":
-        return {}
-    if user == "sre":
-        return {"X-Forwarded-User": "sam", "X-Forwarded-Groups": "oncall,users"}
-    return {"Authorization": f"Bearer {env['tokens'][user][1]}"}
 
 
 def _vision_job(env):
@@ -182,10 +159,7 @@ def test_other_teams_job_is_404_and_queue_hides_names(env):
 
 
 def test_visibility_team_hides_fleet(env):
-    p = env["portal"]
-    portal = Portal(cfg=portal_config(visibility="team"), reader=p.reader, store=p.store,
-                    tokens=TokenCache(p.store, ttl_s=0))
-    c = TestClient(build_app(portal))
+    c = client_of(portal_like(env, cfg=portal_config(visibility="team")))
     assert [t["team"] for t in c.get("/api/v1/teams", headers=_h(env, "alice")).json()["teams"]] == ["vision"]
     assert c.get("/fleet", headers=_h(env, "alice")).status_code == 404
     assert all(e["team"] in ("vision", None) for e in c.get("/api/v1/queue", headers=_h(env, "alice")).json()["queue"])
@@ -232,18 +206,8 @@ def test_token_cli(env):
     assert CliRunner().invoke(cli_app, ["serve", "tokens", "create", "--user", "<x>", "--store", url]).exit_code == 2
 
 
-def _signed_in(env, user="alice", token=None) -> TestClient:
-    c = TestClient(build_app(env["portal"]))
-    page = c.get("/login")
-    nonce = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
-    r = c.post("/login", data={"token": token or env["tokens"][user][1], "csrf": nonce}, follow_redirects=False)
-    assert r.status_code == 303
-    assert "httponly" in r.headers["set-cookie"].lower() and "samesite=strict" in r.headers["set-cookie"].lower()
-    return c
-
-
 def test_login_and_csrf(env):
-    c = TestClient(build_app(env["portal"]))
+    c = client_of(env["portal"])
     c.get("/login")
     # a forged login form (wrong nonce) is refused
     assert c.post("/login", data={"token": env["tokens"]["alice"][1], "csrf": "forged"}).status_code == 403
@@ -362,10 +326,7 @@ def test_burst_submit_is_signed_as_the_portal_principal(env):
 
     key = new_key()
     conn = KafkaConnection(bootstrap="unused:9092", username="portal", signing_key=key.hex())
-    p = env["portal"]
-    portal = Portal(cfg=portal_config(), reader=p.reader, store=p.store, tokens=TokenCache(p.store, ttl_s=0),
-                    producer_factory=lambda: LedgerProducer(conn, client=Fake()))
-    c = TestClient(build_app(portal))
+    c = client_of(portal_like(env, producer_factory=lambda: LedgerProducer(conn, client=Fake())))
     r = c.post("/api/v1/bursts", json={"pool": POOL, "team": "vision", "chips": 4, **_window(), "reason": "eval"},
                headers=_h(env, "alice"))
     assert r.status_code == 202, r.text
@@ -429,10 +390,7 @@ def test_a_session_ends_when_its_token_is_revoked(env):
 
 
 def _limited_portal(env, per_minute: int) -> TestClient:
-    p = env["portal"]
-    portal = Portal(cfg=portal_config(requests_per_minute=per_minute), reader=p.reader, store=p.store,
-                    tokens=TokenCache(p.store, ttl_s=0))
-    return TestClient(build_app(portal))
+    return client_of(portal_like(env, cfg=portal_config(requests_per_minute=per_minute)))
 
 
 def test_every_request_is_rate_limited_per_principal(env):
@@ -477,10 +435,7 @@ def test_a_rate_limit_of_zero_is_no_limit(env):
 
 
 def test_burst_writes_and_dry_runs_beyond_their_limit_say_when_to_retry(env):
-    p = env["portal"]
-    portal = Portal(cfg=portal_config(writes_per_minute=1), reader=p.reader, store=p.store,
-                    tokens=TokenCache(p.store, ttl_s=0))
-    c = TestClient(build_app(portal))
+    c = client_of(portal_like(env, cfg=portal_config(writes_per_minute=1)))
     body = {"pool": POOL, "team": "vision", "chips": 4, **_window()}
     got = [c.post("/api/v1/bursts/dry-run", json=body, headers=_h(env, "alice")) for _ in range(7)]
     assert [r.status_code for r in got] == [200] * 6 + [429]  # dry runs: six times the writes
@@ -501,14 +456,7 @@ def test_write_rate_limit(env):
 def test_pagination_is_stable(env):
     c = env["client"]
     h = _h(env, "root")
-    seen, cursor = [], None
-    while True:
-        url = "/api/v1/decisions?limit=2" + (f"&cursor={cursor}" if cursor else "")
-        body = c.get(url, headers=h).json()
-        seen += [d["decision_id"] for d in body["decisions"]]
-        cursor = body["next_cursor"]
-        if not cursor:
-            break
+    seen = decision_ids_page_by_page(c, h, limit=2)
     everything = c.get("/api/v1/decisions?limit=1000", headers=h).json()["decisions"]
     assert seen == [d["decision_id"] for d in everything] and len(seen) == len(set(seen))
     bal = c.get("/api/v1/teams/vision/balances?since=2026-11-01T00:00:00Z&limit=3", headers=h).json()
@@ -537,12 +485,8 @@ def test_snapshot_swaps_whole_when_the_lake_changes(env, tmp_path):
     reader = LakeReader(lake)
     first = reader.snapshot
     assert reader.refresh() is first  # nothing changed: the same snapshot
-    events = env["events"].read_text().splitlines()
-    more = tmp_path / "more.jsonl"
-    more.write_text("\n".join(events[:EVENTS_MORE]) + "\n")
-    res = CliRunner().invoke(cli_app, ["run", "--events", str(more), "--lake", str(lake), "--overwrite",
-                                       "--store", f"sqlite:///{tmp_path / 's.db'}"])
-    assert res.exit_code == 0, res.output
+    more = write_events(tmp_path / "more.jsonl", env["events"].read_text().splitlines()[:EVENTS_MORE])
+    chipledger_run(more, lake, f"sqlite:///{tmp_path / 's.db'}", "--overwrite")
     held = first.rows("SELECT count(*) AS n FROM portal_jobs")[0]["n"]
     second = reader.refresh()
     assert second is not first and second.version == first.version + 1
@@ -562,19 +506,15 @@ def test_a_swap_brings_the_answers_asked_of_the_previous_snapshot_computed_on_th
 
     lake = tmp_path / "lake"
     shutil.copytree(env["lake"], lake)
-    p = env["portal"]
-    portal = Portal(cfg=portal_config(), reader=LakeReader(lake), store=p.store, tokens=TokenCache(p.store, ttl_s=0))
-    client = TestClient(build_app(portal))
+    portal = portal_like(env, lake=lake)
+    client = client_of(portal)
     job_id = _vision_job(env)
     count = "SELECT count(*) AS n FROM portal_jobs"
     first = portal.reader.snapshot
     assert client.get(f"/api/v1/jobs/{job_id}", headers=_h(env, "alice")).status_code == 200
     held = first.cached_rows(count)
-    more = tmp_path / "more.jsonl"
-    more.write_text("\n".join(env["events"].read_text().splitlines()[:EVENTS_MORE]) + "\n")
-    res = CliRunner().invoke(cli_app, ["run", "--events", str(more), "--lake", str(lake), "--overwrite",
-                                       "--store", f"sqlite:///{tmp_path / 's.db'}"])
-    assert res.exit_code == 0, res.output
+    more = write_events(tmp_path / "more.jsonl", env["events"].read_text().splitlines()[:EVENTS_MORE])
+    chipledger_run(more, lake, f"sqlite:///{tmp_path / 's.db'}", "--overwrite")
     second = portal.reader.refresh()
     assert second is not first and second.rewarmed >= 2
     calls = []
@@ -725,8 +665,7 @@ def test_job_page_why_is_of_that_job_not_another_teams_namesake(env, tmp_path):
     submission of that id) but its `why` from `reports.why.explain(job_id)`, which prefers any *pending* job of that
     id: a member whose job shares its id with another team's pending job in another pool read that team's pool,
     team, reason, Kueue message, queue position and decisions."""
-    lines = env["events"].read_text().splitlines()
-    last = json.loads(lines[-1])["occurred_at"]
+    last = last_instant(env)
     later = last[:-3] + "59Z"
     h100 = "us-east1-a/h100-80gb"
     extra = [
@@ -737,16 +676,10 @@ def test_job_page_why_is_of_that_job_not_another_teams_namesake(env, tmp_path):
         {"event_id": "dup-vision-end", "type": "job.finished", "occurred_at": later, "pool": POOL,
          "source": "cluster-c/kueue", "job_id": "train-1", "outcome": "cancelled"},
     ]
-    events = tmp_path / "events.jsonl"
-    events.write_text("\n".join(lines + [json.dumps(e) for e in extra]) + "\n")
-    lake = tmp_path / "lake"
-    res = CliRunner().invoke(cli_app, ["run", "--events", str(events), "--lake", str(lake), "--store",
-                                       f"sqlite:///{tmp_path / 'store.db'}"])
-    assert res.exit_code == 0, res.output
-    portal = Portal(cfg=portal_config(), reader=LakeReader(lake), store=env["store"], tokens=TokenCache(env["store"], ttl_s=0))
+    portal = portal_like(env, lake=lake_with(env, tmp_path, extra))
     snap = portal.reader.snapshot
     assert {r["team"] for r in snap.rows("SELECT team FROM pending WHERE job_id = 'train-1'")} == {"ads-ml"}
-    client = TestClient(build_app(portal))
+    client = client_of(portal)
     r = client.get("/api/v1/jobs/train-1", headers=_h(env, "alice"))
     assert r.status_code == 200, r.text
     body = r.json()
@@ -830,17 +763,12 @@ def test_event_stream_ends_when_its_token_is_revoked(env):
 def test_forged_cursors_are_400_not_500(env):
     """[low] A cursor is base64 JSON the caller can forge: one whose instant was not a time, or whose parts were not
     strings (a dict: unhashable as the memo's key), was a 500 Internal Server Error."""
-    import base64
-
-    def forge(key):
-        return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
-
     client = env["client"]
     for key in (["not a time", "x"], [{"a": 1}, [1, 2]], ["2026-11-02T00:00:00Z"], [1, 2], "x"):
         for path in ("/api/v1/teams/vision/jobs", "/api/v1/decisions",
                      "/api/v1/teams/vision/balances?since=2026-11-01T00:00:00Z"):
             sep = "&" if "?" in path else "?"
-            r = client.get(f"{path}{sep}cursor={forge(key)}", headers=_h(env, "alice"))
+            r = client.get(f"{path}{sep}cursor={forged_cursor(key)}", headers=_h(env, "alice"))
             assert r.status_code == 400, (path, key, r.status_code)
 
 
@@ -957,12 +885,6 @@ def test_a_team_admin_is_not_a_fleet_admin(env):
     assert client.get("/api/v1/teams/ads-ml/balances", headers=_h(env, "root")).status_code == 200
 
 
-def _sql(env, query: str, lake=None) -> list[dict]:
-    res = CliRunner().invoke(cli_app, ["sql", "--lake", str(lake or env["lake"]), "--format", "json", query])
-    assert res.exit_code == 0, res.output
-    return json.loads(res.stdout)
-
-
 def test_costs_and_budgets_equal_chipledger_sql(env):
     c = env["client"]
     costs = c.get("/api/v1/teams/vision/costs", headers=_h(env, "alice")).json()
@@ -1020,11 +942,8 @@ def test_a_lake_without_prices_shows_no_cost(env, tmp_path):
                               if '"type":"price.set"' not in line.replace(" ", "")
                               and '"type":"budget.set"' not in line.replace(" ", "")))
     lake = tmp_path / "lake"
-    res = CliRunner().invoke(cli_app, ["run", "--events", str(events), "--lake", str(lake)])
-    assert res.exit_code == 0, res.output
-    p = env["portal"]
-    portal = Portal(cfg=portal_config(), reader=LakeReader(lake), store=p.store, tokens=TokenCache(p.store, ttl_s=0))
-    c = TestClient(build_app(portal))
+    chipledger_run(events, lake)
+    c = client_of(portal_like(env, lake=lake))
     costs = c.get("/api/v1/teams/vision/costs", headers=_h(env, "alice")).json()
     assert (costs["priced"], costs["by_pool"], costs["totals"]) == (False, [], [])
     assert c.get("/api/v1/teams/vision/budgets", headers=_h(env, "alice")).json()["budgets"] == []
@@ -1032,13 +951,6 @@ def test_a_lake_without_prices_shows_no_cost(env, tmp_path):
     home = c.get("/teams/vision", headers=_h(env, "alice")).text
     assert "no price set" in home and 'id="costs"' not in home
     assert "no price set" in c.get("/fleet", headers=_h(env, "root")).text
-
-
-def _decision_views(env, visibility: str):
-    p = env["portal"]
-    portal = Portal(cfg=portal_config(visibility=visibility), reader=p.reader, store=p.store,
-                    tokens=TokenCache(p.store, ttl_s=0), statements_dir=p.statements_dir)
-    return TestClient(build_app(portal))
 
 
 MEMBERS = {"alice": "vision", "eve": "ads-ml"}
@@ -1137,16 +1049,10 @@ def test_decision_cursors_page_through_aliases(env):
     c = _decision_views(env, "team")
     h = _h(env, "eve")
     everything = [d["decision_id"] for d in c.get("/api/v1/decisions?limit=1000", headers=h).json()["decisions"]]
-    seen, cursor = [], None
-    while True:
-        body = c.get("/api/v1/decisions?limit=1" + (f"&cursor={cursor}" if cursor else ""), headers=h).json()
-        seen += [d["decision_id"] for d in body["decisions"]]
-        cursor = body["next_cursor"]
-        if not cursor:
-            break
+    seen = decision_ids_page_by_page(c, h)
     assert seen == everything and any(s.startswith("hidden-") for s in seen)
-    forged = base64.urlsafe_b64encode(json.dumps(["2026-11-02T15:52:53Z", "hidden-" + "0" * 24]).encode()).decode()
-    assert c.get(f"/api/v1/decisions?cursor={forged.rstrip('=')}", headers=h).status_code == 400
+    forged = forged_cursor(["2026-11-02T15:52:53Z", "hidden-" + "0" * 24])
+    assert c.get(f"/api/v1/decisions?cursor={forged}", headers=h).status_code == 400
 
 
 def test_with_visibility_team_no_route_or_page_names_another_team_to_a_member(env):

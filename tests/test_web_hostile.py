@@ -3,15 +3,13 @@ decisions through a route's parameters, a forged cursor, or the portal's limits 
 
 from __future__ import annotations
 
-import base64
 import json
 from pathlib import Path
 
-from tests.test_web import _decision_views, _h, _sql, env  # noqa: F401 (env: the module's lake and portal)
-
-
-def _cursor(key: list) -> str:
-    return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
+from tests.web_support import (  # noqa: F401 (env: the module's lake and portal)
+    chipledger_run, client_of, decision_ids_page_by_page, decision_views, env, forged_cursor, headers, lake_with,
+    last_instant, make_portal, portal_config, portal_like, signed_in, sql,
+)
 
 
 def test_a_forged_decision_cursor_is_no_oracle_for_a_hidden_decision_id(env):
@@ -19,27 +17,21 @@ def test_a_forged_decision_cursor_is_no_oracle_for_a_hidden_decision_id(env):
     an alias; a cursor at its instant with a raw id they made up would tell them, by whether the decision comes
     after it, whether its real id sorts after theirs: a binary search spells out the id (and the other team's job
     id inside it) in a few hundred requests. A member's cursor must be a row as they were shown it."""
-    c = _decision_views(env, "fleet")
-    h = _h(env, "eve")
+    c = decision_views(env, "fleet")
+    h = headers(env, "eve")
     shown = c.get("/api/v1/decisions?limit=1000", headers=h).json()["decisions"]
     hidden = [d for d in shown if d["decision_id"].startswith("hidden-")]
     assert hidden, "a decision naming another team's job"
     d = hidden[0]
-    real = _sql(env, "SELECT decision_id FROM decisions WHERE \"at\" = '%s'::TIMESTAMPTZ AND team <> 'ads-ml'"
+    real = sql(env, "SELECT decision_id FROM decisions WHERE \"at\" = '%s'::TIMESTAMPTZ AND team <> 'ads-ml'"
                 % d["at"])[0]["decision_id"]
     for probe in ("", real[:-1], real[:-1] + "~", "~"):
-        r = c.get(f"/api/v1/decisions?limit=1000&cursor={_cursor([d['at'], probe])}", headers=h)
+        r = c.get(f"/api/v1/decisions?limit=1000&cursor={forged_cursor([d['at'], probe])}", headers=h)
         assert r.status_code == 400, (probe, r.text)
     # the cursors it gives out still page through (aliases and ids shown as written), and staff may pass raw ids
-    cursor, seen = None, []
-    while True:
-        body = c.get("/api/v1/decisions?limit=1" + (f"&cursor={cursor}" if cursor else ""), headers=h).json()
-        seen += [x["decision_id"] for x in body["decisions"]]
-        cursor = body["next_cursor"]
-        if not cursor:
-            break
-    assert seen == [x["decision_id"] for x in shown]
-    r = c.get(f"/api/v1/decisions?limit=1000&cursor={_cursor([d['at'], real[:-1]])}", headers=_h(env, "root"))
+    assert decision_ids_page_by_page(c, h) == [x["decision_id"] for x in shown]
+    r = c.get(f"/api/v1/decisions?limit=1000&cursor={forged_cursor([d['at'], real[:-1]])}",
+              headers=headers(env, "root"))
     assert r.status_code == 200 and real in r.text
 
 
@@ -47,16 +39,12 @@ def test_signing_in_over_and_over_with_one_token_does_not_sign_everyone_else_out
     """Sessions live in the portal's memory, bounded: when full, the oldest were forgotten. A member signing in
     again and again with their one token (each sign-in a new session) filled the table and pushed everyone else's
     sessions out: signed every other user out. A token now holds at most MAX_PER_TOKEN sessions (its own oldest end)."""
-    from fastapi.testclient import TestClient
-
-    from chipledger.web.app import build_app
     from chipledger.web.auth import Sessions
-    from tests.test_web import _signed_in
 
     monkeypatch.setattr(Sessions, "MAX_SESSIONS", 40)
-    alice = _signed_in(env, "alice")
+    alice = signed_in(env, "alice")
     assert alice.get("/api/v1/whoami").json()["user"] == "alice"
-    flood = TestClient(build_app(env["portal"]))
+    flood = client_of(env["portal"])
     eves = []
     for _ in range(3 * Sessions.MAX_SESSIONS):
         page = flood.get("/login")
@@ -75,17 +63,7 @@ def test_a_members_job_is_theirs_whatever_another_team_names_its_jobs(env, tmp_p
     submission of an id, whoever's: a member whose job shared its id with another team's later job got 404 for their
     own job (and so learned that another team has a job of that name). Each caller reads the latest of that id they
     may read; another team's namesake stays invisible."""
-    from typer.testing import CliRunner
-
-    from chipledger.cli import app as cli_app
-    from chipledger.web.app import Portal, build_app
-    from chipledger.web.auth import TokenCache
-    from chipledger.web.lake import LakeReader
-    from fastapi.testclient import TestClient
-    from tests.web_support import portal_config
-
-    lines = env["events"].read_text().splitlines()
-    last = json.loads(lines[-1])["occurred_at"]
+    last = last_instant(env)
     later = last[:-3] + "59Z"
     extra = [
         {"event_id": "dup-ads", "type": "job.submitted", "occurred_at": last, "pool": "us-east1-a/h100-80gb",
@@ -93,24 +71,16 @@ def test_a_members_job_is_theirs_whatever_another_team_names_its_jobs(env, tmp_p
         {"event_id": "dup-vision", "type": "job.submitted", "occurred_at": later, "pool": "us-west4-a/tpu-v5e",
          "source": "cluster-c/kueue", "job_id": "42", "team": "vision", "chips": 1},
     ]
-    events = tmp_path / "events.jsonl"
-    events.write_text("\n".join(lines + [json.dumps(e) for e in extra]) + "\n")
-    lake = tmp_path / "lake"
-    res = CliRunner().invoke(cli_app, ["run", "--events", str(events), "--lake", str(lake), "--store",
-                                       f"sqlite:///{tmp_path / 'store.db'}"])
-    assert res.exit_code == 0, res.output
-    portal = Portal(cfg=portal_config(), reader=LakeReader(lake), store=env["store"],
-                    tokens=TokenCache(env["store"], ttl_s=0))
-    client = TestClient(build_app(portal))
+    client = client_of(portal_like(env, lake=lake_with(env, tmp_path, extra)))
     for user, team, pool in (("eve", "ads-ml", "us-east1-a/h100-80gb"), ("alice", "vision", "us-west4-a/tpu-v5e")):
-        r = client.get("/api/v1/jobs/42", headers=_h(env, user))
+        r = client.get("/api/v1/jobs/42", headers=headers(env, user))
         assert r.status_code == 200, (user, r.text)
         assert (r.json()["team"], r.json()["pool"]) == (team, pool)
         other = "vision" if team == "ads-ml" else "ads-ml"
         assert other not in json.dumps(r.json())
-        page = client.get("/jobs/42", headers=_h(env, user))
+        page = client.get("/jobs/42", headers=headers(env, user))
         assert page.status_code == 200 and pool in page.text and other not in page.text
-    assert client.get("/api/v1/jobs/42", headers=_h(env, "root")).json()["team"] == "vision"  # staff: the latest
+    assert client.get("/api/v1/jobs/42", headers=headers(env, "root")).json()["team"] == "vision"  # staff: the latest
 
 
 def test_event_streams_are_bounded_per_user_not_per_session(env):
@@ -120,31 +90,30 @@ def test_event_streams_are_bounded_per_user_not_per_session(env):
     from contextlib import ExitStack
 
     from chipledger.web.app import MAX_STREAMS_PER_CALLER
-    from tests.test_web import _signed_in
 
     client = env["client"]
-    sessions = [_signed_in(env, "eve") for _ in range(2)]
+    sessions = [signed_in(env, "eve") for _ in range(2)]
     with ExitStack() as stack:
         for i in range(MAX_STREAMS_PER_CALLER):
-            r = stack.enter_context(client.stream("GET", "/api/v1/snapshots", headers=_h(env, "eve")) if i % 2 else
+            r = stack.enter_context(client.stream("GET", "/api/v1/snapshots", headers=headers(env, "eve")) if i % 2 else
                                     sessions[0].stream("GET", "/api/v1/snapshots"))
             assert r.status_code == 200
         assert sessions[1].get("/api/v1/snapshots?once=true").status_code == 429
-        assert client.get("/api/v1/snapshots?once=true", headers=_h(env, "eve")).status_code == 429
-        assert client.get("/api/v1/snapshots?once=true", headers=_h(env, "alice")).status_code == 200
+        assert client.get("/api/v1/snapshots?once=true", headers=headers(env, "eve")).status_code == 429
+        assert client.get("/api/v1/snapshots?once=true", headers=headers(env, "alice")).status_code == 200
 
 
 def test_a_decision_cursor_cannot_tell_whether_another_teams_decision_exists(env):
     """A cursor naming a decision the member may not read (another team's burst, whose id they might guess) is
     refused like one naming nothing: a cursor is no test of another team's decisions."""
-    c = _decision_views(env, "fleet")
-    other = _sql(env, "SELECT decision_id, \"at\" FROM decisions WHERE type = 'decision.burst' AND team <> 'vision' "
+    c = decision_views(env, "fleet")
+    other = sql(env, "SELECT decision_id, \"at\" FROM decisions WHERE type = 'decision.burst' AND team <> 'vision' "
                       "AND decision_id NOT IN "
                       "(SELECT decision_id FROM decision_victims WHERE team = 'vision') ORDER BY \"at\" LIMIT 1")[0]
     at = other["at"]  # as the API writes instants (ISO, UTC)
-    r = c.get(f"/api/v1/decisions?cursor={_cursor([at, other['decision_id']])}", headers=_h(env, "alice"))
+    r = c.get(f"/api/v1/decisions?cursor={forged_cursor([at, other['decision_id']])}", headers=headers(env, "alice"))
     assert r.status_code == 400, r.text
-    r = c.get(f"/api/v1/decisions?cursor={_cursor([at, other['decision_id']])}", headers=_h(env, "root"))
+    r = c.get(f"/api/v1/decisions?cursor={forged_cursor([at, other['decision_id']])}", headers=headers(env, "root"))
     assert r.status_code == 200
 
 
@@ -153,36 +122,18 @@ def test_a_preemption_naming_a_decision_the_lake_lacks_shows_no_raw_decision_id(
     decision's row was in the lake (its payload says whose jobs it names); a preemption whose decision the lake does
     not hold (a scheduler's own, or one not yet written) showed the raw id, which carries the beneficiary's job id,
     another team's. A member reads such an id as an alias."""
-    from typer.testing import CliRunner
-
-    from chipledger.cli import app as cli_app
-    from chipledger.web.app import Portal, build_app
-    from chipledger.web.auth import TokenCache
-    from chipledger.web.lake import LakeReader
-    from fastapi.testclient import TestClient
-    from tests.web_support import portal_config
-
-    lines = env["events"].read_text().splitlines()
-    last = json.loads(lines[-1])["occurred_at"]
+    last = last_instant(env)
     running = env["portal"].reader.snapshot.rows(
         "SELECT j.pool, j.job_id FROM portal_jobs j JOIN portal_job_last l USING (pool, job_id) "
         "WHERE j.team = 'vision' AND l.last_type = 'job.started' ORDER BY j.job_id LIMIT 1")[0]
     secret = "ev-elsewhere:reclaim:ads-ml-job-77"
     extra = [{"event_id": "pre-x", "type": "job.preempted", "occurred_at": last, "pool": running["pool"],
               "source": "cluster-c/kueue", "job_id": running["job_id"], "decision_id": secret}]
-    events = tmp_path / "events.jsonl"
-    events.write_text("\n".join(lines + [json.dumps(e) for e in extra]) + "\n")
-    lake = tmp_path / "lake"
-    res = CliRunner().invoke(cli_app, ["run", "--events", str(events), "--lake", str(lake), "--store",
-                                       f"sqlite:///{tmp_path / 'store.db'}"])
-    assert res.exit_code == 0, res.output
-    portal = Portal(cfg=portal_config(), reader=LakeReader(lake), store=env["store"],
-                    tokens=TokenCache(env["store"], ttl_s=0))
-    client = TestClient(build_app(portal))
-    staff = client.get(f"/api/v1/jobs/{running['job_id']}", headers=_h(env, "root")).text
+    client = client_of(portal_like(env, lake=lake_with(env, tmp_path, extra)))
+    staff = client.get(f"/api/v1/jobs/{running['job_id']}", headers=headers(env, "root")).text
     assert secret in staff  # the control: the preemption is in the timeline
     for path in (f"/api/v1/jobs/{running['job_id']}", f"/jobs/{running['job_id']}"):
-        r = client.get(path, headers=_h(env, "alice"))
+        r = client.get(path, headers=headers(env, "alice"))
         assert r.status_code == 200 and "ads-ml-job-77" not in r.text and "preempted by decision hidden-" in r.text
 
 
@@ -259,28 +210,22 @@ def _statement_as_a_member(env, tmp_path, name: str, visibility: str = "team",
     from typer.testing import CliRunner
 
     from chipledger.cli import app as cli_app
-    from chipledger.web.app import Portal, build_app
-    from chipledger.web.auth import TokenCache, new_token
-    from chipledger.web.lake import LakeReader
-    from fastapi.testclient import TestClient
+    from chipledger.web.auth import new_token
     from store.repo import open_store
-    from tests.web_support import portal_config
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     events = tmp_path / "events.jsonl"
     events.write_text(job_ids(env["events"].read_text().replace('"team":"vision"', f'"team":{json.dumps(name)}')),
                       encoding="utf-8")
     lake, store_url = tmp_path / "lake", f"sqlite:///{tmp_path / 'store.db'}"
-    res = CliRunner().invoke(cli_app, ["run", "--events", str(events), "--lake", str(lake), "--store", store_url])
-    assert res.exit_code == 0, res.output
+    chipledger_run(events, lake, store_url)
     res = CliRunner().invoke(cli_app, ["statements", "--lake", str(lake), "--period", "2026-11-02..2026-11-02",
                                        "--store", store_url, "--out", str(tmp_path / "statements")])
     assert res.exit_code == 0, res.output
     st = open_store(store_url)
     _, token = new_token(st, "eve", "ads-ml")
-    portal = Portal(cfg=portal_config(visibility=visibility), reader=LakeReader(lake), store=st,
-                    tokens=TokenCache(st, ttl_s=0), statements_dir=tmp_path / "statements")
-    client = TestClient(build_app(portal))
+    client = client_of(make_portal(st, lake, portal_config(visibility=visibility),
+                                   statements_dir=tmp_path / "statements"))
     url = "/api/v1/statements/ads-ml@2026-11-02..2026-11-02/"
     issued = client.get(url + "json", headers={"X-Forwarded-User": "root"}).content.decode()
     read = {}
@@ -335,7 +280,7 @@ def test_names_and_job_ids_with_markdown_or_csv_characters_are_redacted_in_state
         for spelling in (name, "vision\\_lab", "vision_lab", 'vision_lab (prod) ""x""'):
             assert spelling not in text, (fmt, spelling)
     issued, read = _statement_as_a_member(env, tmp_path / "fleet", "vision", "fleet", ids)
-    own = {r["job_id"].replace("job-", "job_") for r in _sql(env, "SELECT job_id FROM jobs WHERE team = 'ads-ml'")}
+    own = {r["job_id"].replace("job-", "job_") for r in sql(env, "SELECT job_id FROM jobs WHERE team = 'ads-ml'")}
     theirs = set(re.findall(r"job_[0-9]+", issued)) - own
     assert theirs, "the statement names jobs of the team that preempted ads-ml's"
     for fmt, text in read.items():

@@ -1,15 +1,36 @@
 """What the live adapters (`slurm/`, `kube/`) share: the state file each keeps (JSON, replaced atomically, bound to
-one cluster), what every actuator does around its scheduler's own act (`DecisionActuator`: once per decision, its
-own cluster's only), and the sinks a watcher sends its events to."""
+one cluster) and what every watcher and actuator holds around it (`ClusterState`), what every actuator does around
+its scheduler's own act (`DecisionActuator`: once per decision, its own cluster's only), the events the mappings
+make (`Event`, `make_event`), the sinks a watcher sends them to and what one of its flushes sent (`Sent`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
+
+from chipledger.adapters.importers.base import iso
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One event to send: its instant, an order within the instant (frees before takes), and its wire fields."""
+
+    at: int
+    rank: int
+    body: dict
+
+
+def make_event(at: int, rank: int, type: str, pool: str, source: str, event_id: str, **fields) -> Event:
+    """The event `event_id` of `type` at `at` (epoch seconds) in `pool` from `source`; fields that are None are
+    left out of its body."""
+    body = {"event_id": event_id, "type": type, "occurred_at": iso(at), "pool": pool, "source": source,
+            **{k: v for k, v in fields.items() if v is not None}}
+    return Event(at, rank, body)
 
 
 def read_state(path: Path, cluster: str, version: int, error: type[Exception], *, unreadable: str,
@@ -39,6 +60,23 @@ def save_state(path: Path, st: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(st, separators=(",", ":"), sort_keys=True))
     os.replace(tmp, path)
+
+
+class ClusterState:
+    """What every watcher and actuator holds: its cluster, the state file it resumes from and the state `load` read
+    from it, the clock it stamps with and where it logs."""
+
+    def __init__(self, cluster: str, state_path: Path, load: Callable[[Path], dict], *,
+                 clock: Callable[[], float] = time.time, log: Callable[[str], None] = lambda m: None):
+        self.cluster = cluster
+        self.state_path = Path(state_path)
+        self.clock = clock
+        self.log = log
+        self.state = load(self.state_path)
+
+    def save(self) -> None:
+        """Writes the state to its file (atomically)."""
+        save_state(self.state_path, self.state)
 
 
 def load_applied(path: Path, cluster: str, version: int, error: type[Exception]) -> dict:
@@ -80,7 +118,7 @@ class Outcome:
     skipped: str = ""  # why the whole decision was skipped: other cluster, done before, not a preemption
 
 
-class DecisionActuator:
+class DecisionActuator(ClusterState):
     """What every actuator does around its scheduler's own act on a victim (`_victim`, per adapter): a decision of
     another cluster, not a preemption, or applied before is skipped; its victims are acted on one by one; it is
     recorded as applied (with the victims acted on) in the state file only after all of them were handled, so a
@@ -92,15 +130,12 @@ class DecisionActuator:
 
     def __init__(self, cluster: str, state_path: Path, ops, *, dry_run: bool = False,
                  log: Callable[[str], None] = lambda m: None, clock: Callable[[], float] = time.time, metrics=None):
-        self.cluster = cluster
+        super().__init__(cluster, state_path, lambda path: load_applied(path, cluster, self.state_version, self.error),
+                         clock=clock, log=log)
         self.prefix = f"{cluster}/"
-        self.state_path = Path(state_path)
         self.ops = ops
         self.dry_run = dry_run
-        self.log = log
-        self.clock = clock
         self.metrics = metrics
-        self.state = load_applied(self.state_path, cluster, self.state_version, self.error)
 
     def _begin(self, decision: dict, did: str) -> None:
         """Checks before any victim is touched (none by default)."""
@@ -126,6 +161,17 @@ class DecisionActuator:
 
     def apply_all(self, decisions: Iterable[dict]) -> list[Outcome]:
         return [self.apply(d) for d in decisions]
+
+
+@dataclass
+class Sent:
+    """What a watcher's flush (kube) or poll (slurm) sent: how many events (`sent`, the ticks too), how many of them
+    behind the watermark sent before (`late`), the watermark reached, the count of each type."""
+
+    sent: int = 0
+    late: int = 0
+    watermark: int = 0
+    by_type: Counter = field(default_factory=Counter)
 
 
 class JsonlSink:

@@ -19,11 +19,11 @@ mapping the same object again, after a relist or a restart, gives the same ids. 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from decimal import ROUND_CEILING, Decimal
 from typing import Iterable, Optional
 
+from chipledger.adapters.common import Event, make_event  # noqa: F401 (the events this mapping makes)
 
 DEFAULT_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu", "google.com/tpu")
 DECISION_ANNOTATION = "chipledger.io/preempt-decision"  # set by `kube actuate` on the victim Workload
@@ -35,15 +35,6 @@ RANK_POOL, RANK_REGISTER, RANK_CHIP, RANK_QUOTA, RANK_FREE, RANK_SUBMIT, RANK_WA
 # Kueue's eviction reasons (Evicted condition) → the ledger's interruption cause (DESIGN §4)
 FAILURE_REASONS = frozenset(("PodsReadyTimeout", "NodeFailures"))
 PREEMPTION_REASON = "Preempted"
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One event to send: its instant, an order within the instant, and its wire fields."""
-
-    at: int
-    rank: int
-    body: dict
 
 
 def epoch(ts) -> Optional[int]:
@@ -62,12 +53,6 @@ def iso(t: int) -> str:
 
 def event_id(cluster: str, *parts) -> str:
     return "kube:" + ":".join((cluster,) + tuple(str(p) for p in parts))
-
-
-def make_event(at: int, rank: int, type: str, pool: str, source: str, eid: str, **fields) -> Event:
-    body = {"event_id": eid, "type": type, "occurred_at": iso(at), "pool": pool, "source": source,
-            **{k: v for k, v in fields.items() if v is not None}}
-    return Event(at, rank, body)
 
 
 def quantity(text) -> Decimal:

@@ -22,7 +22,6 @@ import queue
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -57,12 +56,7 @@ class KafkaSink(common.KafkaSink):
     retry_at = "flush"
 
 
-@dataclass
-class Flushed:
-    sent: int = 0
-    late: int = 0
-    watermark: int = 0
-    by_type: Counter = field(default_factory=Counter)
+Flushed = common.Sent
 
 
 def _new_state(cluster: str) -> dict:
@@ -81,9 +75,6 @@ def load_state(path: Path, cluster: str) -> dict:
     for k, v in _new_state(cluster).items():  # a state written before Pods were watched: they are listed afresh
         st.setdefault(k, v)
     return st
-
-
-save_state = common.save_state
 
 
 class Mapper:
@@ -435,22 +426,18 @@ class Mapper:
         self._place_pending(rec["uid"])  # (its Pods may have been seen bound before the admission)
 
 
-class Watcher:
+class Watcher(common.ClusterState):
     """Feeds a Mapper from the API server's watches and flushes what is due to the sink (see the module's doc)."""
 
     def __init__(self, cluster: str, state_path: Path, sink, api=None, *, resources: Iterable[str] = m.DEFAULT_RESOURCES,
                  team_label: str = "", settle_s: int = 5, tick_s: int = 30, clock: Callable[[], float] = time.time,
                  log: Callable[[str], None] = lambda msg: None, metrics=None):
-        self.cluster = cluster
-        self.state_path = Path(state_path)
+        super().__init__(cluster, state_path, lambda path: load_state(path, cluster), clock=clock, log=log)
         self.sink = sink
         self.api = api
         self.settle_s = settle_s
         self.tick_s = tick_s
-        self.clock = clock
-        self.log = log
         self.metrics = metrics
-        self.state = load_state(self.state_path, cluster)
         self.mapper = Mapper(cluster, self.state, resources, team_label, log)
         self.source = self.mapper.source
 
@@ -529,7 +516,7 @@ class Watcher:
         live = {r["uid"] for r in st["jobs"].values() if not r.get("ignored")}
         horizon = watermark - SENT_HORIZON_S
         st["sent"] = {k: t for k, t in st["sent"].items() if t >= horizon or k.split(":")[2] in live}
-        save_state(self.state_path, st)
+        self.save()
         if self.metrics:
             self.metrics.flushed(res, now)
         return res

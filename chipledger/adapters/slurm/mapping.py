@@ -35,7 +35,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from chipledger.adapters.importers.base import iso
+from chipledger.adapters.common import Event, make_event as _ev
 
 PREEMPT_MARK = "chipledger-preempt:"  # AdminComment prefix the actuator sets before it requeues a victim
 
@@ -94,15 +94,6 @@ class Assoc:
     gpus_by_type: tuple[tuple[str, int], ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One event to send: its instant, its wire fields, and an order within the instant (frees before takes)."""
-
-    at: int
-    rank: int
-    body: dict
-
-
 @dataclass
 class MapReport:
     """What the mapping left out or adjusted, by reason (for the watcher's log and the import report)."""
@@ -134,12 +125,6 @@ def clamp_priority(p: int) -> int:
 
 def _id(cluster: str, *parts) -> str:
     return "slurm:" + ":".join((cluster,) + tuple(str(p) for p in parts))
-
-
-def _ev(at: int, rank: int, type: str, pool: str, source: str, event_id: str, **fields) -> Event:
-    body = {"event_id": event_id, "type": type, "occurred_at": iso(at), "pool": pool, "source": source,
-            **{k: v for k, v in fields.items() if v is not None}}
-    return Event(at, rank, body)
 
 
 def decision_of(admin_comment: str) -> Optional[str]:

@@ -59,11 +59,7 @@ class Slurm:
 
 
 @dataclass
-class PollResult:
-    sent: int = 0
-    late: int = 0
-    watermark: int = 0
-    by_type: dict = field(default_factory=dict)
+class PollResult(common.Sent):
     notes: dict = field(default_factory=dict)
 
 
@@ -93,24 +89,18 @@ def load_state(path: Path, cluster: str, since: Optional[int]) -> dict:
     return _new_state(cluster, since)
 
 
-save_state = common.save_state
-
-
-class Watcher:
+class Watcher(common.ClusterState):
     def __init__(self, cluster: str, state_path: Path, sink, *, since: Optional[int] = None, settle_s: int = 5,
                  slurm: Optional[Slurm] = None, clock: Callable[[], float] = time.time, log=None,
                  prices: bool = False):
-        self.cluster = cluster
+        super().__init__(cluster, state_path, lambda path: load_state(path, cluster, since), clock=clock,
+                         log=log or (lambda msg: None))
         # mirror TRESBillingWeights and GrpTRESMins as price.set and budget.set (the principal needs `--may prices`)
         self.prices = prices
         self.source = f"{cluster}/slurm"
-        self.state_path = Path(state_path)
         self.sink = sink
         self.settle_s = settle_s
         self.slurm = slurm or Slurm()
-        self.clock = clock
-        self.log = log or (lambda msg: None)
-        self.state = load_state(self.state_path, cluster, since)
 
     # -- one poll ---------------------------------------------------------------------------------------
     def poll(self, until: Optional[int] = None) -> PollResult:
@@ -176,7 +166,7 @@ class Watcher:
         live = {e.body["event_id"] for e in candidates}
         horizon = watermark - LOOKBACK_S - 3600
         st["sent"] = {k: t for k, t in sent.items() if t >= horizon or k in live}
-        save_state(self.state_path, st)
+        self.save()
         return res
 
     # -- what only the controller knows, stamped with the poll that saw it --------------------------------
