@@ -302,6 +302,10 @@ class LakeWriter:
     Files are named `part-<run_id>-<seq>.parquet` so two runs never overwrite each other; `run_id` is chosen
     by the caller (deterministic for the embedded run, so the same input gives the same file names).
 
+    Rows come one by one (`add`, `extend`: tuples, which Arrow turns into columns when a file is written:
+    `rows_table`) or already in columns (`add_batch`: Arrow record batches, e.g. the `events` table's
+    streams.rows.EventColumns); the files are the same either way.
+
     A file's rows become Arrow columns in the caller's thread, then the Parquet encoding and compression (which
     Arrow does without holding the GIL) run in a thread of their own while the caller goes on, at most
     WRITES_IN_FLIGHT files at a time (a further file waits for the oldest), so memory stays bounded.
@@ -320,6 +324,9 @@ class LakeWriter:
         self.written: dict[str, int] = defaultdict(int)
         self._writing: list[threading.Thread] = []  # the files being written, oldest first
         self._failed: Optional[BaseException] = None
+        # tables given in columns (add_batch): (table, day) -> rows buffered, whose buffer in _rows holds batches
+        self._counts: dict[tuple[str, int], int] = {}
+        self._batched: set[str] = set()
 
     def add(self, table: str, row: tuple) -> None:
         day = row[self._day_idx[table]] // 86400
@@ -327,6 +334,8 @@ class LakeWriter:
         if latest is not None and latest[0] == day:
             buf = latest[1]
         else:
+            if table in self._batched:
+                raise LakeError(f"{table}: rows were added in columns (add_batch); add cannot follow them")
             key = (table, day)
             buf = self._rows.get(key)
             if buf is None:
@@ -352,6 +361,45 @@ class LakeWriter:
                 self.add(table, row)
                 latest = self._latest.get(table)
 
+    def add_batch(self, table: str, batch: pa.RecordBatch) -> None:
+        """Add rows given in columns (a batch with the table's schema), in order: the files are those `add` of each
+        row would write (the same rows, days and file boundaries). A table is given either way, not both."""
+        if batch.schema != SCHEMAS[table]:
+            raise LakeError(f"a batch of {table} rows with columns {batch.schema.names} and types "
+                            f"{[str(t) for t in batch.schema.types]}: not the table's schema")
+        if table in self._latest or any(k[0] == table for k in self._rows if k not in self._counts):
+            raise LakeError(f"{table}: rows were added one by one; add_batch cannot follow them")
+        self._batched.add(table)
+        column = batch.column(self._day_idx[table])
+        times = (column.cast(pa.int64()) if pa.types.is_timestamp(column.type) else column).to_pylist()
+        start = 0
+        while start < len(times):  # runs of rows of one day (nearly always the whole batch)
+            day = times[start] // 86400
+            end = start + 1
+            while end < len(times) and times[end] // 86400 == day:
+                end += 1
+            self._add_run(table, day, batch.slice(start, end - start))
+            start = end
+
+    def _add_run(self, table: str, day: int, rows: pa.RecordBatch) -> None:
+        key = (table, day)
+        buf = self._rows.get(key)
+        if buf is None:
+            buf = self._rows[key] = []
+            self._counts[key] = 0
+            for k in [k for k in self._rows if k[0] == table and k[1] < day - 1]:  # as in `add`
+                self._write(k)
+        while rows.num_rows:
+            take = min(rows.num_rows, self.flush_rows - self._counts[key])
+            buf.append(rows.slice(0, take))
+            self._counts[key] += take
+            rows = rows.slice(take)
+            if self._counts[key] >= self.flush_rows:
+                self._write(key)
+                if rows.num_rows:
+                    buf = self._rows[key] = []
+                    self._counts[key] = 0
+
     def close(self) -> dict[str, int]:
         try:
             for key in sorted(self._rows):
@@ -368,12 +416,16 @@ class LakeWriter:
         if not rows:
             return
         table, day = key[0], day_of(key[1] * 86400)
-        data = rows_table(table, rows)
+        if key in self._counts:  # batches (add_batch): one chunk per column, as `rows_table` makes them
+            del self._counts[key]
+            data = pa.Table.from_batches(rows, schema=SCHEMAS[table]).combine_chunks()
+        else:
+            data = rows_table(table, rows)
         out = self.root / table / f"day={day}"
         out.mkdir(parents=True, exist_ok=True)
         self._seq[key] += 1
         path = out / f"part-{self.run_id}-{self._seq[key]:04d}.parquet"
-        self.written[table] += len(rows)
+        self.written[table] += data.num_rows
         del rows
         while len(self._writing) >= WRITES_IN_FLIGHT:
             self._join_oldest()

@@ -61,13 +61,41 @@ def test_a_failed_events_process_fails_the_run(tmp_path, monkeypatch):
     lake = tmp_path / "lake"
     lake.mkdir()
 
-    def broken(*args):  # only the events process builds events rows (it inherits this by the fork)
+    def broken(*args):  # only the events process gathers events rows (it inherits this by the fork)
         raise OSError("the disk of the events table failed")
 
-    monkeypatch.setattr(embedded, "applied_event_row", broken)
+    monkeypatch.setattr(embedded.EventColumns, "add", broken)
     with pytest.raises(RunError, match="events table failed"):
         run_file(events, lake)
     staging = lake / "_staging"
     assert not (lake / "_lake.json").exists() and not (staging.exists() and any(staging.iterdir()))  # nothing left
     assert multiprocessing.active_children() == []  # nothing left running
     assert gc.isenabled() and gc.get_freeze_count() == 0  # the collector given back (chipledger.embedded.GcPause)
+
+
+def test_events_gathered_in_columns_are_the_files_of_their_rows(tmp_path):
+    # the run writes `events` in columns (streams.rows.EventColumns, LakeWriter.add_batch); the Kafka sink and
+    # earlier versions wrote rows (applied_event_row, LakeWriter.add): the files must be the same, byte for byte,
+    # with days going back and forth, files cut at flush_rows and lines with an origin
+    from analytics.lake import LakeWriter
+    from schemas import Rejection, parse_event
+    from streams.rows import EventColumns, applied_event_row
+
+    path = tmp_path / "events.jsonl"
+    write_events(path, seed=3, days=2)
+    events = [e for e in map(parse_event, path.read_bytes().splitlines()) if not isinstance(e, Rejection)]
+    by_rows, in_columns = LakeWriter(tmp_path / "rows", "r", flush_rows=700), LakeWriter(tmp_path / "cols", "r",
+                                                                                         flush_rows=700)
+    columns = EventColumns("file:events.jsonl")
+    for i, e in enumerate(events):
+        applied = e.at_s + (i % 4) * 30_000  # rows of two or three days interleaved
+        origin = "cluster-a" if i % 37 == 0 else None
+        by_rows.add("events", applied_event_row(e, e.at_s, applied, i % 3, "file:events.jsonl", 0, i + 1, origin))
+        columns.applied(e, i + 1, e.at_s, applied, i % 3, origin)
+        if len(columns) == 500:
+            in_columns.add_batch("events", columns.batch())
+    in_columns.add_batch("events", columns.batch())
+    assert by_rows.close() == in_columns.close() == {"events": len(events)}
+    fa, fb = _files(tmp_path / "rows"), _files(tmp_path / "cols")
+    assert len(fa) >= 2 * 3 and fa.keys() == fb.keys()
+    assert [name for name in fa if fa[name] != fb[name]] == []
