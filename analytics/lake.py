@@ -317,8 +317,9 @@ class LakeWriter:
         self.run_id = run_id
         self.flush_rows = flush_rows
         self._rows: dict[tuple[str, int], list] = {}  # (table, day number since the epoch) -> rows
-        # each table's latest buffer, (day, rows): rows come in (nearly) time order, so most rows go there
-        self._latest: dict[str, tuple[int, list]] = {}
+        # each table's latest buffer, (its day's first second, the next day's, rows, the index of the table's day
+        # column): rows come in (nearly) time order, so most rows go there
+        self._latest: dict[str, tuple[int, int, list, int]] = {}
         self._day_idx = {t: SCHEMAS[t].get_field_index(DAY_COLUMN[t]) for t in SCHEMAS}
         self._seq: dict[tuple[str, int], int] = defaultdict(int)
         self.written: dict[str, int] = defaultdict(int)
@@ -329,13 +330,14 @@ class LakeWriter:
         self._batched: set[str] = set()
 
     def add(self, table: str, row: tuple) -> None:
-        day = row[self._day_idx[table]] // 86400
+        t = row[self._day_idx[table]]
         latest = self._latest.get(table)
-        if latest is not None and latest[0] == day:
-            buf = latest[1]
+        if latest is not None and latest[0] <= t < latest[1]:
+            buf = latest[2]
         else:
             if table in self._batched:
                 raise LakeError(f"{table}: rows were added in columns (add_batch); add cannot follow them")
+            day = t // 86400
             key = (table, day)
             buf = self._rows.get(key)
             if buf is None:
@@ -345,21 +347,27 @@ class LakeWriter:
                 stale = [k for k in self._rows if k[0] == table and k[1] < day - 1]
                 for k in stale:
                     self._write(k)
-            self._latest[table] = (day, buf)
+            self._latest[table] = (day * 86400, (day + 1) * 86400, buf, self._day_idx[table])
         buf.append(row)
         if len(buf) >= self.flush_rows:
-            self._write((table, day))
+            self._write((table, t // 86400))
 
-    def extend(self, table: str, rows: Iterable[tuple]) -> None:
-        """`add` each row (the rows of one table: those of the latest day go straight to its buffer)."""
-        idx, last = self._day_idx[table], self.flush_rows - 1
+    def extend(self, table: str, rows: list) -> None:
+        """`add` each row of a list (the rows of one table). When all are of the day of the table's latest buffer
+        and fit in it (nearly always: a fold step's rows are of its second), the list goes there in one
+        `list.extend`; else row by row."""
         latest = self._latest.get(table)
+        if latest is not None:
+            lo, hi, buf, idx = latest
+            if len(buf) + len(rows) < self.flush_rows:
+                for row in rows:
+                    if not lo <= row[idx] < hi:
+                        break
+                else:
+                    buf.extend(rows)
+                    return
         for row in rows:
-            if latest is not None and latest[0] == row[idx] // 86400 and len(latest[1]) < last:
-                latest[1].append(row)
-            else:
-                self.add(table, row)
-                latest = self._latest.get(table)
+            self.add(table, row)
 
     def add_batch(self, table: str, batch: pa.RecordBatch) -> None:
         """Add rows given in columns (a batch with the table's schema), in order: the files are those `add` of each
@@ -371,7 +379,8 @@ class LakeWriter:
             raise LakeError(f"{table}: rows were added one by one; add_batch cannot follow them")
         self._batched.add(table)
         column = batch.column(self._day_idx[table])
-        times = (column.cast(pa.int64()) if pa.types.is_timestamp(column.type) else column).to_pylist()
+        # (seconds since the epoch: a view of the timestamps' memory, no conversion)
+        times = (column.view(pa.int64()) if pa.types.is_timestamp(column.type) else column).to_pylist()
         start = 0
         while start < len(times):  # runs of rows of one day (nearly always the whole batch)
             day = times[start] // 86400
@@ -411,7 +420,7 @@ class LakeWriter:
     def _write(self, key: tuple[str, int]) -> None:
         rows = self._rows.pop(key, None)
         latest = self._latest.get(key[0])
-        if latest is not None and latest[1] is rows:
+        if latest is not None and latest[2] is rows:
             del self._latest[key[0]]
         if not rows:
             return
