@@ -281,7 +281,8 @@ def rows_table(table: str, rows: list) -> pa.Table:
     Arrow turns the tuples into columns itself (one conversion to a struct array, whose fields are the columns):
     no Python pass regroups them. Measured on the rows of a 300k-event run (docs/benchmarks-history.md): the
     `events` rows 2.5x faster than a `zip(*rows)` and a `pa.array` per column (0.62 -> 0.24 s per 250k rows), the
-    fact tables up to 2.4x (30% fewer instructions over all tables). A row of the wrong width is an error here (`zip` cut every column to the shortest)."""
+    fact tables up to 2.4x (30% fewer instructions over all tables). A row of the wrong width is an error here
+    (`zip` cut every column to the shortest)."""
     try:
         column = pa.array(rows, type=_ROW_TYPES[table])
     except pa.ArrowInvalid as e:
