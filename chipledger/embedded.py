@@ -34,7 +34,7 @@ from ledger import Fleet, FoldConfig
 from schemas import Rejection, RejectionCode, parse_event
 from schemas.parse import DEFAULT_MAX_EVENT_BYTES, size_rejection
 from streams import logline
-from streams.rows import (applied_event_row, close_rows, deadletter_row, event_row,  # noqa: F401 (event_row: re-export)
+from streams.rows import (EventColumns, close_rows, deadletter_row, event_row,  # noqa: F401 (event_row: re-export)
                           extend_outputs)
 
 ProgressFn = Callable[[int], None]  # called with bytes read so far
@@ -258,19 +258,26 @@ def _raw(line: bytes, offset: int) -> bytes:
 
 
 class _EventsHere:
-    """The `events` rows written by the run's own lake writer, in this process (where there is no fork)."""
+    """The `events` rows written by the run's own lake writer, in this process (where there is no fork): gathered
+    in columns, handed to the writer every EVENTS_BATCH events."""
 
     def __init__(self, writer: LakeWriter, topic: str):
-        self.add = writer.add
-        self.topic = topic
+        self.writer = writer
+        self.columns = EventColumns(topic)
         self.rows = 0
 
     def applied(self, event, step, offset: int, origin: Optional[str] = None) -> None:
-        self.add("events", applied_event_row(event, step.occurred_s, step.applied_at, step.lateness_s, self.topic,
-                                             0, offset, origin))
-        self.rows += 1
+        columns = self.columns
+        columns.applied(event, offset, step.occurred_s, step.applied_at, step.lateness_s, origin)
+        if len(columns) >= EVENTS_BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        self.rows += len(self.columns)
+        self.writer.add_batch("events", self.columns.batch())
 
     def close(self) -> int:
+        self._flush()
         return self.rows
 
     def stop(self) -> None:
@@ -358,6 +365,8 @@ def _events_child(events_path: Path, lake: Path, run_id: str, topic: str, max_ev
     gc.freeze()  # what came with the fork (the run's modules and state) is not this process's garbage
     paused = GcPause()  # the collector as in the run's process (see GC_FREEZE_MASK)
     writer = LakeWriter(lake, run_id)
+    columns = EventColumns(topic)  # the rows in columns, a batch of them per batch received
+    add = columns.add
     rows = 0
     try:
         with open(events_path, "rb") as f:
@@ -367,8 +376,7 @@ def _events_child(events_path: Path, lake: Path, run_id: str, topic: str, max_ev
                 batch.frombytes(conn.recv_bytes())
                 if not batch:
                     break
-                for i in range(0, len(batch), 4):
-                    offset = batch[i]
+                for offset in batch[0::4]:
                     for n, (line, _, _) in lines:
                         if n == offset:
                             break
@@ -376,12 +384,12 @@ def _events_child(events_path: Path, lake: Path, run_id: str, topic: str, max_ev
                     origin = None
                     if logline.is_wrapped(raw):  # (the run applied it: a well-formed export line)
                         raw, origin, _ = logline.unwrap(raw)
-                    event = parse_event(raw, max_event_bytes)
-                    writer.add("events", applied_event_row(event, batch[i + 1], batch[i + 2], batch[i + 3], topic, 0,
-                                                           offset, origin))
+                    add(parse_event(raw, max_event_bytes), origin)
                     rows += 1
                     if not rows & GC_FREEZE_MASK:
                         paused.checkpoint()
+                columns.numbers = batch  # (line number, event time, applied time, lateness) per event, as sent
+                writer.add_batch("events", columns.batch())
         writer.close()
         conn.send(("ok", rows))
     except Exception as exc:  # told to the run, which fails with it

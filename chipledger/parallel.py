@@ -45,7 +45,7 @@ from ledger import Fleet, FoldConfig
 from ledger.state import PoolState
 from schemas import Rejection, parse_event
 from streams import logline
-from streams.rows import applied_event_row, close_rows, extend_outputs
+from streams.rows import EventColumns, close_rows, extend_outputs
 
 from chipledger import embedded
 from chipledger.embedded import GC_FREEZE_MASK, GcPause, RunError, RunSummary, _lines, _note_line, _raw
@@ -285,6 +285,7 @@ def _worker(k: int, events_path: Path, stage: Path, names: str, fold_config: Fol
     mine_pools = {p for p, o in zip(pools, owner) if o == k}
     writer = LakeWriter(stage, f"{names}-j{k}")
     add, extend = writer.add, writer.extend
+    columns = EventColumns(topic)  # the events rows in columns, handed to the writer every EVENTS_BATCH events
     fleet = Fleet(fold_config)
     summary = RunSummary(source=str(events_path), lake="", run_id=names)
     dead: list = []
@@ -319,12 +320,15 @@ def _worker(k: int, events_path: Path, stage: Path, names: str, fold_config: Fol
             rise_times.append(at)
             if len(rise_lines) >= RISES_BATCH:
                 flush_rises()
-        add("events", applied_event_row(event, step.occurred_s, at, step.lateness_s, topic, 0, line, origin))
+        columns.applied(event, line, step.occurred_s, at, step.lateness_s, origin)
+        if len(columns) >= embedded.EVENTS_BATCH:
+            writer.add_batch("events", columns.batch())
         extend_outputs(step, extend)
 
     try:
         embedded.fold_lines(events_path, fleet, summary, on_dead, on_applied, topic, max_event_bytes, paused,
                             None, mine=lambda n: mine_of[route[n - 1]])
+        writer.add_batch("events", columns.batch())
         for table, row in close_rows(*fleet.close(), {**fleet.policy_rows(), **fleet.close_facts()}):
             add(table, row)
         written = writer.close()

@@ -10,11 +10,13 @@ are JSON-ready for Kafka as they are.
 from __future__ import annotations
 
 import base64
+from array import array
 from typing import Optional
 
 import orjson
+import pyarrow as pa
 
-from analytics.lake import SCHEMAS, event_fields
+from analytics.lake import EVENT_FIELDS, SCHEMAS, event_fields
 from ledger.fold import Step
 from schemas import Rejection
 
@@ -46,6 +48,63 @@ def applied_event_row(e, occurred_s: int, applied_at: int, lateness_s: int, topi
     row = (e.event_id, e.type, e.pool, e.source, occurred_s, applied_at, lateness_s,
            topic, partition, offset, canonical_json(e), *event_fields(e))
     return row if accepted_from is None else row[:-1] + (accepted_from,)
+
+
+# the columns of an events row that EventColumns takes from the event itself (the others: numbers, constants)
+_EVENT_OWN = ("event_id", "type", "pool", "source", "body", *EVENT_FIELDS)
+_EVENT_OWN_TYPE = pa.struct([SCHEMAS["events"].field(name) for name in _EVENT_OWN])
+_EVENT_NUMBERS = ("offset", "occurred_at", "applied_at", "lateness_s")  # EventColumns.numbers, per event
+
+
+class EventColumns:
+    """The `events` rows of one input (one topic and partition) gathered in columns as events are applied, for
+    analytics.lake.LakeWriter.add_batch: the columns `applied_event_row` would give, without a row per event.
+
+    Per event, `add` keeps the values only the event has (its ids, its canonical JSON, its typed fields: one tuple,
+    which Arrow turns into columns in one conversion) and the line's origin where it has one; the caller appends
+    the event's four numbers to `numbers` (line number or offset, event time, applied time, lateness, as
+    int64s: the embedded run's events process receives exactly that array from the run). `batch()` makes the
+    record batch: the numbers become columns straight from that array's memory, the topic and partition constant
+    columns."""
+
+    def __init__(self, topic: str, partition: int = 0):
+        self.topic, self.partition = topic, partition
+        self.numbers = array("q")
+        self._own: list[tuple] = []
+        self._origins: dict[int, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._own)
+
+    def add(self, e, origin: Optional[str] = None) -> None:
+        if origin is not None:
+            self._origins[len(self._own)] = origin
+        self._own.append((e.event_id, e.type, e.pool, e.source, canonical_json(e), *event_fields(e)))
+
+    def applied(self, e, offset: int, occurred_s: int, applied_at: int, lateness_s: int,
+                origin: Optional[str] = None) -> None:
+        """`add` with the event's numbers."""
+        self.numbers.extend((offset, occurred_s, applied_at, lateness_s))
+        self.add(e, origin)
+
+    def batch(self) -> pa.RecordBatch:
+        """The rows gathered so far, in the columns of SCHEMAS['events'] (then none are held)."""
+        n = len(self._own)
+        if len(self.numbers) != 4 * n:
+            raise ValueError(f"{len(self.numbers)} numbers for {n} events: expected 4 an event")
+        own = pa.array(self._own, type=_EVENT_OWN_TYPE)
+        columns = {name: own.field(i) for i, name in enumerate(_EVENT_OWN)}
+        schema = SCHEMAS["events"]
+        for i, name in enumerate(_EVENT_NUMBERS):
+            values = self.numbers[i::4]  # an array of int64s: Arrow reads its memory as it is
+            columns[name] = pa.Array.from_buffers(schema.field(name).type, n, [None, pa.py_buffer(values)])
+        columns["topic"] = pa.repeat(pa.scalar(self.topic, pa.string()), n)
+        columns["partition"] = pa.repeat(pa.scalar(self.partition, pa.int32()), n)
+        if self._origins:
+            columns["accepted_from"] = pa.array([self._origins.get(i) for i in range(n)], pa.string())
+        batch = pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
+        self.numbers, self._own, self._origins = array("q"), [], {}
+        return batch
 
 
 def deadletter_row(raw: bytes, rejection: Rejection, topic: str, partition: int, offset: int, seen_at: int,

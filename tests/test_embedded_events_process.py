@@ -61,10 +61,10 @@ def test_a_failed_events_process_fails_the_run(tmp_path, monkeypatch):
     lake = tmp_path / "lake"
     lake.mkdir()
 
-    def broken(*args):  # only the events process builds events rows (it inherits this by the fork)
+    def broken(*args):  # only the events process gathers events rows (it inherits this by the fork)
         raise OSError("the disk of the events table failed")
 
-    monkeypatch.setattr(embedded, "applied_event_row", broken)
+    monkeypatch.setattr(embedded.EventColumns, "add", broken)
     with pytest.raises(RunError, match="events table failed"):
         run_file(events, lake)
     staging = lake / "_staging"
@@ -78,7 +78,6 @@ def test_the_end_is_sent_once_whatever_the_count(tmp_path, monkeypatch, applied)
     """An empty batch is the end for the events process: `close` sends it once and never an empty batch before it
     (CI: a run that applied 0 events, or 4096·k, sent two; the process stopped at the first, and the second met a
     closed pipe now and then: "the process writing the lake's events table stopped (exit code 0)")."""
-    import chipledger.embedded as embedded
     from multiprocessing.connection import Connection
 
     events = tmp_path / "events.jsonl"
@@ -95,3 +94,31 @@ def test_the_end_is_sent_once_whatever_the_count(tmp_path, monkeypatch, applied)
     assert (summary.accepted, summary.dead_letter_total) == (applied, 1)
     assert summary.rows_written.get("events", 0) == summary.accepted
     assert sent and sent[-1] == 0 and sent.count(0) == 1, sent
+
+
+def test_events_gathered_in_columns_are_the_files_of_their_rows(tmp_path):
+    # the run writes `events` in columns (streams.rows.EventColumns, LakeWriter.add_batch); the Kafka sink and
+    # earlier versions wrote rows (applied_event_row, LakeWriter.add): the files must be the same, byte for byte,
+    # with days going back and forth, files cut at flush_rows and lines with an origin
+    from analytics.lake import LakeWriter
+    from schemas import Rejection, parse_event
+    from streams.rows import EventColumns, applied_event_row
+
+    path = tmp_path / "events.jsonl"
+    write_events(path, seed=3, days=2)
+    events = [e for e in map(parse_event, path.read_bytes().splitlines()) if not isinstance(e, Rejection)]
+    by_rows, in_columns = LakeWriter(tmp_path / "rows", "r", flush_rows=700), LakeWriter(tmp_path / "cols", "r",
+                                                                                         flush_rows=700)
+    columns = EventColumns("file:events.jsonl")
+    for i, e in enumerate(events):
+        applied = e.at_s + (i % 4) * 30_000  # rows of two or three days interleaved
+        origin = "cluster-a" if i % 37 == 0 else None
+        by_rows.add("events", applied_event_row(e, e.at_s, applied, i % 3, "file:events.jsonl", 0, i + 1, origin))
+        columns.applied(e, i + 1, e.at_s, applied, i % 3, origin)
+        if len(columns) == 500:
+            in_columns.add_batch("events", columns.batch())
+    in_columns.add_batch("events", columns.batch())
+    assert by_rows.close() == in_columns.close() == {"events": len(events)}
+    fa, fb = _files(tmp_path / "rows"), _files(tmp_path / "cols")
+    assert len(fa) >= 2 * 3 and fa.keys() == fb.keys()
+    assert [name for name in fa if fa[name] != fb[name]] == []

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from analytics.lake import LakeError, LakeWriter, SCHEMAS, lake_has_data
+import pyarrow as pa
+
+from analytics.lake import LakeError, LakeWriter, SCHEMAS, lake_has_data, rows_table
 from analytics.views import connect, view_names
 
 DAY = 86_400
@@ -70,4 +72,30 @@ def test_a_file_that_cannot_be_written_fails_the_close_not_silently(tmp_path):
     w = LakeWriter(tmp_path, "run1")
     w.add("journal", journal_row(T0))
     with pytest.raises(LakeError, match="part-run1-0001.parquet"):
+        w.close()
+
+
+# a value of each column type of the lake, as a row holds it (timestamps as epoch seconds)
+SAMPLE_VALUES = {pa.string(): "x\u00e9", pa.int64(): -(2 ** 40), pa.int32(): 7, pa.timestamp("s", tz="UTC"): T0,
+                 pa.float64(): 0.25, pa.bool_(): True, pa.list_(pa.string()): ["a", "b"], pa.list_(pa.int32()): [1, 2]}
+
+
+@pytest.mark.parametrize("table", sorted(SCHEMAS))
+def test_rows_become_the_columns_of_the_tables_schema(table):
+    schema = SCHEMAS[table]
+    full = tuple(SAMPLE_VALUES[f.type] for f in schema)
+    rows = [full, (None,) * len(schema), full]
+    got = rows_table(table, rows)
+    # built column by column, independently of the rows' conversion
+    want = pa.Table.from_arrays([pa.array([v, None, v], type=f.type) for v, f in zip(full, schema)], schema=schema)
+    assert got.schema == schema
+    assert got.equals(want)
+    assert got.column(0).to_pylist() == [full[0], None, full[0]]
+
+
+def test_a_row_of_the_wrong_width_is_an_error_not_a_shorter_table(tmp_path):
+    w = LakeWriter(tmp_path, "run1")
+    w.add("journal", journal_row(T0))
+    w.add("journal", journal_row(T0)[:4])
+    with pytest.raises(LakeError, match="a journal row has 4 columns, expected 5"):
         w.close()
