@@ -7,6 +7,14 @@ It starts `chipledger serve` (a child process, [serve] refresh_s = 1), creates a
 `--clients` threads of back-to-back requests for `--seconds`. Meanwhile a writer commits a copy of one of the lake's
 `events` files under a new name every `--grow-every` seconds (the lake grows: each commit makes the portal build a
 new snapshot in the background, as the sink's commits do). Prints one JSON document.
+
+    python bench/serve.py --lake LAKE --store URL --in-process 200 [--profile-out FILE]
+
+What each route costs per request in one thread, no contention: one snapshot built in this process (the lake is
+read, not copied nor grown), then per route one request to warm it (the answers a snapshot keeps) and `--in-process`
+requests one after the other through the ASGI application (httpx's ASGI transport, the routes' thread-pool work run
+inline in the one thread): min, median, p99 ms and the median CPU ms; with `--profile-out`, each route's cProfile (by
+cumulative time) written there. No HTTP parsing (uvicorn's) is in these figures.
 """
 
 from __future__ import annotations
@@ -82,6 +90,87 @@ def _peak_rss_mib(pid: int):
     return None
 
 
+def routes_for(job_id: str) -> list[str]:
+    """The routes timed: the static file (the limit) first, then every read route a team's member uses."""
+    return ["/static/portal.css", "/api/v1/pools", "/api/v1/teams/vision/balances", "/api/v1/queue?team=vision",
+            f"/api/v1/jobs/{job_id}", "/api/v1/decisions?limit=100", "/api/v1/slos", "/api/v1/head-of-line",
+            "/teams/vision", "/teams/vision/queue"]
+
+
+def in_process(a) -> dict:
+    import cProfile
+    import io
+    import pstats
+
+    import asyncio
+
+    import anyio.to_thread
+
+    sys.path.insert(0, str(ROOT))
+    from chipledger.config import load_config
+    from chipledger.web.app import Portal, build_app
+    from chipledger.web.auth import TokenCache, new_token
+    from chipledger.web.lake import LakeReader
+    from store.repo import open_store
+
+    cfg = load_config(a.config, env={**os.environ, "CHIPLEDGER_SERVE_REQUESTS_PER_MINUTE": "0"})
+    reader = LakeReader(a.lake, refresh_s=3600, slo=cfg.slo, duckdb_config=cfg.lake.duckdb_config())
+    t0 = time.monotonic()
+    reader.refresh(force=True)
+    build_s = time.monotonic() - t0
+    st = open_store(a.store)
+    _, token = new_token(st, "bench", "vision")
+    portal = Portal(cfg=cfg, reader=reader, store=st, tokens=TokenCache(st))
+    app = build_app(portal)
+    h = {"Authorization": f"Bearer {token}"}
+    job_id = reader.snapshot.rows("SELECT job_id FROM portal_jobs WHERE team = 'vision' "
+                                  "ORDER BY preemptions DESC, job_id LIMIT 1")[0]["job_id"]
+
+    # every sync route and dependency runs inline, in this thread (the server runs them in its thread pool): what
+    # a request costs is then this thread's time, and cProfile sees all of it
+    async def inline(func, *args, **_):
+        return func(*args)
+
+    anyio.to_thread.run_sync = inline
+    results, profiles = [], []
+
+    async def timed() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bench",
+                                     headers=h) as client:
+            for route in routes_for(job_id):
+                t0 = time.perf_counter()
+                r = await client.get(route)
+                first_ms = 1000 * (time.perf_counter() - t0)
+                if r.status_code != 200:
+                    raise SystemExit(f"{route}: {r.status_code} {r.text[:300]}")
+                lat, cpu = [], []
+                prof = cProfile.Profile() if a.profile_out else None
+                for _ in range(a.in_process):
+                    t0, c0 = time.perf_counter(), time.thread_time()
+                    if prof is not None:
+                        prof.enable()
+                    await client.get(route)
+                    if prof is not None:
+                        prof.disable()
+                    lat.append(time.perf_counter() - t0)
+                    cpu.append(time.thread_time() - c0)
+                results.append({"route": route, "first_ms": round(first_ms, 2), "bytes": len(r.content),
+                                "min_ms": round(1000 * min(lat), 2), "p50_ms": round(1000 * _pct(lat, 0.5), 2),
+                                "p99_ms": round(1000 * _pct(lat, 0.99), 2),
+                                "cpu_p50_ms": round(1000 * _pct(cpu, 0.5), 2)})
+                if prof is not None:
+                    buf = io.StringIO()
+                    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(40)
+                    profiles.append(f"==== {route} ({a.in_process} requests)\n{buf.getvalue()}")
+
+    asyncio.run(timed())
+    if a.profile_out:
+        a.profile_out.write_text("\n".join(profiles))
+    return {"lake": str(a.lake), "mode": "in-process", "requests_per_route": a.in_process,
+            "snapshot_build_s": round(build_s, 1), "cpus": os.cpu_count(), "load_avg": os.getloadavg(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "routes": results}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lake", type=Path, required=True, help="a lake to copy (the copy grows; the original is kept)")
@@ -94,7 +183,13 @@ def main() -> None:
                     help="chipledger.toml for the server ([lake] memory_limit and spill_dir bound each snapshot's "
                          "DuckDB: a large lake's snapshot outgrows DuckDB's default of 80%% of the memory twice over, "
                          "the current one and the one being built)")
+    ap.add_argument("--in-process", type=int, default=0, metavar="N",
+                    help="time each route's N requests in this process, one at a time (no server, no growth)")
+    ap.add_argument("--profile-out", type=Path, default=None, help="with --in-process: each route's cProfile here")
     a = ap.parse_args()
+    if a.in_process:
+        print(json.dumps(in_process(a), indent=2))
+        return
     py = sys.executable
     shutil.rmtree(a.work, ignore_errors=True)
     lake = a.work / "lake"
@@ -133,9 +228,7 @@ def main() -> None:
 
             job_id = connect(a.lake).execute("SELECT job_id FROM jobs WHERE team = 'vision' "
                                              "ORDER BY preemptions DESC LIMIT 1").fetchone()[0]
-        routes = ["/static/portal.css", "/api/v1/pools", "/api/v1/teams/vision/balances", "/api/v1/queue?team=vision",
-                  f"/api/v1/jobs/{job_id}", "/api/v1/decisions?limit=100", "/api/v1/slos", "/api/v1/head-of-line",
-                  "/teams/vision", "/teams/vision/queue"]
+        routes = routes_for(job_id)
         stop = threading.Event()
         grown = []
 
