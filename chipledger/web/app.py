@@ -21,15 +21,18 @@ from typing import Any, Callable, Optional
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, FastAPI, Form, HTTPException, Query, Request
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import MutableHeaders
 
 from chipledger.config import Config
 from chipledger.web import burst as burst_mod
 from chipledger.web.auth import Csrf, Principal, RateLimiter, Sessions, TokenCache, principal_for
 from chipledger.web.estimate import Running, Waiting, estimate_start
-from chipledger.web.lake import LakeReader, Snapshot
+from chipledger.web.lake import _MISSING, LakeReader, Snapshot
 from chipledger.web.redact import View, new_key
 
 HERE = Path(__file__).parent
@@ -521,6 +524,37 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
+class Security:
+    """ASGI middleware: `checks(request)` may answer first (a body too large, too many requests); every response,
+    a route's or the check's, gets the security headers (a strict Content-Security-Policy, nosniff, no referrer,
+    no framing) and `Cache-Control: no-store` unless the route set its own."""
+
+    HEADERS = (("Content-Security-Policy", CSP), ("X-Content-Type-Options", "nosniff"),
+               ("Referrer-Policy", "no-referrer"), ("X-Frame-Options", "DENY"))
+
+    def __init__(self, app, checks: Callable[[Request], Any]):
+        self.app = app
+        self.checks = checks
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def headed(message):
+            if message["type"] == "http.response.start":
+                h = MutableHeaders(scope=message)
+                for name, value in self.HEADERS:
+                    h[name] = value
+                if "cache-control" not in h:
+                    h["Cache-Control"] = "no-store"
+            await send(message)
+
+        refused = self.checks(Request(scope, receive))
+        if refused is not None:
+            return await refused(scope, receive, headed)
+        await self.app(scope, receive, headed)
+
+
 def build_app(portal: Portal) -> FastAPI:
     app = FastAPI(title="chipledger portal API", version="1", docs_url=None, redoc_url=None,
                   openapi_url="/api/v1/openapi.json",
@@ -537,21 +571,20 @@ def build_app(portal: Portal) -> FastAPI:
     templates.env.filters["money"] = lambda v: "–" if v is None else f"{v:,.2f}"
     templates.env.filters["epoch"] = lambda v: datetime.fromtimestamp(v, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
-    app.add_middleware(BodyLimit)  # outermost: also a body sent in chunks, without a Content-Length
+    app.add_middleware(BodyLimit)  # a body sent in chunks, without a Content-Length
 
-    @app.middleware("http")
-    async def security(request: Request, call_next):
+    def _checks(request: Request):
+        """A response that refuses the request before any route (413, 429), or None."""
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
             return JSONResponse({"detail": "request body too large"}, status_code=413)
         wait = _rate_limited(request)
-        response = await call_next(request) if wait == 0 else _too_many(request, wait)
-        response.headers["Content-Security-Policy"] = CSP
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "no-referrer"
-        response.headers["X-Frame-Options"] = "DENY"
-        response.headers.setdefault("Cache-Control", "no-store")
-        return response
+        return None if wait == 0 else _too_many(request, wait)
+
+    # outermost (added last): the size and rate checks, and the headers of every response (a plain ASGI middleware,
+    # not Starlette's BaseHTTPMiddleware: that one runs each request through a task group and memory streams of its
+    # own, a cost every route paid, the static file too)
+    app.add_middleware(Security, checks=_checks)
 
     def _rate_limited(request: Request) -> int:
         """Seconds to wait when this request is beyond its caller's `[serve] requests_per_minute`, else 0. The
@@ -578,7 +611,9 @@ def build_app(portal: Portal) -> FastAPI:
         r.headers.update(headers)
         return r
 
-    def who(request: Request) -> Principal:
+    async def who(request: Request) -> Principal:
+        # on the event loop (no trip through the thread pool): the principal is known already when the rate limit
+        # worked it out, else it is a token's row kept for seconds (TokenCache), as the rate limit reads it too
         p = identity(request)
         if p is None:
             raise HTTPException(401, "sign in: Authorization: Bearer <token>", headers={"WWW-Authenticate": "Bearer"})
@@ -586,6 +621,23 @@ def build_app(portal: Portal) -> FastAPI:
 
     def snap() -> Snapshot:
         return portal.reader.snapshot
+
+    async def current() -> Snapshot:
+        """The current snapshot, from the event loop (the first one, before any was built, is built in the thread
+        pool: the serving command builds it before it listens)."""
+        s = portal.reader._snap
+        return s if s is not None else await run_in_threadpool(lambda: portal.reader.snapshot)
+
+    async def kept_json(s: Snapshot, key, compute: Callable[[Snapshot], Optional[BaseModel]]) -> Optional[Response]:
+        """`compute(s)`'s answer as JSON, kept with the snapshot (computed again on the next one at its swap): when
+        kept, the request is a lookup on the event loop; else it is computed in the thread pool, once however many
+        ask (Snapshot.memo). None when `compute` says there is no such thing (a 404 for the route to raise). A
+        principal's answer is keyed by `Principal.view_key` (with the route's parameters): never another's."""
+        body = s.kept(key, _MISSING)
+        if body is _MISSING:
+            body = await run_in_threadpool(
+                s.memo, key, lambda s: None if (m := compute(s)) is None else m.model_dump_json().encode())
+        return None if body is None else Response(body, media_type="application/json")
 
     def team_or_404(p: Principal, team: str) -> str:
         if not NAME_RE.match(team or "") or not p.can_read_team(team):
@@ -600,10 +652,9 @@ def build_app(portal: Portal) -> FastAPI:
         return WhoAmI(user=p.user, via=p.via, teams=sorted(p.teams), roles=sorted(p.roles), visibility=p.visibility)
 
     @api.get("/pools", response_model=PoolsOut, tags=["fleet"])
-    def pools(p: Principal = Depends(who)):
-        s = snap()
-        return PoolsOut(snapshot=s.version, pools=[_pool_out(r) for r in s.cached_rows(
-            "SELECT * FROM portal_pools ORDER BY pool")])
+    async def pools(p: Principal = Depends(who)):
+        return await kept_json(await current(), ("json", "pools"), lambda s: PoolsOut(
+            snapshot=s.version, pools=[_pool_out(r) for r in s.rows("SELECT * FROM portal_pools ORDER BY pool")]))
 
     @api.get("/teams", response_model=TeamsOut, tags=["teams"])
     def teams(p: Principal = Depends(who)):
@@ -615,16 +666,21 @@ def build_app(portal: Portal) -> FastAPI:
         return TeamsOut(teams=[TeamOut(team=t, pools=seen.get(t, [])) for t in names])
 
     @api.get("/teams/{team:path}/balances", response_model=BalancesOut, tags=["teams"])
-    def balances(team: str, pool: Optional[str] = None,
-                 since: Optional[datetime] = Query(None, description="history from this instant (omit: now)"),
-                 until: Optional[datetime] = None, limit: int = Query(500, ge=1, le=5000),
-                 cursor: Optional[str] = None, p: Principal = Depends(who)):
+    async def balances(team: str, pool: Optional[str] = None,
+                       since: Optional[datetime] = Query(None, description="history from this instant (omit: now)"),
+                       until: Optional[datetime] = None, limit: int = Query(500, ge=1, le=5000),
+                       cursor: Optional[str] = None, p: Principal = Depends(who)):
         team_or_404(p, team)
-        s = snap()
-        if since is None and until is None:
-            rows = s.cached_rows("SELECT * FROM portal_balances_now WHERE team = ? AND (? IS NULL OR pool = ?) ORDER BY pool",
-                          [team, pool, pool])
-            return BalancesOut(balances=[BalanceOut(**r) for r in rows], snapshot=s.version)
+        s = await current()
+        if since is None and until is None:  # now: the same for every caller who may read the team
+            return await kept_json(s, ("json", "balances", team, pool), lambda s: BalancesOut(
+                balances=[BalanceOut(**r) for r in s.rows(
+                    "SELECT * FROM portal_balances_now WHERE team = ? AND (? IS NULL OR pool = ?) ORDER BY pool",
+                    [team, pool, pool])], snapshot=s.version))
+        return await run_in_threadpool(_balances_history, s, team, pool, since, until, limit, cursor)
+
+    def _balances_history(s: Snapshot, team: str, pool: Optional[str], since: Optional[datetime],
+                          until: Optional[datetime], limit: int, cursor: Optional[str]) -> BalancesOut:
         rows, nxt = _keyset_page(
             s.rows,
             'SELECT * FROM balances WHERE team = $team AND ($pool IS NULL OR pool = $pool) '
@@ -634,15 +690,18 @@ def build_app(portal: Portal) -> FastAPI:
         return BalancesOut(balances=[BalanceOut(**r) for r in rows], next_cursor=nxt, snapshot=s.version)
 
     @api.get("/queue", response_model=QueueOut, tags=["queue"])
-    def queue(pool: Optional[str] = None, team: Optional[str] = None, p: Principal = Depends(who)):
+    async def queue(pool: Optional[str] = None, team: Optional[str] = None, p: Principal = Depends(who)):
         if team is not None:
             team_or_404(p, team)
-        s = snap()
-        return QueueOut(queue=_queue(portal, s, p, pool, team), snapshot=s.version)
+        return await kept_json(await current(), ("json", "queue", p.view_key, pool, team), lambda s: QueueOut(
+            queue=_queue(portal, s, p, pool, team), snapshot=s.version))
 
     @api.get("/jobs/{job_id:path}", response_model=JobOut, tags=["jobs"])
-    def job(job_id: str, p: Principal = Depends(who)):
-        out = _job(portal, snap(), p, job_id)
+    async def job(job_id: str, p: Principal = Depends(who)):
+        if not NAME_RE.match(job_id or ""):
+            raise HTTPException(404, "no such job")
+        out = await kept_json(await current(), ("json", "job", p.view_key, job_id),
+                              lambda s: _job(portal, s, p, job_id))
         if out is None:
             raise HTTPException(404, "no such job")
         return out
@@ -663,8 +722,9 @@ def build_app(portal: Portal) -> FastAPI:
         return JobsOut(jobs=[JobSummary(**r) for r in rows], next_cursor=nxt, snapshot=s.version)
 
     @api.get("/decisions", response_model=DecisionsOut, tags=["decisions"])
-    def decisions(pool: Optional[str] = None, team: Optional[str] = None, limit: int = Query(100, ge=1, le=1000),
-                  cursor: Optional[str] = None, p: Principal = Depends(who)):
+    async def decisions(pool: Optional[str] = None, team: Optional[str] = None,
+                        limit: int = Query(100, ge=1, le=1000), cursor: Optional[str] = None,
+                        p: Principal = Depends(who)):
         if team is not None:
             team_or_404(p, team)
         elif not p.is_staff:
@@ -672,8 +732,8 @@ def build_app(portal: Portal) -> FastAPI:
                 raise HTTPException(404, "no such team")
         # the page as this caller may read it, kept with the snapshot (computed again on the next one at its swap): the
         # key holds everything the redaction depends on (staff, their teams, whether they see the fleet's names)
-        key = ("decisions", p.is_staff, p.teams, p.sees_fleet, pool, team, limit, cursor)
-        return snap().memo(key, lambda s: _decisions_page(s, p, pool, team, limit, cursor))
+        key = ("json", "decisions", p.view_key, pool, team, limit, cursor)
+        return await kept_json(await current(), key, lambda s: _decisions_page(s, p, pool, team, limit, cursor))
 
     def _decisions_page(s: Snapshot, p: Principal, pool: Optional[str], team: Optional[str], limit: int,
                         cursor: Optional[str]) -> DecisionsOut:
@@ -715,14 +775,14 @@ def build_app(portal: Portal) -> FastAPI:
             verdict=r["verdict"], request_id=r["request_id"]) for r in rows], next_cursor=nxt, snapshot=s.version)
 
     @api.get("/slos", response_model=SlosOut, tags=["slo"])
-    def slos(pool: Optional[str] = None, p: Principal = Depends(who)):
-        s = snap()
-        return SlosOut(slos=_slos(s, pool), snapshot=s.version)
+    async def slos(pool: Optional[str] = None, p: Principal = Depends(who)):
+        return await kept_json(await current(), ("json", "slos", pool), lambda s: SlosOut(
+            slos=_slos(s, pool), snapshot=s.version))
 
     @api.get("/head-of-line", response_model=HolsOut, tags=["queue"])
-    def head_of_line(pool: Optional[str] = None, p: Principal = Depends(who)):
+    async def head_of_line(pool: Optional[str] = None, p: Principal = Depends(who)):
         # kept with the snapshot per view, as the decisions are (what is shown depends on nothing else of the caller)
-        return snap().memo(("hol", p.is_staff, p.teams, p.sees_fleet, pool), lambda s: _hol_page(s, p, pool))
+        return await kept_json(await current(), ("json", "hol", p.view_key, pool), lambda s: _hol_page(s, p, pool))
 
     def _hol_page(s: Snapshot, p: Principal, pool: Optional[str]) -> HolsOut:
         rows = s.cached_rows("SELECT * FROM portal_hol WHERE ($1 IS NULL OR pool = $1) ORDER BY pool, team", [pool])
@@ -933,18 +993,23 @@ def build_app(portal: Portal) -> FastAPI:
             return signin_redirect()
         team_or_404(p, team)
         s = snap()
+        # the page's content is kept with the snapshot per team and view (its rendering was most of the page's time:
+        # 40 kB of tables at 10M events); what is the session's (the sign-out form's CSRF token) is rendered per request
+        main = s.memo(("home_main", p.view_key, team), lambda s: _home_main(s, p, team))
+        return render(request, "home.html", p, snapshot=s, team=team, main=main)
+
+    def _home_main(s: Snapshot, p: Principal, team: str) -> Markup:
         bal, pools = s.memo(("home", team), lambda s: (
             s.rows("SELECT * FROM portal_balances_now WHERE team = ? ORDER BY pool", [team]),
             {r["pool"]: r for r in s.rows("SELECT * FROM portal_pools")}))
-        slo_rows = _slos(s, None)
         q = _queue(portal, s, p, None, team)
         recent = s.memo(("recent", team), lambda s: s.rows(
             "SELECT job_id, pool, chips, submitted_at, first_started_at, finished_at, outcome, preemptions FROM jobs "
             "WHERE team = ? ORDER BY submitted_at DESC, job_id DESC LIMIT 15", [team]))
-        return render(request, "home.html", p, snapshot=s, team=team, balances=bal, pools=pools, recent=recent,
-                      team_pools={b["pool"] for b in bal},
-                      slos=slo_rows, queue_len=len(q), fair_share=_fair_share_sentence,
-                      costs=_team_costs_out(s, team), budgets=_team_budgets_out(s, team))
+        return Markup(templates.get_template("home_main.html").render(
+            team=team, balances=bal, pools=pools, recent=recent, team_pools={b["pool"] for b in bal},
+            slos=_slos(s, None), queue_len=len(q), fair_share=_fair_share_sentence,
+            costs=_team_costs_out(s, team), budgets=_team_budgets_out(s, team)))
 
     @app.get("/teams/{team:path}/queue", include_in_schema=False, response_class=HTMLResponse)
     def team_queue(request: Request, team: str):

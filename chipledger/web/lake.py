@@ -178,6 +178,11 @@ class Snapshot:
         hit = self._pinned.get(key, _MISSING)
         return self._memo.get(key, _MISSING) if hit is _MISSING else hit
 
+    def kept(self, key, default=None):
+        """The answer kept for `key`, else `default` (a lookup: never computes, never waits)."""
+        hit = self._lookup(key)
+        return default if hit is _MISSING else hit
+
     def memo(self, key, compute: Callable[["Snapshot"], object], pin: bool = False):
         """`compute(snapshot)`'s answer, kept with the snapshot. Pinned answers (what the refresh warmed: the queue
         with its estimates) survive the bound: requests for many distinct keys (job ids, cursors) clear only the
