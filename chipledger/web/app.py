@@ -632,7 +632,9 @@ def build_app(portal: Portal) -> FastAPI:
         """`compute(s)`'s answer as JSON, kept with the snapshot (computed again on the next one at its swap): when
         kept, the request is a lookup on the event loop; else it is computed in the thread pool, once however many
         ask (Snapshot.memo). None when `compute` says there is no such thing (a 404 for the route to raise). A
-        principal's answer is keyed by `Principal.view_key` (with the route's parameters): never another's."""
+        principal's answer is keyed by `Principal.view_key` (with the route's parameters): never another's. The
+        portal's alias key too: the hidden ids' aliases are its (two portals may read one snapshot, as tests do)."""
+        key = (portal.alias_key, *key)
         body = s.kept(key, _MISSING)
         if body is _MISSING:
             body = await run_in_threadpool(
