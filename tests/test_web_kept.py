@@ -170,3 +170,21 @@ def test_security_headers_on_every_kind_of_response(env):
     assert [r.status_code for r in codes] == [200, 429]
     assert "default-src 'none'" in codes[1].headers["content-security-policy"]
     assert codes[1].headers["cache-control"] == "no-store"
+
+
+def test_head_of_line_blockers_owners_table_equals_a_lookup_per_job(env):
+    """The refresh's table of the head-of-line blockers' owners (what a member's rows are redacted by) names the same
+    team for each blocker as a lookup of that job in its pool, and every blocker that has an owner."""
+    from chipledger.web.app import hol_owners
+
+    s = _portal(env).reader.snapshot
+    owners = hol_owners(s)
+    looked = 0
+    for row in s.rows("SELECT pool, top_blockers FROM portal_hol"):
+        for job_id in (row["top_blockers"] or "").split(","):
+            if not job_id:
+                continue
+            found = s.rows("SELECT team FROM portal_job_owners WHERE pool = ? AND job_id = ?", [row["pool"], job_id])
+            assert owners.get((row["pool"], job_id)) == (found[0]["team"] if found else None), (row, job_id)
+            looked += 1
+    assert looked > 0
