@@ -109,35 +109,38 @@ def _main(html: str) -> str:
     return re.search(r"<main>(.*)</main>", html, re.S).group(1)
 
 
-def _signed_in(env, app, user: str) -> tuple[TestClient, str]:
+def _signed_in(env, app, user: str, path: str) -> tuple[TestClient, str]:
     c = TestClient(app)
     nonce = re.search(r'name="csrf" value="([^"]+)"', c.get("/login").text).group(1)
     assert c.post("/login", data={"token": env["tokens"][user], "csrf": nonce},
                   follow_redirects=False).status_code == 303
-    page = c.get("/teams/vision")
+    page = c.get(path)
     assert page.status_code == 200
     return c, page.text
 
 
-def test_home_page_content_is_kept_but_each_session_gets_its_own_csrf_token(env):
-    """The home page's content is kept per team and view; the sign-out form around it is each session's."""
+@pytest.mark.parametrize("page", ["", "/queue"])
+def test_a_team_pages_content_is_kept_but_each_session_gets_its_own_csrf_token(env, page):
+    """The home and queue pages' content is kept per team and view; the sign-out form around it is each session's.
+    An admin reads the pages first (their view shows every team's blocker ids on the queue page)."""
     portal = _portal(env)
     app = build_app(portal)
     for team in ("ads-ml", "vision"):  # another team's page kept first: the key is the team's too
-        assert TestClient(app).get(f"/teams/{team}", headers=_h(env, "root")).status_code == 200
-    one, first = _signed_in(env, app, "alice")
-    two, second = _signed_in(env, app, "alice")
-    fresh = _signed_in(env, build_app(_portal(env)), "alice")[1]
+        assert TestClient(app).get(f"/teams/{team}{page}", headers=_h(env, "root")).status_code == 200
+    one, first = _signed_in(env, app, "alice", f"/teams/vision{page}")
+    two, second = _signed_in(env, app, "alice", f"/teams/vision{page}")
+    fresh = _signed_in(env, build_app(_portal(env)), "alice", f"/teams/vision{page}")[1]
     assert _main(first) == _main(second) == _main(fresh)
-    assert 'id="balances"' in _main(first) and 'id="slos"' in _main(first)
-    assert '<span id="team">vision</span>' in _main(first)
+    assert (re.search(r'<span id="team">([^<]*)</span>', _main(first)).group(1)) == "vision"
+    assert ('id="balances"' in _main(first) and 'id="slos"' in _main(first)) if page == "" else \
+        ('id="queue"' in _main(first) and 'id="hol"' in _main(first))
     token = re.compile(r'name="csrf" value="([^"]+)"')
     t1, t2 = token.search(first).group(1), token.search(second).group(1)
     assert t1 != t2
     assert two.post("/logout", data={"csrf": t1}, follow_redirects=False).status_code == 403  # the other session's
     assert two.post("/logout", data={"csrf": t2}, follow_redirects=False).status_code == 303
-    # eve may not read vision's home, kept or not
-    assert TestClient(app).get("/teams/vision", headers=_h(env, "eve")).status_code == 404
+    # eve may not read vision's pages, kept or not
+    assert TestClient(app).get(f"/teams/vision{page}", headers=_h(env, "eve")).status_code == 404
 
 
 def test_security_headers_on_every_kind_of_response(env):

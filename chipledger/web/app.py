@@ -1028,7 +1028,7 @@ def build_app(portal: Portal) -> FastAPI:
             s, p, "queue_main.html", team, lambda s: dict(
                 team=team, queue=_queue(portal, s, p, None, team), accuracy=portal.accuracy,
                 hol=[{**r, "top_blockers": _blockers(s, p, r)}
-                     for r in s.cached_rows("SELECT * FROM portal_hol WHERE team = ?", [team])])))
+                     for r in s.cached_rows("SELECT * FROM portal_hol WHERE team = ? ORDER BY pool", [team])])))
 
     @app.get("/jobs/{job_id:path}", include_in_schema=False, response_class=HTMLResponse)
     def job_page(request: Request, job_id: str):
