@@ -6,7 +6,18 @@ against the same server returning a static file (the limit), in one run.
 It starts `chipledger serve` (a child process, [serve] refresh_s = 1), creates a token, and for each route runs
 `--clients` threads of back-to-back requests for `--seconds`. Meanwhile a writer commits a copy of one of the lake's
 `events` files under a new name every `--grow-every` seconds (the lake grows: each commit makes the portal build a
-new snapshot in the background, as the sink's commits do). Prints one JSON document.
+new snapshot in the background, as the sink's commits do). `--rounds R` times the whole list R times (the static file
+in each round: the limit under the same load). Per route and round it also says how many cores the server, the
+bench's own clients and the whole machine used meanwhile (on a 2-core machine, Python clients can take one of them).
+Prints one JSON document.
+
+    python bench/serve.py --lake LAKE --store URL --in-process 200 [--profile-out FILE]
+
+What each route costs per request in one thread, no contention: one snapshot built in this process (the lake is
+read, not copied nor grown), then per route one request to warm it (the answers a snapshot keeps) and `--in-process`
+requests one after the other through the ASGI application (httpx's ASGI transport, the routes' thread-pool work run
+inline in the one thread): min, median, p99 ms and the median CPU ms; with `--profile-out`, each route's cProfile (by
+cumulative time) written there. No HTTP parsing (uvicorn's) is in these figures.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 import httpx
 
@@ -39,7 +51,26 @@ def _pct(v: list[float], q: float) -> float:
     return v[min(len(v) - 1, max(0, int(round(q * len(v))) - 1))]
 
 
-def run_route(base: str, path: str, headers: dict, seconds: float, clients: int) -> dict:
+def _proc_cpu_s(pid: int) -> Optional[float]:
+    """A process's CPU seconds (user + system, all its threads), or None where /proc does not say."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _machine_busy() -> Optional[tuple[int, int]]:
+    """(busy, total) jiffies of all the machine's cores since boot (/proc/stat), or None."""
+    try:
+        v = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except OSError:
+        return None
+    idle = v[3] + v[4]  # idle + iowait
+    return sum(v) - idle, sum(v)
+
+
+def run_route(base: str, path: str, headers: dict, seconds: float, clients: int, server_pid: Optional[int] = None) -> dict:
     lat: list[float] = []
     errors = 0
     lock = threading.Lock()
@@ -60,15 +91,42 @@ def run_route(base: str, path: str, headers: dict, seconds: float, clients: int)
             errors += bad
 
     ts = [threading.Thread(target=worker) for _ in range(clients)]
+    # who used the CPU meanwhile, in cores (1.0: one core all the time): the server, these clients (this process:
+    # its writer and watcher too, which are idle most of the time); and the share of all the machine's cores busy
+    # (every other session too: 1.0 is every core all the time)
+    srv0 = _proc_cpu_s(server_pid) if server_pid else None
+    me0 = sum(os.times()[:2])
+    busy0 = _machine_busy()
     t0 = time.monotonic()
     for t in ts:
         t.start()
     for t in ts:
         t.join()
     took = time.monotonic() - t0
-    return {"route": path, "requests": len(lat), "errors": errors, "rps": round(len(lat) / took, 1),
-            "p50_ms": round(1000 * _pct(lat, 0.5), 2), "p99_ms": round(1000 * _pct(lat, 0.99), 2),
-            "mean_ms": round(1000 * statistics.fmean(lat), 2) if lat else None}
+    srv1, me1, busy1 = (_proc_cpu_s(server_pid) if server_pid else None), sum(os.times()[:2]), _machine_busy()
+    out = {"route": path, "requests": len(lat), "errors": errors, "rps": round(len(lat) / took, 1),
+           "p50_ms": round(1000 * _pct(lat, 0.5), 2), "p99_ms": round(1000 * _pct(lat, 0.99), 2),
+           "mean_ms": round(1000 * statistics.fmean(lat), 2) if lat else None,
+           "clients_cores": round((me1 - me0) / took, 2)}
+    if srv0 is not None and srv1 is not None:
+        out["server_cores"] = round((srv1 - srv0) / took, 2)
+    if busy0 is not None and busy1 is not None and busy1[1] > busy0[1]:
+        out["machine_busy"] = round((busy1[0] - busy0[0]) / (busy1[1] - busy0[1]), 2)
+    return out
+
+
+def summarize(rounds: list[list[dict]]) -> list[dict]:
+    """Per route over the rounds: each round's p50 and p99, and their min and median."""
+    out = []
+    for i, first in enumerate(rounds[0]):
+        mine = [r[i] for r in rounds]
+        p50s, p99s = [r["p50_ms"] for r in mine], [r["p99_ms"] for r in mine]
+        out.append({"route": first["route"], "p50_ms": p50s, "p99_ms": p99s,
+                    "p99_ms_min": min(p99s), "p99_ms_median": round(statistics.median(p99s), 2),
+                    "p50_ms_median": round(statistics.median(p50s), 2),
+                    "rps_median": round(statistics.median(r["rps"] for r in mine), 1),
+                    "errors": sum(r["errors"] for r in mine)})
+    return out
 
 
 def _peak_rss_mib(pid: int):
@@ -80,6 +138,87 @@ def _peak_rss_mib(pid: int):
     except OSError:
         return None
     return None
+
+
+def routes_for(job_id: str) -> list[str]:
+    """The routes timed: the static file (the limit) first, then every read route a team's member uses."""
+    return ["/static/portal.css", "/api/v1/pools", "/api/v1/teams/vision/balances", "/api/v1/queue?team=vision",
+            f"/api/v1/jobs/{job_id}", "/api/v1/decisions?limit=100", "/api/v1/slos", "/api/v1/head-of-line",
+            "/teams/vision", "/teams/vision/queue"]
+
+
+def in_process(a) -> dict:
+    import cProfile
+    import io
+    import pstats
+
+    import asyncio
+
+    import anyio.to_thread
+
+    sys.path.insert(0, str(ROOT))
+    from chipledger.config import load_config
+    from chipledger.web.app import Portal, build_app
+    from chipledger.web.auth import TokenCache, new_token
+    from chipledger.web.lake import LakeReader
+    from store.repo import open_store
+
+    cfg = load_config(a.config, env={**os.environ, "CHIPLEDGER_SERVE_REQUESTS_PER_MINUTE": "0"})
+    reader = LakeReader(a.lake, refresh_s=3600, slo=cfg.slo, duckdb_config=cfg.lake.duckdb_config())
+    t0 = time.monotonic()
+    reader.refresh(force=True)
+    build_s = time.monotonic() - t0
+    st = open_store(a.store)
+    _, token = new_token(st, "bench", "vision")
+    portal = Portal(cfg=cfg, reader=reader, store=st, tokens=TokenCache(st))
+    app = build_app(portal)
+    h = {"Authorization": f"Bearer {token}"}
+    job_id = reader.snapshot.rows("SELECT job_id FROM portal_jobs WHERE team = 'vision' "
+                                  "ORDER BY preemptions DESC, job_id LIMIT 1")[0]["job_id"]
+
+    # every sync route and dependency runs inline, in this thread (the server runs them in its thread pool): what
+    # a request costs is then this thread's time, and cProfile sees all of it
+    async def inline(func, *args, **_):
+        return func(*args)
+
+    anyio.to_thread.run_sync = inline
+    results, profiles = [], []
+
+    async def timed() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bench",
+                                     headers=h) as client:
+            for route in routes_for(job_id):
+                t0 = time.perf_counter()
+                r = await client.get(route)
+                first_ms = 1000 * (time.perf_counter() - t0)
+                if r.status_code != 200:
+                    raise SystemExit(f"{route}: {r.status_code} {r.text[:300]}")
+                lat, cpu = [], []
+                prof = cProfile.Profile() if a.profile_out else None
+                for _ in range(a.in_process):
+                    t0, c0 = time.perf_counter(), time.thread_time()
+                    if prof is not None:
+                        prof.enable()
+                    await client.get(route)
+                    if prof is not None:
+                        prof.disable()
+                    lat.append(time.perf_counter() - t0)
+                    cpu.append(time.thread_time() - c0)
+                results.append({"route": route, "first_ms": round(first_ms, 2), "bytes": len(r.content),
+                                "min_ms": round(1000 * min(lat), 2), "p50_ms": round(1000 * _pct(lat, 0.5), 2),
+                                "p99_ms": round(1000 * _pct(lat, 0.99), 2),
+                                "cpu_p50_ms": round(1000 * _pct(cpu, 0.5), 2)})
+                if prof is not None:
+                    buf = io.StringIO()
+                    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(40)
+                    profiles.append(f"==== {route} ({a.in_process} requests)\n{buf.getvalue()}")
+
+    asyncio.run(timed())
+    if a.profile_out:
+        a.profile_out.write_text("\n".join(profiles))
+    return {"lake": str(a.lake), "mode": "in-process", "requests_per_route": a.in_process,
+            "snapshot_build_s": round(build_s, 1), "cpus": os.cpu_count(), "load_avg": os.getloadavg(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "routes": results}
 
 
 def main() -> None:
@@ -94,7 +233,16 @@ def main() -> None:
                     help="chipledger.toml for the server ([lake] memory_limit and spill_dir bound each snapshot's "
                          "DuckDB: a large lake's snapshot outgrows DuckDB's default of 80%% of the memory twice over, "
                          "the current one and the one being built)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time every route (the static file too) this many times, one after the other, on the same "
+                         "server: the summary gives each route's p99 per round, min and median")
+    ap.add_argument("--in-process", type=int, default=0, metavar="N",
+                    help="time each route's N requests in this process, one at a time (no server, no growth)")
+    ap.add_argument("--profile-out", type=Path, default=None, help="with --in-process: each route's cProfile here")
     a = ap.parse_args()
+    if a.in_process:
+        print(json.dumps(in_process(a), indent=2))
+        return
     py = sys.executable
     shutil.rmtree(a.work, ignore_errors=True)
     lake = a.work / "lake"
@@ -133,9 +281,7 @@ def main() -> None:
 
             job_id = connect(a.lake).execute("SELECT job_id FROM jobs WHERE team = 'vision' "
                                              "ORDER BY preemptions DESC LIMIT 1").fetchone()[0]
-        routes = ["/static/portal.css", "/api/v1/pools", "/api/v1/teams/vision/balances", "/api/v1/queue?team=vision",
-                  f"/api/v1/jobs/{job_id}", "/api/v1/decisions?limit=100", "/api/v1/slos", "/api/v1/head-of-line",
-                  "/teams/vision", "/teams/vision/queue"]
+        routes = routes_for(job_id)
         stop = threading.Event()
         grown = []
 
@@ -174,7 +320,9 @@ def main() -> None:
         load_before = os.getloadavg()
         g.start()
         w.start()
-        results = [run_route(base, r, h, a.seconds, a.clients) for r in routes]
+        rounds = []
+        for _ in range(a.rounds):
+            rounds.append([run_route(base, r, h, a.seconds, a.clients, server.pid) for r in routes])
         stop.set()
         g.join()
         w.join()
@@ -185,7 +333,7 @@ def main() -> None:
                "server_peak_rss_mib": _peak_rss_mib(server.pid),
                "cpus": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "routes": results, "decision_sample": bool(job)}
+               "rounds": a.rounds, "summary": summarize(rounds), "routes": rounds, "decision_sample": bool(job)}
         print(json.dumps(out, indent=2))
     finally:
         server.terminate()

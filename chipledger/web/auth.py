@@ -81,6 +81,12 @@ class Principal:
         return self.is_staff or self.visibility == "fleet"
 
     @property
+    def view_key(self) -> tuple:
+        """All that what a caller may read depends on (`can_read_team`, `sees_fleet`, the redaction of chipledger.web.
+        redact): an answer kept per view is keyed by it, so one caller's is never given to another who may read less."""
+        return (self.is_staff, self.teams, self.sees_fleet)
+
+    @property
     def home_team(self) -> Optional[str]:
         return min(self.teams) if self.teams else None
 
