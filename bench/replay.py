@@ -1000,7 +1000,7 @@ def main() -> int:
                   f"{h_cpu - v_cpu:.2f} s; head-of-line blocking costs x{(f_cpu - v_cpu) / (h_cpu - v_cpu):.2f} of "
                   f"the fold alone (CPU)")
         print(f"  embedded run (with lake): {e_s:7.2f} s  {e_rate:>10,.0f} events/s  ratio {e_rate / v_rate:.2f}  "
-              f"(target >= 0.50)")
+              f"(target >= 0.20: issue 37; the fold alone's 0.50 above was withdrawn there)")
         print(f"    in CPU time: the run's process {e_cpu:.2f} s (ratio {v_cpu / e_cpu:.2f}), its events process "
               f"{e2_cpu:.2f} s")
         if args.inline:

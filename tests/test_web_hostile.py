@@ -286,3 +286,35 @@ def test_names_and_job_ids_with_markdown_or_csv_characters_are_redacted_in_state
     for fmt, text in read.items():
         for job in theirs:
             assert job not in text and job.replace("_", "\\_") not in text, (fmt, job)
+
+
+def test_healthz_says_a_refresh_fails_without_naming_the_lakes_files(env, tmp_path):
+    """/healthz answers anyone (probes): when the lake cannot be read it says the refresh fails, and not the error's
+    message, which names the lake's folders and files (the server's log has it)."""
+    import shutil
+    import time
+
+    from analytics.commits import manifest_path
+    from chipledger.web.lake import LakeReader
+
+    lake = tmp_path / "lake"
+    shutil.copytree(env["portal"].reader.lake, lake)
+    reader = LakeReader(lake, refresh_s=0.05)
+    c = client_of(make_portal(env["store"], reader))
+    reader.snapshot  # (built before the lake breaks)
+    assert c.get("/healthz").json()["refresh_failing"] is False
+    part = next(iter(sorted((lake / "events").rglob("*.parquet"))))
+    part.write_bytes(b"not parquet" * 100)
+    manifest = manifest_path(lake)  # a new commit that names it (what a reader looks at to refresh)
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "commit": 99}))
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while reader.last_error is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert reader.last_error is not None and str(tmp_path) in reader.last_error  # (the message names the file)
+        res = c.get("/healthz")
+    finally:
+        reader.stop()
+    assert res.status_code == 200 and res.json()["refresh_failing"] is True
+    assert str(tmp_path) not in res.text and "parquet" not in res.text

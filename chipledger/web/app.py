@@ -45,8 +45,8 @@ MAX_BODY_BYTES = 16 << 10
 # letters (accents, spaces, slashes: Kubernetes namespace/name), only not markup characters (refused as hostile)
 NAME_RE = re.compile(r"^[^\x00-\x1f\x7f-\x9f<>\"'`&\\]{1,256}$")
 PAGE_REFRESH_S = 60
-MAX_STREAMS_PER_CALLER = 8
-UNLIMITED_PATHS = frozenset({"/healthz", "/static/portal.css"})  # not rate limited (probes; every page's stylesheet)  # open /api/v1/snapshots streams per caller: each holds a connection and a task
+MAX_STREAMS_PER_CALLER = 8  # open /api/v1/snapshots streams per caller: each holds a connection and a task
+UNLIMITED_PATHS = frozenset({"/healthz", "/static/portal.css"})  # not rate limited (probes; every page's stylesheet)
 
 
 @dataclass
@@ -934,8 +934,9 @@ def build_app(portal: Portal) -> FastAPI:
 
     @app.get("/healthz", include_in_schema=False)
     def healthz():
-        s = portal.reader._snap
-        return {"ok": True, "snapshot": s.version if s else None, "refresh_error": portal.reader.last_error,
+        s = portal.reader._snap  # (anonymous: whether the refresh fails, not why: its message names the lake's
+        # files, and the server's log has it)
+        return {"ok": True, "snapshot": s.version if s else None, "refresh_failing": portal.reader.last_error is not None,
                 "build_s": round(s.build_s, 2) if s else None, "rewarm_s": round(s.rewarm_s, 2) if s else None}
 
     @app.get("/static/portal.css", include_in_schema=False)
