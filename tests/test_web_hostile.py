@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.web_support import (  # noqa: F401 (env: the module's lake and portal)
     chipledger_run, client_of, decision_ids_page_by_page, decision_views, env, forged_cursor, headers, lake_with,
     last_instant, make_portal, portal_config, portal_like, signed_in, sql,
@@ -318,3 +320,88 @@ def test_healthz_says_a_refresh_fails_without_naming_the_lakes_files(env, tmp_pa
         reader.stop()
     assert res.status_code == 200 and res.json()["refresh_failing"] is True
     assert str(tmp_path) not in res.text and "parquet" not in res.text
+
+
+class _StoreSpy:
+    """The test's store, recording each token lookup and whether it ran on an event loop; `down`: lookups fail."""
+
+    def __init__(self, store, down: bool = False):
+        self._store, self.down, self.lookups = store, down, []
+
+    def token(self, token_id):
+        import asyncio
+
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        self.lookups.append((token_id, on_loop))
+        if self.down:
+            raise ConnectionError("the store is down")
+        return self._store.token(token_id)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+@pytest.mark.parametrize("per_minute", [600, 0])
+def test_a_token_lookup_never_holds_the_event_loop_and_unknown_ids_are_remembered(env, per_minute):
+    """Review: the routes and the rate limit run on the event loop; a token its cache did not keep was looked up in
+    the store there, so anyone sending made-up token ids held every request (kept answers too) for a store query
+    each. The store is asked in the thread pool, and an id it does not know is remembered like a known one."""
+    from chipledger.web.app import Portal
+    from chipledger.web.auth import TokenCache
+
+    spy = _StoreSpy(env["store"])
+    portal = Portal(cfg=portal_config(requests_per_minute=per_minute), reader=env["portal"].reader, store=spy,
+                    tokens=TokenCache(spy, ttl_s=60))
+    c = client_of(portal)
+    bogus = {"Authorization": "Bearer clp_nosuchtokenid_secret"}
+    assert [c.get("/api/v1/pools", headers=bogus).status_code for _ in range(3)] == [401] * 3
+    assert c.get("/api/v1/pools", headers=headers(env, "alice")).status_code == 200
+    assert c.get("/api/v1/slos", headers=headers(env, "alice")).status_code == 200
+    assert spy.lookups and not [t for t, on_loop in spy.lookups if on_loop]
+    assert [t for t, _ in spy.lookups].count("nosuchtokenid") == 1  # then remembered as unknown
+    assert len(spy.lookups) == 2  # alice's token once, kept for the second request
+
+
+def test_a_failure_inside_is_a_500_with_the_security_headers(env):
+    """Review: an unexpected failure (here the store down) was answered by Starlette's outermost handler, whose
+    500 carried none of the security headers."""
+    from fastapi.testclient import TestClient
+
+    from chipledger.web.app import Portal, build_app
+    from chipledger.web.auth import TokenCache
+
+    spy = _StoreSpy(env["store"], down=True)
+    portal = Portal(cfg=portal_config(), reader=env["portal"].reader, store=spy, tokens=TokenCache(spy, ttl_s=0))
+    c = TestClient(build_app(portal), raise_server_exceptions=False)
+    for path in ("/api/v1/pools", "/teams/vision"):
+        r = c.get(path, headers=headers(env, "alice"))
+        assert r.status_code == 500 and "the store is down" not in r.text, path
+        assert "default-src 'none'" in r.headers["content-security-policy"], path
+        assert r.headers["x-content-type-options"] == "nosniff" and r.headers["cache-control"] == "no-store", path
+    assert spy.lookups
+
+
+def test_made_up_job_ids_neither_empty_the_kept_answers_nor_take_the_next_snapshots_rewarm(env):
+    """Review: the kept answers were emptied at once when 4096 keys were kept, and every made-up job id kept two (its
+    404 and its empty list of submissions): 2,041 requests for junk ids emptied them all (the home page's content
+    too), and the refresh then computed the 256 junk ids on the next snapshot instead of the pages people read."""
+    from chipledger.web.lake import Snapshot
+
+    portal = portal_like(env)
+    c = client_of(portal)
+    h = headers(env, "alice")
+    s = portal.reader.snapshot
+    assert c.get("/teams/vision", headers=h).status_code == 200
+    home = [k for k in s._memo if k[:2] == ("page", "home_main.html")]
+    assert home
+    for i in range(Snapshot.MEMO_MAX + 100):
+        if i % 200 == 0:  # people keep reading the home page
+            assert c.get("/teams/vision", headers=h).status_code == 200
+        assert c.get(f"/api/v1/jobs/junk-{i}", headers=h).status_code == 404
+    assert all(k in s._memo for k in home) and len(s._memo) <= Snapshot.MEMO_MAX
+    assert not [k for k in s._recipes if any("junk-" in str(part) for part in k)]
+    assert any(k[:2] == ("page", "home_main.html") for k in s._recipes)

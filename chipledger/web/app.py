@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, FastAPI, Form, HTTPException, Query, Request
@@ -30,7 +30,7 @@ from starlette.datastructures import MutableHeaders
 
 from chipledger.config import Config
 from chipledger.web import burst as burst_mod
-from chipledger.web.auth import Csrf, Principal, RateLimiter, Sessions, TokenCache, principal_for
+from chipledger.web.auth import Csrf, NeedStore, Principal, RateLimiter, Sessions, TokenCache, principal_for
 from chipledger.web.estimate import Running, Waiting, estimate_start
 from chipledger.web.lake import _MISSING, LakeReader, Snapshot
 from chipledger.web.redact import View, new_key
@@ -467,7 +467,8 @@ class Identity:
 
     def __call__(self, request: Request, fresh: bool = False) -> Optional[Principal]:
         """The request's principal, worked out once per request (the rate limit needs it before the route does);
-        `fresh`: again (a long-lived event stream checks that its token or session still holds)."""
+        `fresh`: again (a long-lived event stream checks that its token or session still holds). May ask the store:
+        from the event loop, `await Identity.of(request)` instead."""
         if not fresh:
             known = request.scope.get("chipledger.principal", _UNKNOWN)
             if known is not _UNKNOWN:
@@ -476,7 +477,22 @@ class Identity:
         request.scope["chipledger.principal"] = p
         return p
 
-    def _resolve(self, request: Request) -> Optional[Principal]:
+    async def of(self, request: Request, fresh: bool = False) -> Optional[Principal]:
+        """As calling it, from the event loop: what the token cache keeps is read here; a token or session it does
+        not keep is looked up in the store in the thread pool, never on the loop (a query there would hold every
+        request, kept answers too, and anyone may send a token id nobody has)."""
+        if not fresh:
+            known = request.scope.get("chipledger.principal", _UNKNOWN)
+            if known is not _UNKNOWN:
+                return known
+        try:
+            p = self._resolve(request, query=False)
+        except NeedStore:
+            p = await run_in_threadpool(self._resolve, request)
+        request.scope["chipledger.principal"] = p
+        return p
+
+    def _resolve(self, request: Request, query: bool = True) -> Optional[Principal]:
         cfg = self.portal.cfg.serve
         client = request.client.host if request.client else ""
         if client in cfg.proxies():
@@ -486,13 +502,13 @@ class Identity:
                 return principal_for(cfg, user.strip()[:128], groups, "proxy")
         auth = request.headers.get("authorization", "")
         if auth.lower().startswith("bearer "):
-            row = self.portal.tokens.lookup(auth[7:].strip())
+            row = self.portal.tokens.lookup(auth[7:].strip(), query)
             if row is not None:
                 return principal_for(cfg, row.user, [], "token", token_team=row.team, token_id=row.token_id)
             return None
         cookie = request.cookies.get(SESSION_COOKIE)
         if cookie:  # a browser's session (/login): its id, never the token (signing out ends it here)
-            live = self.portal.sessions.lookup(cookie)
+            live = self.portal.sessions.lookup(cookie, query)
             if live is not None:
                 sid, row = live
                 return principal_for(cfg, row.user, [], "session", token_team=row.team, token_id=row.token_id,
@@ -532,7 +548,7 @@ class Security:
     HEADERS = (("Content-Security-Policy", CSP), ("X-Content-Type-Options", "nosniff"),
                ("Referrer-Policy", "no-referrer"), ("X-Frame-Options", "DENY"))
 
-    def __init__(self, app, checks: Callable[[Request], Any]):
+    def __init__(self, app, checks: Callable[[Request], Awaitable[Any]]):
         self.app = app
         self.checks = checks
 
@@ -540,8 +556,12 @@ class Security:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
 
+        started = False
+
         async def headed(message):
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 h = MutableHeaders(scope=message)
                 for name, value in self.HEADERS:
                     h[name] = value
@@ -549,10 +569,19 @@ class Security:
                     h["Cache-Control"] = "no-store"
             await send(message)
 
-        refused = self.checks(Request(scope, receive))
-        if refused is not None:
-            return await refused(scope, receive, headed)
-        await self.app(scope, receive, headed)
+        try:
+            refused = await self.checks(Request(scope, receive))
+            if refused is not None:
+                return await refused(scope, receive, headed)
+            await self.app(scope, receive, headed)
+        except Exception:
+            # a failure inside (the store down, a bug): the 500 is answered here, with the headers, rather than by
+            # Starlette's outermost error handler without them; raised on, so the server logs it
+            if not started:
+                api = scope.get("path", "").startswith("/api/")
+                await (JSONResponse({"detail": "internal error"}, status_code=500) if api else
+                       Response("internal error", status_code=500, media_type="text/plain"))(scope, receive, headed)
+            raise
 
 
 def build_app(portal: Portal) -> FastAPI:
@@ -573,12 +602,12 @@ def build_app(portal: Portal) -> FastAPI:
 
     app.add_middleware(BodyLimit)  # a body sent in chunks, without a Content-Length
 
-    def _checks(request: Request):
+    async def _checks(request: Request):
         """A response that refuses the request before any route (413, 429), or None."""
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
             return JSONResponse({"detail": "request body too large"}, status_code=413)
-        wait = _rate_limited(request)
+        wait = await _rate_limited(request)
         return None if wait == 0 else _too_many(request, wait)
 
     # outermost (added last): the size and rate checks, and the headers of every response (a plain ASGI middleware,
@@ -586,13 +615,13 @@ def build_app(portal: Portal) -> FastAPI:
     # own, a cost every route paid, the static file too)
     app.add_middleware(Security, checks=_checks)
 
-    def _rate_limited(request: Request) -> int:
+    async def _rate_limited(request: Request) -> int:
         """Seconds to wait when this request is beyond its caller's `[serve] requests_per_minute`, else 0. The
         caller is the principal (the user) when the request names one, else its client address. /healthz (probes)
         and the stylesheet (loaded with every page) are not counted."""
         if portal.requests.per_minute <= 0 or request.url.path in UNLIMITED_PATHS:
             return 0
-        p = identity(request)
+        p = await identity.of(request)
         if p is not None:
             key = p.limit_key
         else:
@@ -613,8 +642,8 @@ def build_app(portal: Portal) -> FastAPI:
 
     async def who(request: Request) -> Principal:
         # on the event loop (no trip through the thread pool): the principal is known already when the rate limit
-        # worked it out, else it is a token's row kept for seconds (TokenCache), as the rate limit reads it too
-        p = identity(request)
+        # worked it out, else it is a token's row kept for seconds (TokenCache); a store query goes to the pool
+        p = await identity.of(request)
         if p is None:
             raise HTTPException(401, "sign in: Authorization: Bearer <token>", headers={"WWW-Authenticate": "Bearer"})
         return p
@@ -907,7 +936,7 @@ def build_app(portal: Portal) -> FastAPI:
                         return
                 if await request.is_disconnected():
                     return
-                if identity(request, fresh=True) is None:  # its token revoked (or its session gone): it ends too
+                if await identity.of(request, fresh=True) is None:  # its token revoked (or its session gone): it ends too
                     return
                 await asyncio.sleep(1.0)
 
@@ -1115,7 +1144,7 @@ def build_app(portal: Portal) -> FastAPI:
     async def http_error(request: Request, exc: HTTPException):
         if request.url.path.startswith("/api/") or exc.status_code not in (403, 404):
             return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
-        p = identity(request)
+        p = await identity.of(request)
         return render(request, "error.html", p, exc.status_code, message=str(exc.detail))
 
     # burst helpers (closures over portal)

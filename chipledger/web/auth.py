@@ -126,6 +126,10 @@ def principal_for(cfg: ServeConfig, user: str, groups: list[str], via: str, toke
                      token_id=token_id, session_id=session_id)
 
 
+class NeedStore(Exception):
+    """Raised instead of a store query by a lookup told not to query (`query=False`)."""
+
+
 class TokenCache:
     """Tokens looked up in the store, kept for a few seconds (a revoked token stops working within `ttl_s`)."""
 
@@ -136,38 +140,43 @@ class TokenCache:
         self.ttl_s = ttl_s
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, object]] = {}
+        self._unknown: dict[str, tuple[float, None]] = {}  # ids the store does not know, as long as known ones
 
-    def lookup(self, token: str):
-        """The token's row when the token is valid and not revoked, else None."""
+    def lookup(self, token: str, query: bool = True):
+        """The token's row when the token is valid and not revoked, else None. `query` False: raises NeedStore
+        instead of asking the store (the event loop's callers: a store query blocks every request)."""
         if not token.startswith(TOKEN_PREFIX) or self.store is None:
             return None
         token_id, sep, secret = token[len(TOKEN_PREFIX):].partition("_")
         if not sep or not token_id or not secret or len(token) > 200:
             return None
-        row = self.row(token_id)
+        row = self.row(token_id, query)
         if row is None or not hmac.compare_digest(row.secret_sha256, hash_secret(secret)):
             return None
         return row
 
-    def row(self, token_id: str):
+    def row(self, token_id: str, query: bool = True):
         """The token's row by its id when it is not revoked (a session holds the id of the token it was started
-        with, not its secret), else None."""
+        with, not its secret), else None. `query` False: raises NeedStore when the answer is not kept."""
         if self.store is None:
             return None
         now = time.monotonic()
         with self._lock:
-            hit = self._cache.get(token_id)
+            hit = self._cache.get(token_id) or self._unknown.get(token_id)
         if hit is not None and now - hit[0] < self.ttl_s:
             row = hit[1]
+        elif not query:
+            raise NeedStore(token_id)
         else:
             row = self.store.token(token_id)
             with self._lock:
-                if row is None:  # unknown ids are not remembered: anyone may send any number of them
-                    self._cache.pop(token_id, None)
-                else:
-                    if len(self._cache) >= self.MAX_ENTRIES:
-                        self._cache.clear()
-                    self._cache[token_id] = (now, row)
+                # unknown ids apart, in a table of their own: anyone may send any number of them, and filling it
+                # forgets only them (each then costs a query again), never the known tokens
+                kept = self._cache if row is not None else self._unknown
+                (self._unknown if row is not None else self._cache).pop(token_id, None)
+                if len(kept) >= self.MAX_ENTRIES:
+                    kept.clear()
+                kept[token_id] = (now, row)
         if row is None or row.revoked_at is not None:
             return None
         return row
@@ -175,6 +184,7 @@ class TokenCache:
     def forget(self, token_id: str) -> None:
         with self._lock:
             self._cache.pop(token_id, None)
+            self._unknown.pop(token_id, None)
 
 
 class RateLimiter:
@@ -274,8 +284,8 @@ class Sessions:
             self._by_token[token_id] = mine + [sid]
         return cookie
 
-    def lookup(self, cookie: str):
-        """(session id, the token's row) of a live session, else None."""
+    def lookup(self, cookie: str, query: bool = True):
+        """(session id, the token's row) of a live session, else None (`query`: as TokenCache.row's)."""
         if not cookie.startswith(SESSION_PREFIX) or len(cookie) > 100:
             return None
         sid = self._id(cookie)
@@ -286,7 +296,7 @@ class Sessions:
                 s = None
         if s is None:
             return None
-        row = self.tokens.row(s.token_id)
+        row = self.tokens.row(s.token_id, query)
         if row is None:  # its token revoked: the session ends with it
             self.end(cookie)
             return None

@@ -167,7 +167,10 @@ class Snapshot:
     # snapshot starts with the keys asked for of this one computed again: `rewarm`)
     _memo: dict = field(default_factory=dict)
     _pinned: dict = field(default_factory=dict)
-    # how each key is computed (a function of the snapshot), the latest computed last: what `rewarm` recomputes
+    # the bytes of the kept answers that are text
+    _memo_bytes: int = 0
+    # what `rewarm` recomputes: the keys of found answers (not a made-up job id's "no such job" or its empty list of
+    # submissions), the latest asked for last
     _recipes: dict = field(default_factory=dict)
     # keys being computed, and the event their computation sets: a second request for one waits for the first's
     # answer instead of computing it again (8 clients asking for the same page after a swap computed it 8 times)
@@ -180,11 +183,50 @@ class Snapshot:
     rewarmed: int = 0
 
     MEMO_MAX = 4096
+    MEMO_MAX_BYTES = 256 << 20  # of the kept answers that are text (JSON bytes, rendered pages)
     REWARM_MAX = 256
 
-    def _lookup(self, key):
+    def _peek(self, key):
         hit = self._pinned.get(key, _MISSING)
         return self._memo.get(key, _MISSING) if hit is _MISSING else hit
+
+    def _lookup(self, key):
+        """The kept answer (a hit counts as asked again: `_touch`); never under the lock."""
+        hit = self._pinned.get(key, _MISSING)
+        if hit is not _MISSING:
+            return hit
+        hit = self._memo.get(key, _MISSING)
+        if hit is not _MISSING:
+            self._touch(key)
+        return hit
+
+    def _touch(self, key) -> None:
+        """A kept answer asked for again becomes the latest, in the memo (the oldest go first when it is full, so one
+        caller asking for many distinct keys pushes out the answers nobody asks for again, not all of them at once)
+        and among what the next snapshot computes before its swap (`rewarm`)."""
+        with self._lock:
+            value = self._memo.pop(key, _MISSING)
+            if value is _MISSING:
+                return
+            self._memo[key] = value
+            compute = self._recipes.pop(key, None)
+            if compute is not None:
+                self._recipes[key] = compute
+
+    def _keep(self, key, value, compute) -> None:
+        """Keep `value` (under the lock): the oldest answers go first while the memo is over its bounds."""
+        size = len(value) if isinstance(value, (bytes, str)) else 0
+        while self._memo and (len(self._memo) >= self.MEMO_MAX or self._memo_bytes + size > self.MEMO_MAX_BYTES):
+            old = next(iter(self._memo))
+            gone = self._memo.pop(old)
+            self._memo_bytes -= len(gone) if isinstance(gone, (bytes, str)) else 0
+        self._memo[key] = value
+        self._memo_bytes += size
+        if value is not None and not (isinstance(value, (list, tuple)) and not value):  # (nothing found: not kept
+            self._recipes.pop(key, None)                                                  # for the next snapshot)
+            self._recipes[key] = compute
+            if len(self._recipes) > self.REWARM_MAX:
+                del self._recipes[next(iter(self._recipes))]
 
     def kept(self, key, default=None):
         """The answer kept for `key`, else `default` (a lookup: never computes, never waits)."""
@@ -201,7 +243,7 @@ class Snapshot:
         if hit is not _MISSING:
             return hit
         with self._lock:
-            hit = self._lookup(key)
+            hit = self._peek(key)
             if hit is not _MISSING:
                 return hit
             done = self._inflight.get(key)
@@ -220,13 +262,7 @@ class Snapshot:
                 if pin:
                     self._pinned[key] = value
                 else:
-                    if len(self._memo) >= self.MEMO_MAX:
-                        self._memo.clear()
-                    self._memo[key] = value
-                    self._recipes.pop(key, None)
-                    self._recipes[key] = compute
-                    if len(self._recipes) > self.REWARM_MAX:
-                        del self._recipes[next(iter(self._recipes))]
+                    self._keep(key, value, compute)
             return value
         finally:
             with self._lock:
