@@ -51,9 +51,25 @@ ProgressFn = Callable[[int], None]  # called with bytes read so far
 GC_FREEZE_MASK = 0xFFFF
 
 
+_FORKED_CHILD = False
+
+
+def forked_child() -> None:
+    """The first thing a process forked to do part of a command's work does (a fold process of `--jobs`, the events
+    process, a part of `lake upgrade`, a backtest's worker): every object it came with is frozen, never collected
+    here, and stays so. The parent's garbage holds objects whose finalizers must not run in a copy of the parent: a
+    DuckDB connection (its destructor stops threads the copy does not have), Arrow's buffers; a parent that ran other
+    work first (the test suite's process) has plenty. CI: three forked processes died of a segmentation fault while
+    collecting it ("Garbage-collecting")."""
+    global _FORKED_CHILD
+    _FORKED_CHILD = True
+    gc.freeze()
+
+
 class GcPause:
     """Automatic cyclic collection off from its making until `end()` (then as it was found), with `checkpoint()`
-    every GC_FREEZE_MASK + 1 lines; `end()` also empties the permanent generation. Also a context manager."""
+    every GC_FREEZE_MASK + 1 lines; `end()` also empties the permanent generation (not in a forked process: what it
+    came with stays frozen, see forked_child). Also a context manager."""
 
     def __init__(self) -> None:
         self.enabled = gc.isenabled()
@@ -65,7 +81,8 @@ class GcPause:
         gc.freeze()
 
     def end(self) -> None:
-        gc.unfreeze()  # what the run froze may be collected again (the caller keeps the fleet or drops it)
+        if not _FORKED_CHILD:
+            gc.unfreeze()  # what the run froze may be collected again (the caller keeps the fleet or drops it)
         if self.enabled:
             gc.enable()
 
@@ -362,7 +379,7 @@ def _events_child(events_path: Path, lake: Path, run_id: str, topic: str, max_ev
     # Ctrl-C reaches the whole process group: the run's process decides (it stops this one), so no second
     # KeyboardInterrupt and traceback from here
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    gc.freeze()  # what came with the fork (the run's modules and state) is not this process's garbage
+    forked_child()  # what came with the fork (the run's modules and state) is not this process's garbage
     paused = GcPause()  # the collector as in the run's process (see GC_FREEZE_MASK)
     writer = LakeWriter(lake, run_id)
     columns = EventColumns(topic)  # the rows in columns, a batch of them per batch received

@@ -28,7 +28,6 @@ sorted rows, table by table); nothing reads meaning into a row's position in a f
 
 from __future__ import annotations
 
-import gc
 import mmap
 import multiprocessing
 import multiprocessing.connection
@@ -279,7 +278,7 @@ def _worker(k: int, events_path: Path, stage: Path, names: str, fold_config: Fol
     """Fold the lines of the pools dealt to process `k` and write their rows; send ("ok", what it did) or
     ("error", why)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's process's to handle (it ends this one)
-    gc.freeze()  # what came with the fork is not this process's garbage
+    embedded.forked_child()  # what came with the fork is not this process's garbage
     paused = GcPause()
     mine_of = bytes(1 if o == k else 0 for o in owner) + b"\0"  # index NO_POOL (-1): the last byte, not ours
     mine_pools = {p for p, o in zip(pools, owner) if o == k}

@@ -171,6 +171,9 @@ def _in_processes(days, groups: list, stage: Path, names: str, fold_config: Fold
 
 
 def _part_child(days, pools, stage, names, fold_config, tables, batch, conn) -> None:
+    from chipledger.embedded import forked_child
+
+    forked_child()  # what came with the fork is not this process's garbage
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the upgrade's process's to handle (it ends this one)
     try:
         conn.send(("ok", _refold_part(days, pools, stage, names, fold_config, tables, batch)))

@@ -4,6 +4,7 @@ and an interrupted parallel run leaves nothing visible."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import multiprocessing
@@ -224,3 +225,77 @@ def test_the_routing_reads_each_lines_pool_as_the_parse_does():
         assert _pool_of(raw, 1 << 20) == (None if isinstance(event, Rejection) else event.pool), raw
     wrapped = logline.wrap(lines[0], None, "cluster-x")
     assert _pool_of(wrapped, 1 << 20) == "p-1"
+
+
+class _Trap:
+    """Garbage only the cyclic collector frees (it refers to itself); when a process other than `parent` frees it,
+    that process leaves a file named by its pid in `seen`."""
+
+    def __init__(self, seen, parent):
+        self.seen, self.parent, self.me = seen, parent, self
+
+    def __del__(self):
+        if os.getpid() != self.parent:
+            (self.seen / str(os.getpid())).write_text("collected what it came with")
+
+
+def test_a_forked_process_never_collects_what_it_came_with(tmp_path):
+    """CI: forked processes of `lake upgrade` and of a backtest (forked from the test suite's process, which had
+    run other work) died of a segmentation fault collecting the parent's garbage (DuckDB connections and Arrow
+    buffers among it, whose finalizers must not run in a copy). `forked_child` freezes what the process came with."""
+    from chipledger.embedded import forked_child
+
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    ctx = multiprocessing.get_context("fork")
+
+    def child(freeze):
+        if freeze:
+            forked_child()
+        gc.collect()
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        for freeze in (False, True):
+            _Trap(seen, os.getpid())  # garbage at once (a cycle): the parent has not collected it when it forks
+            p = ctx.Process(target=child, args=(freeze,))
+            p.start()
+            p.join()
+            assert p.exitcode == 0
+            assert len(list(seen.iterdir())) == 1, freeze  # without forked_child the child collected it; with, not
+            gc.collect()
+    finally:
+        if was:
+            gc.enable()
+
+
+def test_every_forked_process_of_run_upgrade_and_backtest_freezes_what_it_came_with(fleet_file, tmp_path,
+                                                                                     monkeypatch):
+    """Where the commands fork (the fold processes and the events process of `run`, the parts of `lake upgrade`, a
+    backtest's processes reading the log and simulating), the process calls `forked_child` first."""
+    from typer.testing import CliRunner
+
+    import chipledger.embedded as embedded
+    from chipledger.cli import app
+    from chipledger.refold import REFOLDABLE, refold_facts
+    from chipledger.sim import backtest
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    real = embedded.forked_child
+    monkeypatch.setattr(embedded, "forked_child",
+                        lambda: ((marks / str(os.getpid())).write_text(sys._getframe(1).f_code.co_name), real())[1])
+    monkeypatch.setattr(backtest, "PART_MIN_BYTES", 64 << 10)
+    run_file(fleet_file, tmp_path / "one", jobs=1)  # the events process
+    run_file(fleet_file, tmp_path / "two", jobs=2)  # two fold processes
+    refold_facts(tmp_path / "one", tables=list(REFOLDABLE), jobs=2)
+    c = tmp_path / "c.toml"
+    c.write_text("[policy]\npreemption_grace_s = 60\n")
+    res = CliRunner().invoke(app, ["backtest", "--events", str(fleet_file), "--config", str(c), "--jobs", "2",
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    callers = sorted(p.read_text() for p in marks.iterdir())
+    assert os.getpid() not in {int(p.name) for p in marks.iterdir()}
+    assert {"_events_child", "_worker", "_part_child", "worker"} <= set(callers), callers
+    assert callers.count("_worker") == 2 and callers.count("_part_child") == 2 and callers.count("worker") >= 2

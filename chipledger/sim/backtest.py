@@ -325,7 +325,9 @@ def _read_in_processes(path: Path, parts: list, jobs: int, reader: _DemandReader
 
     _PARTS[:] = [path, parts]
     try:
-        with multiprocessing.get_context("fork").Pool(min(jobs, len(parts))) as pool:
+        from chipledger.embedded import forked_child
+
+        with multiprocessing.get_context("fork").Pool(min(jobs, len(parts)), initializer=forked_child) as pool:
             first = 0  # the line number before the part
             for n, records, other, t_min, t_max in pool.imap(_read_part, range(len(parts)), chunksize=1):
                 for k, rec in records:
@@ -440,7 +442,9 @@ def _simulate(runs: list, jobs: int) -> list[dict]:
         return [_timed(a) for a in runs]
     _SWEEP[:] = runs
     try:
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        from chipledger.embedded import forked_child
+
+        with multiprocessing.get_context("fork").Pool(jobs, initializer=forked_child) as pool:
             return pool.map(_sweep_one, range(len(runs)), chunksize=1)
     finally:
         _SWEEP.clear()
