@@ -44,7 +44,7 @@ from ledger import Fleet, FoldConfig
 from ledger.state import PoolState
 from schemas import Rejection, parse_event
 from streams import logline
-from streams.rows import EventColumns, close_rows, extend_outputs
+from streams.rows import EventColumns, StepOutputs
 
 from chipledger import embedded
 from chipledger.embedded import GC_FREEZE_MASK, GcPause, RunError, RunSummary, _lines, _note_line, _raw
@@ -283,8 +283,9 @@ def _worker(k: int, events_path: Path, stage: Path, names: str, fold_config: Fol
     mine_of = bytes(1 if o == k else 0 for o in owner) + b"\0"  # index NO_POOL (-1): the last byte, not ours
     mine_pools = {p for p, o in zip(pools, owner) if o == k}
     writer = LakeWriter(stage, f"{names}-j{k}")
-    add, extend = writer.add, writer.extend
     columns = EventColumns(topic)  # the events rows in columns, handed to the writer every EVENTS_BATCH events
+    outputs = StepOutputs(writer)  # the fact tables' rows, in columns at the same time
+    gather = outputs.made.append
     fleet = Fleet(fold_config)
     summary = RunSummary(source=str(events_path), lake="", run_id=names)
     dead: list = []
@@ -320,16 +321,18 @@ def _worker(k: int, events_path: Path, stage: Path, names: str, fold_config: Fol
             if len(rise_lines) >= RISES_BATCH:
                 flush_rises()
         columns.applied(event, line, step.occurred_s, at, step.lateness_s, origin)
+        made = step.__dict__  # (StepOutputs.add, inline)
+        if made:
+            gather(made)
         if len(columns) >= embedded.EVENTS_BATCH:
             writer.add_batch("events", columns.batch())
-        extend_outputs(step, extend)
+            outputs.flush()
 
     try:
         embedded.fold_lines(events_path, fleet, summary, on_dead, on_applied, topic, max_event_bytes, paused,
                             None, mine=lambda n: mine_of[route[n - 1]])
         writer.add_batch("events", columns.batch())
-        for table, row in close_rows(*fleet.close(), {**fleet.policy_rows(), **fleet.close_facts()}):
-            add(table, row)
+        outputs.close(*fleet.close(), {**fleet.policy_rows(), **fleet.close_facts()})
         written = writer.close()
         flush_rises()
         for f in rise_files:

@@ -147,13 +147,51 @@ def output_lists(step: Step) -> list[tuple[str, list]]:
 _STEP_TABLE_SET = frozenset(STEP_TABLES)
 
 
-def extend_outputs(step: Step, extend) -> None:
-    """`extend(table, rows)` for each output list of the step that has rows, in the order the fold made them: for
-    a writer that buffers each table apart (analytics.lake.LakeWriter), where the order between tables changes
-    nothing, without `output_lists`' walk over every table (this runs once per event in a run)."""
-    for table, rows in step.__dict__.items():  # the lists the fold made, and any field that differs (lateness_s)
-        if table in _STEP_TABLE_SET and rows:
-            extend(table, rows)
+class StepOutputs:
+    """The fact tables' rows of applied steps, for a LakeWriter that takes them in columns: per step, `add` keeps
+    the output lists the fold made (one append); every `flush` (the run's caller decides when: every
+    chipledger.embedded.EVENTS_BATCH events) each table's rows become Arrow columns in one conversion and are
+    split by day by Arrow (LakeWriter.add_rows), so no Python pass walks the rows one by one (LakeWriter.extend of
+    each step's lists did, per row). A table's rows keep their order, so the files are those `add` of each row
+    writes."""
+
+    def __init__(self, writer):
+        self.writer = writer
+        # per step with outputs, the lists the fold made (and fields that differ): `add`, or a caller's own
+        # `made.append(step.__dict__)` where the step's __dict__ is not empty (one call less per event)
+        self.made: list[dict] = []
+
+    def add(self, step: Step) -> None:
+        made = step.__dict__
+        if made:
+            self.made.append(made)
+
+    def _tables(self) -> dict[str, list]:
+        tables: dict[str, list] = {}
+        for made in self.made:
+            for table, rows in made.items():  # in the order the fold made them
+                if table in _STEP_TABLE_SET and rows:
+                    got = tables.get(table)
+                    if got is None:
+                        tables[table] = list(rows)
+                    else:
+                        got += rows
+        self.made.clear()
+        return tables
+
+    def flush(self) -> None:
+        """Hand the rows gathered so far to the writer."""
+        for table, rows in self._tables().items():
+            self.writer.add_rows(table, rows)
+
+    def close(self, journal: list, job_runs: list, others: Optional[dict[str, list]] = None) -> None:
+        """Hand on what is left and then the rows of the close of the books (`close_rows`' arguments): a table's
+        closing rows after its steps' rows, as `close_rows` into `add` writes them."""
+        tables = self._tables()
+        for table, row in close_rows(journal, job_runs, others):
+            tables.setdefault(table, []).append(row)
+        for table, rows in tables.items():
+            self.writer.add_rows(table, rows)
 
 
 def close_rows(journal: list, job_runs: list, others: Optional[dict[str, list]] = None) -> list[tuple[str, tuple]]:

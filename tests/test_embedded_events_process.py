@@ -122,3 +122,88 @@ def test_events_gathered_in_columns_are_the_files_of_their_rows(tmp_path):
     fa, fb = _files(tmp_path / "rows"), _files(tmp_path / "cols")
     assert len(fa) >= 2 * 3 and fa.keys() == fb.keys()
     assert [name for name in fa if fa[name] != fb[name]] == []
+
+
+def test_fact_rows_gathered_per_step_are_the_files_of_their_rows(tmp_path):
+    # the run hands the fold's fact rows to its writer in columns every few thousand steps (streams.rows.StepOutputs,
+    # LakeWriter.add_rows, split by day by Arrow); row by row (LakeWriter.add of each step's rows, then the close of
+    # the books) gives the same files, byte for byte, files cut at flush_rows included
+    from analytics.lake import LakeWriter
+    from ledger import Fleet, FoldConfig
+    from schemas import Rejection, parse_event
+    from streams.rows import StepOutputs, close_rows, output_lists
+
+    path = tmp_path / "events.jsonl"
+    write_events(path, seed=5, days=3)
+    lines = [line for line in path.read_bytes().splitlines() if line.strip()]
+    by_rows, in_columns = (LakeWriter(tmp_path / name, "r", flush_rows=900) for name in ("rows", "cols"))
+    fleets = Fleet(FoldConfig()), Fleet(FoldConfig())
+    outputs = StepOutputs(in_columns)
+    for i, line in enumerate(lines):
+        e = parse_event(line)
+        if isinstance(e, Rejection):
+            continue
+        step, again = fleets[0].apply(e, line), fleets[1].apply(e, line)
+        for table, rows in output_lists(step):
+            for row in rows:
+                by_rows.add(table, row)
+        outputs.add(again)
+        if i % 333 == 0:
+            outputs.flush()
+    for table, row in close_rows(*fleets[0].close(), {**fleets[0].policy_rows(), **fleets[0].close_facts()}):
+        by_rows.add(table, row)
+    outputs.close(*fleets[1].close(), {**fleets[1].policy_rows(), **fleets[1].close_facts()})
+    written = by_rows.close()
+    assert in_columns.close() == written and len(written) >= 6 and max(written.values()) > 900
+    fa, fb = _files(tmp_path / "rows"), _files(tmp_path / "cols")
+    assert len(fa) > 3 * len(written) and fa.keys() == fb.keys()
+    assert [name for name in fa if fa[name] != fb[name]] == []
+
+
+@pytest.mark.parametrize("times", [
+    [5, 6, 7], [86_399, 86_400, 86_399, 3 * 86_400 + 1, 3 * 86_400 + 2, 86_400],  # days back and forth
+    [-1, -86_400, -86_401, 0, 86_400 * 365], [0], []])
+def test_day_runs_are_the_runs_of_floor_division(times):
+    import pyarrow as pa
+
+    from analytics.lake import TS, day_runs
+
+    expected = []
+    for i, t in enumerate(times):
+        if expected and expected[-1][0] == t // 86400:
+            expected[-1] = (expected[-1][0], expected[-1][1], expected[-1][2] + 1)
+        else:
+            expected.append((t // 86400, i, 1))
+    assert day_runs(pa.array(times, pa.int64())) == expected
+    assert day_runs(pa.array(times, pa.int64()).cast(TS)) == expected
+
+
+def test_the_events_process_encodes_the_runs_files_and_its_failure_fails_the_run(tmp_path, monkeypatch):
+    # with an events process, the run's own files (every table but events) are encoded there: the rows go beside
+    # the file in Arrow's IPC format, which is gone once the file is written; a file that fails there fails the run
+    import chipledger.embedded as embedded
+    from analytics.lake import LakeWriter
+
+    events = tmp_path / "events.jsonl"
+    write_events(events, seed=3, days=2)
+    encoded = []
+    encode = embedded._EventsProcess.encode
+    monkeypatch.setattr(embedded._EventsProcess, "encode",
+                        lambda self, data, path: (encoded.append(path.parent.parent.name), encode(self, data, path)))
+    summary, _ = run_file(events, tmp_path / "lake")
+    assert set(encoded) == set(summary.rows_written) - {"events"} and len(encoded) > 10
+    assert not list((tmp_path / "lake").rglob("*" + embedded.IPC_SUFFIX))
+
+    write_file = LakeWriter.encode_file
+
+    def failing(self, data, path):  # the events process's writer: its own events files pass, the run's fail
+        if path.parent.parent.name != "events":
+            raise OSError(f"no space left writing {path.name}")
+        write_file(self, data, path)
+
+    monkeypatch.setattr(LakeWriter, "encode_file", failing)
+    lake = tmp_path / "lake2"
+    with pytest.raises(RunError, match="no space left writing part-"):
+        run_file(events, lake)
+    assert not (lake / "_lake.json").exists() and not list(lake.rglob("*.parquet"))
+    assert multiprocessing.active_children() == []
