@@ -70,10 +70,11 @@ def open_count(pid: int, path: Path) -> int:
     return n
 
 
-def kill_a_worker(args: list[str], cwd: Path, working) -> tuple[int, str, int]:
+def kill_a_worker(args: list[str], cwd: Path, working, ctrl_c: bool = False) -> tuple[int, str, list[int]]:
     """Run `python -c <args>` in a session of its own; once one of its forked processes is `working(pid)`, kill
-    that one with SIGKILL; return (the command's exit code, its stderr, the killed pid). Fails when the command
-    ends before, or does not end within BOUND_S after the kill (then it is killed, with its processes)."""
+    that one with SIGKILL (`ctrl_c`: send SIGINT to the whole group instead, as a terminal's Ctrl-C does); return
+    (the command's exit code, its stderr, the processes it had forked then, the one `working` first). Fails when the
+    command ends before, or does not end within BOUND_S after the signal (then it is killed, with its processes)."""
     out, err = cwd / "stdout", cwd / "stderr"
     with open(out, "wb") as o, open(err, "wb") as e:
         proc = subprocess.Popen([sys.executable, "-c", *args], start_new_session=True, stdout=o, stderr=e,
@@ -84,7 +85,8 @@ def kill_a_worker(args: list[str], cwd: Path, working) -> tuple[int, str, int]:
         while victim is None:
             assert proc.poll() is None, f"ended before a process was seen working: {err.read_text()}"
             assert time.monotonic() < deadline, "no forked process was seen working"
-            for pid in children(proc.pid):
+            forked = children(proc.pid)
+            for pid in forked:
                 try:
                     if working(pid):
                         victim = pid
@@ -92,16 +94,26 @@ def kill_a_worker(args: list[str], cwd: Path, working) -> tuple[int, str, int]:
                 except OSError:  # (it ended meanwhile)
                     pass
             time.sleep(0.005)
-        os.kill(victim, signal.SIGKILL)
+        forked.remove(victim)
+        if ctrl_c:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(victim, signal.SIGKILL)
         try:
             code = proc.wait(timeout=BOUND_S)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"the command still waits {BOUND_S} s after one of its processes was killed (a hang)")
+            pytest.fail(f"the command still waits {BOUND_S} s after {'Ctrl-C' if ctrl_c else 'a process was killed'}"
+                        f" (a hang)")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return code, err.read_text(), victim
+    return code, err.read_text(), [victim, *forked]
+
+
+def gone(pid: int) -> bool:
+    """Whether process `pid` has ended (and was reaped: not even a zombie is left)."""
+    return not Path(f"/proc/{pid}").exists()
 
 
 CLI = "from chipledger.cli import app; app()"
@@ -131,14 +143,31 @@ def test_a_backtest_whose_process_simulating_a_configuration_is_killed_fails_at_
         c = tmp_path / f"grace-{grace}.toml"
         c.write_text(f"[policy]\npreemption_grace_s = {grace}\n")
         cfgs += ["--config", str(c)]
-    code, err, _ = kill_a_worker([CLI, "backtest", "--events", str(big_log), *cfgs, "--jobs", "2", "--json"],
-                                 tmp_path, lambda pid: open_count(pid, big_log) == 0 and simulating(pid))
+    code, err, forked = kill_a_worker([CLI, "backtest", "--events", str(big_log), *cfgs, "--jobs", "2", "--json"],
+                                      tmp_path, lambda pid: open_count(pid, big_log) == 0 and simulating(pid))
     assert code == 1, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1, err
     assert lines[0].startswith("error: the process simulating configuration "), err
     assert any(f"configuration '{name}' stopped: killed by SIGKILL" in err
                for name in ("defaults", "grace-60.toml", "grace-600.toml", "grace-3600.toml")), err
+    assert len(forked) == 2 and all(map(gone, forked))  # the other one ended too
+
+
+@pytest.mark.parametrize("phase", ["reading", "simulating"])
+def test_ctrl_c_ends_a_parallel_backtest_and_its_processes(big_log, tmp_path, phase):
+    """Ctrl-C (SIGINT to the whole process group) while the processes read the log or simulate: the processes
+    ignore it, the backtest's process ends them and exits with the shell's code for SIGINT (a pool of
+    multiprocessing waited forever here too: its idle workers died of the KeyboardInterrupt)."""
+    config = tmp_path / "c.toml"
+    config.write_text("[policy]\npreemption_grace_s = 60\n")
+    working = {"reading": lambda pid: open_count(pid, big_log) >= 2,
+               "simulating": lambda pid: open_count(pid, big_log) == 0 and simulating(pid)}[phase]
+    code, err, forked = kill_a_worker([CLI, "backtest", "--events", str(big_log), "--config", str(config),
+                                       "--jobs", "2", "--json"], tmp_path, working, ctrl_c=True)
+    assert code == 130, err
+    assert "Traceback" not in err and not (tmp_path / "stdout").read_text()
+    assert forked and all(map(gone, forked))
 
 
 def _answers(i: int) -> tuple:
@@ -174,3 +203,43 @@ def test_the_backtests_processes_answer_in_order_and_a_fault_is_one_clear_error(
         with pytest.raises(BacktestProcessDied, match=re.escape(f"item 1 stopped: {how}")):
             with closing(_in_processes(lambda i: _answers(item) if i == 1 else i, 3, 2, what)) as got:
                 list(got)
+
+
+def test_a_parallel_run_whose_fold_process_is_killed_fails_at_once_and_commits_nothing(big_log, tmp_path):
+    """`run --jobs 2`: its fold processes answer through pipes the run's process waits on with their ends, so a
+    killed one is seen at once (this never hung; it guards that): one line naming the process and the signal, and
+    nothing of the run in the lake."""
+    lake = tmp_path / "lake"
+    code, err, forked = kill_a_worker([CLI, "run", "--events", str(big_log), "--lake", str(lake), "--store",
+                                       f"sqlite:///{tmp_path / 's.db'}", "--jobs", "2"], tmp_path, simulating)
+    assert code == 1, err
+    assert re.fullmatch(r"error: fold process \d stopped: killed by SIGKILL \(out of memory\? [^\n]*\)\n", err), err
+    assert all(map(gone, forked))
+    assert not (lake / "_lake.json").exists() and not list(lake.rglob("*.parquet"))
+
+
+def test_a_lake_upgrade_whose_process_is_killed_fails_at_once_and_changes_nothing(big_log, tmp_path):
+    """`lake upgrade --jobs 2` folding the fact tables again: a killed process is one line naming it and the
+    signal (this never hung; it guards that), and the lake is as it was (the tables still to fold)."""
+    import json
+
+    from chipledger.refold import REFOLDABLE, missing_fact_tables
+
+    lake = tmp_path / "lake"
+    ran = subprocess.run([sys.executable, "-c", CLI, "run", "--events", str(big_log), "--lake", str(lake),
+                          "--store", f"sqlite:///{tmp_path / 's.db'}", "--jobs", "1"], capture_output=True,
+                         timeout=600, cwd=os.getcwd())
+    assert ran.returncode == 0, ran.stderr
+    manifest = lake / "_lake.json"
+    m = json.loads(manifest.read_text())
+    for t in REFOLDABLE:  # as a lake written before the fold wrote its facts
+        del m["tables"][t]
+    manifest.write_text(json.dumps(m))
+    before = manifest.read_bytes()
+    code, err, forked = kill_a_worker([CLI, "lake", "upgrade", "--lake", str(lake), "--jobs", "2"], tmp_path,
+                                      simulating)
+    assert code == 1, err
+    assert re.fullmatch(rf"error: {re.escape(str(lake))}: could not fold the lake's events again: refold process "
+                        rf"\d stopped: killed by SIGKILL \(out of memory\? [^\n]*\)\n", err), err
+    assert all(map(gone, forked))
+    assert manifest.read_bytes() == before and set(missing_fact_tables(lake)) == set(REFOLDABLE)
