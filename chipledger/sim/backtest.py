@@ -548,6 +548,8 @@ def _backtest_worker(work, what, conn, others: list) -> None:
     # Ctrl-C reaches the whole process group: the backtest's process decides (it ends this one), so no second
     # KeyboardInterrupt and traceback from here
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # (forked while the backtest's process held SIGINT back)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     forked_child()  # what came with the fork is not this process's garbage
     for c in others:  # the other processes' pipes, which came with the fork: not this one's to hold open
         c.close()
