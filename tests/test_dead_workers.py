@@ -59,6 +59,21 @@ def simulating(pid: int) -> bool:
     return fields[0] == "R" and int(fields[11]) + int(fields[12]) >= 20
 
 
+def simulator(log: Path):
+    """`working` for a backtest's process simulating a configuration: one never seen with the log open (the
+    processes reading it have it open from their start: one of them that exits closes it first, and has used CPU
+    too) that is `simulating`."""
+    readers: set[int] = set()
+
+    def working(pid: int) -> bool:
+        if open_count(pid, log):
+            readers.add(pid)
+            return False
+        return pid not in readers and simulating(pid)
+
+    return working
+
+
 def open_count(pid: int, path: Path) -> int:
     """How many of `pid`'s file descriptors are open on `path`."""
     n = 0
@@ -144,7 +159,7 @@ def test_a_backtest_whose_process_simulating_a_configuration_is_killed_fails_at_
         c.write_text(f"[policy]\npreemption_grace_s = {grace}\n")
         cfgs += ["--config", str(c)]
     code, err, forked = kill_a_worker([CLI, "backtest", "--events", str(big_log), *cfgs, "--jobs", "2", "--json"],
-                                      tmp_path, lambda pid: open_count(pid, big_log) == 0 and simulating(pid))
+                                      tmp_path, simulator(big_log))
     assert code == 1, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1, err
@@ -162,7 +177,7 @@ def test_ctrl_c_ends_a_parallel_backtest_and_its_processes(big_log, tmp_path, ph
     config = tmp_path / "c.toml"
     config.write_text("[policy]\npreemption_grace_s = 60\n")
     working = {"reading": lambda pid: open_count(pid, big_log) >= 2,
-               "simulating": lambda pid: open_count(pid, big_log) == 0 and simulating(pid)}[phase]
+               "simulating": simulator(big_log)}[phase]
     code, err, forked = kill_a_worker([CLI, "backtest", "--events", str(big_log), "--config", str(config),
                                        "--jobs", "2", "--json"], tmp_path, working, ctrl_c=True)
     assert code == 130, err
