@@ -37,7 +37,7 @@ def big_log(tmp_path_factory) -> Path:
     path = d / "big.jsonl"
     with open(path, "wb") as f:
         for c in range(16):
-            f.write(data.replace(b'"pool": "', f'"pool": "c{c}-'.encode()))
+            f.write(data.replace(b'"pool":"', f'"pool":"c{c}-'.encode()))  # (the demo writes compact JSON)
     return path
 
 
@@ -88,20 +88,21 @@ def open_count(pid: int, path: Path) -> int:
 def kill_a_worker(args: list[str], cwd: Path, working, ctrl_c: bool = False) -> tuple[int, str, list[int]]:
     """Run `python -c <args>` in a session of its own; once one of its forked processes is `working(pid)`, kill
     that one with SIGKILL (`ctrl_c`: send SIGINT to the whole group instead, as a terminal's Ctrl-C does); return
-    (the command's exit code, its stderr, the processes it had forked then, the one `working` first). Fails when the
-    command ends before, or does not end within BOUND_S after the signal (then it is killed, with its processes)."""
+    (the command's exit code, its stderr, the processes of its session still there when it has ended: they are
+    killed then). Fails when the command ends before, or does not end within BOUND_S after the signal (then it is
+    killed, with its processes)."""
     out, err = cwd / "stdout", cwd / "stderr"
     with open(out, "wb") as o, open(err, "wb") as e:
         proc = subprocess.Popen([sys.executable, "-c", *args], start_new_session=True, stdout=o, stderr=e,
                                 cwd=os.getcwd())
+    left: list[int] = []
     try:
         deadline = time.monotonic() + BOUND_S
         victim = None
         while victim is None:
             assert proc.poll() is None, f"ended before a process was seen working: {err.read_text()}"
             assert time.monotonic() < deadline, "no forked process was seen working"
-            forked = children(proc.pid)
-            for pid in forked:
+            for pid in children(proc.pid):
                 try:
                     if working(pid):
                         victim = pid
@@ -109,7 +110,6 @@ def kill_a_worker(args: list[str], cwd: Path, working, ctrl_c: bool = False) -> 
                 except OSError:  # (it ended meanwhile)
                     pass
             time.sleep(0.005)
-        forked.remove(victim)
         if ctrl_c:
             os.killpg(proc.pid, signal.SIGINT)
         else:
@@ -119,16 +119,27 @@ def kill_a_worker(args: list[str], cwd: Path, working, ctrl_c: bool = False) -> 
         except subprocess.TimeoutExpired:
             pytest.fail(f"the command still waits {BOUND_S} s after {'Ctrl-C' if ctrl_c else 'a process was killed'}"
                         f" (a hang)")
+        left = in_session(proc.pid)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return code, err.read_text(), [victim, *forked]
+        for pid in left:  # (the command's own processes: it made the session)
+            os.kill(pid, signal.SIGKILL)
+    return code, err.read_text(), left
 
 
-def gone(pid: int) -> bool:
-    """Whether process `pid` has ended (and was reaped: not even a zombie is left)."""
-    return not Path(f"/proc/{pid}").exists()
+def in_session(sid: int) -> list[int]:
+    """The processes of session `sid` (zombies not counted)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # (it ended meanwhile)
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
 
 
 CLI = "from chipledger.cli import app; app()"
@@ -139,14 +150,14 @@ def test_a_backtest_whose_process_reading_a_part_is_killed_fails_at_once(big_log
     second time, beside the descriptor it came with) ends the backtest with the part and the signal."""
     config = tmp_path / "c.toml"
     config.write_text("[policy]\npreemption_grace_s = 60\n")
-    code, err, _ = kill_a_worker([CLI, "backtest", "--events", str(big_log), "--config", str(config),
-                                  "--jobs", "2", "--json"], tmp_path, lambda pid: open_count(pid, big_log) >= 2)
+    code, err, left = kill_a_worker([CLI, "backtest", "--events", str(big_log), "--config", str(config),
+                                     "--jobs", "2", "--json"], tmp_path, lambda pid: open_count(pid, big_log) >= 2)
     assert code == 1, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: reading "), err  # one line, no traceback
     assert str(big_log.name) in err and re.search(r"the process parsing part \d+ of \d+ \(bytes [\d,]+-", err), err
     assert "stopped: killed by SIGKILL" in err, err
-    assert not (tmp_path / "stdout").read_text()
+    assert not (tmp_path / "stdout").read_text() and not left  # the other one ended too
 
 
 def test_a_backtest_whose_process_simulating_a_configuration_is_killed_fails_at_once(big_log, tmp_path):
@@ -158,31 +169,30 @@ def test_a_backtest_whose_process_simulating_a_configuration_is_killed_fails_at_
         c = tmp_path / f"grace-{grace}.toml"
         c.write_text(f"[policy]\npreemption_grace_s = {grace}\n")
         cfgs += ["--config", str(c)]
-    code, err, forked = kill_a_worker([CLI, "backtest", "--events", str(big_log), *cfgs, "--jobs", "2", "--json"],
-                                      tmp_path, simulator(big_log))
+    code, err, left = kill_a_worker([CLI, "backtest", "--events", str(big_log), *cfgs, "--jobs", "2", "--json"],
+                                    tmp_path, simulator(big_log))
     assert code == 1, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1, err
     assert lines[0].startswith("error: the process simulating configuration "), err
     assert any(f"configuration '{name}' stopped: killed by SIGKILL" in err
                for name in ("defaults", "grace-60.toml", "grace-600.toml", "grace-3600.toml")), err
-    assert len(forked) == 2 and all(map(gone, forked))  # the other one ended too
+    assert not left  # the other one ended too
 
 
 @pytest.mark.parametrize("phase", ["reading", "simulating"])
 def test_ctrl_c_ends_a_parallel_backtest_and_its_processes(big_log, tmp_path, phase):
     """Ctrl-C (SIGINT to the whole process group) while the processes read the log or simulate: the processes
-    ignore it, the backtest's process ends them and exits with the shell's code for SIGINT (a pool of
-    multiprocessing waited forever here too: its idle workers died of the KeyboardInterrupt)."""
+    ignore it, the backtest's process ends them and exits with the shell's code for SIGINT, no process of it left."""
     config = tmp_path / "c.toml"
     config.write_text("[policy]\npreemption_grace_s = 60\n")
     working = {"reading": lambda pid: open_count(pid, big_log) >= 2,
                "simulating": simulator(big_log)}[phase]
-    code, err, forked = kill_a_worker([CLI, "backtest", "--events", str(big_log), "--config", str(config),
-                                       "--jobs", "2", "--json"], tmp_path, working, ctrl_c=True)
+    code, err, left = kill_a_worker([CLI, "backtest", "--events", str(big_log), "--config", str(config),
+                                     "--jobs", "2", "--json"], tmp_path, working, ctrl_c=True)
     assert code == 130, err
     assert "Traceback" not in err and not (tmp_path / "stdout").read_text()
-    assert forked and all(map(gone, forked))
+    assert not left
 
 
 def _answers(i: int) -> tuple:
@@ -225,11 +235,11 @@ def test_a_parallel_run_whose_fold_process_is_killed_fails_at_once_and_commits_n
     killed one is seen at once (this never hung; it guards that): one line naming the process and the signal, and
     nothing of the run in the lake."""
     lake = tmp_path / "lake"
-    code, err, forked = kill_a_worker([CLI, "run", "--events", str(big_log), "--lake", str(lake), "--store",
-                                       f"sqlite:///{tmp_path / 's.db'}", "--jobs", "2"], tmp_path, simulating)
+    code, err, left = kill_a_worker([CLI, "run", "--events", str(big_log), "--lake", str(lake), "--store",
+                                     f"sqlite:///{tmp_path / 's.db'}", "--jobs", "2"], tmp_path, simulating)
     assert code == 1, err
     assert re.fullmatch(r"error: fold process \d stopped: killed by SIGKILL \(out of memory\? [^\n]*\)\n", err), err
-    assert all(map(gone, forked))
+    assert not left
     assert not (lake / "_lake.json").exists() and not list(lake.rglob("*.parquet"))
 
 
@@ -251,10 +261,10 @@ def test_a_lake_upgrade_whose_process_is_killed_fails_at_once_and_changes_nothin
         del m["tables"][t]
     manifest.write_text(json.dumps(m))
     before = manifest.read_bytes()
-    code, err, forked = kill_a_worker([CLI, "lake", "upgrade", "--lake", str(lake), "--jobs", "2"], tmp_path,
-                                      simulating)
+    code, err, left = kill_a_worker([CLI, "lake", "upgrade", "--lake", str(lake), "--jobs", "2"], tmp_path,
+                                    simulating)
     assert code == 1, err
     assert re.fullmatch(rf"error: {re.escape(str(lake))}: could not fold the lake's events again: refold process "
                         rf"\d stopped: killed by SIGKILL \(out of memory\? [^\n]*\)\n", err), err
-    assert all(map(gone, forked))
+    assert not left
     assert manifest.read_bytes() == before and set(missing_fact_tables(lake)) == set(REFOLDABLE)
