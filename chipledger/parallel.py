@@ -173,13 +173,30 @@ def collect(procs: list, conns: list, what: str, error: type[Exception]) -> dict
             k = waiting.pop(conn)
             try:
                 status, got = conn.recv()
-            except EOFError:
-                procs[k].join(timeout=5)
-                raise error(f"{what} process {k} stopped (exit code {procs[k].exitcode})") from None
+            except (EOFError, OSError):  # (OSError: it died in the middle of sending)
+                raise error(f"{what} process {k} stopped: {how_it_ended(procs[k])}") from None
             if status != "ok":
                 raise error(f"{what} process {k} failed: {got}")
             results[k] = got
     return results
+
+
+def how_it_ended(proc) -> str:
+    """How a forked process that stopped without its answer ended, for the error line: the signal that killed it
+    (SIGKILL: the kernel's out-of-memory killer, or someone's kill -9; SIGSEGV: a crash) or its exit code."""
+    proc.join(timeout=5)
+    code = proc.exitcode
+    if code is None:
+        return "it closed its pipe and still runs"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = {signal.SIGKILL: " (out of memory? the kernel's OOM killer sends it)",
+                signal.SIGSEGV: " (a crash)"}.get(-code, "")
+        return f"killed by {name}{hint}"
+    return f"exit code {code}"
 
 
 def end_processes(procs: list, conns: list) -> None:

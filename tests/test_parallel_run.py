@@ -297,5 +297,6 @@ def test_every_forked_process_of_run_upgrade_and_backtest_freezes_what_it_came_w
     assert res.exit_code == 0, res.output
     callers = sorted(p.read_text() for p in marks.iterdir())
     assert os.getpid() not in {int(p.name) for p in marks.iterdir()}
-    assert {"_events_child", "_worker", "_part_child", "worker"} <= set(callers), callers
-    assert callers.count("_worker") == 2 and callers.count("_part_child") == 2 and callers.count("worker") >= 2
+    assert {"_events_child", "_worker", "_part_child", "_backtest_worker"} <= set(callers), callers
+    assert callers.count("_worker") == 2 and callers.count("_part_child") == 2
+    assert callers.count("_backtest_worker") >= 2

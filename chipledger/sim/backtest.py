@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from chipledger.sim.simcluster import BurstRequest, Cluster, SimJob, SimPool
 from schemas import Rejection, parse_payload
@@ -282,9 +283,6 @@ def _read_part(i: int) -> tuple:
     of the events the demand uses, the other valid events: their number, earliest and latest times (None when
     none)). The other events' times move their pools' clocks (what a price takes effect at): a ("clock", pool, t)
     record before each price of the pool, and one per pool at the part's end."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the backtest's process's to handle (it ends the pool)
     path, parts = _PARTS
     start, end = parts[i]
     out: list = []
@@ -321,15 +319,14 @@ def _read_part(i: int) -> tuple:
 
 def _read_in_processes(path: Path, parts: list, jobs: int, reader: _DemandReader) -> None:
     """The parts parsed by `jobs` forked processes; their records applied here in file order as they come."""
-    import multiprocessing
-
     _PARTS[:] = [path, parts]
     try:
-        from chipledger.embedded import forked_child
-
-        with multiprocessing.get_context("fork").Pool(min(jobs, len(parts)), initializer=forked_child) as pool:
+        size = parts[-1][1]
+        part = (lambda i: f"reading {path}: the process parsing part {i + 1} of {len(parts)} (bytes "
+                          f"{parts[i][0]:,}-{parts[i][1]:,} of {size:,})")
+        with closing(_in_processes(_read_part, len(parts), jobs, part)) as results:
             first = 0  # the line number before the part
-            for n, records, other, t_min, t_max in pool.imap(_read_part, range(len(parts)), chunksize=1):
+            for n, records, other, t_min, t_max in results:
                 for k, rec in records:
                     if rec[0] == "invalid":
                         reader.invalid(first + k, rec[1])
@@ -426,28 +423,155 @@ _SWEEP: list = []  # the configurations of a parallel sweep, inherited by its fo
 
 
 def _sweep_one(i: int) -> dict:
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the sweep's process's to handle (it ends the pool)
     return _timed(_SWEEP[i])
 
 
-def _simulate(runs: list, jobs: int) -> list[dict]:
-    """The reports of the configurations `runs` (run_backtest's arguments), in their order: one at a time, or up to
-    `jobs` at once in forked processes (each configuration folds the whole demand in its own process)."""
+def _simulate(runs: list, jobs: int, names: Optional[list] = None) -> list[dict]:
+    """The reports of the configurations `runs` (run_backtest's arguments, named `names`), in their order: one at a
+    time, or up to `jobs` at once in forked processes (each configuration folds the whole demand in its own
+    process)."""
     import multiprocessing
 
     jobs = min(jobs, len(runs))
     if jobs < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return [_timed(a) for a in runs]
+    names = names or [f"#{i + 1}" for i in range(len(runs))]
     _SWEEP[:] = runs
     try:
-        from chipledger.embedded import forked_child
-
-        with multiprocessing.get_context("fork").Pool(jobs, initializer=forked_child) as pool:
-            return pool.map(_sweep_one, range(len(runs)), chunksize=1)
+        with closing(_in_processes(_sweep_one, len(runs), jobs,
+                                   lambda i: f"the process simulating configuration {names[i]!r}")) as results:
+            return list(results)
     finally:
         _SWEEP.clear()
+
+
+class BacktestProcessDied(BacktestError):
+    """A process of a parallel backtest (`--jobs`) stopped without its answer: killed (the kernel's out-of-memory
+    killer, kill -9), crashed, or exited. Not bad input, but one clear line all the same (exit code 1)."""
+
+
+def _in_processes(work, n: int, jobs: int, what) -> Iterator:
+    """`work(i)` for i in 0..n-1 by up to `jobs` forked processes, each given its next i when it answers the last;
+    the answers yielded in the order of i. A process that dies while it works (a signal: the OOM killer, kill -9, a
+    segmentation fault; an exit) ends this at once with BacktestProcessDied: `what(i)` and how it ended (a pool of
+    multiprocessing waits forever for the answer of a dead worker: CI hung on it). An exception of `work(i)` is
+    raised here. The processes ignore SIGINT: Ctrl-C reaches the whole process group, and this process's
+    KeyboardInterrupt (or any error, or closing the generator) ends them. Use it in `contextlib.closing`."""
+    import multiprocessing
+    import multiprocessing.connection
+
+    from chipledger.parallel import end_processes, how_it_ended
+
+    ctx = multiprocessing.get_context("fork")
+    procs: list = []
+    conns: list = []
+    doing: list = []  # the i each process works on (None: idle)
+    answers: dict = {}
+    todo = iter(range(n))
+
+    def give(k: int) -> None:
+        i = next(todo, None)
+        doing[k] = i
+        if i is not None:
+            try:
+                conns[k].send(i)
+            except OSError:  # (the pipe's other end is gone: the process died between two answers)
+                raise BacktestProcessDied(f"{what(i)} stopped: {how_it_ended(procs[k])}") from None
+
+    try:
+        for k in range(min(jobs, n)):
+            parent_end, child_end = ctx.Pipe()
+            p = ctx.Process(target=_backtest_worker, args=(work, what, child_end, list(conns)),
+                            name=f"chipledger-backtest-{k}", daemon=True)
+            with _sigint_held():  # (a Ctrl-C between the fork and the append would leave the process running)
+                p.start()
+                procs.append(p)
+            child_end.close()
+            conns.append(parent_end)
+            doing.append(None)
+            give(k)
+        for i in range(n):
+            while i not in answers:
+                busy = [k for k in range(len(procs)) if doing[k] is not None]
+                ready = set(multiprocessing.connection.wait([conns[k] for k in busy] +
+                                                            [procs[k].sentinel for k in busy]))
+                for k in busy:
+                    if conns[k] not in ready and procs[k].sentinel not in ready:
+                        continue
+                    try:  # (a dead process's pipe reads its last answer, if any, then end of file)
+                        status, got = conns[k].recv() if conns[k].poll() else (None, None)
+                    except (EOFError, OSError):
+                        status = None
+                    if status is None:
+                        raise BacktestProcessDied(f"{what(doing[k])} stopped: {how_it_ended(procs[k])}")
+                    if status != "ok":
+                        raise got
+                    answers[doing[k]] = got
+                    give(k)
+            yield answers.pop(i)
+        for c in conns:
+            try:
+                c.send(None)  # the end: each process returns
+            except OSError:  # (one that died after its last answer: nothing of it is missing)
+                pass
+        for p in procs:
+            p.join()
+    finally:
+        end_processes(procs, conns)
+
+
+@contextmanager
+def _sigint_held():
+    """SIGINT held back while the block runs (in the main thread; elsewhere a no-op): a Ctrl-C raises
+    KeyboardInterrupt where the block ends."""
+    import signal
+    import threading
+
+    held = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    if held:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        if held:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _backtest_worker(work, what, conn, others: list) -> None:
+    """A process of `_in_processes`: answers ("ok", work(i)) or ("error", the exception) for each i it receives, until
+    None (or the end of the pipe)."""
+    import signal
+    import traceback
+
+    from chipledger.embedded import forked_child
+
+    # Ctrl-C reaches the whole process group: the backtest's process decides (it ends this one), so no second
+    # KeyboardInterrupt and traceback from here
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # (forked while the backtest's process held SIGINT back)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    forked_child()  # what came with the fork is not this process's garbage
+    for c in others:  # the other processes' pipes, which came with the fork: not this one's to hold open
+        c.close()
+    while True:
+        try:
+            i = conn.recv()
+        except EOFError:
+            return
+        if i is None:
+            return
+        try:
+            answer = ("ok", work(i))
+        except Exception as exc:  # noqa: BLE001 - raised in the backtest's process
+            if not isinstance(exc, BacktestError):  # (a bug: where it happened, in the traceback printed there)
+                exc.add_note("".join(["in a process of the backtest:\n", *traceback.format_tb(exc.__traceback__)]))
+            answer = ("error", exc)
+        try:
+            conn.send(answer)
+        except OSError:  # the backtest's process is gone
+            return
+        except Exception as exc:  # noqa: BLE001 - an answer that does not pickle (nothing of it was sent)
+            conn.send(("error", BacktestError(f"{what(i)} could not send its answer: {type(exc).__name__}: {exc}")))
 
 
 def _cost(rows: list, prices: dict) -> dict:
@@ -654,7 +778,7 @@ def run_cli(events: Path, alt_cfg, base_cfg, alt_name: str, base_name: str, quot
         fold = replace(fold_config(cfg), policy_rows=False)
         runs.append((name, cfg, (demand, fold, quotas, cfg.slo.sched_slo_s, cfg.backtest.act_delay_s,
                                  cfg.backtest.coop_share)))
-    for (name, cfg, _), r in zip(runs, _simulate([a for _, _, a in runs], jobs)):
+    for (name, cfg, _), r in zip(runs, _simulate([a for _, _, a in runs], jobs, [name for name, _, _ in runs])):
         r["policy"] = {k: (v if not (isinstance(v, float) and math.isinf(v)) else "inf")
                        for k, v in cfg.policy.fold_kwargs().items()}
         configs[name] = r
