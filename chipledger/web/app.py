@@ -33,6 +33,7 @@ from chipledger.web import burst as burst_mod
 from chipledger.web.auth import Csrf, NeedStore, Principal, RateLimiter, Sessions, TokenCache, principal_for
 from chipledger.web.estimate import Running, Waiting, estimate_start
 from chipledger.web.lake import _MISSING, LakeReader, Snapshot
+from chipledger.web.links import job_url, team_url
 from chipledger.web.redact import View, new_key
 
 HERE = Path(__file__).parent
@@ -41,9 +42,10 @@ LOGIN_CSRF_COOKIE = "clp_login"
 CSP = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; "
        "base-uri 'none'")
 MAX_BODY_BYTES = 16 << 10
-# a name in a URL: as long as events' names (schemas.events.Name: 1 to 256 characters, no control characters), any
-# letters (accents, spaces, slashes: Kubernetes namespace/name), only not markup characters (refused as hostile)
-NAME_RE = re.compile(r"^[^\x00-\x1f\x7f-\x9f<>\"'`&\\]{1,256}$")
+# a name in a URL: what events' names may be (schemas.events.Name: 1 to 256 characters, no control characters), so
+# every team and job the lake holds can be addressed (`R&D`, `o'brien-lab`, a hostile `<script>` name: every name is
+# escaped where it is shown, and a team a caller reads must be theirs, or, for staff, one the lake holds)
+NAME_RE = re.compile(r"^[^\x00-\x1f\x7f-\x9f]{1,256}$")
 PAGE_REFRESH_S = 60
 MAX_STREAMS_PER_CALLER = 8  # open /api/v1/snapshots streams per caller: each holds a connection and a task
 UNLIMITED_PATHS = frozenset({"/healthz", "/static/portal.css"})  # not rate limited (probes; every page's stylesheet)
@@ -599,6 +601,7 @@ def build_app(portal: Portal) -> FastAPI:
     templates.env.filters["dur"] = _duration
     templates.env.filters["money"] = lambda v: "–" if v is None else f"{v:,.2f}"
     templates.env.filters["epoch"] = lambda v: datetime.fromtimestamp(v, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    templates.env.globals.update(team_url=team_url, job_url=job_url)  # every link to a team's or a job's page
 
     app.add_middleware(BodyLimit)  # a body sent in chunks, without a Content-Length
 
@@ -671,7 +674,9 @@ def build_app(portal: Portal) -> FastAPI:
         return None if body is None else Response(body, media_type="application/json")
 
     def team_or_404(p: Principal, team: str) -> str:
-        if not NAME_RE.match(team or "") or not p.can_read_team(team):
+        """`team` when the caller may read it: one of their teams, or (staff) a team the lake holds; else 404."""
+        if not NAME_RE.match(team or "") or not p.can_read_team(team) or (
+                team not in p.teams and team not in _all_teams(portal.reader.snapshot)):
             raise HTTPException(404, "no such team")
         return team
 
@@ -1016,7 +1021,7 @@ def build_app(portal: Portal) -> FastAPI:
         if p is None:
             return signin_redirect()
         if p.home_team:
-            return RedirectResponse(f"/teams/{quote(p.home_team, safe='/')}", status_code=303)
+            return RedirectResponse(team_url(p.home_team), status_code=303)
         return RedirectResponse("/fleet", status_code=303)
 
     def team_home(request: Request, team: str):
@@ -1123,6 +1128,35 @@ def build_app(portal: Portal) -> FastAPI:
 
     # a team's home last: `{team:path}` (team names may be paths, `org/team`) would take the pages above
     app.get("/teams/{team:path}", include_in_schema=False, response_class=HTMLResponse)(team_home)
+
+    # the same pages by their query form (chipledger/web/links.py): a team whose home's path is another team's page
+    # (`x/queue`), a name with an empty, `.` or `..` segment; the portal links them so (`team_url`, `job_url`)
+    @app.get("/team", include_in_schema=False, response_class=HTMLResponse)
+    def team_home_q(request: Request, name: str = Query(..., max_length=256)):
+        return team_home(request, name)
+
+    @app.get("/team/queue", include_in_schema=False, response_class=HTMLResponse)
+    def team_queue_q(request: Request, name: str = Query(..., max_length=256)):
+        return team_queue(request, name)
+
+    @app.get("/team/statements", include_in_schema=False, response_class=HTMLResponse)
+    def statements_page_q(request: Request, name: str = Query(..., max_length=256)):
+        return statements_page(request, name)
+
+    @app.get("/team/bursts", include_in_schema=False, response_class=HTMLResponse)
+    def bursts_page_q(request: Request, name: str = Query(..., max_length=256)):
+        return bursts_page(request, name)
+
+    @app.post("/team/bursts", include_in_schema=False, response_class=HTMLResponse)
+    def bursts_post_q(request: Request, name: str = Query(..., max_length=256), pool: str = Form(max_length=256),
+                      chips: float = Form(), window_start: str = Form(max_length=40), window_end: str = Form(max_length=40),
+                      reason: str = Form("", max_length=500), action: str = Form("dry-run", max_length=10),
+                      csrf: str = Form("", max_length=100)):
+        return bursts_post(request, name, pool, chips, window_start, window_end, reason, action, csrf)
+
+    @app.get("/job", include_in_schema=False, response_class=HTMLResponse)
+    def job_page_q(request: Request, id: str = Query(..., max_length=256)):
+        return job_page(request, id)
 
     @app.get("/fleet", include_in_schema=False, response_class=HTMLResponse)
     def fleet(request: Request):
@@ -1340,9 +1374,11 @@ def hol_owners(s: Snapshot) -> dict[tuple[str, str], str]:
 
 def warm(s: Snapshot) -> None:
     """What the refresh computes on a new snapshot before it is swapped in: the queue with its estimates, the head-of-
-    line blockers' owners (every request that shows either reads them)."""
+    line blockers' owners (every request that shows either reads them), the lake's team names (a staff caller's team
+    is checked against them, and a member's decisions)."""
     queue_all(s)
     hol_owners(s)
+    _all_teams(s)
 
 
 def _all_teams(s: Snapshot) -> frozenset[str]:

@@ -1,0 +1,136 @@
+"""Team names and job ids as events may hold them (schemas.events.Name: 1 to 256 characters, no control characters),
+in the portal's URLs: a member of each team signs in and follows the portal's own links to the team's home, queue,
+bursts and statements and to its job; an admin follows the fleet page's link to each team. A team named `lab/queue`
+beside a team `lab`, names with `.`, `..` and empty segments (which browsers and HTTP clients remove or merge), markup
+and `&`. And a scheduler's free-text message that names another team's job (chipledger/web/redact.py `free_text`)."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from urllib.parse import urlsplit
+
+import pytest
+from markupsafe import escape
+
+from chipledger.web.auth import new_token
+from store.repo import open_store
+from tests.web_support import chipledger_run, client_of, make_events, make_portal, write_events
+
+POOL = "us-west4-a/tpu-v5e"
+# team -> its pending job's id; `lab` and `lab/queue` both exist: /teams/lab/queue is lab's queue
+TEAMS = {"lab": "lab-j1", "lab/queue": "j/queue", "lab/bursts": "lab-bursts-1", "lab/statements": "lab-st-1",
+         "../up": "ns/../j2", "a//b": "a//b-1", "./here": "./j3", "/lead": "lead-1", "trailing/": "trailing-1",
+         "R&D <lab> 'x'": "rd-<1>&"}
+
+
+@pytest.fixture(scope="module")
+def env(demo_lake_of, tmp_path_factory):
+    root = tmp_path_factory.mktemp("portal-names")
+    demo_events = demo_lake_of(3, 7).parent / "events.jsonl"
+    lines = make_events(demo_events, root / "base.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1])["occurred_at"]
+    ads_job = next(e["job_id"] for e in map(json.loads, lines) if e["type"] == "job.submitted" and e["team"] == "ads-ml")
+    extra = []
+    for i, (team, job) in enumerate(TEAMS.items()):
+        extra.append({"event_id": f"names-grant-{i}", "type": "quota.granted", "occurred_at": last, "pool": POOL,
+                      "source": "fleet-admin/quota-api", "grant_id": f"names-grant-{i}", "team": team, "chips": 1,
+                      "effective_from": last})
+        extra.append({"event_id": f"names-job-{i}", "type": "job.submitted", "occurred_at": last, "pool": POOL,
+                      "source": "cluster-c/kueue", "job_id": job, "team": team, "chips": 1000})
+    # the scheduler's own sentence on lab's job names another team's job (and lab's own)
+    message = f"Kueue: waiting for {ads_job} (ads-ml) to finish; lab-j1 is next."
+    extra.append({"event_id": "names-waiting", "type": "job.waiting", "occurred_at": last, "pool": POOL,
+                  "source": "cluster-c/kueue", "job_id": "lab-j1", "reason": "Pending", "message": message})
+    events = write_events(root / "events.jsonl", lines, extra)
+    lake = root / "lake"
+    store_url = f"sqlite:///{root / 'store.db'}"
+    chipledger_run(events, lake, store_url)
+    st = open_store(store_url)
+    tokens = {team: new_token(st, f"user{i}", team)[1] for i, team in enumerate(TEAMS)}
+    tokens["root"] = new_token(st, "root", None)[1]
+    tokens["alice"] = new_token(st, "alice", "vision")[1]
+    portal = make_portal(st, lake)
+    return {"portal": portal, "client": client_of(portal), "tokens": tokens, "ads_job": ads_job, "message": message}
+
+
+def _h(env, who: str) -> dict:
+    return {"Authorization": f"Bearer {env['tokens'][who]}"}
+
+
+def _signed_in(env, team: str):
+    c = client_of(env["portal"])
+    nonce = re.search(r'name="csrf" value="([^"]+)"', c.get("/login").text).group(1)
+    assert c.post("/login", data={"token": env["tokens"][team], "csrf": nonce},
+                  follow_redirects=False).status_code == 303
+    return c
+
+
+def _link(page: str, text: str) -> str:
+    """The href of the link whose text is `text` (as the page escapes it), unescaped as a browser reads it."""
+    m = re.search(r'<a href="([^"]*)">' + re.escape(str(escape(text))) + "</a>", page)
+    assert m, text
+    href = html.unescape(m.group(1))
+    _survives(href)
+    return href
+
+
+def _survives(href: str) -> None:
+    """What a browser and a proxy leave of the path is the path: no dot segment (`%2e` spelled too, which browsers
+    also remove) and no empty segment (proxies merge slashes)."""
+    path = urlsplit(href).path
+    for seg in path.split("/")[1:]:
+        assert seg.lower() not in ("", ".", "..", "%2e", "%2e%2e", ".%2e", "%2e."), href
+
+
+def _team_shown(page: str, team: str) -> bool:
+    return f'<span id="team">{escape(team)}</span>' in page
+
+
+@pytest.mark.parametrize("team", list(TEAMS))
+def test_a_member_follows_the_portals_links_to_every_page_of_their_team(env, team):
+    c = _signed_in(env, team)
+    home = c.get("/")  # the sign-in's landing: a redirect to the team's home
+    assert home.status_code == 200 and _team_shown(home.text, team) and "Team <span" in home.text, team
+    queue = c.get(_link(home.text, "1 job(s) pending"))
+    assert queue.status_code == 200 and _team_shown(queue.text, team) and "Queue of" in queue.text, team
+    job = c.get(_link(queue.text, TEAMS[team]))
+    assert job.status_code == 200 and str(escape(TEAMS[team])) in job.text, (team, job.text[:300])
+    back = c.get(_link(job.text, team)).text  # the job's team: its home
+    assert _team_shown(back, team) and "Team <span" in back, team
+    for what, title in (("bursts", "Bursts for"), ("statements", "Statements of")):
+        r = c.get(_link(home.text, "ask for a burst" if what == "bursts" else "statements"))
+        assert r.status_code == 200 and _team_shown(r.text, team) and title in r.text, (team, what)
+    # the burst form posts to its own page (a dry run)
+    bursts = c.get(_link(home.text, "ask for a burst")).text
+    action = html.unescape(re.search(r'<form method="post" action="([^"]*)" id="burst-form">', bursts).group(1))
+    _survives(action)
+    csrf = re.search(r'<form method="post" action="[^"]*" id="burst-form">\s*<input type="hidden" name="csrf" '
+                     r'value="([^"]+)"', bursts).group(1)
+    r = c.post(action, data={"pool": POOL, "chips": "1", "window_start": "2026-11-04T08:00",
+                             "window_end": "2026-11-04T09:00", "csrf": csrf})
+    assert r.status_code == 200 and _team_shown(r.text, team) and 'id="dry"' in r.text, (team, r.text[-500:])
+
+
+def test_an_admin_follows_the_fleet_pages_link_to_every_team(env):
+    c = env["client"]
+    fleet = c.get("/fleet", headers=_h(env, "root")).text
+    for team in TEAMS:
+        home = c.get(_link(fleet, team), headers=_h(env, "root"))
+        assert home.status_code == 200 and _team_shown(home.text, team), team
+    # a team the lake does not hold does not exist, for an admin too
+    assert c.get("/teams/no-such-team", headers=_h(env, "root")).status_code == 404
+    assert c.get("/team?name=lab%2Fnope", headers=_h(env, "root")).status_code == 404
+
+
+def test_ordinary_names_keep_their_urls(env):
+    c = env["client"]
+    home = c.get("/teams/lab", headers=_h(env, "root")).text
+    assert _link(home, "1 job(s) pending") == "/teams/lab/queue"
+    assert _link(c.get("/teams/lab/queue", headers=_h(env, "root")).text, "lab-j1") == "/jobs/lab-j1"
+    assert _link(c.get("/teams/org/ml", headers=_h(env, "root")).text, "1 job(s) pending") == "/teams/org/ml/queue"
+    # /teams/lab/queue stays lab's queue; lab/queue's home is its query form
+    assert "Queue of" in c.get("/teams/lab/queue", headers=_h(env, "root")).text
+    assert _link(c.get("/fleet", headers=_h(env, "root")).text, "lab/queue") == "/team?name=lab%2Fqueue"
+
