@@ -29,7 +29,7 @@ def env(demo_lake_of, tmp_path_factory):
     _, lake, store_url = run_lake(demo_lake_of(3, 7), root)
     st = open_store(store_url)
     tokens = {user: new_token(st, user, team)[1] for user, team in USERS.items()}
-    return {"lake": lake, "store": st, "tokens": tokens, "key": new_key()}
+    return {"lake": lake, "store": st, "store_url": store_url, "tokens": tokens, "key": new_key()}
 
 
 def _portal(env, visibility: str = "fleet") -> Portal:
@@ -191,3 +191,38 @@ def test_head_of_line_blockers_owners_table_equals_a_lookup_per_job(env):
             assert owners.get((row["pool"], job_id)) == (found[0]["team"] if found else None), (row, job_id)
             looked += 1
     assert looked > 0
+
+
+def test_chipledger_serve_warms_its_first_snapshot_before_any_request(env, monkeypatch):
+    """`chipledger serve` builds the first snapshot before it listens: it is warmed like every later one (the queue
+    with its estimates, the head-of-line blockers' owners, the lake's team names), so the first queue read after the
+    start is a lookup, not the request's computation. The command runs as a user runs it; only the listening loop
+    (uvicorn.run) is replaced by one that keeps the application, and no request is made until the snapshot is
+    looked at."""
+    import json
+
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from chipledger.cli import app as cli_app
+
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))
+    res = CliRunner().invoke(cli_app, ["serve", "--lake", str(env["lake"]), "--store", env["store_url"]])
+    assert res.exit_code == 0, res.output
+    [app] = served
+    portal = app.state.portal
+    try:
+        s = portal.reader._snap
+        assert s is not None and s.version == 1 and s.warm_s is not None
+        for key in ("queue", "hol_owners", "all_teams"):  # what `warm` computes, kept before any request
+            assert s.kept(key) is not None, key
+        c = TestClient(app)
+        health = c.get("/healthz").json()
+        assert health["snapshot"] == 1 and health["warm_s"] is not None
+        queue = c.get("/api/v1/queue", headers=_h(env, "olga")).json()
+        assert queue["snapshot"] == 1 and "job-org-ml-1" in json.dumps(queue)
+        assert portal.reader._snap is s
+    finally:
+        portal.reader.stop()
+

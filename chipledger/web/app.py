@@ -85,6 +85,8 @@ class Portal:
             self.sessions = Sessions(self.tokens, self.cfg.serve.session_hours * 3600)
         if self.reader is not None and self.reader.warm is None:
             self.reader.warm = warm  # the queue's estimates (…) are computed at each refresh, not per request
+            if self.reader._snap is not None and self.reader._snap.warm_s is None:
+                self.reader.warm_current()  # a snapshot built before the step was given: warmed now, before serving
 
     def producer(self):
         if self.producer_factory is None:
@@ -971,7 +973,8 @@ def build_app(portal: Portal) -> FastAPI:
         s = portal.reader._snap  # (anonymous: whether the refresh fails, not why: its message names the lake's
         # files, and the server's log has it)
         return {"ok": True, "snapshot": s.version if s else None, "refresh_failing": portal.reader.last_error is not None,
-                "build_s": round(s.build_s, 2) if s else None, "rewarm_s": round(s.rewarm_s, 2) if s else None}
+                "build_s": round(s.build_s, 2) if s else None, "rewarm_s": round(s.rewarm_s, 2) if s else None,
+                "warm_s": round(s.warm_s, 2) if s and s.warm_s is not None else None}
 
     @app.get("/static/portal.css", include_in_schema=False)
     def css():
