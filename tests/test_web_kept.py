@@ -226,3 +226,35 @@ def test_chipledger_serve_warms_its_first_snapshot_before_any_request(env, monke
     finally:
         portal.reader.stop()
 
+
+def test_a_decisions_cursor_is_kept_once_however_it_is_spelled(env):
+    """The decisions route keeps its answer per cursor as parsed: spellings of one cursor (base64 padded or not, the
+    JSON's spaces, the instant's zero padding) are one kept answer, and the same page; a cursor this API did not give
+    out is still 400, and nothing is kept for it."""
+    import base64
+    import json
+
+    portal = _portal(env)
+    c = TestClient(build_app(portal))
+    h = _h(env, "root")
+    first = c.get("/api/v1/decisions?limit=2", headers=h).json()
+    cursor = first["next_cursor"]
+    at, did = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    day = at[:8] + str(int(at[8:10])) + at[10:]  # 2026-11-02T… -> 2026-11-2T…: strptime reads both
+    spellings = [cursor, base64.urlsafe_b64encode(json.dumps([at, did], indent=1).encode()).decode(),
+                 base64.urlsafe_b64encode(json.dumps([at, did], separators=(",", ":")).encode()).decode(),
+                 base64.urlsafe_b64encode(json.dumps([day, did]).encode()).decode().rstrip("=")]
+    assert len(set(spellings)) == 4 and at[8] == "0"
+    pages = {c.get("/api/v1/decisions", params={"limit": 2, "cursor": x}, headers=h).text for x in spellings}
+    assert len(pages) == 1 and json.loads(pages.pop())["decisions"][0]["decision_id"] != first["decisions"][-1][
+        "decision_id"]
+    s = portal.reader.snapshot
+
+    def kept_decisions() -> list:
+        return [k for k in list(s._memo) if isinstance(k, tuple) and k[1:3] == ("json", "decisions")]
+
+    assert len(kept_decisions()) == 2  # the first page and the second, once
+    for bad in ("%%%", base64.urlsafe_b64encode(b'["x", "y"]').decode(), "bm90IGpzb24"):
+        r = c.get("/api/v1/decisions", params={"limit": 2, "cursor": bad}, headers=h)
+        assert r.status_code == 400 and r.json()["detail"] == "cursor is not one this API gave out", bad
+    assert len(kept_decisions()) == 2

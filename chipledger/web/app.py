@@ -432,13 +432,14 @@ def _chips(milli) -> Optional[float]:
     return None if milli is None else milli / 1000
 
 
-def _keyset_page(read, sql: str, params: dict, cursor: Optional[str], limit: int, at: str, key: str,
+def _keyset_page(read, sql: str, params: dict, cursor, limit: int, at: str, key: str,
                  resolve: Optional[Callable[[list], list]] = None, shown: Optional[Callable[[dict], str]] = None):
     """One page of a keyset-paged query: `sql` filters on `($k_at, $k_id)` (the cursor's instant and id, NULL on the
     first page) and ends with `LIMIT $n`; `read` is the snapshot's rows or cached_rows. Returns the page's rows and
     the next page's cursor (the last row's `at` and `key`; None on the last page). `shown(row)` is the key as the
-    caller may see it (an alias), which `resolve(cursor key)` maps back."""
-    k = _cursor_decode(cursor)
+    caller may see it (an alias), which `resolve(cursor key)` maps back. `cursor`: as sent (a string), or as
+    `_cursor_decode` parsed it (a list)."""
+    k = cursor if isinstance(cursor, list) else _cursor_decode(cursor)
     if k and resolve is not None:
         k = resolve(k)
     rows = read(sql, {**params, "k_at": k[0] if k else None, "k_id": k[1] if k else None, "n": limit + 1})
@@ -769,12 +770,14 @@ def build_app(portal: Portal) -> FastAPI:
             if not p.teams:
                 raise HTTPException(404, "no such team")
         # the page as this caller may read it, kept with the snapshot (computed again on the next one at its swap): the
-        # key holds everything the redaction depends on (staff, their teams, whether they see the fleet's names)
-        key = ("json", "decisions", p.view_key, pool, team, limit, cursor)
-        return await kept_json(await current(), key, lambda s: _decisions_page(s, p, pool, team, limit, cursor))
+        # key holds everything the redaction depends on (staff, their teams, whether they see the fleet's names), and
+        # the cursor as parsed (a 400 here when it is not one this API gave out): its spellings are one key
+        k = _cursor_decode(cursor)
+        key = ("json", "decisions", p.view_key, pool, team, limit, None if k is None else tuple(k))
+        return await kept_json(await current(), key, lambda s: _decisions_page(s, p, pool, team, limit, k))
 
     def _decisions_page(s: Snapshot, p: Principal, pool: Optional[str], team: Optional[str], limit: int,
-                        cursor: Optional[str]) -> DecisionsOut:
+                        cursor: Optional[list]) -> DecisionsOut:
         teams_filter = None if (team is None and p.is_staff) else ([team] if team else sorted(p.teams))
         view = _view(portal, s, p)
         bodies: dict[str, dict] = {}
