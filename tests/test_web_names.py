@@ -134,3 +134,23 @@ def test_ordinary_names_keep_their_urls(env):
     assert "Queue of" in c.get("/teams/lab/queue", headers=_h(env, "root")).text
     assert _link(c.get("/fleet", headers=_h(env, "root")).text, "lab/queue") == "/team?name=lab%2Fqueue"
 
+
+def test_a_schedulers_message_does_not_show_another_teams_job_id_to_a_member(env):
+    """visibility = fleet: a member sees other teams' names, never their job ids (docs/portal.md, "Who sees what"):
+    the scheduler's sentence on their own job (a `job.waiting` message: the job's `why` and timeline, API and page)
+    reads `(hidden)` for another team's job id; their own job's id stays; an admin reads it as written."""
+    c = env["client"]
+    ads_job, message = env["ads_job"], env["message"]
+    member, admin = _h(env, "lab"), _h(env, "root")
+    job = c.get("/api/v1/jobs/lab-j1", headers=member).json()
+    assert job["why"]["scheduler_message"] == message.replace(ads_job, "(hidden)")
+    assert [e["detail"] for e in job["timeline"] if e["type"] == "job.waiting"] == [
+        "Pending: " + message.replace(ads_job, "(hidden)")]
+    assert ads_job not in json.dumps(job)
+    page = c.get("/jobs/lab-j1", headers=member).text
+    assert str(escape(message.replace(ads_job, "(hidden)"))) in page and ads_job not in page
+    job = c.get("/api/v1/jobs/lab-j1", headers=admin).json()
+    assert job["why"]["scheduler_message"] == message
+    assert str(escape(message)) in c.get("/jobs/lab-j1", headers=admin).text
+    # the other team's member reads the message's job as theirs; lab's member may not open it
+    assert c.get(f"/api/v1/jobs/{ads_job}", headers=member).status_code == 404

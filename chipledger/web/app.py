@@ -1315,6 +1315,18 @@ def _queue(portal: Portal, s: Snapshot, p: Principal, pool: Optional[str], team:
     return out
 
 
+def job_owners(s: Snapshot, texts) -> dict[str, frozenset[str]]:
+    """Job id -> the teams owning a job of that id (any pool), for each word of `texts` (free text) that is one."""
+    from chipledger.web.redact import words
+
+    found = words(texts)
+    if not found:
+        return {}
+    return {r["job_id"]: frozenset(r["teams"]) for r in s.rows(
+        "SELECT job_id, list(DISTINCT team) AS teams FROM portal_job_owners WHERE job_id IN (SELECT unnest(?)) "
+        "GROUP BY job_id", [sorted(found)])}
+
+
 def _queue_compute(s: Snapshot) -> list[QueueEntry]:
     rows = s.rows("SELECT * FROM portal_queue ORDER BY pool, position")
     if not rows:
@@ -1415,6 +1427,8 @@ def _job(portal: Portal, s: Snapshot, p: Principal, job_id: str) -> Optional[Job
     out, refs, bodies = got
     if p.is_staff:
         return out
+    # the job ids its free text (a scheduler's messages) names, and whose they are: once per job, for every view
+    owners = s.memo(("job_named", job_id, pick["pool"]), lambda s: _job_named(s, job_id, pick["pool"]))
     # the decisions in its timeline (a preemption's sentence names the other teams) as this caller may read them
     view = _view(portal, s, p)
     shown_ids = {did: view.decision_id(did, body) for did, body in bodies.items()}
@@ -1433,17 +1447,37 @@ def _job(portal: Portal, s: Snapshot, p: Principal, job_id: str) -> Optional[Job
         if ref is not None and entry.type.startswith("decision"):
             entry = entry.model_copy(update={"detail": view.message(bodies.get(ref, {}), entry.detail) or ""})
         else:
-            entry = entry.model_copy(update={"detail": view.text(ids_shown(entry.detail)) or ""})
+            entry = entry.model_copy(update={"detail": view.free_text(ids_shown(entry.detail), owners) or ""})
         timeline.append(entry)
 
     def why_value(v):  # its sentences (a scheduler's message is free text): the last check for hidden names
         if isinstance(v, str):
-            return view.text(ids_shown(v))
+            return view.free_text(ids_shown(v), owners)
         if isinstance(v, (list, tuple)):
             return type(v)(why_value(x) for x in v)
         return v
 
     return out.model_copy(update={"timeline": timeline, "why": {k: why_value(v) for k, v in out.why.items()}})
+
+
+def _job_named(s: Snapshot, job_id: str, pool: str) -> dict[str, frozenset[str]]:
+    """The job ids the free text of the job's timeline and `why` names, and whose they are (`job_owners`)."""
+    got = s.memo(("job", job_id, pool), lambda s: _job_compute(s, job_id, pool))
+    if got is None:
+        return {}
+    out = got[0]
+    return job_owners(s, [*(e.detail for e in out.timeline), *_strings(out.why)])
+
+
+def _strings(v) -> list[str]:
+    """The strings in `v` (a `why`: strings, numbers, lists of them)."""
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v, dict):
+        v = list(v.values())
+    if isinstance(v, (list, tuple)):
+        return [x for item in v for x in _strings(item)]
+    return []
 
 
 def _job_compute(s: Snapshot, job_id: str, pool: str) -> Optional[tuple[JobOut, list, dict]]:
