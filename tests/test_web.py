@@ -59,6 +59,7 @@ def api_requests(env) -> dict[str, tuple[str, str, dict | None]]:
         "/api/v1/head-of-line": ("GET", "/api/v1/head-of-line", None),
         "/api/v1/teams/{team}/statements": ("GET", "/api/v1/teams/vision/statements", None),
         "/api/v1/statements/{statement_id}/{fmt}": ("GET", f"/api/v1/statements/{STATEMENT}/json", None),
+        "/api/v1/statement-file": ("GET", f"/api/v1/statement-file?statement_id={STATEMENT}&fmt=json", None),
         "/api/v1/teams/{team}/jobs": ("GET", "/api/v1/teams/vision/jobs?limit=5", None),
         "/api/v1/teams/{team}/bursts": ("GET", "/api/v1/teams/vision/bursts", None),
         "/api/v1/bursts/dry-run": ("POST", "/api/v1/bursts/dry-run", burst),

@@ -14,6 +14,9 @@ from urllib.parse import urlsplit
 import pytest
 from markupsafe import escape
 
+from typer.testing import CliRunner
+
+from chipledger.cli import app as cli_app
 from chipledger.web.auth import new_token
 from store.repo import open_store
 from tests.web_support import chipledger_run, client_of, make_events, make_portal, write_events
@@ -47,11 +50,14 @@ def env(demo_lake_of, tmp_path_factory):
     lake = root / "lake"
     store_url = f"sqlite:///{root / 'store.db'}"
     chipledger_run(events, lake, store_url)
+    res = CliRunner().invoke(cli_app, ["statements", "--lake", str(lake), "--period", "2026-11-02..2026-11-02",
+                                       "--store", store_url, "--out", str(root / "statements")])
+    assert res.exit_code == 0, res.output
     st = open_store(store_url)
     tokens = {team: new_token(st, f"user{i}", team)[1] for i, team in enumerate(TEAMS)}
     tokens["root"] = new_token(st, "root", None)[1]
     tokens["alice"] = new_token(st, "alice", "vision")[1]
-    portal = make_portal(st, lake)
+    portal = make_portal(st, lake, statements_dir=root / "statements")
     return {"portal": portal, "client": client_of(portal), "tokens": tokens, "ads_job": ads_job, "message": message}
 
 
@@ -102,6 +108,11 @@ def test_a_member_follows_the_portals_links_to_every_page_of_their_team(env, tea
     for what, title in (("bursts", "Bursts for"), ("statements", "Statements of")):
         r = c.get(_link(home.text, "ask for a burst" if what == "bursts" else "statements"))
         assert r.status_code == 200 and _team_shown(r.text, team) and title in r.text, (team, what)
+    # its statement's files, by the statements page's download links
+    statements = c.get(_link(home.text, "statements")).text
+    got = c.get(_link(statements, "json"))
+    assert got.status_code == 200 and json.loads(got.content)["team"] == team, team
+    assert c.get(_link(statements, "html")).status_code == 200, team
     # the burst form posts to its own page (a dry run)
     bursts = c.get(_link(home.text, "ask for a burst")).text
     action = html.unescape(re.search(r'<form method="post" action="([^"]*)" id="burst-form">', bursts).group(1))

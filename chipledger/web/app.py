@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional
-from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, FastAPI, Form, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -33,7 +32,7 @@ from chipledger.web import burst as burst_mod
 from chipledger.web.auth import Csrf, NeedStore, Principal, RateLimiter, Sessions, TokenCache, principal_for
 from chipledger.web.estimate import Running, Waiting, estimate_start
 from chipledger.web.lake import _MISSING, LakeReader, Snapshot
-from chipledger.web.links import job_url, team_url
+from chipledger.web.links import job_url, statement_url, team_url
 from chipledger.web.redact import View, new_key
 
 HERE = Path(__file__).parent
@@ -872,6 +871,17 @@ def build_app(portal: Portal) -> FastAPI:
     @api.get("/statements/{statement_id:path}/{fmt}", tags=["statements"],
              responses={200: {"content": {"application/octet-stream": {}}}})
     def statement_file(statement_id: str, fmt: str, p: Principal = Depends(who)):
+        return _statement_file(statement_id, fmt, p)
+
+    @api.get("/statement-file", tags=["statements"], responses={200: {"content": {"application/octet-stream": {}}}})
+    def statement_file_q(statement_id: str = Query(..., max_length=400), fmt: str = Query(..., max_length=8),
+                         p: Principal = Depends(who)):
+        """An issued statement's file, the statement named in the query: for a team whose name has an empty, `.` or
+        `..` segment (browsers and HTTP clients remove dot segments from a path; the statements' `downloads` give
+        this form for them)."""
+        return _statement_file(statement_id, fmt, p)
+
+    def _statement_file(statement_id: str, fmt: str, p: Principal):
         path = _statement_path(portal, p, statement_id, fmt)
         media = {"html": "text/html", "md": "text/markdown", "csv": "text/csv", "json": "application/json",
                  "svg": "image/svg+xml"}[fmt]
@@ -1568,8 +1578,7 @@ def _statements(portal: Portal, team: str) -> list[StatementOut]:
         fmts = [f for f in r.formats.split(",") if f]
         out.append(StatementOut(statement_id=r.statement_id, team=r.team, period_start=r.period_start,
                                 period_end=r.period_end, issued_at=r.issued_at, formats=fmts,
-                                downloads={f: f"/api/v1/statements/{quote(r.statement_id, safe='/@')}/{f}"
-                                           for f in fmts}))
+                                downloads={f: statement_url(r.statement_id, f) for f in fmts}))
     return out
 
 

@@ -10,8 +10,8 @@ queue), is kept for every name it reads back unchanged; two kinds of names it do
 - a name with an empty, `.` or `..` segment (`a//b`, `../x`): browsers and HTTP clients remove dot segments
   (`%2e%2e` too) and proxies merge slashes before the portal sees the path.
 
-Those are linked by their query form, `/team?name=NAME` (and `/team/queue?name=NAME`, …; a job: `/job?id=JOB`),
-which reads back every name. Both forms serve the same pages; `%`-encoding is quote's (a `/` inside a query value is
+Those are linked by their query form, `/team?name=NAME` (and `/team/queue?name=NAME`, …; a job: `/job?id=JOB`; a
+statement's file: `/api/v1/statement-file?statement_id=ID&fmt=FMT`), which reads back every name. Both forms serve the same pages; `%`-encoding is quote's (a `/` inside a query value is
 encoded too)."""
 
 from __future__ import annotations
@@ -39,3 +39,10 @@ def job_url(job_id: str) -> str:
     if path_safe(job_id):
         return f"/jobs/{quote(job_id, safe='/')}"
     return f"/job?id={quote(job_id, safe='')}"
+
+
+def statement_url(statement_id: str, fmt: str) -> str:
+    """The URL of an issued statement's file (`TEAM@LABEL`, format `fmt`): the team's name may be any name."""
+    if path_safe(statement_id):
+        return f"/api/v1/statements/{quote(statement_id, safe='/@')}/{fmt}"
+    return f"/api/v1/statement-file?statement_id={quote(statement_id, safe='')}&fmt={quote(fmt, safe='')}"
