@@ -165,3 +165,51 @@ def test_a_schedulers_message_does_not_show_another_teams_job_id_to_a_member(env
     assert str(escape(message)) in c.get("/jobs/lab-j1", headers=admin).text
     # the other team's member reads the message's job as theirs; lab's member may not open it
     assert c.get(f"/api/v1/jobs/{ads_job}", headers=member).status_code == 404
+
+
+@pytest.fixture(scope="module")
+def server(env):
+    """The module's portal served on a free port (uvicorn in a thread), for headless Chromium."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from chipledger.web.app import build_app
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(build_app(env["portal"]), host="127.0.0.1", port=port, log_level="warning"))
+    t = threading.Thread(target=srv.run, daemon=True)
+    t.start()
+    for _ in range(100):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    t.join(timeout=5)
+
+
+@pytest.mark.parametrize("team", ["../up", "./here", "lab/queue", "a//b", "R&D <lab> 'x'"])
+def test_in_chromium_a_member_clicks_through_their_teams_pages(browser, server, env, team):
+    """What a browser does to a path (dot segments removed, `%2e` too) is Chromium's own here: a member signs in and
+    clicks the portal's links to the team's home, its queue and its job, and lands on each."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    d = browser.driver
+    d.delete_all_cookies()
+    d.get(server + "/login")
+    d.find_element(By.ID, "token").send_keys(env["tokens"][team])
+    d.find_element(By.ID, "signin").click()
+    WebDriverWait(d, 15).until(lambda drv: not drv.current_url.endswith("/login"))
+    assert d.find_element(By.ID, "team").text == team and d.find_element(By.TAG_NAME, "h1").text.startswith("Team")
+    d.find_element(By.LINK_TEXT, "1 job(s) pending").click()
+    assert d.find_element(By.ID, "team").text == team and d.find_element(By.TAG_NAME, "h1").text.startswith("Queue")
+    d.find_element(By.LINK_TEXT, TEAMS[team]).click()
+    assert d.find_element(By.ID, "job").text == TEAMS[team]
+    d.find_element(By.CSS_SELECTOR, "dl.facts a").click()  # the job's team: its home
+    assert d.find_element(By.ID, "team").text == team and d.find_element(By.TAG_NAME, "h1").text.startswith("Team")
