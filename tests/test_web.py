@@ -393,6 +393,47 @@ def test_a_session_ends_when_its_token_is_revoked(env):
     assert raw.get("/api/v1/whoami").status_code == 401
 
 
+def test_a_restart_signs_nobody_out_and_signing_out_ends_the_session_everywhere(env):
+    """Sessions are kept in the store the tokens use (`portal_sessions`: the SHA-256 of the cookie, never the cookie):
+    a portal started again on the same store (a restart, or another replica) takes the cookie of a session signed in
+    before; signing out there ends it on the first portal too; a session whose time is over is refused, and one
+    written by another replica is taken."""
+    import hashlib
+    from datetime import timedelta
+
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from store.models import PortalSession
+
+    c = _signed_in(env)
+    cookie = c.cookies.get("clp_session")
+    sha = hashlib.sha256(cookie.encode()).hexdigest()
+    with Session(env["store"].engine) as db:
+        rows = [(r.session_sha256, r.token_id) for r in db.scalars(select(PortalSession))]
+    assert (sha, env["tokens"]["alice"][0]) in rows and all(cookie not in str(r) for r in rows)
+    restarted = client_of(portal_like(env))  # a new process's Portal: its own memory, CSRF key and aliases
+    restarted.cookies.set("clp_session", cookie)
+    who = restarted.get("/api/v1/whoami")
+    assert who.status_code == 200 and (who.json()["user"], who.json()["via"]) == ("alice", "session")
+    home = restarted.get("/teams/vision", follow_redirects=False)
+    assert home.status_code == 200
+    csrf = re.search(r'action="/logout".*?name="csrf" value="([^"]+)"', home.text, re.S).group(1)
+    assert restarted.post("/logout", data={"csrf": csrf}, follow_redirects=False).status_code == 303
+    assert c.get("/api/v1/whoami").status_code == 401  # signed out there: ended here too
+    assert env["store"].session(sha) is None
+    # sessions another replica wrote: one whose time is over is refused, a live one is taken
+    now = datetime.now(timezone.utc)
+    for cookie, ends, status in (("cls_" + "o" * 43, now - timedelta(seconds=1), 401),
+                                 ("cls_" + "l" * 43, now + timedelta(hours=1), 200)):
+        env["store"].start_session(PortalSession(
+            session_sha256=hashlib.sha256(cookie.encode()).hexdigest(), token_id=env["tokens"]["alice"][0],
+            started_at=ends - timedelta(hours=12), expires_at=ends), keep_per_token=16)
+        other = client_of(portal_like(env))
+        other.cookies.set("clp_session", cookie)
+        assert other.get("/api/v1/whoami").status_code == status, ends
+
+
 def _limited_portal(env, per_minute: int) -> TestClient:
     return client_of(portal_like(env, cfg=portal_config(requests_per_minute=per_minute)))
 

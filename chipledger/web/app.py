@@ -81,7 +81,8 @@ class Portal:
         if self.requests is None:
             self.requests = RateLimiter(self.cfg.serve.requests_per_minute)
         if self.sessions is None:
-            self.sessions = Sessions(self.tokens, self.cfg.serve.session_hours * 3600)
+            # kept in the store the tokens use (a restart signs nobody out); in memory only without one
+            self.sessions = Sessions(self.tokens, self.cfg.serve.session_hours * 3600, store=self.store)
         if self.reader is not None and self.reader.warm is None:
             self.reader.warm = warm  # the queue's estimates (…) are computed at each refresh, not per request
             if self.reader._snap is not None and self.reader._snap.warm_s is None:
