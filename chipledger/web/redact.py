@@ -16,7 +16,7 @@ Statements (issued files: md, html, csv, json, svg) name the teams and jobs of t
 team's jobs; a member downloads them through the same reading (`document`), over the decisions of the lake that name
 their team.
 
-A scheduler's **free text** (a `job.waiting` message: the queue's message, a job's `why` and timeline) is the
+A scheduler's **free text** (a `job.waiting` message, in a job's `why` and timeline) is the
 scheduler's, not the ledger's: no payload says what it names. Its words that are job ids of the lake (`words`, looked
 up by the caller) owned only by teams the caller may not read become "(hidden)" too (`free_text`), as in decisions.
 
@@ -170,9 +170,12 @@ class View:
         team names. None when it cannot be made safe."""
         if text is None or self.sees_all:
             return text
-        jobs = tuple((j, min(teams)) for j, teams in sorted(owners.items())
-                     if teams and j in text and not any(self.p.can_read_team(t) for t in teams))
-        return self.text(text, Named(frozenset(), jobs))
+        jobs = []  # every id it names, with a team the caller reads when there is one (shown: the leak check's too)
+        for j, teams in sorted(owners.items()):
+            if teams and j in text:
+                mine = [t for t in teams if self.p.can_read_team(t)]
+                jobs.append((j, min(mine or teams)))
+        return self.text(text, Named(frozenset(), tuple(jobs)))
 
     def message(self, body: dict, message: Optional[str]) -> Optional[str]:
         """A decision's sentence as this caller may read it: the core's, redacted; if that cannot be made safe, a
