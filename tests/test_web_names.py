@@ -61,6 +61,29 @@ def env(demo_lake_of, tmp_path_factory):
     return {"portal": portal, "client": client_of(portal), "tokens": tokens, "ads_job": ads_job, "message": message}
 
 
+@pytest.mark.parametrize("team, page, url", [
+    ("vision", "", "/teams/vision"), ("vision", "queue", "/teams/vision/queue"),
+    ("org/ml", "bursts", "/teams/org/ml/bursts"), ("R&D <x>", "", "/teams/R%26D%20%3Cx%3E"),
+    ("queue", "", "/teams/queue"),  # one segment: no team's page has this path
+    ("x/queue", "", "/team?name=x%2Fqueue"), ("x/queue", "queue", "/teams/x/queue/queue"),
+    ("x/statements", "", "/team?name=x%2Fstatements"), ("..", "queue", "/team/queue?name=.."),
+    ("a//b", "", "/team?name=a%2F%2Fb"), ("a/", "statements", "/team/statements?name=a%2F"),
+    ("a?b#c%d", "", "/teams/a%3Fb%23c%25d"),
+])
+def test_team_urls(team, page, url):
+    from chipledger.web.links import team_url
+
+    assert team_url(team, page) == url
+
+
+def test_job_and_statement_urls():
+    from chipledger.web.links import job_url, statement_url
+
+    assert job_url("ns/train-1") == "/jobs/ns/train-1" and job_url("ns/../j") == "/job?id=ns%2F..%2Fj"
+    assert statement_url("org/ml@2026-11", "json") == "/api/v1/statements/org/ml@2026-11/json"
+    assert statement_url("../up@2026-11", "md") == "/api/v1/statement-file?statement_id=..%2Fup%402026-11&fmt=md"
+
+
 def _h(env, who: str) -> dict:
     return {"Authorization": f"Bearer {env['tokens'][who]}"}
 
