@@ -167,3 +167,15 @@ class ApiToken(Base):
     secret_sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     revoked_at: Mapped[Optional[datetime]] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class PortalSession(Base):
+    """One row per signed-in browser session of the portal (chipledger/web/auth.py `Sessions`): the SHA-256 of the
+    cookie's session id (the cookie itself is never stored), the token it was started with, and when it ends. Kept
+    here so that a restart, or another replica on the same store, does not sign anyone out; signing out deletes it."""
+
+    __tablename__ = "portal_sessions"
+    session_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_id: Mapped[str] = mapped_column(String(64), index=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)

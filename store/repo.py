@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session
 from ledger.books import BORROWED, BURST, ENTITLED, IDLE, IN_QUOTA, OVERCOMMITTED
 from ledger.policy import store_balances
 from ledger.state import PoolState
-from store.models import (ApiToken, Base, DecisionIndex, GrantRow, PoolBalance, RunLog, StatementRun, TeamBalance,
-                                 Tracking)
+from store.models import (ApiToken, Base, DecisionIndex, GrantRow, PoolBalance, PortalSession, RunLog, StatementRun,
+                          TeamBalance, Tracking)
 
 
 class StoreError(RuntimeError):
@@ -217,6 +217,31 @@ class Store:
                 return False
             row.revoked_at = at
             return True
+
+    def start_session(self, row: PortalSession, keep_per_token: int) -> list[str]:
+        """Record a portal session; in the same transaction, end the sessions whose time is over (at the new one's
+        start) and the token's oldest beyond `keep_per_token` (the new one included). Returns the ids ended."""
+        with Session(self.engine) as session, session.begin():
+            ended = list(session.scalars(select(PortalSession.session_sha256).where(
+                PortalSession.expires_at <= row.started_at)))
+            mine = list(session.scalars(select(PortalSession.session_sha256).where(
+                PortalSession.token_id == row.token_id, PortalSession.expires_at > row.started_at).order_by(
+                PortalSession.started_at.desc(), PortalSession.session_sha256)))
+            ended += mine[max(keep_per_token - 1, 0):]
+            if ended:
+                session.execute(delete(PortalSession).where(PortalSession.session_sha256.in_(ended)))
+            session.add(row)
+        return ended
+
+    def session(self, session_sha256: str) -> Optional[PortalSession]:
+        with Session(self.engine) as session:
+            return session.get(PortalSession, session_sha256)
+
+    def end_session(self, session_sha256: str) -> bool:
+        """Forget a portal session (signing out); False when there was none."""
+        with Session(self.engine) as session, session.begin():
+            return session.execute(delete(PortalSession).where(
+                PortalSession.session_sha256 == session_sha256)).rowcount > 0
 
     def position(self, consumer: str, topic: str, partition: int) -> Optional[int]:
         with Session(self.engine) as session:

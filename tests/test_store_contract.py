@@ -422,6 +422,26 @@ def test_statement_runs_keep_their_positions_and_digest(store):
     assert len(store.statement_runs()) == 2
 
 
+def test_portal_sessions_keep_the_newest_per_token_and_end(store):
+    """The portal's sessions (chipledger/web/auth.py Sessions): a token keeps its newest `keep_per_token`, a start
+    ends the sessions whose time is over (anyone's), signing out deletes one; instants come back in UTC."""
+    from store.models import PortalSession
+
+    def start(sid, token, at_h, hours=12):
+        return store.start_session(PortalSession(session_sha256=sid, token_id=token, started_at=utc(2026, 12, 1, at_h),
+                                                 expires_at=utc(2026, 12, 1, at_h) + timedelta(hours=hours)), 2)
+
+    assert start("a1", "t", 1) == [] and start("old", "u", 1, hours=1) == []
+    assert start("a2", "t", 2) == ["old"]  # (u's session ended at 02:00)
+    assert start("a3", "t", 3) == ["a1"]   # t's oldest beyond two
+    assert [store.session(x) is not None for x in ("a1", "a2", "a3", "old")] == [False, True, True, False]
+    row = store.session("a3")
+    assert row.token_id == "t"
+    assert_utc(row.started_at, utc(2026, 12, 1, 3))
+    assert_utc(row.expires_at, utc(2026, 12, 1, 15))
+    assert store.end_session("a3") and not store.end_session("a3") and store.session("a3") is None
+
+
 def test_a_store_from_an_earlier_version_gains_the_new_columns(store, tmp_path):
     # team_balances as chipledger wrote it before the fair-share columns (decayed usage, F, borrowed share)
     from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, inspect, insert

@@ -59,6 +59,7 @@ def api_requests(env) -> dict[str, tuple[str, str, dict | None]]:
         "/api/v1/head-of-line": ("GET", "/api/v1/head-of-line", None),
         "/api/v1/teams/{team}/statements": ("GET", "/api/v1/teams/vision/statements", None),
         "/api/v1/statements/{statement_id}/{fmt}": ("GET", f"/api/v1/statements/{STATEMENT}/json", None),
+        "/api/v1/statement-file": ("GET", f"/api/v1/statement-file?statement_id={STATEMENT}&fmt=json", None),
         "/api/v1/teams/{team}/jobs": ("GET", "/api/v1/teams/vision/jobs?limit=5", None),
         "/api/v1/teams/{team}/bursts": ("GET", "/api/v1/teams/vision/bursts", None),
         "/api/v1/bursts/dry-run": ("POST", "/api/v1/bursts/dry-run", burst),
@@ -203,7 +204,10 @@ def test_token_cli(env):
     assert all(token not in (r.secret_sha256 or "") for r in env["store"].tokens())
     assert CliRunner().invoke(cli_app, ["serve", "tokens", "revoke", token_id, "--store", url]).exit_code == 0
     assert CliRunner().invoke(cli_app, ["serve", "tokens", "revoke", token_id, "--store", url]).exit_code == 1
-    assert CliRunner().invoke(cli_app, ["serve", "tokens", "create", "--user", "<x>", "--store", url]).exit_code == 2
+    # names as events may hold them (markup and `&` too: every name is escaped where it is shown), no control characters
+    assert CliRunner().invoke(cli_app, ["serve", "tokens", "create", "--user", "a\x1bb", "--store", url]).exit_code == 2
+    assert CliRunner().invoke(cli_app, ["serve", "tokens", "create", "--user", "x", "--team", "R&D <lab>", "--store",
+                                        url]).exit_code == 0
 
 
 def test_login_and_csrf(env):
@@ -387,6 +391,47 @@ def test_a_session_ends_when_its_token_is_revoked(env):
     raw = TestClient(c.app)
     raw.cookies.set("clp_session", env["tokens"]["alice"][1])
     assert raw.get("/api/v1/whoami").status_code == 401
+
+
+def test_a_restart_signs_nobody_out_and_signing_out_ends_the_session_everywhere(env):
+    """Sessions are kept in the store the tokens use (`portal_sessions`: the SHA-256 of the cookie, never the cookie):
+    a portal started again on the same store (a restart, or another replica) takes the cookie of a session signed in
+    before; signing out there ends it on the first portal too; a session whose time is over is refused, and one
+    written by another replica is taken."""
+    import hashlib
+    from datetime import timedelta
+
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from store.models import PortalSession
+
+    c = _signed_in(env)
+    cookie = c.cookies.get("clp_session")
+    sha = hashlib.sha256(cookie.encode()).hexdigest()
+    with Session(env["store"].engine) as db:
+        rows = [(r.session_sha256, r.token_id) for r in db.scalars(select(PortalSession))]
+    assert (sha, env["tokens"]["alice"][0]) in rows and all(cookie not in str(r) for r in rows)
+    restarted = client_of(portal_like(env))  # a new process's Portal: its own memory, CSRF key and aliases
+    restarted.cookies.set("clp_session", cookie)
+    who = restarted.get("/api/v1/whoami")
+    assert who.status_code == 200 and (who.json()["user"], who.json()["via"]) == ("alice", "session")
+    home = restarted.get("/teams/vision", follow_redirects=False)
+    assert home.status_code == 200
+    csrf = re.search(r'action="/logout".*?name="csrf" value="([^"]+)"', home.text, re.S).group(1)
+    assert restarted.post("/logout", data={"csrf": csrf}, follow_redirects=False).status_code == 303
+    assert c.get("/api/v1/whoami").status_code == 401  # signed out there: ended here too
+    assert env["store"].session(sha) is None
+    # sessions another replica wrote: one whose time is over is refused, a live one is taken
+    now = datetime.now(timezone.utc)
+    for cookie, ends, status in (("cls_" + "o" * 43, now - timedelta(seconds=1), 401),
+                                 ("cls_" + "l" * 43, now + timedelta(hours=1), 200)):
+        env["store"].start_session(PortalSession(
+            session_sha256=hashlib.sha256(cookie.encode()).hexdigest(), token_id=env["tokens"]["alice"][0],
+            started_at=ends - timedelta(hours=12), expires_at=ends), keep_per_token=16)
+        other = client_of(portal_like(env))
+        other.cookies.set("clp_session", cookie)
+        assert other.get("/api/v1/whoami").status_code == status, ends
 
 
 def _limited_portal(env, per_minute: int) -> TestClient:
@@ -850,8 +895,8 @@ def test_any_name_the_ledger_accepts_has_its_pages(env):
     """[medium] Routes checked names against ASCII [A-Za-z0-9._/:@-]{1,128}, narrower than the events' names (1-256
     characters, any letters): the members of a team named with a space, an accent or more than 128 characters got 404
     on every page of their team and could not ask for a burst, and `serve tokens create --team` refused to make them
-    a token; a job id with a slash (a Kubernetes namespace/name) could not be addressed at all. Markup characters
-    are still refused."""
+    a token; a job id with a slash (a Kubernetes namespace/name) could not be addressed at all. (Markup
+    characters and `&`, refused here then, are names too: tests/test_web_names.py.)"""
     from urllib.parse import quote as q
 
     c = env["client"]

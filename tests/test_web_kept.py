@@ -29,7 +29,7 @@ def env(demo_lake_of, tmp_path_factory):
     _, lake, store_url = run_lake(demo_lake_of(3, 7), root)
     st = open_store(store_url)
     tokens = {user: new_token(st, user, team)[1] for user, team in USERS.items()}
-    return {"lake": lake, "store": st, "tokens": tokens, "key": new_key()}
+    return {"lake": lake, "store": st, "store_url": store_url, "tokens": tokens, "key": new_key()}
 
 
 def _portal(env, visibility: str = "fleet") -> Portal:
@@ -191,3 +191,70 @@ def test_head_of_line_blockers_owners_table_equals_a_lookup_per_job(env):
             assert owners.get((row["pool"], job_id)) == (found[0]["team"] if found else None), (row, job_id)
             looked += 1
     assert looked > 0
+
+
+def test_chipledger_serve_warms_its_first_snapshot_before_any_request(env, monkeypatch):
+    """`chipledger serve` builds the first snapshot before it listens: it is warmed like every later one (the queue
+    with its estimates, the head-of-line blockers' owners, the lake's team names), so the first queue read after the
+    start is a lookup, not the request's computation. The command runs as a user runs it; only the listening loop
+    (uvicorn.run) is replaced by one that keeps the application, and no request is made until the snapshot is
+    looked at."""
+    import json
+
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from chipledger.cli import app as cli_app
+
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))
+    res = CliRunner().invoke(cli_app, ["serve", "--lake", str(env["lake"]), "--store", env["store_url"]])
+    assert res.exit_code == 0, res.output
+    [app] = served
+    portal = app.state.portal
+    try:
+        s = portal.reader._snap
+        assert s is not None and s.version == 1 and s.warm_s is not None
+        for key in ("queue", "hol_owners", "all_teams"):  # what `warm` computes, kept before any request
+            assert s.kept(key) is not None, key
+        c = TestClient(app)
+        health = c.get("/healthz").json()
+        assert health["snapshot"] == 1 and health["warm_s"] is not None
+        queue = c.get("/api/v1/queue", headers=_h(env, "olga")).json()
+        assert queue["snapshot"] == 1 and "job-org-ml-1" in json.dumps(queue)
+        assert portal.reader._snap is s
+    finally:
+        portal.reader.stop()
+
+
+def test_a_decisions_cursor_is_kept_once_however_it_is_spelled(env):
+    """The decisions route keeps its answer per cursor as parsed: spellings of one cursor (base64 padded or not, the
+    JSON's spaces, the instant's zero padding) are one kept answer, and the same page; a cursor this API did not give
+    out is still 400, and nothing is kept for it."""
+    import base64
+    import json
+
+    portal = _portal(env)
+    c = TestClient(build_app(portal))
+    h = _h(env, "root")
+    first = c.get("/api/v1/decisions?limit=2", headers=h).json()
+    cursor = first["next_cursor"]
+    at, did = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    day = at[:8] + str(int(at[8:10])) + at[10:]  # 2026-11-02T… -> 2026-11-2T…: strptime reads both
+    spellings = [cursor, base64.urlsafe_b64encode(json.dumps([at, did], indent=1).encode()).decode(),
+                 base64.urlsafe_b64encode(json.dumps([at, did], separators=(",", ":")).encode()).decode(),
+                 base64.urlsafe_b64encode(json.dumps([day, did]).encode()).decode().rstrip("=")]
+    assert len(set(spellings)) == 4 and at[8] == "0"
+    pages = {c.get("/api/v1/decisions", params={"limit": 2, "cursor": x}, headers=h).text for x in spellings}
+    assert len(pages) == 1 and json.loads(pages.pop())["decisions"][0]["decision_id"] != first["decisions"][-1][
+        "decision_id"]
+    s = portal.reader.snapshot
+
+    def kept_decisions() -> list:
+        return [k for k in list(s._memo) if isinstance(k, tuple) and k[1:3] == ("json", "decisions")]
+
+    assert len(kept_decisions()) == 2  # the first page and the second, once
+    for bad in ("%%%", base64.urlsafe_b64encode(b'["x", "y"]').decode(), "bm90IGpzb24"):
+        r = c.get("/api/v1/decisions", params={"limit": 2, "cursor": bad}, headers=h)
+        assert r.status_code == 400 and r.json()["detail"] == "cursor is not one this API gave out", bad
+    assert len(kept_decisions()) == 2

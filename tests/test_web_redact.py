@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from chipledger.web.auth import Principal
-from chipledger.web.redact import HIDDEN_JOB, HIDDEN_TEAM, View, named_in
+from chipledger.web.redact import HIDDEN_JOB, HIDDEN_TEAM, View, named_in, words
 
 HOSTILE = 'evil"><script>(.*)</script>'
 
@@ -129,3 +129,27 @@ def test_an_issued_statement_is_read_in_its_own_escaping():
     assert json.loads(v.document(doc, "json", [(did, body)]))["preemptions"][0]["beneficiary_team"] == HIDDEN_TEAM
     assert View(ADMIN, TEAMS, b"k").document(md, "md", [(did, body)]) == md
 
+
+
+@pytest.mark.parametrize("text, owners, want", [
+    # another team's job id, wherever it stands in the sentence (its last punctuation off)
+    ("waiting for ads-7 to finish", {"ads-7": {"ads-ml"}}, f"waiting for {HIDDEN_JOB} to finish"),
+    ("behind ads-7.", {"ads-7": {"ads-ml"}}, f"behind {HIDDEN_JOB}."),
+    ("behind (ads-7, r-3): 2 jobs", {"ads-7": {"ads-ml"}, "r-3": {"recsys"}}, f"behind ({HIDDEN_JOB}, {HIDDEN_JOB}): 2 jobs"),
+    ("ns/train-1 holds the node", {"ns/train-1": {"ads-ml"}}, f"{HIDDEN_JOB} holds the node"),
+    # the caller's own job stays, and an id their team has too (in another pool) tells them nothing of another's
+    ("job-v1 is next", {"job-v1": {"vision"}}, "job-v1 is next"),
+    ("after 42", {"42": {"vision", "ads-ml"}}, "after 42"),
+    # an id inside a longer word is not that id (a job's other sentences may name ads-7 itself)
+    ("preempted ads-7b", {"ads-7": {"ads-ml"}, "ads-7b": {"vision"}}, "preempted ads-7b"),
+])
+def test_a_schedulers_free_text_hides_other_teams_job_ids(text, owners, want):
+    owners = {j: frozenset(t) for j, t in owners.items()}
+    assert set(owners) & words([text])  # the ids are words the caller looks up
+    assert View(member("vision", "fleet"), TEAMS, b"k").free_text(text, owners) == want
+    assert View(ADMIN, TEAMS, b"k").free_text(text, owners) == text
+
+
+def test_free_text_words_are_its_runs_without_blanks_quotes_brackets_or_separators():
+    assert words(["waiting for 'job-1', (ns/j.2); x:3.", None]) == {
+        "waiting", "for", "job-1", "ns/j.2", "x:3.", "x:3"}

@@ -80,7 +80,7 @@ def serve(
         return
     import uvicorn
 
-    from chipledger.web.app import Portal, build_app
+    from chipledger.web.app import Portal, build_app, warm
     from chipledger.web.lake import LakeReader
 
     cfg = _config(config)
@@ -96,7 +96,10 @@ def serve(
             # the portal sends burst.requested as its own principal (DESIGN §3): the connection of --user (its
             # signing key `<user>.key` beside --password-file, or [kafka] signing_key_file) signs every record
             return LedgerProducer(conn)
-    reader = LakeReader(lake_path, refresh_s=cfg.serve.refresh_s, slo=cfg.slo, duckdb_config=cfg.lake.duckdb_config())
+    # the warm step given here, before the first build: the first snapshot is warmed like every later one (its queue
+    # estimates computed before it serves, not by the first request that reads the queue)
+    reader = LakeReader(lake_path, refresh_s=cfg.serve.refresh_s, slo=cfg.slo, duckdb_config=cfg.lake.duckdb_config(),
+                        warm=warm)
     try:
         reader.refresh(force=True)
     except Exception as e:

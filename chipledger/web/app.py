@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional
-from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, FastAPI, Form, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -33,6 +32,7 @@ from chipledger.web import burst as burst_mod
 from chipledger.web.auth import Csrf, NeedStore, Principal, RateLimiter, Sessions, TokenCache, principal_for
 from chipledger.web.estimate import Running, Waiting, estimate_start
 from chipledger.web.lake import _MISSING, LakeReader, Snapshot
+from chipledger.web.links import job_url, statement_url, team_url
 from chipledger.web.redact import View, new_key
 
 HERE = Path(__file__).parent
@@ -41,9 +41,10 @@ LOGIN_CSRF_COOKIE = "clp_login"
 CSP = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; "
        "base-uri 'none'")
 MAX_BODY_BYTES = 16 << 10
-# a name in a URL: as long as events' names (schemas.events.Name: 1 to 256 characters, no control characters), any
-# letters (accents, spaces, slashes: Kubernetes namespace/name), only not markup characters (refused as hostile)
-NAME_RE = re.compile(r"^[^\x00-\x1f\x7f-\x9f<>\"'`&\\]{1,256}$")
+# a name in a URL: what events' names may be (schemas.events.Name: 1 to 256 characters, no control characters), so
+# every team and job the lake holds can be addressed (`R&D`, `o'brien-lab`, a hostile `<script>` name: every name is
+# escaped where it is shown, and a team a caller reads must be theirs, or, for staff, one the lake holds)
+NAME_RE = re.compile(r"^[^\x00-\x1f\x7f-\x9f]{1,256}$")
 PAGE_REFRESH_S = 60
 MAX_STREAMS_PER_CALLER = 8  # open /api/v1/snapshots streams per caller: each holds a connection and a task
 UNLIMITED_PATHS = frozenset({"/healthz", "/static/portal.css"})  # not rate limited (probes; every page's stylesheet)
@@ -80,9 +81,12 @@ class Portal:
         if self.requests is None:
             self.requests = RateLimiter(self.cfg.serve.requests_per_minute)
         if self.sessions is None:
-            self.sessions = Sessions(self.tokens, self.cfg.serve.session_hours * 3600)
+            # kept in the store the tokens use (a restart signs nobody out); in memory only without one
+            self.sessions = Sessions(self.tokens, self.cfg.serve.session_hours * 3600, store=self.store)
         if self.reader is not None and self.reader.warm is None:
             self.reader.warm = warm  # the queue's estimates (…) are computed at each refresh, not per request
+            if self.reader._snap is not None and self.reader._snap.warm_s is None:
+                self.reader.warm_current()  # a snapshot built before the step was given: warmed now, before serving
 
     def producer(self):
         if self.producer_factory is None:
@@ -428,13 +432,14 @@ def _chips(milli) -> Optional[float]:
     return None if milli is None else milli / 1000
 
 
-def _keyset_page(read, sql: str, params: dict, cursor: Optional[str], limit: int, at: str, key: str,
+def _keyset_page(read, sql: str, params: dict, cursor, limit: int, at: str, key: str,
                  resolve: Optional[Callable[[list], list]] = None, shown: Optional[Callable[[dict], str]] = None):
     """One page of a keyset-paged query: `sql` filters on `($k_at, $k_id)` (the cursor's instant and id, NULL on the
     first page) and ends with `LIMIT $n`; `read` is the snapshot's rows or cached_rows. Returns the page's rows and
     the next page's cursor (the last row's `at` and `key`; None on the last page). `shown(row)` is the key as the
-    caller may see it (an alias), which `resolve(cursor key)` maps back."""
-    k = _cursor_decode(cursor)
+    caller may see it (an alias), which `resolve(cursor key)` maps back. `cursor`: as sent (a string), or as
+    `_cursor_decode` parsed it (a list)."""
+    k = cursor if isinstance(cursor, list) else _cursor_decode(cursor)
     if k and resolve is not None:
         k = resolve(k)
     rows = read(sql, {**params, "k_at": k[0] if k else None, "k_id": k[1] if k else None, "n": limit + 1})
@@ -599,6 +604,7 @@ def build_app(portal: Portal) -> FastAPI:
     templates.env.filters["dur"] = _duration
     templates.env.filters["money"] = lambda v: "–" if v is None else f"{v:,.2f}"
     templates.env.filters["epoch"] = lambda v: datetime.fromtimestamp(v, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    templates.env.globals.update(team_url=team_url, job_url=job_url)  # every link to a team's or a job's page
 
     app.add_middleware(BodyLimit)  # a body sent in chunks, without a Content-Length
 
@@ -671,7 +677,9 @@ def build_app(portal: Portal) -> FastAPI:
         return None if body is None else Response(body, media_type="application/json")
 
     def team_or_404(p: Principal, team: str) -> str:
-        if not NAME_RE.match(team or "") or not p.can_read_team(team):
+        """`team` when the caller may read it: one of their teams, or (staff) a team the lake holds; else 404."""
+        if not NAME_RE.match(team or "") or not p.can_read_team(team) or (
+                team not in p.teams and team not in _all_teams(portal.reader.snapshot)):
             raise HTTPException(404, "no such team")
         return team
 
@@ -762,12 +770,14 @@ def build_app(portal: Portal) -> FastAPI:
             if not p.teams:
                 raise HTTPException(404, "no such team")
         # the page as this caller may read it, kept with the snapshot (computed again on the next one at its swap): the
-        # key holds everything the redaction depends on (staff, their teams, whether they see the fleet's names)
-        key = ("json", "decisions", p.view_key, pool, team, limit, cursor)
-        return await kept_json(await current(), key, lambda s: _decisions_page(s, p, pool, team, limit, cursor))
+        # key holds everything the redaction depends on (staff, their teams, whether they see the fleet's names), and
+        # the cursor as parsed (a 400 here when it is not one this API gave out): its spellings are one key
+        k = _cursor_decode(cursor)
+        key = ("json", "decisions", p.view_key, pool, team, limit, None if k is None else tuple(k))
+        return await kept_json(await current(), key, lambda s: _decisions_page(s, p, pool, team, limit, k))
 
     def _decisions_page(s: Snapshot, p: Principal, pool: Optional[str], team: Optional[str], limit: int,
-                        cursor: Optional[str]) -> DecisionsOut:
+                        cursor: Optional[list]) -> DecisionsOut:
         teams_filter = None if (team is None and p.is_staff) else ([team] if team else sorted(p.teams))
         view = _view(portal, s, p)
         bodies: dict[str, dict] = {}
@@ -862,6 +872,17 @@ def build_app(portal: Portal) -> FastAPI:
     @api.get("/statements/{statement_id:path}/{fmt}", tags=["statements"],
              responses={200: {"content": {"application/octet-stream": {}}}})
     def statement_file(statement_id: str, fmt: str, p: Principal = Depends(who)):
+        return _statement_file(statement_id, fmt, p)
+
+    @api.get("/statement-file", tags=["statements"], responses={200: {"content": {"application/octet-stream": {}}}})
+    def statement_file_q(statement_id: str = Query(..., max_length=400), fmt: str = Query(..., max_length=8),
+                         p: Principal = Depends(who)):
+        """An issued statement's file, the statement named in the query: for a team whose name has an empty, `.` or
+        `..` segment (browsers and HTTP clients remove dot segments from a path; the statements' `downloads` give
+        this form for them)."""
+        return _statement_file(statement_id, fmt, p)
+
+    def _statement_file(statement_id: str, fmt: str, p: Principal):
         path = _statement_path(portal, p, statement_id, fmt)
         media = {"html": "text/html", "md": "text/markdown", "csv": "text/csv", "json": "application/json",
                  "svg": "image/svg+xml"}[fmt]
@@ -966,7 +987,8 @@ def build_app(portal: Portal) -> FastAPI:
         s = portal.reader._snap  # (anonymous: whether the refresh fails, not why: its message names the lake's
         # files, and the server's log has it)
         return {"ok": True, "snapshot": s.version if s else None, "refresh_failing": portal.reader.last_error is not None,
-                "build_s": round(s.build_s, 2) if s else None, "rewarm_s": round(s.rewarm_s, 2) if s else None}
+                "build_s": round(s.build_s, 2) if s else None, "rewarm_s": round(s.rewarm_s, 2) if s else None,
+                "warm_s": round(s.warm_s, 2) if s and s.warm_s is not None else None}
 
     @app.get("/static/portal.css", include_in_schema=False)
     def css():
@@ -1016,7 +1038,7 @@ def build_app(portal: Portal) -> FastAPI:
         if p is None:
             return signin_redirect()
         if p.home_team:
-            return RedirectResponse(f"/teams/{quote(p.home_team, safe='/')}", status_code=303)
+            return RedirectResponse(team_url(p.home_team), status_code=303)
         return RedirectResponse("/fleet", status_code=303)
 
     def team_home(request: Request, team: str):
@@ -1123,6 +1145,35 @@ def build_app(portal: Portal) -> FastAPI:
 
     # a team's home last: `{team:path}` (team names may be paths, `org/team`) would take the pages above
     app.get("/teams/{team:path}", include_in_schema=False, response_class=HTMLResponse)(team_home)
+
+    # the same pages by their query form (chipledger/web/links.py): a team whose home's path is another team's page
+    # (`x/queue`), a name with an empty, `.` or `..` segment; the portal links them so (`team_url`, `job_url`)
+    @app.get("/team", include_in_schema=False, response_class=HTMLResponse)
+    def team_home_q(request: Request, name: str = Query(..., max_length=256)):
+        return team_home(request, name)
+
+    @app.get("/team/queue", include_in_schema=False, response_class=HTMLResponse)
+    def team_queue_q(request: Request, name: str = Query(..., max_length=256)):
+        return team_queue(request, name)
+
+    @app.get("/team/statements", include_in_schema=False, response_class=HTMLResponse)
+    def statements_page_q(request: Request, name: str = Query(..., max_length=256)):
+        return statements_page(request, name)
+
+    @app.get("/team/bursts", include_in_schema=False, response_class=HTMLResponse)
+    def bursts_page_q(request: Request, name: str = Query(..., max_length=256)):
+        return bursts_page(request, name)
+
+    @app.post("/team/bursts", include_in_schema=False, response_class=HTMLResponse)
+    def bursts_post_q(request: Request, name: str = Query(..., max_length=256), pool: str = Form(max_length=256),
+                      chips: float = Form(), window_start: str = Form(max_length=40), window_end: str = Form(max_length=40),
+                      reason: str = Form("", max_length=500), action: str = Form("dry-run", max_length=10),
+                      csrf: str = Form("", max_length=100)):
+        return bursts_post(request, name, pool, chips, window_start, window_end, reason, action, csrf)
+
+    @app.get("/job", include_in_schema=False, response_class=HTMLResponse)
+    def job_page_q(request: Request, id: str = Query(..., max_length=256)):
+        return job_page(request, id)
 
     @app.get("/fleet", include_in_schema=False, response_class=HTMLResponse)
     def fleet(request: Request):
@@ -1275,6 +1326,18 @@ def _queue(portal: Portal, s: Snapshot, p: Principal, pool: Optional[str], team:
     return out
 
 
+def job_owners(s: Snapshot, texts) -> dict[str, frozenset[str]]:
+    """Job id -> the teams owning a job of that id (any pool), for each word of `texts` (free text) that is one."""
+    from chipledger.web.redact import words
+
+    found = words(texts)
+    if not found:
+        return {}
+    return {r["job_id"]: frozenset(r["teams"]) for r in s.rows(
+        "SELECT job_id, list(DISTINCT team) AS teams FROM portal_job_owners WHERE job_id IN (SELECT unnest(?)) "
+        "GROUP BY job_id", [sorted(found)])}
+
+
 def _queue_compute(s: Snapshot) -> list[QueueEntry]:
     rows = s.rows("SELECT * FROM portal_queue ORDER BY pool, position")
     if not rows:
@@ -1340,9 +1403,11 @@ def hol_owners(s: Snapshot) -> dict[tuple[str, str], str]:
 
 def warm(s: Snapshot) -> None:
     """What the refresh computes on a new snapshot before it is swapped in: the queue with its estimates, the head-of-
-    line blockers' owners (every request that shows either reads them)."""
+    line blockers' owners (every request that shows either reads them), the lake's team names (a staff caller's team
+    is checked against them, and a member's decisions)."""
     queue_all(s)
     hol_owners(s)
+    _all_teams(s)
 
 
 def _all_teams(s: Snapshot) -> frozenset[str]:
@@ -1373,6 +1438,8 @@ def _job(portal: Portal, s: Snapshot, p: Principal, job_id: str) -> Optional[Job
     out, refs, bodies = got
     if p.is_staff:
         return out
+    # the job ids its free text (a scheduler's messages) names, and whose they are: once per job, for every view
+    owners = s.memo(("job_named", job_id, pick["pool"]), lambda s: _job_named(s, job_id, pick["pool"]))
     # the decisions in its timeline (a preemption's sentence names the other teams) as this caller may read them
     view = _view(portal, s, p)
     shown_ids = {did: view.decision_id(did, body) for did, body in bodies.items()}
@@ -1391,17 +1458,37 @@ def _job(portal: Portal, s: Snapshot, p: Principal, job_id: str) -> Optional[Job
         if ref is not None and entry.type.startswith("decision"):
             entry = entry.model_copy(update={"detail": view.message(bodies.get(ref, {}), entry.detail) or ""})
         else:
-            entry = entry.model_copy(update={"detail": view.text(ids_shown(entry.detail)) or ""})
+            entry = entry.model_copy(update={"detail": view.free_text(ids_shown(entry.detail), owners) or ""})
         timeline.append(entry)
 
     def why_value(v):  # its sentences (a scheduler's message is free text): the last check for hidden names
         if isinstance(v, str):
-            return view.text(ids_shown(v))
+            return view.free_text(ids_shown(v), owners)
         if isinstance(v, (list, tuple)):
             return type(v)(why_value(x) for x in v)
         return v
 
     return out.model_copy(update={"timeline": timeline, "why": {k: why_value(v) for k, v in out.why.items()}})
+
+
+def _job_named(s: Snapshot, job_id: str, pool: str) -> dict[str, frozenset[str]]:
+    """The job ids the free text of the job's timeline and `why` names, and whose they are (`job_owners`)."""
+    got = s.memo(("job", job_id, pool), lambda s: _job_compute(s, job_id, pool))
+    if got is None:
+        return {}
+    out = got[0]
+    return job_owners(s, [*(e.detail for e in out.timeline), *_strings(out.why)])
+
+
+def _strings(v) -> list[str]:
+    """The strings in `v` (a `why`: strings, numbers, lists of them)."""
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v, dict):
+        v = list(v.values())
+    if isinstance(v, (list, tuple)):
+        return [x for item in v for x in _strings(item)]
+    return []
 
 
 def _job_compute(s: Snapshot, job_id: str, pool: str) -> Optional[tuple[JobOut, list, dict]]:
@@ -1492,8 +1579,7 @@ def _statements(portal: Portal, team: str) -> list[StatementOut]:
         fmts = [f for f in r.formats.split(",") if f]
         out.append(StatementOut(statement_id=r.statement_id, team=r.team, period_start=r.period_start,
                                 period_end=r.period_end, issued_at=r.issued_at, formats=fmts,
-                                downloads={f: f"/api/v1/statements/{quote(r.statement_id, safe='/@')}/{f}"
-                                           for f in fmts}))
+                                downloads={f: statement_url(r.statement_id, f) for f in fmts}))
     return out
 
 

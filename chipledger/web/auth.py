@@ -5,7 +5,7 @@
 - Signing in on /login with a token starts a **session** (`Sessions`): the `clp_session` cookie (HttpOnly,
   SameSite=Strict) holds a fresh random session id, never the token. Signing out ends the session here, on the
   server: the cookie replayed afterwards is refused. A session also ends when its token is revoked, after
-  `[serve] session_hours`, and when the portal restarts (sessions live in its memory).
+  `[serve] session_hours`; it outlives a restart (sessions are kept in the store, hashed: `Sessions`).
 - Behind an authenticating proxy, a request *from one of `[serve] trusted_proxies`* names its user in
   `[serve] user_header` (and groups in `groups_header`); the same headers from anyone else are ignored.
 - Roles come from `[serve] members` (`NAME=TEAM:ROLE`, NAME a user or `group:G`): member of a team, admin or sre
@@ -238,25 +238,32 @@ SESSION_PREFIX = "cls_"
 @dataclass
 class _Session:
     token_id: str
-    started: float          # time.monotonic()
+    expires: float          # time.time() when it ends
+    checked: float          # time.monotonic() when the store last said it holds (a store's sessions)
 
 
 class Sessions:
-    """Signed-in browser sessions, in the portal's memory: the cookie holds `cls_<random>`, this keeps the SHA-256
-    of it and the token it was started with. `end` (sign-out) forgets it: a copy of the cookie replayed afterwards
-    finds nothing. A session is refused too once its token is revoked (checked at each request through the
-    `TokenCache`) or after `max_age_s`. One token holds at most `MAX_PER_TOKEN` sessions (signing in once more ends
-    its oldest), so signing in over and over with one token cannot fill the table and push everyone else out."""
+    """Signed-in browser sessions: the cookie holds `cls_<random>`; what is kept is the SHA-256 of it, the token it
+    was started with and when it ends, in the store the tokens use (`portal_sessions`: a restart, or another
+    replica on the same store, signs nobody out) and, for the requests, in memory. `end` (sign-out) forgets it in
+    both: a copy of the cookie replayed afterwards finds nothing (on another replica, within `ttl_s`, as a revoked
+    token). A session is refused too once its token is revoked (checked at each request through the `TokenCache`)
+    or after `max_age_s`. One token holds at most `MAX_PER_TOKEN` sessions (signing in once more ends its oldest), so
+    signing in over and over with one token cannot push everyone else out. Without a store (`store` None), the
+    memory is all there is: a restart signs everyone out."""
 
-    MAX_SESSIONS = 100_000
+    MAX_SESSIONS = 100_000  # kept in memory; beyond it the oldest are forgotten there (a store still holds them)
     MAX_PER_TOKEN = 16
 
-    def __init__(self, tokens: "TokenCache", max_age_s: float):
+    def __init__(self, tokens: "TokenCache", max_age_s: float, store=None, ttl_s: Optional[float] = None):
         self.tokens = tokens
         self.max_age_s = max_age_s
+        self.store = store
+        self.ttl_s = getattr(tokens, "ttl_s", 2.0) if ttl_s is None else ttl_s
         self._lock = threading.Lock()
         self._sessions: dict[str, _Session] = {}
         self._by_token: dict[str, list[str]] = {}   # a token's session ids, oldest first (some may have ended)
+        self._unknown: dict[str, float] = {}        # ids the store does not hold, when it said so (a query each)
 
     @staticmethod
     def _id(cookie: str) -> str:
@@ -265,46 +272,91 @@ class Sessions:
     def start(self, token_id: str) -> str:
         """A new session for the token `token_id`; returns the cookie's value."""
         cookie = SESSION_PREFIX + secrets.token_urlsafe(32)
-        now = time.monotonic()
+        sid = self._id(cookie)
+        wall = time.time()
+        ended: list[str] = []
+        if self.store is not None:
+            from store.models import PortalSession
+
+            at = datetime.fromtimestamp(wall, timezone.utc)
+            ended = self.store.start_session(PortalSession(
+                session_sha256=sid, token_id=token_id, started_at=at,
+                expires_at=datetime.fromtimestamp(wall + self.max_age_s, timezone.utc)), self.MAX_PER_TOKEN)
         with self._lock:
-            mine = [k for k in self._by_token.get(token_id, ()) if k in self._sessions]
-            while len(mine) >= self.MAX_PER_TOKEN:  # this token's oldest session ends (not someone else's)
-                del self._sessions[mine.pop(0)]
-            if len(self._sessions) >= self.MAX_SESSIONS:
-                for k in [k for k, v in self._sessions.items() if now - v.started >= self.max_age_s]:
-                    del self._sessions[k]
-                if len(self._sessions) >= self.MAX_SESSIONS:  # the oldest go first
-                    for k in sorted(self._sessions, key=lambda k: self._sessions[k].started)[: self.MAX_SESSIONS // 10]:
-                        del self._sessions[k]
-                self._by_token = {t: [k for k in ks if k in self._sessions] for t, ks in self._by_token.items()}
-                self._by_token = {t: ks for t, ks in self._by_token.items() if ks}
-                mine = [k for k in mine if k in self._sessions]
-            sid = self._id(cookie)
-            self._sessions[sid] = _Session(token_id, now)
-            self._by_token[token_id] = mine + [sid]
+            for k in ended:
+                self._sessions.pop(k, None)
+            self._keep(sid, _Session(token_id, wall + self.max_age_s, time.monotonic()))
         return cookie
 
+    def _keep(self, sid: str, s: _Session) -> None:
+        """Keep `s` in memory (under the lock): the token's oldest beyond MAX_PER_TOKEN end, and the memory stays
+        within MAX_SESSIONS (the ended first, then the oldest)."""
+        mine = [k for k in self._by_token.get(s.token_id, ()) if k in self._sessions and k != sid]
+        while len(mine) >= self.MAX_PER_TOKEN:  # this token's oldest session ends (not someone else's)
+            del self._sessions[mine.pop(0)]
+        if len(self._sessions) >= self.MAX_SESSIONS:
+            now = time.time()
+            for k in [k for k, v in self._sessions.items() if v.expires <= now]:
+                del self._sessions[k]
+            if len(self._sessions) >= self.MAX_SESSIONS:  # the oldest go first
+                for k in sorted(self._sessions, key=lambda k: self._sessions[k].expires)[: self.MAX_SESSIONS // 10]:
+                    del self._sessions[k]
+            self._by_token = {t: [k for k in ks if k in self._sessions] for t, ks in self._by_token.items()}
+            self._by_token = {t: ks for t, ks in self._by_token.items() if ks}
+            mine = [k for k in mine if k in self._sessions]
+        self._sessions[sid] = s
+        self._by_token[s.token_id] = mine + [sid]
+
     def lookup(self, cookie: str, query: bool = True):
-        """(session id, the token's row) of a live session, else None (`query`: as TokenCache.row's)."""
+        """(session id, the token's row) of a live session, else None. `query` False: raises NeedStore instead of
+        asking the store (as TokenCache.row)."""
         if not cookie.startswith(SESSION_PREFIX) or len(cookie) > 100:
             return None
         sid = self._id(cookie)
+        mono = time.monotonic()
         with self._lock:
             s = self._sessions.get(sid)
-            if s is not None and time.monotonic() - s.started >= self.max_age_s:
-                del self._sessions[sid]
-                s = None
+            unknown_at = self._unknown.get(sid)
+        if s is None and unknown_at is not None and mono - unknown_at < self.ttl_s:
+            return None
+        if self.store is not None and (s is None or mono - s.checked >= self.ttl_s):
+            # not kept, or kept longer than a token is: the store says whether it still holds (signed out on
+            # another replica, started before a restart)
+            if not query:
+                raise NeedStore(sid)
+            row = self.store.session(sid)
+            with self._lock:
+                if row is None:
+                    self._sessions.pop(sid, None)
+                    if len(self._unknown) >= self.MAX_SESSIONS:
+                        self._unknown.clear()
+                    self._unknown[sid] = mono
+                    s = None
+                else:
+                    self._unknown.pop(sid, None)
+                    s = _Session(row.token_id, row.expires_at.timestamp(), mono)
+                    self._keep(sid, s)
         if s is None:
             return None
+        if time.time() >= s.expires:
+            self._forget(sid)  # (the store's row is refused as expired, and deleted at a later sign-in)
+            return None
         row = self.tokens.row(s.token_id, query)
-        if row is None:  # its token revoked: the session ends with it
-            self.end(cookie)
+        if row is None:  # its token revoked: the session ends with it (the store's row is refused the same way)
+            self._forget(sid)
             return None
         return sid, row
 
-    def end(self, cookie: str) -> bool:
+    def _forget(self, sid: str) -> None:
         with self._lock:
-            return self._sessions.pop(self._id(cookie), None) is not None
+            self._sessions.pop(sid, None)
+
+    def end(self, cookie: str) -> bool:
+        sid = self._id(cookie)
+        with self._lock:
+            here = self._sessions.pop(sid, None) is not None
+        stored = self.store.end_session(sid) if self.store is not None else False
+        return here or stored
 
     def __len__(self) -> int:
         return len(self._sessions)

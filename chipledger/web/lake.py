@@ -181,6 +181,8 @@ class Snapshot:
     # seconds the refresh took to compute the previous snapshot's answers on this one, and how many
     rewarm_s: float = 0.0
     rewarmed: int = 0
+    # seconds the refresh's warm step (LakeReader.warm: the queue's estimates …) took on it; None: not warmed
+    warm_s: Optional[float] = None
 
     MEMO_MAX = 4096
     MEMO_MAX_BYTES = 256 << 20  # of the kept answers that are text (JSON bytes, rendered pages)
@@ -362,8 +364,7 @@ class LakeReader:
         if not force and old is not None and lake_signature(self.lake) == old.signature:
             return old
         new = build_snapshot(self.lake, (old.version + 1) if old else 1, self.slo, self.duckdb_config)
-        if self.warm is not None:
-            self.warm(new)
+        self._warm(new)
         if old is not None:
             new.rewarm(old)
         self._snap = new  # one reference assignment: requests hold the snapshot they started with
@@ -372,6 +373,17 @@ class LakeReader:
             self.on_swap(new)
         # the old connection is closed by the garbage collector once the last request holding it is done
         return new
+
+    def _warm(self, snap: Snapshot) -> None:
+        if self.warm is not None:
+            t0 = time.monotonic()
+            self.warm(snap)
+            snap.warm_s = time.monotonic() - t0
+
+    def warm_current(self) -> None:
+        """Run the warm step on the current snapshot (one built before the step was given)."""
+        if self._snap is not None:
+            self._warm(self._snap)
 
     def start(self) -> None:
         if self._thread is not None:

@@ -16,6 +16,10 @@ Statements (issued files: md, html, csv, json, svg) name the teams and jobs of t
 team's jobs; a member downloads them through the same reading (`document`), over the decisions of the lake that name
 their team.
 
+A scheduler's **free text** (a `job.waiting` message, in a job's `why` and timeline) is the
+scheduler's, not the ledger's: no payload says what it names. Its words that are job ids of the lake (`words`, looked
+up by the caller) owned only by teams the caller may not read become "(hidden)" too (`free_text`), as in decisions.
+
 Admins and SREs see everything as written. Whatever is shown is then checked against every team name of the lake
 the caller may not see (not only the payload's): if one still appears (a name inside another, a free-text message
 from a scheduler), it is replaced there too, and a sentence that would still name one is replaced by a neutral one
@@ -68,6 +72,23 @@ def named_in(body: dict) -> Named:
         if m:
             teams.add(m.group(1))
     return Named(frozenset(teams), tuple(sorted(jobs.items())))
+
+
+# a word of free text that may be a job id: a run of anything but blanks, quotes, brackets and separators (job ids
+# hold `-`, `/`, `.`, `:`, `@`, `_`), and the same without a sentence's last punctuation
+_WORD = re.compile(r"[^\s\"'`()\[\]{}<>,;]+")
+
+
+def words(texts: Iterable[Optional[str]]) -> set[str]:
+    """The words of `texts` that may be job ids (what the caller looks up in the lake's jobs)."""
+    out: set[str] = set()
+    for text in texts:
+        for m in _WORD.finditer(text or ""):
+            w = m.group(0)
+            out.add(w)
+            out.add(w.rstrip(".:!?"))
+    out.discard("")
+    return out
 
 
 def _pattern(names: Iterable[str]) -> Optional[re.Pattern]:
@@ -141,6 +162,20 @@ class View:
         names = sorted(visible | looked_for, key=lambda n: (-len(n), n))
         scan = re.compile("|".join(re.escape(n) for n in names if n))
         return any(m.group(0) in looked_for and m.group(0) not in visible for m in scan.finditer(text))
+
+    def free_text(self, text: Optional[str], owners: dict[str, frozenset[str]]) -> Optional[str]:
+        """A scheduler's free text as this caller may read it. `owners`: job id -> the teams owning a job of that id
+        (any pool), for the words of the text that are job ids (`words`). An id is hidden when no team owning it is
+        the caller's (an id their own job has too tells them nothing of another's); then the last check for hidden
+        team names. None when it cannot be made safe."""
+        if text is None or self.sees_all:
+            return text
+        jobs = []  # every id it names, with a team the caller reads when there is one (shown: the leak check's too)
+        for j, teams in sorted(owners.items()):
+            if teams and j in text:
+                mine = [t for t in teams if self.p.can_read_team(t)]
+                jobs.append((j, min(mine or teams)))
+        return self.text(text, Named(frozenset(), tuple(jobs)))
 
     def message(self, body: dict, message: Optional[str]) -> Optional[str]:
         """A decision's sentence as this caller may read it: the core's, redacted; if that cannot be made safe, a
