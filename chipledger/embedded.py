@@ -389,9 +389,9 @@ class _EventsProcess:
                     return f"writing the lake in the events process failed: {what}"
         except (EOFError, OSError):
             pass
-        self._proc.join(timeout=5)
-        return (f"the process writing the lake's events table and files stopped (exit code "
-                f"{self._proc.exitcode})")
+        from chipledger.parallel import how_it_ended  # (parallel imports this module)
+
+        return f"the process writing the lake's events table and files stopped: {how_it_ended(self._proc)}"
 
     def stop(self) -> None:
         """End the process if it is still running (the run failed before `close`)."""

@@ -268,3 +268,31 @@ def test_a_lake_upgrade_whose_process_is_killed_fails_at_once_and_changes_nothin
                         rf"\d stopped: killed by SIGKILL \(out of memory\? [^\n]*\)\n", err), err
     assert not left
     assert manifest.read_bytes() == before and set(missing_fact_tables(lake)) == set(REFOLDABLE)
+
+
+def test_a_killed_events_process_fails_the_run_at_once_naming_the_signal(tmp_path):
+    """`run --jobs 1`'s events process (it writes the events table and encodes the run's files) killed while the
+    fold goes on: the run fails with one line naming the signal and commits nothing."""
+    import chipledger.embedded as embedded
+    from chipledger.demo import write_events
+
+    events = tmp_path / "events.jsonl"
+    write_events(events, seed=3, days=2)
+    lake = tmp_path / "lake"
+    sent = []
+    real = embedded._EventsProcess._send
+
+    def send_then_kill(self):  # the second batch: the process has work, and is killed under the run's feet
+        sent.append(1)
+        if len(sent) == 2:
+            os.kill(self._proc.pid, signal.SIGKILL)
+            self._proc.join(timeout=30)
+        real(self)
+
+    embedded._EventsProcess._send = send_then_kill
+    try:
+        with pytest.raises(embedded.RunError, match=r"events table and files stopped: killed by SIGKILL"):
+            embedded.run_file(events, lake)
+    finally:
+        embedded._EventsProcess._send = real
+    assert len(sent) == 2 and not (lake / "_lake.json").exists()
