@@ -4,48 +4,28 @@ the numbers on the pages equal `chipledger sql` on the same lake. (tests/browser
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 
 import pytest
 from typer.testing import CliRunner
 
 from chipledger.cli import app as cli_app
-from chipledger.web.app import Portal, build_app
+from chipledger.web.app import Portal
 from chipledger.web.auth import TokenCache, new_token
 from chipledger.web.lake import LakeReader
 from store.repo import open_store
-from tests.web_support import portal_config, run_lake
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.web_support import portal_config, run_lake, served
 
 
 @pytest.fixture(scope="module")
 def server(demo_lake_of, tmp_path_factory):
-    import uvicorn
-
     _, lake, url = run_lake(demo_lake_of(3, 7), tmp_path_factory.mktemp("portal-browser"))
     st = open_store(url)
     _, token = new_token(st, "alice", "vision")
     reader = LakeReader(lake)
     reader.refresh(force=True)
     portal = Portal(cfg=portal_config(), reader=reader, store=st, tokens=TokenCache(st))
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(build_app(portal), host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    for _ in range(100):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    yield {"base": f"http://127.0.0.1:{port}", "token": token, "lake": lake, "portal": portal}
-    srv.should_exit = True
-    t.join(timeout=5)
+    with served(portal) as base:
+        yield {"base": base, "token": token, "lake": lake, "portal": portal}
 
 
 def _sql(lake, query):

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from chipledger.cli import app as cli_app
 from chipledger.web.auth import new_token
 from store.repo import open_store
-from tests.web_support import chipledger_run, client_of, make_events, make_portal, write_events
+from tests.web_support import chipledger_run, client_of, make_events, make_portal, served, write_events
 
 POOL = "us-west4-a/tpu-v5e"
 # team -> its pending job's id; `lab` and `lab/queue` both exist: /teams/lab/queue is lab's queue
@@ -214,27 +214,8 @@ def test_a_schedulers_message_does_not_show_another_teams_job_id_to_a_member(env
 @pytest.fixture(scope="module")
 def server(env):
     """The module's portal served on a free port (uvicorn in a thread), for headless Chromium."""
-    import socket
-    import threading
-    import time
-
-    import uvicorn
-
-    from chipledger.web.app import build_app
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(build_app(env["portal"]), host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    for _ in range(100):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    t.join(timeout=5)
+    with served(env["portal"]) as base:
+        yield base
 
 
 @pytest.mark.parametrize("team", ["../up", "./here", "lab/queue", "a//b", "R&D <lab> 'x'"])

@@ -7,6 +7,7 @@ build the portals those tests vary (other `[serve]` options, another lake) and s
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import re
@@ -197,3 +198,32 @@ def decision_ids_page_by_page(client, headers: dict, limit: int = 1) -> list[str
 def forged_cursor(key) -> str:
     """A cursor made by the caller: `key` as JSON in unpadded URL-safe base64, the form of the portal's own."""
     return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
+
+
+@contextlib.contextmanager
+def served(portal):
+    """The portal served by uvicorn in a thread on a free port of 127.0.0.1 (for headless Chromium): yields its
+    base URL, stops it after."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from chipledger.web.app import build_app
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(build_app(portal), host="127.0.0.1", port=port, log_level="warning"))
+    t = threading.Thread(target=srv.run, daemon=True)
+    t.start()
+    for _ in range(100):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        t.join(timeout=5)

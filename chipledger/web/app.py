@@ -1148,21 +1148,14 @@ def build_app(portal: Portal) -> FastAPI:
 
     # the same pages by their query form (chipledger/web/links.py): a team whose home's path is another team's page
     # (`x/queue`), a name with an empty, `.` or `..` segment; the portal links them so (`team_url`, `job_url`)
-    @app.get("/team", include_in_schema=False, response_class=HTMLResponse)
-    def team_home_q(request: Request, name: str = Query(..., max_length=256)):
-        return team_home(request, name)
+    def by_name(page):
+        def page_of(request: Request, name: str = Query(..., max_length=256)):
+            return page(request, name)
+        return page_of
 
-    @app.get("/team/queue", include_in_schema=False, response_class=HTMLResponse)
-    def team_queue_q(request: Request, name: str = Query(..., max_length=256)):
-        return team_queue(request, name)
-
-    @app.get("/team/statements", include_in_schema=False, response_class=HTMLResponse)
-    def statements_page_q(request: Request, name: str = Query(..., max_length=256)):
-        return statements_page(request, name)
-
-    @app.get("/team/bursts", include_in_schema=False, response_class=HTMLResponse)
-    def bursts_page_q(request: Request, name: str = Query(..., max_length=256)):
-        return bursts_page(request, name)
+    for suffix, page in (("", team_home), ("/queue", team_queue), ("/statements", statements_page),
+                         ("/bursts", bursts_page)):
+        app.get("/team" + suffix, include_in_schema=False, response_class=HTMLResponse)(by_name(page))
 
     @app.post("/team/bursts", include_in_schema=False, response_class=HTMLResponse)
     def bursts_post_q(request: Request, name: str = Query(..., max_length=256), pool: str = Form(max_length=256),
