@@ -334,7 +334,10 @@ class Sessions:
                     s = None
                 else:
                     self._unknown.pop(sid, None)
-                    s = _Session(row.token_id, row.expires_at.timestamp(), mono)
+                    # ends by this portal's session_hours too: a session written under a longer setting (before
+                    # a restart that lowered it, or by another replica) is over when this one's time is
+                    s = _Session(row.token_id, min(row.expires_at.timestamp(),
+                                                   row.started_at.timestamp() + self.max_age_s), mono)
                     self._keep(sid, s)
         if s is None:
             return None
