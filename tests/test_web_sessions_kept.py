@@ -29,3 +29,41 @@ def test_lowering_session_hours_ends_the_sessions_started_before_the_restart(env
         assert c.get("/api/v1/whoami").status_code == status, cookie
         page = c.get("/teams/vision", follow_redirects=False)
         assert page.status_code == (200 if status == 200 else 303), cookie
+
+
+def test_made_up_cookies_and_tokens_ask_the_store_no_more_than_the_address_may_ask(env):
+    """An anonymous caller sends made-up session cookies (and made-up tokens), each one never seen: each costs the
+    portal a store query to learn it is nobody's. Beyond its address's `[serve] requests_per_minute` the caller is
+    refused (429), and the store is not asked any more: the queries are bounded by the limit, not by how fast the
+    caller sends. A user whose token the portal has seen is not affected, at that address too (their own bucket); a
+    user at another address is not either."""
+    portal = portal_like(env, cfg=portal_config(requests_per_minute=5))
+    store = portal.store
+    asked = []
+    for name in ("session", "token"):  # the real store's lookups, counted
+        real = getattr(store, name)
+        setattr(store, name, lambda key, real=real, name=name: asked.append(name) or real(key))
+    try:
+        c = client_of(portal)
+        eve = {"Authorization": f"Bearer {env['tokens']['eve'][1]}"}
+        assert c.get("/api/v1/whoami", headers=eve, cookies={}).status_code == 200
+        asked.clear()
+        statuses = []
+        for i in range(40):
+            c.cookies.set("clp_session", f"cls_madeup{i:040d}")
+            statuses.append(c.get("/api/v1/whoami").status_code)
+            statuses.append(c.get("/api/v1/whoami", headers={"Authorization": f"Bearer clp_{i:012x}_x"},
+                                  cookies={}).status_code)
+        assert statuses[:5] == [401] * 5 and set(statuses[5:]) == {429}
+        assert len(asked) <= 5, asked
+        assert c.get("/api/v1/whoami", headers=eve, cookies={}).status_code == 200
+    finally:
+        for name in ("session", "token"):
+            del store.__dict__[name]
+    from fastapi.testclient import TestClient
+
+    from chipledger.web.app import build_app
+
+    alice = TestClient(build_app(portal), client=("10.0.0.7", 50000))
+    assert alice.get("/api/v1/whoami", headers={"Authorization": f"Bearer {env['tokens']['alice'][1]}"}).status_code \
+        == 200

@@ -627,12 +627,20 @@ def build_app(portal: Portal) -> FastAPI:
         and the stylesheet (loaded with every page) are not counted."""
         if portal.requests.per_minute <= 0 or request.url.path in UNLIMITED_PATHS:
             return 0
-        p = await identity.of(request)
-        if p is not None:
-            key = p.limit_key
-        else:
-            key = "addr:" + (request.client.host if request.client else "")
-        return portal.requests.wait_s(key)
+        addr = "addr:" + (request.client.host if request.client else "")
+        try:
+            p = identity._resolve(request, query=False)
+        except NeedStore as e:
+            # a token or session never seen is looked up in the store only while its address may still make an
+            # anonymous request: made-up tokens and cookies (each a query that finds nobody) are charged to the
+            # address, and once it is refused they cost no query either. One seen before (kept, for longer than the
+            # cache's seconds) is looked up whatever its address's bucket holds: its user has a bucket of their own
+            wait = 0 if e.known else portal.requests.wait_s(addr, take=False)
+            if wait:
+                return wait
+            p = await run_in_threadpool(identity._resolve, request)
+        request.scope["chipledger.principal"] = p
+        return portal.requests.wait_s(p.limit_key if p is not None else addr)
 
     def _too_many(request: Request, wait: int):
         detail = (f"too many requests: at most {portal.requests.per_minute} a minute per user (or address); "
