@@ -2,7 +2,10 @@
 session a portal wrote before a restart ends by the `[serve] session_hours` of the portal that reads it."""
 
 import hashlib
+import json
 from datetime import datetime, timedelta, timezone
+
+from markupsafe import escape
 
 from store.models import PortalSession
 from web_support import client_of, env, portal_config, portal_like  # noqa: F401 (env: the module's fixture)
@@ -67,3 +70,31 @@ def test_made_up_cookies_and_tokens_ask_the_store_no_more_than_the_address_may_a
     alice = TestClient(build_app(portal), client=("10.0.0.7", 50000))
     assert alice.get("/api/v1/whoami", headers={"Authorization": f"Bearer {env['tokens']['alice'][1]}"}).status_code \
         == 200
+
+
+def test_a_schedulers_message_hides_another_teams_job_id_that_holds_blanks_or_quotes(env, tmp_path):
+    """Job ids may hold blanks, quotes, brackets and commas (schemas.events.Name: no control characters): a
+    scheduler's message on a vision job that names ads-ml's job `ads ranker 7` (or `ads'7`, `ads,8`) shows a vision
+    member `(hidden)` for it, in the job's `why` and timeline, API and page, as for an id without such characters."""
+    from web_support import lake_with, last_instant
+
+    at, pool = last_instant(env), "us-west4-a/tpu-v5e"
+    hidden = ["ads ranker 7", "ads'7", "ads,8"]
+    extra = [{"event_id": f"rv-ads-{i}", "type": "job.submitted", "occurred_at": at, "pool": pool,
+              "source": "cluster-c/kueue", "job_id": j, "team": "ads-ml", "chips": 1000}
+             for i, j in enumerate(hidden)]
+    extra.append({"event_id": "rv-vis", "type": "job.submitted", "occurred_at": at, "pool": pool,
+                  "source": "cluster-c/kueue", "job_id": "vision-rv-1", "team": "vision", "chips": 1000})
+    message = "Kueue: waiting for ads ranker 7 to finish, then ads'7 and ads,8; vision-rv-1 is next."
+    extra.append({"event_id": "rv-waiting", "type": "job.waiting", "occurred_at": at, "pool": pool,
+                  "source": "cluster-c/kueue", "job_id": "vision-rv-1", "reason": "Pending", "message": message})
+    c = client_of(portal_like(env, lake=lake_with(env, tmp_path, extra)))
+    alice = {"Authorization": f"Bearer {env['tokens']['alice'][1]}"}
+    job = c.get("/api/v1/jobs/vision-rv-1", headers=alice).json()
+    page = c.get("/jobs/vision-rv-1", headers=alice).text
+    for j in hidden:
+        assert j not in json.dumps(job["why"]) and j not in json.dumps(job["timeline"]), j
+        assert str(escape(j)) not in page, j
+    assert "vision-rv-1 is next" in job["why"]["scheduler_message"]
+    root = c.get("/api/v1/jobs/vision-rv-1", headers={"Authorization": f"Bearer {env['tokens']['root'][1]}"}).json()
+    assert root["why"]["scheduler_message"] == message

@@ -1335,15 +1335,19 @@ def _queue(portal: Portal, s: Snapshot, p: Principal, pool: Optional[str], team:
 
 
 def job_owners(s: Snapshot, texts) -> dict[str, frozenset[str]]:
-    """Job id -> the teams owning a job of that id (any pool), for each word of `texts` (free text) that is one."""
-    from chipledger.web.redact import words
+    """Job id -> the teams owning a job of that id (any pool), for each word of `texts` (free text) that is one, and
+    each id holding a blank, quote, bracket or separator (not one word: `ads ranker 7`) that the text holds."""
+    from chipledger.web.redact import NOT_IN_WORDS, words
 
+    texts = [t for t in texts if t]
     found = words(texts)
     if not found:
         return {}
+    # the texts joined by a control character, which no job id holds (schemas.events.Name)
     return {r["job_id"]: frozenset(r["teams"]) for r in s.rows(
         "SELECT job_id, list(DISTINCT team) AS teams FROM portal_job_owners WHERE job_id IN (SELECT unnest(?)) "
-        "GROUP BY job_id", [sorted(found)])}
+        "OR (regexp_matches(job_id, ?) AND contains(?, job_id)) GROUP BY job_id",
+        [sorted(found), NOT_IN_WORDS, "\n".join(texts)])}
 
 
 def _queue_compute(s: Snapshot) -> list[QueueEntry]:

@@ -77,6 +77,7 @@ def named_in(body: dict) -> Named:
 # a word of free text that may be a job id: a run of anything but blanks, quotes, brackets and separators (job ids
 # hold `-`, `/`, `.`, `:`, `@`, `_`), and the same without a sentence's last punctuation
 _WORD = re.compile(r"[^\s\"'`()\[\]{}<>,;]+")
+NOT_IN_WORDS = r"[\s\"'`()\[\]{}<>,;]"  # (a job id holding one is looked for in the whole text: not a word of it)
 
 
 def words(texts: Iterable[Optional[str]]) -> set[str]:
