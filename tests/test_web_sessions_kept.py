@@ -75,17 +75,19 @@ def test_made_up_cookies_and_tokens_ask_the_store_no_more_than_the_address_may_a
 def test_a_schedulers_message_hides_another_teams_job_id_that_holds_blanks_or_quotes(env, tmp_path):
     """Job ids may hold blanks, quotes, brackets and commas (schemas.events.Name: no control characters): a
     scheduler's message on a vision job that names ads-ml's job `ads ranker 7` (or `ads'7`, `ads,8`) shows a vision
-    member `(hidden)` for it, in the job's `why` and timeline, API and page, as for an id without such characters."""
+    member `(hidden)` for it, in the job's `why` and timeline, API and page, as for an id without such characters;
+    and an id inside a run of characters no id boundary splits (`job=adsq-9`, `«adsq-10»`) too."""
     from web_support import lake_with, last_instant
 
     at, pool = last_instant(env), "us-west4-a/tpu-v5e"
-    hidden = ["ads ranker 7", "ads'7", "ads,8"]
+    hidden = ["ads ranker 7", "ads'7", "ads,8", "adsq-9", "adsq-10"]
     extra = [{"event_id": f"rv-ads-{i}", "type": "job.submitted", "occurred_at": at, "pool": pool,
               "source": "cluster-c/kueue", "job_id": j, "team": "ads-ml", "chips": 1000}
              for i, j in enumerate(hidden)]
     extra.append({"event_id": "rv-vis", "type": "job.submitted", "occurred_at": at, "pool": pool,
                   "source": "cluster-c/kueue", "job_id": "vision-rv-1", "team": "vision", "chips": 1000})
-    message = "Kueue: waiting for ads ranker 7 to finish, then ads'7 and ads,8; vision-rv-1 is next."
+    message = ("Kueue: waiting for ads ranker 7 to finish, then ads'7 and ads,8, job=adsq-9, «adsq-10»; "
+               "vision-rv-1 is next.")
     extra.append({"event_id": "rv-waiting", "type": "job.waiting", "occurred_at": at, "pool": pool,
                   "source": "cluster-c/kueue", "job_id": "vision-rv-1", "reason": "Pending", "message": message})
     c = client_of(portal_like(env, lake=lake_with(env, tmp_path, extra)))
