@@ -627,12 +627,20 @@ def build_app(portal: Portal) -> FastAPI:
         and the stylesheet (loaded with every page) are not counted."""
         if portal.requests.per_minute <= 0 or request.url.path in UNLIMITED_PATHS:
             return 0
-        p = await identity.of(request)
-        if p is not None:
-            key = p.limit_key
-        else:
-            key = "addr:" + (request.client.host if request.client else "")
-        return portal.requests.wait_s(key)
+        addr = "addr:" + (request.client.host if request.client else "")
+        try:
+            p = identity._resolve(request, query=False)
+        except NeedStore as e:
+            # a token or session never seen is looked up in the store only while its address may still make an
+            # anonymous request: made-up tokens and cookies (each a query that finds nobody) are charged to the
+            # address, and once it is refused they cost no query either. One seen before (kept, for longer than the
+            # cache's seconds) is looked up whatever its address's bucket holds: its user has a bucket of their own
+            wait = 0 if e.known else portal.requests.wait_s(addr, take=False)
+            if wait:
+                return wait
+            p = await run_in_threadpool(identity._resolve, request)
+        request.scope["chipledger.principal"] = p
+        return portal.requests.wait_s(p.limit_key if p is not None else addr)
 
     def _too_many(request: Request, wait: int):
         detail = (f"too many requests: at most {portal.requests.per_minute} a minute per user (or address); "
@@ -1320,15 +1328,16 @@ def _queue(portal: Portal, s: Snapshot, p: Principal, pool: Optional[str], team:
 
 
 def job_owners(s: Snapshot, texts) -> dict[str, frozenset[str]]:
-    """Job id -> the teams owning a job of that id (any pool), for each word of `texts` (free text) that is one."""
-    from chipledger.web.redact import words
-
-    found = words(texts)
-    if not found:
+    """Job id -> the teams owning a job of that id (any pool), for each job id of the lake that `texts` (free text)
+    hold anywhere: not only their words (an id may hold blanks, quotes and commas, `ads ranker 7`, and stand in a run
+    no word boundary splits, `job=ads-7`); whether it stands alone there is redact.View's to say."""
+    texts = [t for t in texts if t]
+    if not texts:
         return {}
+    # the texts joined by a control character, which no job id holds (schemas.events.Name)
     return {r["job_id"]: frozenset(r["teams"]) for r in s.rows(
-        "SELECT job_id, list(DISTINCT team) AS teams FROM portal_job_owners WHERE job_id IN (SELECT unnest(?)) "
-        "GROUP BY job_id", [sorted(found)])}
+        "SELECT job_id, list(DISTINCT team) AS teams FROM portal_job_owners WHERE contains(?, job_id) "
+        "GROUP BY job_id", ["\n".join(texts)])}
 
 
 def _queue_compute(s: Snapshot) -> list[QueueEntry]:

@@ -127,7 +127,12 @@ def principal_for(cfg: ServeConfig, user: str, groups: list[str], via: str, toke
 
 
 class NeedStore(Exception):
-    """Raised instead of a store query by a lookup told not to query (`query=False`)."""
+    """Raised instead of a store query by a lookup told not to query (`query=False`). `known`: the token or session
+    was found before (kept, only for longer than `ttl_s`), not one never seen (which anyone may make up)."""
+
+    def __init__(self, key: str, known: bool = False):
+        super().__init__(key)
+        self.known = known
 
 
 class TokenCache:
@@ -166,7 +171,7 @@ class TokenCache:
         if hit is not None and now - hit[0] < self.ttl_s:
             row = hit[1]
         elif not query:
-            raise NeedStore(token_id)
+            raise NeedStore(token_id, known=hit is not None and hit[1] is not None)
         else:
             row = self.store.token(token_id)
             with self._lock:
@@ -203,8 +208,9 @@ class RateLimiter:
     def allow(self, key: str) -> bool:
         return self.wait_s(key) == 0
 
-    def wait_s(self, key: str) -> int:
-        """Take one request from `key`'s bucket: 0 when allowed, else the whole seconds until one is (Retry-After)."""
+    def wait_s(self, key: str, take: bool = True) -> int:
+        """Take one request from `key`'s bucket: 0 when allowed, else the whole seconds until one is (Retry-After).
+        `take` False: only whether one would be allowed (nothing taken)."""
         if self.per_minute <= 0:
             return 0
         now = time.monotonic()
@@ -214,6 +220,8 @@ class RateLimiter:
             if level < 1.0:
                 self._buckets[key] = (level, now)
                 return max(1, math.ceil((1.0 - level) / self.rate))
+            if not take:
+                return 0
             if key not in self._buckets and len(self._buckets) >= self.MAX_KEYS:
                 self._prune(now)
             self._buckets[key] = (level - 1.0, now)
@@ -323,7 +331,7 @@ class Sessions:
             # not kept, or kept longer than a token is: the store says whether it still holds (signed out on
             # another replica, started before a restart)
             if not query:
-                raise NeedStore(sid)
+                raise NeedStore(sid, known=s is not None)
             row = self.store.session(sid)
             with self._lock:
                 if row is None:
@@ -334,7 +342,10 @@ class Sessions:
                     s = None
                 else:
                     self._unknown.pop(sid, None)
-                    s = _Session(row.token_id, row.expires_at.timestamp(), mono)
+                    # ends by this portal's session_hours too: a session written under a longer setting (before
+                    # a restart that lowered it, or by another replica) is over when this one's time is
+                    s = _Session(row.token_id, min(row.expires_at.timestamp(),
+                                                   row.started_at.timestamp() + self.max_age_s), mono)
                     self._keep(sid, s)
         if s is None:
             return None

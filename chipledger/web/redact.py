@@ -17,8 +17,8 @@ team's jobs; a member downloads them through the same reading (`document`), over
 their team.
 
 A scheduler's **free text** (a `job.waiting` message, in a job's `why` and timeline) is the
-scheduler's, not the ledger's: no payload says what it names. Its words that are job ids of the lake (`words`, looked
-up by the caller) owned only by teams the caller may not read become "(hidden)" too (`free_text`), as in decisions.
+scheduler's, not the ledger's: no payload says what it names. The job ids of the lake it holds (looked up by the
+caller: wherever they stand, an id may hold blanks and commas) owned only by teams the caller may not read become "(hidden)" too (`free_text`), as in decisions.
 
 Admins and SREs see everything as written. Whatever is shown is then checked against every team name of the lake
 the caller may not see (not only the payload's): if one still appears (a name inside another, a free-text message
@@ -165,7 +165,7 @@ class View:
 
     def free_text(self, text: Optional[str], owners: dict[str, frozenset[str]]) -> Optional[str]:
         """A scheduler's free text as this caller may read it. `owners`: job id -> the teams owning a job of that id
-        (any pool), for the words of the text that are job ids (`words`). An id is hidden when no team owning it is
+        (any pool), for the lake's job ids the text holds (anywhere: app.job_owners). An id is hidden when no team owning it is
         the caller's (an id their own job has too tells them nothing of another's); then the last check for hidden
         team names. None when it cannot be made safe."""
         if text is None or self.sees_all:
