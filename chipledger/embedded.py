@@ -26,6 +26,7 @@ from typing import Callable, Optional
 
 import orjson
 import pyarrow as pa
+from sqlalchemy.exc import SQLAlchemyError
 from analytics.commits import (LakeLayoutError, clear_uncommitted, publish, read_manifest, staging_dir,
                                 unlisted_parquet)
 from analytics.lake import TABLES, LakeError, LakeWriter, clear_lake
@@ -608,18 +609,29 @@ def _run_file(events_path: Path, lake: Path, fold_config: FoldConfig, overwrite:
             raise RunError(str(e)) from None
         summary.seconds = time.monotonic() - started
         if store is not None:
-            store.save(
-                fleet.pools.values(),
-                run={"run_id": f"{run_id}-{started_wall:%Y%m%dT%H%M%S}", "kind": "embedded",
-                     "source": str(events_path), "lake": str(lake), "started_at": started_wall,
-                     "finished_at": datetime.now(timezone.utc), "lines": summary.lines, "accepted": summary.accepted,
-                     "duplicates": summary.duplicates, "dead_letters": summary.dead_letter_total,
-                     "summary_json": summary.as_dict()},
-                tracking=[("embedded", topic, 0, summary.lines)],
-                replace_all=True,  # the run folded from an empty state: pools of earlier runs are not current
-                decisions=read_rows(lake, "decisions"),  # the run's decisions, indexed (replacing earlier runs')
-            )
+            try:
+                _save(store, lake, summary, fleet, run_id, started_wall, events_path, topic)
+            except SQLAlchemyError as e:  # (one transaction: the store is as it was)
+                raise RunError(f"lake {lake} is committed (commit {summary.commit}), but the store could not record "
+                               f"the run: {store.describe(e)}; the store is as it was before the run: fix it and run "
+                               f"again with --overwrite") from None
     return summary, fleet
+
+
+def _save(store, lake: Path, summary: RunSummary, fleet: Fleet, run_id: str, started_wall: datetime,
+          events_path: Path, topic: str) -> None:
+    """The store's record of a committed run: its pools' balances, the run, the input's position, its decisions."""
+    store.save(
+        fleet.pools.values(),
+        run={"run_id": f"{run_id}-{started_wall:%Y%m%dT%H%M%S}", "kind": "embedded",
+             "source": str(events_path), "lake": str(lake), "started_at": started_wall,
+             "finished_at": datetime.now(timezone.utc), "lines": summary.lines, "accepted": summary.accepted,
+             "duplicates": summary.duplicates, "dead_letters": summary.dead_letter_total,
+             "summary_json": summary.as_dict()},
+        tracking=[("embedded", topic, 0, summary.lines)],
+        replace_all=True,  # the run folded from an empty state: pools of earlier runs are not current
+        decisions=read_rows(lake, "decisions"),  # the run's decisions, indexed (replacing earlier runs')
+    )
 
 
 def _fold_here(events_path: Path, stage: Path, names: str, fold_config: FoldConfig, summary: RunSummary, topic: str,

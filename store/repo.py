@@ -109,6 +109,12 @@ def upgrade_tables(engine: Engine) -> list[str]:
 
 
 class Store:
+    def describe(self, err: BaseException) -> str:
+        """A database error of this store in one line, for a user (the driver's message, without the URL's
+        password)."""
+        text = str(getattr(err, "orig", None) or err).strip().splitlines()
+        return _hide(text[0] if text else type(err).__name__, self.engine.url.render_as_string(hide_password=False))
+
     def __init__(self, engine: Engine):
         self.engine = engine
 
