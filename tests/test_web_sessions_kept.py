@@ -100,3 +100,43 @@ def test_a_schedulers_message_hides_another_teams_job_id_that_holds_blanks_or_qu
     assert "vision-rv-1 is next" in job["why"]["scheduler_message"]
     root = c.get("/api/v1/jobs/vision-rv-1", headers={"Authorization": f"Bearer {env['tokens']['root'][1]}"}).json()
     assert root["why"]["scheduler_message"] == message
+
+
+def test_a_session_signed_out_while_another_request_reads_it_from_the_store_stays_ended(env):
+    """Sign-out on one replica while a request with a copy of the same cookie is in the middle of its store lookup:
+    that request read the row before sign-out deleted it, and must not put the session back in the portal's memory
+    (a copy replayed right after would be accepted until the next check)."""
+    import threading
+
+    from chipledger.web.auth import Sessions
+
+    portal = portal_like(env)
+    sessions: Sessions = portal.sessions
+    sessions.ttl_s = 60.0  # (a replica trusts what it keeps this long; the tests' portals ask the store each time)
+    cookie = sessions.start(env["tokens"]["alice"][0])
+    sid = sessions._id(cookie)
+    sessions._forget(sid)  # (as after a restart: the session is in the store only)
+    store, real = sessions.store, sessions.store.session
+    read, signed_out = threading.Event(), threading.Event()
+
+    def slow_session(key):  # the real store's row, then the answer held until sign-out is over
+        row = real(key)
+        read.set()
+        signed_out.wait(10)
+        return row
+
+    store.session = slow_session
+    try:
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(sessions.lookup(cookie)))
+        t.start()
+        assert read.wait(10)
+        assert sessions.end(cookie)
+        signed_out.set()
+        t.join(10)
+    finally:
+        store.session = real
+    assert sessions.lookup(cookie) is None
+    c = client_of(portal)
+    c.cookies.set("clp_session", cookie)
+    assert c.get("/api/v1/whoami").status_code == 401

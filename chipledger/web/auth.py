@@ -332,8 +332,12 @@ class Sessions:
             # another replica, started before a restart)
             if not query:
                 raise NeedStore(sid, known=s is not None)
+            asked = time.monotonic()
             row = self.store.session(sid)
             with self._lock:
+                ended = self._unknown.get(sid)
+                if row is not None and ended is not None and ended >= asked:
+                    row = None  # signed out while the store answered (`end`): the row read before is not kept
                 if row is None:
                     self._sessions.pop(sid, None)
                     if len(self._unknown) >= self.MAX_SESSIONS:
@@ -367,6 +371,11 @@ class Sessions:
         with self._lock:
             here = self._sessions.pop(sid, None) is not None
         stored = self.store.end_session(sid) if self.store is not None else False
+        with self._lock:  # a lookup that read the store's row before it went must not keep it (see `lookup`)
+            self._sessions.pop(sid, None)
+            if len(self._unknown) >= self.MAX_SESSIONS:
+                self._unknown.clear()
+            self._unknown[sid] = time.monotonic()
         return here or stored
 
     def __len__(self) -> int:
