@@ -179,3 +179,14 @@ class PortalSession(Base):
     token_id: Mapped[str] = mapped_column(String(64), index=True)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime())
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+
+
+class PortalKey(Base):
+    """A secret key of the portal (chipledger/web/app.py `Portal`): the CSRF tokens' and the hidden decision ids'
+    aliases' HMAC keys, made once by the first portal on this store and read by every later one, so a restart keeps
+    a page's form valid and replicas on one store give the same tokens and aliases."""
+
+    __tablename__ = "portal_keys"
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    key_hex: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -6,18 +6,18 @@ import re
 
 import json
 from datetime import datetime, timezone
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from sqlalchemy import create_engine, delete, inspect, select, text
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError
 from sqlalchemy.orm import Session
 
 from ledger.books import BORROWED, BURST, ENTITLED, IDLE, IN_QUOTA, OVERCOMMITTED
 from ledger.policy import store_balances
 from ledger.state import PoolState
-from store.models import (ApiToken, Base, DecisionIndex, GrantRow, PoolBalance, PortalSession, RunLog, StatementRun,
-                          TeamBalance, Tracking)
+from store.models import (ApiToken, Base, DecisionIndex, GrantRow, PoolBalance, PortalKey, PortalSession, RunLog,
+                          StatementRun, TeamBalance, Tracking)
 
 
 class StoreError(RuntimeError):
@@ -238,6 +238,22 @@ class Store:
                 session.execute(delete(PortalSession).where(PortalSession.session_sha256.in_(ended)))
             session.add(row)
         return ended
+
+    def portal_key(self, name: str, make: Callable[[], bytes]) -> bytes:
+        """The portal's secret key `name`: the one kept here, else `make()`'s, kept (the first of two portals starting
+        at once wins; the other reads it)."""
+        for _ in range(2):
+            with Session(self.engine) as session:
+                row = session.get(PortalKey, name)
+                if row is not None:
+                    return bytes.fromhex(row.key_hex)
+            try:
+                with Session(self.engine) as session, session.begin():
+                    session.add(PortalKey(name=name, key_hex=make().hex(), created_at=datetime.now(timezone.utc)))
+            except IntegrityError:  # another portal kept its key first: read that one
+                continue
+        with Session(self.engine) as session:
+            return bytes.fromhex(session.get(PortalKey, name).key_hex)
 
     def session(self, session_sha256: str) -> Optional[PortalSession]:
         with Session(self.engine) as session:

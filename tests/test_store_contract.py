@@ -493,3 +493,13 @@ def test_hostile_records_never_reach_the_store(store, tmp_path):
     teams = {(t.pool, t.team) for t in store.team_balances()}
     assert teams == {(H.POOL_A, "team-a"), (H.POOL_A, "team-b"), (H.POOL_B, "team-c")}
     assert {p.pool for p in store.pool_balances()} == {H.POOL_A, H.POOL_B}
+
+
+def test_portal_keys_are_made_once_and_read_after(store):
+    """The portal's secret keys (CSRF tokens, aliases): the first portal's made key is kept; a later one (or a
+    replica) reads it whatever it would make; keys of different names are apart."""
+    made = [b"\x01" * 32, b"\x02" * 32, b"\x03" * 32]
+    first = store.portal_key("csrf", lambda: made[0])
+    assert first == made[0]
+    assert store.portal_key("csrf", lambda: made[1]) == made[0]
+    assert store.portal_key("aliases", lambda: made[2]) == made[2] != first

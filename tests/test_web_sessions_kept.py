@@ -140,3 +140,30 @@ def test_a_session_signed_out_while_another_request_reads_it_from_the_store_stay
     c = client_of(portal)
     c.cookies.set("clp_session", cookie)
     assert c.get("/api/v1/whoami").status_code == 401
+
+
+def test_a_form_rendered_before_a_restart_is_accepted_after_it_and_by_another_replica(env):
+    """The forms' CSRF key and the aliases' key are kept in the store (`portal_keys`): a bursts page rendered by one
+    portal, then posted to a restarted portal (or another replica on the same store), is accepted; a forged token is
+    still refused; both show another team's hidden decision ids under the same aliases."""
+    import re
+
+    from web_support import signed_in
+
+    c = signed_in(env)
+    page = c.get("/teams/vision/bursts")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+    form = {"pool": "a100", "chips": "2", "window_start": "2026-11-04T10:00", "window_end": "2026-11-04T12:00",
+            "action": "dry-run"}
+    restarted = portal_like(env)
+    assert restarted.csrf.key == env["portal"].csrf.key and restarted.alias_key == env["portal"].alias_key
+    other = client_of(restarted)
+    other.cookies.set("clp_session", c.cookies.get("clp_session"))
+    assert other.post("/teams/vision/bursts", data={**form, "csrf": "forged"}).status_code == 403
+    accepted = other.post("/teams/vision/bursts", data={**form, "csrf": csrf})
+    assert accepted.status_code in (200, 400) and "CSRF token is missing or wrong" not in accepted.text
+    # a portal without a store makes its own keys
+    from web_support import make_portal
+
+    alone = make_portal(None, env["portal"].reader)
+    assert alone.csrf.key != env["portal"].csrf.key and len(alone.alias_key) == 32

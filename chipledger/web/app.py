@@ -60,7 +60,7 @@ class Portal:
     producer_factory: Optional[Callable[[], Any]] = None    # None: no Kafka; burst requests are refused
     tokens: TokenCache = None
     dry_limiter: RateLimiter = None
-    csrf: Csrf = field(default_factory=Csrf)
+    csrf: Csrf = None                                       # (None: its key kept in the store, else made now)
     limiter: RateLimiter = None
     requests: RateLimiter = None                            # every request, per user else per client address
     sessions: Sessions = None                               # signed-in browser sessions (/login, /logout)
@@ -68,10 +68,18 @@ class Portal:
     accuracy: Optional[dict] = None                         # the start estimate's measured accuracy (docs/portal.md)
     sent: list = field(default_factory=list)                # burst requests this process sent (pending until decided)
     streams: dict = field(default_factory=dict)             # open event streams per caller (per user)
-    alias_key: bytes = field(default_factory=new_key)       # decision ids a member may not read are shown as aliases
+    alias_key: bytes = None                                 # decision ids a member may not read are shown as aliases
+    #                                                         (None: the key kept in the store, else made now)
     _producer: Any = None
 
     def __post_init__(self):
+        # the secret keys of the forms' CSRF tokens and of the aliases, kept in the store when there is one: a
+        # restart keeps a page's form valid, replicas on one store agree (docs/portal.md)
+        keep = self.store.portal_key if self.store is not None else (lambda name, make: make())
+        if self.csrf is None:
+            self.csrf = Csrf(keep("csrf", new_key))
+        if self.alias_key is None:
+            self.alias_key = keep("aliases", new_key)
         if self.tokens is None:
             self.tokens = TokenCache(self.store)
         if self.limiter is None:
