@@ -167,3 +167,33 @@ def test_a_form_rendered_before_a_restart_is_accepted_after_it_and_by_another_re
 
     alone = make_portal(None, env["portal"].reader)
     assert alone.csrf.key != env["portal"].csrf.key and len(alone.alias_key) == 32
+
+
+def test_a_store_that_fails_is_a_503_that_says_so(env, tmp_path):
+    """The store failing under a request (here its sessions table gone; a database down in production): the caller
+    gets 503 saying the store is not answering, with Retry-After and the security headers, on a page and on the API,
+    not a bare 500; what the driver said stays in the server's log."""
+    import shutil
+
+    import sqlalchemy as sa
+
+    from store.repo import open_store
+
+    db = tmp_path / "copy.db"
+    shutil.copy(env["store"].engine.url.database, db)
+    store = open_store(f"sqlite:///{db}")
+    portal = portal_like(env)
+    portal.store = portal.sessions.store = portal.tokens.store = store
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE portal_sessions"))
+    from fastapi.testclient import TestClient
+
+    from chipledger.web.app import build_app
+
+    c = TestClient(build_app(portal), raise_server_exceptions=False)  # (as a server: the error logged, not raised)
+    c.cookies.set("clp_session", "cls_" + "z" * 43)  # never seen: looked up in the store
+    for path in ("/api/v1/whoami", "/teams/vision"):
+        r = c.get(path, follow_redirects=False)
+        assert r.status_code == 503, (path, r.status_code)
+        assert "store is not answering" in r.text and "portal_sessions" not in r.text
+        assert r.headers["retry-after"] == "5" and "default-src" in r.headers["content-security-policy"]

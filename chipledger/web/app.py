@@ -24,6 +24,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 from pydantic import BaseModel, Field
+from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import MutableHeaders
 
@@ -553,6 +554,9 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
+STORE_DOWN = "the portal's store is not answering: try again in a few seconds"
+
+
 class Security:
     """ASGI middleware: `checks(request)` may answer first (a body too large, too many requests); every response,
     a route's or the check's, gets the security headers (a strict Content-Security-Policy, nosniff, no referrer,
@@ -587,13 +591,17 @@ class Security:
             if refused is not None:
                 return await refused(scope, receive, headed)
             await self.app(scope, receive, headed)
-        except Exception:
-            # a failure inside (the store down, a bug): the 500 is answered here, with the headers, rather than by
-            # Starlette's outermost error handler without them; raised on, so the server logs it
+        except Exception as exc:
+            # a failure inside (the store down, a bug): answered here, with the headers, rather than by Starlette's
+            # outermost error handler without them; raised on, so the server logs it. The store failing is a 503 that
+            # says so (a caller may try again; the log has the driver's message), anything else a 500
             if not started:
                 api = scope.get("path", "").startswith("/api/")
-                await (JSONResponse({"detail": "internal error"}, status_code=500) if api else
-                       Response("internal error", status_code=500, media_type="text/plain"))(scope, receive, headed)
+                status, text = ((503, STORE_DOWN) if isinstance(exc, DBAPIError) else (500, "internal error"))
+                extra = {"Retry-After": "5"} if status == 503 else None
+                await (JSONResponse({"detail": text}, status_code=status, headers=extra) if api else
+                       Response(text, status_code=status, media_type="text/plain", headers=extra))(
+                    scope, receive, headed)
             raise
 
 
