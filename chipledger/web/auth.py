@@ -339,10 +339,7 @@ class Sessions:
                 if row is not None and ended is not None and ended >= asked:
                     row = None  # signed out while the store answered (`end`): the row read before is not kept
                 if row is None:
-                    self._sessions.pop(sid, None)
-                    if len(self._unknown) >= self.MAX_SESSIONS:
-                        self._unknown.clear()
-                    self._unknown[sid] = mono
+                    self._gone(sid, mono)
                     s = None
                 else:
                     self._unknown.pop(sid, None)
@@ -372,11 +369,15 @@ class Sessions:
             here = self._sessions.pop(sid, None) is not None
         stored = self.store.end_session(sid) if self.store is not None else False
         with self._lock:  # a lookup that read the store's row before it went must not keep it (see `lookup`)
-            self._sessions.pop(sid, None)
-            if len(self._unknown) >= self.MAX_SESSIONS:
-                self._unknown.clear()
-            self._unknown[sid] = time.monotonic()
+            self._gone(sid, time.monotonic())
         return here or stored
+
+    def _gone(self, sid: str, at: float) -> None:
+        """(Under the lock.) `sid` is no session since `at`: forgotten, and remembered as unknown (a query saved)."""
+        self._sessions.pop(sid, None)
+        if len(self._unknown) >= self.MAX_SESSIONS:
+            self._unknown.clear()
+        self._unknown[sid] = at
 
     def __len__(self) -> int:
         return len(self._sessions)
